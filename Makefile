@@ -1,0 +1,56 @@
+# Allot: `make help` lists every target.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SHARED ?= ../shared
+OUT ?= out
+
+.DEFAULT_GOAL := help
+.PHONY: help install run demo test lint type fmt bench golden scenario philly clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install allot with its dev tools
+
+run: $(STAMP) ## the main job: Ai2-like month, legacy priority vs Allot fair share, side by side
+	$(BIN)/allot scenario ai2 --seed 1 --out $(OUT)/ai2
+	$(BIN)/allot simulate --cluster $(OUT)/ai2/cluster.yaml --budgets $(OUT)/ai2/budgets.yaml \
+		--trace $(OUT)/ai2/trace.csv --compare priority,fairshare --out $(OUT)/ai2/sim
+
+demo: run ## alias of run
+
+test: $(STAMP) ## run the test suite (unit, property, golden)
+	$(BIN)/pytest
+
+lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (the core stays pure)
+	$(BIN)/ruff format --check shared tests bench
+	$(BIN)/ruff check shared tests bench
+	$(BIN)/lint-imports
+
+type: $(STAMP) ## mypy --strict on the package
+	$(BIN)/mypy
+
+fmt: $(STAMP) ## format and auto-fix
+	$(BIN)/ruff format shared tests bench
+	$(BIN)/ruff check --fix shared tests bench
+
+bench: $(STAMP) ## benchmarks; prints figures and writes bench/results/
+	$(BIN)/python bench/run_all.py --shared $(SHARED)
+
+golden: $(STAMP) ## regenerate the simulator's golden reports (review the diff!)
+	$(BIN)/python tests/golden/regenerate.py
+
+philly: $(STAMP) ## Philly trace, pooled 352x8 cluster: partitioned vs fair share
+	$(BIN)/allot simulate --philly $(SHARED)/traces --compare partitioned,fairshare --out $(OUT)/philly
+
+clean: ## remove build and run outputs (keeps .venv)
+	rm -rf $(OUT) build dist .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,91 @@
+"""Benchmark: one ``run_cycle`` on 1,000 hosts x 8 GPUs, 60% busy, 10,000 pending.
+
+Target (issue 2): median <= 50 ms. The snapshot is built once per repetition (not timed):
+the cycle itself never changes it, so every repetition times the same decision.
+Run: ``make bench`` (or ``python bench/bench_cycle.py``).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+
+from allot.core.cycle import Snapshot, run_cycle
+from allot.core.model import Host, Workload
+from allot.core.policy import Policy
+from allot.core.state import ClusterState, PendingQueue
+
+HOSTS, GPUS, PENDING, BUSY, ALLOCATIONS = 1000, 8, 10_000, 0.6, 100
+TARGET_MS = 50.0
+
+
+def build(seed: int = 7) -> tuple[Snapshot, float]:
+    rng = random.Random(seed)
+    now = 100_000.0
+    allocs = [f"a{i:03d}" for i in range(ALLOCATIONS)]
+    state = ClusterState([Host(f"h{i:04d}", GPUS) for i in range(HOSTS)])
+    busy_target = int(HOSTS * GPUS * BUSY)
+    busy = 0
+    n = 0
+    for host in state.host_ids:
+        while busy < busy_target:
+            free = state.free[host]
+            if not free:
+                break
+            g = min(rng.choice([1, 1, 2, 4, 8]), len(free))
+            alloc = rng.choice(allocs)
+            w = Workload(
+                f"r{n}", alloc, "u", g, rng.choice([0, 1800, 7200, 28800]), submit_time=now - 50_000
+            )
+            state.start(w, ((host, tuple(free[:g])),), now - rng.uniform(0, 40_000))
+            busy += g
+            n += 1
+        if busy >= busy_target:
+            break
+    queue = PendingQueue()
+    for i in range(PENDING):
+        g = rng.choice([1, 1, 1, 2, 2, 4, 8, 8, 16, 32])
+        unalloc = rng.random() < 0.1
+        queue.add(
+            Workload(
+                f"p{i}",
+                None if unalloc else rng.choice(allocs),
+                "u",
+                g,
+                0 if unalloc else 3600,
+                priority=rng.randint(0, 3),
+                submit_time=now - rng.uniform(0, 50_000),
+            )
+        )
+    shares = dict.fromkeys(allocs, 1 / ALLOCATIONS)
+    order = {a: i for i, a in enumerate(rng.sample(allocs, len(allocs)))}
+    return Snapshot(state, queue, shares, order), now
+
+
+def main() -> int:
+    snapshot, now = build()
+    policy = Policy()
+    times = []
+    result = run_cycle(snapshot, policy, now)
+    for _ in range(30):
+        t0 = time.perf_counter()
+        result = run_cycle(snapshot, policy, now)
+        times.append((time.perf_counter() - t0) * 1000)
+    median = statistics.median(times)
+    print(
+        f"run_cycle: {HOSTS} hosts x {GPUS} GPUs, {BUSY:.0%} busy, {PENDING} pending, "
+        f"{len(snapshot.cluster.running)} running"
+    )
+    print(f"  placements={len(result.placements)} preemptions={len(result.preemptions)}")
+    print(
+        f"  median {median:.1f} ms, p90 {sorted(times)[int(len(times) * 0.9)]:.1f} ms, "
+        f"max {max(times):.1f} ms (target <= {TARGET_MS:.0f} ms): "
+        f"{'PASS' if median <= TARGET_MS else 'FAIL'}"
+    )
+    return 0 if median <= TARGET_MS else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Allot: a control plane for shared GPU clusters."""

@@ -1,0 +1,1 @@
+"""The `allot` command."""

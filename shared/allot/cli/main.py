@@ -1,0 +1,46 @@
+"""The ``allot`` command: one entry point, one subcommand per module.
+
+Bad input anywhere below ends in ONE line on stderr naming the field and the reason, and
+exit status 2 (``ValidationError``); nothing prints a traceback for a user's mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from allot.cli import fairshare_cmd, scenario_cmd, simulate_cmd
+from allot.core.errors import ValidationError
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="allot",
+        description="Allot: GPU-time budgets, hierarchical fair share and a min-runtime "
+        "contract for shared GPU clusters.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    fairshare_cmd.register(subparsers)
+    simulate_cmd.register(subparsers)
+    scenario_cmd.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ValidationError as exc:
+        print(f"allot {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""``allot simulate``: replay a trace through the core and report, for one or several policies.
+
+    allot simulate --cluster C.yaml --budgets B.yaml --trace T.csv --policy fairshare --out DIR
+                   [--seed N] [--window 7d] [--half-life 3d] [--min-runtime 2h]
+                   [--resumable/--no-resumable] [--grace 300] [--compare priority,fairshare]
+    allot simulate --philly TRACES_DIR --compare partitioned,fairshare --out DIR
+
+``--philly`` reads ``philly_pollux.csv`` and ``philly_vc_nodes_heliosartifact.csv`` from the
+folder and builds the pooled cluster (352 hosts x 8 GPUs, partitions = the VC node counts)
+and budgets (shares = node counts, 1 for the four VCs the file lacks); it writes both YAML
+files beside the reports so the run can be repeated with the plain flags.
+
+One policy: ``DIR/report.json`` and ``DIR/report.html``. ``--compare``: one folder per policy
+(``DIR/<policy>/``) and ``DIR/compare.json``; the summary prints side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from allot.cli.durations import parse_duration
+from allot.cli.yaml_io import load_yaml
+from allot.core.budgets import BudgetTree, parse_tree
+from allot.core.errors import ValidationError
+from allot.core.model import DEFAULT_GRACE_S
+from allot.sim.cluster import ClusterSpec, load_cluster
+from allot.sim.engine import POLICY_NAMES, SimConfig, make_policy, simulate
+from allot.sim.report import build_report, write_report
+from allot.sim.scenario import dump_budgets_yaml, dump_cluster_yaml, philly_budgets, philly_cluster
+from allot.sim.trace import TraceDefaults, TraceJob, read_trace
+
+PHILLY_TRACE = "philly_pollux.csv"
+PHILLY_VCS = "philly_vc_nodes_heliosartifact.csv"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="replay a workload trace through the scheduler and report",
+        description="Replay a trace through the same scheduling core the live system runs.",
+    )
+    parser.add_argument("--cluster", type=Path, help="cluster YAML (host groups, partitions)")
+    parser.add_argument("--budgets", type=Path, help="budget tree YAML")
+    parser.add_argument("--trace", type=Path, help="trace CSV")
+    parser.add_argument(
+        "--philly", type=Path, metavar="DIR", help="use the Philly trace and VC sizes in DIR"
+    )
+    parser.add_argument("--policy", default="fairshare", choices=POLICY_NAMES)
+    parser.add_argument("--compare", help="comma-separated policies to run side by side")
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--seed", type=int, default=0, help="recorded in the report")
+    parser.add_argument("--window", type=parse_duration, default="7d", help="usage window")
+    parser.add_argument(
+        "--half-life", type=parse_duration, default=None, help="decay usage (Slurm-like)"
+    )
+    parser.add_argument(
+        "--min-runtime",
+        type=parse_duration,
+        default="2h",
+        help="min_runtime for trace rows without one (default 2h)",
+    )
+    parser.add_argument(
+        "--resumable",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="resumable for trace rows without the column (default yes)",
+    )
+    parser.add_argument(
+        "--grace", type=parse_duration, default=DEFAULT_GRACE_S, help="preemption grace"
+    )
+    parser.add_argument(
+        "--rank-every", type=parse_duration, default=300, help="Fair Tree refresh interval"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster, tree, jobs = _load_inputs(args)
+    policies = _policies(args)
+    reports: dict[str, dict[str, Any]] = {}
+    for name in policies:
+        config = SimConfig(
+            policy_name=name,
+            policy=make_policy(name, tree, _capacity(cluster), args.grace),
+            seed=args.seed,
+            window_s=args.window,
+            half_life_s=args.half_life,
+            rank_every_s=args.rank_every,
+        )
+        started = time.perf_counter()
+        progress = None if args.quiet else _progress_bar(name)
+        record = simulate(cluster, tree, jobs, config, progress)
+        report = build_report(record)
+        if progress is not None:
+            progress(1.0)
+            print(file=sys.stderr)
+        out = args.out / name if len(policies) > 1 else args.out
+        write_report(report, out)
+        reports[name] = report
+        print(
+            f"{name}: {len(jobs)} workloads simulated in {time.perf_counter() - started:.1f} s"
+            f" -> {out}/report.json, report.html",
+            file=sys.stderr,
+        )
+    if len(policies) > 1:
+        (args.out / "compare.json").write_text(
+            json.dumps({n: _summary(r) for n, r in reports.items()}, sort_keys=True, indent=2)
+            + "\n"
+        )
+    print(render_summary(reports))
+    return 0
+
+
+def _policies(args: argparse.Namespace) -> list[str]:
+    if not args.compare:
+        return [args.policy]
+    names = [n.strip() for n in args.compare.split(",") if n.strip()]
+    for name in names:
+        if name not in POLICY_NAMES:
+            raise ValidationError(
+                "--compare", f"unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})"
+            )
+    return names
+
+
+def _capacity(cluster: ClusterSpec) -> int:
+    return sum(h.gpus for h in cluster.hosts)
+
+
+def _load_inputs(args: argparse.Namespace) -> tuple[ClusterSpec, BudgetTree, list[TraceJob]]:
+    defaults = TraceDefaults(min_runtime_s=args.min_runtime, resumable=args.resumable)
+    if args.philly is not None:
+        jobs = read_trace(args.philly / PHILLY_TRACE, defaults)
+        teams = sorted({j.workload.allocation for j in jobs if j.workload.allocation})
+        cluster_data = philly_cluster(args.philly / PHILLY_VCS, teams)
+        budgets_data = philly_budgets(args.philly / PHILLY_VCS, teams)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "cluster.yaml").write_text(dump_cluster_yaml(cluster_data))
+        (args.out / "budgets.yaml").write_text(dump_budgets_yaml(budgets_data))
+        return load_cluster(cluster_data), parse_tree(budgets_data), jobs
+    for flag in ("cluster", "budgets", "trace"):
+        if getattr(args, flag) is None:
+            raise ValidationError(f"--{flag}", "is required (or use --philly DIR)")
+    cluster = load_cluster(_mapping(load_yaml(args.cluster), str(args.cluster)))
+    tree = parse_tree(_mapping(load_yaml(args.budgets), str(args.budgets)))
+    jobs = read_trace(args.trace, defaults)
+    for job in jobs:
+        alloc = job.workload.allocation
+        if alloc is not None:
+            try:
+                tree.require_leaf(alloc)
+            except ValidationError as exc:
+                raise ValidationError(
+                    f"{args.trace}: job {job.workload.id}: allocation", exc.reason
+                ) from None
+    return cluster, tree, jobs
+
+
+def _mapping(data: object, where: str) -> Mapping[str, object]:
+    if not isinstance(data, dict):
+        raise ValidationError(where, "must be a YAML mapping at the top level")
+    return data
+
+
+def _progress_bar(name: str) -> Callable[[float], None] | None:
+    if not sys.stderr.isatty():
+        return None
+
+    def show(fraction: float) -> None:
+        filled = int(fraction * 30)
+        sys.stderr.write(f"\r{name:>12} [{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%}")
+        sys.stderr.flush()
+
+    return show
+
+
+def _summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    od = report["owed_delivered"]
+    waits = report["wait_s"]
+    return {
+        "workloads": report["workloads"],
+        "completed": report["completed"],
+        "preemptions": report["preemptions"],
+        "requeues": report["requeues"],
+        "occupancy": report["occupancy"],
+        "occupancy_observed": report.get("occupancy_observed"),
+        "unallocated_fraction": report["unallocated_fraction"],
+        "owed_delivered": od["overall"],
+        "teams_at_or_above_095": od.get("teams_at_or_above_095"),
+        "teams": od.get("teams"),
+        "wait_p50_s": waits["all"]["p50"],
+        "wait_p90_s": waits["all"]["p90"],
+        "debug_wait_p90_s": (waits["by_kind"].get("debug") or {}).get("p90"),
+        "wait_p90_64plus_s": (waits["by_size"].get("64+") or {}).get("p90"),
+        "by_allocation": {name: row["ratio"] for name, row in sorted(od["by_allocation"].items())},
+    }
+
+
+def _fmt(value: Any, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "ratio":
+        return f"{value:.3f}"
+    if kind == "pct":
+        return f"{value:.1%}"
+    if kind == "dur":
+        return _duration(float(value))
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+_ROWS: Sequence[tuple[str, str, str]] = (
+    ("workloads", "workloads", "int"),
+    ("completed", "completed", "int"),
+    ("preemptions", "preemptions", "int"),
+    ("requeues", "requeues", "int"),
+    ("occupancy (span)", "occupancy", "pct"),
+    ("occupancy (observed)", "occupancy_observed", "pct"),
+    ("unallocated share", "unallocated_fraction", "pct"),
+    ("owed->delivered", "owed_delivered", "ratio"),
+    ("teams >= 0.95", "teams_ok", "str"),
+    ("wait p50", "wait_p50_s", "dur"),
+    ("wait p90", "wait_p90_s", "dur"),
+    ("debug wait p90", "debug_wait_p90_s", "dur"),
+    ("64+ GPU wait p90", "wait_p90_64plus_s", "dur"),
+)
+
+
+def render_summary(reports: Mapping[str, Mapping[str, Any]]) -> str:
+    """The side-by-side table printed after a run (one column per policy), then the
+    owed-vs-delivered ratio per allocation."""
+    summaries = {name: _summary(r) for name, r in reports.items()}
+    for s in summaries.values():
+        s["teams_ok"] = f"{s['teams_at_or_above_095']}/{s['teams']}"
+    names = list(summaries)
+    width = max(12, *(len(n) + 2 for n in names))
+    lines = [f"{'':<22}" + "".join(f"{n:>{width}}" for n in names)]
+    for label, key, kind in _ROWS:
+        cells = "".join(f"{_fmt(summaries[n].get(key), kind):>{width}}" for n in names)
+        lines.append(f"{label:<22}{cells}")
+    allocations = sorted({a for s in summaries.values() for a in s["by_allocation"]})
+    if allocations:
+        lines.append("")
+        lines.append(f"{'owed->delivered by allocation':<22}")
+        for alloc in allocations:
+            cells = "".join(
+                f"{_fmt(summaries[n]['by_allocation'].get(alloc), 'ratio'):>{width}}" for n in names
+            )
+            lines.append(f"  {alloc:<20}{cells}")
+    return "\n".join(lines)

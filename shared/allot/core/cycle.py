@@ -1,0 +1,398 @@
+"""The one scheduling entry point: ``run_cycle(snapshot, policy, now) -> CycleResult``.
+
+The placement service and the simulator both call it; nothing else decides placements,
+preemptions or drains. It reads a snapshot and returns decisions; it changes nothing.
+
+A cycle, in order:
+
+1. **Drains.** Every DRAINING host: each workload on it gets a notice (reason host-drain) at
+   max(now, its protection end); an empty draining host becomes DRAINED.
+2. **Queue order** (FAIRSHARE). Allocated work before unallocated work. Among allocated
+   work, tier 0 is work of allocations holding fewer GPUs than their entitlement
+   (effective share x GPUs on healthy hosts), tier 1 the rest (one tier when
+   ``entitlement_tier`` is off). Inside a tier: the allocation's Fair Tree order over the
+   window, then (inside one allocation) user priority, submit time, id. Unallocated work:
+   FIFO. The tier is re-read as a cycle places work, so an allocation that reaches its
+   entitlement mid-cycle drops to tier 1 for the rest of the cycle.
+3. **Placement**, workload by workload in that order: best fit on free GPUs (see
+   ``allot.core.placement``); work that does not fit is passed over, not blocking the queue.
+4. **Preemption** for allocated work that does not fit (see ``allot.core.preemption``):
+   a minimal set of unprotected victims on the best host(s); the notices take effect after
+   the grace period, the GPUs they free (and the free GPUs beside them) are reserved for
+   the requester for the rest of the cycle. GPUs already under notice are claimed first,
+   so a requester waiting out a grace period does not cause new preemptions.
+
+Cost. A cycle touches only the queue heads it needs: each allocation's queue is kept
+sorted by ``PendingQueue``, and two monotone bounds end the walk early. Within one cycle
+free GPUs only shrink, so once a request of g GPUs fails to fit, every later request of
+>= g GPUs fails too; likewise victim sets only shrink down the order, so a failed
+preemption plan of g GPUs in a tier rules out later requests of >= g in that tier.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from allot.core.decisions import (
+    CycleResult,
+    HostTransition,
+    Placement,
+    Preemption,
+    PreemptReason,
+)
+from allot.core.model import HostState, Running, Workload
+from allot.core.placement import ClusterView
+from allot.core.policy import Mode, Policy
+from allot.core.preemption import VictimRule, plan_preemption
+from allot.core.state import DEFAULT_POOL, ClusterState, PendingQueue
+
+_ReasonFn = Callable[[Running], PreemptReason]
+
+WORST_ORDER = 1 << 30
+"""Fair Tree order key of an allocation missing from the ranking: served last."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The inputs of one cycle. ``shares``: effective share per allocation (the budget tree's
+    product of normalised shares); ``order``: Fair Tree order key per allocation, smaller is
+    served first (``Ranking.order_key``); both are ignored by the baselines."""
+
+    cluster: ClusterState
+    queue: PendingQueue
+    shares: Mapping[str, float]
+    order: Mapping[str, int]
+
+
+def run_cycle(snapshot: Snapshot, policy: Policy, now: float) -> CycleResult:
+    return _Cycle(snapshot, policy, now).run()
+
+
+class _Cycle:
+    def __init__(self, snapshot: Snapshot, policy: Policy, now: float) -> None:
+        self.st = snapshot.cluster
+        self.queue = snapshot.queue
+        self.shares = snapshot.shares
+        self.order = snapshot.order
+        self.policy = policy
+        self.now = now
+        self.view = ClusterView(self.st, now)
+        capacity = self.st.healthy_gpus
+        self.entitlement = {a: s * capacity for a, s in self.shares.items()}
+        self.held = dict(self.st.held)  # grows as this cycle places allocated work
+        self.placements: list[Placement] = []
+        self.preemptions: list[Preemption] = []
+        self.waiting_on: list[tuple[str, tuple[str, ...]]] = []
+        self.wakeups: list[float] = []
+        self.blocked_allocated = False
+        self.shielded_by_team: dict[str, int] = {}
+        # Hot-loop constants.
+        self._fairshare = policy.mode is Mode.FAIRSHARE
+        self._tiered = self._fairshare and policy.entitlement_tier
+        self._preempts = policy.preempts
+        self._partitioned = policy.mode is Mode.PARTITIONED
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> CycleResult:
+        transitions = self._drains()
+        if len(self.queue):
+            if self.policy.mode is Mode.PRIORITY:
+                self._count_shielded()
+            self._schedule()
+        if self.blocked_allocated and self.policy.preempts:
+            t = self.st.next_protection_end(self.now)
+            if t is not None:
+                self.wakeups.append(t)
+        self.wakeups.extend(p.preempt_at for p in self.preemptions if p.preempt_at > self.now)
+        return CycleResult(
+            placements=tuple(self.placements),
+            preemptions=tuple(self.preemptions),
+            transitions=tuple(transitions),
+            next_wakeup=min(self.wakeups) if self.wakeups else None,
+            waiting_on=tuple(self.waiting_on),
+        )
+
+    # ------------------------------------------------------------------ drains
+    def _drains(self) -> list[HostTransition]:
+        transitions: list[HostTransition] = []
+        for host_id in sorted(self.st.draining):
+            occupants = sorted(self.st.on_host[host_id])
+            if not occupants:
+                transitions.append(HostTransition(host_id, HostState.DRAINED))
+                continue
+            for wid in occupants:
+                run = self.st.running[wid]
+                if run.preempt_at is not None or wid in self.view.noticed:
+                    continue
+                if self.policy.mode is Mode.PRIORITY:
+                    if run.shielded:
+                        continue  # legacy: opted-out work blocks the drain until it ends
+                    due = self.now
+                else:
+                    due = max(self.now, run.protected_until)
+                if due > self.now:
+                    self.wakeups.append(due)
+                    continue
+                self._notice(run, PreemptReason.HOST_DRAIN, preemptor=None)
+        return transitions
+
+    # -------------------------------------------------------------- scheduling
+    def _schedule(self) -> None:
+        heads: list[tuple[tuple[object, ...], int, str | None]] = []
+        cursor: dict[str | None, int] = {}
+        for seq, group in enumerate(sorted(self.queue.groups, key=lambda g: (g is None, g or ""))):
+            cursor[group] = 0
+            heads.append((self._head_key(group, 0), seq, group))
+        heapq.heapify(heads)
+        place_fail: dict[str, int] = {}
+        preempt_fail: dict[object, int] = {}
+        while heads:
+            # A group's key is pushed right after its previous head was decided, and only
+            # that decision changes the group's held GPUs (hence its tier): keys never go
+            # stale while in the heap.
+            _, seq, group = heapq.heappop(heads)
+            items = self.queue.groups[group]
+            pos = cursor[group]
+            failed = self._consider(items[pos][1], place_fail, preempt_fail)
+            pos += 1
+            cursor[group] = pos
+            if pos < len(items):
+                heapq.heappush(heads, (self._head_key(group, pos), seq, group))
+            if failed and self._exhausted(place_fail, preempt_fail):
+                break
+
+    def _head_key(self, group: str | None, pos: int) -> tuple[object, ...]:
+        w = self.queue.groups[group][pos][1]
+        if self._fairshare:
+            if group is None:
+                return (1, 0, 0, w.submit_time, "")
+            return (0, self._tier(group), self.order.get(group, WORST_ORDER), w.submit_time, group)
+        if self.policy.mode is Mode.PRIORITY:
+            return (-w.priority, w.submit_time, w.id)
+        return (w.submit_time, w.id)
+
+    def _tier(self, allocation: str) -> int:
+        if not self._tiered:
+            return 0
+        return 0 if self.held.get(allocation, 0) < self.entitlement.get(allocation, 0.0) else 1
+
+    def _pool(self, w: Workload) -> str:
+        if self._partitioned and w.allocation in self.st.by_free:
+            return w.allocation
+        return DEFAULT_POOL
+
+    def _consider(
+        self, w: Workload, place_fail: dict[str, int], preempt_fail: dict[object, int]
+    ) -> bool:
+        """Place ``w``, or plan room for it; True when a bound moved (nothing decided)."""
+        pool = self._pool(w) if self._partitioned else DEFAULT_POOL
+        gpus = w.gpus
+        allocated = w.allocated
+        may_preempt = self._preempts and (allocated or not self._fairshare)
+        klass = self._preempt_class(w) if may_preempt else None
+        fits_bound = gpus < place_fail.get(pool, math.inf)
+        if not fits_bound and (not may_preempt or gpus >= preempt_fail.get(klass, math.inf)):
+            self.blocked_allocated |= allocated
+            return False
+        if fits_bound:
+            assignment = self.view.find_fit(pool, w.gpus)
+            if assignment is not None:
+                self.view.take(assignment)
+                self.placements.append(Placement(w, assignment, self._shield(w)))
+                if w.allocated:
+                    alloc = w.allocation
+                    assert alloc is not None
+                    self.held[alloc] = self.held.get(alloc, 0) + w.gpus
+                return False
+            place_fail[pool] = w.gpus
+        if not may_preempt or w.gpus >= preempt_fail.get(klass, math.inf):
+            self.blocked_allocated |= w.allocated
+            return True
+        plan = plan_preemption(self.view, pool, w.gpus, self._victim_rule(w))
+        if plan is None:
+            preempt_fail[klass] = w.gpus
+            self.blocked_allocated |= w.allocated
+            return True
+        reason_for = self._reason_for(w)
+        for victim in plan.new_victims:
+            self._notice(victim, reason_for(victim), preemptor=w.id)
+        self.view.reserve(plan.victims, plan.free_taken)
+        waited = tuple(sorted(r.workload.id for r in plan.victims))
+        if waited:
+            self.waiting_on.append((w.id, waited))
+        return False
+
+    def _exhausted(self, place_fail: dict[str, int], preempt_fail: dict[object, int]) -> bool:
+        """Nothing left in the queue can be placed or can preempt: stop walking it."""
+        if any(place_fail.get(pool, math.inf) > 1 for pool in self.st.by_free):
+            return False
+        if not self.policy.preempts:
+            return True
+        if self.policy.mode is Mode.FAIRSHARE:
+            return all(preempt_fail.get(t, math.inf) <= 1 for t in (0, 1))
+        return False
+
+    # ------------------------------------------------------------- preemption
+    def _preempt_class(self, w: Workload) -> object:
+        if self.policy.mode is Mode.PRIORITY:
+            return w.priority
+        if w.allocation is None:
+            return -1
+        return self._tier(w.allocation)
+
+    def _victim_rule(self, w: Workload) -> VictimRule:
+        if self.policy.mode is Mode.PRIORITY:
+            return _LegacyRule(w.priority, self.now)
+        alloc = w.allocation
+        assert alloc is not None
+        return _FairShareRule(
+            requester=alloc,
+            requester_order=self.order.get(alloc, WORST_ORDER),
+            under_entitlement=self._tier(alloc) == 0 and self.policy.entitlement_tier,
+            entitlement_tier=self.policy.entitlement_tier,
+            order=self.order,
+            entitlement=self.entitlement,
+            now=self.now,
+        )
+
+    def _reason_for(self, w: Workload) -> _ReasonFn:
+        if self.policy.mode is Mode.PRIORITY:
+            return lambda _victim: PreemptReason.HIGHER_CLASS
+        under = self.policy.entitlement_tier and self._tier(w.allocation or "") == 0
+
+        def reason(victim: Running) -> PreemptReason:
+            if not victim.workload.allocated:
+                return PreemptReason.DISPLACED_UNALLOCATED
+            if under:
+                return PreemptReason.RECLAIMED_FOR_ENTITLEMENT
+            return PreemptReason.BETTER_RANKED
+
+        return reason
+
+    def _notice(self, run: Running, reason: PreemptReason, preemptor: str | None) -> None:
+        w = run.workload
+        at = self.now + self.policy.grace_s
+        self.view.notice(run, at)
+        alloc = w.allocation if w.allocated else None
+        self.preemptions.append(
+            Preemption(
+                workload_id=w.id,
+                allocation=alloc,
+                gpus=w.gpus,
+                reason=reason,
+                preempt_at=at,
+                requeue=w.resumable,
+                preemptor=preemptor,
+                victim_held_gpus=self.st.held.get(alloc, 0) if alloc else 0,
+                victim_entitlement_gpus=self.entitlement.get(alloc, 0.0) if alloc else 0.0,
+            )
+        )
+
+    # ----------------------------------------------------------------- legacy
+    def _count_shielded(self) -> None:
+        for run in self.st.running.values():
+            if run.shielded and run.workload.allocation is not None:
+                team = run.workload.allocation
+                self.shielded_by_team[team] = self.shielded_by_team.get(team, 0) + run.workload.gpus
+
+    def _shield(self, w: Workload) -> bool:
+        if self.policy.mode is not Mode.PRIORITY or not w.opt_out or w.allocation is None:
+            return False
+        cap = (self.policy.protected_gpu_cap or {}).get(w.allocation)
+        used = self.shielded_by_team.get(w.allocation, 0)
+        if cap is not None and used + w.gpus > cap:
+            return False
+        self.shielded_by_team[w.allocation] = used + w.gpus
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class _FairShareRule:
+    """Who an allocated FAIRSHARE request may preempt (rule 8 of the design):
+
+    - unallocated work, always (class 1);
+    - allocated work past its protection, of *another* allocation, which is above its
+      entitlement (with the tier on): any such for a requester below its entitlement; only
+      worse-ranked ones (larger Fair Tree order key) for a requester at or above it. With the
+      tier off: past-protection work of worse-ranked allocations.
+
+    Preference among victims: unallocated first, then the most GPUs over entitlement, then
+    the least work lost (GPUs x time since start), then id.
+    """
+
+    requester: str
+    requester_order: int
+    under_entitlement: bool
+    entitlement_tier: bool
+    order: Mapping[str, int]
+    entitlement: Mapping[str, float]
+    now: float
+    unallocated_first: bool = True  # the planner may try unallocated victims on their own
+
+    def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
+        for alloc, held in victim_held.items():
+            if alloc == self.requester or held <= 0:
+                continue
+            over = held - self.entitlement.get(alloc, 0.0)
+            worse = self.order.get(alloc, WORST_ORDER) > self.requester_order
+            if self.entitlement_tier:
+                if over > 0 and (self.under_entitlement or worse):
+                    return True
+            elif worse:
+                return True
+        return False
+
+    def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
+        w = run.workload
+        lost = w.gpus * (self.now - run.start_time)
+        if not w.allocated:
+            return (1, 0.0, lost, w.id)
+        if self.now < run.protected_until:
+            return None
+        alloc = w.allocation
+        assert alloc is not None
+        if alloc == self.requester:
+            return None
+        over = victim_held.get(alloc, 0) - self.entitlement.get(alloc, 0.0)
+        worse = self.order.get(alloc, WORST_ORDER) > self.requester_order
+        if self.entitlement_tier:
+            if over <= 0:
+                return None
+            if not (self.under_entitlement or worse):
+                return None
+        elif not worse:
+            return None
+        return (2, -over, lost, w.id)
+
+    def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
+        """Taking several victims from one allocation: stop once it is no longer over."""
+        w = run.workload
+        if not w.allocated or not self.entitlement_tier:
+            return True
+        alloc = w.allocation
+        assert alloc is not None
+        return victim_held.get(alloc, 0) > self.entitlement.get(alloc, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _LegacyRule:
+    """Legacy priority: preempt unshielded work of a strictly lower class, lowest first."""
+
+    requester_class: int
+    now: float
+    ignores_protection: bool = True  # the legacy system had no minimum-runtime contract
+
+    def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
+        w = run.workload
+        if run.shielded or w.priority >= self.requester_class:
+            return None
+        return (1 + w.priority, 0.0, w.gpus * (self.now - run.start_time), w.id)
+
+    def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
+        return True
+
+    def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
+        return True

@@ -1,0 +1,63 @@
+"""What a scheduling cycle decides: plain frozen values, never sent by the core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from allot.core.model import Assignment, HostState, Workload
+
+
+class PreemptReason(StrEnum):
+    DISPLACED_UNALLOCATED = "displaced-unallocated"  # victim was free (unallocated) work
+    RECLAIMED_FOR_ENTITLEMENT = "reclaimed-for-entitlement"  # requester below its entitlement
+    BETTER_RANKED = "better-ranked"  # requester's allocation ranks better in Fair Tree
+    HOST_DRAIN = "host-drain"  # the host is unhealthy and the protection ended
+    HIGHER_CLASS = "higher-class"  # legacy priority policy only
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    workload: Workload
+    assignment: Assignment
+    shielded: bool = False  # legacy priority policy: opted out of preemption within the cap
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """A notice: the victim must leave by ``preempt_at`` (now + grace); its GPUs are free then.
+
+    The numbers behind the decision travel with it: the victim allocation's held GPUs and
+    entitlement at decision time, and the requester (``preemptor``) for reclaims.
+    """
+
+    workload_id: str
+    allocation: str | None
+    gpus: int
+    reason: PreemptReason
+    preempt_at: float
+    requeue: bool
+    preemptor: str | None = None
+    victim_held_gpus: int = 0
+    victim_entitlement_gpus: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class HostTransition:
+    host: str
+    state: HostState
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """``next_wakeup``: the earliest later moment at which a cycle could decide something new
+    without any new event (a protection or a drain deadline lapsing). Callers also run a cycle
+    after every event (arrival, end of a workload, host change) and must end each noticed
+    workload at its ``preempt_at``."""
+
+    placements: tuple[Placement, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    transitions: tuple[HostTransition, ...] = ()
+    next_wakeup: float | None = None
+    # requester id -> ids of workloads under notice whose GPUs it waits for
+    waiting_on: tuple[tuple[str, tuple[str, ...]], ...] = ()

@@ -1,0 +1,37 @@
+"""Folding decisions and their consequences into the state, the same way for every caller.
+
+The simulator applies a cycle's result at once; the placement service applies it as the
+events come back from the log. Both use these two functions, so the state they hand the
+next cycle is built by the same code.
+"""
+
+from __future__ import annotations
+
+from allot.core.decisions import CycleResult
+from allot.core.model import Running, Workload
+from allot.core.state import ClusterState, PendingQueue
+
+
+def apply_result(state: ClusterState, queue: PendingQueue, result: CycleResult, now: float) -> None:
+    """Start the placements, record the notices, move hosts. Nothing ends here: a noticed
+    workload keeps its GPUs until the caller reports it gone (``end_workload``)."""
+    for transition in result.transitions:
+        state.set_host_state(transition.host, transition.state)
+    for preemption in result.preemptions:
+        state.notice(preemption.workload_id, preemption.preempt_at)
+    for placement in result.placements:
+        queue.remove(placement.workload.id)
+        state.start(placement.workload, placement.assignment, now, shielded=placement.shielded)
+
+
+def end_workload(
+    state: ClusterState, queue: PendingQueue, workload_id: str, *, preempted: bool
+) -> tuple[Running, Workload | None]:
+    """The workload left its GPUs. A preempted resumable workload is requeued with its
+    original submit time (a preemption does not send it to the back of its allocation's
+    queue); returns the ended run and the requeued workload, if any."""
+    run = state.finish(workload_id)
+    if preempted and run.workload.resumable:
+        queue.add(run.workload)
+        return run, run.workload
+    return run, None

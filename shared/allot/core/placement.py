@@ -1,0 +1,193 @@
+"""Where a workload fits: all-or-nothing, best fit, deterministic.
+
+Rules (rule 7 of the design):
+
+1. Only HEALTHY hosts take new work (never draining, drained or cordoned ones).
+2. A workload of g GPUs with g <= the largest host of its pool lands on ONE host: the host
+   with the fewest free GPUs that still has >= g (best fit keeps whole hosts free for gangs);
+   ties go to the host id that sorts first. It takes that host's lowest free GPU indices.
+3. A larger workload is a gang: with G the largest host size of the pool, it takes
+   g // G whole free hosts of size G (ids in sorted order) plus, when g % G > 0, the
+   remainder on one further host, chosen by rule 2. All or nothing: if any part does not
+   fit, nothing is placed.
+
+``ClusterView`` is one cycle's copy-on-write view of a ``ClusterState``: GPUs taken, notices
+issued and GPUs reserved during the cycle live here, never in the state.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from allot.core.model import Assignment, Running
+from allot.core.state import ClusterState
+
+
+class ClusterView:
+    def __init__(self, state: ClusterState, now: float) -> None:
+        self.st = state
+        self.now = now
+        self._free: dict[str, list[int]] = {}
+        self._buckets: dict[str, list[set[int]]] = {}
+        self.noticed: dict[str, float] = {}  # workload id -> preempt_at, issued this cycle
+        self.claimed: set[str] = set()  # workloads under notice whose GPUs a requester awaits
+        self.victim_held: dict[str, int] = dict(state.held)  # held, minus this cycle's victims
+        self._candidates: dict[tuple[str, bool], list[str]] = {}
+        # "Cheap room" per host: free GPUs + GPUs under notice nobody claimed yet + GPUs of
+        # unallocated work (preemptible by any allocated request). Built on first use.
+        self._room: dict[str, int] | None = None
+        self._room_buckets: dict[str, list[set[int]]] = {}
+
+    # ------------------------------------------------------------------ reads
+    def free_of(self, host_id: str) -> list[int]:
+        free = self._free.get(host_id)
+        return self.st.free[host_id] if free is None else free
+
+    def buckets(self, pool: str) -> list[set[int]] | None:
+        mine = self._buckets.get(pool)
+        if mine is None:
+            theirs = self.st.by_free.get(pool)
+            if theirs is None:
+                return None
+            mine = [set(b) for b in theirs]
+            self._buckets[pool] = mine
+        return mine
+
+    def terminating(self, run: Running) -> bool:
+        return run.preempt_at is not None or run.workload.id in self.noticed
+
+    def find_fit(self, pool: str, gpus: int) -> Assignment | None:
+        buckets = self.buckets(pool)
+        if buckets is None:
+            return None
+        largest = self.st.pool_max_gpus[pool]
+        if gpus <= largest:
+            host = self._best_fit(buckets, gpus, exclude=())
+            return None if host is None else ((host, tuple(self.free_of(host)[:gpus])),)
+        whole_count, rest = divmod(gpus, largest)
+        whole = buckets[largest]
+        if len(whole) < whole_count:
+            return None
+        chosen = heapq.nsmallest(whole_count, whole)
+        parts = [(self.st.host_ids[i], tuple(self.free_of(self.st.host_ids[i]))) for i in chosen]
+        if rest:
+            host = self._best_fit(buckets, rest, exclude=set(chosen))
+            if host is None:
+                return None
+            parts.append((host, tuple(self.free_of(host)[:rest])))
+        return tuple(sorted(parts))
+
+    def _best_fit(self, buckets: list[set[int]], gpus: int, exclude: Iterable[int]) -> str | None:
+        excluded = set(exclude)
+        for free_count in range(gpus, len(buckets)):
+            bucket = buckets[free_count]
+            if not bucket:
+                continue
+            options = bucket - excluded if excluded else bucket
+            if options:
+                return self.st.host_ids[min(options)]
+        return None
+
+    def candidate_hosts(self, pool: str, respect_protection: bool) -> list[str]:
+        """Schedulable hosts of ``pool`` where someone might make room: an occupant under
+        notice, or one past its protection (any unshielded one when protection is ignored)."""
+        key = (pool, respect_protection)
+        cached = self._candidates.get(key)
+        if cached is None:
+            hosts: set[str] = set()
+            now = self.now
+            for run in self.st.running.values():
+                movable = run.preempt_at is not None or (
+                    not run.shielded and (not respect_protection or run.protected_until <= now)
+                )
+                if movable:
+                    hosts.update(h for h, _ in run.assignment)
+            pool_of = self.st.pool_of
+            cached = sorted(h for h in hosts if pool_of[h] == pool and self.st.host(h).schedulable)
+            self._candidates[key] = cached
+        return cached
+
+    def cheap_room(self, host_id: str) -> int:
+        self._build_room()
+        assert self._room is not None
+        return self._room.get(host_id, 0)
+
+    def room_buckets(self, pool: str) -> list[set[int]]:
+        """Schedulable hosts of ``pool`` by cheap room (see ``cheap_room``)."""
+        self._build_room()
+        return self._room_buckets.get(pool, [])
+
+    def _build_room(self) -> None:
+        if self._room is not None:
+            return
+        self._room = {}
+        for host_id in self.st.host_ids:
+            if self.st.host(host_id).schedulable:
+                self._set_room(host_id)
+
+    def _cheap(self, run: Running) -> bool:
+        if self.terminating(run):
+            return run.workload.id not in self.claimed
+        return not run.workload.allocated and not run.shielded
+
+    def _set_room(self, host_id: str) -> None:
+        room = self._room
+        if room is None or not self.st.host(host_id).schedulable:
+            return
+        value = len(self.free_of(host_id))
+        for wid in self.st.on_host[host_id]:
+            run = self.st.running[wid]
+            if self._cheap(run):
+                value += sum(len(g) for h, g in run.assignment if h == host_id)
+        pool = self.st.pool_of[host_id]
+        buckets = self._room_buckets.setdefault(pool, [])
+        size = self.st.host(host_id).gpus
+        while len(buckets) <= size:
+            buckets.append(set())
+        idx = self.st.host_index[host_id]
+        old = room.get(host_id)
+        if old is not None:
+            buckets[old].discard(idx)
+        room[host_id] = value
+        buckets[value].add(idx)
+
+    def touched(self, host_ids: Iterable[str]) -> None:
+        """Recompute cheap room where a decision changed something."""
+        if self._room is None:
+            return
+        for host_id in host_ids:
+            self._set_room(host_id)
+
+    # ----------------------------------------------------------------- writes
+    def take(self, assignment: Assignment) -> None:
+        """Remove GPUs from the free pool for the rest of the cycle (placed or reserved)."""
+        for host_id, gpus in assignment:
+            free = self.free_of(host_id)
+            taken = set(gpus)
+            left = [g for g in free if g not in taken]
+            self._free[host_id] = left
+            host = self.st.host(host_id)
+            if not host.schedulable:
+                continue
+            buckets = self.buckets(self.st.pool_of[host_id])
+            assert buckets is not None
+            idx = self.st.host_index[host_id]
+            buckets[len(free)].discard(idx)
+            buckets[len(left)].add(idx)
+        self.touched(h for h, _ in assignment)
+
+    def reserve(self, victims: Iterable[Running], free: Assignment) -> None:
+        """A request waits for these victims' GPUs and the free GPUs beside them: nobody
+        else may use either for the rest of the cycle."""
+        victims = list(victims)
+        self.claimed.update(r.workload.id for r in victims)
+        self.take(free)
+        self.touched({h for r in victims for h, _ in r.assignment})
+
+    def notice(self, run: Running, preempt_at: float) -> None:
+        self.noticed[run.workload.id] = preempt_at
+        self.touched(h for h, _ in run.assignment)
+        alloc = run.workload.allocation
+        if run.workload.allocated and alloc is not None:
+            self.victim_held[alloc] = self.victim_held.get(alloc, 0) - run.workload.gpus

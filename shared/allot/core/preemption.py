@@ -1,0 +1,310 @@
+"""The preemption planner: the fewest, cheapest victims that make a request fit.
+
+Input: a cycle's ``ClusterView``, the request's pool and GPU count, and a ``VictimRule``
+(who may be preempted, and in what preference). Output: a ``Plan`` or ``None``.
+
+Rules (rule 8 of the design):
+
+1. Never a protected workload, never a shielded (legacy) one; the rule decides the rest.
+2. A gang victim is freed whole: preempting it ends it on every host it spans.
+3. Work already under notice and not yet claimed costs nothing: it is used first, so a
+   request waiting out a grace period never causes a second round of preemptions.
+4. Single-host requests (g <= largest host G): for each candidate host, take victims in
+   the rule's preference order until free + freed >= g, then drop (least preferred first)
+   every victim the fit does not need. Among hosts, pick the smallest cost
+   ``(worst victim class, GPUs of new victims, work lost, host order)``: the victims free
+   what the request needs on one host, not GPUs scattered over many.
+5. Gangs (g > G): g // G hosts of size G are cleared whole (the cheapest ones by the same
+   cost, free hosts costing nothing), and the remainder is planned as in 4 on another host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from allot.core.model import Assignment, Running
+from allot.core.placement import ClusterView
+
+_NOTICED_KEY: tuple[object, ...] = (0,)
+
+
+class VictimRule(Protocol):
+    def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
+        """Preference key (smaller is preempted first; first item is the victim class),
+        or None when ``run`` may not be preempted for this request."""
+
+    def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
+        """Whether ``run`` is still a fair victim given the victims already chosen."""
+
+    def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
+        """Whether any allocated work at all could be a victim (a cheap early exit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    hosts: tuple[str, ...]
+    victims: tuple[Running, ...]  # every workload whose GPUs the request will use
+    new_victims: tuple[Running, ...]  # the ones that need a notice now
+    free_taken: Assignment  # free GPUs on the planned hosts, reserved for the request
+
+
+@dataclass(slots=True)
+class _HostPlan:
+    host: str
+    cost: tuple[float, ...]
+    victims: list[Running]
+    free: tuple[int, ...]
+
+
+def plan_preemption(view: ClusterView, pool: str, gpus: int, rule: VictimRule) -> Plan | None:
+    largest = view.st.pool_max_gpus.get(pool)
+    if largest is None:
+        return None
+    if getattr(rule, "unallocated_first", False):
+        plan = _plan_cheap(view, pool, gpus, largest)
+        if plan is not None:
+            return plan
+        if not rule.may_take_allocated(view.victim_held):
+            return None
+    return _plan_full(view, pool, gpus, largest, rule)
+
+
+@dataclass(frozen=True, slots=True)
+class _CheapRule:
+    """Victims that cost no allocation anything: unallocated work (and, as always, work
+    already under notice that nobody claimed)."""
+
+    now: float
+
+    def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
+        w = run.workload
+        if w.allocated or run.shielded:
+            return None
+        return (1, 0.0, w.gpus * (self.now - run.start_time), w.id)
+
+    def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
+        return True
+
+    def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
+        return False
+
+
+def _plan_cheap(view: ClusterView, pool: str, gpus: int, largest: int) -> Plan | None:
+    """Rule 4/5 restricted to cheap victims, found through the cheap-room index in O(host
+    size): the host whose cheap room is the smallest that fits the request frees what the
+    request needs and no more (best fit, as placement does for free GPUs)."""
+    rule = _CheapRule(view.now)
+    buckets = view.room_buckets(pool)
+    held = dict(view.victim_held)
+    whole_count, rest = divmod(gpus, largest) if gpus > largest else (0, gpus)
+    chosen: list[_HostPlan] = []
+    if whole_count:
+        whole = sorted(buckets[largest]) if len(buckets) > largest else []
+        for idx in whole:
+            if len(chosen) == whole_count:
+                break
+            option = _clear_host(view, view.st.host_ids[idx], largest, rule, held)
+            if option is not None:
+                chosen.append(option)
+        if len(chosen) < whole_count:
+            return None
+    if rest:
+        exclude = {view.st.host_index[o.host] for o in chosen}
+        for room in range(rest, len(buckets)):
+            options = buckets[room] - exclude
+            if options:
+                host = view.st.host_ids[min(options)]
+                extra = _best_host(view, [host], rest, rule, held, exclude=set())
+                if extra is not None:
+                    chosen.append(extra)
+                    break
+        else:
+            return None
+    return _plan(chosen, view)
+
+
+def _plan_full(
+    view: ClusterView, pool: str, gpus: int, largest: int, rule: VictimRule
+) -> Plan | None:
+    respect = not _ignores_protection(rule)
+    hosts = view.candidate_hosts(pool, respect)
+    held = dict(view.victim_held)
+    if gpus <= largest:
+        best = _best_host(view, hosts, gpus, rule, held, exclude=set())
+        return None if best is None else _plan([best], view)
+    whole_count, rest = divmod(gpus, largest)
+    options: list[_HostPlan] = []
+    buckets = view.buckets(pool) or []
+    fully_free = buckets[largest] if len(buckets) > largest else set()
+    seen: set[str] = set()
+    for idx in sorted(fully_free):
+        host = view.st.host_ids[idx]
+        seen.add(host)
+        options.append(_HostPlan(host, (0, 0, 0.0, idx), [], tuple(view.free_of(host))))
+    for host in hosts:
+        if host in seen or view.st.host(host).gpus != largest:
+            continue
+        option = _clear_host(view, host, largest, rule, held)
+        if option is not None:
+            options.append(option)
+    options.sort(key=lambda o: o.cost)
+    chosen: list[_HostPlan] = []
+    taken: set[str] = set()
+    for option in options:
+        if len(chosen) == whole_count:
+            break
+        if not all(
+            r.workload.id in taken or _still_fair(view, r, rule, held) for r in option.victims
+        ):
+            continue
+        chosen.append(option)
+        for r in option.victims:
+            if r.workload.id not in taken:
+                taken.add(r.workload.id)
+                _charge(view, r, held)
+    if len(chosen) < whole_count:
+        return None
+    if rest:
+        exclude = {o.host for o in chosen}
+        extra = _best_host(
+            view, hosts_with_free(view, pool, hosts), rest, rule, held, exclude=exclude
+        )
+        if extra is None:
+            return None
+        chosen.append(extra)
+    return _plan(chosen, view)
+
+
+def hosts_with_free(view: ClusterView, pool: str, candidates: list[str]) -> list[str]:
+    """Candidate hosts plus every schedulable host of the pool with some free GPU."""
+    buckets = view.buckets(pool) or []
+    free_hosts = {view.st.host_ids[i] for b in buckets[1:] for i in b}
+    return sorted(free_hosts.union(candidates))
+
+
+def _ignores_protection(rule: VictimRule) -> bool:
+    return bool(getattr(rule, "ignores_protection", False))
+
+
+def _still_fair(view: ClusterView, run: Running, rule: VictimRule, held: dict[str, int]) -> bool:
+    return view.terminating(run) or rule.keeps_eligible(run, held)
+
+
+def _charge(view: ClusterView, run: Running, held: dict[str, int]) -> None:
+    """Count a chosen new victim against its allocation's held GPUs for later choices."""
+    w = run.workload
+    if not view.terminating(run) and w.allocated and w.allocation is not None:
+        held[w.allocation] = held.get(w.allocation, 0) - w.gpus
+
+
+def _gpus_on(run: Running, host: str) -> int:
+    for h, gpus in run.assignment:
+        if h == host:
+            return len(gpus)
+    return 0
+
+
+def _options_on(
+    view: ClusterView, host: str, rule: VictimRule, held: Mapping[str, int]
+) -> tuple[list[tuple[tuple[object, ...], Running]], bool]:
+    """Movable occupants of ``host`` with their preference keys, and whether every
+    occupant is movable (needed to clear a host whole)."""
+    options: list[tuple[tuple[object, ...], Running]] = []
+    all_movable = True
+    for wid in sorted(view.st.on_host[host]):
+        run = view.st.running[wid]
+        if view.terminating(run):
+            if wid in view.claimed:
+                all_movable = False
+                continue
+            options.append(((*_NOTICED_KEY, wid), run))
+            continue
+        key = rule.key(run, held)
+        if key is None:
+            all_movable = False
+            continue
+        options.append((key, run))
+    options.sort(key=lambda o: o[0])
+    return options, all_movable
+
+
+def _cost(view: ClusterView, host: str, victims: list[Running]) -> tuple[float, ...]:
+    new = [r for r in victims if not view.terminating(r)]
+    worst = 0
+    for r in new:
+        worst = max(worst, 1 if not r.workload.allocated else 2)
+    lost = sum(r.workload.gpus * (view.now - r.start_time) for r in new)
+    return (worst, sum(r.workload.gpus for r in new), lost, view.st.host_index[host])
+
+
+def _best_host(
+    view: ClusterView,
+    hosts: list[str],
+    gpus: int,
+    rule: VictimRule,
+    held: dict[str, int],
+    *,
+    exclude: set[str],
+) -> _HostPlan | None:
+    best: _HostPlan | None = None
+    for host in hosts:
+        if host in exclude or view.st.host(host).gpus < gpus:
+            continue
+        free = view.free_of(host)
+        options, _ = _options_on(view, host, rule, held)
+        if len(free) + sum(_gpus_on(r, host) for _, r in options) < gpus:
+            continue
+        local = dict(held)
+        got = len(free)
+        picked: list[Running] = []
+        for _, run in options:
+            if got >= gpus:
+                break
+            if not _still_fair(view, run, rule, local):
+                continue
+            picked.append(run)
+            _charge(view, run, local)
+            got += _gpus_on(run, host)
+        if got < gpus:
+            continue
+        for run in reversed(list(picked)):  # drop what the fit does not need
+            n = _gpus_on(run, host)
+            if got - n >= gpus:
+                picked.remove(run)
+                got -= n
+        option = _HostPlan(host, _cost(view, host, picked), picked, tuple(free))
+        if best is None or option.cost < best.cost:
+            best = option
+    if best is not None:
+        for run in best.victims:
+            _charge(view, run, held)
+    return best
+
+
+def _clear_host(
+    view: ClusterView, host: str, size: int, rule: VictimRule, held: Mapping[str, int]
+) -> _HostPlan | None:
+    options, all_movable = _options_on(view, host, rule, held)
+    if not all_movable:
+        return None
+    victims = [r for _, r in options]
+    free = view.free_of(host)
+    if len(free) + sum(_gpus_on(r, host) for r in victims) < size:
+        return None
+    return _HostPlan(host, _cost(view, host, victims), victims, tuple(free))
+
+
+def _plan(parts: list[_HostPlan], view: ClusterView) -> Plan:
+    victims: dict[str, Running] = {}
+    for part in parts:
+        for run in part.victims:
+            victims[run.workload.id] = run
+    ordered = tuple(victims[k] for k in sorted(victims))
+    return Plan(
+        hosts=tuple(p.host for p in parts),
+        victims=ordered,
+        new_victims=tuple(r for r in ordered if not view.terminating(r)),
+        free_taken=tuple(sorted((p.host, p.free) for p in parts if p.free)),
+    )

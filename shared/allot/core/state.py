@@ -1,0 +1,269 @@
+"""The cluster as a fold of events: which workload holds which GPUs, and what waits.
+
+``ClusterState`` and ``PendingQueue`` are plain in-memory structures (deterministic, no I/O,
+no clock). The simulator and the placement service both keep one, apply the same events to
+it (started, noticed, finished, host state changed), and hand it to ``run_cycle``, which
+reads it without changing it. They are mutable only so that a cycle does not have to rebuild
+indexes over every host and workload: the simulator runs hundreds of thousands of cycles.
+
+Indexes kept:
+- free GPU indices per host (GPUs under a preemption notice are *not* free until the victim
+  has ended);
+- for schedulable (HEALTHY) hosts, per pool, the set of hosts by free-GPU count: best-fit
+  placement reads it in O(host size);
+- GPUs held per allocation by allocated (charged) work, including work under notice;
+- a heap of protection ends, so the next moment protection lapses is found in O(log n).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Iterator, Mapping
+
+from allot.core.errors import ValidationError
+from allot.core.model import Assignment, Host, HostState, Running, Workload
+
+DEFAULT_POOL = ""
+
+
+class ClusterState:
+    """Hosts and running work. Apply events through the methods; read freely."""
+
+    def __init__(self, hosts: Iterable[Host], pools: Mapping[str, str] | None = None) -> None:
+        """``pools`` maps host id -> pool name (the partitioned baseline); default: one pool."""
+        ordered = sorted(hosts, key=lambda h: h.id)
+        self._hosts: dict[str, Host] = {}
+        for host in ordered:
+            if host.id in self._hosts:
+                raise ValidationError("hosts", f"duplicate host id {host.id!r}")
+            self._hosts[host.id] = host
+        self.host_ids: list[str] = [h.id for h in ordered]
+        self.host_index: dict[str, int] = {h: i for i, h in enumerate(self.host_ids)}
+        self.pool_of: dict[str, str] = {h.id: DEFAULT_POOL for h in ordered}
+        if pools:
+            for host_id, pool in pools.items():
+                if host_id not in self._hosts:
+                    raise ValidationError("pools", f"unknown host {host_id!r}")
+                self.pool_of[host_id] = pool
+        self.free: dict[str, list[int]] = {h.id: list(range(h.gpus)) for h in ordered}
+        self.by_free: dict[str, list[set[int]]] = {}
+        self.pool_max_gpus: dict[str, int] = {}
+        self.running: dict[str, Running] = {}
+        self.on_host: dict[str, set[str]] = {h.id: set() for h in ordered}
+        self.held: dict[str, int] = {}
+        self.healthy_gpus = 0
+        self.draining: set[str] = set()
+        self._protect_heap: list[tuple[float, str]] = []
+        for host in ordered:
+            self._index_host(host.id, add=True)
+
+    # ----------------------------------------------------------------- reads
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        return tuple(self._hosts[h] for h in self.host_ids)
+
+    def host(self, host_id: str) -> Host:
+        try:
+            return self._hosts[host_id]
+        except KeyError:
+            raise ValidationError("host", f"unknown host {host_id!r}") from None
+
+    def __contains__(self, host_id: object) -> bool:
+        return host_id in self._hosts
+
+    def next_protection_end(self, now: float) -> float | None:
+        """Earliest protection end strictly after ``now`` among running allocated work."""
+        heap = self._protect_heap
+        while heap:
+            t, wid = heap[0]
+            r = self.running.get(wid)
+            if r is None or r.protected_until != t or t <= now:
+                heapq.heappop(heap)
+                continue
+            return t
+        return None
+
+    # ---------------------------------------------------------------- events
+    def add_host(self, host: Host) -> None:
+        """A host joins (the live system registers hosts as agents appear)."""
+        if host.id in self._hosts:
+            raise ValidationError("host", f"duplicate host id {host.id!r}")
+        self._hosts[host.id] = host
+        insort(self.host_ids, host.id)
+        self.host_index = {h: i for i, h in enumerate(self.host_ids)}
+        # Indexes hold host positions: rebuild them after the order changed.
+        self.pool_of.setdefault(host.id, DEFAULT_POOL)
+        self.free[host.id] = list(range(host.gpus))
+        self.on_host[host.id] = set()
+        self._rebuild_free_index()
+
+    def set_host_state(self, host_id: str, state: HostState) -> None:
+        host = self.host(host_id)
+        if host.state is state:
+            return
+        self._index_host(host_id, add=False)
+        self._hosts[host_id] = Host(host.id, host.gpus, state)
+        self._index_host(host_id, add=True)
+
+    def start(
+        self, workload: Workload, assignment: Assignment, now: float, *, shielded: bool = False
+    ) -> Running:
+        if workload.id in self.running:
+            raise ValidationError("workload", f"{workload.id!r} is already running")
+        total = 0
+        for host_id, gpus in assignment:
+            free = self.free[self.host(host_id).id]
+            missing = set(gpus) - set(free)
+            if missing:
+                raise ValidationError(
+                    "assignment", f"GPUs {sorted(missing)} of {host_id} are not free"
+                )
+            total += len(gpus)
+        if total != workload.gpus:
+            raise ValidationError(
+                "assignment", f"assigns {total} GPUs to a {workload.gpus}-GPU workload"
+            )
+        for host_id, gpus in assignment:
+            self._take(host_id, gpus)
+            self.on_host[host_id].add(workload.id)
+        run = Running(workload, now, assignment, None, shielded)
+        self.running[workload.id] = run
+        if workload.allocated:
+            alloc = workload.allocation
+            assert alloc is not None
+            self.held[alloc] = self.held.get(alloc, 0) + workload.gpus
+            heapq.heappush(self._protect_heap, (run.protected_until, workload.id))
+        return run
+
+    def notice(self, workload_id: str, preempt_at: float) -> Running:
+        """A preemption notice: the GPUs stay held until the workload has ended."""
+        run = self._running(workload_id)
+        noticed = Running(run.workload, run.start_time, run.assignment, preempt_at, run.shielded)
+        self.running[workload_id] = noticed
+        return noticed
+
+    def finish(self, workload_id: str) -> Running:
+        """The workload ended (completed, failed, or left after its notice)."""
+        run = self._running(workload_id)
+        del self.running[workload_id]
+        for host_id, gpus in run.assignment:
+            self._give(host_id, gpus)
+            self.on_host[host_id].discard(workload_id)
+        if run.workload.allocated:
+            alloc = run.workload.allocation
+            assert alloc is not None
+            self.held[alloc] -= run.workload.gpus
+        return run
+
+    # -------------------------------------------------------------- internals
+    def _running(self, workload_id: str) -> Running:
+        try:
+            return self.running[workload_id]
+        except KeyError:
+            raise ValidationError("workload", f"{workload_id!r} is not running") from None
+
+    def _index_host(self, host_id: str, *, add: bool) -> None:
+        host = self._hosts[host_id]
+        if host.state is HostState.DRAINING:
+            (self.draining.add if add else self.draining.discard)(host_id)
+        if not host.schedulable:
+            return
+        self.healthy_gpus += host.gpus if add else -host.gpus
+        pool = self.pool_of[host_id]
+        buckets = self.by_free.setdefault(pool, [])
+        while len(buckets) <= host.gpus:
+            buckets.append(set())
+        self.pool_max_gpus[pool] = max(self.pool_max_gpus.get(pool, 0), host.gpus)
+        idx = self.host_index[host_id]
+        bucket = buckets[len(self.free[host_id])]
+        (bucket.add if add else bucket.discard)(idx)
+
+    def _rebuild_free_index(self) -> None:
+        self.by_free = {}
+        self.pool_max_gpus = {}
+        self.healthy_gpus = 0
+        self.draining = set()
+        for host_id in self.host_ids:
+            self._index_host(host_id, add=True)
+
+    def _move_bucket(self, host_id: str, before: int, after: int) -> None:
+        host = self._hosts[host_id]
+        if not host.schedulable:
+            return
+        buckets = self.by_free[self.pool_of[host_id]]
+        idx = self.host_index[host_id]
+        buckets[before].discard(idx)
+        buckets[after].add(idx)
+
+    def _take(self, host_id: str, gpus: tuple[int, ...]) -> None:
+        free = self.free[host_id]
+        before = len(free)
+        taken = set(gpus)
+        self.free[host_id] = [g for g in free if g not in taken]
+        self._move_bucket(host_id, before, len(self.free[host_id]))
+
+    def _give(self, host_id: str, gpus: tuple[int, ...]) -> None:
+        free = self.free[host_id]
+        before = len(free)
+        self.free[host_id] = sorted([*free, *gpus])
+        self._move_bucket(host_id, before, len(self.free[host_id]))
+
+
+def _within_key(w: Workload) -> tuple[int, float, str]:
+    """Order inside one allocation: user priority (higher first), then submit time, then id."""
+    return (-w.priority, w.submit_time, w.id)
+
+
+class PendingQueue:
+    """Queued workloads, grouped by the allocation that pays for them.
+
+    Group ``None`` holds unallocated work (no allocation, or min_runtime 0). Each group is
+    kept sorted by user priority, then submit time, then id, so a cycle reads groups from
+    the head and never sorts the whole queue.
+    """
+
+    def __init__(self, workloads: Iterable[Workload] = ()) -> None:
+        self.groups: dict[str | None, list[tuple[tuple[int, float, str], Workload]]] = {}
+        self._group_of: dict[str, str | None] = {}
+        self._key_of: dict[str, tuple[int, float, str]] = {}
+        for w in workloads:
+            self.add(w)
+
+    def __len__(self) -> int:
+        return len(self._group_of)
+
+    def __contains__(self, workload_id: object) -> bool:
+        return workload_id in self._group_of
+
+    def __iter__(self) -> Iterator[Workload]:
+        for key in sorted(self.groups, key=lambda g: (g is None, g or "")):
+            for _, w in self.groups[key]:
+                yield w
+
+    @staticmethod
+    def group_of(w: Workload) -> str | None:
+        return w.allocation if w.allocated else None
+
+    def add(self, w: Workload) -> None:
+        if w.id in self._group_of:
+            raise ValidationError("workload", f"{w.id!r} is already pending")
+        group = self.group_of(w)
+        self._group_of[w.id] = group
+        key = _within_key(w)
+        self._key_of[w.id] = key
+        insort(self.groups.setdefault(group, []), (key, w))
+
+    def remove(self, workload_id: str) -> Workload:
+        try:
+            group = self._group_of.pop(workload_id)
+        except KeyError:
+            raise ValidationError("workload", f"{workload_id!r} is not pending") from None
+        key = self._key_of.pop(workload_id)
+        items = self.groups[group]
+        # Keys are unique (they end with the id), so the first key >= ours is ours.
+        i = bisect_left(items, key, key=lambda item: item[0])
+        w = items.pop(i)[1]
+        if not items:
+            del self.groups[group]
+        return w

@@ -1,0 +1,322 @@
+"""The discrete-event engine: replays a trace through the core's one entry point.
+
+The engine owns a virtual clock, an event heap and the bookkeeping a report needs; every
+decision (placement, preemption, drain) comes from ``allot.core.cycle.run_cycle``, applied
+with ``allot.core.fold`` exactly as the placement service applies it.
+
+Event loop (deterministic): a heap of ``(time, priority, seq, event)``. All events at one
+instant are applied first (workload ends, then preemption deadlines, then health changes,
+then arrivals), then ONE cycle runs at that instant. The clock jumps to the next event:
+an arrival, a completion, a grace deadline, a health event, or the cycle's own
+``next_wakeup`` (a protection or drain deadline). It never ticks.
+
+Usage accounting mirrors the live system: allocated GPU-seconds are charged into hourly
+buckets per allocation when an attempt ends, and running work is accrued at every ranking
+refresh (``rank_every_s``, default 300 s, as the accounting service does), so the window
+is live. Fair Tree is recomputed from the window at each refresh.
+
+A preempted resumable workload resumes where it stopped (it checkpoints during the grace
+period, which is what the grace period is for); a non-resumable one ends as preempted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from allot.core.budgets import BudgetTree
+from allot.core.cycle import Snapshot, run_cycle
+from allot.core.fairshare import rank
+from allot.core.fold import apply_result, end_workload
+from allot.core.model import HostState, Workload
+from allot.core.policy import Mode, Policy
+from allot.core.state import ClusterState, PendingQueue
+from allot.core.usage import split_into_hours, window_usage
+from allot.sim.cluster import ClusterSpec
+from allot.sim.record import (
+    CapacityChange,
+    JobOutcome,
+    Preemption,
+    Segment,
+    SimRecord,
+    Waiting,
+)
+from allot.sim.trace import TraceJob
+
+LEGACY_CLASSES = {"HIGH": 2, "NORMAL": 1, "LOW": 0}
+
+# Event priorities at one instant: ends free GPUs before anything asks for them.
+_END, _PREEMPT_END, _HEALTH, _ARRIVAL, _WAKE = range(5)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    policy_name: str
+    policy: Policy
+    seed: int = 0
+    window_s: int = 7 * 86400
+    half_life_s: float | None = None
+    rank_every_s: float = 300.0
+
+
+def make_policy(name: str, tree: BudgetTree, capacity_gpus: int, grace_s: int) -> Policy:
+    """The named policies of ``allot simulate --policy``."""
+    if name == "fairshare":
+        return Policy(Mode.FAIRSHARE, entitlement_tier=True, grace_s=grace_s)
+    if name == "fairshare-window":
+        return Policy(Mode.FAIRSHARE, entitlement_tier=False, grace_s=grace_s)
+    if name == "priority":
+        # The seeds' legacy system capped each team's concurrently protected GPUs; we cap
+        # it at the team's share of the cluster, the most generous reading.
+        caps = {
+            leaf: round(share * capacity_gpus) for leaf, share in tree.effective_shares().items()
+        }
+        return Policy(Mode.PRIORITY, grace_s=grace_s, protected_gpu_cap=caps)
+    if name == "fifo":
+        return Policy(Mode.FIFO, preemption=False, grace_s=grace_s)
+    if name == "partitioned":
+        return Policy(Mode.PARTITIONED, preemption=False, grace_s=grace_s)
+    raise ValueError(f"policy: unknown policy {name!r}")
+
+
+POLICY_NAMES = ("fairshare", "fairshare-window", "priority", "fifo", "partitioned")
+
+
+def _as_submitted(job: TraceJob, mode: Mode) -> Workload:
+    if mode is Mode.PRIORITY:
+        return replace(
+            job.workload,
+            priority=LEGACY_CLASSES.get(job.legacy_class.upper(), 1),
+            opt_out=job.legacy_protected,
+        )
+    return job.workload
+
+
+def simulate(
+    cluster: ClusterSpec,
+    tree: BudgetTree,
+    jobs: Sequence[TraceJob],
+    config: SimConfig,
+    progress: Callable[[float], None] | None = None,
+) -> SimRecord:
+    return _Engine(cluster, tree, jobs, config, progress).run()
+
+
+class _Engine:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        tree: BudgetTree,
+        jobs: Sequence[TraceJob],
+        config: SimConfig,
+        progress: Callable[[float], None] | None,
+    ) -> None:
+        self.config = config
+        self.policy = config.policy
+        self.tree = tree
+        pools: dict[str, str] | None = None
+        if self.policy.mode is Mode.PARTITIONED:
+            pools = {h: team for team, hosts in cluster.partitions.items() for h in hosts}
+        self.state = ClusterState(cluster.hosts, pools)
+        self.queue = PendingQueue()
+        self.shares: Mapping[str, float] = tree.effective_shares()
+        self.order: dict[str, int] = {}
+        self.progress = progress
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = itertools.count()
+        self.jobs: dict[str, TraceJob] = {}
+        for job in jobs:
+            w = _as_submitted(job, self.policy.mode)
+            self.jobs[w.id] = replace(job, workload=w)
+            self._push(w.submit_time, _ARRIVAL, w.id)
+        for event in cluster.health_events:
+            self._push(event.time, _HEALTH, event)
+        submits = [j.workload.submit_time for j in jobs]
+        self.first_submit = min(submits, default=0.0)
+        self.last_submit = max(submits, default=0.0)
+        self.remaining: dict[str, float] = {w: j.duration_s for w, j in self.jobs.items()}
+        self.attempt: dict[str, int] = {}
+        self.queued_since: dict[str, float] = {}
+        self.first_start: dict[str, float] = {}
+        self.ended: dict[str, tuple[float, str]] = {}
+        self.charged_until: dict[str, float] = {}
+        self.buckets: dict[str, dict[int, float]] = {}
+        self.wakeups: set[float] = set()
+        self.last_rank = -float("inf")
+        self.record = SimRecord(
+            policy=config.policy_name,
+            seed=config.seed,
+            first_submit=self.first_submit,
+            last_submit=self.last_submit,
+            end_time=self.first_submit,
+            effective_shares=dict(self.shares),
+            programs={leaf: tree.program(leaf) for leaf in tree.leaves()},
+        )
+
+    def _push(self, t: float, priority: int, payload: object) -> None:
+        heapq.heappush(self.heap, (t, priority, next(self.seq), payload))
+
+    # ------------------------------------------------------------------- loop
+    def run(self) -> SimRecord:
+        heap = self.heap
+        self.record.capacity.append(CapacityChange(self.first_submit, self.state.healthy_gpus))
+        now = self.first_submit
+        next_progress = 0.0
+        while heap:
+            now = heap[0][0]
+            while heap and heap[0][0] == now:
+                _, kind, _, payload = heapq.heappop(heap)
+                self._apply_event(kind, payload, now)
+            self._cycle(now)
+            if self.progress is not None and now >= next_progress:
+                span = max(self.last_submit - self.first_submit, 1.0)
+                self.progress(min(1.0, (now - self.first_submit) / span))
+                next_progress = now + span / 200
+        self._finish(now)
+        return self.record
+
+    def _apply_event(self, kind: int, payload: object, now: float) -> None:
+        if kind == _ARRIVAL:
+            assert isinstance(payload, str)
+            self.queue.add(self.jobs[payload].workload)
+            self.queued_since[payload] = now
+        elif kind == _END:
+            assert isinstance(payload, tuple)
+            wid, attempt = payload
+            if self.attempt.get(wid) == attempt and wid in self.state.running:
+                self._end(wid, now, preempted=False)
+        elif kind == _PREEMPT_END:
+            assert isinstance(payload, tuple)
+            wid, attempt = payload
+            if self.attempt.get(wid) == attempt and wid in self.state.running:
+                self._end(wid, now, preempted=True)
+        elif kind == _HEALTH:
+            self._health(payload, now)
+        else:
+            self.wakeups.discard(now)
+
+    def _health(self, event: object, now: float) -> None:
+        host_id = getattr(event, "host")  # noqa: B009 - HealthEvent, typed loosely in the heap
+        what = getattr(event, "event")  # noqa: B009
+        host = self.state.host(host_id)
+        if what == "unhealthy" and host.state in (HostState.HEALTHY, HostState.CORDONED):
+            self.state.set_host_state(host_id, HostState.DRAINING)
+        elif what == "repaired" and host.state is not HostState.HEALTHY:
+            self.state.set_host_state(host_id, HostState.HEALTHY)
+        self.record.capacity.append(CapacityChange(now, self.state.healthy_gpus))
+
+    def _end(self, wid: str, now: float, *, preempted: bool) -> None:
+        run, requeued = end_workload(self.state, self.queue, wid, preempted=preempted)
+        w = run.workload
+        self._charge(wid, w, now)
+        self.charged_until.pop(wid, None)
+        self.record.segments.append(
+            Segment(wid, w.allocation, w.allocated, w.gpus, run.start_time, now)
+        )
+        self.remaining[wid] -= now - run.start_time
+        if requeued is not None:
+            self.queued_since[wid] = now
+            self.record.requeues += 1
+        else:
+            self.ended[wid] = (now, "preempted" if preempted else "completed")
+
+    def _charge(self, wid: str, w: Workload, now: float) -> None:
+        """Charge allocated GPU-seconds since the last charge into hourly buckets."""
+        if not w.allocated or w.allocation is None:
+            return
+        since = self.charged_until.get(wid)
+        if since is None or now <= since:
+            return
+        buckets = self.buckets.setdefault(w.allocation, {})
+        for hour, gpu_s in split_into_hours(since, now, w.gpus).items():
+            buckets[hour] = buckets.get(hour, 0.0) + gpu_s
+        self.charged_until[wid] = now
+
+    def _refresh_ranking(self, now: float) -> None:
+        if (
+            self.policy.mode is not Mode.FAIRSHARE
+            or now < self.last_rank + self.config.rank_every_s
+        ):
+            return
+        self.last_rank = now
+        for wid, run in self.state.running.items():
+            self._charge(wid, run.workload, now)
+        usage = window_usage(self.buckets, now, self.config.window_s, self.config.half_life_s)
+        ranking = rank(self.tree, usage)
+        self.order = {leaf: ranking.order_key(leaf) for leaf in self.tree.leaves()}
+
+    def _cycle(self, now: float) -> None:
+        if not len(self.queue) and not self.state.draining:
+            return
+        self._refresh_ranking(now)
+        result = run_cycle(
+            Snapshot(self.state, self.queue, self.shares, self.order), self.policy, now
+        )
+        apply_result(self.state, self.queue, result, now)
+        for placement in result.placements:
+            w = placement.workload
+            wid = w.id
+            attempt = self.attempt.get(wid, 0) + 1
+            self.attempt[wid] = attempt
+            self.record.waits.append(
+                Waiting(wid, w.allocation, w.allocated, w.gpus, self.queued_since.pop(wid), now)
+            )
+            self.first_start.setdefault(wid, now)
+            if w.allocated:
+                self.charged_until[wid] = now
+            self._push(now + max(self.remaining[wid], 0.0), _END, (wid, attempt))
+        for p in result.preemptions:
+            self._push(p.preempt_at, _PREEMPT_END, (p.workload_id, self.attempt[p.workload_id]))
+            self.record.preemptions.append(
+                Preemption(
+                    p.preempt_at - self.policy.grace_s,
+                    p.workload_id,
+                    p.allocation,
+                    p.gpus,
+                    p.reason.value,
+                    p.requeue,
+                )
+            )
+        if result.transitions:
+            self.record.capacity.append(CapacityChange(now, self.state.healthy_gpus))
+        wake = result.next_wakeup
+        if wake is not None and wake > now and wake not in self.wakeups:
+            self.wakeups.add(wake)
+            self._push(wake, _WAKE, None)
+
+    def _finish(self, now: float) -> None:
+        record = self.record
+        record.end_time = now
+        for wid, run in self.state.running.items():  # nothing runs forever, but be exact
+            w = run.workload
+            record.segments.append(
+                Segment(wid, w.allocation, w.allocated, w.gpus, run.start_time, now)
+            )
+        for w in self.queue:
+            record.waits.append(
+                Waiting(w.id, w.allocation, w.allocated, w.gpus, self.queued_since[w.id], now)
+            )
+        for wid, job in self.jobs.items():
+            w = job.workload
+            end, state = self.ended.get(
+                wid, (None, "running" if wid in self.state.running else "pending")
+            )
+            record.jobs.append(
+                JobOutcome(
+                    wid,
+                    w.allocation,
+                    w.kind,
+                    w.gpus,
+                    w.submit_time,
+                    self.first_start.get(wid),
+                    end,
+                    state,
+                )
+            )
+        if self.policy.mode is Mode.FAIRSHARE:
+            self.last_rank = -float("inf")
+            self._refresh_ranking(now)
+            usage = window_usage(self.buckets, now, self.config.window_s, self.config.half_life_s)
+            record.final_fairshare = dict(rank(self.tree, usage).fairshare_of)

@@ -1,0 +1,87 @@
+"""What a simulation run leaves behind: the raw facts every report figure is computed from.
+
+The engine appends to a ``SimRecord`` as it goes; ``allot.sim.report`` turns it into
+report.json. Keeping the record separate from the report means a figure can be added or
+re-derived without touching the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One stretch of GPU time held by one attempt of a workload, ``[start, end)``.
+
+    ``allocated`` is the contract's meaning: charged to ``allocation``. Unallocated segments
+    carry ``allocation`` too when the workload named one (min_runtime 0), so reports can
+    say whose free time it was, but they are never charged or counted as delivered.
+    """
+
+    workload_id: str
+    allocation: str | None
+    allocated: bool
+    gpus: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A stretch during which a workload was queued (submitted or requeued), ``[start, end)``."""
+
+    workload_id: str
+    allocation: str | None
+    allocated: bool
+    gpus: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    time: float  # when the notice was issued
+    workload_id: str
+    allocation: str | None
+    gpus: int
+    reason: str
+    requeued: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    workload_id: str
+    allocation: str | None
+    kind: str
+    gpus: int
+    submit_time: float
+    first_start: float | None  # None: never started before the run ended
+    end_time: float | None
+    state: str  # "completed" | "preempted" | "pending" | "running"
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityChange:
+    """From ``time`` on, ``healthy_gpus`` GPUs are on HEALTHY hosts."""
+
+    time: float
+    healthy_gpus: int
+
+
+@dataclass(slots=True)
+class SimRecord:
+    policy: str
+    seed: int
+    first_submit: float
+    last_submit: float
+    end_time: float
+    segments: list[Segment] = field(default_factory=list)
+    waits: list[Waiting] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    jobs: list[JobOutcome] = field(default_factory=list)
+    capacity: list[CapacityChange] = field(default_factory=list)
+    requeues: int = 0
+    final_fairshare: dict[str, float] = field(default_factory=dict)
+    effective_shares: dict[str, float] = field(default_factory=dict)
+    programs: dict[str, str] = field(default_factory=dict)  # allocation -> top-level program
