@@ -94,6 +94,13 @@ class _Cycle:
         self._tiered = self._fairshare and policy.entitlement_tier
         self._preempts = policy.preempts
         self._partitioned = policy.mode is Mode.PARTITIONED
+        # Two monotone bounds (see the module docstring): within one cycle free GPUs only
+        # shrink, so once g GPUs failed to fit in a pool, >= g never fits there again; and
+        # victim sets only shrink down the queue order (tier 0's victims include tier 1's;
+        # a worse-ranked requester may take fewer; a lower legacy class fewer still), so
+        # once a plan for g GPUs failed, no later request of >= g can find one.
+        self.place_bound: dict[str, float] = {}
+        self.preempt_bound: float = math.inf
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CycleResult:
@@ -141,28 +148,49 @@ class _Cycle:
 
     # -------------------------------------------------------------- scheduling
     def _schedule(self) -> None:
+        groups = self.queue.groups
         heads: list[tuple[tuple[object, ...], int, str | None]] = []
         cursor: dict[str | None, int] = {}
-        for seq, group in enumerate(sorted(self.queue.groups, key=lambda g: (g is None, g or ""))):
+        for seq, group in enumerate(sorted(groups, key=lambda g: (g is None, g or ""))):
             cursor[group] = 0
             heads.append((self._head_key(group, 0), seq, group))
         heapq.heapify(heads)
-        place_fail: dict[str, int] = {}
-        preempt_fail: dict[object, int] = {}
         while heads:
-            # A group's key is pushed right after its previous head was decided, and only
-            # that decision changes the group's held GPUs (hence its tier): keys never go
-            # stale while in the heap.
             _, seq, group = heapq.heappop(heads)
-            items = self.queue.groups[group]
+            items = groups[group]
             pos = cursor[group]
-            failed = self._consider(items[pos][1], place_fail, preempt_fail)
+            threshold = self._live_below(group)
+            if threshold is not None:
+                # Every item of >= threshold GPUs can neither fit nor preempt any more.
+                if self.queue.suffix_min_gpus(group)[pos] >= threshold:
+                    self.blocked_allocated |= group is not None
+                    continue  # nothing left in this group can happen this cycle
+                start = pos
+                while items[pos][1].gpus >= threshold:
+                    pos += 1
+                if pos != start:
+                    self.blocked_allocated |= group is not None
+                    cursor[group] = pos  # the head moved: re-sort the group by its new head
+                    heapq.heappush(heads, (self._head_key(group, pos), seq, group))
+                    continue
+            self._consider(items[pos][1])
             pos += 1
             cursor[group] = pos
             if pos < len(items):
                 heapq.heappush(heads, (self._head_key(group, pos), seq, group))
-            if failed and self._exhausted(place_fail, preempt_fail):
-                break
+
+    def _live_below(self, group: str | None) -> float | None:
+        """Items of this group with fewer GPUs than this may still be placed or preempt for;
+        None when the group's items do not share one pool (unallocated work under the
+        partitioned baseline), in which case each item is considered on its own."""
+        if self._partitioned and group is None:
+            return None
+        pool = group if self._partitioned and group in self.st.by_free else DEFAULT_POOL
+        assert pool is not None
+        bound = self.place_bound.get(pool, math.inf)
+        if self._preempts and (group is not None or not self._fairshare):
+            bound = max(bound, self.preempt_bound)
+        return bound
 
     def _head_key(self, group: str | None, pos: int) -> tuple[object, ...]:
         w = self.queue.groups[group][pos][1]
@@ -184,38 +212,30 @@ class _Cycle:
             return w.allocation
         return DEFAULT_POOL
 
-    def _consider(
-        self, w: Workload, place_fail: dict[str, int], preempt_fail: dict[object, int]
-    ) -> bool:
-        """Place ``w``, or plan room for it; True when a bound moved (nothing decided)."""
+    def _consider(self, w: Workload) -> None:
+        """Place ``w``, or plan room for it by preemption, or record why neither."""
         pool = self._pool(w) if self._partitioned else DEFAULT_POOL
         gpus = w.gpus
-        allocated = w.allocated
-        may_preempt = self._preempts and (allocated or not self._fairshare)
-        klass = self._preempt_class(w) if may_preempt else None
-        fits_bound = gpus < place_fail.get(pool, math.inf)
-        if not fits_bound and (not may_preempt or gpus >= preempt_fail.get(klass, math.inf)):
-            self.blocked_allocated |= allocated
-            return False
-        if fits_bound:
-            assignment = self.view.find_fit(pool, w.gpus)
+        may_preempt = self._preempts and (w.allocated or not self._fairshare)
+        if gpus < self.place_bound.get(pool, math.inf):
+            assignment = self.view.find_fit(pool, gpus)
             if assignment is not None:
                 self.view.take(assignment)
                 self.placements.append(Placement(w, assignment, self._shield(w)))
                 if w.allocated:
                     alloc = w.allocation
                     assert alloc is not None
-                    self.held[alloc] = self.held.get(alloc, 0) + w.gpus
-                return False
-            place_fail[pool] = w.gpus
-        if not may_preempt or w.gpus >= preempt_fail.get(klass, math.inf):
+                    self.held[alloc] = self.held.get(alloc, 0) + gpus
+                return
+            self.place_bound[pool] = gpus
+        if not may_preempt or gpus >= self.preempt_bound:
             self.blocked_allocated |= w.allocated
-            return True
-        plan = plan_preemption(self.view, pool, w.gpus, self._victim_rule(w))
+            return
+        plan = plan_preemption(self.view, pool, gpus, self._victim_rule(w))
         if plan is None:
-            preempt_fail[klass] = w.gpus
+            self.preempt_bound = gpus
             self.blocked_allocated |= w.allocated
-            return True
+            return
         reason_for = self._reason_for(w)
         for victim in plan.new_victims:
             self._notice(victim, reason_for(victim), preemptor=w.id)
@@ -223,26 +243,8 @@ class _Cycle:
         waited = tuple(sorted(r.workload.id for r in plan.victims))
         if waited:
             self.waiting_on.append((w.id, waited))
-        return False
-
-    def _exhausted(self, place_fail: dict[str, int], preempt_fail: dict[object, int]) -> bool:
-        """Nothing left in the queue can be placed or can preempt: stop walking it."""
-        if any(place_fail.get(pool, math.inf) > 1 for pool in self.st.by_free):
-            return False
-        if not self.policy.preempts:
-            return True
-        if self.policy.mode is Mode.FAIRSHARE:
-            return all(preempt_fail.get(t, math.inf) <= 1 for t in (0, 1))
-        return False
 
     # ------------------------------------------------------------- preemption
-    def _preempt_class(self, w: Workload) -> object:
-        if self.policy.mode is Mode.PRIORITY:
-            return w.priority
-        if w.allocation is None:
-            return -1
-        return self._tier(w.allocation)
-
     def _victim_rule(self, w: Workload) -> VictimRule:
         if self.policy.mode is Mode.PRIORITY:
             return _LegacyRule(w.priority, self.now)

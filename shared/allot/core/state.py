@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import accumulate
 
 from allot.core.errors import ValidationError
 from allot.core.model import Assignment, Host, HostState, Running, Workload
@@ -227,6 +228,7 @@ class PendingQueue:
         self.groups: dict[str | None, list[tuple[tuple[int, float, str], Workload]]] = {}
         self._group_of: dict[str, str | None] = {}
         self._key_of: dict[str, tuple[int, float, str]] = {}
+        self._suffix_min: dict[str | None, list[int]] = {}
         for w in workloads:
             self.add(w)
 
@@ -253,6 +255,18 @@ class PendingQueue:
         key = _within_key(w)
         self._key_of[w.id] = key
         insort(self.groups.setdefault(group, []), (key, w))
+        self._suffix_min.pop(group, None)
+
+    def suffix_min_gpus(self, group: str | None) -> list[int]:
+        """``[i]`` = the fewest GPUs any workload at position >= i of the group asks for:
+        a cycle drops a whole group once that is too many to fit or to preempt for."""
+        cached = self._suffix_min.get(group)
+        if cached is None:
+            gpus = [w.gpus for _, w in reversed(self.groups[group])]
+            cached = list(accumulate(gpus, min))
+            cached.reverse()
+            self._suffix_min[group] = cached
+        return cached
 
     def remove(self, workload_id: str) -> Workload:
         try:
@@ -264,6 +278,7 @@ class PendingQueue:
         # Keys are unique (they end with the id), so the first key >= ours is ours.
         i = bisect_left(items, key, key=lambda item: item[0])
         w = items.pop(i)[1]
+        self._suffix_min.pop(group, None)
         if not items:
             del self.groups[group]
         return w

@@ -141,6 +141,8 @@ class _Engine:
         self.queued_since: dict[str, float] = {}
         self.first_start: dict[str, float] = {}
         self.ended: dict[str, tuple[float, str]] = {}
+        # Accrual per allocation: GPUs its allocated work holds now, charged up to when.
+        self.running_gpus: dict[str, int] = {}
         self.charged_until: dict[str, float] = {}
         self.buckets: dict[str, dict[int, float]] = {}
         self.wakeups: set[float] = set()
@@ -210,8 +212,7 @@ class _Engine:
     def _end(self, wid: str, now: float, *, preempted: bool) -> None:
         run, requeued = end_workload(self.state, self.queue, wid, preempted=preempted)
         w = run.workload
-        self._charge(wid, w, now)
-        self.charged_until.pop(wid, None)
+        self._held_changed(w, now, -w.gpus)
         self.record.segments.append(
             Segment(wid, w.allocation, w.allocated, w.gpus, run.start_time, now)
         )
@@ -222,17 +223,21 @@ class _Engine:
         else:
             self.ended[wid] = (now, "preempted" if preempted else "completed")
 
-    def _charge(self, wid: str, w: Workload, now: float) -> None:
-        """Charge allocated GPU-seconds since the last charge into hourly buckets."""
-        if not w.allocated or w.allocation is None:
-            return
-        since = self.charged_until.get(wid)
-        if since is None or now <= since:
-            return
-        buckets = self.buckets.setdefault(w.allocation, {})
-        for hour, gpu_s in split_into_hours(since, now, w.gpus).items():
-            buckets[hour] = buckets.get(hour, 0.0) + gpu_s
-        self.charged_until[wid] = now
+    def _charge(self, allocation: str, now: float) -> None:
+        """Charge the allocation's running allocated GPUs since its last charge into hourly
+        buckets (the same sums as charging each workload, in O(1) per allocation)."""
+        since = self.charged_until.get(allocation, now)
+        gpus = self.running_gpus.get(allocation, 0)
+        if gpus and now > since:
+            buckets = self.buckets.setdefault(allocation, {})
+            for hour, gpu_s in split_into_hours(since, now, gpus).items():
+                buckets[hour] = buckets.get(hour, 0.0) + gpu_s
+        self.charged_until[allocation] = now
+
+    def _held_changed(self, w: Workload, now: float, delta: int) -> None:
+        if w.allocated and w.allocation is not None:
+            self._charge(w.allocation, now)
+            self.running_gpus[w.allocation] = self.running_gpus.get(w.allocation, 0) + delta
 
     def _refresh_ranking(self, now: float) -> None:
         if (
@@ -241,8 +246,8 @@ class _Engine:
         ):
             return
         self.last_rank = now
-        for wid, run in self.state.running.items():
-            self._charge(wid, run.workload, now)
+        for allocation in self.running_gpus:
+            self._charge(allocation, now)
         usage = window_usage(self.buckets, now, self.config.window_s, self.config.half_life_s)
         ranking = rank(self.tree, usage)
         self.order = {leaf: ranking.order_key(leaf) for leaf in self.tree.leaves()}
@@ -264,8 +269,7 @@ class _Engine:
                 Waiting(wid, w.allocation, w.allocated, w.gpus, self.queued_since.pop(wid), now)
             )
             self.first_start.setdefault(wid, now)
-            if w.allocated:
-                self.charged_until[wid] = now
+            self._held_changed(w, now, w.gpus)
             self._push(now + max(self.remaining[wid], 0.0), _END, (wid, attempt))
         for p in result.preemptions:
             self._push(p.preempt_at, _PREEMPT_END, (p.workload_id, self.attempt[p.workload_id]))

@@ -1,0 +1,322 @@
+"""Run every benchmark, print a summary table, and write ``bench/results/latest.{md,json}``.
+
+Called by ``make bench`` as ``python bench/run_all.py --shared ../shared``. Each benchmark
+runs in its own subprocess, so the peak RSS reported for it (``ru_maxrss`` of that child,
+from ``os.wait4``) is its own:
+
+==========================  ===============================================  ==============
+benchmark                   figure                                           target
+==========================  ===============================================  ==============
+``bench_cycle.py``          median ``run_cycle`` (1,000 hosts x 8 GPUs,      <= 50 ms
+                            10,000 pending)
+``bench_fairshare.py``      median Fair Tree ``rank`` over 1,000 allocations <= 5 ms
+``bench_philly.py``         full Philly trace (82,247 jobs, 352 x 8 GPUs,    <= 30 s,
+                            fairshare + preemption): wall time, peak RSS     <= 1 GiB
+==========================  ===============================================  ==============
+
+The first two print their median as text (``median X ms``), which is parsed here; the
+Philly benchmark writes its figures as JSON. No timeout anywhere: the simulator may take
+minutes. The results (figures, targets, machine: nproc, Python, platform, CPU, date,
+commit) are written even when a target is missed; the exit status is then 1 (2 when a
+benchmark failed to produce its figure).
+
+``--limit-days N`` is passed to the Philly benchmark for a quick run; its targets are then
+not judged (they are about the full trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+RESULTS = BENCH / "results"
+MEDIAN_MS = re.compile(r"median\s+([0-9]+(?:\.[0-9]+)?)\s*ms")
+
+
+@dataclass
+class Figure:
+    metric: str
+    value: float | None
+    unit: str
+    target: float
+    passed: bool | None  # None: not judged (partial run) or not measured
+
+
+@dataclass
+class Result:
+    name: str
+    script: str
+    what: str
+    exit_code: int
+    wall_s: float
+    peak_rss_mib: float
+    figures: list[Figure] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def run_child(argv: list[str]) -> tuple[int, str, float, float]:
+    """Run ``argv`` to completion, echoing its output live; return (exit code, output,
+    wall seconds, peak RSS MiB of that child alone)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        lines.append(line)
+    proc.stdout.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    proc.returncode = code  # reaped here: tell Popen not to wait again
+    wall = time.perf_counter() - started
+    rss = usage.ru_maxrss / (1024 * 1024) if sys.platform == "darwin" else usage.ru_maxrss / 1024
+    return code, "".join(lines), wall, rss
+
+
+def median_bench(name: str, script: str, what: str, target_ms: float) -> Result:
+    code, output, wall, rss = run_child([sys.executable, str(BENCH / script)])
+    result = Result(name, script, what, code, round(wall, 2), round(rss, 1))
+    match = MEDIAN_MS.search(output)
+    if match is None or code not in (0, 1):
+        result.error = f"exit {code}; no 'median X ms' in the output"
+        result.figures.append(Figure("median", None, "ms", target_ms, False))
+        return result
+    median = float(match.group(1))
+    result.figures.append(Figure("median", median, "ms", target_ms, median <= target_ms))
+    return result
+
+
+def philly_bench(shared: Path, limit_days: int | None) -> Result:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "philly.json"
+        argv = [sys.executable, str(BENCH / "bench_philly.py"), "--shared", str(shared)]
+        argv += ["--json", str(out)]
+        if limit_days is not None:
+            argv += ["--limit-days", str(limit_days)]
+        code, _, wall, rss = run_child(argv)
+        details = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
+    scope = details.get("scope", "full trace" if limit_days is None else f"{limit_days} days")
+    what = f"Philly, {scope}: 352 x 8 GPUs pooled, fairshare + preemption"
+    result = Result("philly", "bench_philly.py", what, code, round(wall, 2), round(rss, 1))
+    result.details = details
+    if not details or code not in (0, 1):
+        result.error = f"exit {code}; no figures written"
+        result.figures += [
+            Figure("wall time", None, "s", 30.0, False),
+            Figure("peak RSS", None, "MiB", 1024.0, False),
+        ]
+        return result
+    result.figures += [
+        Figure("wall time", details["wall_s"], "s", details["target_wall_s"], details["wall_pass"]),
+        Figure(
+            "peak RSS",
+            details["peak_rss_mib"],
+            "MiB",
+            details["target_rss_mib"],
+            details["rss_pass"],
+        ),
+    ]
+    return result
+
+
+# --- machine and output -----------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+    except OSError:
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def machine() -> dict[str, Any]:
+    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "date": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
+        "nproc": nproc,
+        "cpu": cpu_model(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "uncommitted_changes": None if dirty is None else bool(dirty),
+    }
+
+
+def verdict(passed: bool | None, measured: bool = True) -> str:
+    if not measured:
+        return "ERROR"
+    return "n/a" if passed is None else "PASS" if passed else "FAIL"
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f} {unit}" if value < 10 else f"{value:.1f} {unit}"
+
+
+def rows(results: list[Result]) -> list[tuple[str, str, str, str, str, str]]:
+    out = []
+    for r in results:
+        for f in r.figures:
+            out.append(
+                (
+                    r.name,
+                    f.metric,
+                    fmt(f.value, f.unit),
+                    f"<= {f.target:g} {f.unit}",
+                    f"{r.peak_rss_mib:.0f} MiB",
+                    verdict(f.passed, f.value is not None),
+                )
+            )
+    return out
+
+
+HEADER = ("benchmark", "figure", "value", "target", "process peak RSS", "result")
+
+
+def table(results: list[Result]) -> str:
+    body = rows(results)
+    widths = [max(len(str(row[i])) for row in (HEADER, *body)) for i in range(len(HEADER))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in (HEADER, tuple("-" * w for w in widths), *body)
+    ]
+    return "\n".join(lines)
+
+
+def markdown(
+    results: list[Result], info: dict[str, Any], passed: bool, limit_days: int | None
+) -> str:
+    overall = "PASS" if passed else "FAIL"
+    if limit_days is not None:
+        overall += (
+            f" (quick run: Philly limited to the first {limit_days} days, its targets not"
+            " judged; run `make bench` for the real figures)"
+        )
+    lines = [
+        "# Benchmarks: latest run",
+        "",
+        "Written by `make bench` (`bench/run_all.py`); each benchmark ran in its own process.",
+        "",
+        f"- date: {info['date']}",
+        f"- machine: {info['nproc']} CPUs (nproc), {info['cpu']}, {info['platform']}",
+        f"- Python: {info['implementation']} {info['python']}",
+        f"- commit: {info['commit'] or 'unknown'}"
+        + (" (with uncommitted changes)" if info["uncommitted_changes"] else ""),
+        f"- overall: {overall}",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(results)]
+    lines.append("")
+    for r in results:
+        lines.append(f"- **{r.name}** (`bench/{r.script}`): {r.what}; process wall {r.wall_s} s.")
+        if r.error:
+            lines.append(f"  ERROR: {r.error}")
+    philly = next((r.details for r in results if r.name == "philly" and r.details), None)
+    if philly:
+        lines += [
+            "",
+            "Philly settings and outcome: policy "
+            f"`{philly['policy']}`, preemption {'on' if philly['preemption'] else 'off'}, "
+            f"grace {philly['grace_s']} s; trace rows carry no min_runtime or resumable, so "
+            f"the `allot simulate` defaults apply to every job: min_runtime "
+            f"{philly['min_runtime_default_s'] / 3600:g}h, resumable "
+            f"{'yes' if philly['resumable_default'] else 'no'}. {philly['jobs']:,} jobs "
+            f"({philly['scope']}); load {philly['load_s']} s, simulate {philly['simulate_s']} s, "
+            f"report {philly['report_s']} s. Simulated {philly['simulated_span_days']} days: "
+            f"{philly['completed']:,} completed, {philly['preemptions']:,} preemptions, "
+            f"{philly['requeues']:,} requeues, occupancy {philly['occupancy']:.1%}, "
+            f"owed->delivered {philly['owed_delivered']}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shared", type=Path, default=Path("../shared"), help="shared folder")
+    parser.add_argument("--limit-days", type=int, help="Philly: first N days only (quick run)")
+    args = parser.parse_args(argv)
+    if args.limit_days is not None and args.limit_days <= 0:
+        parser.error("--limit-days must be > 0")
+    # As given (absolute, or relative to the working directory), else relative to the repo.
+    shared = (args.shared if args.shared.exists() else REPO / args.shared).resolve()
+
+    results: list[Result] = []
+    print("== bench_cycle.py", flush=True)
+    results.append(
+        median_bench(
+            "run_cycle",
+            "bench_cycle.py",
+            "one cycle, 1,000 hosts x 8 GPUs, 60% busy, 10,000 pending",
+            50.0,
+        )
+    )
+    print("== bench_fairshare.py", flush=True)
+    results.append(
+        median_bench("fairshare", "bench_fairshare.py", "Fair Tree rank, 1,000 allocations", 5.0)
+    )
+    print("== bench_philly.py", flush=True)
+    results.append(philly_bench(shared, args.limit_days))
+
+    errored = any(r.error for r in results)
+    passed = not errored and all(f.passed is not False for r in results for f in r.figures)
+    info = machine()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    document = {
+        "machine": info,
+        "pass": passed,
+        "philly_limit_days": args.limit_days,
+        "benchmarks": [asdict(r) for r in results],
+    }
+    (RESULTS / "latest.json").write_text(
+        json.dumps(document, indent=2) + "\n", encoding="utf-8", newline="\n"
+    )
+    (RESULTS / "latest.md").write_text(
+        markdown(results, info, passed, args.limit_days), encoding="utf-8", newline="\n"
+    )
+    print()
+    print(table(results))
+    print(f"\n{'PASS' if passed else 'FAIL'}: wrote {RESULTS / 'latest.md'} and latest.json")
+    if errored:
+        return 2
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""``allot simulate`` end to end, as a user runs it (a subprocess of ``allot.cli.main``):
+the files it writes, ``--compare``, and bad input ending in exit 2 with one line on stderr
+that names the field."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+EXIT_BAD_INPUT = 2
+
+REPORT_KEYS = {  # allot.sim.report's module docstring, "Keys"
+    "policy",
+    "seed",
+    "span_s",
+    "workloads",
+    "completed",
+    "preemptions",
+    "requeues",
+    "occupancy",
+    "occupancy_observed",
+    "unallocated_fraction",
+    "owed_delivered",
+    "wait_s",
+    "timeseries",
+    "final_fairshare",
+}
+OWED_KEYS = {"overall", "by_allocation", "by_program", "teams", "teams_at_or_above_095"}
+WAIT_KEYS = {"all", "by_kind", "by_size", "cdf_by_kind"}
+TIMESERIES_KEYS = {
+    "bucket_s",
+    "start_s",
+    "buckets",
+    "observed_buckets",
+    "capacity_gpu_h",
+    "busy_gpu_h",
+    "occupancy",
+    "unallocated_share",
+    "preemptions",
+    "owed_gpu_h",
+    "delivered_gpu_h",
+}
+
+
+def allot(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "allot.cli.main", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-day Ai2-like scenario (about 1,200 jobs on 48 hosts)."""
+    out = tmp_path_factory.mktemp("ai2")
+    done = allot("scenario", "ai2", "--seed", "2", "--days", "1", "--out", out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def inputs(scenario: Path) -> list[str | Path]:
+    return [
+        "--cluster",
+        scenario / "cluster.yaml",
+        "--budgets",
+        scenario / "budgets.yaml",
+        "--trace",
+        scenario / "trace.csv",
+    ]
+
+
+def trace_rows(path: Path) -> int:
+    with path.open(newline="") as handle:
+        return sum(1 for _ in csv.DictReader(handle))
+
+
+def test_one_policy_writes_report_json_and_html(scenario: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fifo"
+    done = allot("simulate", *inputs(scenario), "--policy", "fifo", "--out", out, "--quiet")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert set(report) == REPORT_KEYS
+    assert set(report["owed_delivered"]) == OWED_KEYS
+    assert set(report["wait_s"]) == WAIT_KEYS
+    assert set(report["timeseries"]) == TIMESERIES_KEYS
+    assert report["policy"] == "fifo"
+    assert report["workloads"] == trace_rows(scenario / "trace.csv") > 0
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert html.startswith("<!DOCTYPE html>") and "fifo" in html
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]
+    assert "fifo" in done.stdout.splitlines()[0]  # the summary table's header
+
+
+def test_compare_writes_a_folder_per_policy_and_compare_json(
+    scenario: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "cmp"
+    done = allot("simulate", *inputs(scenario), "--compare", "fifo,partitioned", "--out", out)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "fifo", "partitioned"]
+    for policy in ("fifo", "partitioned"):
+        report = json.loads((out / policy / "report.json").read_text(encoding="utf-8"))
+        assert report["policy"] == policy
+        assert (out / policy / "report.html").is_file()
+    compare = json.loads((out / "compare.json").read_text(encoding="utf-8"))
+    assert set(compare) == {"fifo", "partitioned"}
+    assert compare["fifo"]["workloads"] == compare["partitioned"]["workloads"]
+    header = done.stdout.splitlines()[0].split()
+    assert header == ["fifo", "partitioned"]
+
+
+class BadInput(NamedTuple):
+    argv: list[str | Path]
+    names: tuple[str, ...]  # what the one stderr line must mention
+
+
+def bad_inputs(scenario: Path, tmp: Path) -> dict[str, BadInput]:
+    stray = tmp / "stray.csv"
+    with (scenario / "trace.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    rows[3]["allocation"] = "nobody"
+    with stray.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows[:10])
+    listed = tmp / "list.yaml"
+    listed.write_text("- {prefix: node-, count: 2, gpus: 8}\n", encoding="utf-8")
+    base = inputs(scenario)
+    return {
+        "unknown policy in --compare": BadInput(
+            [*base, "--compare", "fifo,bogus"], ("--compare", "bogus")
+        ),
+        "trace names an allocation the tree lacks": BadInput(
+            [*base[:4], "--trace", stray],
+            (str(stray), rows[3]["job_id"], "allocation", "nobody"),
+        ),
+        "cluster YAML is a list, not a mapping": BadInput(
+            ["--cluster", listed, *base[2:]], (str(listed), "mapping")
+        ),
+        "no --cluster and no --philly": BadInput(base[2:], ("--cluster", "--philly")),
+    }
+
+
+BAD_IDS = [
+    "unknown policy in --compare",
+    "trace names an allocation the tree lacks",
+    "cluster YAML is a list, not a mapping",
+    "no --cluster and no --philly",
+]
+
+
+@pytest.mark.parametrize("case", BAD_IDS)
+def test_bad_input_is_exit_2_and_one_line_naming_the_field(
+    case: str, scenario: Path, tmp_path: Path
+) -> None:
+    bad = bad_inputs(scenario, tmp_path)[case]
+    out = tmp_path / "out"
+    done = allot("simulate", *bad.argv, "--out", out, "--quiet")
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("allot simulate: ")
+    for name in bad.names:
+        assert name in lines[0], f"{name!r} not in {lines[0]!r}"
+    assert "Traceback" not in done.stderr
+    assert not (out / "report.json").exists()

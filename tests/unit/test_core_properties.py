@@ -1,0 +1,400 @@
+"""Invariants of the scheduling core over random small clusters (hypothesis).
+
+A scenario is 1-8 hosts of 4 or 8 GPUs in random states, random running work (some of it
+under notice), a random queue, random shares and Fair Tree order keys, and a random policy.
+The cluster is then run for a few steps exactly as the simulator does: ``run_cycle``,
+``apply_result``, time advances, noticed work ends at its ``preempt_at`` (requeued), some
+work completes, new work arrives. Every cycle is checked against the state it read:
+
+- no GPU is assigned twice and no host holds more than its GPUs;
+- placements land on free GPUs of HEALTHY hosts only, cover exactly the workload's GPUs,
+  and have the gang shape (one host when it fits on one, else g // G whole hosts + one);
+- nothing protected is preempted (except by the legacy PRIORITY baseline, which has no
+  contract), nothing shielded, nothing twice;
+- FAIRSHARE: only allocated requests preempt, never their own allocation, and only for the
+  documented reasons; FIFO and PARTITIONED never preempt;
+- ``run_cycle`` is deterministic and leaves the snapshot as it found it, and the queue
+  order is total (insertion order of the queue and of the hosts does not matter).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from builders import fill
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from allot.core.cycle import WORST_ORDER, Snapshot, run_cycle
+from allot.core.decisions import CycleResult, PreemptReason
+from allot.core.fold import apply_result, end_workload
+from allot.core.model import Host, HostState, Workload
+from allot.core.policy import Mode, Policy
+from allot.core.state import ClusterState, PendingQueue
+
+NOW = 10_000.0
+ALLOCATIONS = ("a", "b", "c", "d")
+SETTINGS = settings(max_examples=150, deadline=None)
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunningSpec:
+    workload: Workload
+    host_order: tuple[int, ...]  # where to put it: hosts tried in this order
+    start: float
+    noticed: bool
+    shielded: bool
+
+
+@dataclass(frozen=True)
+class Step:
+    delta: float
+    completions: tuple[int, ...]
+    arrivals: tuple[Workload, ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    hosts: tuple[Host, ...]
+    pools: dict[str, str] | None
+    running: tuple[RunningSpec, ...]
+    queue: tuple[Workload, ...]
+    shares: dict[str, float]
+    order: dict[str, int]
+    policy: Policy
+    steps: tuple[Step, ...] = field(default=())
+
+    def build(
+        self, *, shuffle: random.Random | None = None
+    ) -> tuple[ClusterState, PendingQueue, Snapshot]:
+        host_list = list(self.hosts)
+        queue = list(self.queue)
+        if shuffle is not None:
+            shuffle.shuffle(host_list)
+            shuffle.shuffle(queue)
+        state = ClusterState(host_list, self.pools)
+        ids = [h.id for h in self.hosts]
+        for spec in self.running:
+            w = spec.workload
+            order = [ids[i] for i in spec.host_order if i < len(ids)]
+            if sum(len(state.free[h]) for h in order) < w.gpus:
+                continue  # does not fit the random cluster: leave it out
+            state.start(w, fill(state, w.gpus, order), spec.start, shielded=spec.shielded)
+            if spec.noticed:
+                state.notice(w.id, NOW + 60)
+        pending = PendingQueue(queue)
+        return state, pending, Snapshot(state, pending, self.shares, self.order)
+
+
+def workloads(prefix: str, max_gpus: int, mode: Mode) -> st.SearchStrategy[list[Workload]]:
+    def one(i: int) -> st.SearchStrategy[Workload]:
+        return st.builds(
+            Workload,
+            id=st.just(f"{prefix}{i}"),
+            allocation=st.sampled_from((*ALLOCATIONS, None)),
+            user=st.just("u"),
+            gpus=st.integers(1, max_gpus),
+            min_runtime_s=st.sampled_from((0, 600, 3600, 3600)),
+            resumable=st.booleans(),
+            priority=st.integers(0, 2),
+            submit_time=st.sampled_from((0.0, 100.0, 5000.0, 9000.0, NOW)),
+            opt_out=st.booleans() if mode is Mode.PRIORITY else st.just(False),
+        )
+
+    return st.integers(0, 8).flatmap(lambda n: st.tuples(*(one(i) for i in range(n)))).map(list)
+
+
+HOST_STATES = st.sampled_from(
+    [HostState.HEALTHY] * 5 + [HostState.DRAINING, HostState.CORDONED, HostState.DRAINED]
+)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, *, steps: bool = True) -> Scenario:
+    mode = draw(
+        st.sampled_from([Mode.FAIRSHARE] * 3 + [Mode.PRIORITY, Mode.FIFO, Mode.PARTITIONED])
+    )
+    n = draw(st.integers(1, 8))
+    host_list = tuple(
+        Host(f"h{i}", draw(st.sampled_from((4, 8))), draw(HOST_STATES)) for i in range(1, n + 1)
+    )
+    pools = None
+    if mode is Mode.PARTITIONED:
+        pools = {h.id: draw(st.sampled_from(("a", "b", ""))) for h in host_list}
+    running = tuple(
+        RunningSpec(
+            w,
+            tuple(draw(st.permutations(range(8)))),
+            draw(st.sampled_from((0.0, 5000.0, NOW - 3600, NOW - 600, NOW - 1, NOW))),
+            draw(st.booleans()) and draw(st.booleans()),
+            mode is Mode.PRIORITY and w.opt_out,
+        )
+        for w in draw(workloads("r", 16, mode))
+    )
+    queue = tuple(draw(workloads("q", 20, mode)))
+    shares = draw(
+        st.dictionaries(st.sampled_from(ALLOCATIONS), st.sampled_from((0.0, 0.1, 0.25, 0.5, 1.0)))
+    )
+    order = draw(st.dictionaries(st.sampled_from(ALLOCATIONS), st.integers(0, 4)))
+    cap = draw(st.dictionaries(st.sampled_from(ALLOCATIONS), st.integers(0, 8)))
+    policy = Policy(
+        mode=mode,
+        entitlement_tier=draw(st.booleans()),
+        preemption=draw(st.sampled_from((True, True, True, False))),
+        grace_s=draw(st.sampled_from((0, 300))),
+        protected_gpu_cap=cap or None,
+    )
+    step_list: list[Step] = []
+    if steps:
+        for s in range(draw(st.integers(1, 4))):
+            step_list.append(
+                Step(
+                    draw(st.sampled_from((0.0, 100.0, 300.0, 1000.0, 4000.0))),
+                    tuple(draw(st.lists(st.integers(0, 20), max_size=2))),
+                    tuple(draw(workloads(f"s{s}-", 20, mode))[:3]),
+                )
+            )
+    return Scenario(host_list, pools, running, queue, shares, order, policy, tuple(step_list))
+
+
+# -- invariants -----------------------------------------------------------------------------
+
+
+def check_capacity(state: ClusterState) -> None:
+    """No GPU held twice, no host over its GPUs, and the free lists are the complement."""
+    held: dict[str, list[int]] = {h.id: [] for h in state.hosts}
+    for run in state.running.values():
+        assert sum(len(g) for _, g in run.assignment) == run.workload.gpus
+        for host_id, gpus in run.assignment:
+            held[host_id].extend(gpus)
+    for h in state.hosts:
+        assert len(held[h.id]) == len(set(held[h.id])), f"a GPU of {h.id} is held twice"
+        assert set(held[h.id]) <= set(range(h.gpus))
+        assert sorted(held[h.id] + state.free[h.id]) == list(range(h.gpus))
+
+
+def largest_healthy(state: ClusterState, pool: str) -> int:
+    return max(
+        (h.gpus for h in state.hosts if h.schedulable and state.pool_of[h.id] == pool), default=0
+    )
+
+
+def check_cycle(
+    state: ClusterState,
+    queue: PendingQueue,
+    *,
+    order: dict[str, int],
+    policy: Policy,
+    now: float,
+    result: CycleResult,
+) -> None:
+    pending = {w.id: w for w in queue}
+    hosts = {h.id: h for h in state.hosts}
+    taken: dict[str, set[int]] = {h: set() for h in hosts}
+
+    for p in result.placements:
+        w = p.workload
+        assert pending.get(w.id) == w, "only pending work is placed"
+        host_ids = [h for h, _ in p.assignment]
+        assert host_ids == sorted(set(host_ids))
+        assert sum(len(g) for _, g in p.assignment) == w.gpus, "all or nothing"
+        for host_id, gpus in p.assignment:
+            assert hosts[host_id].state is HostState.HEALTHY
+            assert len(set(gpus)) == len(gpus)
+            assert set(gpus) <= set(state.free[host_id]), "placed on GPUs that are not free"
+            assert not set(gpus) & taken[host_id], "two placements share a GPU"
+            taken[host_id] |= set(gpus)
+        pools = {state.pool_of[h] for h in host_ids}
+        assert len(pools) == 1
+        (pool,) = pools
+        if policy.mode is Mode.PARTITIONED:
+            own = w.allocation is not None and w.allocation in state.by_free
+            assert pool == (w.allocation if own else "")
+        else:
+            assert pool == ""
+        size = largest_healthy(state, pool)
+        if w.gpus <= size:
+            assert len(p.assignment) == 1, "a workload that fits one host is never split"
+        else:
+            whole = [h for h, g in p.assignment if len(g) == size == hosts[h].gpus]
+            assert len(whole) >= w.gpus // size
+            assert len(p.assignment) == w.gpus // size + (1 if w.gpus % size else 0)
+
+    noticed: set[str] = set()
+    for p in result.preemptions:
+        assert p.workload_id not in noticed, "noticed twice in one cycle"
+        noticed.add(p.workload_id)
+        run = state.running[p.workload_id]
+        victim = run.workload
+        assert run.preempt_at is None, "work already under notice gets no second notice"
+        assert p.preempt_at == now + policy.grace_s
+        assert p.gpus == victim.gpus
+        assert p.requeue is victim.resumable
+        assert not run.shielded
+        if policy.mode is not Mode.PRIORITY:
+            assert now >= run.protected_until, "a protected workload was preempted"
+        if p.preemptor is None:
+            assert p.reason is PreemptReason.HOST_DRAIN
+            assert any(hosts[h].state is HostState.DRAINING for h in run.hosts)
+            continue
+        assert policy.preempts
+        requester = pending[p.preemptor]
+        assert p.preemptor not in {q.workload.id for q in result.placements}
+        if policy.mode is Mode.PRIORITY:
+            assert p.reason is PreemptReason.HIGHER_CLASS
+            assert victim.priority < requester.priority
+            continue
+        assert requester.allocated, "an unallocated request caused a preemption"
+        if not victim.allocated:
+            assert p.reason is PreemptReason.DISPLACED_UNALLOCATED
+            continue
+        assert victim.allocation != requester.allocation, "preempted its own allocation"
+        assert p.reason in (PreemptReason.RECLAIMED_FOR_ENTITLEMENT, PreemptReason.BETTER_RANKED)
+        assert p.victim_held_gpus == state.held[victim.allocation or ""]
+        if policy.entitlement_tier:
+            assert p.victim_held_gpus > p.victim_entitlement_gpus, "victim was not over"
+        if p.reason is PreemptReason.BETTER_RANKED:
+            # The requester was not below its entitlement (or the tier is off): it may only
+            # take from allocations the Fair Tree ranks worse.
+            rank = order.get(requester.allocation or "", WORST_ORDER)
+            assert order.get(victim.allocation or "", WORST_ORDER) > rank
+
+    claimed: set[str] = set()
+    for requester_id, victims in result.waiting_on:
+        if policy.mode is Mode.FAIRSHARE:
+            assert pending[requester_id].allocated
+        assert not claimed & set(victims), "two requesters wait for the same GPUs"
+        claimed |= set(victims)
+        for wid in victims:
+            assert state.running[wid].preempt_at is not None or wid in noticed
+
+    for t in result.transitions:
+        assert t.state is HostState.DRAINED
+        assert hosts[t.host].state is HostState.DRAINING and not state.on_host[t.host]
+    assert result.next_wakeup is None or result.next_wakeup > now
+
+
+@SETTINGS
+@given(scenarios())
+def test_invariants_hold_over_several_cycles(scenario: Scenario) -> None:
+    state, queue, _ = scenario.build()
+    check_capacity(state)
+    now = NOW
+    for step in scenario.steps:
+        snapshot = Snapshot(state, queue, scenario.shares, scenario.order)
+        result = run_cycle(snapshot, scenario.policy, now)
+        check_cycle(
+            state, queue, order=scenario.order, policy=scenario.policy, now=now, result=result
+        )
+        apply_result(state, queue, result, now)
+        check_capacity(state)
+        now += step.delta
+        for wid in sorted(state.running):
+            at = state.running[wid].preempt_at
+            if at is not None and at <= now:
+                end_workload(state, queue, wid, preempted=True)
+        for pick in step.completions:
+            if state.running:
+                end_workload(
+                    state, queue, sorted(state.running)[pick % len(state.running)], preempted=False
+                )
+        for w in step.arrivals:
+            queue.add(w)
+        check_capacity(state)
+
+
+# -- purity and determinism -----------------------------------------------------------------
+
+
+def structure(obj: Any) -> Any:
+    """A deep, comparable dump: dicts by key, sets sorted, lists and tuples as lists."""
+    if isinstance(obj, dict):
+        return {k: structure(v) for k, v in obj.items()}
+    if isinstance(obj, set | frozenset):
+        return sorted(obj, key=repr)
+    if isinstance(obj, list | tuple):
+        return [structure(v) for v in obj]
+    return obj  # hosts, workloads and runs are frozen values
+
+
+def dump(state: ClusterState, queue: PendingQueue) -> Any:
+    """Everything a reader of the state can see: the hosts and every public index.
+
+    Private attributes are caches (the lazily pruned protection-end heap, per-group
+    suffix minima): left out here. Whether pruning the heap changes an answer is
+    test_cycle.py::test_a_cycle_reads_the_snapshot_without_changing_it."""
+
+    def public(obj: object) -> dict[str, Any]:
+        return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
+
+    return structure({"hosts": state.hosts, **public(state)}), structure(public(queue))
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_run_cycle_is_deterministic_and_leaves_the_snapshot_alone(scenario: Scenario) -> None:
+    state, queue, snapshot = scenario.build()
+    before = dump(state, queue)
+    first = run_cycle(snapshot, scenario.policy, NOW)
+    assert dump(state, queue) == before
+    assert run_cycle(snapshot, scenario.policy, NOW) == first
+    *_, rebuilt = scenario.build()
+    assert run_cycle(rebuilt, scenario.policy, NOW) == first
+
+
+@SETTINGS
+@given(scenarios(steps=False), st.randoms(use_true_random=False))
+def test_queue_order_is_total(scenario: Scenario, rnd: random.Random) -> None:
+    """No two workloads tie: the insertion order of the queue and of the hosts is invisible."""
+    *_, snapshot = scenario.build()
+    *_, shuffled = scenario.build(shuffle=rnd)
+    assert run_cycle(shuffled, scenario.policy, NOW) == run_cycle(snapshot, scenario.policy, NOW)
+
+
+@st.composite
+def roomy_queues(draw: st.DrawFn) -> tuple[list[Workload], dict[str, int]]:
+    """Up to 8 single-host workloads and (below) as many empty 8-GPU hosts: all fit."""
+    ranks = draw(st.permutations(range(len(ALLOCATIONS))))
+    order = dict(zip(ALLOCATIONS, ranks, strict=True))
+    del order[draw(st.sampled_from(ALLOCATIONS))]  # one allocation is unranked
+    queue = [
+        Workload(
+            id=f"w{i}",
+            allocation=draw(st.sampled_from((*ALLOCATIONS, None))),
+            user="u",
+            gpus=draw(st.integers(1, 8)),
+            min_runtime_s=draw(st.sampled_from((0, 3600, 3600))),
+            priority=draw(st.integers(0, 3)),
+            submit_time=draw(st.sampled_from((0.0, 1.0, 2.0))),
+        )
+        for i in range(draw(st.integers(1, 8)))
+    ]
+    # Unallocated work is FIFO; priorities on it are test_cycle.py's business.
+    queue = [w if w.allocated else replace(w, priority=0) for w in queue]
+    return queue, order
+
+
+@SETTINGS
+@given(roomy_queues())
+def test_placements_follow_the_documented_queue_order(
+    case: tuple[list[Workload], dict[str, int]],
+) -> None:
+    """With room for everyone and the tier off, the placement order is: allocated work by
+    the allocation's order key (unranked last), then user priority, submit time, id; then
+    unallocated work by submit time, id."""
+    queue, order = case
+    state = ClusterState([Host(f"h{i}", 8) for i in range(len(queue))])
+    snapshot = Snapshot(state, PendingQueue(queue), {}, order)
+    result = run_cycle(snapshot, Policy(entitlement_tier=False), NOW)
+
+    def key(w: Workload) -> tuple[object, ...]:
+        if not w.allocated:
+            return (1, 0, 0, w.submit_time, w.id)
+        return (0, order.get(w.allocation or "", WORST_ORDER), -w.priority, w.submit_time, w.id)
+
+    assert [p.workload.id for p in result.placements] == [w.id for w in sorted(queue, key=key)]
