@@ -72,7 +72,9 @@ def window_usage(
     result: dict[str, float] = {}
     for allocation, hours in buckets.items():
         if half_life_s is None:
-            result[allocation] = _window_sum(allocation, hours, start, now, first_hour, span)
+            result[allocation] = _window_sum(
+                allocation, hours, start=start, now=now, first_hour=first_hour, span=span
+            )
             continue
         # A store keeps more history than the window: look up the window's hours rather
         # than scanning every bucket.
@@ -95,6 +97,7 @@ def window_usage(
 def _window_sum(
     allocation: str,
     hours: Mapping[int, float],
+    *,
     start: float,
     now: float,
     first_hour: int,
