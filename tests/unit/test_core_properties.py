@@ -45,7 +45,7 @@ SETTINGS = settings(max_examples=150, deadline=None)
 @dataclass(frozen=True)
 class RunningSpec:
     workload: Workload
-    host_order: tuple[int, ...]  # where to put it: hosts tried in this order
+    first_host: int  # where to put it: hosts tried from this one on, wrapping around
     start: float
     noticed: bool
     shielded: bool
@@ -81,7 +81,8 @@ class Scenario:
         ids = [h.id for h in self.hosts]
         for spec in self.running:
             w = spec.workload
-            order = [ids[i] for i in spec.host_order if i < len(ids)]
+            k = spec.first_host % len(ids)
+            order = ids[k:] + ids[:k]
             if sum(len(state.free[h]) for h in order) < w.gpus:
                 continue  # does not fit the random cluster: leave it out
             state.start(w, fill(state, w.gpus, order), spec.start, shielded=spec.shielded)
@@ -91,75 +92,85 @@ class Scenario:
         return state, pending, Snapshot(state, pending, self.shares, self.order)
 
 
-def workloads(prefix: str, max_gpus: int, mode: Mode) -> st.SearchStrategy[list[Workload]]:
-    def one(i: int) -> st.SearchStrategy[Workload]:
-        return st.builds(
-            Workload,
-            id=st.just(f"{prefix}{i}"),
-            allocation=st.sampled_from((*ALLOCATIONS, None)),
-            user=st.just("u"),
-            gpus=st.integers(1, max_gpus),
-            min_runtime_s=st.sampled_from((0, 600, 3600, 3600)),
-            resumable=st.booleans(),
-            priority=st.integers(0, 2),
-            submit_time=st.sampled_from((0.0, 100.0, 5000.0, 9000.0, NOW)),
-            opt_out=st.booleans() if mode is Mode.PRIORITY else st.just(False),
-        )
-
-    return st.integers(0, 8).flatmap(lambda n: st.tuples(*(one(i) for i in range(n)))).map(list)
-
-
+# Strategies are built once, at import: building them inside a draw costs more than the
+# cycles under test.
+MODES = st.sampled_from([Mode.FAIRSHARE] * 3 + [Mode.PRIORITY, Mode.FIFO, Mode.PARTITIONED])
 HOST_STATES = st.sampled_from(
     [HostState.HEALTHY] * 5 + [HostState.DRAINING, HostState.CORDONED, HostState.DRAINED]
 )
+# Mostly small clusters: random running work fills them, so cycles have to preempt.
+HOSTS = st.sampled_from((1, 2, 2, 3, 3, 4, 6, 8)).flatmap(
+    lambda n: st.lists(st.tuples(st.sampled_from((4, 8)), HOST_STATES), min_size=n, max_size=n)
+)
+SUBMITS = st.sampled_from((0.0, 100.0, 5000.0, 9000.0, NOW))
+STARTS = st.sampled_from((0.0, 5000.0, NOW - 3600, NOW - 600, NOW - 1, NOW))
+# (allocation, gpus, min_runtime_s, resumable, priority, submit_time, opt_out)
+FIELDS = st.tuples(
+    st.sampled_from((*ALLOCATIONS, None)),
+    st.sampled_from((1, 1, 2, 2, 3, 4, 4, 6, 8, 8, 12, 16, 20)),
+    st.sampled_from((0, 600, 3600, 3600)),
+    st.booleans(),
+    st.integers(0, 2),
+    SUBMITS,
+    st.booleans(),
+)
+# (fields, first host tried, start time, under notice when 0: one in four)
+RUNNING = st.lists(st.tuples(FIELDS, st.integers(0, 7), STARTS, st.integers(0, 3)), max_size=16)
+STEPS = st.lists(
+    st.tuples(
+        st.sampled_from((0.0, 100.0, 300.0, 1000.0, 4000.0)),
+        st.lists(st.integers(0, 20), max_size=2),
+        st.lists(FIELDS, max_size=3),
+    ),
+    min_size=1,
+    max_size=4,
+)
+SHARES = st.dictionaries(st.sampled_from(ALLOCATIONS), st.sampled_from((0.0, 0.1, 0.25, 0.5, 1.0)))
+ORDER = st.dictionaries(st.sampled_from(ALLOCATIONS), st.integers(0, 4))
+CAPS = st.dictionaries(st.sampled_from(ALLOCATIONS), st.integers(0, 8))
+POLICY = st.tuples(
+    st.booleans(), st.sampled_from((True, True, True, False)), st.sampled_from((0, 300))
+)
+
+
+def make(id: str, fields: tuple[Any, ...], mode: Mode, max_gpus: int = 20) -> Workload:
+    alloc, gpus, min_runtime, resumable, priority, submit, opt_out = fields
+    return Workload(
+        id=id,
+        allocation=alloc,
+        user="u",
+        gpus=min(gpus, max_gpus),
+        min_runtime_s=min_runtime,
+        resumable=resumable,
+        priority=priority,
+        submit_time=submit,
+        opt_out=opt_out and mode is Mode.PRIORITY,
+    )
 
 
 @st.composite
 def scenarios(draw: st.DrawFn, *, steps: bool = True) -> Scenario:
-    mode = draw(
-        st.sampled_from([Mode.FAIRSHARE] * 3 + [Mode.PRIORITY, Mode.FIFO, Mode.PARTITIONED])
-    )
-    n = draw(st.integers(1, 8))
-    host_list = tuple(
-        Host(f"h{i}", draw(st.sampled_from((4, 8))), draw(HOST_STATES)) for i in range(1, n + 1)
-    )
+    mode = draw(MODES)
+    host_list = tuple(Host(f"h{i}", g, s) for i, (g, s) in enumerate(draw(HOSTS), start=1))
     pools = None
     if mode is Mode.PARTITIONED:
-        pools = {h.id: draw(st.sampled_from(("a", "b", ""))) for h in host_list}
-    running = tuple(
-        RunningSpec(
-            w,
-            tuple(draw(st.permutations(range(8)))),
-            draw(st.sampled_from((0.0, 5000.0, NOW - 3600, NOW - 600, NOW - 1, NOW))),
-            draw(st.booleans()) and draw(st.booleans()),
-            mode is Mode.PRIORITY and w.opt_out,
-        )
-        for w in draw(workloads("r", 16, mode))
+        k = draw(st.integers(0, 2))
+        pools = {h.id: ("a", "b", "")[(i + k) % 3] for i, h in enumerate(host_list)}
+    running: list[RunningSpec] = []
+    for i, (fields, first, start, one_in_four) in enumerate(draw(RUNNING)):
+        w = make(f"r{i}", fields, mode, max_gpus=16)
+        shielded = mode is Mode.PRIORITY and w.opt_out
+        running.append(RunningSpec(w, first, start, one_in_four == 0, shielded))
+    queue = tuple(make(f"q{i}", f, mode) for i, f in enumerate(draw(st.lists(FIELDS, max_size=8))))
+    tier, preemption, grace = draw(POLICY)
+    cap = draw(CAPS)
+    policy = Policy(mode, tier, preemption, grace, cap or None)
+    step_list = tuple(
+        Step(delta, tuple(done), tuple(make(f"s{s}-{i}", f, mode) for i, f in enumerate(new)))
+        for s, (delta, done, new) in enumerate(draw(STEPS) if steps else [])
     )
-    queue = tuple(draw(workloads("q", 20, mode)))
-    shares = draw(
-        st.dictionaries(st.sampled_from(ALLOCATIONS), st.sampled_from((0.0, 0.1, 0.25, 0.5, 1.0)))
-    )
-    order = draw(st.dictionaries(st.sampled_from(ALLOCATIONS), st.integers(0, 4)))
-    cap = draw(st.dictionaries(st.sampled_from(ALLOCATIONS), st.integers(0, 8)))
-    policy = Policy(
-        mode=mode,
-        entitlement_tier=draw(st.booleans()),
-        preemption=draw(st.sampled_from((True, True, True, False))),
-        grace_s=draw(st.sampled_from((0, 300))),
-        protected_gpu_cap=cap or None,
-    )
-    step_list: list[Step] = []
-    if steps:
-        for s in range(draw(st.integers(1, 4))):
-            step_list.append(
-                Step(
-                    draw(st.sampled_from((0.0, 100.0, 300.0, 1000.0, 4000.0))),
-                    tuple(draw(st.lists(st.integers(0, 20), max_size=2))),
-                    tuple(draw(workloads(f"s{s}-", 20, mode))[:3]),
-                )
-            )
-    return Scenario(host_list, pools, running, queue, shares, order, policy, tuple(step_list))
+    shares, order = draw(SHARES), draw(ORDER)
+    return Scenario(host_list, pools, tuple(running), queue, shares, order, policy, step_list)
 
 
 # -- invariants -----------------------------------------------------------------------------
@@ -226,39 +237,42 @@ def check_cycle(
             assert len(p.assignment) == w.gpus // size + (1 if w.gpus % size else 0)
 
     noticed: set[str] = set()
-    for p in result.preemptions:
-        assert p.workload_id not in noticed, "noticed twice in one cycle"
-        noticed.add(p.workload_id)
-        run = state.running[p.workload_id]
+    for notice in result.preemptions:
+        assert notice.workload_id not in noticed, "noticed twice in one cycle"
+        noticed.add(notice.workload_id)
+        run = state.running[notice.workload_id]
         victim = run.workload
         assert run.preempt_at is None, "work already under notice gets no second notice"
-        assert p.preempt_at == now + policy.grace_s
-        assert p.gpus == victim.gpus
-        assert p.requeue is victim.resumable
+        assert notice.preempt_at == now + policy.grace_s
+        assert notice.gpus == victim.gpus
+        assert notice.requeue is victim.resumable
         assert not run.shielded
         if policy.mode is not Mode.PRIORITY:
             assert now >= run.protected_until, "a protected workload was preempted"
-        if p.preemptor is None:
-            assert p.reason is PreemptReason.HOST_DRAIN
+        if notice.preemptor is None:
+            assert notice.reason is PreemptReason.HOST_DRAIN
             assert any(hosts[h].state is HostState.DRAINING for h in run.hosts)
             continue
         assert policy.preempts
-        requester = pending[p.preemptor]
-        assert p.preemptor not in {q.workload.id for q in result.placements}
+        requester = pending[notice.preemptor]
+        assert notice.preemptor not in {q.workload.id for q in result.placements}
         if policy.mode is Mode.PRIORITY:
-            assert p.reason is PreemptReason.HIGHER_CLASS
+            assert notice.reason is PreemptReason.HIGHER_CLASS
             assert victim.priority < requester.priority
             continue
         assert requester.allocated, "an unallocated request caused a preemption"
         if not victim.allocated:
-            assert p.reason is PreemptReason.DISPLACED_UNALLOCATED
+            assert notice.reason is PreemptReason.DISPLACED_UNALLOCATED
             continue
         assert victim.allocation != requester.allocation, "preempted its own allocation"
-        assert p.reason in (PreemptReason.RECLAIMED_FOR_ENTITLEMENT, PreemptReason.BETTER_RANKED)
-        assert p.victim_held_gpus == state.held[victim.allocation or ""]
+        assert notice.reason in (
+            PreemptReason.RECLAIMED_FOR_ENTITLEMENT,
+            PreemptReason.BETTER_RANKED,
+        )
+        assert notice.victim_held_gpus == state.held[victim.allocation or ""]
         if policy.entitlement_tier:
-            assert p.victim_held_gpus > p.victim_entitlement_gpus, "victim was not over"
-        if p.reason is PreemptReason.BETTER_RANKED:
+            assert notice.victim_held_gpus > notice.victim_entitlement_gpus, "victim was not over"
+        if notice.reason is PreemptReason.BETTER_RANKED:
             # The requester was not below its entitlement (or the tier is off): it may only
             # take from allocations the Fair Tree ranks worse.
             rank = order.get(requester.allocation or "", WORST_ORDER)

@@ -245,6 +245,20 @@ def test_the_free_gpus_beside_the_victims_are_reserved_for_the_requester() -> No
             id="a-second-requester-cannot-claim-the-same-notice",
         ),
         pytest.param(
+            # h1: bn (2 GPUs, noticed), b1 (2) and b2 (4), both past protection; h2 is
+            # protected. a1 needs 4: bn's 2 and b1's 2, not b2's 4 and a notice too many.
+            (
+                b("bn", 2, "h1", preempt_at=NOW + 100),
+                b("b1", 2, "h1"),
+                b("b2", 4, "h1"),
+                on(workload("c0", 8, "c"), "h2", start=NOW),
+            ),
+            (workload("a1", 4),),
+            {"b1"},
+            (("a1", ("b1", "bn")),),
+            id="noticed-work-first-on-the-host-then-the-fewest-new-victims",
+        ),
+        pytest.param(
             (u("u1", 8, "h1"), b("bn", 8, "h2", preempt_at=NOW + 100)),
             (workload("a1", 8),),
             set(),
@@ -412,13 +426,13 @@ def test_who_may_reclaim_from_whom(
 
 
 def test_several_victims_of_one_allocation_stop_once_it_is_no_longer_over() -> None:
-    # 16 GPUs; b 0.25 -> 4, holds 8 in four 2-GPU jobs on h1 (h2 is a's protected work).
-    # a (0.75 -> 12, holds 8) is under. Two victims bring b down to its entitlement, so a
-    # third is not fair: 6 GPUs cannot be reclaimed, 4 can.
+    # 16 GPUs; b 0.25 -> 4, holds 8 in four 2-GPU jobs on h1 (h2 is c's protected work).
+    # a (0.75 -> 12, holds nothing) is far below its entitlement. Two victims bring b down
+    # to its entitlement, so a third is not fair: 6 GPUs cannot be reclaimed, 4 can.
     state = cluster(
         hosts(2),
         *(b(f"b{i}", 2, "h1") for i in range(1, 5)),
-        on(workload("a0", 8), "h2", start=NOW),
+        on(workload("c0", 8, "c"), "h2", start=NOW),
     )
     result = decide(state, workload("a1", 6), shares={"a": 0.75, "b": 0.25}, now=NOW)
     assert result.preemptions == ()
@@ -456,8 +470,9 @@ def test_a_notice_says_whether_the_victim_is_requeued(resumable: bool, requeue: 
 
 
 def test_entitlement_on_a_notice_counts_healthy_gpus_only() -> None:
-    # Three hosts, one cordoned: 16 healthy GPUs. b 0.25 -> 4.0, holds 8 (over).
-    state = cluster(hosts(3), b("b1", 8, "h1"), on(workload("a0", 8), "h2", start=NOW))
+    # Three hosts, one cordoned: 16 healthy GPUs. b 0.25 -> 4.0 (not 0.25 x 24 = 6.0),
+    # holds 8: over. a (0.75 -> 12) holds nothing; h2 is c's protected work.
+    state = cluster(hosts(3), b("b1", 8, "h1"), on(workload("c0", 8, "c"), "h2", start=NOW))
     state.set_host_state("h3", HostState.CORDONED)
     result = decide(state, workload("a1", 8), shares={"a": 0.75, "b": 0.25}, now=NOW)
     (notice,) = result.preemptions

@@ -100,7 +100,8 @@ class _Cycle:
         # a worse-ranked requester may take fewer; a lower legacy class fewer still), so
         # once a plan for g GPUs failed, no later request of >= g can find one.
         self.place_bound: dict[str, float] = {}
-        self.preempt_bound: float = math.inf
+        self.preempt_bound: dict[object, float] = {}
+        self.earmarked_for: set[str] = set()  # allocations that earmarked GPUs this cycle
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CycleResult:
@@ -147,7 +148,24 @@ class _Cycle:
         return transitions
 
     # -------------------------------------------------------------- scheduling
+    def _schedule_fifo(self) -> None:
+        """FIFO and partitioned baselines: one queue by submit time; a workload that does
+        not fit is passed over (backfill); the walk stops once nothing left can fit."""
+        items = self.queue.fifo
+        suffix_min = self.queue.fifo_suffix_min_gpus()
+        pools = self.st.by_free
+        for pos, (_, w) in enumerate(items):
+            bound = max((self.place_bound.get(p, math.inf) for p in pools), default=0.0)
+            if suffix_min[pos] >= bound:
+                break
+            pool = self._pool(w)
+            if w.gpus < self.place_bound.get(pool, math.inf):
+                self._consider(w)
+
     def _schedule(self) -> None:
+        if self.policy.mode in (Mode.FIFO, Mode.PARTITIONED):
+            self._schedule_fifo()
+            return
         groups = self.queue.groups
         heads: list[tuple[tuple[object, ...], int, str | None]] = []
         cursor: dict[str | None, int] = {}
@@ -157,6 +175,8 @@ class _Cycle:
         heapq.heapify(heads)
         while heads:
             _, seq, group = heapq.heappop(heads)
+            if group is None and self._fairshare:
+                self.view.release_earmarks()  # allocated work is done: free work may fill
             items = groups[group]
             pos = cursor[group]
             threshold = self._live_below(group)
@@ -189,8 +209,33 @@ class _Cycle:
         assert pool is not None
         bound = self.place_bound.get(pool, math.inf)
         if self._preempts and (group is not None or not self._fairshare):
-            bound = max(bound, self.preempt_bound)
+            if self._fairshare:
+                assert group is not None
+                keys: tuple[object, ...] = (
+                    ((0, True), (0, False)) if self._tier(group) == 0 else ((1, False),)
+                )
+            else:
+                keys = (None,)
+            bound = max(bound, *(self.preempt_bound.get(k, math.inf) for k in keys))
         return bound
+
+    def _reclaims(self, w: Workload) -> bool:
+        """Reclaim-for-entitlement applies to a request of an allocation below its
+        entitlement that keeps it within: held + gpus <= entitlement. A bigger request
+        competes by Fair Tree rank like tier 1 (it would push its allocation over, and
+        make it the next victim: the lumpy overshoot that makes allocations thrash)."""
+        if not self._tiered or w.allocation is None:
+            return False
+        alloc = w.allocation
+        return self.held.get(alloc, 0) + w.gpus <= self.entitlement.get(alloc, 0.0)
+
+    def _bound_key(self, w: Workload) -> object:
+        """Requests whose victim sets shrink down the queue order share a bound (see
+        ``preempt_bound``): legacy requests all; FAIRSHARE ones per (tier, reclaims)."""
+        if not self._fairshare:
+            return None
+        assert w.allocation is not None
+        return (self._tier(w.allocation), self._reclaims(w))
 
     def _head_key(self, group: str | None, pos: int) -> tuple[object, ...]:
         w = self.queue.groups[group][pos][1]
@@ -228,13 +273,18 @@ class _Cycle:
                     self.held[alloc] = self.held.get(alloc, 0) + gpus
                 return
             self.place_bound[pool] = gpus
-        if not may_preempt or gpus >= self.preempt_bound:
+        if not may_preempt:
+            self.blocked_allocated |= w.allocated
+            return
+        bound_key = self._bound_key(w)
+        if gpus >= self.preempt_bound.get(bound_key, math.inf):
             self.blocked_allocated |= w.allocated
             return
         plan = plan_preemption(self.view, pool, gpus, self._victim_rule(w))
         if plan is None:
-            self.preempt_bound = gpus
+            self.preempt_bound[bound_key] = gpus
             self.blocked_allocated |= w.allocated
+            self._earmark(w, pool)
             return
         reason_for = self._reason_for(w)
         for victim in plan.new_victims:
@@ -245,7 +295,24 @@ class _Cycle:
             self.waiting_on.append((w.id, waited))
 
     # ------------------------------------------------------------- preemption
-    def _victim_rule(self, w: Workload) -> VictimRule:
+    def _earmark(self, w: Workload, pool: str) -> None:
+        """A reclaiming request blocked only by protected work holds the room it will get
+        when that protection ends: the free GPUs on those hosts go to no other allocated
+        work this cycle (unallocated work may use them; it can leave at any moment).
+        Without this, freed GPUs go to over-entitlement work that does fit, each placement
+        is protected again, and the owed request waits for hours. One earmark per
+        allocation per cycle bounds the cost."""
+        alloc = w.allocation
+        if alloc is None or alloc in self.earmarked_for or not self._reclaims(w):
+            return
+        self.earmarked_for.add(alloc)
+        plan = plan_preemption(
+            self.view, pool, w.gpus, self._victim_rule(w, ignore_protection=True)
+        )
+        if plan is not None:
+            self.view.earmark(plan.victims, plan.free_taken)
+
+    def _victim_rule(self, w: Workload, *, ignore_protection: bool = False) -> VictimRule:
         if self.policy.mode is Mode.PRIORITY:
             return _LegacyRule(w.priority, self.now)
         alloc = w.allocation
@@ -253,17 +320,18 @@ class _Cycle:
         return _FairShareRule(
             requester=alloc,
             requester_order=self.order.get(alloc, WORST_ORDER),
-            under_entitlement=self._tier(alloc) == 0 and self.policy.entitlement_tier,
+            under_entitlement=self._reclaims(w),
             entitlement_tier=self.policy.entitlement_tier,
             order=self.order,
             entitlement=self.entitlement,
             now=self.now,
+            ignores_protection=ignore_protection,
         )
 
     def _reason_for(self, w: Workload) -> _ReasonFn:
         if self.policy.mode is Mode.PRIORITY:
             return lambda _victim: PreemptReason.HIGHER_CLASS
-        under = self.policy.entitlement_tier and self._tier(w.allocation or "") == 0
+        under = self._reclaims(w)
 
         def reason(victim: Running) -> PreemptReason:
             if not victim.workload.allocated:
@@ -332,6 +400,7 @@ class _FairShareRule:
     order: Mapping[str, int]
     entitlement: Mapping[str, float]
     now: float
+    ignores_protection: bool = False  # earmarking: plan as if protection had ended
     unallocated_first: bool = True  # the planner may try unallocated victims on their own
 
     def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
@@ -352,7 +421,7 @@ class _FairShareRule:
         lost = w.gpus * (self.now - run.start_time)
         if not w.allocated:
             return (1, 0.0, lost, w.id)
-        if self.now < run.protected_until:
+        if self.now < run.protected_until and not self.ignores_protection:
             return None
         alloc = w.allocation
         assert alloc is not None
@@ -367,7 +436,10 @@ class _FairShareRule:
                 return None
         elif not worse:
             return None
-        return (2, -over, lost, w.id)
+        # Prefer victims whose allocation stays at or above its entitlement: taking more
+        # only turns the victim into the next reclaimer.
+        overshoot = 0 if over >= w.gpus else 1
+        return (2, overshoot, -over, lost, w.id)
 
     def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
         """Taking several victims from one allocation: stop once it is no longer over."""

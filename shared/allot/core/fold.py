@@ -22,6 +22,7 @@ def apply_result(state: ClusterState, queue: PendingQueue, result: CycleResult, 
     for placement in result.placements:
         queue.remove(placement.workload.id)
         state.start(placement.workload, placement.assignment, now, shielded=placement.shielded)
+    state.prune_protection(now)
 
 
 def end_workload(

@@ -32,11 +32,14 @@ class ClusterView:
         self._buckets: dict[str, list[set[int]]] = {}
         self.noticed: dict[str, float] = {}  # workload id -> preempt_at, issued this cycle
         self.claimed: set[str] = set()  # workloads under notice whose GPUs a requester awaits
+        self.earmarked: set[str] = set()  # protected workloads a blocked request will reclaim
+        self._earmarks: list[Assignment] = []  # free GPUs held back for those requests
         self.victim_held: dict[str, int] = dict(state.held)  # held, minus this cycle's victims
         self._candidates: dict[tuple[str, bool], list[str]] = {}
         # "Cheap room" per host: free GPUs + GPUs under notice nobody claimed yet + GPUs of
         # unallocated work (preemptible by any allocated request). Built on first use.
         self._room: dict[str, int] | None = None
+        self._noticed_room: dict[str, int] | None = None  # unclaimed GPUs under notice
         self._room_buckets: dict[str, list[set[int]]] = {}
 
     # ------------------------------------------------------------------ reads
@@ -108,6 +111,24 @@ class ClusterView:
             self._candidates[key] = cached
         return cached
 
+    def noticed_room(self) -> dict[str, int]:
+        """Per host, GPUs under notice that no request has claimed yet (built on first use,
+        then kept current by ``notice``, ``reserve`` and ``earmark``)."""
+        if self._noticed_room is None:
+            self._noticed_room = {}
+            for wid in self.st.noticed:
+                self._count_noticed(self.st.running[wid], +1)
+            for wid in self.noticed:
+                self._count_noticed(self.st.running[wid], +1)
+        return self._noticed_room
+
+    def _count_noticed(self, run: Running, sign: int) -> None:
+        room = self._noticed_room
+        if room is None or run.workload.id in self.claimed or run.workload.id in self.earmarked:
+            return
+        for host_id, gpus in run.assignment:
+            room[host_id] = room.get(host_id, 0) + sign * len(gpus)
+
     def cheap_room(self, host_id: str) -> int:
         self._build_room()
         assert self._room is not None
@@ -127,6 +148,8 @@ class ClusterView:
                 self._set_room(host_id)
 
     def _cheap(self, run: Running) -> bool:
+        if run.workload.id in self.earmarked:
+            return False
         if self.terminating(run):
             return run.workload.id not in self.claimed
         return not run.workload.allocated and not run.shielded
@@ -181,12 +204,46 @@ class ClusterView:
         """A request waits for these victims' GPUs and the free GPUs beside them: nobody
         else may use either for the rest of the cycle."""
         victims = list(victims)
+        for run in victims:
+            if self.terminating(run):
+                self._count_noticed(run, -1)
         self.claimed.update(r.workload.id for r in victims)
         self.take(free)
         self.touched({h for r in victims for h, _ in r.assignment})
 
+    def earmark(self, victims: Iterable[Running], free: Assignment) -> None:
+        """Hold back ``free`` from allocated work until ``release_earmarks``; the victims
+        stay put (they are protected) but no other request may plan with them."""
+        victims = list(victims)
+        for run in victims:
+            if self.terminating(run):
+                self._count_noticed(run, -1)
+        self.earmarked.update(r.workload.id for r in victims)
+        self.take(free)
+        self._earmarks.append(free)
+        self.touched({h for r in victims for h, _ in r.assignment})
+
+    def release_earmarks(self) -> None:
+        for free in self._earmarks:
+            self.give(free)
+        self._earmarks.clear()
+
+    def give(self, assignment: Assignment) -> None:
+        """Return GPUs taken earlier this cycle (an earmark released)."""
+        for host_id, gpus in assignment:
+            free = self.free_of(host_id)
+            back = sorted([*free, *gpus])
+            self._free[host_id] = back
+            buckets = self.buckets(self.st.pool_of[host_id])
+            assert buckets is not None
+            idx = self.st.host_index[host_id]
+            buckets[len(free)].discard(idx)
+            buckets[len(back)].add(idx)
+        self.touched(h for h, _ in assignment)
+
     def notice(self, run: Running, preempt_at: float) -> None:
         self.noticed[run.workload.id] = preempt_at
+        self._count_noticed(run, +1)
         self.touched(h for h, _ in run.assignment)
         alloc = run.workload.allocation
         if run.workload.allocated and alloc is not None:

@@ -92,37 +92,83 @@ class _CheapRule:
 
 
 def _plan_cheap(view: ClusterView, pool: str, gpus: int, largest: int) -> Plan | None:
-    """Rule 4/5 restricted to cheap victims, found through the cheap-room index in O(host
-    size): the host whose cheap room is the smallest that fits the request frees what the
-    request needs and no more (best fit, as placement does for free GPUs)."""
+    """Rules 3-5 restricted to cheap victims, found through the cheap-room index in
+    O(host size): GPUs already under notice first (no new notice at all), then the host
+    whose cheap room is the smallest that fits frees what the request needs and no more
+    (best fit, as placement does for free GPUs)."""
     rule = _CheapRule(view.now)
     buckets = view.room_buckets(pool)
     held = dict(view.victim_held)
     whole_count, rest = divmod(gpus, largest) if gpus > largest else (0, gpus)
     chosen: list[_HostPlan] = []
     if whole_count:
-        whole = sorted(buckets[largest]) if len(buckets) > largest else []
-        for idx in whole:
-            if len(chosen) == whole_count:
-                break
-            option = _clear_host(view, view.st.host_ids[idx], largest, rule, held)
-            if option is not None:
-                chosen.append(option)
-        if len(chosen) < whole_count:
+        whole = buckets[largest] if len(buckets) > largest else set()
+        options = [
+            option
+            for idx in whole
+            if (option := _clear_host(view, view.st.host_ids[idx], largest, rule, held))
+        ]
+        if len(options) < whole_count:
             return None
+        options.sort(key=lambda o: o.cost)  # free hosts cost nothing, then fewest victims
+        chosen = options[:whole_count]
     if rest:
         exclude = {view.st.host_index[o.host] for o in chosen}
-        for room in range(rest, len(buckets)):
-            options = buckets[room] - exclude
-            if options:
-                host = view.st.host_ids[min(options)]
-                extra = _best_host(view, [host], rest, rule, held, exclude=set())
-                if extra is not None:
-                    chosen.append(extra)
-                    break
-        else:
+        extra = _noticed_host(view, pool, rest, exclude) or _cheap_host(
+            view, buckets, rest, rule, held, exclude=exclude
+        )
+        if extra is None:
             return None
+        chosen.append(extra)
     return _plan(chosen, view)
+
+
+def _cheap_host(
+    view: ClusterView,
+    buckets: list[set[int]],
+    gpus: int,
+    rule: VictimRule,
+    held: dict[str, int],
+    *,
+    exclude: set[int],
+) -> _HostPlan | None:
+    for room in range(gpus, len(buckets)):
+        options = buckets[room] - exclude
+        if options:
+            host = view.st.host_ids[min(options)]
+            return _best_host(view, [host], gpus, rule, held, exclude=set())
+    return None
+
+
+class _NoNewVictims:
+    """Only GPUs already under notice (and free ones) may be used."""
+
+    def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
+        return None
+
+    def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
+        return True
+
+    def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
+        return False
+
+
+def _noticed_host(view: ClusterView, pool: str, gpus: int, exclude: set[int]) -> _HostPlan | None:
+    """Rule 3: the host where free GPUs plus unclaimed GPUs under notice fit ``gpus`` most
+    tightly; None when no such host exists."""
+    best: tuple[int, int, str] | None = None
+    for host, noticed in view.noticed_room().items():
+        if noticed <= 0:
+            continue
+        idx = view.st.host_index[host]
+        if idx in exclude or view.st.pool_of[host] != pool or not view.st.host(host).schedulable:
+            continue
+        room = noticed + len(view.free_of(host))
+        if room >= gpus and (best is None or (room, idx) < best[:2]):
+            best = (room, idx, host)
+    if best is None:
+        return None
+    return _best_host(view, [best[2]], gpus, _NoNewVictims(), {}, exclude=set())
 
 
 def _plan_full(
@@ -215,6 +261,9 @@ def _options_on(
     all_movable = True
     for wid in sorted(view.st.on_host[host]):
         run = view.st.running[wid]
+        if wid in view.earmarked:
+            all_movable = False
+            continue
         if view.terminating(run):
             if wid in view.claimed:
                 all_movable = False
@@ -230,11 +279,16 @@ def _options_on(
     return options, all_movable
 
 
-def _cost(view: ClusterView, host: str, victims: list[Running]) -> tuple[float, ...]:
+def _cost(
+    view: ClusterView, host: str, victims: list[Running], klass: Mapping[str, object]
+) -> tuple[float, ...]:
+    """``(worst victim class, GPUs of new victims, work lost, host order)``; the class is
+    the first item of the rule's preference key (0 for work already under notice)."""
     new = [r for r in victims if not view.terminating(r)]
     worst = 0
     for r in new:
-        worst = max(worst, 1 if not r.workload.allocated else 2)
+        c = klass.get(r.workload.id, 0)
+        worst = max(worst, c if isinstance(c, int) else 0)
     lost = sum(r.workload.gpus * (view.now - r.start_time) for r in new)
     return (worst, sum(r.workload.gpus for r in new), lost, view.st.host_index[host])
 
@@ -274,7 +328,8 @@ def _best_host(
             if got - n >= gpus:
                 picked.remove(run)
                 got -= n
-        option = _HostPlan(host, _cost(view, host, picked), picked, tuple(free))
+        klass = {r.workload.id: k[0] for k, r in options}
+        option = _HostPlan(host, _cost(view, host, picked, klass), picked, tuple(free))
         if best is None or option.cost < best.cost:
             best = option
     if best is not None:
@@ -293,7 +348,8 @@ def _clear_host(
     free = view.free_of(host)
     if len(free) + sum(_gpus_on(r, host) for r in victims) < size:
         return None
-    return _HostPlan(host, _cost(view, host, victims), victims, tuple(free))
+    klass = {r.workload.id: k[0] for k, r in options}
+    return _HostPlan(host, _cost(view, host, victims, klass), victims, tuple(free))
 
 
 def _plan(parts: list[_HostPlan], view: ClusterView) -> Plan:

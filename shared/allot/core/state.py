@@ -55,6 +55,7 @@ class ClusterState:
         self.held: dict[str, int] = {}
         self.healthy_gpus = 0
         self.draining: set[str] = set()
+        self.noticed: set[str] = set()  # running workloads under a preemption notice
         self._protect_heap: list[tuple[float, str]] = []
         for host in ordered:
             self._index_host(host.id, add=True)
@@ -74,7 +75,19 @@ class ClusterState:
         return host_id in self._hosts
 
     def next_protection_end(self, now: float) -> float | None:
-        """Earliest protection end strictly after ``now`` among running allocated work."""
+        """Earliest protection end strictly after ``now`` among running allocated work.
+        Reads only (a cycle must not change the state); ``prune_protection`` drops the
+        entries that lapsed when the caller's clock has moved past them."""
+        best: float | None = None
+        running = self.running
+        for t, wid in self._protect_heap:
+            if t > now and (best is None or t < best):
+                r = running.get(wid)
+                if r is not None and r.protected_until == t:
+                    best = t
+        return best
+
+    def prune_protection(self, now: float) -> None:
         heap = self._protect_heap
         while heap:
             t, wid = heap[0]
@@ -82,8 +95,7 @@ class ClusterState:
             if r is None or r.protected_until != t or t <= now:
                 heapq.heappop(heap)
                 continue
-            return t
-        return None
+            break
 
     # ---------------------------------------------------------------- events
     def add_host(self, host: Host) -> None:
@@ -142,12 +154,14 @@ class ClusterState:
         run = self._running(workload_id)
         noticed = Running(run.workload, run.start_time, run.assignment, preempt_at, run.shielded)
         self.running[workload_id] = noticed
+        self.noticed.add(workload_id)
         return noticed
 
     def finish(self, workload_id: str) -> Running:
         """The workload ended (completed, failed, or left after its notice)."""
         run = self._running(workload_id)
         del self.running[workload_id]
+        self.noticed.discard(workload_id)
         for host_id, gpus in run.assignment:
             self._give(host_id, gpus)
             self.on_host[host_id].discard(workload_id)
@@ -175,10 +189,23 @@ class ClusterState:
         buckets = self.by_free.setdefault(pool, [])
         while len(buckets) <= host.gpus:
             buckets.append(set())
-        self.pool_max_gpus[pool] = max(self.pool_max_gpus.get(pool, 0), host.gpus)
         idx = self.host_index[host_id]
         bucket = buckets[len(self.free[host_id])]
         (bucket.add if add else bucket.discard)(idx)
+        if add:
+            self.pool_max_gpus[pool] = max(self.pool_max_gpus.get(pool, 0), host.gpus)
+        else:
+            # The gang unit is the largest *schedulable* host: recompute when one leaves.
+            sizes = [
+                h.gpus
+                for h in self._hosts.values()
+                if h.schedulable and h.id != host_id and self.pool_of[h.id] == pool
+            ]
+            if sizes:
+                self.pool_max_gpus[pool] = max(sizes)
+            else:
+                self.pool_max_gpus.pop(pool, None)
+                del self.by_free[pool]
 
     def _rebuild_free_index(self) -> None:
         self.by_free = {}
@@ -212,8 +239,9 @@ class ClusterState:
 
 
 def _within_key(w: Workload) -> tuple[int, float, str]:
-    """Order inside one allocation: user priority (higher first), then submit time, then id."""
-    return (-w.priority, w.submit_time, w.id)
+    """Order inside one allocation: user priority (higher first), then submit time, then id.
+    Unallocated work is FIFO: user priority orders only within an allocation."""
+    return (-w.priority if w.allocated else 0, w.submit_time, w.id)
 
 
 class PendingQueue:
@@ -221,7 +249,8 @@ class PendingQueue:
 
     Group ``None`` holds unallocated work (no allocation, or min_runtime 0). Each group is
     kept sorted by user priority, then submit time, then id, so a cycle reads groups from
-    the head and never sorts the whole queue.
+    the head and never sorts the whole queue. ``fifo`` holds every workload by submit time
+    then id, for the FIFO and partitioned baselines.
     """
 
     def __init__(self, workloads: Iterable[Workload] = ()) -> None:
@@ -229,6 +258,8 @@ class PendingQueue:
         self._group_of: dict[str, str | None] = {}
         self._key_of: dict[str, tuple[int, float, str]] = {}
         self._suffix_min: dict[str | None, list[int]] = {}
+        self.fifo: list[tuple[tuple[float, str], Workload]] = []
+        self._fifo_suffix_min: list[int] | None = None
         for w in workloads:
             self.add(w)
 
@@ -256,6 +287,8 @@ class PendingQueue:
         self._key_of[w.id] = key
         insort(self.groups.setdefault(group, []), (key, w))
         self._suffix_min.pop(group, None)
+        insort(self.fifo, ((w.submit_time, w.id), w))
+        self._fifo_suffix_min = None
 
     def suffix_min_gpus(self, group: str | None) -> list[int]:
         """``[i]`` = the fewest GPUs any workload at position >= i of the group asks for:
@@ -267,6 +300,14 @@ class PendingQueue:
             cached.reverse()
             self._suffix_min[group] = cached
         return cached
+
+    def fifo_suffix_min_gpus(self) -> list[int]:
+        """``suffix_min_gpus`` over ``fifo``."""
+        if self._fifo_suffix_min is None:
+            gpus = [w.gpus for _, w in reversed(self.fifo)]
+            self._fifo_suffix_min = list(accumulate(gpus, min))
+            self._fifo_suffix_min.reverse()
+        return self._fifo_suffix_min
 
     def remove(self, workload_id: str) -> Workload:
         try:
@@ -281,4 +322,7 @@ class PendingQueue:
         self._suffix_min.pop(group, None)
         if not items:
             del self.groups[group]
+        j = bisect_left(self.fifo, (w.submit_time, w.id), key=lambda item: item[0])
+        del self.fifo[j]
+        self._fifo_suffix_min = None
         return w

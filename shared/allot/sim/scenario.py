@@ -47,6 +47,12 @@ The Ai2-like month (defaults in brackets, every one a field of ``Ai2Knobs``)
 
   Teams of the ``pretraining`` and ``multimodal`` programs put ``gang_fraction`` [0.3]
   of their training GPU-hours into multi-host gangs of 64 (2/3) or 128 (1/3) GPUs.
+  No job asks for more than ``max_job_entitlement_ratio`` [2] x its team's entitlement
+  (effective share x GPUs, at least 8): sizes above the cap are not drawn, and teams
+  whose cap is under 64 GPUs run no gangs (with the defaults olmo-core runs 64 and 128,
+  molmo and data-mix 64). A team does not launch a run several times its budget on a
+  cluster whose demand is 2.5x capacity; the seeds' "capacity fragmentation" worry is
+  what such runs would cause.
   Fillers carry their team's allocation but ``min_runtime_s = 0``: unallocated,
   never charged, preemptible by any allocated request. min_runtime is rounded to the
   minute and never above 8 h. Users: each team has 6-14 users (``<team>-uNN``).
@@ -135,6 +141,9 @@ class Ai2Knobs:
     eval_fraction: float = 0.06
     filler_fraction: float = 0.20
     gang_fraction: float = 0.3
+    # A run asks for at most this multiple of its team's entitlement (effective share x
+    # GPUs; never less than one host); teams whose cap is under 64 GPUs run no gangs.
+    max_job_entitlement_ratio: float = 2.0
     busy_days: tuple[float, float] = (3.0, 10.0)
     quiet_days: tuple[float, float] = (2.0, 7.0)
     quiet_level: float = 0.1
@@ -212,13 +221,15 @@ def generate_ai2(seed: int, knobs: Ai2Knobs = Ai2Knobs()) -> Scenario:
         phases = _phase_profile(rng, hours, knobs)
         flat = [1.0] * hours
         slice_gpu_h = total * shares[team] * jitter[team] / weight_sum
+        entitlement = shares[team] * knobs.hosts * knobs.gpus_per_host
+        max_gpus = max(8, math.floor(knobs.max_job_entitlement_ratio * entitlement))
         for k_index, kind in enumerate(KINDS):
             budget = slice_gpu_h * class_fraction[kind]
             jobs: list[_Draft] = []
-            if kind == "training" and program_of[team] in GANG_PROGRAMS:
-                jobs += _draw_jobs(rng, "gang", budget * knobs.gang_fraction)
+            if kind == "training" and program_of[team] in GANG_PROGRAMS and max_gpus >= 64:
+                jobs += _draw_jobs(rng, "gang", budget * knobs.gang_fraction, max_gpus)
                 budget *= 1.0 - knobs.gang_fraction
-            jobs += _draw_jobs(rng, kind, budget)
+            jobs += _draw_jobs(rng, kind, budget, max_gpus)
             if kind == "filler":
                 intensity = flat
             elif kind in _OFFICE_KINDS:
@@ -463,13 +474,13 @@ def _cumulative(weights: Sequence[float]) -> list[float]:
     return out
 
 
-def _draw_jobs(rng: random.Random, kind: str, budget_gpu_h: float) -> list[_Draft]:
+def _draw_jobs(rng: random.Random, kind: str, budget_gpu_h: float, max_gpus: int) -> list[_Draft]:
     """Draw jobs of ``kind`` until ``budget_gpu_h`` is spent: a job is kept while the
     running total plus half of it stays within the budget."""
     jobs: list[_Draft] = []
     spent = 0.0
     while True:
-        job = _draw_one(rng, kind)
+        job = _draw_one(rng, kind, max_gpus)
         gpu_h = job.gpus * job.duration_s / HOUR
         if spent + gpu_h / 2 > budget_gpu_h:
             return jobs
@@ -485,7 +496,13 @@ def _minutes(rng: random.Random, low_min: int, high_min: int) -> int:
     return min(rng.randint(low_min, high_min) * 60, MAX_MIN_RUNTIME_S)
 
 
-def _draw_one(rng: random.Random, kind: str) -> _Draft:
+def _sized(rng: random.Random, choices: tuple[int, ...], max_gpus: int) -> int:
+    """One of ``choices`` no larger than ``max_gpus`` (the smallest choice if none is)."""
+    allowed = tuple(g for g in choices if g <= max_gpus) or (min(choices),)
+    return rng.choice(allowed)
+
+
+def _draw_one(rng: random.Random, kind: str, max_gpus: int) -> _Draft:
     if kind == "debug":
         gpus = 1 if rng.random() < 0.7 else 2
         return _Draft("debug", gpus, rng.randint(5 * 60, 30 * 60), _minutes(rng, 5, 15), False)
@@ -498,11 +515,11 @@ def _draw_one(rng: random.Random, kind: str) -> _Draft:
         duration = _log_uniform(rng, HOUR / 2, 3 * HOUR)
         return _Draft("eval", gpus, duration, _minutes(rng, 30, 60), True)
     if kind == "training":
-        gpus = rng.choice((8, 8, 16, 16, 32, 64))
+        gpus = _sized(rng, (8, 8, 16, 16, 32, 64), max_gpus)
         duration = _log_uniform(rng, 6 * HOUR, 48 * HOUR)
         return _Draft("training", gpus, duration, _minutes(rng, 120, 240), True)
     if kind == "gang":
-        gpus = rng.choice((64, 64, 128))
+        gpus = _sized(rng, (64, 64, 128), max_gpus)
         duration = _log_uniform(rng, 6 * HOUR, 48 * HOUR)
         return _Draft("training", gpus, duration, _minutes(rng, 120, 240), True)
     if kind == "filler":
