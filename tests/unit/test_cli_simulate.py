@@ -32,7 +32,7 @@ REPORT_KEYS = {  # allot.sim.report's module docstring, "Keys"
     "final_fairshare",
 }
 OWED_KEYS = {"overall", "by_allocation", "by_program", "teams", "teams_at_or_above_095"}
-WAIT_KEYS = {"all", "by_kind", "by_size", "cdf_by_kind"}
+WAIT_KEYS = {"all", "by_kind", "by_size", "by_allocation", "cdf_by_kind"}
 TIMESERIES_KEYS = {
     "bucket_s",
     "start_s",

@@ -273,7 +273,11 @@ class _Cycle:
                     self.held[alloc] = self.held.get(alloc, 0) + gpus
                 return
             self.place_bound[pool] = gpus
-        if not may_preempt:
+        if not may_preempt or (self.earmarked_for and not self._reclaims(w)):
+            # Once a reclaiming request holds an earmark, the room it waits for is owed to
+            # it: a request that does not reclaim may still use free GPUs, but may not
+            # preempt (not even unallocated work sitting on earmarked GPUs: the two would
+            # trade those GPUs back and forth, cycle after cycle).
             self.blocked_allocated |= w.allocated
             return
         bound_key = self._bound_key(w)
@@ -420,7 +424,9 @@ class _FairShareRule:
         w = run.workload
         lost = w.gpus * (self.now - run.start_time)
         if not w.allocated:
-            return (1, 0.0, lost, w.id)
+            # Earmarking: unallocated work is as good as free room (it may leave at any
+            # moment), so an earmark stays on the same hosts when fillers move onto them.
+            return (0 if self.ignores_protection else 1, 0.0, lost, w.id)
         if self.now < run.protected_until and not self.ignores_protection:
             return None
         alloc = w.allocation

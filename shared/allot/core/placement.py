@@ -127,7 +127,11 @@ class ClusterView:
         if room is None or run.workload.id in self.claimed or run.workload.id in self.earmarked:
             return
         for host_id, gpus in run.assignment:
-            room[host_id] = room.get(host_id, 0) + sign * len(gpus)
+            left = room.get(host_id, 0) + sign * len(gpus)
+            if left:
+                room[host_id] = left
+            else:
+                del room[host_id]  # keep only hosts with room: callers scan this dict
 
     def cheap_room(self, host_id: str) -> int:
         self._build_room()

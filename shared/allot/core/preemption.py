@@ -27,7 +27,7 @@ from typing import Protocol
 from allot.core.model import Assignment, Running
 from allot.core.placement import ClusterView
 
-_NOTICED_KEY: tuple[object, ...] = (0,)
+_NOTICED_KEY: tuple[object, ...] = (0, -1.0, 0.0)  # before any other class-0 option
 
 
 class VictimRule(Protocol):
@@ -98,7 +98,7 @@ def _plan_cheap(view: ClusterView, pool: str, gpus: int, largest: int) -> Plan |
     (best fit, as placement does for free GPUs)."""
     rule = _CheapRule(view.now)
     buckets = view.room_buckets(pool)
-    held = dict(view.victim_held)
+    held = view.victim_held  # cheap victims are unallocated: nothing charges it
     whole_count, rest = divmod(gpus, largest) if gpus > largest else (0, gpus)
     chosen: list[_HostPlan] = []
     if whole_count:
@@ -133,7 +133,7 @@ def _cheap_host(
     exclude: set[int],
 ) -> _HostPlan | None:
     for room in range(gpus, len(buckets)):
-        options = buckets[room] - exclude
+        options = buckets[room] - exclude if exclude else buckets[room]
         if options:
             host = view.st.host_ids[min(options)]
             return _best_host(view, [host], gpus, rule, held, exclude=set())
@@ -284,7 +284,7 @@ def _cost(
 ) -> tuple[float, ...]:
     """``(worst victim class, GPUs of new victims, work lost, host order)``; the class is
     the first item of the rule's preference key (0 for work already under notice)."""
-    new = [r for r in victims if not view.terminating(r)]
+    new = [r for r in victims if not view.terminating(r) and klass.get(r.workload.id, 0) != 0]
     worst = 0
     for r in new:
         c = klass.get(r.workload.id, 0)
@@ -310,16 +310,19 @@ def _best_host(
         options, _ = _options_on(view, host, rule, held)
         if len(free) + sum(_gpus_on(r, host) for _, r in options) < gpus:
             continue
-        local = dict(held)
+        local: dict[str, int] | None = None  # held minus this host's picks, copied on write
         got = len(free)
         picked: list[Running] = []
         for _, run in options:
             if got >= gpus:
                 break
-            if not _still_fair(view, run, rule, local):
+            if not _still_fair(view, run, rule, held if local is None else local):
                 continue
             picked.append(run)
-            _charge(view, run, local)
+            if run.workload.allocated and not view.terminating(run):
+                if local is None:
+                    local = dict(held)
+                _charge(view, run, local)
             got += _gpus_on(run, host)
         if got < gpus:
             continue

@@ -41,7 +41,8 @@ Keys:
 * ``wait_s``: a job's wait is ``first_start - submit_time``; a job that never started
   counts ``end_time - submit_time`` (a lower bound) and is counted in ``never_started``.
   Each stats block is ``{n, never_started, mean, p50, p90, p99}`` (null when n == 0) for
-  ``all``, ``by_kind`` and ``by_size`` (GPUs ``1``, ``2-8``, ``9-63``, ``64+``).
+  ``all``, ``by_kind``, ``by_size`` (GPUs ``1``, ``2-8``, ``9-63``, ``64+``) and
+  ``by_allocation`` (the job's allocation as named in the trace, ``(none)`` without one).
   Percentiles are nearest-rank: sort the n waits ascending, ``p_q = x[ceil(q/100*n)]``
   (1-based; ``p_0`` is the minimum). ``cdf_by_kind[kind]`` lists p_0 .. p_100 (101 values)
   for the HTML CDF chart.
@@ -322,11 +323,16 @@ def _size_bucket(gpus: int) -> str:
     return "64+"
 
 
+UNALLOCATED_KEY = "(none)"
+"""``wait_s.by_allocation`` key of jobs that named no allocation."""
+
+
 def _waits(record: SimRecord) -> Json:
     every: list[float] = []
     never = 0
     by_kind: dict[str, tuple[list[float], list[int]]] = {}
     by_size: dict[str, tuple[list[float], list[int]]] = {k: ([], [0]) for k in SIZE_BUCKETS}
+    by_alloc: dict[str, tuple[list[float], list[int]]] = {}
     for job in record.jobs:
         started = job.first_start is not None
         began = job.first_start if job.first_start is not None else record.end_time
@@ -334,16 +340,20 @@ def _waits(record: SimRecord) -> Json:
         every.append(wait)
         kind = by_kind.setdefault(job.kind, ([], [0]))
         size = by_size[_size_bucket(job.gpus)]
+        alloc = by_alloc.setdefault(job.allocation or UNALLOCATED_KEY, ([], [0]))
         kind[0].append(wait)
         size[0].append(wait)
+        alloc[0].append(wait)
         if not started:
             never += 1
             kind[1][0] += 1
             size[1][0] += 1
+            alloc[1][0] += 1
     return {
         "all": _stats(every, never),
         "by_kind": {k: _stats(v, n[0]) for k, (v, n) in sorted(by_kind.items())},
         "by_size": {k: _stats(v, n[0]) for k, (v, n) in by_size.items()},
+        "by_allocation": {k: _stats(v, n[0]) for k, (v, n) in sorted(by_alloc.items())},
         "cdf_by_kind": {k: _quantiles(v) for k, (v, _) in sorted(by_kind.items())},
     }
 
