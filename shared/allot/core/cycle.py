@@ -273,11 +273,7 @@ class _Cycle:
                     self.held[alloc] = self.held.get(alloc, 0) + gpus
                 return
             self.place_bound[pool] = gpus
-        if not may_preempt or (self.earmarked_for and not self._reclaims(w)):
-            # Once a reclaiming request holds an earmark, the room it waits for is owed to
-            # it: a request that does not reclaim may still use free GPUs, but may not
-            # preempt (not even unallocated work sitting on earmarked GPUs: the two would
-            # trade those GPUs back and forth, cycle after cycle).
+        if not may_preempt:
             self.blocked_allocated |= w.allocated
             return
         bound_key = self._bound_key(w)
@@ -302,7 +298,10 @@ class _Cycle:
     def _earmark(self, w: Workload, pool: str) -> None:
         """A reclaiming request blocked only by protected work holds the room it will get
         when that protection ends: the free GPUs on those hosts go to no other allocated
-        work this cycle (unallocated work may use them; it can leave at any moment).
+        work this cycle, and the work on them is no other request's victim (unallocated
+        work may fill the free GPUs; it can leave at any moment). Unallocated work counts
+        as room in the earmark's plan, so the earmark stays on the same hosts when fillers
+        move onto them (otherwise the earmark and other requests trade GPUs back and forth).
         Without this, freed GPUs go to over-entitlement work that does fit, each placement
         is protected again, and the owed request waits for hours. One earmark per
         allocation per cycle bounds the cost."""
