@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -78,37 +80,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rank-every", type=parse_duration, default=300, help="Fair Tree refresh interval"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="policies simulated in parallel with --compare (default: CPU count)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     cluster, tree, jobs = _load_inputs(args)
     policies = _policies(args)
+    workers = max(1, min(args.jobs or os.cpu_count() or 1, len(policies)))
     reports: dict[str, dict[str, Any]] = {}
-    for name in policies:
-        config = SimConfig(
-            policy_name=name,
-            policy=make_policy(name, tree, _capacity(cluster), args.grace),
-            seed=args.seed,
-            window_s=args.window,
-            half_life_s=args.half_life,
-            rank_every_s=args.rank_every,
-        )
-        started = time.perf_counter()
-        progress = None if args.quiet else _progress_bar(name)
-        record = simulate(cluster, tree, jobs, config, progress)
-        report = build_report(record)
-        if progress is not None:
-            progress(1.0)
-            print(file=sys.stderr)
-        out = args.out / name if len(policies) > 1 else args.out
-        write_report(report, out)
-        reports[name] = report
-        print(
-            f"{name}: {len(jobs)} workloads simulated in {time.perf_counter() - started:.1f} s"
-            f" -> {out}/report.json, report.html",
-            file=sys.stderr,
-        )
+    if workers == 1:
+        for name in policies:
+            reports[name] = _run_one(
+                args, cluster, tree, jobs, name, per_policy_folder=len(policies) > 1
+            )
+    else:
+        # One process per policy: each run is deterministic on its own, so running them
+        # side by side changes nothing in the reports, only the wall time.
+        args.quiet = True
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {
+                name: pool.submit(_run_one, args, cluster, tree, jobs, name, per_policy_folder=True)
+                for name in policies
+            }
+            reports = {name: futures[name].result() for name in policies}
     if len(policies) > 1:
         (args.out / "compare.json").write_text(
             json.dumps({n: _summary(r) for n, r in reports.items()}, sort_keys=True, indent=2)
@@ -116,6 +116,40 @@ def run(args: argparse.Namespace) -> int:
         )
     print(render_summary(reports))
     return 0
+
+
+def _run_one(
+    args: argparse.Namespace,
+    cluster: ClusterSpec,
+    tree: BudgetTree,
+    jobs: list[TraceJob],
+    name: str,
+    *,
+    per_policy_folder: bool,
+) -> dict[str, Any]:
+    config = SimConfig(
+        policy_name=name,
+        policy=make_policy(name, tree, _capacity(cluster), args.grace),
+        seed=args.seed,
+        window_s=args.window,
+        half_life_s=args.half_life,
+        rank_every_s=args.rank_every,
+    )
+    started = time.perf_counter()
+    progress = None if args.quiet else _progress_bar(name)
+    record = simulate(cluster, tree, jobs, config, progress)
+    report = build_report(record)
+    if progress is not None:
+        progress(1.0)
+        print(file=sys.stderr)
+    out = args.out / name if per_policy_folder else args.out
+    write_report(report, out)
+    print(
+        f"{name}: {len(jobs)} workloads simulated in {time.perf_counter() - started:.1f} s"
+        f" -> {out}/report.json, report.html",
+        file=sys.stderr,
+    )
+    return report
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
