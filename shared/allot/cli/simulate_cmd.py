@@ -237,6 +237,10 @@ def _summary(report: Mapping[str, Any]) -> dict[str, Any]:
         "debug_wait_p90_s": (waits["by_kind"].get("debug") or {}).get("p90"),
         "wait_p90_64plus_s": (waits["by_size"].get("64+") or {}).get("p90"),
         "by_allocation": {name: row["ratio"] for name, row in sorted(od["by_allocation"].items())},
+        "wait_by_allocation": {
+            name: {q: row[q] for q in ("mean", "p90", "p99")}
+            for name, row in sorted(waits.get("by_allocation", {}).items())
+        },
     }
 
 
@@ -302,5 +306,16 @@ def render_summary(reports: Mapping[str, Mapping[str, Any]]) -> str:
             cells = "".join(
                 f"{_fmt(summaries[n]['by_allocation'].get(alloc), 'ratio'):>{width}}" for n in names
             )
+            lines.append(f"  {alloc:<20}{cells}")
+    waited = sorted({a for s in summaries.values() for a in s["wait_by_allocation"]})
+    if waited:
+        lines.append("")
+        lines.append("wait by allocation: mean / p90 / p99")
+        for alloc in waited:
+            cells = ""
+            for n in names:
+                row = summaries[n]["wait_by_allocation"].get(alloc) or {}
+                text = " / ".join(_fmt(row.get(q), "dur") for q in ("mean", "p90", "p99"))
+                cells += f"{text:>{max(width, 24)}}"
             lines.append(f"  {alloc:<20}{cells}")
     return "\n".join(lines)

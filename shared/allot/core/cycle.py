@@ -20,7 +20,14 @@ A cycle, in order:
    a minimal set of unprotected victims on the best host(s); the notices take effect after
    the grace period, the GPUs they free (and the free GPUs beside them) are reserved for
    the requester for the rest of the cycle. GPUs already under notice are claimed first,
-   so a requester waiting out a grace period does not cause new preemptions.
+   so a requester waiting out a grace period does not cause new preemptions. A request
+   *reclaims* (may take any over-entitlement allocation's unprotected work) when its
+   allocation holds less than its entitlement and stays within it with this request;
+   otherwise it may take only worse-ranked over-entitlement work (and unallocated work).
+5. **Earmarks.** A reclaiming request blocked only by protected work reserves the hosts
+   it will get when that protection lapses: their free GPUs go to no other allocated work
+   and their occupants are nobody else's victims this cycle. Unallocated work may fill the
+   free GPUs once every allocated request has been considered.
 
 Cost. A cycle touches only the queue heads it needs: each allocation's queue is kept
 sorted by ``PendingQueue``, and two monotone bounds end the walk early. Within one cycle
