@@ -24,6 +24,7 @@ REPORT_KEYS = {  # allot.sim.report's module docstring, "Keys"
     "preemptions",
     "requeues",
     "occupancy",
+    "unallocated_fraction_observed",
     "occupancy_observed",
     "unallocated_fraction",
     "owed_delivered",

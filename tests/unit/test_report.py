@@ -329,6 +329,7 @@ def test_report_has_exactly_the_documented_keys() -> None:
         "occupancy",
         "occupancy_observed",
         "unallocated_fraction",
+        "unallocated_fraction_observed",
         "owed_delivered",
         "wait_s",
         "timeseries",

@@ -22,7 +22,8 @@ Keys:
   over the span; ``occupancy_observed`` the same over the observed period. Healthy
   capacity is the step function ``record.capacity`` (the first value also holds before its
   time). null when there is no capacity.
-* ``unallocated_fraction`` = unallocated busy GPU-seconds / busy GPU-seconds over the span
+* ``unallocated_fraction`` = unallocated busy GPU-seconds / busy GPU-seconds over the span;
+  ``unallocated_fraction_observed`` the same over the observed period
   (the seeds' "share of delivered GPU time that was unallocated").
 * ``owed_delivered``: for each observed bucket ``h`` and allocation ``a``::
 
@@ -91,6 +92,7 @@ def build_report(record: SimRecord, bucket_s: int = 3600) -> Json:
     busy = span.series()
     unallocated = span.series()
     busy_obs = 0.0  # busy GPU-seconds in the observed period (a scalar is enough)
+    unalloc_obs = 0.0  # of which unallocated
     running: dict[str, _Series] = {}  # allocated running per allocation, observed period
     waiting: dict[str, _Series] = {}  # allocated waiting per allocation, observed period
 
@@ -101,8 +103,10 @@ def build_report(record: SimRecord, bucket_s: int = 3600) -> Json:
     busy_and_unallocated = (busy, unallocated)
     for seg in record.segments:
         start, end, gpus = seg.start, seg.end, seg.gpus
-        busy_obs += gpus * max(0.0, min(end, t_obs) - max(start, t0))
+        in_observed = gpus * max(0.0, min(end, t_obs) - max(start, t0))
+        busy_obs += in_observed
         if not seg.allocated:
+            unalloc_obs += in_observed
             span.add(start, end, gpus, busy_and_unallocated)
             continue
         span.add(start, end, gpus, busy_only)
@@ -140,6 +144,7 @@ def build_report(record: SimRecord, bucket_s: int = 3600) -> Json:
         "occupancy": _ratio(sum(busy_s), sum(cap_s)),
         "occupancy_observed": _ratio(busy_obs, sum(capacity_obs.values())),
         "unallocated_fraction": _ratio(sum(unalloc_s), sum(busy_s)),
+        "unallocated_fraction_observed": _ratio(unalloc_obs, busy_obs),
         "owed_delivered": owed_delivered,
         "wait_s": _waits(record),
         "timeseries": {

@@ -41,9 +41,9 @@ The Ai2-like month (defaults in brackets, every one a field of ``Ai2Knobs``)
       debug        0.8% debug_fraction      1 (70%), 2      5-30 min uni.   5-15 min   no
       interactive  8% interactive_fraction  1, 1, 2, 4, 8   1-8 h log-u.    1-2 h      no
       eval         6% eval_fraction         1, 2, 4, 8      0.5-3 h log-u.  30-60 min  yes
-      training     the rest (35.2%)         8, 8, 16, 16,   6-48 h log-u.   2-4 h      yes
+      training     the rest (20.2%)         8, 8, 16, 16,   6-48 h log-u.   2-4 h      yes
                                             32, 64
-      filler       50% filler_fraction      1, 2, 4, 8      1-24 h log-u.   0          yes
+      filler       65% filler_fraction      1, 2, 4, 8      1-24 h log-u.   0          yes
 
   Teams of the ``pretraining`` and ``multimodal`` programs put ``gang_fraction`` [0.3]
   of their training GPU-hours into multi-host gangs of 64 (2/3) or 128 (1/3) GPUs.
@@ -62,13 +62,13 @@ The Ai2-like month (defaults in brackets, every one a field of ``Ai2Knobs``)
   (opted out of preemption) with probability interactive 0.9, training 0.6, eval 0.3,
   debug 0.2, filler 0.
 
-Why half of the demand is unallocated: the seeds report 2-3x demand *and* 18% of
-delivered time unallocated, so a large part of what waits is free, preemptible work (sweeps,
-opportunistic jobs) and funded demand alone is near capacity with bursts above it. With
-``filler_fraction`` 0.5, funded demand is about 1.25x capacity, unallocated demand about
-1.25x; a run then delivers a few tens of percent unallocated time, near the seeds' figure.
-With 0.2 (funded demand 2x capacity) every team is short all month and no policy can
-deliver what the owed metric counts as owed.
+Why most of the demand is unallocated: the seeds report 2-3x demand *and* 18% of
+delivered time unallocated, so much of what waits is free, preemptible work (sweeps,
+opportunistic jobs), and funded demand is near capacity, above it in bursts. With
+``filler_fraction`` 0.65, funded demand is about 0.9x capacity on average (bursty teams
+take it above capacity for days) and unallocated demand about 1.6x; a month then delivers
+on the order of the seeds' unallocated share. With 0.2 (funded demand 2x capacity) every
+team is short all month: the owed metric then mostly measures an impossible target.
 
 Use ``allot scenario ai2 --seed N --out DIR`` and count the kinds in trace.csv for the
 exact mix of a seed (about 40,000 jobs a month with the defaults).
@@ -147,7 +147,7 @@ class Ai2Knobs:
     debug_fraction: float = 0.008
     interactive_fraction: float = 0.08
     eval_fraction: float = 0.06
-    filler_fraction: float = 0.50
+    filler_fraction: float = 0.65
     gang_fraction: float = 0.3
     # A run asks for at most this multiple of its team's entitlement (effective share x
     # GPUs; never less than one host); teams whose cap is under 64 GPUs run no gangs.
