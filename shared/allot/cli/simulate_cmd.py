@@ -32,6 +32,7 @@ from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_GRACE_S
 from allot.sim.cluster import ClusterSpec, load_cluster
+from allot.sim.duration_text import format_duration
 from allot.sim.engine import POLICY_NAMES, SimConfig, make_policy, simulate
 from allot.sim.report import build_report, write_report
 from allot.sim.scenario import dump_budgets_yaml, dump_cluster_yaml, philly_budgets, philly_cluster
@@ -253,18 +254,8 @@ def _fmt(value: Any, kind: str) -> str:
     if kind == "pct":
         return f"{value:.1%}"
     if kind == "dur":
-        return _duration(float(value))
+        return format_duration(float(value))
     return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
 
 
 _ROWS: Sequence[tuple[str, str, str]] = (

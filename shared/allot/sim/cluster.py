@@ -84,6 +84,17 @@ def _reject_unknown(where: str, data: Mapping[str, object], allowed: frozenset[s
         )
 
 
+def _record(where: str, value: object, keys: frozenset[str]) -> Mapping[str, object]:
+    """A mapping with exactly ``keys``: each one required, nothing else allowed."""
+    if not isinstance(value, Mapping):
+        raise ValidationError(where, f"must be a mapping, got {type(value).__name__}")
+    _reject_unknown(where, value, keys)
+    for key in sorted(keys):
+        if key not in value:
+            raise ValidationError(f"{where}.{key}", "required")
+    return value
+
+
 def _positive_int(where: str, value: object, *, zero_ok: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(where, f"must be an integer, got {value!r}")
@@ -106,14 +117,9 @@ def _hosts(groups: object) -> tuple[Host, ...]:
         raise ValidationError("host_groups", "must list at least one group")
     hosts: list[Host] = []
     seen: dict[str, int] = {}
-    for g, group in enumerate(items):
+    for g, raw in enumerate(items):
         where = f"host_groups[{g}]"
-        if not isinstance(group, Mapping):
-            raise ValidationError(where, f"must be a mapping, got {type(group).__name__}")
-        _reject_unknown(where, group, _GROUP_KEYS)
-        for key in sorted(_GROUP_KEYS):
-            if key not in group:
-                raise ValidationError(f"{where}.{key}", "required")
+        group = _record(where, raw, _GROUP_KEYS)
         prefix = group["prefix"]
         if not isinstance(prefix, str):
             raise ValidationError(f"{where}.prefix", f"must be a string, got {prefix!r}")
@@ -161,14 +167,9 @@ def _health_events(value: object, host_ids: set[str]) -> tuple[HealthEvent, ...]
     if value is None:
         return ()
     events: list[HealthEvent] = []
-    for e, item in enumerate(_list("health_events", value)):
+    for e, raw in enumerate(_list("health_events", value)):
         where = f"health_events[{e}]"
-        if not isinstance(item, Mapping):
-            raise ValidationError(where, f"must be a mapping, got {type(item).__name__}")
-        _reject_unknown(where, item, _EVENT_KEYS)
-        for key in sorted(_EVENT_KEYS):
-            if key not in item:
-                raise ValidationError(f"{where}.{key}", "required")
+        item = _record(where, raw, _EVENT_KEYS)
         host = item["host"]
         if not isinstance(host, str) or host not in host_ids:
             raise ValidationError(f"{where}.host", f"unknown host {host!r}")

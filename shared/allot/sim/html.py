@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from html import escape
 
+from allot.sim.duration_text import format_duration
 from allot.sim.svgcharts import Series, bar_chart, cdf_chart, column_chart, line_chart
 
 _SIZE_ORDER = ("1", "2-8", "9-63", "64+")  # report.json sorts keys; the table should not
@@ -312,12 +313,4 @@ def _ratio_cell(value: float | None) -> str:
 
 
 def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 86400:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
+    return format_duration(seconds)

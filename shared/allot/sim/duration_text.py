@@ -1,0 +1,16 @@
+"""Durations for people: ``42s``, ``3.5m``, ``2.9h``, ``41.8d`` (tables and report pages)."""
+
+from __future__ import annotations
+
+
+def format_duration(seconds: float | None) -> str:
+    """One unit, one decimal; ``-`` for a missing value."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
