@@ -47,6 +47,9 @@ from allot.sim.trace import TraceJob
 
 LEGACY_CLASSES = {"HIGH": 2, "NORMAL": 1, "LOW": 0}
 
+MAX_CYCLES_AT_ONE_INSTANT = 10_000
+"""A livelock guard: far above what any instant needs (each cycle there ends work)."""
+
 # Event priorities at one instant: ends free GPUs before anything asks for them.
 _END, _PREEMPT_END, _HEALTH, _ARRIVAL, _WAKE = range(5)
 
@@ -166,8 +169,14 @@ class _Engine:
         self.record.capacity.append(CapacityChange(self.first_submit, self.state.healthy_gpus))
         now = self.first_submit
         next_progress = 0.0
+        same_instant = 0
         while heap:
+            same_instant = same_instant + 1 if heap[0][0] == now else 0
             now = heap[0][0]
+            if same_instant > MAX_CYCLES_AT_ONE_INSTANT:
+                # With a zero grace period, notices end at the instant they are issued and
+                # the clock does not move; decisions that undo each other would spin here.
+                raise RuntimeError(f"simulation made no progress: {same_instant} cycles at t={now}")
             while heap and heap[0][0] == now:
                 _, kind, _, payload = heapq.heappop(heap)
                 self._apply_event(kind, payload, now)
