@@ -59,6 +59,11 @@ from allot.core.state import DEFAULT_POOL, ClusterState, PendingQueue
 
 _ReasonFn = Callable[[Running], PreemptReason]
 
+# Keys of the monotone preemption bounds: (tier, reclaims).
+_TIER0_RECLAIM = (0, True)
+_TIER0_RANKED = (0, False)
+_TIER1_RANKED = (1, False)
+
 WORST_ORDER = 1 << 30
 """Fair Tree order key of an allocation missing from the ranking: served last."""
 
@@ -108,6 +113,7 @@ class _Cycle:
         # a worse-ranked requester may take fewer; a lower legacy class fewer still), so
         # once a plan for g GPUs failed, no later request of >= g can find one.
         self.place_bound: dict[str, float] = {}
+        self._tiers: dict[str, int] = {}  # tier per allocation, until its held GPUs change
         self.preempt_bound: dict[object, float] = {}
         self.earmarked_for: set[str] = set()  # allocations that earmarked GPUs this cycle
 
@@ -217,14 +223,14 @@ class _Cycle:
         assert pool is not None
         bound = self.place_bound.get(pool, math.inf)
         if self._preempts and (group is not None or not self._fairshare):
-            if self._fairshare:
-                assert group is not None
-                keys: tuple[object, ...] = (
-                    ((0, True), (0, False)) if self._tier(group) == 0 else ((1, False),)
-                )
+            pb = self.preempt_bound
+            if not self._fairshare:
+                preempt = pb.get(None, math.inf)
+            elif self._tier(group or "") == 0:
+                preempt = max(pb.get(_TIER0_RECLAIM, math.inf), pb.get(_TIER0_RANKED, math.inf))
             else:
-                keys = (None,)
-            bound = max(bound, *(self.preempt_bound.get(k, math.inf) for k in keys))
+                preempt = pb.get(_TIER1_RANKED, math.inf)
+            bound = max(bound, preempt)
         return bound
 
     def _reclaims(self, w: Workload) -> bool:
@@ -265,7 +271,11 @@ class _Cycle:
     def _tier(self, allocation: str) -> int:
         if not self._tiered:
             return 0
-        return 0 if self.held.get(allocation, 0) < self.entitlement.get(allocation, 0.0) else 1
+        tier = self._tiers.get(allocation)
+        if tier is None:
+            below = self.held.get(allocation, 0) < self.entitlement.get(allocation, 0.0)
+            tier = self._tiers[allocation] = 0 if below else 1
+        return tier
 
     def _pool(self, w: Workload) -> str:
         if self._partitioned and w.allocation in self.st.by_free:
@@ -286,6 +296,7 @@ class _Cycle:
                     alloc = w.allocation
                     assert alloc is not None
                     self.held[alloc] = self.held.get(alloc, 0) + gpus
+                    self._tiers.pop(alloc, None)
                 return
             self.place_bound[pool] = gpus
         if not may_preempt:
