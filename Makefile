@@ -8,7 +8,7 @@ SHARED ?= ../shared
 OUT ?= out
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo test lint type fmt bench golden scenario philly clean
+.PHONY: help install run demo test lint type fmt bench golden schema philly clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -35,6 +35,7 @@ lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (the cor
 	$(BIN)/ruff format --check shared tests bench
 	$(BIN)/ruff check shared tests bench
 	$(BIN)/lint-imports
+	$(BIN)/python -m allot.proto.schema --check
 
 type: $(STAMP) ## mypy --strict on the package
 	$(BIN)/mypy
@@ -48,6 +49,9 @@ bench: $(STAMP) ## benchmarks; prints figures and writes bench/results/
 
 golden: $(STAMP) ## regenerate the simulator's golden reports (review the diff!)
 	$(BIN)/python tests/golden/regenerate.py
+
+schema: $(STAMP) ## regenerate proto/schema.json and proto/asyncapi.json from the Structs (commit them)
+	$(BIN)/python -m allot.proto.schema --write
 
 philly: $(STAMP) ## Philly trace, pooled 352x8 cluster: partitioned vs fair share
 	$(BIN)/allot simulate --philly $(SHARED)/traces --compare partitioned,fairshare --out $(OUT)/philly

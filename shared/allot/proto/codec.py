@@ -1,0 +1,144 @@
+"""Decode and encode wire messages; every decoding failure is one ``ValidationError``.
+
+``decode(kind, data)`` is the edge where untrusted bytes enter: it returns a Struct or
+raises ``allot.core.errors.ValidationError(field, reason)``, never anything else, whatever
+the bytes are. ``field`` names what was wrong:
+
+* a schema error at msgspec path ``$.assignment[0].gpus`` gives ``assignment[0].gpus``;
+* an unknown field ``foo`` (at ``$``) gives ``foo``; a missing required field its name;
+* a wrong ``type`` tag gives ``type``;
+* malformed JSON and invalid UTF-8 give the last key opened before the error's byte offset
+  when there is one (``{"gpus": NaN}`` gives ``gpus``), else ``body``;
+* a payload over ``MAX_PAYLOAD`` bytes, truncated input and
+  nesting too deep for the decoder (``RecursionError``, which is not a msgspec error) give
+  ``body``.
+
+Duplicate keys in one JSON object are rejected, naming the key: msgspec silently keeps the
+last one, which would let a client smuggle a second value past a proxy that read the first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+
+import msgspec
+
+from allot.core.errors import ValidationError
+from allot.proto import messages as m
+from allot.proto.subjects import Kind
+
+MAX_PAYLOAD: Final = 64 * 1024
+"""Largest accepted message body in bytes (64 KiB; NATS itself allows 1 MiB)."""
+
+BODY: Final = "body"
+"""The field named when the whole payload is at fault."""
+
+TYPES: Final[dict[Kind, Any]] = {
+    Kind.SUBMIT: m.SubmitWorkload,
+    Kind.CANCEL: m.CancelWorkload,
+    Kind.BUDGET_SET: m.SetBudget,
+    Kind.HEARTBEAT: m.Heartbeat,
+    Kind.HEALTH: m.HealthReport,
+    Kind.DRAIN: m.DrainHost,
+    Kind.UNDRAIN: m.UndrainHost,
+    Kind.HOST_STATE: m.HostEvent,
+    Kind.EVENTS: m.WorkloadEvent,
+    Kind.PREEMPT: m.PreemptionNotice,
+    Kind.RANKING: m.RankingUpdated,
+}
+"""What each subject kind carries: one Struct, or a union told apart by ``type``."""
+
+_DECODERS: Final[dict[Kind, msgspec.json.Decoder[Any]]] = {
+    kind: msgspec.json.Decoder(t) for kind, t in TYPES.items()
+}
+_ENCODER: Final = msgspec.json.Encoder()
+
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_NAMED = re.compile(r"(?:unknown|missing required) field `(?P<name>[^`]+)`")
+_BYTE = re.compile(r"\(byte (?P<pos>\d+)\)")
+_KEY = re.compile(rb'"((?:[^"\\]|\\.){1,200})"\s*:')
+
+
+def decode(kind: Kind | str, data: bytes) -> msgspec.Struct:
+    """Decode ``data`` as the message(s) carried by ``kind`` (see ``TYPES``)."""
+    try:
+        decoder = _DECODERS[Kind(kind)]
+    except ValueError:
+        raise ValidationError("subject", f"unknown message kind {kind!r}") from None
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ValidationError(BODY, f"must be bytes, got {type(data).__name__}")
+    if len(data) > MAX_PAYLOAD:
+        raise ValidationError(
+            BODY, f"payload is {len(data)} bytes; at most {MAX_PAYLOAD} (64 KiB) are accepted"
+        )
+    try:
+        msg: msgspec.Struct = decoder.decode(data)
+    except msgspec.ValidationError as e:
+        raise _schema_error(str(e)) from None
+    except msgspec.DecodeError as e:
+        raise _syntax_error(str(e), bytes(data)) from None
+    except RecursionError:
+        raise ValidationError(BODY, "JSON is nested too deeply") from None
+    except UnicodeDecodeError:
+        raise _bad_utf8(bytes(data)) from None
+    _reject_duplicate_keys(bytes(data))
+    return msg
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    """The JSON bytes of ``msg`` (with its ``type`` tag)."""
+    return _ENCODER.encode(msg)
+
+
+def _schema_error(text: str) -> ValidationError:
+    path = ""
+    at = _AT.search(text)
+    if at is not None:
+        path = at.group("path")
+        text = text[: at.start()]
+    named = _NAMED.search(text)
+    if named is not None:
+        path = f"{path}.{named.group('name')}"
+    field = path.removeprefix(".") or BODY
+    return ValidationError(field, text)
+
+
+def _syntax_error(text: str, data: bytes) -> ValidationError:
+    at = _BYTE.search(text)
+    return _near(text, data, None if at is None else int(at.group("pos")))
+
+
+def _bad_utf8(data: bytes) -> ValidationError:
+    try:  # msgspec's offset is within the string; find the offset within the payload
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return _near(f"invalid UTF-8 ({e.reason}) at byte {e.start}", data, e.start)
+    return ValidationError(BODY, "invalid UTF-8")
+
+
+def _near(text: str, data: bytes, pos: int | None) -> ValidationError:
+    """Name the last key opened before byte ``pos`` (a best guess), else ``body``."""
+    if pos is not None:
+        keys = _KEY.findall(data[:pos])
+        if keys:
+            return ValidationError(keys[-1].decode("utf-8", "replace"), text)
+    return ValidationError(BODY, text)
+
+
+def _reject_duplicate_keys(data: bytes) -> None:
+    """Already decoded, so ``data`` is valid JSON within the decoder's nesting limit."""
+
+    def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValidationError(key, "appears more than once in the same object")
+            seen.add(key)
+        return dict(pairs)
+
+    try:
+        json.loads(data, object_pairs_hook=hook)
+    except RecursionError:
+        raise ValidationError(BODY, "JSON is nested too deeply") from None

@@ -1,0 +1,366 @@
+"""Wire messages, version 1: one frozen, tagged ``msgspec.Struct`` per command and event.
+
+Commands are imperative (``SubmitWorkload``), events past tense (``WorkloadPlaced``). Every
+message is JSON with a ``"type"`` field holding the class name (msgspec's ``tag=True``), and
+unknown fields are rejected (``forbid_unknown_fields=True``), so a typo is an error rather
+than a silently dropped setting.
+
+Evolution rules (STYLE rule 8): a field added later always gets a default, no field changes
+type, a message is never renamed; an incompatible change is a new subject version
+(``allot.v2``). The committed ``proto/schema.json`` pins the shapes (a test fails on drift).
+
+Ranges (``Meta`` constraints, checked on decode):
+
+* names and ids (allocation, user, host, workload, client_id, budget nodes):
+  ``[A-Za-z0-9_-]``, 1..64 characters: they become NATS subject tokens;
+* ``gpus``: 1..``MAX_GPUS``; ``min_runtime_s``: 0..28800 (8 h, the core's
+  ``MAX_MIN_RUNTIME_S``; a test keeps the two equal);
+* times: seconds since the Unix epoch, as floats in [0, 1e11]; durations in seconds;
+* free text (reasons, details): at most 1024 characters.
+
+JSON has no NaN or infinity: msgspec rejects ``NaN`` and ``1e999``. Fair Tree's infinite
+level fairshare (an idle node with shares) travels as the string ``"inf"``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+MAX_NAME_LEN = 64
+MAX_GPUS = 16_384
+"""Wire ceiling on one workload's GPUs; the cluster's size is checked by intake."""
+MAX_MIN_RUNTIME_S = 28_800
+"""8 hours: the contract's ceiling on the protected window (equal to the core's)."""
+MAX_TEXT_LEN = 1024
+MAX_BUDGET_DEPTH = 100
+MAX_SHARES = 1_000_000
+MAX_TIME = 1e11
+
+NAME_PATTERN = r"^[A-Za-z0-9_-]+(?!\n)$"
+"""Anchored at both ends; the lookahead stops Python's ``$`` from accepting a final newline."""
+
+Name = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_NAME_LEN,
+        pattern=NAME_PATTERN,
+        description="letters, digits, '_' and '-' (a NATS subject token)",
+    ),
+]
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_LEN)]
+Gpus = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS, description="GPUs, at least one")]
+GpuCount = Annotated[int, msgspec.Meta(ge=0, le=10 * MAX_GPUS)]
+GpuIndex = Annotated[int, msgspec.Meta(ge=0, le=1023)]
+MinRuntime = Annotated[
+    int,
+    msgspec.Meta(
+        ge=0,
+        le=MAX_MIN_RUNTIME_S,
+        description="protected window in seconds, 0..28800 (8 h); 0 means unallocated",
+    ),
+]
+Timestamp = Annotated[
+    float, msgspec.Meta(ge=0.0, le=MAX_TIME, description="seconds since the Unix epoch")
+]
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)]
+Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
+Arg = Annotated[str, msgspec.Meta(max_length=4096)]
+
+PreemptReason = Literal[
+    "displaced-unallocated",
+    "reclaimed-for-entitlement",
+    "better-ranked",
+    "host-drain",
+    "higher-class",
+]
+"""The core's ``allot.core.decisions.PreemptReason`` values (a test keeps them equal)."""
+
+
+class _Wire(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    forbid_unknown_fields=True,
+):
+    """Shared options of every wire Struct (not itself a message)."""
+
+
+class _Message(_Wire, frozen=True, kw_only=True, tag=True):
+    """A top-level message: tagged with its class name in the ``type`` field."""
+
+
+# == commands ==================================================================================
+
+
+class SubmitWorkload(_Message, frozen=True, kw_only=True):
+    """Ask for GPUs. ``client_id`` is the idempotency key (as ``armadactl``'s): submitting
+    again with the same id returns the first answer and never queues a second workload.
+    ``allocation`` absent means unallocated (free, preemptible at any moment)."""
+
+    client_id: Name
+    user: Name
+    gpus: Gpus
+    allocation: Name | None = None
+    min_runtime_s: MinRuntime = 0
+    resumable: bool = True
+    kind: Name = "training"
+    priority: Priority = 0
+    command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
+    """Fake agents only: how long to pretend to run."""
+
+
+class CancelWorkload(_Message, frozen=True, kw_only=True):
+    workload_id: Name
+    user: Name
+    allocation: Name | None = None
+    reason: Text = ""
+
+
+class SetBudget(_Message, frozen=True, kw_only=True):
+    """Set the shares of the node at ``path`` (from ``root`` down, root excluded as a target).
+    ``shares`` null means Slurm's ``parent``."""
+
+    path: Annotated[tuple[Name, ...], msgspec.Meta(min_length=2, max_length=MAX_BUDGET_DEPTH + 1)]
+    shares: Annotated[int, msgspec.Meta(ge=0, le=MAX_SHARES)] | None
+    set_by: Name
+
+
+class DrainHost(_Message, frozen=True, kw_only=True):
+    host: Name
+    operator: Name
+    reason: Text = ""
+
+
+class UndrainHost(_Message, frozen=True, kw_only=True):
+    host: Name
+    operator: Name
+
+
+class Heartbeat(_Message, frozen=True, kw_only=True):
+    host: Name
+    sent_at: Timestamp
+    seq: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    gpus: Gpus
+    running: Annotated[tuple[Name, ...], msgspec.Meta(max_length=1024)] = ()
+
+
+class HealthReport(_Message, frozen=True, kw_only=True):
+    host: Name
+    sent_at: Timestamp
+    healthy: bool
+    failed_gpus: Annotated[tuple[GpuIndex, ...], msgspec.Meta(max_length=1024)] = ()
+    detail: Text = ""
+
+
+# == workload events ===========================================================================
+
+
+class HostGpus(_Wire, frozen=True, kw_only=True):
+    """One host's part of an assignment."""
+
+    host: Name
+    gpus: Annotated[tuple[GpuIndex, ...], msgspec.Meta(min_length=1, max_length=1024)]
+
+
+Assignment = Annotated[tuple[HostGpus, ...], msgspec.Meta(min_length=1, max_length=4096)]
+
+
+class WorkloadAccepted(_Message, frozen=True, kw_only=True):
+    """``duplicate``: the ``client_id`` was seen before; this repeats the first answer."""
+
+    workload_id: Name
+    client_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    duplicate: bool = False
+
+
+class WorkloadRejected(_Message, frozen=True, kw_only=True):
+    """``field`` names what was wrong (``gpus``, ``allocation``, ``body``...)."""
+
+    client_id: Name | None = None
+    allocation: Name | None = None
+    at: Timestamp
+    field: Text
+    reason: Text
+
+
+class WorkloadQueued(_Message, frozen=True, kw_only=True):
+    """``position`` is 1-based in the pending queue; ``sort_metric`` is what the queue is
+    sorted by (smaller is served first) and ``rank`` the allocation's Fair Tree rank."""
+
+    workload_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    position: Annotated[int, msgspec.Meta(ge=1)]
+    sort_metric: Annotated[float, msgspec.Meta(ge=-1e18, le=1e18)]
+    rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    why: Text = ""
+
+
+class WorkloadPlaced(_Message, frozen=True, kw_only=True):
+    workload_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    gpus: Gpus
+    assignment: Assignment
+    min_runtime_s: MinRuntime = 0
+
+
+class WorkloadStarted(_Message, frozen=True, kw_only=True):
+    workload_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    host: Name
+    pid: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class PreemptionNotice(_Message, frozen=True, kw_only=True):
+    """The workload must leave by ``grace_deadline``; its GPUs are free then. The numbers
+    behind the decision travel with it (the core's ``Preemption``)."""
+
+    workload_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    reason: PreemptReason
+    grace_deadline: Timestamp
+    requeue: bool
+    gpus: Gpus
+    preemptor: Name | None = None
+    victim_held_gpus: GpuCount = 0
+    victim_entitlement_gpus: NonNegative = 0.0
+
+
+class WorkloadPreempted(_Message, frozen=True, kw_only=True):
+    workload_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    reason: PreemptReason
+    gpu_seconds: NonNegative = 0.0
+
+
+class WorkloadRequeued(_Message, frozen=True, kw_only=True):
+    workload_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    attempt: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+
+class WorkloadCompleted(_Message, frozen=True, kw_only=True):
+    workload_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    gpu_seconds: NonNegative = 0.0
+
+
+class WorkloadFailed(_Message, frozen=True, kw_only=True):
+    workload_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
+    reason: Text = ""
+    gpu_seconds: NonNegative = 0.0
+
+
+class WorkloadCancelled(_Message, frozen=True, kw_only=True):
+    workload_id: Name
+    allocation: Name | None = None
+    at: Timestamp
+    by: Name | None = None
+    reason: Text = ""
+    gpu_seconds: NonNegative = 0.0
+
+
+# == host events ===============================================================================
+
+
+class HostDraining(_Message, frozen=True, kw_only=True):
+    host: Name
+    at: Timestamp
+    reason: Text = ""
+
+
+class HostDrained(_Message, frozen=True, kw_only=True):
+    host: Name
+    at: Timestamp
+
+
+class HostHealthy(_Message, frozen=True, kw_only=True):
+    host: Name
+    at: Timestamp
+
+
+# == ranking ===================================================================================
+
+LevelFs = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)] | Literal["inf"] | None
+
+
+class RankRow(_Wire, frozen=True, kw_only=True):
+    """One node of the Fair Tree ranking (``allot.core.fairshare.NodeRank``)."""
+
+    path: Annotated[str, msgspec.Meta(max_length=(MAX_NAME_LEN + 1) * (MAX_BUDGET_DEPTH + 1))]
+    name: Name
+    leaf: bool
+    raw_shares: Annotated[int, msgspec.Meta(ge=0, le=MAX_SHARES)] | None
+    norm_shares: NonNegative
+    raw_usage: NonNegative
+    effective_usage: NonNegative
+    level_fs: LevelFs
+    rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    fairshare: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+
+
+class RankingUpdated(_Message, frozen=True, kw_only=True):
+    at: Timestamp
+    window_s: Seconds
+    nodes: Annotated[tuple[RankRow, ...], msgspec.Meta(max_length=100_000)]
+
+
+# == groups ====================================================================================
+
+WorkloadEvent = (
+    WorkloadAccepted
+    | WorkloadRejected
+    | WorkloadQueued
+    | WorkloadPlaced
+    | WorkloadStarted
+    | WorkloadPreempted
+    | WorkloadRequeued
+    | WorkloadCompleted
+    | WorkloadFailed
+    | WorkloadCancelled
+)
+HostEvent = HostDraining | HostDrained | HostHealthy
+
+COMMANDS: tuple[type[msgspec.Struct], ...] = (
+    SubmitWorkload,
+    CancelWorkload,
+    SetBudget,
+    DrainHost,
+    UndrainHost,
+    Heartbeat,
+    HealthReport,
+)
+EVENTS: tuple[type[msgspec.Struct], ...] = (
+    WorkloadAccepted,
+    WorkloadRejected,
+    WorkloadQueued,
+    WorkloadPlaced,
+    WorkloadStarted,
+    PreemptionNotice,
+    WorkloadPreempted,
+    WorkloadRequeued,
+    WorkloadCompleted,
+    WorkloadFailed,
+    WorkloadCancelled,
+    HostDraining,
+    HostDrained,
+    HostHealthy,
+    RankingUpdated,
+)
+MESSAGES = COMMANDS + EVENTS

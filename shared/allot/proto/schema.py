@@ -1,0 +1,190 @@
+"""JSON Schema and AsyncAPI 3.0 documents for the wire contract, generated from the Structs.
+
+``python -m allot.proto.schema --write`` writes ``proto/schema.json`` (every message's JSON
+Schema, from ``msgspec.json.schema_components``) and ``proto/asyncapi.json`` (channels =
+subjects, operations, messages). ``--check`` exits 1 when the committed files differ from
+freshly generated ones (drift), 0 otherwise. ``--dir`` picks another output folder.
+
+Output is deterministic: keys sorted, two-space indent, a final newline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from allot.proto import messages as m
+from allot.proto.codec import MAX_PAYLOAD, TYPES
+from allot.proto.subjects import CHANNELS, PREFIX, STREAMS, Kind
+
+SCHEMA_FILE = "schema.json"
+ASYNCAPI_FILE = "asyncapi.json"
+REF_PREFIX = "#/components/schemas/"
+
+# Who sends each kind: "send" = clients publish it (commands), "receive" = clients subscribe.
+_ACTION: dict[Kind, str] = {
+    Kind.SUBMIT: "send",
+    Kind.CANCEL: "send",
+    Kind.BUDGET_SET: "send",
+    Kind.HEARTBEAT: "send",
+    Kind.HEALTH: "send",
+    Kind.DRAIN: "send",
+    Kind.UNDRAIN: "send",
+    Kind.HOST_STATE: "receive",
+    Kind.EVENTS: "receive",
+    Kind.PREEMPT: "receive",
+    Kind.RANKING: "receive",
+}
+
+_PARAMS: dict[str, str] = {
+    "allocation": "allocation name, or '~' for unallocated work",
+    "workload": "workload id",
+    "host": "host id",
+    "path": "budget path from 'root' down to the node, one token per level",
+}
+
+
+def _messages_of(kind: Kind) -> tuple[type[msgspec.Struct], ...]:
+    t = TYPES[kind]
+    args = getattr(t, "__args__", None)
+    return tuple(args) if args else (t,)
+
+
+def json_schema() -> dict[str, Any]:
+    """Every message and nested Struct under ``components/schemas`` (``$defs`` for tools)."""
+    _, components = msgspec.json.schema_components(m.MESSAGES, ref_template=REF_PREFIX + "{name}")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"Allot wire contract ({PREFIX})",
+        "description": (
+            "JSON messages of Allot's NATS subjects. Each top-level message carries its class "
+            "name in 'type'; unknown fields are rejected; payloads are at most "
+            f"{MAX_PAYLOAD} bytes."
+        ),
+        "messages": sorted(c.__name__ for c in m.MESSAGES),
+        "components": {"schemas": components},
+    }
+
+
+def asyncapi() -> dict[str, Any]:
+    """An AsyncAPI 3.0 document: one channel per subject kind, one operation per channel."""
+    _, components = msgspec.json.schema_components(m.MESSAGES, ref_template=REF_PREFIX + "{name}")
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    messages: dict[str, Any] = {}
+    for kind in Kind:
+        cid = kind.value.replace(".", "_")
+        address = CHANNELS[kind]
+        names = [c.__name__ for c in _messages_of(kind)]
+        channel: dict[str, Any] = {
+            "address": address,
+            "messages": {n: {"$ref": f"#/components/messages/{n}"} for n in names},
+        }
+        params = {p: {"description": d} for p, d in _PARAMS.items() if f"{{{p}}}" in address}
+        if params:
+            channel["parameters"] = params
+        stream = [s for s, subjects in STREAMS.items() if _captured(address, subjects)]
+        channel["description"] = (
+            f"JetStream stream {stream[0]}" if stream else "core NATS (not captured by a stream)"
+        )
+        channels[cid] = channel
+        operations[f"{_ACTION[kind]}_{cid}"] = {
+            "action": _ACTION[kind],
+            "channel": {"$ref": f"#/channels/{cid}"},
+            "messages": [{"$ref": f"#/channels/{cid}/messages/{n}"} for n in names],
+        }
+        for n in names:
+            messages[n] = {
+                "name": n,
+                "contentType": "application/json",
+                "payload": {"$ref": REF_PREFIX + n},
+            }
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "Allot",
+            "version": PREFIX.rsplit(".", 1)[1],
+            "description": (
+                "GPU-cluster scheduler wire contract. 'send' operations are what clients "
+                "publish (commands, answered by the services); 'receive' what they subscribe "
+                "to (events)."
+            ),
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            "local": {"host": "127.0.0.1:4222", "protocol": "nats", "description": "dev stack"}
+        },
+        "channels": channels,
+        "operations": operations,
+        "components": {"messages": messages, "schemas": components},
+    }
+
+
+def _captured(address: str, subjects: tuple[str, ...]) -> bool:
+    """Whether a stream subject pattern captures the channel address (params as ``*``)."""
+    tokens = [("*" if t.startswith("{") else t) for t in address.split(".")]
+    for pattern in subjects:
+        p = pattern.split(".")
+        if p[-1] == ">" and tokens[: len(p) - 1] == p[:-1] and len(tokens) >= len(p):
+            return True
+        if len(p) == len(tokens) and all(a in (b, "*") for a, b in zip(p, tokens, strict=True)):
+            return True
+    return False
+
+
+def render(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def generated() -> dict[str, str]:
+    """File name -> the text the generator writes."""
+    return {SCHEMA_FILE: render(json_schema()), ASYNCAPI_FILE: render(asyncapi())}
+
+
+def default_dir() -> Path:
+    """``proto/`` at the repository root (``shared/allot/proto/schema.py`` -> ``../../..``)."""
+    return Path(__file__).resolve().parents[3] / "proto"
+
+
+def drift(directory: Path) -> list[str]:
+    """Names of the files in ``directory`` that are missing or differ from the generator."""
+    out = []
+    for name, text in generated().items():
+        path = directory / name
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            out.append(name)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m allot.proto.schema", description=__doc__)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="write the generated files")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the files drifted")
+    ap.add_argument("--dir", type=Path, default=None, help="output folder (default: proto/)")
+    args = ap.parse_args(argv)
+    directory: Path = args.dir or default_dir()
+    if args.write:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in generated().items():
+            (directory / name).write_text(text, encoding="utf-8")
+            print(f"wrote {directory / name}")
+        return 0
+    stale = drift(directory)
+    for name in stale:
+        print(
+            f"{directory / name} differs from the Structs; run "
+            "`python -m allot.proto.schema --write` and commit the result",
+            file=sys.stderr,
+        )
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""NATS subjects of the wire contract, version 1.
+
+Every subject starts with ``allot.v1``. Names that go into a subject (allocations, workloads,
+hosts, budget nodes) are single tokens, checked by ``validate_token``: never empty, no
+``.``, ``*``, ``>`` or whitespace, at most ``MAX_TOKEN_LEN`` characters. The core already
+restricts budget-tree names to ``[A-Za-z0-9_-]``.
+
+The scheme is shaped so that one wildcard grant in a NATS user's permissions means exactly
+one team, subtree or host:
+
+=========================================  ============================  =====================
+subject                                    message(s)                    grant example
+=========================================  ============================  =====================
+allot.v1.submit.<allocation>               SubmitWorkload (request)      ...submit.nlp
+allot.v1.cancel.<allocation>.<workload>    CancelWorkload (request)      ...cancel.nlp.*
+allot.v1.budget.set.root.<a>...<node>      SetBudget (request)           ...set.root.nlp.>
+allot.v1.host.<host>.heartbeat             Heartbeat (agent)             ...host.h01.heartbeat
+allot.v1.host.<host>.health                HealthReport (agent)          ...host.h01.health
+allot.v1.host.<host>.drain                 DrainHost (operator)          ...host.*.drain
+allot.v1.host.<host>.undrain               UndrainHost (operator)        ...host.*.undrain
+allot.v1.host.<host>.state                 HostDraining/Drained/Healthy  ...host.*.state
+allot.v1.events.<allocation>.<workload>    Workload* lifecycle events    ...events.nlp.*
+allot.v1.preempt.<allocation>.<workload>   PreemptionNotice              ...preempt.nlp.*
+allot.v1.ranking                           RankingUpdated                allot.v1.ranking
+=========================================  ============================  =====================
+
+(``...`` abbreviates ``allot.v1.``.)
+
+Rules behind the shape:
+
+1. **Unallocated work** uses the token ``~`` (``UNALLOCATED``) in place of the allocation.
+   ``~`` is outside the budget-name alphabet, so no allocation can collide with it.
+2. **Budgets**: the subject carries the *full path from the root* to the node whose shares
+   change, one token per level (``allot.v1.budget.set.root.nlp.pretrain`` sets the shares
+   of ``pretrain`` under ``nlp``). The manager of ``nlp`` is granted
+   ``allot.v1.budget.set.root.nlp.>``: NATS's ``>`` matches one or more tokens, so the
+   grant covers every node strictly below ``nlp`` and never ``nlp`` itself (a manager
+   cannot raise their own share; their parent's manager can). The payload repeats the
+   path; the service rejects a payload whose path differs from the subject's.
+3. **Hosts**: the host is the fourth token and the kind the fifth, so ``allot.v1.host.h01.>``
+   is everything about host ``h01``. An agent is granted the two *literal* subjects
+   ``...h01.heartbeat`` and ``...h01.health`` (not ``h01.>``: that would include drain);
+   operators get ``allot.v1.host.*.drain`` and ``allot.v1.host.*.undrain``.
+4. **Workloads**: events and notices are addressed ``<allocation>.<workload>``, so a team
+   subscribes to ``allot.v1.preempt.<allocation>.*`` and a training loop to
+   ``allot.v1.preempt.<allocation>.<workload>``.
+5. Commands are core-NATS requests answered by the service (no stream captures them, so a
+   JetStream ack never races the service's reply); events go to the streams in ``STREAMS``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from enum import StrEnum
+
+from allot.core.errors import ValidationError
+
+PREFIX = "allot.v1"
+MAX_TOKEN_LEN = 64
+"""Longest name accepted as a subject token (also the wire limit on names and ids)."""
+MAX_BUDGET_DEPTH = 100
+"""Deepest budget path (``allot.core.budgets.MAX_DEPTH`` levels below the root)."""
+UNALLOCATED = "~"
+"""The allocation token of unallocated (free, never charged) work."""
+BUDGET_ROOT = "root"
+
+_BAD_TOKEN = re.compile(r"[.*>\s]")
+
+
+class Kind(StrEnum):
+    """What a subject carries; ``allot.proto.codec.decode`` takes one of these."""
+
+    SUBMIT = "submit"
+    CANCEL = "cancel"
+    BUDGET_SET = "budget.set"
+    HEARTBEAT = "host.heartbeat"
+    HEALTH = "host.health"
+    DRAIN = "host.drain"
+    UNDRAIN = "host.undrain"
+    HOST_STATE = "host.state"
+    EVENTS = "events"
+    PREEMPT = "preempt"
+    RANKING = "ranking"
+
+
+def validate_token(name: str, field: str) -> str:
+    """Return ``name`` if it can be one subject token, else raise ``ValidationError(field)``."""
+    if not isinstance(name, str):
+        raise ValidationError(field, f"must be a string, got {type(name).__name__}")
+    if not name:
+        raise ValidationError(field, "must not be empty (it becomes a NATS subject token)")
+    if len(name) > MAX_TOKEN_LEN:
+        raise ValidationError(
+            field, f"is {len(name)} characters long; a subject token allows {MAX_TOKEN_LEN}"
+        )
+    bad = _BAD_TOKEN.search(name)
+    if bad is not None:
+        raise ValidationError(
+            field,
+            f"{name!r} contains {bad.group()!r}; a NATS subject token may not contain "
+            "'.', '*', '>' or whitespace",
+        )
+    return name
+
+
+def allocation_token(allocation: str | None) -> str:
+    """The subject token of an allocation: its name, or ``~`` for unallocated work."""
+    if allocation is None:
+        return UNALLOCATED
+    return validate_token(allocation, "allocation")
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def submit(allocation: str | None) -> str:
+    return f"{PREFIX}.submit.{allocation_token(allocation)}"
+
+
+def cancel(allocation: str | None, workload: str) -> str:
+    return f"{PREFIX}.cancel.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
+
+
+def budget_set(path: Sequence[str]) -> str:
+    """``path`` runs from ``root`` down to the node whose shares change (root excluded as a
+    target: the root has no shares)."""
+    if isinstance(path, str):
+        raise ValidationError("path", "must be a sequence of node names, not one string")
+    if len(path) < 2 or path[0] != BUDGET_ROOT:
+        raise ValidationError(
+            "path", f"must start at {BUDGET_ROOT!r} and name at least one node below it"
+        )
+    if len(path) > MAX_BUDGET_DEPTH + 1:
+        raise ValidationError("path", f"is deeper than {MAX_BUDGET_DEPTH} levels")
+    tokens = [validate_token(p, f"path[{i}]") for i, p in enumerate(path)]
+    return f"{PREFIX}.budget.set.{'.'.join(tokens)}"
+
+
+def budget_subtree(path: Sequence[str]) -> str:
+    """The grant for the manager of the node at ``path``: every node strictly below it."""
+    if isinstance(path, str) or not path or path[0] != BUDGET_ROOT:
+        raise ValidationError("path", f"must start at {BUDGET_ROOT!r}")
+    tokens = [validate_token(p, f"path[{i}]") for i, p in enumerate(path)]
+    return f"{PREFIX}.budget.set.{'.'.join(tokens)}.>"
+
+
+def heartbeat(host: str) -> str:
+    return f"{PREFIX}.host.{validate_token(host, 'host')}.heartbeat"
+
+
+def health(host: str) -> str:
+    return f"{PREFIX}.host.{validate_token(host, 'host')}.health"
+
+
+def drain(host: str) -> str:
+    return f"{PREFIX}.host.{validate_token(host, 'host')}.drain"
+
+
+def undrain(host: str) -> str:
+    return f"{PREFIX}.host.{validate_token(host, 'host')}.undrain"
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+def host_state(host: str) -> str:
+    return f"{PREFIX}.host.{validate_token(host, 'host')}.state"
+
+
+def events(allocation: str | None, workload: str) -> str:
+    return f"{PREFIX}.events.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
+
+
+def preempt(allocation: str | None, workload: str) -> str:
+    return f"{PREFIX}.preempt.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
+
+
+RANKING = f"{PREFIX}.ranking"
+
+# -- wildcards (subscriptions and grants) -----------------------------------------------------
+
+ALL_SUBMIT = f"{PREFIX}.submit.*"
+ALL_CANCEL = f"{PREFIX}.cancel.*.*"
+ALL_BUDGET_SET = f"{PREFIX}.budget.set.>"
+ALL_HEARTBEATS = f"{PREFIX}.host.*.heartbeat"
+ALL_HEALTH = f"{PREFIX}.host.*.health"
+ALL_DRAIN = f"{PREFIX}.host.*.drain"
+ALL_UNDRAIN = f"{PREFIX}.host.*.undrain"
+ALL_HOST_STATE = f"{PREFIX}.host.*.state"
+ALL_EVENTS = f"{PREFIX}.events.*.*"
+ALL_PREEMPT = f"{PREFIX}.preempt.*.*"
+
+
+def allocation_events(allocation: str | None) -> str:
+    """Every lifecycle event of one allocation's workloads."""
+    return f"{PREFIX}.events.{allocation_token(allocation)}.*"
+
+
+def allocation_preempt(allocation: str | None) -> str:
+    """Every preemption notice of one allocation's workloads."""
+    return f"{PREFIX}.preempt.{allocation_token(allocation)}.*"
+
+
+def host_all(host: str) -> str:
+    """Everything about one host."""
+    return f"{PREFIX}.host.{validate_token(host, 'host')}.>"
+
+
+CHANNELS: dict[Kind, str] = {
+    Kind.SUBMIT: f"{PREFIX}.submit.{{allocation}}",
+    Kind.CANCEL: f"{PREFIX}.cancel.{{allocation}}.{{workload}}",
+    Kind.BUDGET_SET: f"{PREFIX}.budget.set.{{path}}",
+    Kind.HEARTBEAT: f"{PREFIX}.host.{{host}}.heartbeat",
+    Kind.HEALTH: f"{PREFIX}.host.{{host}}.health",
+    Kind.DRAIN: f"{PREFIX}.host.{{host}}.drain",
+    Kind.UNDRAIN: f"{PREFIX}.host.{{host}}.undrain",
+    Kind.HOST_STATE: f"{PREFIX}.host.{{host}}.state",
+    Kind.EVENTS: f"{PREFIX}.events.{{allocation}}.{{workload}}",
+    Kind.PREEMPT: f"{PREFIX}.preempt.{{allocation}}.{{workload}}",
+    Kind.RANKING: RANKING,
+}
+"""Subject templates per kind (AsyncAPI channel addresses)."""
+
+STREAMS: dict[str, tuple[str, ...]] = {
+    "WORKLOADS": (ALL_EVENTS, ALL_PREEMPT),
+    "HOSTS": (ALL_HOST_STATE,),
+    "USAGE": (f"{PREFIX}.usage.>", RANKING),
+}
+"""JetStream streams, one per concern, and the subjects each captures. Commands and
+heartbeats are not captured: services answer them and append what they decide."""
+
+
+def kind_of(subject: str) -> Kind:
+    """The kind of a concrete subject (raises ``ValidationError("subject")`` if unknown)."""
+    parts = subject.split(".")
+    if len(parts) < 3 or ".".join(parts[:2]) != PREFIX:
+        raise ValidationError("subject", f"{subject!r} is not an {PREFIX} subject")
+    rest = parts[2:]
+    head, n = rest[0], len(rest)
+    if head == "submit" and n == 2:
+        return Kind.SUBMIT
+    if head == "cancel" and n == 3:
+        return Kind.CANCEL
+    if head == "budget" and n >= 4 and rest[1] == "set":
+        return Kind.BUDGET_SET
+    if head == "host" and n == 3:
+        try:
+            return Kind(f"host.{rest[2]}")
+        except ValueError:
+            pass
+    if head == "events" and n == 3:
+        return Kind.EVENTS
+    if head == "preempt" and n == 3:
+        return Kind.PREEMPT
+    if head == "ranking" and n == 1:
+        return Kind.RANKING
+    raise ValidationError("subject", f"{subject!r} is not a known {PREFIX} subject")

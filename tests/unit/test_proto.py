@@ -1,0 +1,427 @@
+"""The wire contract: committed schema files, round trips, hostile input, subject tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from allot.core.decisions import PreemptReason
+from allot.core.errors import ValidationError
+from allot.core.model import MAX_MIN_RUNTIME_S
+from allot.proto import messages as m
+from allot.proto import subjects as s
+from allot.proto.codec import MAX_PAYLOAD, TYPES, decode, encode
+from allot.proto.schema import drift, generated, main
+from allot.proto.subjects import Kind
+
+PROTO_DIR = Path(__file__).resolve().parents[2] / "proto"
+T0 = 1_700_000_000.0
+
+
+# -- builders ---------------------------------------------------------------------------------
+
+
+def submit(**overrides: Any) -> dict[str, Any]:
+    """A valid SubmitWorkload as the JSON object a non-SDK client would send."""
+    body: dict[str, Any] = {
+        "type": "SubmitWorkload",
+        "client_id": "c-123",
+        "user": "ada",
+        "allocation": "nlp-pretrain",
+        "gpus": 8,
+        "min_runtime_s": 3600,
+    }
+    body.update(overrides)
+    return body
+
+
+def raw(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def samples() -> list[msgspec.Struct]:
+    """One instance of every message, with optional fields set."""
+    assignment = (m.HostGpus(host="h01", gpus=(0, 1)), m.HostGpus(host="h02", gpus=(3,)))
+    return [
+        m.SubmitWorkload(
+            client_id="c-1",
+            user="ada",
+            gpus=4,
+            allocation="nlp",
+            min_runtime_s=28_800,
+            command=("python", "train.py"),
+            duration_s=90.5,
+        ),
+        m.CancelWorkload(workload_id="w-1", user="ada", allocation=None, reason="changed my mind"),
+        m.SetBudget(path=("root", "nlp", "pretrain"), shares=None, set_by="boss"),
+        m.DrainHost(host="h01", operator="ops", reason="ECC errors"),
+        m.UndrainHost(host="h01", operator="ops"),
+        m.Heartbeat(host="h01", sent_at=T0, seq=7, gpus=8, running=("w-1",)),
+        m.HealthReport(host="h01", sent_at=T0, healthy=False, failed_gpus=(3,), detail="xid 79"),
+        m.WorkloadAccepted(workload_id="w-1", client_id="c-1", allocation="nlp", at=T0),
+        m.WorkloadRejected(client_id="c-1", at=T0, field="gpus", reason="must be >= 1"),
+        m.WorkloadQueued(workload_id="w-1", at=T0, position=3, sort_metric=-0.5, rank=2),
+        m.WorkloadPlaced(workload_id="w-1", at=T0, gpus=3, assignment=assignment),
+        m.WorkloadStarted(workload_id="w-1", at=T0, host="h01", pid=4242),
+        m.PreemptionNotice(
+            workload_id="w-1",
+            allocation="cv",
+            at=T0,
+            reason="better-ranked",
+            grace_deadline=T0 + 300,
+            requeue=True,
+            gpus=8,
+            preemptor="w-9",
+            victim_held_gpus=16,
+            victim_entitlement_gpus=12.5,
+        ),
+        m.WorkloadPreempted(workload_id="w-1", at=T0, reason="host-drain", gpu_seconds=10.0),
+        m.WorkloadRequeued(workload_id="w-1", at=T0, attempt=2),
+        m.WorkloadCompleted(workload_id="w-1", at=T0, gpu_seconds=3600.0),
+        m.WorkloadFailed(workload_id="w-1", at=T0, exit_code=-9, reason="killed"),
+        m.WorkloadCancelled(workload_id="w-1", at=T0, by="ada"),
+        m.HostDraining(host="h01", at=T0, reason="missed heartbeats"),
+        m.HostDrained(host="h01", at=T0),
+        m.HostHealthy(host="h01", at=T0),
+        m.RankingUpdated(
+            at=T0,
+            window_s=7 * 86_400.0,
+            nodes=(
+                m.RankRow(
+                    path="root/nlp",
+                    name="nlp",
+                    leaf=True,
+                    raw_shares=10,
+                    norm_shares=0.5,
+                    raw_usage=0.0,
+                    effective_usage=0.0,
+                    level_fs="inf",
+                    rank=2,
+                    fairshare=1.0,
+                ),
+                m.RankRow(
+                    path="root/cv",
+                    name="cv",
+                    leaf=True,
+                    raw_shares=10,
+                    norm_shares=0.5,
+                    raw_usage=5.0,
+                    effective_usage=1.0,
+                    level_fs=0.5,
+                    rank=1,
+                    fairshare=0.5,
+                ),
+            ),
+        ),
+    ]
+
+
+def kind_of(msg: msgspec.Struct) -> Kind:
+    return next(k for k, t in TYPES.items() if type(msg) in getattr(t, "__args__", (t,)))
+
+
+# -- generated files --------------------------------------------------------------------------
+
+
+def test_committed_schema_files_match_the_structs() -> None:
+    """Fails when a Struct changes without `python -m allot.proto.schema --write`."""
+    for name, text in generated().items():
+        committed = (PROTO_DIR / name).read_text(encoding="utf-8")
+        assert committed == text, f"proto/{name} drifted: run python -m allot.proto.schema --write"
+
+
+def test_check_mode_reports_drift(tmp_path: Path) -> None:
+    assert main(["--write", "--dir", str(tmp_path)]) == 0
+    assert main(["--check", "--dir", str(tmp_path)]) == 0
+    (tmp_path / "schema.json").write_text("{}\n", encoding="utf-8")
+    assert drift(tmp_path) == ["schema.json"]
+    assert main(["--check", "--dir", str(tmp_path)]) == 1
+
+
+def test_schema_lists_every_message_and_asyncapi_every_subject_kind() -> None:
+    schema = json.loads(generated()["schema.json"])
+    assert set(schema["messages"]) == {c.__name__ for c in m.MESSAGES}
+    api = json.loads(generated()["asyncapi.json"])
+    assert api["asyncapi"] == "3.0.0"
+    assert {c["address"] for c in api["channels"].values()} == set(s.CHANNELS.values())
+    assert set(api["components"]["messages"]) == {c.__name__ for c in m.MESSAGES}
+
+
+# -- the contract agrees with the core --------------------------------------------------------
+
+
+def test_limits_and_reasons_match_the_core() -> None:
+    assert m.MAX_MIN_RUNTIME_S == MAX_MIN_RUNTIME_S
+    assert set(m.PreemptReason.__args__) == {r.value for r in PreemptReason}
+
+
+def test_every_message_is_a_frozen_tagged_struct_that_forbids_unknown_fields() -> None:
+    for cls in m.MESSAGES:
+        config = cls.__struct_config__
+        assert config.frozen and config.forbid_unknown_fields, cls
+        assert config.tag == cls.__name__, cls
+    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 22
+
+
+# -- round trips ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("msg", samples(), ids=lambda x: type(x).__name__)
+def test_round_trip(msg: msgspec.Struct) -> None:
+    data = encode(msg)
+    assert json.loads(data)["type"] == type(msg).__name__
+    assert decode(kind_of(msg), data) == msg
+
+
+def test_defaults_fill_in_for_a_minimal_plain_json_submit() -> None:
+    got = decode("submit", b'{"type":"SubmitWorkload","client_id":"c","user":"u","gpus":1}')
+    assert got == m.SubmitWorkload(client_id="c", user="u", gpus=1)
+    assert isinstance(got, m.SubmitWorkload)
+    assert got.allocation is None and got.min_runtime_s == 0 and got.resumable
+
+
+def test_event_union_is_told_apart_by_type() -> None:
+    got = decode(Kind.EVENTS, raw({"type": "WorkloadRequeued", "workload_id": "w", "at": 1.0}))
+    assert got == m.WorkloadRequeued(workload_id="w", at=1.0)
+
+
+# -- hostile input ----------------------------------------------------------------------------
+
+NESTED = b'{"type":"WorkloadStarted","x":' + b"[" * 1000 + b"]" * 1000 + b"}"
+DEEP_UNION = b'{"x":' + b"[" * 5000 + b"]" * 5000 + b',"type":"WorkloadStarted"}'
+
+BAD: list[tuple[str, Kind, bytes, str]] = [
+    ("not JSON at all", Kind.SUBMIT, b"hello", "body"),
+    ("truncated JSON", Kind.SUBMIT, b'{"client_id": "c"', "body"),
+    ("empty payload", Kind.SUBMIT, b"", "body"),
+    ("an array, not an object", Kind.SUBMIT, b"[1, 2]", "body"),
+    ("NaN literal for gpus", Kind.SUBMIT, b'{"client_id":"c","user":"u","gpus":NaN}', "gpus"),
+    ("infinite float for a time", Kind.PREEMPT, b'{"workload_id":"w","at":1e999}', "at"),
+    ("gpus as a string", Kind.SUBMIT, raw(submit(gpus="8")), "gpus"),
+    ("gpus as a float", Kind.SUBMIT, raw(submit(gpus=1.5)), "gpus"),
+    ("gpus as a boolean", Kind.SUBMIT, raw(submit(gpus=True)), "gpus"),
+    ("gpus zero", Kind.SUBMIT, raw(submit(gpus=0)), "gpus"),
+    ("gpus negative", Kind.SUBMIT, raw(submit(gpus=-1)), "gpus"),
+    ("gpus huge", Kind.SUBMIT, raw(submit(gpus=10**30)), "gpus"),
+    (
+        "min_runtime one second over 8 h",
+        Kind.SUBMIT,
+        raw(submit(min_runtime_s=28_801)),
+        "min_runtime_s",
+    ),
+    ("min_runtime negative", Kind.SUBMIT, raw(submit(min_runtime_s=-1)), "min_runtime_s"),
+    ("unknown top-level field", Kind.SUBMIT, raw(submit(gpu=8)), "gpu"),
+    ("missing required field", Kind.SUBMIT, raw({"client_id": "c", "gpus": 1}), "user"),
+    ("allocation with a dot", Kind.SUBMIT, raw(submit(allocation="nlp.pretrain")), "allocation"),
+    ("allocation with a star", Kind.SUBMIT, raw(submit(allocation="nlp*")), "allocation"),
+    ("allocation with a >", Kind.SUBMIT, raw(submit(allocation="nlp>")), "allocation"),
+    ("user with a space", Kind.SUBMIT, raw(submit(user="ada lovelace")), "user"),
+    ("client_id with a final newline", Kind.SUBMIT, raw(submit(client_id="c\n")), "client_id"),
+    ("empty client_id", Kind.SUBMIT, raw(submit(client_id="")), "client_id"),
+    ("name over 64 characters", Kind.SUBMIT, raw(submit(user="u" * 65)), "user"),
+    ("nesting 1000 deep in an unknown field", Kind.EVENTS, NESTED, "x"),
+    ("nesting 1000 deep at the top", Kind.SUBMIT, b"[" * 1000 + b"]" * 1000, "body"),
+    ("nesting 5000 deep before the tag", Kind.EVENTS, DEEP_UNION, "body"),
+    ("invalid UTF-8 inside a string", Kind.SUBMIT, b'{"client_id":"c","user":"a\xff"}', "user"),
+    ("invalid UTF-8 outside any key", Kind.SUBMIT, b"\xff\xfe", "body"),
+    ("oversized payload", Kind.SUBMIT, raw(submit(pad="x" * MAX_PAYLOAD)), "body"),
+    (
+        "duplicate key smuggles a second value",
+        Kind.SUBMIT,
+        raw(submit())[:-1] + b', "gpus": 0}',
+        "gpus",
+    ),
+    ("duplicate key with equal values", Kind.SUBMIT, raw(submit())[:-1] + b', "gpus": 8}', "gpus"),
+    ("wrong message type on the subject", Kind.SUBMIT, raw(submit(type="CancelWorkload")), "type"),
+    ("unknown event type", Kind.EVENTS, raw({"type": "WorkloadExploded", "at": 1.0}), "type"),
+    ("event without a type", Kind.EVENTS, raw({"workload_id": "w", "at": 1.0}), "type"),
+    (
+        "unknown preemption reason",
+        Kind.PREEMPT,
+        raw({"workload_id": "w", "reason": "because"}),
+        "reason",
+    ),
+    (
+        "nested field out of range",
+        Kind.EVENTS,
+        raw(
+            {
+                "type": "WorkloadPlaced",
+                "workload_id": "w",
+                "at": 1.0,
+                "gpus": 1,
+                "assignment": [{"host": "h01", "gpus": [-1]}],
+            }
+        ),
+        "assignment[0].gpus[0]",
+    ),
+    (
+        "unknown field in a nested struct",
+        Kind.EVENTS,
+        raw(
+            {
+                "type": "WorkloadPlaced",
+                "workload_id": "w",
+                "at": 1.0,
+                "gpus": 1,
+                "assignment": [{"host": "h01", "gpus": [0], "rack": "r1"}],
+            }
+        ),
+        "assignment[0].rack",
+    ),
+    (
+        "budget path with a dot",
+        Kind.BUDGET_SET,
+        raw({"path": ["root", "a.b"], "shares": 1, "set_by": "x"}),
+        "path[1]",
+    ),
+    (
+        "negative shares",
+        Kind.BUDGET_SET,
+        raw({"path": ["root", "a"], "shares": -1, "set_by": "x"}),
+        "shares",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "data", "field"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_one_validation_error_naming_the_field(
+    kind: Kind, data: bytes, field: str
+) -> None:
+    with pytest.raises(ValidationError) as caught:
+        decode(kind, data)
+    assert caught.value.field == field, caught.value
+    assert caught.value.reason
+
+
+def test_unknown_kind_is_a_validation_error() -> None:
+    with pytest.raises(ValidationError) as caught:
+        decode("nope", b"{}")
+    assert caught.value.field == "subject"
+
+
+# -- subjects ---------------------------------------------------------------------------------
+
+
+def test_subject_builders() -> None:
+    assert s.submit("nlp") == "allot.v1.submit.nlp"
+    assert s.submit(None) == "allot.v1.submit.~"
+    assert s.cancel("nlp", "w-1") == "allot.v1.cancel.nlp.w-1"
+    assert s.budget_set(["root", "nlp", "pretrain"]) == "allot.v1.budget.set.root.nlp.pretrain"
+    assert s.budget_subtree(["root", "nlp"]) == "allot.v1.budget.set.root.nlp.>"
+    assert s.preempt("nlp", "w-1") == "allot.v1.preempt.nlp.w-1"
+    assert s.events(None, "w-1") == "allot.v1.events.~.w-1"
+    assert s.allocation_preempt("nlp") == "allot.v1.preempt.nlp.*"
+    assert s.heartbeat("h01") == "allot.v1.host.h01.heartbeat"
+    assert s.drain("h01") == "allot.v1.host.h01.drain"
+    assert s.undrain("h01") == "allot.v1.host.h01.undrain"
+    assert s.health("h01") == "allot.v1.host.h01.health"
+    assert s.host_state("h01") == "allot.v1.host.h01.state"
+    assert s.host_all("h01") == "allot.v1.host.h01.>"
+
+
+@pytest.mark.parametrize(
+    ("subject", "kind"),
+    [
+        (s.submit("nlp"), Kind.SUBMIT),
+        (s.cancel(None, "w"), Kind.CANCEL),
+        (s.budget_set(["root", "a", "b", "c"]), Kind.BUDGET_SET),
+        (s.heartbeat("h"), Kind.HEARTBEAT),
+        (s.health("h"), Kind.HEALTH),
+        (s.drain("h"), Kind.DRAIN),
+        (s.undrain("h"), Kind.UNDRAIN),
+        (s.host_state("h"), Kind.HOST_STATE),
+        (s.events("a", "w"), Kind.EVENTS),
+        (s.preempt("a", "w"), Kind.PREEMPT),
+        (s.RANKING, Kind.RANKING),
+    ],
+)
+def test_kind_of_a_subject(subject: str, kind: Kind) -> None:
+    assert s.kind_of(subject) is kind
+
+
+@pytest.mark.parametrize(
+    "subject", ["allot.v2.submit.a", "allot.v1.submit", "allot.v1.host.h.reboot", "x"]
+)
+def test_kind_of_rejects_unknown_subjects(subject: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        s.kind_of(subject)
+    assert caught.value.field == "subject"
+
+
+def _budget_grant_covers(grant: str, subject: str) -> bool:
+    g, t = grant.split("."), subject.split(".")
+    return g[-1] == ">" and len(t) >= len(g) and t[: len(g) - 1] == g[:-1]
+
+
+def test_a_budget_grant_means_exactly_the_subtree_below_the_node() -> None:
+    grant = s.budget_subtree(["root", "nlp"])
+    assert _budget_grant_covers(grant, s.budget_set(["root", "nlp", "pretrain"]))
+    assert _budget_grant_covers(grant, s.budget_set(["root", "nlp", "evals", "x"]))
+    assert not _budget_grant_covers(grant, s.budget_set(["root", "nlp"]))  # not its own share
+    assert not _budget_grant_covers(grant, s.budget_set(["root", "nlp2"]))
+    assert not _budget_grant_covers(grant, s.budget_set(["root", "cv", "nlp"]))
+
+
+BAD_TOKENS = [
+    ("empty", "", "must not be empty"),
+    ("dot", "nlp.pretrain", "'.'"),
+    ("star", "nlp*", "'*'"),
+    ("greater-than", "a>", "'>'"),
+    ("space", "a b", "' '"),
+    ("tab", "a\tb", "'\\t'"),
+    ("newline", "a\n", "'\\n'"),
+    ("too long", "x" * 65, "65 characters"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "why"), [b[1:] for b in BAD_TOKENS], ids=[b[0] for b in BAD_TOKENS]
+)
+def test_validate_token_rejects(name: str, why: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        s.validate_token(name, "allocation")
+    assert caught.value.field == "allocation"
+    assert why in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: s.submit("a.b"), "allocation"),
+        (lambda: s.cancel("a", "w*"), "workload"),
+        (lambda: s.preempt("a", ""), "workload"),
+        (lambda: s.events("a b", "w"), "allocation"),
+        (lambda: s.heartbeat("h>"), "host"),
+        (lambda: s.drain(""), "host"),
+        (lambda: s.budget_set(["root", "nlp", "x.y"]), "path[2]"),
+        (lambda: s.budget_set(["nlp", "x"]), "path"),
+        (lambda: s.budget_set(["root"]), "path"),
+        (lambda: s.budget_set("root.nlp"), "path"),
+    ],
+    ids=[
+        "submit-dot",
+        "cancel-star",
+        "preempt-empty",
+        "events-space",
+        "heartbeat-gt",
+        "drain-empty",
+        "budget-dot",
+        "budget-not-from-root",
+        "budget-root-itself",
+        "budget-string",
+    ],
+)
+def test_subject_builders_reject_bad_tokens(build: Any, field: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        build()
+    assert caught.value.field == field
+
+
+def test_validate_token_accepts_a_plain_name() -> None:
+    assert s.validate_token("nlp-pretrain_2", "allocation") == "nlp-pretrain_2"
+    assert s.validate_token("x" * 64, "allocation") == "x" * 64
