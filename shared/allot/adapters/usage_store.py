@@ -1,0 +1,219 @@
+"""Hourly usage counters per allocation: the accounting service's store.
+
+Writes: ``charge`` splits one interval of allocated running time into hourly GPU-seconds
+with ``allot.core.usage.split_into_hours`` and adds them to the allocation's buckets,
+exactly once per ``charge_id`` (a redelivered message returns ``False`` and changes
+nothing). Reads: ``buckets`` returns the hours inside a window, the input of
+``allot.core.usage.window_usage``. The math lives in the core; this module only stores.
+
+Retention: both stores keep the ``RETENTION_HOURS`` (8 days) up to the newest hour charged to
+an allocation and drop older hours on each charge, so a 7-day window (169 hour buckets
+counting the straddling one) is always served whole. Hours of a charge already older than
+that are not stored.
+
+Redis layout (``prefix`` defaults to ``allot``), one allocation's keys sharing a hash tag so
+the charge script touches a single Redis Cluster slot:
+
+    {prefix}:usage:{<allocation>}   HASH  hour index -> GPU-seconds (HINCRBYFLOAT)
+    {prefix}:seen:{<allocation>}    SET   applied charge ids
+
+One Lua script does SADD then, only if the id is new, HINCRBYFLOAT for every hour, HDEL of
+hours past retention and EXPIRE of both keys 8 days after the last write (Redis 7.0 has no
+HEXPIRE). Charge ids are therefore remembered as long as the allocation keeps being charged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Final, Protocol
+
+import redis.asyncio as redis_asyncio
+
+from allot.core.errors import ValidationError
+from allot.core.usage import HOUR_S, split_into_hours
+
+RETENTION_HOURS: Final = 8 * 24
+KEY_TTL_S: Final = RETENTION_HOURS * HOUR_S
+
+
+class UsageStore(Protocol):
+    """Idempotent hourly GPU-seconds per allocation."""
+
+    async def charge(
+        self, charge_id: str, allocation: str, start: float, end: float, gpus: int
+    ) -> bool:
+        """Add ``gpus`` GPUs held during ``[start, end)``; ``False`` (and no change) when
+        ``charge_id`` was already applied."""
+        ...
+
+    async def buckets(
+        self, allocations: Iterable[str], now: float, window_s: int
+    ) -> dict[str, dict[int, float]]:
+        """The hour buckets of the window ``(now - window_s, now]`` (with the hour that
+        straddles its start), for every allocation asked for (``{}`` when none)."""
+        ...
+
+    async def wipe(self) -> None:
+        """Forget every bucket and charge id (tests, rebuild from the log)."""
+        ...
+
+
+class MemoryUsageStore:
+    """Plain dicts: the simulator's and the unit tests' store."""
+
+    def __init__(self) -> None:
+        self._usage: dict[str, dict[int, float]] = {}
+        self._seen: dict[str, set[str]] = {}
+
+    async def charge(
+        self, charge_id: str, allocation: str, start: float, end: float, gpus: int
+    ) -> bool:
+        pieces = _pieces(charge_id, allocation, start, end, gpus)
+        seen = self._seen.setdefault(allocation, set())
+        if charge_id in seen:
+            return False
+        seen.add(charge_id)
+        hours = self._usage.setdefault(allocation, {})
+        for h, amount in pieces.items():
+            hours[h] = hours.get(h, 0.0) + amount
+        if hours:
+            cutoff = max(hours) - RETENTION_HOURS
+            for h in [h for h in hours if h < cutoff]:
+                del hours[h]
+        return True
+
+    async def buckets(
+        self, allocations: Iterable[str], now: float, window_s: int
+    ) -> dict[str, dict[int, float]]:
+        hour_range = _window_hours(now, window_s)
+        result: dict[str, dict[int, float]] = {}
+        for allocation in allocations:
+            _check_allocation(allocation)
+            hours = self._usage.get(allocation, {})
+            result[allocation] = {h: hours[h] for h in hour_range if h in hours}
+        return result
+
+    async def wipe(self) -> None:
+        self._usage.clear()
+        self._seen.clear()
+
+
+# KEYS[1] usage hash, KEYS[2] seen set.
+# ARGV[1] charge id, ARGV[2] key TTL (s), ARGV[3] retention (hours), ARGV[4..] hour, amount.
+_CHARGE_LUA: Final = """
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then
+  return 0
+end
+for i = 4, #ARGV, 2 do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+local fields = redis.call('HKEYS', KEYS[1])
+local newest = nil
+for _, f in ipairs(fields) do
+  local h = tonumber(f)
+  if newest == nil or h > newest then newest = h end
+end
+if newest ~= nil then
+  local cutoff = newest - tonumber(ARGV[3])
+  for _, f in ipairs(fields) do
+    if tonumber(f) < cutoff then redis.call('HDEL', KEYS[1], f) end
+  end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+class RedisUsageStore:
+    """Counters in Redis (see the module docstring for the key layout). ``client`` may
+    decode responses or not; floats are read back from their string form."""
+
+    def __init__(self, client: redis_asyncio.Redis, prefix: str = "allot") -> None:
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ValidationError("prefix", f"must be non-empty and brace-free, got {prefix!r}")
+        self._client = client
+        self._prefix = prefix
+        self._charge_script = client.register_script(_CHARGE_LUA)
+
+    def usage_key(self, allocation: str) -> str:
+        return f"{self._prefix}:usage:{{{allocation}}}"
+
+    def seen_key(self, allocation: str) -> str:
+        return f"{self._prefix}:seen:{{{allocation}}}"
+
+    async def charge(
+        self, charge_id: str, allocation: str, start: float, end: float, gpus: int
+    ) -> bool:
+        pieces = _pieces(charge_id, allocation, start, end, gpus)
+        args: list[str | int] = [charge_id, KEY_TTL_S, RETENTION_HOURS]
+        if pieces:
+            # Hours already past retention would be dropped by the script anyway.
+            cutoff = max(pieces) - RETENTION_HOURS
+            for h, amount in pieces.items():
+                if h >= cutoff:
+                    args += [h, repr(float(amount))]
+        applied = await self._charge_script(
+            keys=[self.usage_key(allocation), self.seen_key(allocation)], args=args
+        )
+        return bool(applied)
+
+    async def buckets(
+        self, allocations: Iterable[str], now: float, window_s: int
+    ) -> dict[str, dict[int, float]]:
+        hour_range = _window_hours(now, window_s)
+        names = list(allocations)
+        for allocation in names:
+            _check_allocation(allocation)
+        if not names:
+            return {}
+        async with self._client.pipeline(transaction=False) as pipe:
+            for allocation in names:
+                pipe.hmget(self.usage_key(allocation), list(hour_range))
+            replies: list[list[bytes | str | None]] = await pipe.execute()
+        result: dict[str, dict[int, float]] = {}
+        for allocation, values in zip(names, replies, strict=True):
+            result[allocation] = {
+                h: float(v) for h, v in zip(hour_range, values, strict=True) if v is not None
+            }
+        return result
+
+    async def wipe(self) -> None:
+        """Delete this prefix's usage and seen keys (SCAN, so it never blocks the server)."""
+        escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in self._prefix)
+        for kind in ("usage", "seen"):
+            batch: list[bytes | str] = []
+            async for key in self._client.scan_iter(match=f"{escaped}:{kind}:*", count=500):
+                batch.append(key)
+                if len(batch) >= 500:
+                    await self._client.delete(*batch)
+                    batch.clear()
+            if batch:
+                await self._client.delete(*batch)
+
+
+def _pieces(
+    charge_id: str, allocation: str, start: float, end: float, gpus: int
+) -> dict[int, float]:
+    if not isinstance(charge_id, str) or not charge_id:
+        raise ValidationError("charge_id", f"must be a non-empty string, got {charge_id!r}")
+    _check_allocation(allocation)
+    return split_into_hours(start, end, gpus)
+
+
+def _check_allocation(allocation: str) -> None:
+    # An empty name would make an empty hash tag "{}", which Redis Cluster ignores: the
+    # usage and seen keys could then land in different slots.
+    if not isinstance(allocation, str) or not allocation:
+        raise ValidationError("allocation", f"must be a non-empty string, got {allocation!r}")
+
+
+def _window_hours(now: float, window_s: int) -> range:
+    """The hour indices ``window_usage`` can count for this window: from the hour that
+    straddles ``now - window_s`` to the current one."""
+    if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
+        raise ValidationError("now", f"must be a finite number of seconds, got {now!r}")
+    if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s <= 0:
+        raise ValidationError("window_s", f"must be a positive integer, got {window_s!r}")
+    return range(math.floor((now - window_s) / HOUR_S), math.floor(now / HOUR_S) + 1)
