@@ -78,6 +78,8 @@ def decode(kind: Kind | str, data: bytes) -> msgspec.Struct:
     except msgspec.ValidationError as e:
         raise _schema_error(str(e)) from None
     except msgspec.DecodeError as e:
+        if "UTF-8" in str(e):  # msgspec 0.23 reports no offset for it: find it ourselves
+            raise _bad_utf8(bytes(data)) from None
         raise _syntax_error(str(e), bytes(data)) from None
     except RecursionError:
         raise ValidationError(BODY, "JSON is nested too deeply") from None
