@@ -114,6 +114,7 @@ class _Cycle:
         # once a plan for g GPUs failed, no later request of >= g can find one.
         self.place_bound: dict[str, float] = {}
         self._tiers: dict[str, int] = {}  # tier per allocation, until its held GPUs change
+        self._rules: dict[tuple[str, bool, bool], _FairShareRule] = {}  # immutable per cycle
         self.preempt_bound: dict[object, float] = {}
         self.earmarked_for: set[str] = set()  # allocations that earmarked GPUs this cycle
 
@@ -346,10 +347,19 @@ class _Cycle:
             return _LegacyRule(w.priority, self.now)
         alloc = w.allocation
         assert alloc is not None
+        key = (alloc, self._reclaims(w), ignore_protection)
+        rule = self._rules.get(key)
+        if rule is None:
+            rule = self._rules[key] = self._fairshare_rule(alloc, key[1], ignore_protection)
+        return rule
+
+    def _fairshare_rule(
+        self, alloc: str, reclaims: bool, ignore_protection: bool
+    ) -> _FairShareRule:
         return _FairShareRule(
             requester=alloc,
             requester_order=self.order.get(alloc, WORST_ORDER),
-            under_entitlement=self._reclaims(w),
+            under_entitlement=reclaims,
             entitlement_tier=self.policy.entitlement_tier,
             order=self.order,
             entitlement=self.entitlement,

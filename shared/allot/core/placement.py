@@ -147,7 +147,19 @@ class ClusterView:
         if self._room is not None:
             return
         self._room = {}
-        for host_id in self.st.host_ids:
+        # Only hosts with free GPUs or a cheap occupant can have room; the rest would sit
+        # in bucket 0, which no request reads (hosts touched later are indexed then).
+        hosts = {
+            self.st.host_ids[i]
+            for buckets in self.st.by_free.values()
+            for bucket in buckets[1:]
+            for i in bucket
+        }
+        hosts.update(self._free)
+        for run in self.st.running.values():
+            if self._cheap(run):
+                hosts.update(h for h, _ in run.assignment)
+        for host_id in sorted(hosts):
             if self.st.host(host_id).schedulable:
                 self._set_room(host_id)
 
