@@ -95,21 +95,13 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
-class _Server:
-    """What both embedded servers share: a context manager around start/stop, and a repr
-    that says where the server listens."""
+class _StartStop:
+    """A context manager around ``start`` / ``stop``."""
 
     def start(self) -> Self:
         raise NotImplementedError
 
-    def stop(self, timeout: float | None = None) -> None:
-        raise NotImplementedError
-
-    def running(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def url(self) -> str:
+    def stop(self) -> None:
         raise NotImplementedError
 
     def __enter__(self) -> Self:
@@ -122,6 +114,21 @@ class _Server:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class _Server(_StartStop):
+    """What both embedded servers share: start/stop as a context manager, and a repr that
+    says where the server listens."""
+
+    def stop(self, timeout: float | None = None) -> None:
+        raise NotImplementedError
+
+    def running(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
 
     def __repr__(self) -> str:
         where = self.url if self.running() else "not running"
@@ -443,7 +450,7 @@ class EmbeddedRedis(_Server):
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
-class Servers:
+class Servers(_StartStop):
     """The broker and the counter store for `allot up`: given URLs or embedded ones.
 
     `nats_url` / `redis_url` (later `--nats-url` / `--redis-url`): use those
@@ -521,14 +528,3 @@ class Servers:
             if nats is not None:
                 nats.stop()
         self._started = False
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -34,7 +34,7 @@ from allot.core.model import HostState, Workload
 from allot.core.policy import Mode, Policy
 from allot.core.state import ClusterState, PendingQueue
 from allot.core.usage import split_into_hours, window_usage
-from allot.sim.cluster import ClusterSpec
+from allot.sim.cluster import ClusterSpec, HealthEvent
 from allot.sim.record import (
     CapacityChange,
     JobOutcome,
@@ -209,8 +209,8 @@ class _Engine:
             self.wakeups.discard(now)
 
     def _health(self, event: object, now: float) -> None:
-        host_id = getattr(event, "host")  # noqa: B009 - HealthEvent, typed loosely in the heap
-        what = getattr(event, "event")  # noqa: B009
+        assert isinstance(event, HealthEvent)
+        host_id, what = event.host, event.event
         host = self.state.host(host_id)
         if what == "unhealthy" and host.state in (HostState.HEALTHY, HostState.CORDONED):
             self.state.set_host_state(host_id, HostState.DRAINING)
