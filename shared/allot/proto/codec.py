@@ -47,6 +47,8 @@ TYPES: Final[dict[Kind, Any]] = {
     Kind.EVENTS: m.WorkloadEvent,
     Kind.PREEMPT: m.PreemptionNotice,
     Kind.RANKING: m.RankingUpdated,
+    Kind.LEADER: m.LeaderElected,
+    Kind.BUDGET_TREE: m.BudgetTreeSet,
 }
 """What each subject kind carries: one Struct, or a union told apart by ``type``."""
 

@@ -69,6 +69,10 @@ Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)]
 Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
 Arg = Annotated[str, msgspec.Meta(max_length=4096)]
+Attempt = Annotated[int, msgspec.Meta(ge=1, le=1_000_000, description="1 for the first run")]
+Epoch = Annotated[
+    int, msgspec.Meta(ge=0, le=2**63 - 1, description="placement leader's term (fencing token)")
+]
 
 PreemptReason = Literal[
     "displaced-unallocated",
@@ -190,6 +194,45 @@ class WorkloadRejected(_Message, frozen=True, kw_only=True):
     reason: Text
 
 
+class WorkloadSubmitted(_Message, frozen=True, kw_only=True):
+    """Intake's log record of an accepted submission: everything placement and agents need
+    to run it. ``workload_id`` is derived from (allocation, client_id), so a resubmission
+    is the same workload and the fold ignores a second record of it."""
+
+    workload_id: Name
+    client_id: Name
+    user: Name
+    gpus: Gpus
+    allocation: Name | None = None
+    min_runtime_s: MinRuntime = 0
+    resumable: bool = True
+    kind: Name = "training"
+    priority: Priority = 0
+    command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
+    at: Timestamp
+
+
+class CancelRequested(_Message, frozen=True, kw_only=True):
+    """Intake's log record of an accepted cancel: placement drops pending work, the agent
+    stops running work and reports ``WorkloadCancelled``."""
+
+    workload_id: Name
+    allocation: Name | None = None
+    by: Name
+    reason: Text = ""
+    at: Timestamp
+
+
+class LeaderElected(_Message, frozen=True, kw_only=True):
+    """A placement instance won the lease. Every later decision carries this ``epoch``;
+    folds ignore decisions of an older epoch (fencing)."""
+
+    epoch: Epoch
+    leader: Name
+    at: Timestamp
+
+
 class WorkloadQueued(_Message, frozen=True, kw_only=True):
     """``position`` is 1-based in the pending queue; ``sort_metric`` is what the queue is
     sorted by (smaller is served first) and ``rank`` the allocation's Fair Tree rank."""
@@ -210,6 +253,8 @@ class WorkloadPlaced(_Message, frozen=True, kw_only=True):
     gpus: Gpus
     assignment: Assignment
     min_runtime_s: MinRuntime = 0
+    attempt: Attempt = 1
+    epoch: Epoch = 0
 
 
 class WorkloadStarted(_Message, frozen=True, kw_only=True):
@@ -218,6 +263,10 @@ class WorkloadStarted(_Message, frozen=True, kw_only=True):
     at: Timestamp
     host: Name
     pid: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    attempt: Attempt = 1
+    gpus: GpuCount = 0
+    allocated: bool = False
+    """Charged to ``allocation`` (allocated work); accounting charges nothing otherwise."""
 
 
 class PreemptionNotice(_Message, frozen=True, kw_only=True):
@@ -234,6 +283,8 @@ class PreemptionNotice(_Message, frozen=True, kw_only=True):
     preemptor: Name | None = None
     victim_held_gpus: GpuCount = 0
     victim_entitlement_gpus: NonNegative = 0.0
+    attempt: Attempt = 1
+    epoch: Epoch = 0
 
 
 class WorkloadPreempted(_Message, frozen=True, kw_only=True):
@@ -242,6 +293,10 @@ class WorkloadPreempted(_Message, frozen=True, kw_only=True):
     at: Timestamp
     reason: PreemptReason
     gpu_seconds: NonNegative = 0.0
+    attempt: Attempt = 1
+    gpus: GpuCount = 0
+    started_at: Timestamp | None = None
+    allocated: bool = False
 
 
 class WorkloadRequeued(_Message, frozen=True, kw_only=True):
@@ -249,6 +304,7 @@ class WorkloadRequeued(_Message, frozen=True, kw_only=True):
     allocation: Name | None = None
     at: Timestamp
     attempt: Annotated[int, msgspec.Meta(ge=1)] = 1
+    epoch: Epoch = 0
 
 
 class WorkloadCompleted(_Message, frozen=True, kw_only=True):
@@ -256,6 +312,10 @@ class WorkloadCompleted(_Message, frozen=True, kw_only=True):
     allocation: Name | None = None
     at: Timestamp
     gpu_seconds: NonNegative = 0.0
+    attempt: Attempt = 1
+    gpus: GpuCount = 0
+    started_at: Timestamp | None = None
+    allocated: bool = False
 
 
 class WorkloadFailed(_Message, frozen=True, kw_only=True):
@@ -265,6 +325,10 @@ class WorkloadFailed(_Message, frozen=True, kw_only=True):
     exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
     reason: Text = ""
     gpu_seconds: NonNegative = 0.0
+    attempt: Attempt = 1
+    gpus: GpuCount = 0
+    started_at: Timestamp | None = None
+    allocated: bool = False
 
 
 class WorkloadCancelled(_Message, frozen=True, kw_only=True):
@@ -274,25 +338,78 @@ class WorkloadCancelled(_Message, frozen=True, kw_only=True):
     by: Name | None = None
     reason: Text = ""
     gpu_seconds: NonNegative = 0.0
+    attempt: Attempt = 1
+    gpus: GpuCount = 0
+    started_at: Timestamp | None = None
+    allocated: bool = False
 
 
 # == host events ===============================================================================
 
 
+class HostRegistered(_Message, frozen=True, kw_only=True):
+    """The health service saw a host for the first time (or its GPU count changed)."""
+
+    host: Name
+    gpus: Gpus
+    at: Timestamp
+
+
 class HostDraining(_Message, frozen=True, kw_only=True):
+    """Nothing new lands; running work leaves as its protection ends. ``by`` is the
+    operator for a manual drain, absent when health checks started it."""
+
     host: Name
     at: Timestamp
     reason: Text = ""
+    by: Name | None = None
 
 
 class HostDrained(_Message, frozen=True, kw_only=True):
     host: Name
     at: Timestamp
+    epoch: Epoch = 0
 
 
 class HostHealthy(_Message, frozen=True, kw_only=True):
     host: Name
     at: Timestamp
+
+
+# == budgets ===================================================================================
+
+
+class BudgetNodeSpec(_Wire, frozen=True, kw_only=True):
+    """One node of a budget tree (the nested format of ``budgets.yaml``); ``shares`` null
+    is Slurm's ``parent``."""
+
+    name: Name
+    shares: Annotated[int, msgspec.Meta(ge=0, le=MAX_SHARES)] | None = 1
+    children: Annotated[tuple[BudgetNodeSpec, ...], msgspec.Meta(max_length=10_000)] = ()
+
+
+class BudgetTreeSet(_Message, frozen=True, kw_only=True):
+    """The whole budget tree after a change; the last one on its subject is current."""
+
+    at: Timestamp
+    by: Name
+    tree: BudgetNodeSpec
+
+
+# == command replies ===========================================================================
+
+
+class CommandAccepted(_Message, frozen=True, kw_only=True):
+    at: Timestamp
+    detail: Text = ""
+
+
+class CommandRejected(_Message, frozen=True, kw_only=True):
+    """``field`` names what was wrong, ``reason`` why."""
+
+    at: Timestamp
+    field: Text
+    reason: Text
 
 
 # == ranking ===================================================================================
@@ -321,10 +438,80 @@ class RankingUpdated(_Message, frozen=True, kw_only=True):
     nodes: Annotated[tuple[RankRow, ...], msgspec.Meta(max_length=100_000)]
 
 
+# == queries (request/reply, answered by the placement leader or the ranking service) ==========
+
+
+class StatusQuery(_Message, frozen=True, kw_only=True):
+    workload_id: Name
+
+
+class WorkloadStatus(_Message, frozen=True, kw_only=True):
+    """``state``: pending, running, noticed (under preemption notice), completed, failed,
+    cancelled, preempted (ended by preemption, not resumable), unknown."""
+
+    workload_id: Name
+    state: Literal[
+        "pending", "running", "noticed", "completed", "failed", "cancelled", "preempted", "unknown"
+    ]
+    allocation: Name | None = None
+    user: Name | None = None
+    gpus: GpuCount = 0
+    attempt: GpuCount = 0
+    submitted_at: Timestamp | None = None
+    started_at: Timestamp | None = None
+    protected_until: Timestamp | None = None
+    preempt_at: Timestamp | None = None
+    assignment: tuple[HostGpus, ...] = ()
+    position: GpuCount | None = None
+
+
+class QueueRow(_Wire, frozen=True, kw_only=True):
+    """One pending workload, in service order. ``tier``: under-entitlement,
+    over-entitlement or unallocated; ``sort_metric`` = tier index + (1 - Fair Tree factor),
+    smaller first."""
+
+    position: Annotated[int, msgspec.Meta(ge=1)]
+    workload_id: Name
+    allocation: Name | None = None
+    user: Name
+    gpus: Gpus
+    kind: Name
+    tier: Literal["under-entitlement", "over-entitlement", "unallocated"]
+    rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    fairshare: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    sort_metric: Annotated[float, msgspec.Meta(ge=0.0, le=1e6)]
+    priority: Priority = 0
+    submitted_at: Timestamp
+    why: Text = ""
+
+
+class QueueSnapshot(_Message, frozen=True, kw_only=True):
+    at: Timestamp
+    epoch: Epoch = 0
+    free_gpus: GpuCount = 0
+    rows: Annotated[tuple[QueueRow, ...], msgspec.Meta(max_length=1_000_000)] = ()
+
+
+class HostRow(_Wire, frozen=True, kw_only=True):
+    host: Name
+    state: Literal["healthy", "draining", "drained", "cordoned"]
+    gpus: Gpus
+    free_gpus: GpuCount
+    workloads: Annotated[tuple[Name, ...], msgspec.Meta(max_length=1024)] = ()
+    last_heartbeat: Timestamp | None = None
+
+
+class HostsSnapshot(_Message, frozen=True, kw_only=True):
+    at: Timestamp
+    hosts: Annotated[tuple[HostRow, ...], msgspec.Meta(max_length=1_000_000)] = ()
+
+
 # == groups ====================================================================================
 
 WorkloadEvent = (
-    WorkloadAccepted
+    WorkloadSubmitted
+    | CancelRequested
+    | WorkloadAccepted
     | WorkloadRejected
     | WorkloadQueued
     | WorkloadPlaced
@@ -335,7 +522,7 @@ WorkloadEvent = (
     | WorkloadFailed
     | WorkloadCancelled
 )
-HostEvent = HostDraining | HostDrained | HostHealthy
+HostEvent = HostRegistered | HostDraining | HostDrained | HostHealthy
 
 COMMANDS: tuple[type[msgspec.Struct], ...] = (
     SubmitWorkload,
@@ -347,6 +534,9 @@ COMMANDS: tuple[type[msgspec.Struct], ...] = (
     HealthReport,
 )
 EVENTS: tuple[type[msgspec.Struct], ...] = (
+    WorkloadSubmitted,
+    CancelRequested,
+    LeaderElected,
     WorkloadAccepted,
     WorkloadRejected,
     WorkloadQueued,
@@ -358,9 +548,19 @@ EVENTS: tuple[type[msgspec.Struct], ...] = (
     WorkloadCompleted,
     WorkloadFailed,
     WorkloadCancelled,
+    HostRegistered,
     HostDraining,
     HostDrained,
     HostHealthy,
     RankingUpdated,
+    BudgetTreeSet,
 )
-MESSAGES = COMMANDS + EVENTS
+REPLIES: tuple[type[msgspec.Struct], ...] = (
+    CommandAccepted,
+    CommandRejected,
+    StatusQuery,
+    WorkloadStatus,
+    QueueSnapshot,
+    HostsSnapshot,
+)
+MESSAGES = COMMANDS + EVENTS + REPLIES

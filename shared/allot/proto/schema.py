@@ -21,7 +21,16 @@ import msgspec
 
 from allot.proto import messages as m
 from allot.proto.codec import MAX_PAYLOAD, TYPES
-from allot.proto.subjects import CHANNELS, PREFIX, STREAMS, Kind
+from allot.proto.subjects import (
+    CHANNELS,
+    PREFIX,
+    QUERY_HOSTS,
+    QUERY_QUEUE,
+    QUERY_SHARE,
+    QUERY_STATUS,
+    STREAMS,
+    Kind,
+)
 
 SCHEMA_FILE = "schema.json"
 ASYNCAPI_FILE = "asyncapi.json"
@@ -40,7 +49,29 @@ _ACTION: dict[Kind, str] = {
     Kind.EVENTS: "receive",
     Kind.PREEMPT: "receive",
     Kind.RANKING: "receive",
+    Kind.LEADER: "receive",
+    Kind.BUDGET_TREE: "receive",
 }
+
+_COMMAND_REPLY = (m.CommandAccepted, m.CommandRejected)
+_REPLIES: dict[Kind, tuple[type[msgspec.Struct], ...]] = {
+    Kind.SUBMIT: (m.WorkloadAccepted, m.WorkloadRejected),
+    Kind.CANCEL: _COMMAND_REPLY,
+    Kind.BUDGET_SET: _COMMAND_REPLY,
+    Kind.DRAIN: _COMMAND_REPLY,
+    Kind.UNDRAIN: _COMMAND_REPLY,
+}
+"""What the service answers to each request (commands are core-NATS requests)."""
+
+_QUERIES: dict[
+    str, tuple[str, tuple[type[msgspec.Struct], ...], tuple[type[msgspec.Struct], ...]]
+] = {
+    "query_queue": (QUERY_QUEUE, (), (m.QueueSnapshot,)),
+    "query_hosts": (QUERY_HOSTS, (), (m.HostsSnapshot,)),
+    "query_status": (QUERY_STATUS, (m.StatusQuery,), (m.WorkloadStatus, m.CommandRejected)),
+    "query_share": (QUERY_SHARE, (), (m.RankingUpdated,)),
+}
+"""Query channels: address, request message (none: an empty body), reply messages."""
 
 _PARAMS: dict[str, str] = {
     "allocation": "allocation name, or '~' for unallocated work",
@@ -78,6 +109,44 @@ def asyncapi() -> dict[str, Any]:
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}
+
+    def add_message(n: str) -> None:
+        messages[n] = {
+            "name": n,
+            "contentType": "application/json",
+            "payload": {"$ref": REF_PREFIX + n},
+        }
+
+    def add_reply(cid: str, replies: tuple[type[msgspec.Struct], ...]) -> dict[str, Any]:
+        rid = f"{cid}_reply"
+        reply_names = [c.__name__ for c in replies]
+        channels[rid] = {
+            "address": None,
+            "description": "the requester's inbox (NATS request/reply)",
+            "messages": {n: {"$ref": f"#/components/messages/{n}"} for n in reply_names},
+        }
+        for n in reply_names:
+            add_message(n)
+        return {
+            "channel": {"$ref": f"#/channels/{rid}"},
+            "messages": [{"$ref": f"#/channels/{rid}/messages/{n}"} for n in reply_names],
+        }
+
+    for cid, (address, requests, replies) in _QUERIES.items():
+        names = [c.__name__ for c in requests]
+        channels[cid] = {
+            "address": address,
+            "description": "core NATS request/reply (an empty body unless a message is listed)",
+            "messages": {n: {"$ref": f"#/components/messages/{n}"} for n in names},
+        }
+        operations[f"send_{cid}"] = {
+            "action": "send",
+            "channel": {"$ref": f"#/channels/{cid}"},
+            "messages": [{"$ref": f"#/channels/{cid}/messages/{n}"} for n in names],
+            "reply": add_reply(cid, replies),
+        }
+        for n in names:
+            add_message(n)
     for kind in Kind:
         cid = kind.value.replace(".", "_")
         address = CHANNELS[kind]
@@ -94,17 +163,16 @@ def asyncapi() -> dict[str, Any]:
             f"JetStream stream {stream[0]}" if stream else "core NATS (not captured by a stream)"
         )
         channels[cid] = channel
-        operations[f"{_ACTION[kind]}_{cid}"] = {
+        operation: dict[str, Any] = {
             "action": _ACTION[kind],
             "channel": {"$ref": f"#/channels/{cid}"},
             "messages": [{"$ref": f"#/channels/{cid}/messages/{n}"} for n in names],
         }
+        if kind in _REPLIES:
+            operation["reply"] = add_reply(cid, _REPLIES[kind])
+        operations[f"{_ACTION[kind]}_{cid}"] = operation
         for n in names:
-            messages[n] = {
-                "name": n,
-                "contentType": "application/json",
-                "payload": {"$ref": REF_PREFIX + n},
-            }
+            add_message(n)
     return {
         "asyncapi": "3.0.0",
         "info": {

@@ -22,6 +22,9 @@ allot.v1.host.<host>.state                 HostDraining/Drained/Healthy  ...host
 allot.v1.events.<allocation>.<workload>    Workload* lifecycle events    ...events.nlp.*
 allot.v1.preempt.<allocation>.<workload>   PreemptionNotice              ...preempt.nlp.*
 allot.v1.ranking                           RankingUpdated                allot.v1.ranking
+allot.v1.leader                            LeaderElected                 (services only)
+allot.v1.budget.tree                       BudgetTreeSet (current tree)  allot.v1.budget.tree
+allot.v1.query.{queue,hosts,share,status}  queries (request/reply)       allot.v1.query.*
 =========================================  ============================  =====================
 
 (``...`` abbreviates ``allot.v1.``.)
@@ -82,6 +85,8 @@ class Kind(StrEnum):
     EVENTS = "events"
     PREEMPT = "preempt"
     RANKING = "ranking"
+    LEADER = "leader"
+    BUDGET_TREE = "budget.tree"
 
 
 def validate_token(name: str, field: str) -> str:
@@ -177,6 +182,19 @@ def preempt(allocation: str | None, workload: str) -> str:
 
 
 RANKING = f"{PREFIX}.ranking"
+LEADER = f"{PREFIX}.leader"
+BUDGET_TREE = f"{PREFIX}.budget.tree"
+
+# -- queries (core-NATS request/reply; payload ``{}`` unless noted) --------------------------
+
+QUERY_QUEUE = f"{PREFIX}.query.queue"
+"""QueueSnapshot, answered by the placement leader."""
+QUERY_HOSTS = f"{PREFIX}.query.hosts"
+"""HostsSnapshot, answered by the placement leader."""
+QUERY_STATUS = f"{PREFIX}.query.status"
+"""StatusQuery -> WorkloadStatus, answered by the placement leader."""
+QUERY_SHARE = f"{PREFIX}.query.share"
+"""RankingUpdated (the latest), answered by the ranking service."""
 
 # -- wildcards (subscriptions and grants) -----------------------------------------------------
 
@@ -219,13 +237,15 @@ CHANNELS: dict[Kind, str] = {
     Kind.EVENTS: f"{PREFIX}.events.{{allocation}}.{{workload}}",
     Kind.PREEMPT: f"{PREFIX}.preempt.{{allocation}}.{{workload}}",
     Kind.RANKING: RANKING,
+    Kind.LEADER: LEADER,
+    Kind.BUDGET_TREE: BUDGET_TREE,
 }
 """Subject templates per kind (AsyncAPI channel addresses)."""
 
 STREAMS: dict[str, tuple[str, ...]] = {
-    "WORKLOADS": (ALL_EVENTS, ALL_PREEMPT),
+    "WORKLOADS": (ALL_EVENTS, ALL_PREEMPT, LEADER),
     "HOSTS": (ALL_HOST_STATE,),
-    "USAGE": (f"{PREFIX}.usage.>", RANKING),
+    "USAGE": (f"{PREFIX}.usage.>", RANKING, BUDGET_TREE),
 }
 """JetStream streams, one per concern, and the subjects each captures. Commands and
 heartbeats are not captured: services answer them and append what they decide."""
@@ -255,4 +275,8 @@ def kind_of(subject: str) -> Kind:
         return Kind.PREEMPT
     if head == "ranking" and n == 1:
         return Kind.RANKING
+    if head == "leader" and n == 1:
+        return Kind.LEADER
+    if head == "budget" and n == 2 and rest[1] == "tree":
+        return Kind.BUDGET_TREE
     raise ValidationError("subject", f"{subject!r} is not a known {PREFIX} subject")
