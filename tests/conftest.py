@@ -1,18 +1,30 @@
 """Real servers for integration tests: the ones this machine runs on 127.0.0.1:4222 (NATS)
 and :6379 (Redis) when they answer, embedded ones from the wheels otherwise (a fresh
-machine has neither). Never a mock."""
+machine has neither). Never a mock.
+
+``ALLOT_TEST_SERVERS=embedded`` starts embedded servers even when the machine's answer
+(useful when two test runs share a machine: the streams have fixed names).
+"""
 
 from __future__ import annotations
 
+import os
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from allot.adapters.embedded import EmbeddedRedis
+from allot.adapters.embedded import EmbeddedNats, EmbeddedRedis
+
+_FORCE_EMBEDDED = os.environ.get("ALLOT_TEST_SERVERS") == "embedded"
+
+STREAMS = ("WORKLOADS", "HOSTS", "USAGE")
+KV_BUCKETS = ("allot_leader", "allot_clients", "allot_ranking")
 
 
 def _answers(port: int) -> bool:
+    if _FORCE_EMBEDDED:
+        return False
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return True
@@ -27,3 +39,34 @@ def redis_url() -> Iterator[str]:
         return
     with EmbeddedRedis() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    if _answers(4222):
+        yield "nats://127.0.0.1:4222"
+        return
+    with EmbeddedNats() as server:
+        yield server.url
+
+
+@pytest.fixture
+async def fresh_log(nats_url: str) -> AsyncIterator[str]:
+    """An empty Allot log: the streams and KV buckets are deleted before the test (the
+    streams have fixed names, so integration tests run one at a time)."""
+    import nats
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for name in STREAMS:
+        try:
+            await js.delete_stream(name)
+        except Exception:  # noqa: S110 - absent is what we want
+            pass
+    for bucket in KV_BUCKETS:
+        try:
+            await js.delete_key_value(bucket)
+        except Exception:  # noqa: S110
+            pass
+    await nc.close()
+    yield nats_url

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from allot.core.errors import ValidationError
 
@@ -575,3 +575,27 @@ def _effective_shares(index: TreeIndex) -> dict[str, float]:
             else:
                 share[m] = share[owner] / len(members)
     return {index.names[i]: share[i] for i in index.leaves}
+
+
+# -- changes -------------------------------------------------------------------------------
+
+
+def set_shares(tree: BudgetTree, path: Sequence[str], shares: int | None) -> BudgetTree:
+    """A new tree where the node at ``path`` (names from the root down, root included) has
+    ``shares`` (None is Slurm's ``parent``). The result is validated like any tree."""
+    if len(path) < 2 or path[0] != tree.root.name:
+        raise ValidationError(
+            "path", f"must start at the root {tree.root.name!r} and name a node below it"
+        )
+
+    def rebuild(node: BudgetNode, rest: Sequence[str], where: str) -> BudgetNode:
+        if not rest:
+            return replace(node, shares=shares)
+        for i, child in enumerate(node.children):
+            if child.name == rest[0]:
+                new = rebuild(child, rest[1:], f"{where}/{child.name}")
+                children = (*node.children[:i], new, *node.children[i + 1 :])
+                return replace(node, children=children)
+        raise ValidationError("path", f"{where} has no child named {rest[0]!r}")
+
+    return BudgetTree(rebuild(tree.root, path[1:], tree.root.name))

@@ -1,0 +1,169 @@
+"""JetStream plumbing shared by the services: streams, publishing records, replaying the log.
+
+Streams (``allot.proto.subjects.STREAMS``), file storage, one replica by default:
+
+* ``WORKLOADS``: workload records and decisions (the log of record; kept until deleted);
+* ``HOSTS``: host registrations and state changes (kept);
+* ``USAGE``: the budget tree and ranking snapshots (kept 30 days; the current tree is the
+  last message on its subject).
+
+Every record is published with a ``Nats-Msg-Id`` derived from what it says (e.g.
+``placed:<workload>:<attempt>``), so a retried publish inside the stream's duplicate window
+is stored once; folds ignore duplicates beyond it (see ``allot.live.logfold``).
+
+``follow_log`` is how every reader rebuilds state: replay HOSTS to its end, then WORKLOADS
+to its end (ordered consumers from sequence 1), report "caught up", then keep delivering
+both live. Records are handed to one callback, one at a time, in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import nats
+import structlog
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from allot.core.errors import ValidationError
+from allot.proto import codec
+from allot.proto.subjects import STREAMS, kind_of
+
+log = structlog.get_logger("allot.bus")
+
+DUPLICATE_WINDOW_S = 120.0
+USAGE_MAX_AGE_S = 30 * 86400.0
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def encode(record: msgspec.Struct) -> bytes:
+    return _ENCODER.encode(record)
+
+
+def stream_configs(replicas: int = 1) -> list[StreamConfig]:
+    out = []
+    for name, subjects in STREAMS.items():
+        out.append(
+            StreamConfig(
+                name=name,
+                subjects=list(subjects),
+                storage=StorageType.FILE,
+                num_replicas=replicas,
+                duplicate_window=DUPLICATE_WINDOW_S,
+                max_age=USAGE_MAX_AGE_S if name == "USAGE" else 0.0,
+            )
+        )
+    return out
+
+
+async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
+    """Create the streams, or bring an existing one's subjects up to date."""
+    for config in stream_configs(replicas):
+        assert config.name is not None
+        try:
+            await js.stream_info(config.name)
+        except NotFoundError:
+            await js.add_stream(config)
+        else:
+            await js.update_stream(config)
+
+
+async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
+    nc = await nats.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.25,
+    )
+    return nc, nc.jetstream()
+
+
+async def publish(
+    js: JetStreamContext, subject: str, record: msgspec.Struct, msg_id: str | None = None
+) -> int:
+    """Append ``record`` to the stream that captures ``subject``; returns its sequence."""
+    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+    ack = await js.publish(subject, encode(record), headers=headers)
+    return ack.seq
+
+
+def decode_record(subject: str, data: bytes) -> msgspec.Struct:
+    """Decode a log record by its subject (raises ``ValidationError``)."""
+    return codec.decode(kind_of(subject), data)
+
+
+OnRecord = Callable[[str, msgspec.Struct], Awaitable[None] | None]
+
+
+@dataclass
+class LogFollower:
+    """Replays then follows the given streams (see the module docstring)."""
+
+    js: JetStreamContext
+    on_record: OnRecord
+    streams: Sequence[str] = ("HOSTS", "WORKLOADS")
+    subjects: dict[str, str] = field(default_factory=dict)
+    """Optional filter subject per stream (default: everything in it)."""
+    _subs: list[Any] = field(default_factory=list)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    skipped: int = 0
+
+    async def start(self) -> None:
+        """Returns once every stream has been replayed to the end it had when read."""
+        for stream in self.streams:
+            info = await self.js.stream_info(stream)
+            last = info.state.last_seq
+            caught_up = asyncio.Event()
+            if info.state.messages == 0:
+                caught_up.set()
+            sub = await self.js.subscribe(
+                self.subjects.get(stream, ">"),
+                stream=stream,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
+            )
+            self._subs.append(sub)
+            self._tasks.append(asyncio.create_task(self._pump(sub, last, caught_up)))
+            await caught_up.wait()
+
+    async def _pump(self, sub: Any, last: int, caught_up: asyncio.Event) -> None:
+        async for msg in sub.messages:
+            await self._deliver(msg)
+            if not caught_up.is_set():
+                meta = msg.metadata
+                if meta.sequence.stream >= last or meta.num_pending == 0:
+                    caught_up.set()
+
+    async def _deliver(self, msg: Msg) -> None:
+        try:
+            record = decode_record(msg.subject, msg.data)
+        except ValidationError as e:
+            self.skipped += 1
+            log.warning("log record skipped", subject=msg.subject, field=e.field, reason=e.reason)
+            return
+        async with self._lock:
+            result = self.on_record(msg.subject, record)
+            if result is not None:
+                await result
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._tasks.clear()
+        self._subs.clear()

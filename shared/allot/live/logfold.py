@@ -1,0 +1,265 @@
+"""The live state as a fold over the log: the same records, in the same order, give the same
+state in every process that reads them (placement leader, standby, agents, a restart).
+
+``LogFold.apply(record)`` takes one decoded record of the WORKLOADS, HOSTS or USAGE streams
+and updates the core's ``ClusterState`` and ``PendingQueue`` with the same operations the
+simulator uses (``allot.core.fold``). It never raises on a record that does not fit (a
+duplicate, a stale decision, an event of an older attempt): it ignores it and says why, so a
+replay after a crash, a redelivery or a paused old leader cannot corrupt the state.
+
+Rules that make the log safe to replay and hard to corrupt:
+
+* **Workload ids are derived from (allocation, client_id)**; a second ``WorkloadSubmitted``
+  of a known id is a duplicate and changes nothing.
+* **Fencing.** ``LeaderElected`` raises the epoch; ``WorkloadPlaced`` and
+  ``PreemptionNotice`` apply only when they carry the current epoch. A paused old leader's
+  decisions land after the new leader's ``LeaderElected`` and are ignored everywhere.
+* **Attempts.** Each placement starts attempt ``n + 1``; agent reports (started, ended)
+  apply only to the current attempt of a running workload.
+* **No double booking.** A placement applies only when every GPU it names is free on a
+  known host (``ClusterState.start`` checks) and the workload is pending.
+* **Order across streams.** Every reader replays HOSTS to its end, then WORKLOADS, then
+  follows both. Nothing in WORKLOADS depends on a host's *state*, only on it being
+  registered (hosts are never removed), so that order gives every reader the same state.
+
+No I/O, no clock: times come from the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from allot.core.budgets import BudgetTree
+from allot.core.errors import ValidationError
+from allot.core.fold import end_workload
+from allot.core.model import Assignment, Host, HostState, Workload
+from allot.core.state import ClusterState, PendingQueue
+from allot.live.budget_wire import tree_from_spec
+from allot.proto import messages as m
+
+Status = Literal[
+    "pending", "running", "noticed", "completed", "failed", "cancelled", "preempted", "unknown"
+]
+
+
+@dataclass(slots=True)
+class WorkloadRecord:
+    """What the log says about one workload (its spec and where it is in its life)."""
+
+    workload: Workload
+    client_id: str
+    command: tuple[str, ...]
+    duration_s: float | None
+    status: Status = "pending"
+    attempt: int = 0
+    started_at: float | None = None  # the current attempt's placement time
+    preempt_at: float | None = None
+    assignment: Assignment = ()
+    cancel_requested: bool = False
+    ended_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What a record did: ``changed`` False means it was ignored, ``why`` says why."""
+
+    changed: bool
+    why: str = ""
+    requeued: bool = False
+
+
+_IGNORED_STALE = Applied(False, "stale epoch")
+_INFO = Applied(False, "informational")
+
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "preempted"})
+
+
+class LogFold:
+    """State rebuilt from the log. Read ``state``, ``queue``, ``tree``, ``records``."""
+
+    def __init__(self) -> None:
+        self.state = ClusterState([])
+        self.queue = PendingQueue()
+        self.tree: BudgetTree | None = None
+        self.epoch = 0
+        self.leader = ""
+        self.records: dict[str, WorkloadRecord] = {}
+        self.applied = 0
+        self.ignored = 0
+
+    # ------------------------------------------------------------------ entry point
+    def apply(self, record: msgspec.Struct) -> Applied:
+        handler = _HANDLERS.get(type(record))
+        result = _INFO if handler is None else handler(self, record)
+        if result.changed:
+            self.applied += 1
+        elif result is not _INFO:
+            self.ignored += 1
+        return result
+
+    # ------------------------------------------------------------------ queries
+    def workload_on(self, host: str) -> set[str]:
+        return self.state.on_host.get(host, set())
+
+    def shares(self) -> dict[str, float]:
+        return self.tree.effective_shares() if self.tree is not None else {}
+
+    # ------------------------------------------------------------------ workloads
+    def _submitted(self, r: m.WorkloadSubmitted) -> Applied:
+        if r.workload_id in self.records:
+            return Applied(False, "duplicate submission")
+        w = Workload(
+            id=r.workload_id,
+            allocation=r.allocation,
+            user=r.user,
+            gpus=r.gpus,
+            min_runtime_s=r.min_runtime_s,
+            resumable=r.resumable,
+            kind=r.kind,
+            priority=r.priority,
+            submit_time=r.at,
+        )
+        self.records[w.id] = WorkloadRecord(w, r.client_id, r.command, r.duration_s)
+        self.queue.add(w)
+        return Applied(True)
+
+    def _cancel_requested(self, r: m.CancelRequested) -> Applied:
+        rec = self.records.get(r.workload_id)
+        if rec is None or rec.status in TERMINAL:
+            return Applied(False, "nothing to cancel")
+        if rec.workload.id in self.queue:
+            self.queue.remove(rec.workload.id)
+            rec.status = "cancelled"
+            rec.ended_at = r.at
+            return Applied(True)
+        rec.cancel_requested = True  # running: its agent stops it and reports
+        return Applied(True)
+
+    def _leader(self, r: m.LeaderElected) -> Applied:
+        if r.epoch <= self.epoch:
+            return Applied(False, f"epoch {r.epoch} is not newer than {self.epoch}")
+        self.epoch = r.epoch
+        self.leader = r.leader
+        return Applied(True)
+
+    def _placed(self, r: m.WorkloadPlaced) -> Applied:
+        if r.epoch != self.epoch:
+            return _IGNORED_STALE
+        rec = self.records.get(r.workload_id)
+        if rec is None or rec.workload.id not in self.queue:
+            return Applied(False, "not pending")
+        if r.attempt != rec.attempt + 1:
+            return Applied(False, f"attempt {r.attempt} after {rec.attempt}")
+        assignment: Assignment = tuple((hg.host, tuple(hg.gpus)) for hg in r.assignment)
+        for host_id, _ in assignment:
+            # Host *state* is not checked: the HOSTS stream is replayed before WORKLOADS, so
+            # a replay sees final host states; the leader only places on healthy hosts.
+            if host_id not in self.state:
+                return Applied(False, f"host {host_id} is unknown")
+        try:
+            self.state.start(rec.workload, assignment, r.at)
+        except ValidationError as e:
+            return Applied(False, str(e))  # GPUs not free: a decision that would double-book
+        self.queue.remove(rec.workload.id)
+        rec.status = "running"
+        rec.attempt = r.attempt
+        rec.started_at = r.at
+        rec.preempt_at = None
+        rec.assignment = assignment
+        return Applied(True)
+
+    def _notice(self, r: m.PreemptionNotice) -> Applied:
+        if r.epoch != self.epoch:
+            return _IGNORED_STALE
+        rec = self._current(r.workload_id, r.attempt)
+        if rec is None or rec.status != "running":
+            return Applied(False, "not running")
+        self.state.notice(rec.workload.id, r.grace_deadline)
+        rec.status = "noticed"
+        rec.preempt_at = r.grace_deadline
+        return Applied(True)
+
+    def _ended(self, workload_id: str, attempt: int, at: float, status: Status) -> Applied:
+        rec = self._current(workload_id, attempt)
+        if rec is None or rec.status not in ("running", "noticed"):
+            return Applied(False, "not running")
+        preempted = status == "preempted"
+        _, requeued = end_workload(self.state, self.queue, workload_id, preempted=preempted)
+        rec.assignment = ()
+        rec.preempt_at = None
+        if requeued is not None and not rec.cancel_requested:
+            rec.status = "pending"
+            return Applied(True, requeued=True)
+        if requeued is not None:  # cancelled while under notice: do not queue it again
+            self.queue.remove(workload_id)
+            status = "cancelled"
+        rec.status = status
+        rec.ended_at = at
+        return Applied(True)
+
+    def _started(self, r: m.WorkloadStarted) -> Applied:
+        rec = self._current(r.workload_id, r.attempt)
+        if rec is None or rec.status not in ("running", "noticed"):
+            return Applied(False, "not running")
+        return _INFO
+
+    def _current(self, workload_id: str, attempt: int) -> WorkloadRecord | None:
+        rec = self.records.get(workload_id)
+        if rec is None or rec.attempt != attempt:
+            return None
+        return rec
+
+    # ------------------------------------------------------------------ hosts
+    def _registered(self, r: m.HostRegistered) -> Applied:
+        if r.host in self.state:
+            return Applied(False, "already registered")
+        self.state.add_host(Host(r.host, r.gpus))
+        return Applied(True)
+
+    def _host_state(self, host: str, state: HostState) -> Applied:
+        if host not in self.state:
+            return Applied(False, "unknown host")
+        if self.state.host(host).state is state:
+            return Applied(False, "no change")
+        self.state.set_host_state(host, state)
+        return Applied(True)
+
+    def _drained(self, r: m.HostDrained) -> Applied:
+        # Not fenced: the epoch lives in the WORKLOADS stream and a replay reads HOSTS first.
+        # A stale "drained" is harmless (it only asks an operator to look at the host).
+        if r.host not in self.state or self.state.host(r.host).state is not HostState.DRAINING:
+            return Applied(False, "not draining")
+        return self._host_state(r.host, HostState.DRAINED)
+
+    # ------------------------------------------------------------------ budgets
+    def _tree(self, r: m.BudgetTreeSet) -> Applied:
+        try:
+            self.tree = tree_from_spec(r.tree)
+        except ValidationError as e:
+            return Applied(False, f"invalid tree: {e}")
+        return Applied(True)
+
+
+_Handler = Callable[[LogFold, Any], Applied]
+
+_HANDLERS: dict[type, _Handler] = {
+    m.WorkloadSubmitted: LogFold._submitted,
+    m.CancelRequested: LogFold._cancel_requested,
+    m.LeaderElected: LogFold._leader,
+    m.WorkloadPlaced: LogFold._placed,
+    m.PreemptionNotice: LogFold._notice,
+    m.WorkloadStarted: LogFold._started,
+    m.WorkloadPreempted: lambda s, r: s._ended(r.workload_id, r.attempt, r.at, "preempted"),
+    m.WorkloadCompleted: lambda s, r: s._ended(r.workload_id, r.attempt, r.at, "completed"),
+    m.WorkloadFailed: lambda s, r: s._ended(r.workload_id, r.attempt, r.at, "failed"),
+    m.WorkloadCancelled: lambda s, r: s._ended(r.workload_id, r.attempt, r.at, "cancelled"),
+    m.HostRegistered: LogFold._registered,
+    m.HostDraining: lambda s, r: s._host_state(r.host, HostState.DRAINING),
+    m.HostHealthy: lambda s, r: s._host_state(r.host, HostState.HEALTHY),
+    m.HostDrained: LogFold._drained,
+    m.BudgetTreeSet: LogFold._tree,
+}

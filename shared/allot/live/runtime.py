@@ -1,0 +1,103 @@
+"""What every service process sets up the same way: JSON logs, tracing, the broker.
+
+Logs: structlog, one JSON object per line on stderr, with ``service`` and any bound
+``workload``, ``allocation`` and ``trace_id`` fields. Tracing: OpenTelemetry through
+FastStream's NATS middleware, so a span started by a client's submit continues through
+intake's handler into placement's decision (the trace context rides in message headers).
+Exporter: ``ALLOT_OTEL_EXPORTER`` = ``console`` (default: spans as JSON on stderr),
+``none``, or ``otlp`` (needs ``opentelemetry-exporter-otlp``, not a dependency).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+from faststream.nats import NatsBroker
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
+
+
+def wall_clock() -> float:
+    """The shell's clock (the core never reads one)."""
+    return time.time()
+
+
+def _add_trace_id(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    span = trace.get_current_span()
+    ctx = span.get_span_context()
+    if ctx.is_valid:
+        event.setdefault("trace_id", format(ctx.trace_id, "032x"))
+    return event
+
+
+def configure_logging(service: str, level: str | None = None) -> structlog.stdlib.BoundLogger:
+    level = level or os.environ.get("ALLOT_LOG_LEVEL", "INFO")
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _add_trace_id,
+            structlog.processors.dict_tracebacks,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    log: structlog.stdlib.BoundLogger = structlog.get_logger(service).bind(service=service)
+    return log
+
+
+def tracer_provider(service: str, exporter: str | None = None) -> TracerProvider:
+    exporter = exporter or os.environ.get("ALLOT_OTEL_EXPORTER", "console")
+    provider = TracerProvider(resource=Resource.create({"service.name": f"allot-{service}"}))
+    if exporter == "console":
+        provider.add_span_processor(
+            SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr, formatter=_one_line))
+        )
+    elif exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]  # noqa: PLC0415 - optional extra
+            OTLPSpanExporter,
+        )
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    elif exporter != "none":
+        raise ValueError(f"ALLOT_OTEL_EXPORTER: unknown exporter {exporter!r}")
+    return provider
+
+
+def _one_line(span: Any) -> str:
+    return str(span.to_json(indent=None)) + "\n"
+
+
+def make_broker(url: str, service: str, provider: TracerProvider | None = None) -> NatsBroker:
+    """A FastStream broker with tracing; FastStream's own per-message logs off (ours are
+    structured and carry the ids)."""
+    middlewares = []
+    if provider is not None:
+        middlewares.append(NatsTelemetryMiddleware(tracer_provider=provider))
+    return NatsBroker(
+        url,
+        name=f"allot-{service}",
+        middlewares=middlewares,
+        log_level=logging.DEBUG,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=1,
+    )
