@@ -1,0 +1,76 @@
+"""Running one service: the shared command line and the FastStream app around it.
+
+Every service object has a ``broker`` (FastStream ``NatsBroker`` with its handlers),
+``on_started`` (after the broker connected: streams, replays, background tasks) and
+``on_stopping``. ``start``/``stop`` run it inside another program (tests, ``allot up``);
+``run_main`` runs it as a process (``python -m allot.services.<name>``) with FastStream's
+signal handling: SIGINT or SIGTERM stops it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from faststream import FastStream
+from faststream.nats import NatsBroker
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
+
+
+class Service(Protocol):
+    broker: NatsBroker
+
+    async def on_started(self) -> None: ...
+
+    async def on_stopping(self) -> None: ...
+
+
+def base_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument(
+        "--nats-url",
+        default=os.environ.get("ALLOT_NATS_URL", DEFAULT_NATS_URL),
+        help="NATS server (env ALLOT_NATS_URL; default %(default)s)",
+    )
+    ap.add_argument(
+        "--redis-url",
+        default=os.environ.get("ALLOT_REDIS_URL", DEFAULT_REDIS_URL),
+        help="Redis server (env ALLOT_REDIS_URL; default %(default)s)",
+    )
+    return ap
+
+
+async def start(service: Service) -> None:
+    await service.broker.start()
+    await service.on_started()
+
+
+async def stop(service: Service) -> None:
+    try:
+        await service.on_stopping()
+    finally:
+        await service.broker.stop()
+
+
+def app_of(service: Service) -> FastStream:
+    return FastStream(
+        service.broker,
+        after_startup=[service.on_started],
+        on_shutdown=[service.on_stopping],
+    )
+
+
+def run_main(
+    build: Callable[[argparse.Namespace], Service],
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+) -> int:
+    args = parser.parse_args(argv)
+    service = build(args)
+    asyncio.run(app_of(service).run())
+    return 0
