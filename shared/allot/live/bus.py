@@ -117,6 +117,10 @@ class LogFollower:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     skipped: int = 0
+    last_seq: dict[str, int] = field(default_factory=dict)
+    """Stream sequence of the last record handed over, per stream."""
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set after every record handed over (waiters clear it)."""
 
     async def start(self) -> None:
         """Returns once every stream has been replayed to the end it had when read."""
@@ -133,16 +137,31 @@ class LogFollower:
                 deliver_policy=DeliverPolicy.ALL,
             )
             self._subs.append(sub)
-            self._tasks.append(asyncio.create_task(self._pump(sub, last, caught_up)))
+            self._tasks.append(asyncio.create_task(self._pump(stream, sub, last, caught_up)))
             await caught_up.wait()
 
-    async def _pump(self, sub: Any, last: int, caught_up: asyncio.Event) -> None:
+    async def _pump(self, stream: str, sub: Any, last: int, caught_up: asyncio.Event) -> None:
         async for msg in sub.messages:
+            meta = msg.metadata
             await self._deliver(msg)
-            if not caught_up.is_set():
-                meta = msg.metadata
-                if meta.sequence.stream >= last or meta.num_pending == 0:
-                    caught_up.set()
+            self.last_seq[stream] = meta.sequence.stream
+            self.changed.set()
+            if not caught_up.is_set() and (meta.sequence.stream >= last or meta.num_pending == 0):
+                caught_up.set()
+
+    async def wait_for(self, stream: str, seq: int, timeout: float) -> bool:
+        """Wait until the record at ``seq`` of ``stream`` has been handed over."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.last_seq.get(stream, 0) < seq:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            self.changed.clear()
+            if self.last_seq.get(stream, 0) >= seq:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), remaining)
+        return True
 
     async def _deliver(self, msg: Msg) -> None:
         try:

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
+
+T = TypeVar("T", bound=msgspec.Struct)
 
 MAX_PAYLOAD: Final = 64 * 1024
 """Largest accepted message body in bytes (64 KiB; NATS itself allows 1 MiB)."""
@@ -69,6 +71,23 @@ def decode(kind: Kind | str, data: bytes) -> msgspec.Struct:
         decoder = _DECODERS[Kind(kind)]
     except ValueError:
         raise ValidationError("subject", f"unknown message kind {kind!r}") from None
+    return _decode_with(decoder, data)
+
+
+_BY_TYPE: dict[type, msgspec.json.Decoder[Any]] = {}
+
+
+def decode_as(cls: type[T], data: bytes) -> T:
+    """Decode ``data`` as one given message type, with ``decode``'s errors."""
+    decoder = _BY_TYPE.get(cls)
+    if decoder is None:
+        decoder = _BY_TYPE[cls] = msgspec.json.Decoder(cls)
+    msg = _decode_with(decoder, data)
+    assert isinstance(msg, cls)
+    return msg
+
+
+def _decode_with(decoder: msgspec.json.Decoder[Any], data: bytes) -> msgspec.Struct:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise ValidationError(BODY, f"must be bytes, got {type(data).__name__}")
     if len(data) > MAX_PAYLOAD:

@@ -1,0 +1,285 @@
+"""Intake: validates submissions and cancels, dedupes by ``client_id``, appends to the log.
+
+``allot.v1.submit.<allocation>`` (request, ``SubmitWorkload``) is answered with
+``WorkloadAccepted`` or ``WorkloadRejected(field, reason)``:
+
+1. the body decodes (``allot.proto.codec``: types, ranges, unknown fields, duplicate keys,
+   size, nesting) and its ``allocation`` equals the subject's token (identity comes from
+   the subject, never from the payload alone);
+2. the allocation is a leaf of the current budget tree;
+3. ``gpus`` is at most the GPUs registered in the cluster;
+4. dedupe: the workload id is derived from (allocation, client_id). A record of the key in
+   the KV bucket ``allot_clients`` (kept forever) answers a repeat with the first answer
+   and ``duplicate=True``. Otherwise intake appends ``WorkloadSubmitted`` with
+   ``Nats-Msg-Id = submitted:<id>`` and then records the key. A crash between the two
+   leaves a record without a key: the retry appends again, the stream's duplicate window
+   (2 min) or, beyond it, the fold (which ignores a known id) drops the copy.
+
+``allot.v1.cancel.<allocation>.<workload>`` (``CancelWorkload``): the workload must exist
+under that allocation (its subject has records) and not have ended; intake appends
+``CancelRequested`` and answers ``CommandAccepted``; placement drops pending work, the agent
+stops running work.
+
+Intake's own state is the HOSTS stream and the budget tree, folded with ``LogFold``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from collections.abc import Sequence
+
+import msgspec
+import structlog
+from faststream.nats import NatsMessage
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+
+from allot.core.errors import ValidationError
+from allot.live import bus
+from allot.live.logfold import LogFold
+from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
+from allot.live.service_main import base_parser, run_main
+from allot.proto import codec
+from allot.proto import messages as m
+from allot.proto import subjects as s
+
+CLIENTS_BUCKET = "allot_clients"
+_TERMINAL_TYPES = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadCancelled)
+_ENC = msgspec.json.Encoder()
+_CLIENT_RECORD = msgspec.json.Decoder(dict[str, str | float])
+
+log = structlog.get_logger("allot.intake")
+
+
+def workload_id(allocation: str | None, client_id: str) -> str:
+    """Deterministic: the same (allocation, client_id) is always the same workload."""
+    digest = hashlib.blake2b(f"{allocation or s.UNALLOCATED}\0{client_id}".encode(), digest_size=8)
+    return "w" + digest.hexdigest()
+
+
+def _client_key(allocation: str | None, client_id: str) -> str:
+    # KV keys allow [-/_=.A-Za-z0-9]; '=' is outside the name alphabet: no collisions.
+    return f"{allocation or '='}.{client_id}"
+
+
+class Intake:
+    def __init__(self, nats_url: str, *, tracing: bool = True) -> None:
+        self.nats_url = nats_url
+        provider = tracer_provider("intake") if tracing else None
+        self.broker = make_broker(nats_url, "intake", provider)
+        self.broker.subscriber(s.ALL_SUBMIT, queue="intake", max_workers=8)(self.on_submit)
+        self.broker.subscriber(s.ALL_CANCEL, queue="intake")(self.on_cancel)
+        self.fold = LogFold()
+        self.nc: NatsClient | None = None
+        self.js: JetStreamContext | None = None
+        self.kv: KeyValue | None = None
+        self.follower: bus.LogFollower | None = None
+        self.accepted = 0
+        self.rejected = 0
+        self.duplicates = 0
+
+    async def on_started(self) -> None:
+        self.nc, self.js = await bus.connect(self.nats_url, "allot-intake-log")
+        await bus.ensure_streams(self.js)
+        self.kv = await self.js.create_key_value(bucket=CLIENTS_BUCKET, history=1)
+        self.follower = bus.LogFollower(
+            self.js,
+            self._on_record,
+            streams=("HOSTS", "USAGE"),
+            subjects={"USAGE": s.BUDGET_TREE},
+        )
+        await self.follower.start()
+        log.info("intake ready", hosts=len(self.fold.state.host_ids))
+
+    def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
+        self.fold.apply(record)
+
+    async def on_stopping(self) -> None:
+        if self.follower is not None:
+            await self.follower.stop()
+        if self.nc is not None:
+            await self.nc.close()
+
+    # ------------------------------------------------------------------ submit
+    async def on_submit(self, msg: NatsMessage) -> bytes:
+        now = wall_clock()
+        subject = msg.raw_message.subject
+        try:
+            token = subject.split(".")[3]
+            cmd = codec.decode(s.Kind.SUBMIT, msg.body)
+            assert isinstance(cmd, m.SubmitWorkload)
+        except ValidationError as e:
+            return self._reject(now, None, None, e.field, e.reason)
+        try:
+            self._validate(cmd, token)
+            return await self._accept(cmd, now)
+        except ValidationError as e:
+            return self._reject(now, cmd.client_id, cmd.allocation, e.field, e.reason)
+
+    def _validate(self, cmd: m.SubmitWorkload, token: str) -> None:
+        if token != s.allocation_token(cmd.allocation):
+            raise ValidationError(
+                "allocation",
+                f"{cmd.allocation!r} does not match the subject's allocation {token!r}",
+            )
+        tree = self.fold.tree
+        if cmd.allocation is not None:
+            if tree is None:
+                raise ValidationError("allocation", "no budget tree has been set yet")
+            if not tree.is_leaf(cmd.allocation):
+                known = ", ".join(tree.leaves()[:20])
+                raise ValidationError(
+                    "allocation", f"unknown allocation {cmd.allocation!r} (allocations: {known})"
+                )
+        total = sum(self.fold.state.host(h).gpus for h in self.fold.state.host_ids)
+        if cmd.gpus > total:
+            raise ValidationError(
+                "gpus", f"asks for {cmd.gpus} GPUs; the cluster has {total} registered"
+            )
+
+    async def _accept(self, cmd: m.SubmitWorkload, now: float) -> bytes:
+        assert self.js is not None and self.kv is not None
+        wid = workload_id(cmd.allocation, cmd.client_id)
+        key = _client_key(cmd.allocation, cmd.client_id)
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            entry = None
+        if entry is not None and entry.value:
+            first = _CLIENT_RECORD.decode(entry.value)
+            self.duplicates += 1
+            return _ENC.encode(
+                m.WorkloadAccepted(
+                    workload_id=wid,
+                    client_id=cmd.client_id,
+                    allocation=cmd.allocation,
+                    at=float(first.get("at", now)),
+                    duplicate=True,
+                )
+            )
+        record = m.WorkloadSubmitted(
+            workload_id=wid,
+            client_id=cmd.client_id,
+            user=cmd.user,
+            gpus=cmd.gpus,
+            allocation=cmd.allocation,
+            min_runtime_s=cmd.min_runtime_s,
+            resumable=cmd.resumable,
+            kind=cmd.kind,
+            priority=cmd.priority,
+            command=cmd.command,
+            duration_s=cmd.duration_s,
+            at=now,
+        )
+        await bus.publish(self.js, s.events(cmd.allocation, wid), record, f"submitted:{wid}")
+        duplicate = False
+        try:
+            await self.kv.create(key, _ENC.encode({"workload_id": wid, "at": now}))
+        except KeyWrongLastSequenceError:
+            duplicate = True  # a concurrent submit of the same key won: same workload id
+        if duplicate:
+            self.duplicates += 1
+        else:
+            self.accepted += 1
+        log.info(
+            "accepted",
+            workload=wid,
+            allocation=cmd.allocation,
+            gpus=cmd.gpus,
+            duplicate=duplicate,
+        )
+        return _ENC.encode(
+            m.WorkloadAccepted(
+                workload_id=wid,
+                client_id=cmd.client_id,
+                allocation=cmd.allocation,
+                at=now,
+                duplicate=duplicate,
+            )
+        )
+
+    def _reject(
+        self, now: float, client_id: str | None, allocation: str | None, field: str, reason: str
+    ) -> bytes:
+        self.rejected += 1
+        log.info("rejected", field=field, reason=reason, client_id=client_id)
+        return _ENC.encode(
+            m.WorkloadRejected(
+                client_id=client_id,
+                allocation=allocation,
+                at=now,
+                field=field[: m.MAX_TEXT_LEN],
+                reason=reason[: m.MAX_TEXT_LEN],
+            )
+        )
+
+    # ------------------------------------------------------------------ cancel
+    async def on_cancel(self, msg: NatsMessage) -> bytes:
+        now = wall_clock()
+        try:
+            parts = msg.raw_message.subject.split(".")
+            token, wid = parts[3], parts[4]
+            cmd = codec.decode(s.Kind.CANCEL, msg.body)
+            assert isinstance(cmd, m.CancelWorkload)
+            if cmd.workload_id != wid:
+                raise ValidationError(
+                    "workload_id", f"{cmd.workload_id!r} does not match the subject's {wid!r}"
+                )
+            if token != s.allocation_token(cmd.allocation):
+                raise ValidationError(
+                    "allocation",
+                    f"{cmd.allocation!r} does not match the subject's allocation {token!r}",
+                )
+            await self._check_cancellable(cmd)
+        except ValidationError as e:
+            self.rejected += 1
+            return _ENC.encode(
+                m.CommandRejected(at=now, field=e.field[:1024], reason=e.reason[:1024])
+            )
+        assert self.js is not None
+        record = m.CancelRequested(
+            workload_id=cmd.workload_id,
+            allocation=cmd.allocation,
+            by=cmd.user,
+            reason=cmd.reason,
+            at=now,
+        )
+        await bus.publish(self.js, s.events(cmd.allocation, cmd.workload_id), record)
+        log.info("cancel requested", workload=cmd.workload_id, allocation=cmd.allocation)
+        return _ENC.encode(m.CommandAccepted(at=now, detail=f"cancel of {cmd.workload_id} logged"))
+
+    async def _check_cancellable(self, cmd: m.CancelWorkload) -> None:
+        assert self.js is not None
+        subject = s.events(cmd.allocation, cmd.workload_id)
+        try:
+            last = await self.js.get_last_msg("WORKLOADS", subject)
+        except NotFoundError:
+            raise ValidationError(
+                "workload_id",
+                f"no workload {cmd.workload_id!r} in allocation "
+                f"{s.allocation_token(cmd.allocation)!r}",
+            ) from None
+        try:
+            record = bus.decode_record(subject, last.data or b"")
+        except ValidationError:
+            return
+        # A preempted workload may have been requeued: the fold decides (it ignores a
+        # cancel of work that has ended).
+        if isinstance(record, _TERMINAL_TYPES):
+            raise ValidationError("workload_id", f"{cmd.workload_id!r} has already ended")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return base_parser("python -m allot.services.intake", __doc__)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging("intake")
+    return run_main(lambda a: Intake(a.nats_url), build_parser(), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,575 @@
+"""Placement: the one writer of scheduling decisions, calling the core's ``run_cycle``.
+
+Every instance follows the log from the start (``LogFollower`` into a ``LogFold``: HOSTS,
+then the budget tree, then WORKLOADS), so a standby is always warm. One instance holds the
+lease (NATS KV bucket ``allot_leader``, key ``placement``, TTL ``lease_ttl_s``): it is
+created with ``create`` (fails if held) and renewed with ``update(last=revision)``; the
+revision of the winning ``create`` is the leader's **epoch**, strictly increasing. The new
+leader appends ``LeaderElected(epoch)`` and acts only once its own fold has applied it;
+every decision carries the epoch and folds ignore decisions of older epochs, so a paused
+old leader cannot double-book GPUs (fencing).
+
+The leader runs a cycle when the fold changed (a submission, an end, a host change, a new
+budget tree or ranking) or at the core's ``next_wakeup``, and never while its previous
+decisions have not come back through the log: the state a cycle sees is always the fold of
+the log, the same state a standby or a restarted instance rebuilds. Decisions go out as
+``WorkloadPlaced`` (agents start the work), ``PreemptionNotice`` (owners and agents; the
+agent sends SIGTERM and SIGKILL at the grace deadline) and ``HostDrained``. Informational
+records (``WorkloadQueued``, ``WorkloadRequeued``, ``WorkloadCancelled`` of pending work)
+are published by the leader as it sees the records that cause them.
+
+Queries (core-NATS request/reply, answered by the leader only): ``allot.v1.query.queue``
+(``QueueSnapshot``), ``allot.v1.query.hosts`` (``HostsSnapshot``), ``allot.v1.query.status``
+(``StatusQuery`` -> ``WorkloadStatus``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import structlog
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
+
+from allot.core.cycle import Snapshot, run_cycle
+from allot.core.decisions import CycleResult
+from allot.core.errors import ValidationError
+from allot.core.model import HostState
+from allot.core.policy import Mode, Policy
+from allot.core.queue_view import OVER, UNALLOCATED, UNDER, QueueEntry, queue_order
+from allot.live import bus
+from allot.live.logfold import LogFold
+from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
+from allot.live.service_main import base_parser, run_main
+from allot.proto import codec
+from allot.proto import messages as m
+from allot.proto import subjects as s
+
+LEADER_BUCKET = "allot_leader"
+LEASE_KEY = "placement"
+POLICIES = ("fairshare", "fairshare-window", "fifo")
+TIER_NAMES = {UNDER: "under-entitlement", OVER: "over-entitlement", UNALLOCATED: "unallocated"}
+QUEUED_EVERY_S = 1.0
+"""At most one batch of ``WorkloadQueued`` per second (positions are costly to compute)."""
+
+_ENC = msgspec.json.Encoder()
+_RANKING = msgspec.json.Decoder(m.RankingUpdated)
+
+log = structlog.get_logger("allot.placement")
+
+
+def make_policy(name: str, grace_s: int) -> Policy:
+    if name == "fairshare":
+        return Policy(Mode.FAIRSHARE, entitlement_tier=True, grace_s=grace_s)
+    if name == "fairshare-window":
+        return Policy(Mode.FAIRSHARE, entitlement_tier=False, grace_s=grace_s)
+    if name == "fifo":
+        return Policy(Mode.FIFO, preemption=False, grace_s=grace_s)
+    raise ValidationError("policy", f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+class PlacementService:
+    def __init__(
+        self,
+        nats_url: str,
+        *,
+        policy: str = "fairshare",
+        grace_s: int = 300,
+        lease_ttl_s: float = 3.0,
+        name: str | None = None,
+        tracing: bool = True,
+    ) -> None:
+        self.nats_url = nats_url
+        self.policy = make_policy(policy, grace_s)
+        self.lease_ttl_s = lease_ttl_s
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"[:64].replace(".", "-")
+        provider = tracer_provider("placement") if tracing else None
+        self.broker = make_broker(nats_url, "placement", provider)
+        self.fold = LogFold()
+        self.nc: NatsClient | None = None
+        self.js: JetStreamContext | None = None
+        self.follower: bus.LogFollower | None = None
+        self.epoch = 0  # ours while leader; 0 otherwise
+        self.leader = False
+        self.order: dict[str, int] = {}
+        self.fairshare: dict[str, float] = {}
+        self.rank_of: dict[str, int] = {}
+        self.last_result = CycleResult()
+        self.cycles = 0
+        self.decisions = 0
+        self.caught_up = False
+        self._dirty = asyncio.Event()
+        self._awaiting_seq = 0
+        self._next_wakeup: float | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._query_subs: list[Subscription] = []
+        self._ranking_sub: Subscription | None = None
+        self._new_pending: set[str] = set()
+        self._last_queued_at = 0.0
+        self._stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def on_started(self) -> None:
+        self.nc, self.js = await bus.connect(self.nats_url, f"allot-placement-{self.name}")
+        await bus.ensure_streams(self.js)
+        await self._load_ranking()
+        self._ranking_sub = await self.nc.subscribe(s.RANKING, cb=self._on_ranking)
+        self.follower = bus.LogFollower(
+            self.js,
+            self._on_record,
+            streams=("HOSTS", "USAGE", "WORKLOADS"),
+            subjects={"USAGE": s.BUDGET_TREE},
+        )
+        await self.follower.start()
+        self.caught_up = True
+        log.info(
+            "log replayed",
+            hosts=len(self.fold.state.host_ids),
+            pending=len(self.fold.queue),
+            running=len(self.fold.state.running),
+            epoch=self.fold.epoch,
+        )
+        self._tasks = [
+            asyncio.create_task(self._lease_loop()),
+            asyncio.create_task(self._cycle_loop()),
+        ]
+
+    async def on_stopping(self) -> None:
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._step_down("stopping")
+        if self.follower is not None:
+            await self.follower.stop()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+
+    # ------------------------------------------------------------------ the log
+    def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
+        applied = self.fold.apply(record)
+        if applied.changed:
+            self._dirty.set()
+        if isinstance(record, m.BudgetTreeSet):
+            self._dirty.set()
+        if not (self.leader and self.caught_up and self.fold.epoch == self.epoch):
+            return
+        # Informational records that follow from what was just applied.
+        if isinstance(record, m.WorkloadSubmitted) and applied.changed:
+            self._new_pending.add(record.workload_id)
+        elif isinstance(record, m.WorkloadPreempted) and applied.requeued:
+            rec = self.fold.records[record.workload_id]
+            self._spawn_publish(
+                s.events(rec.workload.allocation, rec.workload.id),
+                m.WorkloadRequeued(
+                    workload_id=rec.workload.id,
+                    allocation=rec.workload.allocation,
+                    at=record.at,
+                    attempt=rec.attempt,
+                    epoch=self.epoch,
+                ),
+                f"requeued:{rec.workload.id}:{rec.attempt}",
+            )
+            self._new_pending.add(rec.workload.id)
+        elif isinstance(record, m.CancelRequested) and applied.changed:
+            rec = self.fold.records[record.workload_id]
+            if rec.status == "cancelled":  # it was pending: nobody else will say it ended
+                self._spawn_publish(
+                    s.events(rec.workload.allocation, rec.workload.id),
+                    m.WorkloadCancelled(
+                        workload_id=rec.workload.id,
+                        allocation=rec.workload.allocation,
+                        at=record.at,
+                        by=record.by,
+                        reason=record.reason,
+                        attempt=max(1, rec.attempt),
+                    ),
+                    f"cancelled:{rec.workload.id}",
+                )
+
+    def _spawn_publish(self, subject: str, record: msgspec.Struct, msg_id: str) -> None:
+        assert self.js is not None
+        task = asyncio.create_task(bus.publish(self.js, subject, record, msg_id))
+        task.add_done_callback(_log_failure)
+
+    async def _load_ranking(self) -> None:
+        assert self.js is not None
+        try:
+            last = await self.js.get_last_msg("USAGE", s.RANKING)
+        except NotFoundError:
+            return
+        with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
+            self._use_ranking(_RANKING.decode(last.data or b""))
+
+    async def _on_ranking(self, msg: Msg) -> None:
+        try:
+            self._use_ranking(_RANKING.decode(msg.data))
+        except (msgspec.ValidationError, msgspec.DecodeError) as e:
+            log.warning("bad ranking message", error=str(e))
+            return
+        self._dirty.set()
+
+    def _use_ranking(self, ranking: m.RankingUpdated) -> None:
+        leaves = [row for row in ranking.nodes if row.leaf and row.rank is not None]
+        n = len(leaves)
+        self.rank_of = {row.name: row.rank for row in leaves if row.rank is not None}
+        self.order = {name: n - r for name, r in self.rank_of.items()}
+        self.fairshare = {row.name: row.fairshare or 0.0 for row in leaves}
+
+    # ------------------------------------------------------------------ leadership
+    async def _lease_loop(self) -> None:
+        assert self.js is not None
+        kv = await self.js.create_key_value(bucket=LEADER_BUCKET, ttl=self.lease_ttl_s, history=1)
+        revision = 0
+        while not self._stopping:
+            if not self.leader:
+                try:
+                    revision = await kv.create(LEASE_KEY, self.name.encode())
+                except KeyWrongLastSequenceError:
+                    await asyncio.sleep(self.lease_ttl_s / 4)
+                    continue
+                except Exception as e:  # NATS unavailable: retry
+                    log.warning("lease create failed", error=str(e))
+                    await asyncio.sleep(self.lease_ttl_s / 4)
+                    continue
+                await self._become_leader(revision, kv)
+            else:
+                await asyncio.sleep(self.lease_ttl_s / 3)
+                try:
+                    revision = await kv.update(LEASE_KEY, self.name.encode(), last=revision)
+                except Exception as e:
+                    await self._step_down(f"lease lost: {e}")
+
+    async def _become_leader(self, epoch: int, kv: KeyValue) -> None:
+        assert self.js is not None and self.follower is not None and self.nc is not None
+        record = m.LeaderElected(epoch=epoch, leader=self.name, at=wall_clock())
+        seq = await bus.publish(self.js, s.LEADER, record, f"leader:{epoch}")
+        await self.follower.wait_for("WORKLOADS", seq, timeout=10.0)
+        if self.fold.epoch != epoch:
+            log.warning("elected but the log shows a newer epoch", ours=epoch, log=self.fold.epoch)
+            with contextlib.suppress(Exception):
+                await kv.delete(LEASE_KEY)
+            return
+        self.epoch = epoch
+        self.leader = True
+        self._awaiting_seq = seq
+        self._new_pending = {w.id for w in self.fold.queue}
+        for subject, handler in (
+            (s.QUERY_QUEUE, self._on_query_queue),
+            (s.QUERY_HOSTS, self._on_query_hosts),
+            (s.QUERY_STATUS, self._on_query_status),
+        ):
+            self._query_subs.append(await self.nc.subscribe(subject, cb=handler))
+        log.info("leader", epoch=epoch, name=self.name)
+        self._dirty.set()
+
+    async def _step_down(self, why: str) -> None:
+        if self.leader:
+            log.warning("stepping down", epoch=self.epoch, why=why)
+        self.leader = False
+        self.epoch = 0
+        for sub in self._query_subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._query_subs.clear()
+
+    # ------------------------------------------------------------------ cycles
+    async def _cycle_loop(self) -> None:
+        while not self._stopping:
+            timeout = None
+            if self._next_wakeup is not None:
+                timeout = max(0.0, self._next_wakeup - wall_clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), timeout)
+            self._dirty.clear()
+            if not self.leader or self.fold.epoch != self.epoch or self.follower is None:
+                continue
+            if self.follower.last_seq.get("WORKLOADS", 0) < self._awaiting_seq:
+                continue  # our last decisions are not back yet: the record will wake us
+            try:
+                await self._cycle()
+            except Exception:
+                log.exception("cycle failed")
+                await asyncio.sleep(0.5)
+                self._dirty.set()
+
+    async def _cycle(self) -> None:
+        assert self.js is not None
+        now = wall_clock()
+        snapshot = Snapshot(self.fold.state, self.fold.queue, self.fold.shares(), self.order)
+        result = run_cycle(snapshot, self.policy, now)
+        self.cycles += 1
+        self.last_result = result
+        self._next_wakeup = result.next_wakeup
+        publishes = []
+        epoch = self.epoch
+        for p in result.preemptions:
+            rec = self.fold.records[p.workload_id]
+            publishes.append(
+                bus.publish(
+                    self.js,
+                    s.preempt(p.allocation, p.workload_id),
+                    m.PreemptionNotice(
+                        workload_id=p.workload_id,
+                        allocation=p.allocation,
+                        at=now,
+                        reason=p.reason.value,
+                        grace_deadline=p.preempt_at,
+                        requeue=p.requeue,
+                        gpus=p.gpus,
+                        preemptor=p.preemptor,
+                        victim_held_gpus=p.victim_held_gpus,
+                        victim_entitlement_gpus=max(0.0, p.victim_entitlement_gpus),
+                        attempt=rec.attempt,
+                        epoch=epoch,
+                    ),
+                    f"notice:{p.workload_id}:{rec.attempt}:{epoch}",
+                )
+            )
+        for placement in result.placements:
+            w = placement.workload
+            attempt = self.fold.records[w.id].attempt + 1
+            publishes.append(
+                bus.publish(
+                    self.js,
+                    s.events(w.allocation, w.id),
+                    m.WorkloadPlaced(
+                        workload_id=w.id,
+                        allocation=w.allocation,
+                        at=now,
+                        gpus=w.gpus,
+                        assignment=tuple(
+                            m.HostGpus(host=h, gpus=g) for h, g in placement.assignment
+                        ),
+                        min_runtime_s=w.min_runtime_s,
+                        attempt=attempt,
+                        epoch=epoch,
+                    ),
+                    f"placed:{w.id}:{attempt}",
+                )
+            )
+            self._new_pending.discard(w.id)
+        for t in result.transitions:
+            if t.state is HostState.DRAINED:
+                publishes.append(
+                    bus.publish(
+                        self.js,
+                        s.host_state(t.host),
+                        m.HostDrained(host=t.host, at=now, epoch=epoch),
+                        f"drained:{t.host}:{epoch}:{self.cycles}",
+                    )
+                )
+        if publishes:
+            seqs = await asyncio.gather(*publishes[: len(publishes) - len(result.transitions)])
+            if len(result.transitions):
+                await asyncio.gather(*publishes[len(seqs) :])
+            self.decisions += len(publishes)
+            if seqs:
+                self._awaiting_seq = max(seqs)
+            log.info(
+                "cycle",
+                epoch=epoch,
+                placed=len(result.placements),
+                noticed=len(result.preemptions),
+                pending=len(self.fold.queue),
+            )
+        if self._new_pending and now - self._last_queued_at >= QUEUED_EVERY_S:
+            await self._publish_queued(now)
+        elif self._new_pending and self._next_wakeup is None:
+            self._next_wakeup = self._last_queued_at + QUEUED_EVERY_S
+
+    async def _publish_queued(self, now: float) -> None:
+        assert self.js is not None
+        self._last_queued_at = now
+        fresh = {wid for wid in self._new_pending if wid in self.fold.queue}
+        self._new_pending.clear()
+        if not fresh:
+            return
+        entries = self._queue_entries()
+        publishes = []
+        for entry in entries:
+            w = entry.workload
+            if w.id not in fresh:
+                continue
+            publishes.append(
+                bus.publish(
+                    self.js,
+                    s.events(w.allocation, w.id),
+                    m.WorkloadQueued(
+                        workload_id=w.id,
+                        allocation=w.allocation,
+                        at=now,
+                        position=entry.position,
+                        sort_metric=self._sort_metric(entry),
+                        rank=self.rank_of.get(w.allocation or ""),
+                        why=self._why(entry),
+                    ),
+                )
+            )
+        await asyncio.gather(*publishes)
+
+    # ------------------------------------------------------------------ views
+    def _queue_entries(self) -> list[QueueEntry]:
+        snapshot = Snapshot(self.fold.state, self.fold.queue, self.fold.shares(), self.order)
+        return queue_order(snapshot, self.policy)
+
+    def _sort_metric(self, entry: QueueEntry) -> float:
+        """Tier index plus (1 - Fair Tree factor): smaller is served first."""
+        if entry.tier == UNALLOCATED or entry.workload.allocation is None:
+            return float(UNALLOCATED)
+        return entry.tier + (1.0 - self.fairshare.get(entry.workload.allocation, 0.0))
+
+    def _why(self, entry: QueueEntry) -> str:
+        w = entry.workload
+        st = self.fold.state
+        free = sum(len(f) for h, f in st.free.items() if st.host(h).schedulable)
+        waiting = dict(self.last_result.waiting_on)
+        if w.id in waiting:
+            return f"GPUs reserved for it are under preemption notice ({len(waiting[w.id])} runs)"
+        if entry.tier == UNALLOCATED:
+            return f"unallocated: runs only on idle GPUs ({free} free now)"
+        alloc = w.allocation or ""
+        held = st.held.get(alloc, 0)
+        entitlement = self.fold.shares().get(alloc, 0.0) * st.healthy_gpus
+        if w.gpus > free:
+            return (
+                f"needs {w.gpus} GPUs, {free} free; {alloc} holds {held} of "
+                f"{entitlement:.1f} entitled"
+            )
+        if entry.tier == OVER:
+            return f"{alloc} holds {held} GPUs, at or over its entitlement of {entitlement:.1f}"
+        return f"next cycle ({free} GPUs free)"
+
+    async def _on_query_queue(self, msg: Msg) -> None:
+        now = wall_clock()
+        entries = self._queue_entries()
+        st = self.fold.state
+        rows = tuple(
+            m.QueueRow(
+                position=e.position,
+                workload_id=e.workload.id,
+                allocation=e.workload.allocation,
+                user=e.workload.user,
+                gpus=e.workload.gpus,
+                kind=e.workload.kind,
+                tier=TIER_NAMES[e.tier],  # type: ignore[arg-type]
+                rank=self.rank_of.get(e.workload.allocation or ""),
+                fairshare=self.fairshare.get(e.workload.allocation or ""),
+                sort_metric=self._sort_metric(e),
+                priority=e.workload.priority,
+                submitted_at=e.workload.submit_time,
+                why=self._why(e),
+            )
+            for e in entries
+        )
+        free = sum(len(f) for h, f in st.free.items() if st.host(h).schedulable)
+        snap = m.QueueSnapshot(at=now, epoch=self.epoch, free_gpus=free, rows=rows)
+        await msg.respond(_ENC.encode(snap))
+
+    async def _on_query_hosts(self, msg: Msg) -> None:
+        st = self.fold.state
+        rows = tuple(
+            m.HostRow(
+                host=h,
+                state=st.host(h).state.value,
+                gpus=st.host(h).gpus,
+                free_gpus=len(st.free[h]),
+                workloads=tuple(sorted(st.on_host[h]))[:1024],
+            )
+            for h in st.host_ids
+        )
+        await msg.respond(_ENC.encode(m.HostsSnapshot(at=wall_clock(), hosts=rows)))
+
+    async def _on_query_status(self, msg: Msg) -> None:
+        now = wall_clock()
+        try:
+            query = codec.decode_as(m.StatusQuery, msg.data)
+        except ValidationError as e:
+            await msg.respond(
+                _ENC.encode(m.CommandRejected(at=now, field=e.field, reason=e.reason))
+            )
+            return
+        rec = self.fold.records.get(query.workload_id)
+        if rec is None:
+            status = m.WorkloadStatus(workload_id=query.workload_id, state="unknown")
+        else:
+            position = None
+            if rec.status == "pending":
+                position = next(
+                    (e.position for e in self._queue_entries() if e.workload.id == rec.workload.id),
+                    None,
+                )
+            run = self.fold.state.running.get(rec.workload.id)
+            status = m.WorkloadStatus(
+                workload_id=rec.workload.id,
+                state=rec.status,
+                allocation=rec.workload.allocation,
+                user=rec.workload.user,
+                gpus=rec.workload.gpus,
+                attempt=rec.attempt,
+                submitted_at=rec.workload.submit_time,
+                started_at=rec.started_at if run is not None else None,
+                protected_until=run.protected_until if run is not None else None,
+                preempt_at=rec.preempt_at,
+                assignment=tuple(m.HostGpus(host=h, gpus=g) for h, g in rec.assignment),
+                position=position,
+            )
+        await msg.respond(_ENC.encode(status))
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "leader": self.leader,
+            "epoch": self.epoch,
+            "cycles": self.cycles,
+            "decisions": self.decisions,
+            "pending": len(self.fold.queue),
+            "running": len(self.fold.state.running),
+            "ignored_records": self.fold.ignored,
+        }
+
+
+def _log_failure(task: asyncio.Task[int]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("publish failed", error=str(task.exception()))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = base_parser("python -m allot.services.placement", __doc__)
+    ap.add_argument("--policy", choices=POLICIES, default="fairshare")
+    ap.add_argument("--grace-s", type=int, default=300, help="notice to GPUs free (seconds)")
+    ap.add_argument("--lease-ttl-s", type=float, default=3.0, help="leader lease TTL")
+    ap.add_argument("--name", default=None, help="instance name (default host-pid)")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging("placement")
+    return run_main(
+        lambda a: PlacementService(
+            a.nats_url,
+            policy=a.policy,
+            grace_s=a.grace_s,
+            lease_ttl_s=a.lease_ttl_s,
+            name=a.name,
+        ),
+        build_parser(),
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""Helpers for the live-system tests: seed the log, read it back, poll with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from allot.core.budgets import parse_tree
+from allot.live import bus
+from allot.live.budget_wire import spec_from_tree
+from allot.proto import messages as m
+from allot.proto import subjects as s
+
+T = TypeVar("T")
+
+TREE = {
+    "name": "root",
+    "children": [
+        {"name": "nlp", "shares": 1},
+        {"name": "vision", "shares": 1},
+    ],
+}
+
+
+async def seed(
+    js: JetStreamContext,
+    hosts: dict[str, int],
+    tree: dict[str, object] | None = None,
+) -> None:
+    """Streams, a budget tree and registered hosts (what ranking and health would write)."""
+    await bus.ensure_streams(js)
+    spec = spec_from_tree(parse_tree(tree or TREE))
+    await bus.publish(js, s.BUDGET_TREE, m.BudgetTreeSet(at=time.time(), by="test", tree=spec))
+    for host, gpus in hosts.items():
+        await bus.publish(
+            js, s.host_state(host), m.HostRegistered(host=host, gpus=gpus, at=time.time())
+        )
+
+
+async def records(js: JetStreamContext, stream: str = "WORKLOADS") -> list[msgspec.Struct]:
+    """Every record of a stream, decoded, in order."""
+    info = await js.stream_info(stream)
+    if info.state.messages == 0:
+        return []
+    out: list[msgspec.Struct] = []
+    sub = await js.subscribe(
+        ">", stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+    )
+    try:
+        while len(out) < info.state.messages:
+            msg = await sub.next_msg(timeout=5)
+            out.append(bus.decode_record(msg.subject, msg.data))
+            if msg.metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool], timeout: float = 10.0
+) -> T:
+    """Poll ``probe`` until ``ok``; fail with the last value after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    value = await probe()
+    while not ok(value):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s; last value: {value!r}")
+        await asyncio.sleep(0.05)
+        value = await probe()
+    return value
+
+
+def of_type(items: list[msgspec.Struct], cls: type[T]) -> list[T]:
+    return [r for r in items if isinstance(r, cls)]
