@@ -32,6 +32,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
 
 from allot.core.errors import ValidationError
 from allot.proto import codec
@@ -90,9 +92,12 @@ async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
 async def publish(
     js: JetStreamContext, subject: str, record: msgspec.Struct, msg_id: str | None = None
 ) -> int:
-    """Append ``record`` to the stream that captures ``subject``; returns its sequence."""
-    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-    ack = await js.publish(subject, encode(record), headers=headers)
+    """Append ``record`` to the stream that captures ``subject``; returns its sequence. The
+    current trace context rides in the headers (W3C ``traceparent``), so a reader of the
+    log continues the trace of whoever wrote the record."""
+    headers: dict[str, str] = {"Nats-Msg-Id": msg_id} if msg_id else {}
+    propagate.inject(headers)
+    ack = await js.publish(subject, encode(record), headers=headers or None)
     return ack.seq
 
 
@@ -170,10 +175,14 @@ class LogFollower:
             self.skipped += 1
             log.warning("log record skipped", subject=msg.subject, field=e.field, reason=e.reason)
             return
-        async with self._lock:
-            result = self.on_record(msg.subject, record)
-            if result is not None:
-                await result
+        token = otel_context.attach(propagate.extract(msg.headers or {}))
+        try:
+            async with self._lock:
+                result = self.on_record(msg.subject, record)
+                if result is not None:
+                    await result
+        finally:
+            otel_context.detach(token)
 
     async def stop(self) -> None:
         for task in self._tasks:

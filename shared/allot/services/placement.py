@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import msgspec
@@ -41,6 +41,8 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from allot.core.cycle import Snapshot, run_cycle
 from allot.core.decisions import CycleResult
@@ -67,6 +69,7 @@ _ENC = msgspec.json.Encoder()
 _RANKING = msgspec.json.Decoder(m.RankingUpdated)
 
 log = structlog.get_logger("allot.placement")
+tracer = trace.get_tracer("allot.placement")
 
 
 def make_policy(name: str, grace_s: int) -> Policy:
@@ -118,6 +121,9 @@ class PlacementService:
         self._new_pending: set[str] = set()
         self._last_queued_at = 0.0
         self._stopping = False
+        # Trace context of each pending workload's submission: the placement decision
+        # continues that trace (submit -> intake -> place is one trace).
+        self._trace_of: dict[str, otel_context.Context] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def on_started(self) -> None:
@@ -171,6 +177,8 @@ class PlacementService:
         # Informational records that follow from what was just applied.
         if isinstance(record, m.WorkloadSubmitted) and applied.changed:
             self._new_pending.add(record.workload_id)
+            if trace.get_current_span().get_span_context().is_valid:
+                self._trace_of[record.workload_id] = otel_context.get_current()
         elif isinstance(record, m.WorkloadPreempted) and applied.requeued:
             rec = self.fold.records[record.workload_id]
             self._spawn_publish(
@@ -187,6 +195,7 @@ class PlacementService:
             self._new_pending.add(rec.workload.id)
         elif isinstance(record, m.CancelRequested) and applied.changed:
             rec = self.fold.records[record.workload_id]
+            self._trace_of.pop(rec.workload.id, None)
             if rec.status == "cancelled":  # it was pending: nobody else will say it ended
                 self._spawn_publish(
                     s.events(rec.workload.allocation, rec.workload.id),
@@ -315,7 +324,7 @@ class PlacementService:
         self.cycles += 1
         self.last_result = result
         self._next_wakeup = result.next_wakeup
-        publishes = []
+        publishes: list[Awaitable[int]] = []
         epoch = self.epoch
         for p in result.preemptions:
             rec = self.fold.records[p.workload_id]
@@ -343,25 +352,33 @@ class PlacementService:
         for placement in result.placements:
             w = placement.workload
             attempt = self.fold.records[w.id].attempt + 1
-            publishes.append(
-                bus.publish(
-                    self.js,
-                    s.events(w.allocation, w.id),
-                    m.WorkloadPlaced(
-                        workload_id=w.id,
-                        allocation=w.allocation,
-                        at=now,
-                        gpus=w.gpus,
-                        assignment=tuple(
-                            m.HostGpus(host=h, gpus=g) for h, g in placement.assignment
+            parent = self._trace_of.pop(w.id, None)
+            with tracer.start_as_current_span(
+                "placement.decide",
+                context=parent,
+                attributes={"allot.workload": w.id, "allot.allocation": w.allocation or "~"},
+            ):
+                # The task copies the current context now: its publish carries this span.
+                publish = asyncio.ensure_future(
+                    bus.publish(
+                        self.js,
+                        s.events(w.allocation, w.id),
+                        m.WorkloadPlaced(
+                            workload_id=w.id,
+                            allocation=w.allocation,
+                            at=now,
+                            gpus=w.gpus,
+                            assignment=tuple(
+                                m.HostGpus(host=h, gpus=g) for h, g in placement.assignment
+                            ),
+                            min_runtime_s=w.min_runtime_s,
+                            attempt=attempt,
+                            epoch=epoch,
                         ),
-                        min_runtime_s=w.min_runtime_s,
-                        attempt=attempt,
-                        epoch=epoch,
-                    ),
-                    f"placed:{w.id}:{attempt}",
+                        f"placed:{w.id}:{attempt}",
+                    )
                 )
-            )
+            publishes.append(publish)
             self._new_pending.discard(w.id)
         for t in result.transitions:
             if t.state is HostState.DRAINED:
