@@ -339,21 +339,36 @@ TIERS = [
     ),
     pytest.param(
         # a 0.25 -> 4, holds 4: tier 1. b 0.125 -> 2, holds 4 (h1); c 0.125 -> 2, holds 8
-        # (h2). Both over; only the worse-ranked one may lose work to a.
+        # (h2, two runs of 4). Both over; only the worse-ranked one may lose work to a.
         {"a": 0.25, "b": 0.125, "c": 0.125},
         {"b": 0, "a": 1, "c": 2},
-        (on(workload("a0", 4), "h1"), b("b1", 4, "h1"), on(workload("c1", 8, "c"), "h2")),
+        (
+            on(workload("a0", 4), "h1"),
+            b("b1", 4, "h1"),
+            on(workload("c1", 4, "c"), "h2"),
+            on(workload("c2", 4, "c"), "h2"),
+        ),
         True,
         ("c1", BETTER, 8, 2.0),
         id="above-entitlement-only-from-a-worse-ranked-allocation-over-its-entitlement",
     ),
     pytest.param(
+        # The worse-ranked b holds 4 of 2 entitled: taking its 4-GPU run would leave b
+        # below its entitlement, so b's own work would take the GPUs back first (thrash).
         {"a": 0.25, "b": 0.125, "c": 0.125},
         {"c": 0, "a": 1, "b": 2},
         (on(workload("a0", 4), "h1"), b("b1", 4, "h1"), on(workload("c1", 8, "c"), "h2")),
         True,
-        ("b1", BETTER, 4, 2.0),
-        id="above-entitlement-the-other-way-round",
+        None,
+        id="above-entitlement-never-pushes-the-victim-below-its-entitlement",
+    ),
+    pytest.param(
+        {"a": 0.25, "b": 0.125, "c": 0.125},
+        {"b": 0, "a": 1, "c": 2},
+        (on(workload("a0", 4), "h1"), b("b1", 4, "h1"), on(workload("c1", 8, "c"), "h2")),
+        True,
+        None,
+        id="above-entitlement-not-even-from-the-worse-ranked-one-when-it-would-drop-below",
     ),
     pytest.param(
         {"a": 0.25, "b": 0.125, "c": 0.125},

@@ -477,6 +477,12 @@ class _FairShareRule:
                 return None
         elif not worse:
             return None
+        # A requester at or above its own entitlement may take only what the victim holds
+        # beyond its entitlement: pushing the victim below it makes the victim's work the
+        # first in line for the freed GPUs (tier 0), and the requester never gets them
+        # (seen live: a 16-GPU run preempted every min_runtime for the same requester).
+        if self.entitlement_tier and not self.under_entitlement and over < w.gpus:
+            return None
         # Prefer victims whose allocation stays at or above its entitlement: taking more
         # only turns the victim into the next reclaimer.
         overshoot = 0 if over >= w.gpus else 1
