@@ -8,11 +8,13 @@ machine has neither). Never a mock.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from allot.adapters.embedded import EmbeddedNats, EmbeddedRedis
 
@@ -59,14 +61,10 @@ async def fresh_log(nats_url: str) -> AsyncIterator[str]:
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     for name in STREAMS:
-        try:
+        with contextlib.suppress(NotFoundError):  # absent is what we want
             await js.delete_stream(name)
-        except Exception:  # noqa: S110 - absent is what we want
-            pass
     for bucket in KV_BUCKETS:
-        try:
+        with contextlib.suppress(NotFoundError, BucketNotFoundError):
             await js.delete_key_value(bucket)
-        except Exception:  # noqa: S110
-            pass
     await nc.close()
     yield nats_url

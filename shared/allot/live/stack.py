@@ -190,9 +190,7 @@ class Stack:
             log = self._logs[name] = open(  # noqa: SIM115 - kept open for the process's life
                 self.config.run_dir / "logs" / f"{name}.log", "ab"
             )
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=self.env()
-        )
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env())
         self.procs[name] = proc
         return proc
 

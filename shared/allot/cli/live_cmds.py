@@ -1,0 +1,419 @@
+"""The live ``allot`` commands, talking to a running stack through ``allot.sdk.Client``:
+
+    allot submit --alloc A --user U --gpus N --min-runtime 2h [--kind K] [--priority P]
+                 [--not-resumable] [--client-id ID] [--duration 90s] -- CMD ARGS...
+    allot cancel WORKLOAD [--alloc A] --user U [--reason R]
+    allot status WORKLOAD
+    allot watch WORKLOAD [--alloc A]
+    allot queue | allot share | allot hosts
+    allot drain HOST --operator NAME [--reason R] | allot undrain HOST --operator NAME
+    allot budgets set PATH SHARES --by NAME      (PATH root/nlp/pretrain, SHARES N|parent)
+
+Each takes ``--nats-url`` (env ``ALLOT_NATS_URL``), ``--timeout`` and ``--json`` (the
+envelope of ``allot.cli.live_format``). ``--alloc`` omitted means unallocated work.
+
+Bad input (here or refused by a service) raises ``ValidationError`` naming the option,
+which ``allot.cli.main`` prints as one line with exit status 2; an unreachable stack prints
+one line and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import msgspec
+
+from allot.cli import live_format as fmt
+from allot.cli.durations import parse_duration
+from allot.core.errors import ValidationError
+from allot.proto import messages as m
+from allot.proto.subjects import BUDGET_ROOT
+from allot.sdk import Client, SdkError
+
+EXIT_UNAVAILABLE = 1
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+SUBMIT_OPTIONS = {
+    "client_id": "--client-id",
+    "user": "--user",
+    "gpus": "--gpus",
+    "allocation": "--alloc",
+    "min_runtime_s": "--min-runtime",
+    "kind": "--kind",
+    "priority": "--priority",
+    "duration_s": "--duration",
+    "command": "CMD",
+}
+"""Wire field -> the option that set it, so an error names what the user typed."""
+
+CANCEL_OPTIONS = {
+    "workload_id": "WORKLOAD",
+    "workload": "WORKLOAD",
+    "allocation": "--alloc",
+    "user": "--user",
+    "reason": "--reason",
+}
+HOST_OPTIONS = {"host": "HOST", "operator": "--operator", "reason": "--reason"}
+BUDGET_OPTIONS = {"path": "PATH", "shares": "SHARES", "set_by": "--by"}
+
+_NAME = re.compile(m.NAME_PATTERN)
+
+
+# -- argument parsing (pure; unit-tested) ------------------------------------------------------
+
+
+def parse_duration_option(option: str, text: str) -> int:
+    """Seconds in ``30s``, ``15m``, ``2h`` or plain seconds; ``ValidationError(option)``."""
+    try:
+        return parse_duration(text)
+    except argparse.ArgumentTypeError as exc:
+        raise ValidationError(option, str(exc)) from None
+
+
+def parse_min_runtime(text: str) -> int:
+    seconds = parse_duration_option("--min-runtime", text)
+    if seconds > m.MAX_MIN_RUNTIME_S:
+        raise ValidationError(
+            "--min-runtime", f"{text!r} is over the 8 h ceiling ({m.MAX_MIN_RUNTIME_S} s)"
+        )
+    return seconds
+
+
+def parse_int_option(option: str, text: str, low: int, high: int) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValidationError(option, f"{text!r} is not an integer") from None
+    if not low <= value <= high:
+        raise ValidationError(option, f"{value} is outside {low}..{high}")
+    return value
+
+
+def parse_budget_path(text: str) -> tuple[str, ...]:
+    """``root/nlp/pretrain`` -> ``("root", "nlp", "pretrain")``; the leading ``root/`` may
+    be left out (``nlp/pretrain``)."""
+    parts = tuple(text.strip().split("/"))
+    if parts and parts[0] != BUDGET_ROOT:
+        parts = (BUDGET_ROOT, *parts)
+    if len(parts) < 2:
+        raise ValidationError("PATH", f"{text!r} names the root, which has no shares")
+    for part in parts:
+        if not part:
+            raise ValidationError("PATH", f"{text!r} has an empty level (a doubled or end '/')")
+        if len(part) > m.MAX_NAME_LEN or _NAME.match(part) is None:
+            raise ValidationError(
+                "PATH",
+                f"{part!r} is not a budget node name (letters, digits, '_' and '-', "
+                f"1..{m.MAX_NAME_LEN} characters)",
+            )
+    if len(parts) > m.MAX_BUDGET_DEPTH + 1:
+        raise ValidationError("PATH", f"is deeper than {m.MAX_BUDGET_DEPTH} levels")
+    return parts
+
+
+def parse_shares(text: str) -> int | None:
+    """An integer 0..MAX_SHARES, or ``parent`` (None on the wire)."""
+    if text.strip().lower() == "parent":
+        return None
+    try:
+        return parse_int_option("SHARES", text, 0, m.MAX_SHARES)
+    except ValidationError:
+        raise ValidationError(
+            "SHARES", f"{text!r} is not an integer 0..{m.MAX_SHARES} or 'parent'"
+        ) from None
+
+
+def parse_timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValidationError("--timeout", f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise ValidationError("--timeout", f"{value:g} is outside (0, 3600] seconds")
+    return value
+
+
+def renamed(exc: ValidationError, options: dict[str, str]) -> ValidationError:
+    """``exc`` with its wire field replaced by the option that carries it, when known."""
+    head = exc.field.split(".")[0].split("[")[0]
+    option = options.get(head)
+    if option is None:
+        return exc
+    return ValidationError(option, exc.reason)
+
+
+# -- registration ------------------------------------------------------------------------------
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--nats-url",
+        default=os.environ.get("ALLOT_NATS_URL", DEFAULT_NATS_URL),
+        help="NATS server (env ALLOT_NATS_URL; default %(default)s)",
+    )
+    common.add_argument(
+        "--timeout", default="5", help="seconds to wait for each answer (default %(default)s)"
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"kind", "at", "data"} JSON instead of text',
+    )
+    return common
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the live commands; ``args.func(args)`` then runs one."""
+    common = [_common()]
+
+    p = subparsers.add_parser(
+        "submit",
+        parents=common,
+        help="submit a workload",
+        description="Submit a workload; prints its id. Retrying with the same --client-id "
+        "never queues a second one.",
+    )
+    p.add_argument("--alloc", help="allocation (budget leaf); omitted = unallocated")
+    p.add_argument("--user", required=True)
+    p.add_argument("--gpus", required=True)
+    p.add_argument("--min-runtime", default="0", help="protected window: 30s, 15m, 2h (at most 8h)")
+    p.add_argument("--kind", default="training")
+    p.add_argument("--priority", default="0", help="user priority inside the allocation")
+    p.add_argument("--not-resumable", action="store_true", help="do not requeue if preempted")
+    p.add_argument("--client-id", help="idempotency key (default: a fresh one)")
+    p.add_argument("--duration", help="fake agents only: how long to pretend to run")
+    p.add_argument("cmd", nargs="*", metavar="CMD", help="the command to run (after --)")
+    p.set_defaults(func=run_submit)
+
+    p = subparsers.add_parser("cancel", parents=common, help="cancel a workload")
+    p.add_argument("workload", metavar="WORKLOAD")
+    p.add_argument("--alloc", help="its allocation; omitted = unallocated")
+    p.add_argument("--user", required=True)
+    p.add_argument("--reason", default="")
+    p.set_defaults(func=run_cancel)
+
+    p = subparsers.add_parser("status", parents=common, help="one workload's state")
+    p.add_argument("workload", metavar="WORKLOAD")
+    p.set_defaults(func=run_status)
+
+    p = subparsers.add_parser(
+        "watch", parents=common, help="follow one workload's events until it ends"
+    )
+    p.add_argument("workload", metavar="WORKLOAD")
+    p.add_argument("--alloc", help="its allocation; omitted = unallocated")
+    p.set_defaults(func=run_watch)
+
+    p = subparsers.add_parser("queue", parents=common, help="pending work in service order")
+    p.set_defaults(func=run_queue)
+    p = subparsers.add_parser("share", parents=common, help="Fair Tree ranking (sshare -l)")
+    p.set_defaults(func=run_share)
+    p = subparsers.add_parser("hosts", parents=common, help="hosts, their state and work")
+    p.set_defaults(func=run_hosts)
+
+    p = subparsers.add_parser("drain", parents=common, help="drain a host")
+    p.add_argument("host", metavar="HOST")
+    p.add_argument("--operator", required=True)
+    p.add_argument("--reason", default="")
+    p.set_defaults(func=run_drain)
+
+    p = subparsers.add_parser("undrain", parents=common, help="return a drained host")
+    p.add_argument("host", metavar="HOST")
+    p.add_argument("--operator", required=True)
+    p.set_defaults(func=run_undrain)
+
+    budgets = subparsers.add_parser("budgets", help="change the budget tree")
+    actions = budgets.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = actions.add_parser(
+        "set",
+        parents=common,
+        help="set one node's shares",
+        description="Set the shares "
+        "of the budget node at PATH (root/nlp/pretrain) to SHARES (an integer or 'parent').",
+    )
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("shares", metavar="SHARES")
+    p.add_argument("--by", required=True, help="who sets it")
+    p.set_defaults(func=run_budget_set)
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace, work: Callable[[Client], Awaitable[int]]) -> int:
+    """Connect, run ``work``, close; an unreachable stack is one line and exit 1."""
+    timeout = parse_timeout(args.timeout)
+
+    async def main() -> int:
+        async with Client(args.nats_url, name=f"allot-cli-{args.command}", timeout=timeout) as c:
+            return await work(c)
+
+    try:
+        return asyncio.run(main())
+    except SdkError as exc:
+        print(f"allot {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+
+
+def _print_reply(args: argparse.Namespace, msg: msgspec.Struct, text: str) -> int:
+    print(fmt.envelope_json(msg, time.time()) if args.json else text)
+    return 0
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    gpus = parse_int_option("--gpus", args.gpus, 1, m.MAX_GPUS)
+    min_runtime = parse_min_runtime(args.min_runtime)
+    priority = parse_int_option("--priority", args.priority, -1000, 1000)
+    duration = None if args.duration is None else parse_duration_option("--duration", args.duration)
+    if duration is not None and duration <= 0:
+        raise ValidationError("--duration", "must be more than 0 seconds")
+
+    async def work(c: Client) -> int:
+        try:
+            reply = await c.submit(
+                client_id=args.client_id,
+                user=args.user,
+                gpus=gpus,
+                allocation=args.alloc,
+                min_runtime_s=min_runtime,
+                resumable=not args.not_resumable,
+                kind=args.kind,
+                priority=priority,
+                command=tuple(args.cmd),
+                duration_s=None if duration is None else float(duration),
+            )
+        except ValidationError as exc:
+            raise renamed(exc, SUBMIT_OPTIONS) from None
+        text = reply.workload_id + (" (duplicate)" if reply.duplicate else "")
+        return _print_reply(args, reply, text)
+
+    return _run(args, work)
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    async def work(c: Client) -> int:
+        try:
+            reply = await c.cancel(
+                args.workload, allocation=args.alloc, user=args.user, reason=args.reason
+            )
+        except ValidationError as exc:
+            raise renamed(exc, CANCEL_OPTIONS) from None
+        return _print_reply(args, reply, _accepted_text(f"cancel {args.workload}", reply))
+
+    return _run(args, work)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    async def work(c: Client) -> int:
+        try:
+            status = await c.status(args.workload)
+        except ValidationError as exc:
+            raise renamed(exc, CANCEL_OPTIONS) from None
+        return _print_reply(args, status, fmt.status_text(status))
+
+    return _run(args, work)
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    async def work(c: Client) -> int:
+        try:
+            events = c.watch(args.workload, args.alloc)
+            async for record in events:
+                if args.json:
+                    print(fmt.envelope_json(record, time.time(), indent=None), flush=True)
+                else:
+                    print(fmt.event_line(record), flush=True)
+        except ValidationError as exc:
+            raise renamed(exc, CANCEL_OPTIONS) from None
+        return 0
+
+    return _run(args, work)
+
+
+def run_queue(args: argparse.Namespace) -> int:
+    async def work(c: Client) -> int:
+        snapshot = await c.queue()
+        return _print_reply(args, snapshot, fmt.queue_table(snapshot))
+
+    return _run(args, work)
+
+
+def run_share(args: argparse.Namespace) -> int:
+    async def work(c: Client) -> int:
+        ranking = await c.share()
+        return _print_reply(args, ranking, fmt.share_table(ranking))
+
+    return _run(args, work)
+
+
+def run_hosts(args: argparse.Namespace) -> int:
+    async def work(c: Client) -> int:
+        snapshot = await c.hosts()
+        return _print_reply(args, snapshot, fmt.hosts_table(snapshot))
+
+    return _run(args, work)
+
+
+def run_drain(args: argparse.Namespace) -> int:
+    async def work(c: Client) -> int:
+        try:
+            reply = await c.drain(args.host, operator=args.operator, reason=args.reason)
+        except ValidationError as exc:
+            raise renamed(exc, HOST_OPTIONS) from None
+        return _print_reply(args, reply, _accepted_text(f"drain {args.host}", reply))
+
+    return _run(args, work)
+
+
+def run_undrain(args: argparse.Namespace) -> int:
+    async def work(c: Client) -> int:
+        try:
+            reply = await c.undrain(args.host, operator=args.operator)
+        except ValidationError as exc:
+            raise renamed(exc, HOST_OPTIONS) from None
+        return _print_reply(args, reply, _accepted_text(f"undrain {args.host}", reply))
+
+    return _run(args, work)
+
+
+def run_budget_set(args: argparse.Namespace) -> int:
+    path = parse_budget_path(args.path)
+    shares = parse_shares(args.shares)
+
+    async def work(c: Client) -> int:
+        try:
+            reply = await c.set_budget(path, shares, set_by=args.by)
+        except ValidationError as exc:
+            raise renamed(exc, BUDGET_OPTIONS) from None
+        shown = "parent" if shares is None else str(shares)
+        return _print_reply(args, reply, _accepted_text(f"{'/'.join(path)} = {shown}", reply))
+
+    return _run(args, work)
+
+
+def _accepted_text(what: str, reply: m.CommandAccepted) -> str:
+    return f"accepted: {what}" + (f" ({reply.detail})" if reply.detail else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one live command without the rest of ``allot`` (what ``allot.cli.main`` does:
+    bad input is one line on stderr and exit status 2)."""
+    parser = argparse.ArgumentParser(prog="allot")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ValidationError as exc:
+        print(f"allot {args.command}: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""What the live ``allot`` commands print: tables, status, one line per event, and the
+``--json`` envelope. Pure functions of the replies (no NATS, no clock: "now" is the reply's
+``at``), so they are unit-tested directly.
+
+The ``--json`` envelope is stable: ``{"kind": <wire type>, "at": <seconds since the
+epoch>, "data": <the message's fields, without its type tag>}``; ``watch --json`` prints
+one envelope per line.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from allot.proto import messages as m
+from allot.proto.subjects import UNALLOCATED
+
+NONE = "-"
+"""What an empty cell shows."""
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    align: Literal["<", ">"] = "<"
+    """``<`` for text, ``>`` for numbers."""
+
+
+def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str:
+    """A header, a rule, then the rows; each column as wide as its widest cell. The last
+    column is not padded (no trailing blanks)."""
+    widths = [len(c.title) for c in columns]
+    for row in rows:
+        if len(row) != len(columns):
+            raise ValueError(f"row has {len(row)} cells for {len(columns)} columns: {row!r}")
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            f"{cell:{col.align}{w}}" for cell, col, w in zip(cells, columns, widths, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    out = [line([c.title for c in columns]), "  ".join("-" * w for w in widths)]
+    out.extend(line(row) for row in rows)
+    return "\n".join(out)
+
+
+# -- cells -------------------------------------------------------------------------------------
+
+
+def alloc_cell(allocation: str | None) -> str:
+    return UNALLOCATED if allocation is None else allocation
+
+
+def num(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return NONE
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return f"{value:.{digits}f}"
+
+
+def int_cell(value: int | None) -> str:
+    return NONE if value is None else str(value)
+
+
+def age(seconds: float) -> str:
+    """``45s``, ``12m05s``, ``3h07m``, ``2d04h``: the largest two units."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def timestamp(at: float | None) -> str:
+    """UTC, to the second: ``2026-01-02T03:04:05Z``."""
+    if at is None:
+        return NONE
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def assignment_text(assignment: Sequence[m.HostGpus]) -> str:
+    """``h01:0,1,2,3 h02:0,1``."""
+    return " ".join(f"{a.host}:{','.join(map(str, a.gpus))}" for a in assignment) or NONE
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+QUEUE_COLUMNS = (
+    Column("POS", ">"),
+    Column("WORKLOAD"),
+    Column("ALLOC"),
+    Column("USER"),
+    Column("GPUS", ">"),
+    Column("TIER"),
+    Column("RANK", ">"),
+    Column("FAIRSHARE", ">"),
+    Column("SORT", ">"),
+    Column("AGE", ">"),
+    Column("WHY"),
+)
+
+
+def queue_table(snapshot: m.QueueSnapshot) -> str:
+    """squeue/sprio-like: pending work in service order; AGE is measured at the
+    snapshot's ``at``."""
+    rows = [
+        (
+            str(r.position),
+            r.workload_id,
+            alloc_cell(r.allocation),
+            r.user,
+            str(r.gpus),
+            r.tier,
+            int_cell(r.rank),
+            num(r.fairshare),
+            num(r.sort_metric),
+            age(snapshot.at - r.submitted_at),
+            r.why or NONE,
+        )
+        for r in snapshot.rows
+    ]
+    footer = (
+        f"{len(snapshot.rows)} pending, {snapshot.free_gpus} GPUs free "
+        f"(epoch {snapshot.epoch}, at {timestamp(snapshot.at)})"
+    )
+    return f"{render_table(QUEUE_COLUMNS, rows)}\n{footer}"
+
+
+SHARE_COLUMNS = (
+    Column("Account"),
+    Column("RawShares", ">"),
+    Column("NormShares", ">"),
+    Column("RawUsage(GPU-h)", ">"),
+    Column("EffectvUsage", ">"),
+    Column("LevelFS", ">"),
+    Column("Rank", ">"),
+    Column("FairShare", ">"),
+)
+
+
+def share_table(ranking: m.RankingUpdated) -> str:
+    """``sshare -l`` like: one row per node in tree order, the path shown as is; raw usage
+    arrives in GPU-seconds and is shown in GPU-hours."""
+    rows = [
+        (
+            r.path,
+            "parent" if r.raw_shares is None else str(r.raw_shares),
+            num(r.norm_shares, 6),
+            num(r.raw_usage / 3600.0, 1),
+            num(r.effective_usage, 6),
+            r.level_fs if isinstance(r.level_fs, str) else num(r.level_fs, 6),
+            int_cell(r.rank),
+            num(r.fairshare, 6),
+        )
+        for r in ranking.nodes
+    ]
+    footer = f"window {age(ranking.window_s)}, ranked at {timestamp(ranking.at)}"
+    return f"{render_table(SHARE_COLUMNS, rows)}\n{footer}"
+
+
+HOSTS_COLUMNS = (
+    Column("HOST"),
+    Column("STATE"),
+    Column("GPUS", ">"),
+    Column("FREE", ">"),
+    Column("WORKLOADS"),
+)
+
+
+def hosts_table(snapshot: m.HostsSnapshot) -> str:
+    rows = [
+        (h.host, h.state, str(h.gpus), str(h.free_gpus), ",".join(h.workloads) or NONE)
+        for h in snapshot.hosts
+    ]
+    return render_table(HOSTS_COLUMNS, rows)
+
+
+def status_text(status: m.WorkloadStatus) -> str:
+    """One ``key: value`` line per field that says something."""
+    lines = [
+        ("workload", status.workload_id),
+        ("state", status.state),
+        ("allocation", alloc_cell(status.allocation)),
+        ("user", status.user or NONE),
+        ("gpus", str(status.gpus)),
+        ("attempt", str(status.attempt)),
+        ("position", int_cell(status.position)),
+        ("submitted", timestamp(status.submitted_at)),
+        ("started", timestamp(status.started_at)),
+        ("protected until", timestamp(status.protected_until)),
+        ("preempt at", timestamp(status.preempt_at)),
+        ("assignment", assignment_text(status.assignment)),
+    ]
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(f"{k + ':':{width + 1}} {v}" for k, v in lines if v != NONE)
+
+
+# -- events ------------------------------------------------------------------------------------
+
+_QUIET_FIELDS = frozenset({"workload_id", "allocation", "at"})
+
+
+def event_line(record: msgspec.Struct) -> str:
+    """``<UTC time>  <type>  key=value ...``: every field that is not its default (the id,
+    allocation and time are the line's context)."""
+    at = getattr(record, "at", None)
+    parts = [timestamp(at), type(record).__name__]
+    defaults = dict(
+        zip(
+            record.__struct_fields__,
+            _field_defaults(type(record)),
+            strict=True,
+        )
+    )
+    for name in record.__struct_fields__:
+        if name in _QUIET_FIELDS:
+            continue
+        value = getattr(record, name)
+        if name in defaults and defaults[name] is not _REQUIRED and value == defaults[name]:
+            continue
+        parts.append(f"{name}={_value_text(name, value, at)}")
+    return "  ".join(parts[:2]) + ("  " + " ".join(parts[2:]) if len(parts) > 2 else "")
+
+
+_REQUIRED = object()
+
+
+def _field_defaults(cls: type[msgspec.Struct]) -> list[object]:
+    """Struct defaults aligned with ``__struct_fields__`` (required fields first)."""
+    fields = cls.__struct_fields__
+    given = cls.__struct_defaults__
+    return [_REQUIRED] * (len(fields) - len(given)) + list(given)
+
+
+def _value_text(name: str, value: object, at: float | None) -> str:
+    if name == "assignment" and isinstance(value, tuple):
+        return assignment_text(value)
+    if name == "grace_deadline" and isinstance(value, float) and at is not None:
+        return f"{timestamp(value)}(+{age(value - at)})"
+    if name.endswith("_at") and isinstance(value, float):
+        return timestamp(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return json.dumps(msgspec.to_builtins(value), separators=(",", ":"))
+    if isinstance(value, str) and (not value or " " in value):
+        return json.dumps(value)
+    return str(value)
+
+
+# -- JSON --------------------------------------------------------------------------------------
+
+
+def envelope(msg: msgspec.Struct, now: float) -> dict[str, Any]:
+    """The ``--json`` envelope; ``at`` is the message's own time when it has one, else
+    ``now`` (e.g. ``WorkloadStatus``)."""
+    data = msgspec.to_builtins(msg)
+    data.pop("type", None)
+    at = getattr(msg, "at", None)
+    return {"kind": type(msg).__name__, "at": now if at is None else at, "data": data}
+
+
+def envelope_json(msg: msgspec.Struct, now: float, *, indent: int | None = 2) -> str:
+    return json.dumps(envelope(msg, now), indent=indent, allow_nan=False)

@@ -1,0 +1,27 @@
+"""Allot's Python SDK: ``Client`` submits, cancels, queries and follows workloads over
+NATS. Errors: ``allot.sdk.errors`` (a refusal is a ``ValidationError`` naming the field)."""
+
+from allot.sdk.client import DEFAULT_NATS_URL, Client, PreemptionSubscription, new_client_id
+from allot.sdk.errors import (
+    BadReplyError,
+    CommandRejectedError,
+    NoResponderError,
+    NotConnectedError,
+    RequestTimeoutError,
+    SdkError,
+    SubmitRejectedError,
+)
+
+__all__ = [
+    "DEFAULT_NATS_URL",
+    "BadReplyError",
+    "Client",
+    "CommandRejectedError",
+    "NoResponderError",
+    "NotConnectedError",
+    "PreemptionSubscription",
+    "RequestTimeoutError",
+    "SdkError",
+    "SubmitRejectedError",
+    "new_client_id",
+]

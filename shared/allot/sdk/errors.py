@@ -1,0 +1,49 @@
+"""What the SDK raises: a refusal names the field (it is a ``ValidationError``, so the CLI
+prints one line and exits 2); a missing or silent service says what to start."""
+
+from __future__ import annotations
+
+from allot.core.errors import ValidationError
+
+
+class SdkError(Exception):
+    """The request could not be answered (no server, no responder, timeout, bad reply)."""
+
+
+class NotConnectedError(SdkError):
+    """The NATS server could not be reached."""
+
+
+class NoResponderError(SdkError):
+    """Nobody subscribes to the request subject: the service is not running."""
+
+    def __init__(self, subject: str, who: str) -> None:
+        super().__init__(f"no {who} answered {subject}: is the stack running? (allot up)")
+        self.subject = subject
+
+
+class RequestTimeoutError(SdkError):
+    """A responder exists but no answer came in time (after the retries)."""
+
+    def __init__(self, subject: str, who: str, timeout: float, attempts: int) -> None:
+        super().__init__(
+            f"{who} did not answer {subject} within {timeout:g} s "
+            f"({attempts} attempt{'s' if attempts != 1 else ''})"
+        )
+        self.subject = subject
+
+
+class BadReplyError(SdkError):
+    """The reply was not one of the messages this request expects."""
+
+
+class CommandRejectedError(ValidationError):
+    """A service refused a command (``CommandRejected``): ``field`` says what was wrong."""
+
+
+class SubmitRejectedError(CommandRejectedError):
+    """Intake refused a submission (``WorkloadRejected``)."""
+
+    def __init__(self, field: str, reason: str, client_id: str | None) -> None:
+        super().__init__(field, reason)
+        self.client_id = client_id

@@ -1,0 +1,474 @@
+"""The host agent against a real NATS server: the test plays the placement leader by
+publishing log records itself and reads the agent's reports back from the WORKLOADS stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+import pytest
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy
+
+from allot.live import bus, service_main
+from allot.proto import messages as m
+from allot.proto import subjects
+from allot.services.agent import NO_COMMAND, RESTART_LOST, Agent, AgentConfig
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class Events:
+    """Everything on the workload event subjects, collected by an ordered consumer."""
+
+    def __init__(self) -> None:
+        self.records: list[msgspec.Struct] = []
+        self._sub: Any = None
+
+    async def start(self, js: JetStreamContext) -> None:
+        async def on_msg(msg: Any) -> None:
+            self.records.append(bus.decode_record(msg.subject, msg.data))
+
+        self._sub = await js.subscribe(
+            subjects.ALL_EVENTS,
+            stream="WORKLOADS",
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            cb=on_msg,
+        )
+
+    def of(self, kind: type[T], wid: str) -> list[T]:
+        return [r for r in self.records if isinstance(r, kind) and r.workload_id == wid]  # type: ignore[attr-defined]
+
+    async def wait(self, kind: type[T], wid: str, timeout: float = 10.0) -> T:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.of(kind, wid)
+            if found:
+                return found[0]
+            await asyncio.sleep(0.02)
+        seen = [(type(r).__name__, getattr(r, "workload_id", "")) for r in self.records]
+        raise AssertionError(f"no {kind.__name__} for {wid} within {timeout} s; saw {seen}")
+
+
+class Log:
+    """The test's side of the log: publishes what intake, health and placement would."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js = js
+
+    async def host(self, host: str, gpus: int) -> None:
+        rec = m.HostRegistered(host=host, gpus=gpus, at=time.time())
+        await bus.publish(self.js, subjects.host_state(host), rec)
+
+    async def leader(self, epoch: int) -> None:
+        rec = m.LeaderElected(epoch=epoch, leader="test", at=time.time())
+        await bus.publish(self.js, subjects.LEADER, rec)
+
+    async def submit(
+        self,
+        wid: str,
+        command: tuple[str, ...] = (),
+        *,
+        gpus: int = 1,
+        allocation: str | None = "nlp",
+        min_runtime_s: int = 60,
+        duration_s: float | None = None,
+    ) -> None:
+        rec = m.WorkloadSubmitted(
+            workload_id=wid,
+            client_id=wid,
+            user="alice",
+            gpus=gpus,
+            allocation=allocation,
+            min_runtime_s=min_runtime_s,
+            command=command,
+            duration_s=duration_s,
+            at=time.time(),
+        )
+        await bus.publish(self.js, subjects.events(allocation, wid), rec)
+
+    async def place(
+        self,
+        wid: str,
+        assignment: dict[str, tuple[int, ...]],
+        *,
+        allocation: str | None = "nlp",
+        epoch: int = 1,
+        attempt: int = 1,
+    ) -> m.WorkloadPlaced:
+        rec = m.WorkloadPlaced(
+            workload_id=wid,
+            allocation=allocation,
+            at=time.time(),
+            gpus=sum(len(g) for g in assignment.values()),
+            assignment=tuple(m.HostGpus(host=h, gpus=g) for h, g in assignment.items()),
+            min_runtime_s=60 if allocation else 0,
+            attempt=attempt,
+            epoch=epoch,
+        )
+        await bus.publish(self.js, subjects.events(allocation, wid), rec)
+        return rec
+
+    async def notice(self, wid: str, grace_s: float, gpus: int = 1) -> m.PreemptionNotice:
+        now = time.time()
+        rec = m.PreemptionNotice(
+            workload_id=wid,
+            allocation="nlp",
+            at=now,
+            reason="better-ranked",
+            grace_deadline=now + grace_s,
+            requeue=True,
+            gpus=gpus,
+            attempt=1,
+            epoch=1,
+        )
+        await bus.publish(self.js, subjects.preempt("nlp", wid), rec)
+        return rec
+
+
+@pytest.fixture
+async def js(fresh_log: str) -> AsyncIterator[JetStreamContext]:
+    nc = await nats.connect(fresh_log)
+    jsc = nc.jetstream()
+    await bus.ensure_streams(jsc)
+    yield jsc
+    await nc.close()
+
+
+@pytest.fixture
+async def events(js: JetStreamContext) -> Events:
+    ev = Events()
+    await ev.start(js)
+    return ev
+
+
+AgentFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def run_agent(fresh_log: str) -> AsyncIterator[AgentFactory]:
+    agents: list[Agent] = []
+
+    async def start(*hosts: str, gpus: int = 4, fake: bool = False, **kw: Any) -> Agent:
+        config = AgentConfig(
+            nats_url=fresh_log,
+            hosts=hosts,
+            gpus=gpus,
+            fake=fake,
+            heartbeat_s=kw.pop("heartbeat_s", 0.2),
+            kill_after_s=kw.pop("kill_after_s", 1.0),
+            stop_grace_s=kw.pop("stop_grace_s", 1.0),
+            **kw,
+        )
+        agent = Agent(config)
+        await service_main.start(agent)
+        agents.append(agent)
+        return agent
+
+    yield start
+    for agent in agents:
+        await service_main.stop(agent)
+
+
+def py(source: str, *args: str | Path) -> tuple[str, ...]:
+    return (sys.executable, "-c", source, *(str(a) for a in args))
+
+
+async def wait_file(path: Path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return path.read_text()
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{path} was not written within {timeout} s")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+WRITE_ENV = (
+    "import os, sys\n"
+    "keys = ('CUDA_VISIBLE_DEVICES', 'ALLOT_WORKLOAD_ID', 'ALLOT_ALLOCATION', 'ALLOT_ATTEMPT',"
+    " 'ALLOT_NATS_URL')\n"
+    "open(sys.argv[1], 'w').write('|'.join(os.environ[k] for k in keys))\n"
+)
+
+ON_TERM = (
+    "import pathlib, signal, sys, time\n"
+    "def on_term(*_):\n"
+    "    pathlib.Path(sys.argv[1]).write_text('term')\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "pathlib.Path(sys.argv[2]).write_text('ready')\n"
+    "while True:\n"
+    "    time.sleep(0.05)\n"
+)
+
+IGNORE_TERM = (
+    "import pathlib, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "pathlib.Path(sys.argv[1]).write_text('ready')\n"
+    "while True:\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+async def test_runs_a_placed_command_and_reports_completion(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path, fresh_log: str
+) -> None:
+    log = Log(js)
+    await run_agent("h01", gpus=4)
+    await log.host("h01", 4)
+    await log.leader(1)
+    out = tmp_path / "env.txt"
+    await log.submit("w1", py(WRITE_ENV, out), gpus=2)
+    placed = await log.place("w1", {"h01": (2, 3)})
+
+    started = await events.wait(m.WorkloadStarted, "w1")
+    done = await events.wait(m.WorkloadCompleted, "w1")
+
+    assert (started.host, started.attempt, started.gpus, started.allocated) == ("h01", 1, 2, True)
+    assert started.pid is not None and started.pid > 1
+    assert started.allocation == "nlp"
+    assert (done.attempt, done.gpus, done.allocated) == (1, 2, True)
+    assert done.started_at == placed.at
+    assert done.at >= placed.at
+    assert done.gpu_seconds == pytest.approx(2 * (done.at - placed.at))
+    assert out.read_text() == f"2,3|w1|nlp|1|{fresh_log}"
+    assert not events.of(m.WorkloadFailed, "w1")
+
+
+async def test_notice_sends_sigterm_and_reports_preempted(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    log = Log(js)
+    await run_agent("h01")
+    await log.host("h01", 4)
+    await log.leader(1)
+    marker, ready = tmp_path / "term", tmp_path / "ready"
+    await log.submit("w2", py(ON_TERM, marker, ready))
+    await log.place("w2", {"h01": (0,)})
+    await events.wait(m.WorkloadStarted, "w2")
+    await wait_file(ready)
+
+    notice = await log.notice("w2", grace_s=5.0)
+    preempted = await events.wait(m.WorkloadPreempted, "w2")
+
+    assert marker.read_text() == "term"
+    assert preempted.reason == "better-ranked"
+    assert preempted.at < notice.grace_deadline  # SIGTERM came at once, not at the deadline
+    assert (preempted.attempt, preempted.gpus) == (1, 1)
+    assert not events.of(m.WorkloadCompleted, "w2")
+
+
+async def test_process_ignoring_sigterm_is_killed_at_the_grace_deadline(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    log = Log(js)
+    await run_agent("h01")
+    await log.host("h01", 4)
+    await log.leader(1)
+    ready = tmp_path / "ready"
+    await log.submit("w3", py(IGNORE_TERM, ready))
+    await log.place("w3", {"h01": (1,)})
+    started = await events.wait(m.WorkloadStarted, "w3")
+    await wait_file(ready)
+    assert started.pid is not None
+
+    notice = await log.notice("w3", grace_s=1.0)
+    await asyncio.sleep(0.5)
+    assert alive(started.pid), "it ignores SIGTERM: it must still run before the deadline"
+    preempted = await events.wait(m.WorkloadPreempted, "w3", timeout=5.0)
+
+    assert preempted.at >= notice.grace_deadline - 0.05
+    assert not alive(started.pid)
+
+
+async def test_stale_epoch_placement_is_not_run(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    log = Log(js)
+    await run_agent("h01")
+    await log.host("h01", 4)
+    await log.leader(1)
+    stale_out, ok_out = tmp_path / "stale", tmp_path / "ok"
+    await log.submit("stale", py(WRITE_ENV, stale_out))
+    await log.submit("fresh", py(WRITE_ENV, ok_out))
+    await log.place("stale", {"h01": (0,)}, epoch=0)  # an old leader's decision
+    await log.place("fresh", {"h01": (1,)}, epoch=1)
+
+    # The agent handles records in order: once "fresh" is done, "stale" was seen and skipped.
+    await events.wait(m.WorkloadCompleted, "fresh")
+    assert ok_out.read_text().startswith("1|fresh|")
+    assert not events.of(m.WorkloadStarted, "stale")
+    assert not stale_out.exists()
+
+
+async def test_cancel_stops_the_process_and_reports_cancelled(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    log = Log(js)
+    await run_agent("h01")
+    await log.host("h01", 4)
+    await log.leader(1)
+    marker, ready = tmp_path / "term", tmp_path / "ready"
+    await log.submit("w4", py(ON_TERM, marker, ready))
+    await log.place("w4", {"h01": (0,)})
+    await events.wait(m.WorkloadStarted, "w4")
+    await wait_file(ready)
+
+    cancel = m.CancelRequested(
+        workload_id="w4", allocation="nlp", by="bob", reason="wrong config", at=time.time()
+    )
+    await bus.publish(js, subjects.events("nlp", "w4"), cancel)
+    cancelled = await events.wait(m.WorkloadCancelled, "w4")
+
+    assert marker.read_text() == "term"
+    assert (cancelled.by, cancelled.reason, cancelled.attempt) == ("bob", "wrong config", 1)
+
+
+async def test_empty_command_fails_with_a_reason(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory
+) -> None:
+    log = Log(js)
+    await run_agent("h01")
+    await log.host("h01", 4)
+    await log.leader(1)
+    await log.submit("w5", ())
+    await log.place("w5", {"h01": (0,)})
+
+    failed = await events.wait(m.WorkloadFailed, "w5")
+    assert failed.reason == NO_COMMAND
+    assert failed.exit_code is None
+    assert not events.of(m.WorkloadStarted, "w5")
+
+
+async def test_nonzero_exit_is_reported_failed_with_its_code(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory
+) -> None:
+    log = Log(js)
+    await run_agent("h01")
+    await log.host("h01", 4)
+    await log.leader(1)
+    await log.submit("w6", py("raise SystemExit(3)"))
+    await log.place("w6", {"h01": (0,)})
+
+    failed = await events.wait(m.WorkloadFailed, "w6")
+    assert (failed.exit_code, failed.reason) == (3, "exited with code 3")
+
+
+async def test_restart_reports_lost_processes_and_starts_unstarted_placements(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    log = Log(js)
+    await log.host("h01", 4)
+    await log.leader(1)
+    # "lost" ran under an earlier agent process; "waiting" was placed while no agent ran.
+    await log.submit("lost", py("import time; time.sleep(60)"))
+    placed = await log.place("lost", {"h01": (0,)})
+    earlier = m.WorkloadStarted(
+        workload_id="lost", allocation="nlp", at=placed.at, host="h01", pid=99999, gpus=1
+    )
+    await bus.publish(js, subjects.events("nlp", "lost"), earlier)
+    out = tmp_path / "env"
+    await log.submit("waiting", py(WRITE_ENV, out))
+    await log.place("waiting", {"h01": (1,)})
+
+    await run_agent("h01")
+
+    failed = await events.wait(m.WorkloadFailed, "lost")
+    assert failed.reason == RESTART_LOST
+    assert failed.started_at == placed.at
+    await events.wait(m.WorkloadCompleted, "waiting")
+    assert out.read_text().startswith("1|waiting|")
+
+
+async def test_gang_primary_reports_and_secondary_stops_when_the_log_ends_it(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    log = Log(js)
+    await run_agent("h01")
+    await run_agent("h02")
+    for host in ("h01", "h02"):
+        await log.host(host, 4)
+    await log.leader(1)
+    # Each part writes its GPUs; the primary (h01) finishes, the secondary would run forever.
+    gang = (
+        "import os, pathlib, signal, sys, time\n"
+        "d = pathlib.Path(sys.argv[1]); host = os.environ['ALLOT_HOST']\n"
+        "def on_term(*_):\n"
+        "    (d / (host + '.term')).write_text('term'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "(d / host).write_text(os.environ['CUDA_VISIBLE_DEVICES'])\n"
+        "if host == 'h01':\n"
+        "    while not (d / 'h02').exists(): time.sleep(0.02)\n"
+        "    sys.exit(0)\n"
+        "while True: time.sleep(0.05)\n"
+    )
+    await log.submit("g1", py(gang, tmp_path), gpus=4)
+    await log.place("g1", {"h02": (0, 1), "h01": (2, 3)})
+
+    done = await events.wait(m.WorkloadCompleted, "g1")
+    assert await wait_file(tmp_path / "h02.term") == "term"
+    assert (tmp_path / "h01").read_text() == "2,3"
+    assert (tmp_path / "h02").read_text() == "0,1"
+    assert [s.host for s in events.of(m.WorkloadStarted, "g1")] == ["h01"]
+    assert done.gpus == 4
+    await asyncio.sleep(0.2)  # a second (wrong) report by the secondary would land by now
+    assert len(events.of(m.WorkloadCompleted, "g1")) == 1
+    assert not events.of(m.WorkloadFailed, "g1")
+
+
+async def test_fake_hosts_heartbeat_and_complete_a_fake_run(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, fresh_log: str
+) -> None:
+    nc = await nats.connect(fresh_log)
+    beats: list[m.Heartbeat] = []
+
+    async def on_beat(msg: Any) -> None:
+        beats.append(msgspec.json.decode(msg.data, type=m.Heartbeat))
+
+    await nc.subscribe(subjects.ALL_HEARTBEATS, cb=on_beat)
+    try:
+        hosts = ("fake-0000", "fake-0001", "fake-0002")
+        await run_agent(*hosts, gpus=4, fake=True, heartbeat_s=0.1)
+        deadline = time.monotonic() + 5.0
+        while {b.host for b in beats} != set(hosts) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert {b.host for b in beats} == set(hosts)
+        assert all(b.gpus == 4 for b in beats)
+
+        log = Log(js)
+        for host in hosts:
+            await log.host(host, 4)
+        await log.leader(1)
+        await log.submit("fake1", gpus=8, duration_s=0.2)
+        placed = await log.place("fake1", {"fake-0002": (0, 1, 2, 3), "fake-0001": (0, 1, 2, 3)})
+
+        started = await events.wait(m.WorkloadStarted, "fake1")
+        done = await events.wait(m.WorkloadCompleted, "fake1")
+        assert (started.host, started.pid, started.gpus) == ("fake-0001", None, 8)
+        assert done.at - done.started_at >= 0.2  # type: ignore[operator]
+        assert done.started_at == placed.at
+        assert done.gpu_seconds == pytest.approx(8 * (done.at - placed.at))
+        assert len(events.of(m.WorkloadStarted, "fake1")) == 1
+        seqs = [b.seq for b in beats if b.host == "fake-0000"]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    finally:
+        await nc.close()

@@ -1,0 +1,570 @@
+"""The SDK and the live CLI commands against a real NATS server.
+
+The services are not needed: each test stands up minimal responders (plain nats-py
+subscriptions on the request subjects answering fixed, valid replies) and publishes log
+records into the WORKLOADS stream itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from allot.cli import live_cmds
+from allot.core.errors import ValidationError
+from allot.live import bus
+from allot.proto import codec, subjects
+from allot.proto import messages as m
+from allot.proto.subjects import Kind
+from allot.sdk import (
+    BadReplyError,
+    Client,
+    CommandRejectedError,
+    NoResponderError,
+    RequestTimeoutError,
+    SubmitRejectedError,
+)
+from allot.sdk.client import confirm_subscriptions
+
+pytestmark = pytest.mark.integration
+
+NOW = 1_800_000_000.0
+Reply = Callable[[Msg], msgspec.Struct | bytes | None]
+
+
+class Responders:
+    """Fixed-answer stand-ins for the services; records every request it gets."""
+
+    def __init__(self, nc: NatsClient) -> None:
+        self.nc = nc
+        self.seen: list[tuple[str, bytes]] = []
+
+    async def answer(self, subject: str, reply: Reply) -> None:
+        async def cb(msg: Msg) -> None:
+            self.seen.append((msg.subject, msg.data))
+            out = reply(msg)
+            if out is None:
+                return  # stay silent: the client times out
+            await msg.respond(out if isinstance(out, bytes) else codec.encode(out))
+
+        await self.nc.subscribe(subject, cb=cb)
+        await confirm_subscriptions(self.nc)  # one flush is not enough with nats-py 2.16
+
+    def bodies(self, kind: Kind) -> list[Any]:
+        return [codec.decode(kind, data) for _, data in self.seen]
+
+
+@pytest.fixture
+async def responders(fresh_log: str) -> AsyncIterator[Responders]:
+    nc = await nats.connect(fresh_log)
+    yield Responders(nc)
+    await nc.close()
+
+
+@pytest.fixture
+async def client(fresh_log: str) -> AsyncIterator[Client]:
+    async with Client(fresh_log, name="test-sdk", timeout=2.0) as c:
+        yield c
+
+
+def accept_submit(msg: Msg) -> m.WorkloadAccepted:
+    """Intake's answer: the id derives from the client id; a second one is a duplicate."""
+    body = codec.decode(Kind.SUBMIT, msg.data)
+    assert isinstance(body, m.SubmitWorkload)
+    accept_submit.seen.setdefault(body.client_id, 0)  # type: ignore[attr-defined]
+    accept_submit.seen[body.client_id] += 1  # type: ignore[attr-defined]
+    return m.WorkloadAccepted(
+        workload_id=f"wl-{body.client_id}",
+        client_id=body.client_id,
+        allocation=body.allocation,
+        at=NOW,
+        duplicate=accept_submit.seen[body.client_id] > 1,  # type: ignore[attr-defined]
+    )
+
+
+@pytest.fixture(autouse=True)
+def _reset_intake() -> None:
+    accept_submit.seen = {}  # type: ignore[attr-defined]
+
+
+async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+async def test_submit_encodes_the_body_and_repeats_as_duplicate(
+    responders: Responders, client: Client
+) -> None:
+    await responders.answer(subjects.submit("nlp"), accept_submit)
+    first = await client.submit(
+        client_id="job-1",
+        user="ann",
+        gpus=8,
+        allocation="nlp",
+        min_runtime_s=7200,
+        resumable=False,
+        kind="eval",
+        priority=3,
+        command=("python", "train.py"),
+        duration_s=90.0,
+    )
+    again = await client.submit(client_id="job-1", user="ann", gpus=8, allocation="nlp")
+    assert (first.workload_id, first.duplicate) == ("wl-job-1", False)
+    assert (again.workload_id, again.duplicate) == ("wl-job-1", True)
+    body = responders.bodies(Kind.SUBMIT)[0]
+    assert body == m.SubmitWorkload(
+        client_id="job-1",
+        user="ann",
+        gpus=8,
+        allocation="nlp",
+        min_runtime_s=7200,
+        resumable=False,
+        kind="eval",
+        priority=3,
+        command=("python", "train.py"),
+        duration_s=90.0,
+    )
+
+
+async def test_submit_without_client_id_gets_a_fresh_one_and_unallocated_subject(
+    responders: Responders, client: Client
+) -> None:
+    await responders.answer(subjects.submit(None), accept_submit)
+    a = await client.submit(user="ann", gpus=1)
+    b = await client.submit(user="ann", gpus=1)
+    assert a.client_id != b.client_id
+    assert len(a.client_id) == 16 and int(a.client_id, 16) >= 0
+    assert [s for s, _ in responders.seen] == ["allot.v1.submit.~"] * 2
+
+
+async def test_rejection_becomes_a_validation_error_naming_the_field(
+    responders: Responders, client: Client
+) -> None:
+    await responders.answer(
+        subjects.submit("nlp"),
+        lambda msg: m.WorkloadRejected(
+            client_id="job-2", at=NOW, field="gpus", reason="more than the cluster's 64"
+        ),
+    )
+    with pytest.raises(SubmitRejectedError) as err:
+        await client.submit(client_id="job-2", user="ann", gpus=100, allocation="nlp")
+    assert isinstance(err.value, ValidationError)
+    assert (err.value.field, err.value.reason) == ("gpus", "more than the cluster's 64")
+    assert err.value.client_id == "job-2"
+
+
+async def test_bad_values_fail_locally_naming_the_field(
+    responders: Responders, client: Client
+) -> None:
+    await responders.answer(subjects.submit("nlp"), accept_submit)
+    with pytest.raises(ValidationError) as err:
+        await client.submit(client_id="j", user="ann", gpus=0, allocation="nlp")
+    assert err.value.field == "gpus"
+    with pytest.raises(ValidationError) as err:
+        await client.submit(client_id="j", user="a b", gpus=1, allocation="nlp")
+    assert err.value.field == "user"
+    with pytest.raises(ValidationError) as err:
+        await client.submit(client_id="j", user="ann", gpus=1, allocation="n.lp")
+    assert err.value.field == "allocation"
+    assert responders.seen == []
+
+
+async def test_a_lost_reply_is_retried_with_the_same_client_id(
+    fresh_log: str, responders: Responders
+) -> None:
+    calls = 0
+
+    def drop_first(msg: Msg) -> msgspec.Struct | None:
+        nonlocal calls
+        calls += 1
+        return None if calls == 1 else accept_submit(msg)
+
+    await responders.answer(subjects.submit("nlp"), drop_first)
+    async with Client(fresh_log, timeout=0.3, retries=2) as c:
+        reply = await c.submit(user="ann", gpus=2, allocation="nlp")
+    ids = [b.client_id for b in responders.bodies(Kind.SUBMIT)]
+    assert len(ids) == 2 and ids[0] == ids[1] == reply.client_id
+    assert responders.seen[0][1] == responders.seen[1][1]  # the same bytes
+
+
+async def test_a_silent_service_times_out_after_the_retries(
+    fresh_log: str, responders: Responders
+) -> None:
+    await responders.answer(subjects.QUERY_QUEUE, lambda msg: None)
+    async with Client(fresh_log, timeout=0.2, retries=1) as c:
+        with pytest.raises(RequestTimeoutError, match="2 attempts"):
+            await c.queue()
+    assert len(responders.seen) == 2
+
+
+async def test_no_responder_says_what_to_start(client: Client) -> None:
+    with pytest.raises(NoResponderError) as err:
+        await client.queue()
+    assert str(err.value) == (
+        "no placement leader answered allot.v1.query.queue: is the stack running? (allot up)"
+    )
+
+
+async def test_an_unexpected_reply_is_a_bad_reply(responders: Responders, client: Client) -> None:
+    await responders.answer(subjects.QUERY_HOSTS, lambda msg: m.CommandAccepted(at=NOW))
+    with pytest.raises(BadReplyError, match=r"placement leader answered allot\.v1\.query\.hosts"):
+        await client.hosts()
+
+
+async def test_cancel_accepted_and_rejected(responders: Responders, client: Client) -> None:
+    await responders.answer(
+        subjects.cancel("nlp", "wl-a"), lambda msg: m.CommandAccepted(at=NOW, detail="pending")
+    )
+    await responders.answer(
+        subjects.cancel("nlp", "wl-b"),
+        lambda msg: m.CommandRejected(at=NOW, field="user", reason="not the submitter"),
+    )
+    ok = await client.cancel("wl-a", allocation="nlp", user="ann", reason="oops")
+    assert ok.detail == "pending"
+    with pytest.raises(CommandRejectedError) as err:
+        await client.cancel("wl-b", allocation="nlp", user="bob")
+    assert (err.value.field, err.value.reason) == ("user", "not the submitter")
+    assert responders.bodies(Kind.CANCEL)[0] == m.CancelWorkload(
+        workload_id="wl-a", user="ann", allocation="nlp", reason="oops"
+    )
+
+
+async def test_queries_decode_the_leaders_answers(responders: Responders, client: Client) -> None:
+    status = m.WorkloadStatus(workload_id="wl-a", state="pending", allocation="nlp", position=3)
+    queue = m.QueueSnapshot(
+        at=NOW,
+        free_gpus=4,
+        rows=(
+            m.QueueRow(
+                position=1,
+                workload_id="wl-a",
+                allocation="nlp",
+                user="ann",
+                gpus=2,
+                kind="training",
+                tier="over-entitlement",
+                sort_metric=1.25,
+                submitted_at=NOW - 60,
+            ),
+        ),
+    )
+    hosts = m.HostsSnapshot(
+        at=NOW, hosts=(m.HostRow(host="h01", state="healthy", gpus=8, free_gpus=8),)
+    )
+    ranking = m.RankingUpdated(at=NOW, window_s=3600, nodes=())
+    queries: list[bytes] = []
+
+    def answer_status(msg: Msg) -> msgspec.Struct:
+        queries.append(msg.data)
+        return status
+
+    await responders.answer(subjects.QUERY_STATUS, answer_status)
+    await responders.answer(subjects.QUERY_QUEUE, lambda msg: queue)
+    await responders.answer(subjects.QUERY_HOSTS, lambda msg: hosts)
+    await responders.answer(subjects.QUERY_SHARE, lambda msg: ranking)
+    assert await client.status("wl-a") == status
+    assert msgspec.json.decode(queries[0]) == {"type": "StatusQuery", "workload_id": "wl-a"}
+    assert await client.queue() == queue
+    assert await client.hosts() == hosts
+    assert await client.share() == ranking
+
+
+async def test_drain_undrain_and_budget_subjects_and_bodies(
+    responders: Responders, client: Client
+) -> None:
+    accepted = m.CommandAccepted(at=NOW)
+    await responders.answer(subjects.drain("h01"), lambda msg: accepted)
+    await responders.answer(subjects.undrain("h01"), lambda msg: accepted)
+    await responders.answer(subjects.budget_set(["root", "nlp", "pretrain"]), lambda msg: accepted)
+    await client.drain("h01", operator="ops", reason="bad fan")
+    await client.undrain("h01", operator="ops")
+    await client.set_budget(("root", "nlp", "pretrain"), None, set_by="lead")
+    got = [(s, msgspec.json.decode(d)) for s, d in responders.seen]
+    assert got == [
+        (
+            "allot.v1.host.h01.drain",
+            {"type": "DrainHost", "host": "h01", "operator": "ops", "reason": "bad fan"},
+        ),
+        ("allot.v1.host.h01.undrain", {"type": "UndrainHost", "host": "h01", "operator": "ops"}),
+        (
+            "allot.v1.budget.set.root.nlp.pretrain",
+            {
+                "type": "SetBudget",
+                "path": ["root", "nlp", "pretrain"],
+                "shares": None,
+                "set_by": "lead",
+            },
+        ),
+    ]
+
+
+# -- following the log --------------------------------------------------------------------------
+
+
+def _story(wl: str, alloc: str | None, *, requeue: bool) -> list[tuple[str, msgspec.Struct]]:
+    ev, pre = subjects.events(alloc, wl), subjects.preempt(alloc, wl)
+    one = (m.HostGpus(host="h01", gpus=(0, 1)),)
+    return [
+        (
+            ev,
+            m.WorkloadSubmitted(
+                workload_id=wl, client_id="c", user="ann", gpus=2, allocation=alloc, at=NOW
+            ),
+        ),
+        (
+            ev,
+            m.WorkloadQueued(workload_id=wl, allocation=alloc, at=NOW, position=1, sort_metric=0.5),
+        ),
+        (
+            ev,
+            m.WorkloadPlaced(workload_id=wl, allocation=alloc, at=NOW + 1, gpus=2, assignment=one),
+        ),
+        (ev, m.WorkloadStarted(workload_id=wl, allocation=alloc, at=NOW + 2, host="h01")),
+        (
+            pre,
+            m.PreemptionNotice(
+                workload_id=wl,
+                allocation=alloc,
+                at=NOW + 3,
+                reason="better-ranked",
+                grace_deadline=NOW + 303,
+                requeue=requeue,
+                gpus=2,
+            ),
+        ),
+        (
+            ev,
+            m.WorkloadPreempted(
+                workload_id=wl, allocation=alloc, at=NOW + 300, reason="better-ranked"
+            ),
+        ),
+    ]
+
+
+async def _publish(js: Any, records: list[tuple[str, msgspec.Struct]]) -> None:
+    for subject, record in records:
+        await bus.publish(js, subject, record)
+
+
+async def test_watch_replays_then_follows_and_stops_at_the_end(
+    responders: Responders, client: Client
+) -> None:
+    js = responders.nc.jetstream()
+    await bus.ensure_streams(js)
+    story = _story("wl-a", "nlp", requeue=True)
+    ev = subjects.events("nlp", "wl-a")
+    rest: list[tuple[str, msgspec.Struct]] = [
+        (ev, m.WorkloadRequeued(workload_id="wl-a", allocation="nlp", at=NOW + 301, attempt=2)),
+        (
+            ev,
+            m.WorkloadStarted(
+                workload_id="wl-a", allocation="nlp", at=NOW + 400, host="h01", attempt=2
+            ),
+        ),
+        (ev, m.WorkloadCompleted(workload_id="wl-a", allocation="nlp", at=NOW + 500, attempt=2)),
+        (ev, m.WorkloadFailed(workload_id="wl-a", allocation="nlp", at=NOW + 600)),  # after the end
+    ]
+    noise = _story("wl-b", "nlp", requeue=False) + _story("wl-a", "cv", requeue=False)
+    await _publish(js, story[:3] + noise)
+
+    seen: list[msgspec.Struct] = []
+
+    async def follow() -> None:
+        async for record in client.watch("wl-a", "nlp", idle_timeout=5.0):
+            seen.append(record)
+
+    task = asyncio.create_task(follow())
+    await wait_for(lambda: len(seen) == 3)  # the past, replayed
+    await _publish(js, story[3:] + rest)  # then live; the preemption requeues: not the end
+    await asyncio.wait_for(task, 5.0)
+    expected = [r for _, r in story + rest[:3]]
+    assert seen == expected
+    assert isinstance(seen[4], m.PreemptionNotice)  # notices in log order with the events
+
+
+async def test_watch_ends_at_a_preemption_that_is_not_requeued(
+    responders: Responders, client: Client
+) -> None:
+    js = responders.nc.jetstream()
+    await bus.ensure_streams(js)
+    story = _story("wl-u", None, requeue=False)
+    await _publish(js, story)
+    seen = [r async for r in client.watch("wl-u", None, idle_timeout=5.0)]
+    assert seen == [r for _, r in story]
+
+
+async def test_watch_with_nothing_to_say_times_out_when_asked(
+    responders: Responders, client: Client
+) -> None:
+    await bus.ensure_streams(responders.nc.jetstream())
+    with pytest.raises(RequestTimeoutError):
+        async for _ in client.watch("wl-none", "nlp", idle_timeout=0.2):
+            pass
+
+
+async def test_on_preemption_calls_back_sync_and_async(
+    responders: Responders, client: Client
+) -> None:
+    js = responders.nc.jetstream()
+    await bus.ensure_streams(js)
+    mine: list[m.PreemptionNotice] = []
+    team: list[m.PreemptionNotice] = []
+    everyone: list[m.PreemptionNotice] = []
+
+    async def checkpoint(notice: m.PreemptionNotice) -> None:
+        mine.append(notice)
+
+    def boom(notice: m.PreemptionNotice) -> None:
+        raise RuntimeError("a broken callback must not stop the subscription")
+
+    h_mine = await client.on_preemption(checkpoint, allocation="nlp", workload_id="wl-a")
+    await client.on_preemption(team.append, allocation="nlp")
+    await client.on_preemption(everyone.append)
+    await client.on_preemption(boom)
+
+    def notice(alloc: str | None, wl: str) -> m.PreemptionNotice:
+        return m.PreemptionNotice(
+            workload_id=wl,
+            allocation=alloc,
+            at=NOW,
+            reason="reclaimed-for-entitlement",
+            grace_deadline=NOW + 300,
+            requeue=True,
+            gpus=4,
+            preemptor="wl-x",
+        )
+
+    a, b, c = notice("nlp", "wl-a"), notice("nlp", "wl-b"), notice(None, "wl-c")
+    await _publish(js, [(subjects.preempt(n.allocation, n.workload_id), n) for n in (a, b, c)])
+    await wait_for(lambda: len(everyone) == 3 and len(team) == 2 and len(mine) == 1)
+    assert mine == [a] and team == [a, b] and everyone == [a, b, c]
+
+    await h_mine.unsubscribe()
+    await confirm_subscriptions(client.nc)
+    await _publish(js, [(subjects.preempt("nlp", "wl-a"), a)])
+    await wait_for(lambda: len(everyone) == 4)
+    assert mine == [a]
+
+
+async def test_on_preemption_for_a_workload_in_any_allocation(
+    responders: Responders, client: Client
+) -> None:
+    got: list[m.PreemptionNotice] = []
+    await client.on_preemption(got.append, workload_id="wl-z")
+    n = m.PreemptionNotice(
+        workload_id="wl-z",
+        at=NOW,
+        reason="displaced-unallocated",
+        grace_deadline=NOW + 30,
+        requeue=False,
+        gpus=1,
+    )
+    await responders.nc.publish(subjects.preempt(None, "wl-z"), codec.encode(n))
+    await wait_for(lambda: got == [n])
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+
+async def cli(url: str, *argv: str) -> int:
+    """``allot ARGV`` (the live commands) in a thread: it runs its own event loop."""
+    # The url goes right after the command name: anything after "--" is the workload's.
+    head = 2 if argv[0] == "budgets" else 1
+    return await asyncio.to_thread(live_cmds.main, [*argv[:head], "--nats-url", url, *argv[head:]])
+
+
+async def test_cli_submit_json_envelope(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await responders.answer(subjects.submit("nlp"), accept_submit)
+    argv = ["submit", "--alloc", "nlp", "--user", "ann", "--gpus", "4", "--min-runtime", "2h"]
+    argv += ["--client-id", "cli-1", "--duration", "90s", "--json", "--", "python", "-m", "x"]
+    assert await cli(fresh_log, *argv) == 0
+    env = json.loads(capsys.readouterr().out)
+    assert env["kind"] == "WorkloadAccepted" and env["at"] == NOW
+    assert env["data"]["workload_id"] == "wl-cli-1" and env["data"]["duplicate"] is False
+    body = responders.bodies(Kind.SUBMIT)[0]
+    assert (body.min_runtime_s, body.duration_s, body.command) == (
+        7200,
+        90.0,
+        ("python", "-m", "x"),
+    )
+
+    assert await cli(fresh_log, *argv[:-5]) == 0  # same client id, text output
+    assert capsys.readouterr().out.strip() == "wl-cli-1 (duplicate)"
+
+
+async def test_cli_rejection_is_one_line_naming_the_option(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await responders.answer(
+        subjects.submit("nlp"),
+        lambda msg: m.WorkloadRejected(at=NOW, field="gpus", reason="more than the cluster's 64"),
+    )
+    code = await cli(fresh_log, "submit", "--alloc", "nlp", "--user", "ann", "--gpus", "100")
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["allot submit: --gpus: more than the cluster's 64"]
+
+
+async def test_cli_tables_and_commands(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hosts = m.HostsSnapshot(
+        at=NOW,
+        hosts=(m.HostRow(host="h01", state="draining", gpus=8, free_gpus=6, workloads=("wl-a",)),),
+    )
+    await responders.answer(subjects.QUERY_HOSTS, lambda msg: hosts)
+    await responders.answer(subjects.drain("h01"), lambda msg: m.CommandAccepted(at=NOW))
+    await responders.answer(
+        subjects.budget_set(["root", "nlp"]),
+        lambda msg: m.CommandRejected(at=NOW, field="shares", reason="not yours to set"),
+    )
+    assert await cli(fresh_log, "hosts") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["HOST", "STATE", "GPUS", "FREE", "WORKLOADS"]
+    assert lines[2].split() == ["h01", "draining", "8", "6", "wl-a"]
+
+    assert await cli(fresh_log, "drain", "h01", "--operator", "ops", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "CommandAccepted"
+
+    assert await cli(fresh_log, "budgets", "set", "root/nlp", "parent", "--by", "lead") == 2
+    assert capsys.readouterr().err.strip() == "allot budgets: SHARES: not yours to set"
+    assert msgspec.json.decode(responders.seen[-1][1])["shares"] is None
+
+    assert await cli(fresh_log, "queue") == 1  # nobody answers: one line, exit 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "allot queue: no placement leader answered allot.v1.query.queue: "
+        "is the stack running? (allot up)"
+    ]
+
+
+async def test_cli_watch_prints_one_line_per_event(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    js = responders.nc.jetstream()
+    await bus.ensure_streams(js)
+    story = _story("wl-w", "nlp", requeue=False)
+    await _publish(js, story)
+    assert await cli(fresh_log, "watch", "wl-w", "--alloc", "nlp") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == [type(r).__name__ for _, r in story]
+    assert await cli(fresh_log, "watch", "wl-w", "--alloc", "nlp", "--json") == 0
+    kinds = [json.loads(line)["kind"] for line in capsys.readouterr().out.splitlines()]
+    assert kinds == [type(r).__name__ for _, r in story]

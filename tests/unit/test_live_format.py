@@ -1,0 +1,394 @@
+"""The live commands' printing and argument parsing, without NATS."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from allot.cli import live_cmds
+from allot.cli import live_format as fmt
+from allot.core.errors import ValidationError
+from allot.proto import messages as m
+from allot.sdk.lifecycle import Ending
+
+T0 = 1_800_000_000.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="allot")
+    live_cmds.register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+def test_render_table_aligns_text_left_and_numbers_right() -> None:
+    cols = (fmt.Column("NAME"), fmt.Column("N", ">"), fmt.Column("NOTE"))
+    out = fmt.render_table(cols, [("a", "1", "x"), ("long-name", "1234", "")])
+    assert out.splitlines() == [
+        "NAME          N  NOTE",
+        "---------  ----  ----",
+        "a             1  x",
+        "long-name  1234",
+    ]
+
+
+def test_render_table_rejects_a_short_row() -> None:
+    with pytest.raises(ValueError, match="2 cells for 3 columns"):
+        fmt.render_table((fmt.Column("A"), fmt.Column("B"), fmt.Column("C")), [("1", "2")])
+
+
+def _queue() -> m.QueueSnapshot:
+    return m.QueueSnapshot(
+        at=T0 + 3 * 3600 + 5 * 60,
+        epoch=4,
+        free_gpus=6,
+        rows=(
+            m.QueueRow(
+                position=1,
+                workload_id="wl-a",
+                allocation="nlp",
+                user="ann",
+                gpus=8,
+                kind="training",
+                tier="under-entitlement",
+                rank=2,
+                fairshare=0.5,
+                sort_metric=0.5,
+                submitted_at=T0,
+                why="no host with 8 free GPUs",
+            ),
+            m.QueueRow(
+                position=2,
+                workload_id="wl-b",
+                user="bob",
+                gpus=1,
+                kind="eval",
+                tier="unallocated",
+                sort_metric=2.0,
+                submitted_at=T0 + 3 * 3600 + 4 * 60 + 30,
+            ),
+        ),
+    )
+
+
+def test_queue_table_columns_and_cells() -> None:
+    lines = fmt.queue_table(_queue()).splitlines()
+    assert lines[0].split() == [
+        "POS",
+        "WORKLOAD",
+        "ALLOC",
+        "USER",
+        "GPUS",
+        "TIER",
+        "RANK",
+        "FAIRSHARE",
+        "SORT",
+        "AGE",
+        "WHY",
+    ]
+    first = lines[2].split(None, 10)
+    assert first == [
+        "1",
+        "wl-a",
+        "nlp",
+        "ann",
+        "8",
+        "under-entitlement",
+        "2",
+        "0.500",
+        "0.500",
+        "3h05m",
+        "no host with 8 free GPUs",
+    ]
+    # unallocated shows "~"; missing rank and fairshare "-"; age under a minute in seconds
+    assert lines[3].split() == [
+        "2",
+        "wl-b",
+        "~",
+        "bob",
+        "1",
+        "unallocated",
+        "-",
+        "-",
+        "2.000",
+        "30s",
+        "-",
+    ]
+    # numbers right-aligned: the GPUS cells end where the GPUS title ends
+    gpus_end = lines[0].index("GPUS") + len("GPUS")
+    assert lines[2][gpus_end - 1] == "8" and lines[3][gpus_end - 1] == "1"
+    assert lines[-1] == "2 pending, 6 GPUs free (epoch 4, at 2027-01-15T11:05:00Z)"
+
+
+def test_share_table_shows_gpu_hours_parent_and_inf() -> None:
+    ranking = m.RankingUpdated(
+        at=T0,
+        window_s=7 * 86400,
+        nodes=(
+            m.RankRow(
+                path="root/nlp",
+                name="nlp",
+                leaf=False,
+                raw_shares=None,
+                norm_shares=0.5,
+                raw_usage=7200.0,
+                effective_usage=0.25,
+                level_fs="inf",
+            ),
+            m.RankRow(
+                path="root/nlp/pretrain",
+                name="pretrain",
+                leaf=True,
+                raw_shares=3,
+                norm_shares=0.75,
+                raw_usage=5400.0,
+                effective_usage=0.1875,
+                level_fs=4.0,
+                rank=1,
+                fairshare=1.0,
+            ),
+        ),
+    )
+    lines = fmt.share_table(ranking).splitlines()
+    assert lines[0].split() == [
+        "Account",
+        "RawShares",
+        "NormShares",
+        "RawUsage(GPU-h)",
+        "EffectvUsage",
+        "LevelFS",
+        "Rank",
+        "FairShare",
+    ]
+    assert lines[2].split() == [
+        "root/nlp",
+        "parent",
+        "0.500000",
+        "2.0",
+        "0.250000",
+        "inf",
+        "-",
+        "-",
+    ]
+    assert lines[3].split() == [
+        "root/nlp/pretrain",
+        "3",
+        "0.750000",
+        "1.5",
+        "0.187500",
+        "4.000000",
+        "1",
+        "1.000000",
+    ]
+    assert lines[-1].startswith("window 7d00h")
+
+
+def test_hosts_table() -> None:
+    snap = m.HostsSnapshot(
+        at=T0,
+        hosts=(
+            m.HostRow(host="h01", state="healthy", gpus=8, free_gpus=2, workloads=("a", "b")),
+            m.HostRow(host="h02", state="drained", gpus=8, free_gpus=8),
+        ),
+    )
+    lines = fmt.hosts_table(snap).splitlines()
+    assert lines[0].split() == ["HOST", "STATE", "GPUS", "FREE", "WORKLOADS"]
+    assert lines[2].split() == ["h01", "healthy", "8", "2", "a,b"]
+    assert lines[3].split() == ["h02", "drained", "8", "8", "-"]
+
+
+def test_status_text_skips_empty_fields() -> None:
+    status = m.WorkloadStatus(
+        workload_id="wl-a",
+        state="running",
+        allocation="nlp",
+        user="ann",
+        gpus=4,
+        attempt=1,
+        started_at=T0,
+        assignment=(m.HostGpus(host="h01", gpus=(0, 1, 2, 3)),),
+    )
+    text = fmt.status_text(status)
+    assert "state:" in text and "running" in text
+    assert "assignment:      h01:0,1,2,3" in text
+    assert "preempt at" not in text and "position" not in text
+
+
+def test_event_line_shows_non_default_fields() -> None:
+    notice = m.PreemptionNotice(
+        workload_id="wl-a",
+        allocation="nlp",
+        at=T0,
+        reason="better-ranked",
+        grace_deadline=T0 + 300,
+        requeue=True,
+        gpus=8,
+    )
+    line = fmt.event_line(notice)
+    assert line.startswith("2027-01-15T08:00:00Z  PreemptionNotice  ")
+    assert "reason=better-ranked" in line
+    assert "grace_deadline=2027-01-15T08:05:00Z(+5m00s)" in line
+    assert "requeue=True" in line and "gpus=8" in line
+    assert "workload_id" not in line and "attempt" not in line  # context and defaults
+    placed = m.WorkloadPlaced(
+        workload_id="wl-a",
+        at=T0,
+        gpus=2,
+        assignment=(m.HostGpus(host="h01", gpus=(0, 1)),),
+    )
+    assert fmt.event_line(placed).endswith("gpus=2 assignment=h01:0,1")
+
+
+def test_envelope_is_kind_at_data_without_the_tag() -> None:
+    reply = m.WorkloadAccepted(workload_id="wl-a", client_id="c1", at=T0, duplicate=True)
+    env = json.loads(fmt.envelope_json(reply, now=5.0))
+    assert env == {
+        "kind": "WorkloadAccepted",
+        "at": T0,
+        "data": {
+            "workload_id": "wl-a",
+            "client_id": "c1",
+            "allocation": None,
+            "at": T0,
+            "duplicate": True,
+        },
+    }
+    status = m.WorkloadStatus(workload_id="wl-a", state="unknown")
+    assert fmt.envelope(status, now=5.0)["at"] == 5.0
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (59.9, "59s"), (60, "1m00s"), (3599, "59m59s"), (7260, "2h01m"), (90000, "1d01h")],
+)
+def test_age(seconds: float, text: str) -> None:
+    assert fmt.age(seconds) == text
+
+
+# -- argument parsing ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("15m", 900), ("2h", 7200), ("45", 45)])
+def test_durations(text: str, seconds: int) -> None:
+    assert live_cmds.parse_duration_option("--duration", text) == seconds
+
+
+def test_bad_duration_names_the_option() -> None:
+    with pytest.raises(ValidationError) as err:
+        live_cmds.parse_duration_option("--duration", "2 weeks")
+    assert err.value.field == "--duration"
+    with pytest.raises(ValidationError) as err:
+        live_cmds.parse_min_runtime("9h")
+    assert err.value.field == "--min-runtime" and "8 h" in err.value.reason
+
+
+def test_budget_path() -> None:
+    assert live_cmds.parse_budget_path("root/nlp/pretrain") == ("root", "nlp", "pretrain")
+    assert live_cmds.parse_budget_path("nlp/pretrain") == ("root", "nlp", "pretrain")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("root", "names the root"),
+        ("root//nlp", "empty level"),
+        ("root/nlp/", "empty level"),
+        ("root/n.lp", "not a budget node name"),
+        ("root/" + "x" * 65, "not a budget node name"),
+    ],
+)
+def test_bad_budget_path_names_path(text: str, reason: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        live_cmds.parse_budget_path(text)
+    assert err.value.field == "PATH" and reason in err.value.reason
+
+
+def test_shares() -> None:
+    assert live_cmds.parse_shares("parent") is None
+    assert live_cmds.parse_shares("40") == 40
+    for bad in ("-1", "x", "1.5", "1000001"):
+        with pytest.raises(ValidationError) as err:
+            live_cmds.parse_shares(bad)
+        assert err.value.field == "SHARES"
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["submit", "--user", "u", "--gpus", "0"], "--gpus"),
+        (["submit", "--user", "u", "--gpus", "two"], "--gpus"),
+        (["submit", "--user", "u", "--gpus", "1", "--priority", "5000"], "--priority"),
+        (["submit", "--user", "u", "--gpus", "1", "--min-runtime", "soon"], "--min-runtime"),
+        (["submit", "--user", "u", "--gpus", "1", "--duration", "0"], "--duration"),
+        (["queue", "--timeout", "0"], "--timeout"),
+        (["budgets", "set", "root", "3", "--by", "me"], "PATH"),
+        (["budgets", "set", "root/nlp", "lots", "--by", "me"], "SHARES"),
+    ],
+)
+def test_bad_values_fail_before_connecting(argv: list[str], option: str) -> None:
+    # The NATS url is unreachable: an error naming the option proves nothing was sent.
+    args = _parser().parse_args([*argv, "--nats-url", "nats://127.0.0.1:1"])
+    with pytest.raises(ValidationError) as err:
+        args.func(args)
+    assert err.value.field == option
+
+
+def test_submit_arguments_after_double_dash() -> None:
+    args = _parser().parse_args(
+        ["submit", "--alloc", "nlp", "--user", "u", "--gpus", "2", "--", "python", "-m", "x"]
+    )
+    assert args.cmd == ["python", "-m", "x"] and args.alloc == "nlp"
+
+
+def test_renamed_maps_wire_fields_to_options() -> None:
+    exc = live_cmds.renamed(ValidationError("min_runtime_s", "too long"), live_cmds.SUBMIT_OPTIONS)
+    assert (exc.field, exc.reason) == ("--min-runtime", "too long")
+    same = ValidationError("body", "bad")
+    assert live_cmds.renamed(same, live_cmds.SUBMIT_OPTIONS) is same
+
+
+def test_unreachable_stack_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code = live_cmds.main(["queue", "--nats-url", "nats://127.0.0.1:1"])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot reach NATS at nats://127.0.0.1:1" in err[0]
+
+
+# -- when watch stops ---------------------------------------------------------------------------
+
+
+def _notice(requeue: bool) -> m.PreemptionNotice:
+    return m.PreemptionNotice(
+        workload_id="w",
+        at=T0,
+        reason="better-ranked",
+        grace_deadline=T0 + 1,
+        requeue=requeue,
+        gpus=1,
+    )
+
+
+def test_ending_final_states_and_preemption() -> None:
+    preempted = m.WorkloadPreempted(workload_id="w", at=T0, reason="better-ranked")
+    assert Ending().ends(m.WorkloadCompleted(workload_id="w", at=T0))
+    assert Ending().ends(m.WorkloadFailed(workload_id="w", at=T0))
+    assert Ending().ends(m.WorkloadCancelled(workload_id="w", at=T0))
+    e = Ending()
+    assert not e.ends(_notice(requeue=True)) and not e.ends(preempted)
+    e = Ending()
+    assert not e.ends(_notice(requeue=False)) and e.ends(preempted)
+    e = Ending()  # requeued logged before the agent's report: not the end
+    e.ends(_notice(requeue=False))
+    e.ends(m.WorkloadRequeued(workload_id="w", at=T0, attempt=2))
+    assert not e.ends(preempted)
+    e = Ending()  # no notice seen: the submission's resumable decides
+    e.ends(
+        m.WorkloadSubmitted(
+            workload_id="w", client_id="c", user="u", gpus=1, at=T0, resumable=False
+        )
+    )
+    assert e.ends(preempted)
