@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from allot.cli import fairshare_cmd, scenario_cmd, simulate_cmd, up_cmd
+from allot.cli import demo_cmd, fairshare_cmd, live_cmds, scenario_cmd, simulate_cmd, up_cmd
 from allot.core.errors import ValidationError
 
 EXIT_BAD_INPUT = 2
@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cmd.register(subparsers)
     scenario_cmd.register(subparsers)
     up_cmd.register(subparsers)
+    demo_cmd.register(subparsers)
+    live_cmds.register(subparsers)
     return parser
 
 
