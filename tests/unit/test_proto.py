@@ -427,3 +427,29 @@ def test_subject_builders_reject_bad_tokens(build: Any, field: str) -> None:
 def test_validate_token_accepts_a_plain_name() -> None:
     assert s.validate_token("nlp-pretrain_2", "allocation") == "nlp-pretrain_2"
     assert s.validate_token("x" * 64, "allocation") == "x" * 64
+
+
+def test_a_large_ranking_record_decodes_while_commands_keep_the_64_kib_limit() -> None:
+    rows = tuple(
+        m.RankRow(
+            path=f"root/team{i:04d}",
+            name=f"team{i:04d}",
+            leaf=True,
+            raw_shares=1,
+            norm_shares=0.001,
+            raw_usage=1234.5,
+            effective_usage=0.001,
+            level_fs="inf",
+            rank=i + 1,
+            fairshare=0.5,
+        )
+        for i in range(1000)
+    )
+    data = encode(m.RankingUpdated(at=1.0, window_s=604800.0, nodes=rows))
+    assert len(data) > MAX_PAYLOAD
+    decoded = decode(Kind.RANKING, data)
+    assert isinstance(decoded, m.RankingUpdated) and len(decoded.nodes) == 1000
+    big_submit = b'{"type":"SubmitWorkload","kind":"' + b"x" * MAX_PAYLOAD + b'"}'
+    with pytest.raises(ValidationError) as err:
+        decode(Kind.SUBMIT, big_submit)
+    assert err.value.field == "body"

@@ -32,7 +32,11 @@ from allot.proto.subjects import Kind
 T = TypeVar("T", bound=msgspec.Struct)
 
 MAX_PAYLOAD: Final = 64 * 1024
-"""Largest accepted message body in bytes (64 KiB; NATS itself allows 1 MiB)."""
+"""Largest accepted command body in bytes (64 KiB; NATS itself allows 1 MiB)."""
+MAX_RECORD_PAYLOAD: Final = 1024 * 1024
+"""Largest accepted service-written record: a ranking or budget tree of a few thousand
+nodes is far over 64 KiB (about 230 bytes per ranked node); NATS's own limit is 1 MiB."""
+_LARGE_KINDS: Final = frozenset({Kind.RANKING, Kind.BUDGET_TREE})
 
 BODY: Final = "body"
 """The field named when the whole payload is at fault."""
@@ -68,10 +72,11 @@ _KEY = re.compile(rb'"((?:[^"\\]|\\.){1,200})"\s*:')
 def decode(kind: Kind | str, data: bytes) -> msgspec.Struct:
     """Decode ``data`` as the message(s) carried by ``kind`` (see ``TYPES``)."""
     try:
-        decoder = _DECODERS[Kind(kind)]
+        k = Kind(kind)
     except ValueError:
         raise ValidationError("subject", f"unknown message kind {kind!r}") from None
-    return _decode_with(decoder, data)
+    limit = MAX_RECORD_PAYLOAD if k in _LARGE_KINDS else MAX_PAYLOAD
+    return _decode_with(_DECODERS[k], data, limit)
 
 
 _BY_TYPE: dict[type, msgspec.json.Decoder[Any]] = {}
@@ -82,17 +87,18 @@ def decode_as(cls: type[T], data: bytes) -> T:
     decoder = _BY_TYPE.get(cls)
     if decoder is None:
         decoder = _BY_TYPE[cls] = msgspec.json.Decoder(cls)
-    msg = _decode_with(decoder, data)
+    msg = _decode_with(decoder, data, MAX_PAYLOAD)
     assert isinstance(msg, cls)
     return msg
 
 
-def _decode_with(decoder: msgspec.json.Decoder[Any], data: bytes) -> msgspec.Struct:
+def _decode_with(decoder: msgspec.json.Decoder[Any], data: bytes, limit: int) -> msgspec.Struct:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise ValidationError(BODY, f"must be bytes, got {type(data).__name__}")
-    if len(data) > MAX_PAYLOAD:
+    if len(data) > limit:
         raise ValidationError(
-            BODY, f"payload is {len(data)} bytes; at most {MAX_PAYLOAD} (64 KiB) are accepted"
+            BODY,
+            f"payload is {len(data)} bytes; at most {limit} ({limit // 1024} KiB) are accepted",
         )
     try:
         msg: msgspec.Struct = decoder.decode(data)

@@ -67,7 +67,7 @@ from allot.proto import messages as m
 from allot.proto import subjects
 from allot.proto.messages import PreemptReason
 
-log = structlog.get_logger("allot.agent").bind(service="agent")
+log = structlog.get_logger("allot.agent", service="agent")
 
 HEARTBEAT_SLOTS = 50
 """At most this many heartbeat batches per interval (fake mode with many hosts)."""
