@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -90,6 +91,7 @@ class StackConfig:
     slot_s: float = 60.0
     heartbeat_timeout_s: float = 10.0
     fake_duration_s: float = 60.0
+    redis_prefix: str = "allot"
     otel_exporter: str = "none"
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -122,6 +124,8 @@ class Stack:
                 str(c.slot_s),
                 "--accrue-s",
                 str(c.accrue_s),
+                "--prefix",
+                c.redis_prefix,
             ],
             "ranking": [
                 *py,
@@ -130,6 +134,8 @@ class Stack:
                 str(self.budgets_path),
                 "--rank-every-s",
                 str(c.rank_every_s),
+                "--redis-prefix",
+                c.redis_prefix,
             ],
             "health": [*py, "allot.services.health", "--timeout-s", str(c.heartbeat_timeout_s)],
         }
@@ -202,7 +208,18 @@ class Stack:
 
     def wait_ready(self, timeout: float) -> None:
         hosts = sum(a.host_count for a in self.config.agents)
-        asyncio.run(_wait_ready(self.servers.nats_url, hosts, timeout, self._dead))
+
+        def wait() -> None:
+            asyncio.run(_wait_ready(self.servers.nats_url, hosts, timeout, self._dead))
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            wait()
+            return
+        # Called from async code (tests): block it, but run our own loop in a thread.
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(wait).result()
 
     def _dead(self) -> str | None:
         for name, proc in self.procs.items():

@@ -147,6 +147,7 @@ class Agent:
         self.fold = LogFold()
         self.caught_up = False
         self._clock = clock
+        self._started_at: dict[tuple[str, int], float] = {}
         self._hosts = frozenset(config.hosts)
         self._runs: dict[tuple[str, int, str], Run] = {}
         self._by_workload: dict[str, dict[tuple[str, int, str], Run]] = {}
@@ -398,6 +399,9 @@ class Agent:
             gpus=rec.workload.gpus,
             allocated=rec.workload.allocated,
         )
+        # The run is charged from this moment, by accounting (from this record) and in the
+        # terminal record's ``started_at``: both must use the same start.
+        self._started_at[(run.workload_id, run.attempt)] = event.at
         await self._publish(
             subjects.events(run.allocation, run.workload_id),
             event,
@@ -414,7 +418,9 @@ class Agent:
             return
         w = rec.workload
         at = self._clock()
-        started_at = rec.started_at if rec.started_at is not None else at
+        started_at = self._started_at.pop((wid, attempt), None)
+        if started_at is None:  # started by an earlier life of this agent
+            started_at = rec.started_at if rec.started_at is not None else at
         gpu_seconds = w.gpus * max(0.0, at - started_at)
         exit_code = None if code is None else max(-255, min(255, code))
         event: msgspec.Struct
