@@ -190,6 +190,49 @@ async def test_wipe_empties_buckets_and_forgets_charge_ids(store: UsageStore) ->
     assert await store.charge("c1", "a", NOW - HOUR_S, NOW, 1) is True  # rebuild replays
 
 
+async def test_charge_ids_past_retention_are_forgotten_without_changing_buckets(
+    store: UsageStore,
+) -> None:
+    # An allocation that is never idle must not remember every charge id forever.
+    old_end = NOW - (RETENTION_HOURS + 3) * HOUR_S
+    for i in range(5):
+        await store.charge(f"old{i}", "a", old_end - HOUR_S, old_end, 1)
+    await store.charge("new", "a", NOW - HOUR_S, NOW, 1)
+    await assert_seen_count(store, "a", 1)
+    # Charged again, a forgotten id touches only hours before the cutoff: nothing is kept.
+    await store.charge("old0", "a", old_end - HOUR_S, old_end, 1)
+    await assert_seen_count(store, "a", 1)
+    wide = await store.buckets(["a"], NOW, (RETENTION_HOURS + 10) * HOUR_S)
+    assert wide == approx_buckets(reference([("a", NOW - HOUR_S, NOW, 1)]))
+    # Ids inside retention are still remembered.
+    assert await store.charge("new", "a", NOW - HOUR_S, NOW, 1) is False
+
+
+async def test_ids_of_empty_intervals_are_bounded_too(store: UsageStore) -> None:
+    old = NOW - (RETENTION_HOURS + 3) * HOUR_S
+    await store.charge("old-empty", "a", old, old, 1)
+    await store.charge("new-empty", "a", NOW, NOW, 1)
+    await assert_seen_count(store, "a", 1)
+    assert await store.charge("new-empty", "a", NOW, NOW, 1) is False
+
+
+async def test_allocations_lists_those_with_buckets(store: UsageStore) -> None:
+    assert await store.allocations() == []
+    await store.charge("c1", "b", NOW - HOUR_S, NOW, 1)
+    await store.charge("c2", "a", NOW - HOUR_S, NOW, 1)
+    await store.charge("c3", "empty", NOW, NOW, 1)  # nothing stored: not listed
+    assert await store.allocations() == ["a", "b"]
+
+
+async def assert_seen_count(store: UsageStore, allocation: str, count: int) -> None:
+    if isinstance(store, MemoryUsageStore):
+        assert store.seen_count(allocation) == count
+        return
+    assert isinstance(store, RedisUsageStore)
+    client = store._client  # the layout is what is under test
+    assert await client.zcard(store.seen_key(allocation)) == count
+
+
 async def test_no_allocations_asked_gives_empty_result(store: UsageStore) -> None:
     assert await store.buckets([], NOW, DEFAULT_WINDOW_S) == {}
 
@@ -237,7 +280,9 @@ async def test_redis_keys_share_a_slot_and_expire(redis_client: redis_asyncio.Re
         assert seen == f"{prefix}:seen:{{nlp/train}}"
         assert key_slot(usage.encode()) == key_slot(seen.encode())
         assert await redis_client.type(usage) == b"hash"
-        assert await redis_client.smembers(seen) == {b"c1"}
+        assert await redis_client.type(seen) == b"zset"
+        last_hour = max(split_into_hours(NOW - HOUR_S, NOW, 2))
+        assert await redis_client.zrange(seen, 0, -1, withscores=True) == [(b"c1", last_hour)]
         for key in (usage, seen):
             assert KEY_TTL_S - 60 < await redis_client.ttl(key) <= KEY_TTL_S
         fields = await redis_client.hgetall(usage)

@@ -15,11 +15,18 @@ Redis layout (``prefix`` defaults to ``allot``), one allocation's keys sharing a
 the charge script touches a single Redis Cluster slot:
 
     {prefix}:usage:{<allocation>}   HASH  hour index -> GPU-seconds (HINCRBYFLOAT)
-    {prefix}:seen:{<allocation>}    SET   applied charge ids
+    {prefix}:seen:{<allocation>}    ZSET  applied charge id -> hour index of its last piece
 
-One Lua script does SADD then, only if the id is new, HINCRBYFLOAT for every hour, HDEL of
-hours past retention and EXPIRE of both keys 8 days after the last write (Redis 7.0 has no
-HEXPIRE). Charge ids are therefore remembered as long as the allocation keeps being charged.
+One Lua script does ``ZADD NX`` of the id then, only if the id is new, HINCRBYFLOAT for every
+hour, and EXPIRE of both keys 8 days after the last write (Redis 7.0 has no HEXPIRE).
+
+Bounded memory: the accounting service charges one id per (run, slot), so an allocation that
+is never idle would grow a plain set of ids without end. Instead both keys are cut at ONE
+cutoff, ``newest - RETENTION_HOURS`` (``newest`` = the newest hour in either key): hours
+before it are deleted from the hash and ids whose last piece lies before it from the ZSET.
+Forgetting such an id is safe: if it is charged again, every hour it touches is before the
+cutoff and is deleted again by the same script, so the buckets do not change (``charge``
+then returns ``True`` but adds nothing that is kept).
 """
 
 from __future__ import annotations
@@ -54,33 +61,38 @@ class UsageStore(Protocol):
         straddles its start), for every allocation asked for (``{}`` when none)."""
         ...
 
+    async def allocations(self) -> list[str]:
+        """Every allocation with stored buckets, sorted."""
+        ...
+
     async def wipe(self) -> None:
         """Forget every bucket and charge id (tests, rebuild from the log)."""
         ...
 
 
 class MemoryUsageStore:
-    """Plain dicts: the simulator's and the unit tests' store."""
+    """Plain dicts: the simulator's and the unit tests' store (same rules as Redis)."""
 
     def __init__(self) -> None:
         self._usage: dict[str, dict[int, float]] = {}
-        self._seen: dict[str, set[str]] = {}
+        self._seen: dict[str, dict[str, int]] = {}
 
     async def charge(
         self, charge_id: str, allocation: str, start: float, end: float, gpus: int
     ) -> bool:
         pieces = _pieces(charge_id, allocation, start, end, gpus)
-        seen = self._seen.setdefault(allocation, set())
+        seen = self._seen.setdefault(allocation, {})
         if charge_id in seen:
             return False
-        seen.add(charge_id)
+        seen[charge_id] = _last_hour(pieces, start)
         hours = self._usage.setdefault(allocation, {})
         for h, amount in pieces.items():
             hours[h] = hours.get(h, 0.0) + amount
-        if hours:
-            cutoff = max(hours) - RETENTION_HOURS
-            for h in [h for h in hours if h < cutoff]:
-                del hours[h]
+        cutoff = max([*hours, *seen.values()]) - RETENTION_HOURS
+        for h in [h for h in hours if h < cutoff]:
+            del hours[h]
+        for c in [c for c, last in seen.items() if last < cutoff]:
+            del seen[c]
         return True
 
     async def buckets(
@@ -94,32 +106,39 @@ class MemoryUsageStore:
             result[allocation] = {h: hours[h] for h in hour_range if h in hours}
         return result
 
+    async def allocations(self) -> list[str]:
+        return sorted(a for a, hours in self._usage.items() if hours)
+
     async def wipe(self) -> None:
         self._usage.clear()
         self._seen.clear()
 
+    def seen_count(self, allocation: str) -> int:
+        """How many charge ids are remembered for ``allocation`` (tests: bounded memory)."""
+        return len(self._seen.get(allocation, {}))
 
-# KEYS[1] usage hash, KEYS[2] seen set.
-# ARGV[1] charge id, ARGV[2] key TTL (s), ARGV[3] retention (hours), ARGV[4..] hour, amount.
+
+# KEYS[1] usage hash, KEYS[2] seen zset.
+# ARGV[1] charge id, ARGV[2] key TTL (s), ARGV[3] retention (hours), ARGV[4] the charge's last
+# hour (its score), ARGV[5..] hour, amount.
 _CHARGE_LUA: Final = """
-if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then
+if redis.call('ZADD', KEYS[2], 'NX', ARGV[4], ARGV[1]) == 0 then
   return 0
 end
-for i = 4, #ARGV, 2 do
+for i = 5, #ARGV, 2 do
   redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 local fields = redis.call('HKEYS', KEYS[1])
-local newest = nil
+local newest = tonumber(redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2])
 for _, f in ipairs(fields) do
   local h = tonumber(f)
-  if newest == nil or h > newest then newest = h end
+  if h > newest then newest = h end
 end
-if newest ~= nil then
-  local cutoff = newest - tonumber(ARGV[3])
-  for _, f in ipairs(fields) do
-    if tonumber(f) < cutoff then redis.call('HDEL', KEYS[1], f) end
-  end
+local cutoff = newest - tonumber(ARGV[3])
+for _, f in ipairs(fields) do
+  if tonumber(f) < cutoff then redis.call('HDEL', KEYS[1], f) end
 end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. cutoff)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
@@ -131,11 +150,15 @@ class RedisUsageStore:
     decode responses or not; floats are read back from their string form."""
 
     def __init__(self, client: redis_asyncio.Redis, prefix: str = "allot") -> None:
-        if not prefix or "{" in prefix or "}" in prefix:
+        if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
             raise ValidationError("prefix", f"must be non-empty and brace-free, got {prefix!r}")
         self._client = client
         self._prefix = prefix
         self._charge_script = client.register_script(_CHARGE_LUA)
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
 
     def usage_key(self, allocation: str) -> str:
         return f"{self._prefix}:usage:{{{allocation}}}"
@@ -147,7 +170,7 @@ class RedisUsageStore:
         self, charge_id: str, allocation: str, start: float, end: float, gpus: int
     ) -> bool:
         pieces = _pieces(charge_id, allocation, start, end, gpus)
-        args: list[str | int] = [charge_id, KEY_TTL_S, RETENTION_HOURS]
+        args: list[str | int] = [charge_id, KEY_TTL_S, RETENTION_HOURS, _last_hour(pieces, start)]
         if pieces:
             # Hours already past retention would be dropped by the script anyway.
             cutoff = max(pieces) - RETENTION_HOURS
@@ -179,18 +202,30 @@ class RedisUsageStore:
             }
         return result
 
+    async def allocations(self) -> list[str]:
+        head = f"{self._prefix}:usage:{{"
+        names: set[str] = set()
+        async for key in self._client.scan_iter(match=f"{self._escaped()}:usage:*", count=500):
+            text = key.decode() if isinstance(key, bytes) else str(key)
+            if text.startswith(head) and text.endswith("}"):
+                names.add(text[len(head) : -1])
+        return sorted(names)
+
     async def wipe(self) -> None:
         """Delete this prefix's usage and seen keys (SCAN, so it never blocks the server)."""
-        escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in self._prefix)
         for kind in ("usage", "seen"):
             batch: list[bytes | str] = []
-            async for key in self._client.scan_iter(match=f"{escaped}:{kind}:*", count=500):
+            async for key in self._client.scan_iter(match=f"{self._escaped()}:{kind}:*", count=500):
                 batch.append(key)
                 if len(batch) >= 500:
                     await self._client.delete(*batch)
                     batch.clear()
             if batch:
                 await self._client.delete(*batch)
+
+    def _escaped(self) -> str:
+        """The prefix as a literal SCAN pattern."""
+        return "".join(f"\\{c}" if c in "*?[]\\" else c for c in self._prefix)
 
 
 def _pieces(
@@ -200,6 +235,11 @@ def _pieces(
         raise ValidationError("charge_id", f"must be a non-empty string, got {charge_id!r}")
     _check_allocation(allocation)
     return split_into_hours(start, end, gpus)
+
+
+def _last_hour(pieces: dict[int, float], start: float) -> int:
+    """The hour a charge id is remembered under: its last piece's (the start's if empty)."""
+    return max(pieces, default=math.floor(start / HOUR_S))
 
 
 def _check_allocation(allocation: str) -> None:

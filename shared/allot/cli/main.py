@@ -10,7 +10,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from allot.cli import demo_cmd, fairshare_cmd, live_cmds, scenario_cmd, simulate_cmd, up_cmd
+from allot.cli import (
+    accounting_cmd,
+    demo_cmd,
+    fairshare_cmd,
+    live_cmds,
+    scenario_cmd,
+    simulate_cmd,
+    up_cmd,
+)
 from allot.core.errors import ValidationError
 
 EXIT_BAD_INPUT = 2
@@ -29,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     up_cmd.register(subparsers)
     demo_cmd.register(subparsers)
     live_cmds.register(subparsers)
+    accounting_cmd.add_parser(subparsers)
     return parser
 
 

@@ -417,6 +417,7 @@ class PlacementService:
         if not fresh:
             return
         entries = self._queue_entries()
+        free, shares = self._free_gpus(), self.fold.shares()
         publishes = []
         for entry in entries:
             w = entry.workload
@@ -433,7 +434,7 @@ class PlacementService:
                         position=entry.position,
                         sort_metric=self._sort_metric(entry),
                         rank=self.rank_of.get(w.allocation or ""),
-                        why=self._why(entry),
+                        why=self._why(entry, free, shares),
                     ),
                 )
             )
@@ -450,10 +451,13 @@ class PlacementService:
             return float(UNALLOCATED)
         return entry.tier + (1.0 - self.fairshare.get(entry.workload.allocation, 0.0))
 
-    def _why(self, entry: QueueEntry) -> str:
+    def _free_gpus(self) -> int:
+        st = self.fold.state
+        return sum(len(f) for h, f in st.free.items() if st.host(h).schedulable)
+
+    def _why(self, entry: QueueEntry, free: int, shares: dict[str, float]) -> str:
         w = entry.workload
         st = self.fold.state
-        free = sum(len(f) for h, f in st.free.items() if st.host(h).schedulable)
         waiting = dict(self.last_result.waiting_on)
         if w.id in waiting:
             return f"GPUs reserved for it are under preemption notice ({len(waiting[w.id])} runs)"
@@ -461,7 +465,7 @@ class PlacementService:
             return f"unallocated: runs only on idle GPUs ({free} free now)"
         alloc = w.allocation or ""
         held = st.held.get(alloc, 0)
-        entitlement = self.fold.shares().get(alloc, 0.0) * st.healthy_gpus
+        entitlement = shares.get(alloc, 0.0) * st.healthy_gpus
         if w.gpus > free:
             return (
                 f"needs {w.gpus} GPUs, {free} free; {alloc} holds {held} of "
@@ -474,7 +478,7 @@ class PlacementService:
     async def _on_query_queue(self, msg: Msg) -> None:
         now = wall_clock()
         entries = self._queue_entries()
-        st = self.fold.state
+        free, shares = self._free_gpus(), self.fold.shares()
         rows = tuple(
             m.QueueRow(
                 position=e.position,
@@ -489,11 +493,10 @@ class PlacementService:
                 sort_metric=self._sort_metric(e),
                 priority=e.workload.priority,
                 submitted_at=e.workload.submit_time,
-                why=self._why(e),
+                why=self._why(e, free, shares),
             )
             for e in entries
         )
-        free = sum(len(f) for h, f in st.free.items() if st.host(h).schedulable)
         snap = m.QueueSnapshot(at=now, epoch=self.epoch, free_gpus=free, rows=rows)
         await msg.respond(_ENC.encode(snap))
 

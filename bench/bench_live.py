@@ -1,0 +1,267 @@
+"""Live-system benchmark (``make bench-live``): the whole stack on this machine.
+
+Setup: ``allot.live.stack.Stack`` with ONE fake agent process simulating 1,000 hosts x 8
+GPUs, one intake, one placement, health, ranking, accounting, on the embedded (or given)
+NATS and Redis. Then, from this process over plain NATS requests:
+
+0. fill 900 hosts with protected allocated work (8-GPU runs of ``search``, 8 h minimum
+   runtime), so 800 GPUs stay free;
+1. **throughput**: 10,000 submissions of 1,000-GPU runs for ``ads`` (they can never fit in
+   800 free GPUs and cannot preempt protected work, so they all stay pending), 64 requests
+   in flight; figure: accepted submissions per second (goal >= 2,000);
+2. **latency** with those 10,000 pending: 1-GPU ``nlp`` submissions paced at 500/s for
+   ``--probe-s`` seconds (fake runs of 1 s, so they recycle the free GPUs); figure: time
+   from sending the submit request to receiving the ``WorkloadPlaced`` record, in an HDR
+   histogram (goal p50 <= 5 ms, p99 <= 50 ms).
+
+Results are printed and written to ``bench/results/live.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+from hdrh.histogram import HdrHistogram
+
+from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.proto import subjects as s
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GOAL_RATE = 2000.0
+GOAL_P50_MS = 5.0
+GOAL_P99_MS = 50.0
+
+
+def _body(client_id: str, alloc: str, gpus: int, min_runtime_s: int, duration_s: float) -> bytes:
+    return json.dumps(
+        {
+            "type": "SubmitWorkload",
+            "client_id": client_id,
+            "user": "bench",
+            "gpus": gpus,
+            "allocation": alloc,
+            "min_runtime_s": min_runtime_s,
+            "duration_s": duration_s,
+        }
+    ).encode()
+
+
+async def _submit_many(
+    nc: nats.NATS, bodies: list[tuple[str, bytes]], in_flight: int
+) -> tuple[int, int, float]:
+    sem = asyncio.Semaphore(in_flight)
+    accepted = rejected = 0
+
+    async def one(subject: str, body: bytes) -> None:
+        nonlocal accepted, rejected
+        async with sem:
+            reply = await nc.request(subject, body, timeout=30)
+            if b'"WorkloadAccepted"' in reply.data:
+                accepted += 1
+            else:
+                rejected += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(subj, b) for subj, b in bodies))
+    return accepted, rejected, time.perf_counter() - t0
+
+
+async def _count_placed(nc: nats.NATS, subject: str) -> tuple[list[int], Any]:
+    count = [0]
+
+    async def cb(msg: Any) -> None:
+        if b'"WorkloadPlaced"' in msg.data:
+            count[0] += 1
+
+    sub = await nc.subscribe(subject, cb=cb)
+    return count, sub
+
+
+async def _wait(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench: {what} not reached in {timeout:.0f} s")
+        await asyncio.sleep(0.1)
+
+
+async def run_bench(nats_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    nc = await nats.connect(nats_url, pending_size=256 * 1024 * 1024)
+    try:
+        # 0. fill 900 hosts with protected work
+        filled, fill_sub = await _count_placed(nc, "allot.v1.events.search.*")
+        fill = [
+            (s.submit("search"), _body(f"fill-{i}", "search", 8, 8 * 3600, 7200.0))
+            for i in range(args.fill_hosts)
+        ]
+        await _submit_many(nc, fill, 64)
+        await _wait(lambda: filled[0] >= args.fill_hosts, 120, "fill placed")
+        await fill_sub.unsubscribe()
+
+        # 1. throughput: runs that stay pending
+        pending = [
+            (s.submit("ads"), _body(f"big-{i}", "ads", 1000, 3600, 3600.0))
+            for i in range(args.pending)
+        ]
+        accepted, rejected, elapsed = await _submit_many(nc, pending, args.in_flight)
+        rate = accepted / elapsed
+
+        # let placement fold them all (its queue holds them before we measure latency)
+        reply = await nc.request(s.QUERY_QUEUE, b"{}", timeout=60)
+        queued = reply.data.count(b'"position"')
+
+        # 2. latency at a paced rate with that queue pending
+        hist = HdrHistogram(1, 60_000_000, 3)  # microseconds, 1 us .. 60 s
+        sent: dict[str, float] = {}
+        wid_of: dict[str, str] = {}
+        placed_at: dict[str, float] = {}
+
+        async def on_event(msg: Any) -> None:
+            if b'"WorkloadPlaced"' in msg.data:
+                wid = msg.subject.rsplit(".", 1)[1]
+                placed_at.setdefault(wid, time.perf_counter())
+
+        sub = await nc.subscribe("allot.v1.events.nlp.*", cb=on_event)
+        total = int(args.rate * args.probe_s)
+        interval = 1.0 / args.rate
+        tasks = []
+
+        async def probe(i: int) -> None:
+            cid = f"probe-{i}"
+            t0 = time.perf_counter()
+            sent[cid] = t0
+            r = await nc.request(s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), timeout=30)
+            data = json.loads(r.data)
+            if data.get("type") == "WorkloadAccepted":
+                wid_of[cid] = data["workload_id"]
+
+        start = time.perf_counter()
+        for i in range(total):
+            target = start + i * interval
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(probe(i)))
+        await asyncio.gather(*tasks)
+        achieved = total / (time.perf_counter() - start)
+        await _wait(lambda: len(placed_at) >= len(wid_of), 60, "probes placed")
+        await sub.unsubscribe()
+        for cid, wid in wid_of.items():
+            hist.record_value(max(1, int((placed_at[wid] - sent[cid]) * 1e6)))
+        pct = {p: hist.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)}
+        return {
+            "hosts": args.hosts,
+            "gpus_per_host": 8,
+            "fill_hosts": args.fill_hosts,
+            "throughput": {
+                "submissions": len(pending),
+                "accepted": accepted,
+                "rejected": rejected,
+                "seconds": round(elapsed, 3),
+                "accepted_per_s": round(rate, 1),
+                "in_flight": args.in_flight,
+                "goal_per_s": GOAL_RATE,
+                "pass": rate >= GOAL_RATE,
+            },
+            "latency": {
+                "pending_at_start": queued,
+                "target_rate_per_s": args.rate,
+                "achieved_rate_per_s": round(achieved, 1),
+                "probes": len(wid_of),
+                "p50_ms": round(pct[50], 3),
+                "p90_ms": round(pct[90], 3),
+                "p99_ms": round(pct[99], 3),
+                "p999_ms": round(pct[99.9], 3),
+                "max_ms": round(hist.get_max_value() / 1000, 3),
+                "goal_p50_ms": GOAL_P50_MS,
+                "goal_p99_ms": GOAL_P99_MS,
+                "pass": pct[50] <= GOAL_P50_MS and pct[99] <= GOAL_P99_MS,
+            },
+        }
+    finally:
+        await nc.close()
+
+
+def render(result: dict[str, Any]) -> str:
+    t, lat = result["throughput"], result["latency"]
+    ok = {True: "PASS", False: "FAIL"}
+    return "\n".join(
+        [
+            "# Live benchmark (`make bench-live`)",
+            "",
+            f"Machine: {result['machine']}. Stack: one fake agent process with "
+            f"{result['hosts']} hosts x {result['gpus_per_host']} GPUs, one intake, one "
+            "placement, health, ranking, accounting; embedded NATS and Redis; the load "
+            "generator in the same machine.",
+            "",
+            "| figure | value | goal | result |",
+            "|---|---|---|---|",
+            f"| accepted submissions/s ({t['submissions']} requests, {t['in_flight']} in "
+            f"flight) | {t['accepted_per_s']} | >= {t['goal_per_s']:.0f} | {ok[t['pass']]} |",
+            f"| submit -> placement decision p50 ({lat['probes']} probes at "
+            f"{lat['achieved_rate_per_s']}/s, {lat['pending_at_start']} pending) | "
+            f"{lat['p50_ms']} ms | <= {lat['goal_p50_ms']} ms | "
+            f"{ok[lat['p50_ms'] <= lat['goal_p50_ms']]} |",
+            f"| same, p90 | {lat['p90_ms']} ms | | |",
+            f"| same, p99 | {lat['p99_ms']} ms | <= {lat['goal_p99_ms']} ms | "
+            f"{ok[lat['p99_ms'] <= lat['goal_p99_ms']]} |",
+            f"| same, p99.9 / max | {lat['p999_ms']} / {lat['max_ms']} ms | | |",
+            "",
+            f"Command: `{result['command']}`; run at {result['when']}.",
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hosts", type=int, default=1000)
+    ap.add_argument("--fill-hosts", type=int, default=900)
+    ap.add_argument("--pending", type=int, default=10_000)
+    ap.add_argument("--in-flight", type=int, default=64)
+    ap.add_argument("--rate", type=float, default=500.0)
+    ap.add_argument("--probe-s", type=float, default=20.0)
+    ap.add_argument("--nats-url")
+    ap.add_argument("--redis-url")
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    args = ap.parse_args(argv)
+    run_dir = Path(tempfile.mkdtemp(prefix="allot-bench-live-"))
+    config = StackConfig(
+        run_dir=run_dir,
+        nats_url=args.nats_url,
+        redis_url=args.redis_url,
+        agents=(AgentSpec("bench", hosts=args.hosts, gpus=8),),
+        placements=1,
+        heartbeat_timeout_s=30.0,
+        log_level="WARNING",
+    )
+    print(f"starting the stack ({args.hosts} fake hosts); logs in {run_dir}/logs", flush=True)
+    with Stack(config) as stack:
+        result = asyncio.run(run_bench(stack.servers.nats_url, args))
+    result["machine"] = (
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    result["command"] = "make bench-live"
+    result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = render(result)
+    print(text)
+    if not args.no_write:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "live.md").write_text(text, encoding="utf-8")
+        (RESULTS / "live.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {RESULTS / 'live.md'} and live.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

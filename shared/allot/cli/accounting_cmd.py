@@ -1,0 +1,162 @@
+"""``allot accounting rebuild|usage``: the accounting store, from the command line.
+
+``rebuild`` wipes the usage store (and the running-work hash) under ``--prefix`` and replays
+the whole WORKLOADS stream through the accounting service's charging code; running work is
+charged up to the wall clock. Stop the accounting service while it runs.
+
+``usage`` prints each allocation's GPU-hours inside the window ``--window-s`` (default 7 days)
+ending now, as the ranking service computes them (``allot.core.usage.window_usage`` over the
+store's hour buckets); ``--json`` prints ``{"at", "window_s", "gpu_hours": {allocation: x}}``.
+
+Bad options are usage errors (exit 2); an unreachable server is one line on stderr, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+from allot.cli.durations import parse_duration
+from allot.core.errors import ValidationError
+from allot.core.usage import DEFAULT_WINDOW_S, HOUR_S, window_usage
+
+EXIT_UNREACHABLE = 1
+CONNECT_TIMEOUT_S = 5.0
+# Same values as ``allot.live.service_main`` and ``allot.services.accounting``, repeated so
+# that building the ``allot`` parser does not import FastStream.
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
+DEFAULT_SLOT_S = 60.0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``accounting`` with its ``rebuild`` and ``usage`` subcommands; ``args.func(args)``
+    (or ``run(args)``) then runs the chosen one."""
+    parser = subparsers.add_parser(
+        "accounting",
+        help="rebuild or read the GPU-time usage store",
+        description="The accounting store: hourly GPU-seconds per allocation in Redis.",
+    )
+    commands = parser.add_subparsers(dest="accounting_command", metavar="ACTION", required=True)
+
+    rebuild = commands.add_parser(
+        "rebuild",
+        help="wipe the usage store and recompute it from the WORKLOADS log",
+        description="Wipe the usage store under --prefix and replay the whole WORKLOADS "
+        "stream through the charging code (stop the accounting service first).",
+    )
+    _server_options(rebuild, nats=True)
+    rebuild.add_argument(
+        "--slot-s",
+        type=float,
+        default=DEFAULT_SLOT_S,
+        help="charging grid in seconds, (0, 3600]; the service's --slot-s (default %(default)s)",
+    )
+    rebuild.set_defaults(func=run_rebuild)
+
+    usage = commands.add_parser(
+        "usage",
+        help="print GPU-hours per allocation inside the usage window",
+        description="GPU-hours per allocation inside the window ending now.",
+    )
+    _server_options(usage, nats=False)
+    usage.add_argument(
+        "--window-s",
+        type=parse_duration,
+        default=DEFAULT_WINDOW_S,
+        help="window length: seconds or 90m, 12h, 7d (default %(default)s)",
+    )
+    usage.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    usage.set_defaults(func=run_usage)
+
+
+def _server_options(parser: argparse.ArgumentParser, *, nats: bool) -> None:
+    if nats:
+        parser.add_argument(
+            "--nats-url",
+            default=os.environ.get("ALLOT_NATS_URL", DEFAULT_NATS_URL),
+            help="NATS server (env ALLOT_NATS_URL; default %(default)s)",
+        )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("ALLOT_REDIS_URL", DEFAULT_REDIS_URL),
+        help="Redis server (env ALLOT_REDIS_URL; default %(default)s)",
+    )
+    parser.add_argument("--prefix", default="allot", help="Redis key prefix (default %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen ``accounting`` subcommand (``args.func`` does the same)."""
+    code: int = args.func(args)
+    return code
+
+
+def run_rebuild(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: the service module pulls in FastStream (~0.3 s), which
+    # every other ``allot`` command would otherwise pay for at start-up.
+    from allot.live.runtime import configure_logging  # noqa: PLC0415
+    from allot.services.accounting import rebuild  # noqa: PLC0415
+
+    configure_logging("accounting-rebuild")
+    try:
+        done = asyncio.run(
+            rebuild(args.nats_url, args.redis_url, prefix=args.prefix, slot_s=args.slot_s)
+        )
+    except _unreachable_errors() as e:
+        return _unreachable("rebuild", e)
+    print(f"replayed {done.records} records, applied {done.charges} charges")
+    return 0
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    try:
+        at, gpu_hours = asyncio.run(usage(args.redis_url, args.prefix, args.window_s))
+    except _unreachable_errors() as e:
+        return _unreachable("usage", e)
+    if args.json:
+        print(json.dumps({"at": at, "window_s": args.window_s, "gpu_hours": gpu_hours}))
+        return 0
+    width = max([len("allocation"), *map(len, gpu_hours)])
+    print(f"{'allocation':<{width}}  {'gpu_hours':>12}")
+    for name, hours in gpu_hours.items():
+        print(f"{name:<{width}}  {hours:>12.3f}")
+    return 0
+
+
+async def usage(
+    redis_url: str, prefix: str, window_s: int, now: float | None = None
+) -> tuple[float, dict[str, float]]:
+    """``(now, {allocation: GPU-hours in the window})`` for every allocation in the store
+    (raises ``ValidationError`` for a bad prefix or window)."""
+    import redis.asyncio as redis_asyncio  # noqa: PLC0415 - see run_rebuild
+
+    from allot.adapters.usage_store import RedisUsageStore  # noqa: PLC0415
+    from allot.live.runtime import wall_clock  # noqa: PLC0415
+
+    if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s <= 0:
+        raise ValidationError("window_s", f"must be a positive number of seconds, got {window_s!r}")
+    at = wall_clock() if now is None else now
+    client = redis_asyncio.Redis.from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S)
+    try:
+        store = RedisUsageStore(client, prefix)
+        names = await store.allocations()
+        buckets = await store.buckets(names, at, window_s)
+    finally:
+        await client.aclose()
+    seconds = window_usage(buckets, at, window_s)
+    return at, {name: seconds[name] / HOUR_S for name in sorted(seconds)}
+
+
+def _unreachable(action: str, error: BaseException) -> int:
+    print(f"allot accounting {action}: cannot reach the server: {error}", file=sys.stderr)
+    return EXIT_UNREACHABLE
+
+
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    import nats.errors  # noqa: PLC0415 - see run_rebuild
+    import redis.exceptions  # noqa: PLC0415
+
+    return (OSError, TimeoutError, redis.exceptions.ConnectionError, nats.errors.NoServersError)

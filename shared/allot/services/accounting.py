@@ -1,0 +1,567 @@
+"""Accounting: allocated GPU-seconds of running work, charged into hourly buckets in Redis.
+
+Charges are a deterministic function of the WORKLOADS log, so no charge messages exist and
+the counters can always be rebuilt from the log (``rebuild``):
+
+* ``WorkloadStarted`` (agent) of allocated work marks the attempt running: field
+  ``<workload>:<attempt>`` of the hash ``{prefix}:running`` gets {allocation, gpus,
+  started_at = WorkloadStarted.at} (HSETNX: a Started redelivered or processed after the
+  run's end, e.g. by another instance, never revives it).
+* A terminal event (``WorkloadCompleted/Failed/Cancelled/Preempted``) with
+  ``allocated=True`` charges the whole run ``[started_at, at)`` and replaces the running entry
+  with a tombstone (kept for the store's retention, then pruned).
+* Grid charging: time is cut into slots of ``slot_s``; slot ``k`` of a run ``[s, e)`` is the
+  piece ``[max(s, k*slot), min(e, (k+1)*slot))`` with charge id ``<workload>:<attempt>:<k>``.
+  The store dedupes by id, so a redelivered or replayed event recomputes the same ids and
+  amounts and never double-charges.
+* Live window: every ``accrue_s`` the running entries' COMPLETE slots up to ``now - slot_s``
+  are charged (the lag of one slot lets an end event processed a little late find its last
+  slot uncharged); the end event then charges the remaining slots under the same ids. An
+  end event processed more than a slot late can find a slot already charged whole: the run
+  is then overcharged by less than the delay (a rebuild from the log corrects it).
+
+Unallocated work is free: only records with ``allocated=True`` are ever charged, to the
+allocation the record names. Readers (the ranking service) construct
+``RedisUsageStore(client, prefix)`` and read ``buckets`` directly.
+
+Order is not relied on: FastStream handles the messages of one pull batch concurrently, and
+several instances may share the durable pull consumer ``accounting``. Every write is
+idempotent or commutative (charge ids, HSETNX of a start against the end's tombstone,
+compare-and-set of the accrual cursor). The live window also waits while the consumer has
+unread or in-flight events, so a backlog (after a restart) is not charged up to now before
+the ends in it are read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
+
+import msgspec
+import nats
+import redis.asyncio as redis_asyncio
+import structlog
+from faststream.middlewares import AckPolicy
+from faststream.nats import JStream, PullSub
+from faststream.nats.annotations import NatsMessage
+from faststream.nats.subscriber.usecases.basic import LogicSubscriber
+from nats.aio.client import Client as NatsClient
+from nats.js.api import ConsumerConfig
+from opentelemetry.sdk.trace import TracerProvider
+
+from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore
+from allot.core.errors import ValidationError
+from allot.core.usage import HOUR_S
+from allot.live import bus
+from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
+from allot.live.service_main import base_parser, run_main
+from allot.proto import messages as m
+from allot.proto.subjects import ALL_EVENTS
+
+log = structlog.get_logger("allot.accounting")
+
+DEFAULT_SLOT_S: Final = 60.0
+DEFAULT_ACCRUE_S: Final = 30.0
+DEFAULT_PREFIX: Final = "allot"
+DURABLE: Final = "accounting"
+MAX_DELIVER: Final = 50
+"""Deliveries of an event whose charging failed (Redis down) before it is given up: with
+the retry delays doubling from 0.5 s up to ``MAX_RETRY_DELAY_S``, about 22 minutes."""
+MAX_RETRY_DELAY_S: Final = 30.0
+CONNECT_TIMEOUT_S: Final = 5.0
+CHARGE_CONCURRENCY: Final = 64
+"""Slot charges in flight to Redis at once, per process (a week-long run is ~10k slots)."""
+
+Terminal = m.WorkloadCompleted | m.WorkloadFailed | m.WorkloadCancelled | m.WorkloadPreempted
+_TERMINAL: Final = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadCancelled, m.WorkloadPreempted)
+
+
+# -- the grid (pure) ---------------------------------------------------------------------------
+
+
+class Slot(NamedTuple):
+    k: int
+    start: float
+    end: float
+
+
+def check_slot_s(slot_s: object) -> float:
+    """``slot_s`` as a float, or ``ValidationError("slot_s")``."""
+    if (
+        isinstance(slot_s, bool)
+        or not isinstance(slot_s, int | float)
+        or not math.isfinite(slot_s)
+        or not 0 < slot_s <= HOUR_S
+    ):
+        raise ValidationError("slot_s", f"must be a number of seconds in (0, 3600], got {slot_s!r}")
+    return float(slot_s)
+
+
+def grid_slots(start: float, end: float, slot_s: float, first_k: int | None = None) -> list[Slot]:
+    """The non-empty pieces of ``[start, end)`` cut at multiples of ``slot_s``, in order;
+    ``first_k`` skips the slots before it. ``[]`` when ``end <= start``."""
+    slot_s = check_slot_s(slot_s)
+    for name, value in (("start", start), ("end", end)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ValidationError(name, f"must be a finite number of seconds, got {value!r}")
+    k = math.floor(start / slot_s)
+    if first_k is not None:
+        k = max(k, first_k)
+    out: list[Slot] = []
+    while k * slot_s < end:
+        lo = max(start, k * slot_s)
+        hi = min(end, (k + 1) * slot_s)
+        if hi > lo:
+            out.append(Slot(k, lo, hi))
+        k += 1
+    return out
+
+
+def complete_until(now: float, slot_s: float) -> float:
+    """The end of the last slot the live window charges at ``now``: slots ending at or
+    before ``now - slot_s`` (a lag of one slot)."""
+    return math.floor((now - slot_s) / slot_s) * slot_s
+
+
+# -- the running hash --------------------------------------------------------------------------
+
+
+class _Running(msgspec.Struct, frozen=True, kw_only=True, tag="running"):
+    allocation: str
+    gpus: int
+    started_at: float
+    accrued: int | None = None
+    """First slot the live window has not charged yet (a cursor; losing it only costs
+    re-sending charges the store dedupes)."""
+
+
+class _Ended(msgspec.Struct, frozen=True, kw_only=True, tag="ended"):
+    ended_at: float
+
+
+_Entry = _Running | _Ended
+_DECODE_ENTRY: Final = msgspec.json.Decoder(_Entry)
+_ENCODE: Final = msgspec.json.Encoder()
+
+# Compare-and-set of one field: the accrual cursor must never overwrite a tombstone written
+# by an end event in the meantime.
+_CAS_LUA: Final = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+@dataclass
+class Charger:
+    """The charging rules over Redis, shared by the live service and ``rebuild``."""
+
+    client: redis_asyncio.Redis
+    prefix: str = DEFAULT_PREFIX
+    slot_s: float = DEFAULT_SLOT_S
+
+    def __post_init__(self) -> None:
+        self.slot_s = check_slot_s(self.slot_s)
+        self.store = RedisUsageStore(self.client, self.prefix)
+        self.running_key = f"{self.prefix}:running"
+        self._cas = self.client.register_script(_CAS_LUA)
+        # One limit for every run being charged: a pull batch is handled concurrently, and
+        # each Redis command in flight holds a pooled connection.
+        self._limit = asyncio.Semaphore(CHARGE_CONCURRENCY)
+
+    async def apply(self, record: msgspec.Struct) -> int:
+        """Apply one WORKLOADS record; returns how many charges were new. Records that do
+        not concern accounting (or cannot be charged) are logged and ignored."""
+        if isinstance(record, m.WorkloadStarted):
+            await self._started(record)
+            return 0
+        if isinstance(record, _TERMINAL):
+            return await self._ended(record)
+        return 0
+
+    async def _started(self, r: m.WorkloadStarted) -> None:
+        if not r.allocated:
+            return
+        if r.allocation is None or r.gpus <= 0:
+            log.warning(
+                "allocated start not chargeable",
+                workload=r.workload_id,
+                attempt=r.attempt,
+                allocation=r.allocation,
+                gpus=r.gpus,
+            )
+            return
+        entry = _Running(allocation=r.allocation, gpus=r.gpus, started_at=r.at)
+        await self.client.hsetnx(
+            self.running_key, _field(r.workload_id, r.attempt), _ENCODE.encode(entry)
+        )
+
+    async def _ended(self, r: Terminal) -> int:
+        if not r.allocated:
+            return 0
+        key = _field(r.workload_id, r.attempt)
+        running = await self._entry(key)
+        started_at = r.started_at
+        gpus = r.gpus
+        if isinstance(running, _Running):  # older agents may leave these out
+            started_at = running.started_at if started_at is None else started_at
+            gpus = gpus or running.gpus
+        applied = 0
+        if r.allocation is None or started_at is None or gpus <= 0:
+            log.warning(
+                "allocated run not chargeable",
+                workload=r.workload_id,
+                attempt=r.attempt,
+                allocation=r.allocation,
+                started_at=started_at,
+                gpus=gpus,
+            )
+        else:
+            if r.at < started_at:
+                log.warning("run ends before it starts", workload=r.workload_id, attempt=r.attempt)
+            slots = grid_slots(started_at, r.at, self.slot_s)
+            applied = await self._charge(r.workload_id, r.attempt, r.allocation, gpus, slots)
+        # After the charges: if they fail the message is redelivered and charges again.
+        await self.client.hset(self.running_key, key, _ENCODE.encode(_Ended(ended_at=r.at)))
+        return applied
+
+    async def accrue(self, now: float) -> int:
+        """Charge every running entry's complete slots up to ``now - slot_s``; prune
+        tombstones older than the store's retention. Returns how many charges were new."""
+        until = complete_until(now, self.slot_s)
+        applied = 0
+        async for raw_field, raw_value in self.client.hscan_iter(self.running_key, count=500):
+            field = _text(raw_field)
+            try:
+                entry = _DECODE_ENTRY.decode(raw_value)
+            except msgspec.DecodeError as e:
+                log.warning("running entry unreadable", field=field, reason=str(e))
+                continue
+            if isinstance(entry, _Ended):
+                if entry.ended_at < now - KEY_TTL_S:
+                    await self.client.hdel(self.running_key, field)
+                continue
+            workload, _, attempt = field.rpartition(":")
+            slots = grid_slots(entry.started_at, until, self.slot_s, entry.accrued)
+            if not slots or not workload or not attempt.isdigit():
+                continue
+            applied += await self._charge(
+                workload, int(attempt), entry.allocation, entry.gpus, slots
+            )
+            moved = msgspec.structs.replace(entry, accrued=slots[-1].k + 1)
+            await self._cas(keys=[self.running_key], args=[field, raw_value, _ENCODE.encode(moved)])
+        return applied
+
+    async def wipe(self) -> None:
+        """Forget every bucket, charge id and running entry of this prefix."""
+        await self.store.wipe()
+        await self.client.delete(self.running_key)
+
+    async def _entry(self, field: str) -> _Entry | None:
+        raw = await self.client.hget(self.running_key, field)
+        if raw is None:
+            return None
+        try:
+            return _DECODE_ENTRY.decode(raw)
+        except msgspec.DecodeError:
+            return None
+
+    async def _charge(
+        self, workload: str, attempt: int, allocation: str, gpus: int, slots: Sequence[Slot]
+    ) -> int:
+        async def one(s: Slot) -> bool:
+            async with self._limit:
+                return await self.store.charge(
+                    f"{workload}:{attempt}:{s.k}", allocation, s.start, s.end, gpus
+                )
+
+        return sum(await asyncio.gather(*(one(s) for s in slots)))
+
+
+def _field(workload: str, attempt: int) -> str:
+    return f"{workload}:{attempt}"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# -- the service -------------------------------------------------------------------------------
+
+
+class Accounting:
+    """The live service (``allot.live.service_main.Service``): a durable pull consumer on the
+    WORKLOADS stream's workload events, plus the accrual loop."""
+
+    def __init__(
+        self,
+        nats_url: str,
+        redis_url: str,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        slot_s: float = DEFAULT_SLOT_S,
+        accrue_s: float = DEFAULT_ACCRUE_S,
+        clock: Callable[[], float] = wall_clock,
+        provider: TracerProvider | None = None,
+        max_deliver: int = MAX_DELIVER,
+    ) -> None:
+        if (
+            isinstance(accrue_s, bool)
+            or not isinstance(accrue_s, int | float)
+            or not (math.isfinite(accrue_s) and accrue_s > 0)
+        ):
+            raise ValidationError(
+                "accrue_s", f"must be a positive number of seconds, got {accrue_s!r}"
+            )
+        self.broker = make_broker(nats_url, "accounting", provider)
+        self.redis = redis_asyncio.Redis.from_url(redis_url)
+        self.charger = Charger(self.redis, prefix, slot_s)
+        self.accrue_s = float(accrue_s)
+        self.clock = clock
+        self.max_deliver = max_deliver
+        self.handled = 0
+        """Messages handled (acknowledged), for tests and logs."""
+        self._subscriber: LogicSubscriber[Any] | None = None
+        self._accrual: asyncio.Task[None] | None = None
+
+    async def on_started(self) -> None:
+        await bus.ensure_streams(self.broker.connection.jetstream())
+        # Subscribed here rather than at construction: the stream must exist first, and
+        # FastStream must not declare it (it would rewrite its subjects and limits).
+        subscriber = self.broker.subscriber(
+            ALL_EVENTS,
+            stream=JStream("WORKLOADS", declare=False),
+            durable=DURABLE,
+            pull_sub=PullSub(batch_size=64, timeout=1.0),
+            ack_policy=AckPolicy.NACK_ON_ERROR,
+            config=ConsumerConfig(max_deliver=self.max_deliver, ack_wait=60.0),
+        )
+        subscriber(self._handle)
+        await subscriber.start()
+        self._subscriber = subscriber
+        self._accrual = asyncio.create_task(self._accrue_forever())
+        log.info("accounting started", prefix=self.charger.prefix, slot_s=self.charger.slot_s)
+
+    async def on_stopping(self) -> None:
+        if self._accrual is not None:
+            self._accrual.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accrual
+            self._accrual = None
+        if self._subscriber is not None:
+            await self._subscriber.stop()
+            self._subscriber = None
+        await self.redis.aclose()
+
+    async def _handle(self, msg: NatsMessage) -> None:
+        raw = msg.raw_message
+        try:
+            record = bus.decode_record(raw.subject, raw.data)
+        except ValidationError as e:
+            log.warning("event skipped", subject=raw.subject, field=e.field, reason=e.reason)
+            self.handled += 1
+            return
+        try:
+            await self.charger.apply(record)
+        except ValidationError as e:  # bad numbers in a record: retrying cannot help
+            log.warning("event not chargeable", subject=raw.subject, field=e.field, reason=e.reason)
+        except Exception as e:  # Redis unreachable: retry later, not in a tight loop
+            delivered = raw.metadata.num_delivered
+            delay = min(MAX_RETRY_DELAY_S, 0.5 * 2.0 ** (delivered - 1))
+            level = log.error if delivered >= self.max_deliver else log.warning
+            level(
+                "event not charged yet" if delivered < self.max_deliver else "event given up",
+                subject=raw.subject,
+                delivered=delivered,
+                retry_in_s=delay,
+                error=repr(e),
+            )
+            # The retries are bounded (max_deliver); a given-up event is charged by a rebuild.
+            await msg.nack(delay=delay)
+            return
+        self.handled += 1
+
+    async def _accrue_forever(self) -> None:
+        while True:
+            try:
+                if await self._behind():
+                    # Events are unread or in flight (a restart, a burst): one of them may end
+                    # a run the window would otherwise charge up to now. Its end charges it.
+                    log.info("accrual skipped: behind the log")
+                else:
+                    applied = await self.charger.accrue(self.clock())
+                    if applied:
+                        log.debug("accrued", charges=applied)
+            except Exception as e:  # keep accruing once Redis or NATS is back
+                log.warning("accrual failed", error=repr(e))
+            await asyncio.sleep(self.accrue_s)
+
+    async def _behind(self) -> bool:
+        js = self.broker.connection.jetstream()
+        info = await js.consumer_info("WORKLOADS", DURABLE)
+        return bool(info.num_pending or info.num_ack_pending)
+
+
+# -- rebuild from the log ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    records: int
+    charges: int
+
+
+async def rebuild(
+    nats_url: str,
+    redis_url: str,
+    *,
+    prefix: str = DEFAULT_PREFIX,
+    slot_s: float = DEFAULT_SLOT_S,
+    now: float | None = None,
+) -> Rebuilt:
+    """Wipe the store and the running hash, replay the whole WORKLOADS stream through the
+    same charging code, then charge running work's complete slots up to ``now`` (default:
+    the wall clock). Run it with the live service stopped: a live instance HDEL-ing or
+    accruing during the wipe could leave a running entry the replay does not see end."""
+    slot_s = check_slot_s(slot_s)
+    RedisUsageStore(redis_asyncio.Redis(), prefix)  # checks the prefix before any I/O
+    nc = await _connect_once(nats_url)
+    js = nc.jetstream()
+    client = redis_asyncio.Redis.from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S)
+    try:
+        charger = Charger(client, prefix, slot_s)
+        await bus.ensure_streams(js)
+        await charger.wipe()
+        records = 0
+        charges = 0
+        failure: list[BaseException] = []
+
+        async def on_record(_: str, record: msgspec.Struct) -> None:
+            nonlocal records, charges
+            if failure:
+                return
+            records += 1
+            try:
+                charges += await charger.apply(record)
+            except ValidationError as e:
+                log.warning("record not chargeable", field=e.field, reason=e.reason)
+            except Exception as e:  # reported after the replay stops
+                failure.append(e)
+
+        follower = bus.LogFollower(js, on_record, streams=("WORKLOADS",))
+        try:
+            await follower.start()
+        finally:
+            await follower.stop()
+        if failure:
+            raise failure[0]
+        charges += await charger.accrue(wall_clock() if now is None else now)
+        return Rebuilt(records, charges)
+    finally:
+        await nc.close()
+        await client.aclose()
+
+
+async def _connect_once(url: str) -> NatsClient:
+    """A NATS connection for a one-shot command: a few attempts, then the error (the
+    services' ``bus.connect`` retries forever, right for a daemon, wrong for a command)."""
+
+    async def quiet(e: Exception) -> None:
+        log.debug("nats connection error", error=repr(e))
+
+    return await nats.connect(
+        url,
+        name="allot-accounting-rebuild",
+        connect_timeout=CONNECT_TIMEOUT_S,
+        max_reconnect_attempts=2,
+        reconnect_time_wait=0.5,
+        error_cb=quiet,
+    )
+
+
+# -- process entry point -----------------------------------------------------------------------
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def slot_seconds(text: str) -> float:
+    value = positive_seconds(text)
+    if value > HOUR_S:
+        raise argparse.ArgumentTypeError(f"must be at most 3600 seconds, got {text!r}")
+    return value
+
+
+def prefix_name(text: str) -> str:
+    if not text or "{" in text or "}" in text:
+        raise argparse.ArgumentTypeError(f"must be non-empty and brace-free, got {text!r}")
+    return text
+
+
+def add_store_options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--prefix",
+        type=prefix_name,
+        default=DEFAULT_PREFIX,
+        help="Redis key prefix (default %(default)s)",
+    )
+    ap.add_argument(
+        "--slot-s",
+        type=slot_seconds,
+        default=DEFAULT_SLOT_S,
+        help="charging grid in seconds, at most 3600 (default %(default)s)",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = base_parser(
+        "python -m allot.services.accounting", __doc__.splitlines()[0] if __doc__ else None
+    )
+    add_store_options(ap)
+    ap.add_argument(
+        "--accrue-s",
+        type=positive_seconds,
+        default=DEFAULT_ACCRUE_S,
+        help="how often running work's complete slots are charged (default %(default)s)",
+    )
+    return ap
+
+
+def build(args: argparse.Namespace) -> Accounting:
+    configure_logging("accounting")
+    return Accounting(
+        args.nats_url,
+        args.redis_url,
+        prefix=args.prefix,
+        slot_s=args.slot_s,
+        accrue_s=args.accrue_s,
+        provider=tracer_provider("accounting"),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(build, parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

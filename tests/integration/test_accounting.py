@@ -1,0 +1,550 @@
+"""The accounting service against real NATS (``fresh_log``) and real Redis (a unique key
+prefix per test): agent records in the WORKLOADS stream become hourly GPU-seconds, exactly
+once, and the counters can be rebuilt from the log.
+
+Reference values come from the core's ``split_into_hours`` and ``window_usage``. Times are
+multiples of 0.25 s and GPU counts small integers, so every slot piece and every sum is exact
+in binary floating point: buckets are compared with ``==``.
+
+The grid-slot splitting is pure; its tests (table-driven and a Hypothesis property) are at
+the end and need no server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+import nats
+import pytest
+import redis.asyncio as redis_asyncio
+from hypothesis import given
+from hypothesis import strategies as st
+from nats.js import JetStreamContext
+
+from allot.adapters.usage_store import RedisUsageStore
+from allot.cli import accounting_cmd
+from allot.core.errors import ValidationError
+from allot.core.usage import HOUR_S, split_into_hours, window_usage
+from allot.live import bus, service_main
+from allot.proto import messages as m
+from allot.proto import subjects
+from allot.services.accounting import (
+    Accounting,
+    Charger,
+    Slot,
+    complete_until,
+    grid_slots,
+    parser,
+    rebuild,
+)
+
+HOUR_EDGE = 472_223 * HOUR_S  # 1_700_002_800: an hour boundary in the past
+DEADLINE_S = 10.0
+WIDE_WINDOW_S = 8 * 86_400 - HOUR_S  # inside the store's retention, around every test run
+
+Buckets = dict[str, dict[int, float]]
+
+
+# -- fixtures and helpers ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"acct-test-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+async def redis_client(redis_url: str, prefix: str) -> AsyncIterator[redis_asyncio.Redis]:
+    client = redis_asyncio.Redis.from_url(redis_url)
+    await client.ping()
+    yield client
+    keys = [k async for k in client.scan_iter(match=f"{prefix}:*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+@pytest.fixture
+async def js(fresh_log: str) -> AsyncIterator[JetStreamContext]:
+    nc = await nats.connect(fresh_log)
+    context = nc.jetstream()
+    await bus.ensure_streams(context)
+    yield context
+    await nc.close()
+
+
+ServiceFactory = Callable[..., Awaitable[Accounting]]
+
+
+@pytest.fixture
+async def service(
+    fresh_log: str, redis_url: str, prefix: str, js: JetStreamContext
+) -> AsyncIterator[ServiceFactory]:
+    """Start an accounting service (stopped at the end of the test)."""
+    started: list[Accounting] = []
+
+    async def start(**options: object) -> Accounting:
+        svc = Accounting(fresh_log, redis_url, prefix=prefix, **options)  # type: ignore[arg-type]
+        await service_main.start(svc)
+        started.append(svc)
+        return svc
+
+    yield start
+    for svc in started:
+        await service_main.stop(svc)
+
+
+def frozen(at: float) -> Callable[[], float]:
+    return lambda: at
+
+
+def started(wid: str, alloc: str | None, at: float, gpus: int, **kw: object) -> m.WorkloadStarted:
+    return m.WorkloadStarted(
+        workload_id=wid,
+        allocation=alloc,
+        at=at,
+        host="h01",
+        gpus=gpus,
+        **({"allocated": alloc is not None} | kw),  # type: ignore[arg-type]
+    )
+
+
+def completed(
+    wid: str, alloc: str | None, start: float, end: float, gpus: int, **kw: object
+) -> m.WorkloadCompleted:
+    return m.WorkloadCompleted(
+        workload_id=wid,
+        allocation=alloc,
+        at=end,
+        started_at=start,
+        gpus=gpus,
+        **({"allocated": alloc is not None} | kw),  # type: ignore[arg-type]
+    )
+
+
+async def publish(js: JetStreamContext, record: msgspec.Struct, msg_id: str | None = None) -> int:
+    wid = getattr(record, "workload_id")  # noqa: B009 - every workload record has one
+    subject = subjects.events(getattr(record, "allocation"), wid)  # noqa: B009
+    return await bus.publish(js, subject, record, msg_id or uuid.uuid4().hex)
+
+
+async def drained(js: JetStreamContext) -> None:
+    """Wait until the accounting consumer has acknowledged every event in the stream."""
+    deadline = time.monotonic() + DEADLINE_S
+    last = (await js.stream_info("WORKLOADS")).state.last_seq
+    while True:
+        info = await js.consumer_info("WORKLOADS", "accounting")
+        if info.delivered.stream_seq >= last and info.num_ack_pending == 0:
+            return
+        assert time.monotonic() < deadline, f"consumer not drained: {info}"
+        await asyncio.sleep(0.02)
+
+
+async def all_buckets(store: RedisUsageStore, now: float) -> Buckets:
+    return await store.buckets(await store.allocations(), now, WIDE_WINDOW_S)
+
+
+def reference(*runs: tuple[str, float, float, int]) -> Buckets:
+    out: Buckets = {}
+    for alloc, start, end, gpus in runs:
+        hours = out.setdefault(alloc, {})
+        for h, amount in split_into_hours(start, end, gpus).items():
+            hours[h] = hours.get(h, 0.0) + amount
+    return out
+
+
+# -- the service -------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+async def test_allocated_run_across_an_hour_is_charged_exactly(
+    service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    s, e = HOUR_EDGE - 1234.5, HOUR_EDGE + 2345.25
+    svc = await service(clock=frozen(s))  # the live window charges nothing here
+    await publish(js, started("w1", "nlp", s, 4, attempt=2))
+    await publish(js, completed("w1", "nlp", s, e, 4, attempt=2))
+    await drained(js)
+    store = RedisUsageStore(redis_client, prefix)
+    got = await all_buckets(store, e)
+    assert got == reference(("nlp", s, e, 4))
+    assert set(got["nlp"]) == {HOUR_EDGE // HOUR_S - 1, HOUR_EDGE // HOUR_S}
+    # One charge id per slot of the grid, named <workload>:<attempt>:<k>.
+    ids = await redis_client.zrange(store.seen_key("nlp"), 0, -1)
+    assert sorted(i.decode() for i in ids) == sorted(
+        f"w1:2:{slot.k}" for slot in grid_slots(s, e, 60.0)
+    )
+    # The running entry became a tombstone: nothing is left for the live window.
+    entry = json.loads(await redis_client.hget(svc.charger.running_key, "w1:2") or b"{}")
+    assert entry == {"type": "ended", "ended_at": e}
+
+
+@pytest.mark.integration
+async def test_terminal_record_twice_is_charged_once(
+    service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    s, e = HOUR_EDGE - 600.0, HOUR_EDGE + 90.5
+    svc = await service(clock=frozen(s))
+    await publish(js, started("w1", "nlp", s, 2))
+    end = completed("w1", "nlp", s, e, 2)
+    await publish(js, end, "done-1")
+    await publish(js, end, "done-2")  # another msg id: the stream stores both
+    await drained(js)
+    # A Started redelivered after the end must not revive the run either.
+    await publish(js, started("w1", "nlp", s, 2), "started-again")
+    assert (await js.stream_info("WORKLOADS")).state.messages == 4
+    await drained(js)
+    assert svc.handled == 4
+    store = RedisUsageStore(redis_client, prefix)
+    assert await all_buckets(store, e) == reference(("nlp", s, e, 2))
+    assert await svc.charger.accrue(e + 10 * HOUR_S) == 0  # the tombstone stays a tombstone
+    assert await all_buckets(store, e) == reference(("nlp", s, e, 2))
+
+
+@pytest.mark.integration
+async def test_unallocated_run_is_never_charged(
+    service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    s, e = HOUR_EDGE - 600.0, HOUR_EDGE + 600.0
+    svc = await service(clock=frozen(s))
+    # Charged to an allocation but not allocated (min_runtime_s = 0): free.
+    await publish(js, started("w1", "nlp", s, 8, allocated=False))
+    await publish(js, completed("w1", "nlp", s, e, 8, allocated=False))
+    await publish(js, started("w2", None, s, 8))
+    await publish(js, completed("w2", None, s, e, 8))
+    await drained(js)
+    assert svc.handled == 4
+    assert await RedisUsageStore(redis_client, prefix).allocations() == []
+    assert await redis_client.hlen(svc.charger.running_key) == 0
+    assert await svc.charger.accrue(e + HOUR_S) == 0
+
+
+@pytest.mark.integration
+async def test_undecodable_event_is_skipped_and_the_next_one_charged(
+    service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    s, e = HOUR_EDGE - 600.0, HOUR_EDGE - 300.0
+    svc = await service(clock=frozen(s))
+    await js.publish(subjects.events("nlp", "w0"), b'{"type": "WorkloadCompleted", "gpus": -1}')
+    await js.publish(subjects.events("nlp", "w0"), b"\xff not json")
+    await publish(js, completed("w1", "nlp", s, e, 1))
+    await drained(js)
+    assert svc.handled == 3
+    store = RedisUsageStore(redis_client, prefix)
+    assert await all_buckets(store, e) == reference(("nlp", s, e, 1))
+
+
+@pytest.mark.integration
+async def test_event_is_redelivered_later_while_redis_is_unreachable(
+    fresh_log: str, js: JetStreamContext
+) -> None:
+    svc = Accounting(fresh_log, "redis://127.0.0.1:1", prefix="unused", max_deliver=2)
+    await service_main.start(svc)
+    try:
+        sent = time.monotonic()
+        await publish(js, started("w1", "nlp", HOUR_EDGE, 1))
+        deadline = sent + DEADLINE_S
+        while (info := await js.consumer_info("WORKLOADS", "accounting")).num_redelivered < 1:
+            assert time.monotonic() < deadline, f"not redelivered: {info}"
+            await asyncio.sleep(0.02)
+        # Redelivered after a delay (0.5 s first), then given up after max_deliver.
+        assert time.monotonic() - sent >= 0.45
+        assert info.delivered.consumer_seq == 2
+        await asyncio.sleep(0.3)
+        info = await js.consumer_info("WORKLOADS", "accounting")
+        assert info.ack_floor.stream_seq == 0 and info.delivered.consumer_seq == 2
+        assert svc.handled == 0
+    finally:
+        await service_main.stop(svc)
+
+
+@pytest.mark.integration
+async def test_running_workload_accrues_complete_slots_before_it_ends(
+    service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    gpus = 3
+    s = math.floor(time.time()) - 10.0  # started 10 s ago: ~9 complete 1 s slots
+    svc = await service(slot_s=1.0, accrue_s=0.05)
+    await publish(js, started("w1", "nlp", s, gpus))
+    store = RedisUsageStore(redis_client, prefix)
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        total = sum((await store.buckets(["nlp"], time.time(), HOUR_S * 2))["nlp"].values())
+        if total >= 8 * gpus:
+            break
+        assert time.monotonic() < deadline, f"only {total} GPU-seconds accrued"
+        await asyncio.sleep(0.05)
+    # Only whole slots ending at least one slot (the lag) before now are charged.
+    assert total % gpus == 0
+    assert total <= gpus * (time.time() - 1.0 - s)
+    entry = json.loads(await redis_client.hget(svc.charger.running_key, "w1:1") or b"{}")
+    assert entry["type"] == "running" and entry["accrued"] >= s + 8
+    # The end charges the rest under the same ids: the total is exactly the run.
+    e = math.floor(time.time() * 4) / 4
+    await publish(js, completed("w1", "nlp", s, e, gpus))
+    await drained(js)
+    assert await store.buckets(["nlp"], e, HOUR_S * 2) == reference(("nlp", s, e, gpus))
+
+
+@pytest.mark.integration
+async def test_rebuild_from_the_log_gives_the_same_buckets(
+    *,
+    service: ServiceFactory,
+    js: JetStreamContext,
+    fresh_log: str,
+    redis_url: str,
+    redis_client: redis_asyncio.Redis,
+    prefix: str,
+) -> None:
+    now = HOUR_EDGE + 5000.25
+    runs = [  # (workload, allocation, start, end or None while running, gpus)
+        ("a1", "nlp", HOUR_EDGE - 7200.5, HOUR_EDGE + 10.25, 8),
+        ("a2", "nlp", HOUR_EDGE - 30.0, HOUR_EDGE + 4000.0, 1),
+        ("v1", "vision", HOUR_EDGE - 100.0, None, 2),  # still running at `now`
+        ("v2", "vision", HOUR_EDGE + 1.5, HOUR_EDGE + 2.0, 16),
+    ]
+    # The log is written first, then read as a backlog: the live window waits while events
+    # are unread or in flight, as after a restart (the frozen clock is past every end).
+    for wid, alloc, s, e, gpus in runs:
+        await publish(js, started(wid, alloc, s, gpus))
+        if e is not None:
+            await publish(js, completed(wid, alloc, s, e, gpus))
+    await publish(js, completed("a1", "nlp", HOUR_EDGE - 7200.5, HOUR_EDGE + 10.25, 8))  # dup
+    failed = m.WorkloadFailed(
+        workload_id="v3",
+        allocation="vision",
+        at=HOUR_EDGE + 50.0,
+        started_at=HOUR_EDGE - 50.0,
+        gpus=4,
+        attempt=3,
+        allocated=True,
+    )
+    await publish(js, failed)
+    await publish(js, started("free", None, HOUR_EDGE, 8))
+    await js.publish(subjects.events("nlp", "junk"), b"not json")
+    svc = await service(clock=frozen(now), accrue_s=0.05)
+    await drained(js)
+
+    until = complete_until(now, 60.0)
+    expected = reference(
+        ("nlp", HOUR_EDGE - 7200.5, HOUR_EDGE + 10.25, 8),
+        ("nlp", HOUR_EDGE - 30.0, HOUR_EDGE + 4000.0, 1),
+        ("vision", HOUR_EDGE - 100.0, until, 2),
+        ("vision", HOUR_EDGE + 1.5, HOUR_EDGE + 2.0, 16),
+        ("vision", HOUR_EDGE - 50.0, HOUR_EDGE + 50.0, 4),
+    )
+    store = RedisUsageStore(redis_client, prefix)
+    deadline = time.monotonic() + DEADLINE_S
+    while (before := await all_buckets(store, now)) != expected:  # the live window's turn
+        assert time.monotonic() < deadline, f"{before} != {expected}"
+        await asyncio.sleep(0.05)
+    running_before = await redis_client.hgetall(svc.charger.running_key)
+
+    await service_main.stop(svc)
+    await Charger(redis_client, prefix).wipe()
+    assert await store.allocations() == []
+
+    done = await rebuild(fresh_log, redis_url, prefix=prefix, now=now)
+    assert await all_buckets(store, now) == before
+    assert done.records == (await js.stream_info("WORKLOADS")).state.messages - 1  # junk
+    # The running entry is rebuilt too: the live window resumes where the replay stopped.
+    after = await redis_client.hgetall(svc.charger.running_key)
+    assert after == running_before
+    # A second rebuild is idempotent.
+    await rebuild(fresh_log, redis_url, prefix=prefix, now=now)
+    assert await all_buckets(store, now) == before
+
+
+@pytest.mark.integration
+async def test_rebuild_of_an_empty_log_leaves_an_empty_store(
+    fresh_log: str, redis_url: str, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    store = RedisUsageStore(redis_client, prefix)
+    await store.charge("stale", "nlp", HOUR_EDGE, HOUR_EDGE + 1, 1)
+    done = await rebuild(fresh_log, redis_url, prefix=prefix, now=HOUR_EDGE)
+    assert (done.records, done.charges) == (0, 0)
+    assert await store.allocations() == []
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def cli(argv: list[str]) -> argparse.Namespace:
+    top = argparse.ArgumentParser(prog="allot")
+    accounting_cmd.add_parser(top.add_subparsers(dest="command", required=True))
+    return top.parse_args(["accounting", *argv])
+
+
+@pytest.mark.integration
+def test_usage_command_prints_window_gpu_hours(
+    redis_url: str, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    now = time.time()
+    charges = [("nlp", now - 3 * HOUR_S, now - HOUR_S, 2), ("vision", now - 600, now, 1)]
+
+    async def seed() -> None:
+        client = redis_asyncio.Redis.from_url(redis_url)
+        store = RedisUsageStore(client, prefix)
+        for i, (alloc, s, e, gpus) in enumerate(charges):
+            await store.charge(f"c{i}", alloc, s, e, gpus)
+        await client.aclose()
+
+    asyncio.run(seed())
+    try:
+        args = cli(["usage", "--redis-url", redis_url, "--prefix", prefix, "--json"])
+        assert accounting_cmd.run(args) == 0
+        out = json.loads(capsys.readouterr().out)
+        want = window_usage(reference(*charges), out["at"], 7 * 86_400)
+        assert out["window_s"] == 7 * 86_400
+        assert out["gpu_hours"] == pytest.approx({a: v / HOUR_S for a, v in want.items()})
+        assert out["gpu_hours"]["nlp"] == pytest.approx(4.0)
+
+        args = cli(["usage", "--redis-url", redis_url, "--prefix", prefix, "--window-s", "1h"])
+        assert accounting_cmd.run(args) == 0
+        table = capsys.readouterr().out.splitlines()
+        assert table[0].split() == ["allocation", "gpu_hours"]
+        assert [line.split()[0] for line in table[1:]] == ["nlp", "vision"]
+    finally:
+
+        async def clean() -> None:
+            client = redis_asyncio.Redis.from_url(redis_url)
+            await RedisUsageStore(client, prefix).wipe()
+            await client.aclose()
+
+        asyncio.run(clean())
+
+
+def test_usage_command_reports_an_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
+    args = cli(["usage", "--redis-url", "redis://127.0.0.1:1"])
+    assert accounting_cmd.run(args) == accounting_cmd.EXIT_UNREACHABLE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("allot accounting usage: cannot reach")
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["rebuild", "--slot-s", "0"], "slot_s"),
+        (["rebuild", "--slot-s", "7200"], "slot_s"),
+        (["rebuild", "--prefix", "{x}"], "prefix"),
+        (["usage", "--prefix", "{x}"], "prefix"),
+        (["usage", "--window-s", "0"], "window_s"),
+    ],
+)
+def test_bad_options_name_the_field(argv: list[str], field: str) -> None:
+    # Checked before any connection: no server is needed to be told what is wrong.
+    servers = ["--redis-url", "redis://127.0.0.1:1"]
+    if argv[0] == "rebuild":
+        servers += ["--nats-url", "nats://127.0.0.1:1"]
+    args = cli([*argv, *servers])
+    with pytest.raises(ValidationError) as info:
+        accounting_cmd.run(args)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    "argv", [["--slot-s", "0"], ["--slot-s", "nan"], ["--accrue-s", "-1"], ["--prefix", "a{b}"]]
+)
+def test_service_command_line_rejects_bad_options(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parser().parse_args(argv)
+    assert info.value.code == 2
+
+
+# -- the grid (pure) -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "slot_s", "first_k", "want"),
+    [
+        (0.0, 0.0, 60.0, None, []),
+        (10.0, 5.0, 60.0, None, []),
+        (0.0, 60.0, 60.0, None, [Slot(0, 0.0, 60.0)]),
+        (
+            30.0,
+            150.0,
+            60.0,
+            None,
+            [Slot(0, 30.0, 60.0), Slot(1, 60.0, 120.0), Slot(2, 120.0, 150.0)],
+        ),
+        (59.5, 60.25, 60.0, None, [Slot(0, 59.5, 60.0), Slot(1, 60.0, 60.25)]),
+        (-90.0, -30.0, 60.0, None, [Slot(-2, -90.0, -60.0), Slot(-1, -60.0, -30.0)]),
+        (30.0, 150.0, 60.0, 2, [Slot(2, 120.0, 150.0)]),
+        (30.0, 150.0, 60.0, 9, []),
+        (30.0, 150.0, 60.0, -5, [Slot(0, 30.0, 60.0), Slot(1, 60.0, 120.0), Slot(2, 120.0, 150.0)]),
+        (3599.0, 3601.0, 3600.0, None, [Slot(0, 3599.0, 3600.0), Slot(1, 3600.0, 3601.0)]),
+        (0.25, 0.75, 0.5, None, [Slot(0, 0.25, 0.5), Slot(1, 0.5, 0.75)]),
+    ],
+)
+def test_grid_slots(
+    start: float, end: float, slot_s: float, first_k: int | None, want: list[Slot]
+) -> None:
+    assert grid_slots(start, end, slot_s, first_k) == want
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ((0.0, 1.0, 0.0), "slot_s"),
+        ((0.0, 1.0, -1.0), "slot_s"),
+        ((0.0, 1.0, 3601.0), "slot_s"),
+        ((0.0, 1.0, float("inf")), "slot_s"),
+        ((0.0, 1.0, True), "slot_s"),
+        ((float("nan"), 1.0, 60.0), "start"),
+        ((0.0, float("inf"), 60.0), "end"),
+    ],
+)
+def test_grid_slots_rejects_bad_input(args: tuple[float, float, float], field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        grid_slots(*args)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("now", "slot_s", "want"), [(125.0, 60.0, 60.0), (120.0, 60.0, 60.0), (119.9, 60.0, 0.0)]
+)
+def test_complete_until_lags_one_slot(now: float, slot_s: float, want: float) -> None:
+    assert complete_until(now, slot_s) == want
+
+
+times = st.floats(min_value=1.6e9, max_value=1.8e9, allow_nan=False)
+
+
+@given(
+    start=times,
+    slots_long=st.floats(min_value=0.0, max_value=300.0),
+    slot_s=st.sampled_from([0.5, 1.0, 7.0, 60.0, 90.0, 3600.0]),
+    gpus=st.integers(min_value=1, max_value=64),
+    cut=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_grid_slot_pieces_tile_the_run(
+    start: float, slots_long: float, slot_s: float, gpus: int, cut: float
+) -> None:
+    length = slots_long * slot_s
+    end = start + length
+    slots = grid_slots(start, end, slot_s)
+    # Pieces never overlap, stay inside the run and inside their slot, in order.
+    for a, b in itertools.pairwise(slots):
+        assert a.end <= b.start and a.k < b.k
+    for slot in slots:
+        assert start <= slot.start < slot.end <= end
+        assert slot.k * slot_s <= slot.start and slot.end <= (slot.k + 1) * slot_s
+    # And they add up to the whole run.
+    total = math.fsum((s.end - s.start) * gpus for s in slots)
+    assert total == pytest.approx(gpus * (end - start), rel=1e-12, abs=1e-6)
+    # The live window's pieces (complete slots up to some moment, the run's end unknown) are
+    # the run's own pieces wherever the run had not ended: the end event recomputes the
+    # same amount for every id the window charged.
+    until = complete_until(start + cut * length, slot_s)
+    by_k = {s.k: s for s in slots}
+    for slot in grid_slots(start, until, slot_s):
+        if slot.end <= end:
+            assert by_k[slot.k] == slot
