@@ -194,15 +194,25 @@ class _Cycle:
                 self.view.release_earmarks()  # allocated work is done: free work may fill
             items = groups[group]
             pos = cursor[group]
-            threshold = self._live_below(group)
-            if threshold is not None:
-                # Every item of >= threshold GPUs can neither fit nor preempt any more.
-                if self.queue.suffix_min_gpus(group)[pos] >= threshold:
+            dead = self._dead_bounds(group)
+            if dead is not None:
+                # An item of g GPUs can neither fit nor preempt any more when
+                # g >= (a if g <= limit else b) (see ``_dead_bounds``).
+                a, b, limit = dead
+                low = self.queue.suffix_min_gpus(group)[pos]
+                if (
+                    low >= max(a, b)
+                    or (low > limit and low >= b)
+                    or (low >= a and self.queue.suffix_max_gpus(group)[pos] <= limit)
+                ):
                     self.blocked_allocated |= group is not None
                     continue  # nothing left in this group can happen this cycle
-                start = pos
-                while items[pos][1].gpus >= threshold:
+                start, end = pos, len(items)
+                while pos < end and items[pos][1].gpus >= (a if items[pos][1].gpus <= limit else b):
                     pos += 1
+                if pos == end:
+                    self.blocked_allocated |= group is not None
+                    continue
                 if pos != start:
                     self.blocked_allocated |= group is not None
                     cursor[group] = pos  # the head moved: re-sort the group by its new head
@@ -214,25 +224,39 @@ class _Cycle:
             if pos < len(items):
                 heapq.heappush(heads, (self._head_key(group, pos), seq, group))
 
-    def _live_below(self, group: str | None) -> float | None:
-        """Items of this group with fewer GPUs than this may still be placed or preempt for;
-        None when the group's items do not share one pool (unallocated work under the
-        partitioned baseline), in which case each item is considered on its own."""
+    def _dead_bounds(self, group: str | None) -> tuple[float, float, float] | None:
+        """``(a, b, limit)``: an item of this group asking for g GPUs can neither be placed
+        nor preempt for any more in this cycle when g >= a (if g <= limit) or g >= b (if
+        g > limit). ``limit`` is the largest request that reclaims (tier 0 only, see
+        ``_reclaims``; -1 otherwise): reclaiming and ranked requests have separate
+        preemption bounds. None when the group's items do not share one pool (unallocated
+        work under the partitioned baseline): each item is then considered on its own."""
         if self._partitioned and group is None:
             return None
         pool = group if self._partitioned and group in self.st.by_free else DEFAULT_POOL
         assert pool is not None
         bound = self.place_bound.get(pool, math.inf)
-        if self._preempts and (group is not None or not self._fairshare):
-            pb = self.preempt_bound
-            if not self._fairshare:
-                preempt = pb.get(None, math.inf)
-            elif self._tier(group or "") == 0:
-                preempt = max(pb.get(_TIER0_RECLAIM, math.inf), pb.get(_TIER0_RANKED, math.inf))
-            else:
-                preempt = pb.get(_TIER1_RANKED, math.inf)
-            bound = max(bound, preempt)
-        return bound
+        if not (self._preempts and (group is not None or not self._fairshare)):
+            return (bound, bound, -1.0)
+        pb = self.preempt_bound
+        if not self._fairshare:
+            bound = max(bound, pb.get(None, math.inf))
+            return (bound, bound, -1.0)
+        assert group is not None
+        if self._tier(group) == 1:
+            bound = max(bound, pb.get(_TIER1_RANKED, math.inf))
+            return (bound, bound, -1.0)
+        limit = -1.0
+        if self._tiered:
+            held = self.held.get(group, 0)
+            entitlement = self.entitlement.get(group, 0.0)
+            if held < entitlement:
+                limit = float(math.floor(2 * (entitlement - held)))
+        return (
+            max(bound, pb.get(_TIER0_RECLAIM, math.inf)),
+            max(bound, pb.get(_TIER0_RANKED, math.inf)),
+            limit,
+        )
 
     def _reclaims(self, w: Workload) -> bool:
         """Reclaim-for-entitlement applies to a request of an allocation below its

@@ -258,6 +258,7 @@ class PendingQueue:
         self._group_of: dict[str, str | None] = {}
         self._key_of: dict[str, tuple[int, float, str]] = {}
         self._suffix_min: dict[str | None, list[int]] = {}
+        self._suffix_max: dict[str | None, list[int]] = {}
         self.fifo: list[tuple[tuple[float, str], Workload]] = []
         self._fifo_suffix_min: list[int] | None = None
         for w in workloads:
@@ -287,6 +288,7 @@ class PendingQueue:
         self._key_of[w.id] = key
         insort(self.groups.setdefault(group, []), (key, w))
         self._suffix_min.pop(group, None)
+        self._suffix_max.pop(group, None)
         insort(self.fifo, ((w.submit_time, w.id), w))
         self._fifo_suffix_min = None
 
@@ -299,6 +301,16 @@ class PendingQueue:
             cached = list(accumulate(gpus, min))
             cached.reverse()
             self._suffix_min[group] = cached
+        return cached
+
+    def suffix_max_gpus(self, group: str | None) -> list[int]:
+        """``[i]`` = the most GPUs any workload at position >= i of the group asks for."""
+        cached = self._suffix_max.get(group)
+        if cached is None:
+            gpus = [w.gpus for _, w in reversed(self.groups[group])]
+            cached = list(accumulate(gpus, max))
+            cached.reverse()
+            self._suffix_max[group] = cached
         return cached
 
     def fifo_suffix_min_gpus(self) -> list[int]:
@@ -320,6 +332,7 @@ class PendingQueue:
         i = bisect_left(items, key, key=lambda item: item[0])
         w = items.pop(i)[1]
         self._suffix_min.pop(group, None)
+        self._suffix_max.pop(group, None)
         if not items:
             del self.groups[group]
         j = bisect_left(self.fifo, (w.submit_time, w.id), key=lambda item: item[0])
