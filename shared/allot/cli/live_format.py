@@ -132,7 +132,9 @@ def queue_table(snapshot: m.QueueSnapshot) -> str:
         for r in snapshot.rows
     ]
     footer = (
-        f"{len(snapshot.rows)} pending, {snapshot.free_gpus} GPUs free "
+        f"{max(snapshot.total, len(snapshot.rows))} pending"
+        + (f" (first {len(snapshot.rows)} shown)" if snapshot.total > len(snapshot.rows) else "")
+        + f", {snapshot.free_gpus} GPUs free "
         f"(epoch {snapshot.epoch}, at {timestamp(snapshot.at)})"
     )
     return f"{render_table(QUEUE_COLUMNS, rows)}\n{footer}"

@@ -117,6 +117,7 @@ class _Cycle:
         self._rules: dict[tuple[str, bool, bool], _FairShareRule] = {}  # immutable per cycle
         self.preempt_bound: dict[object, float] = {}
         self.earmarked_for: set[str] = set()  # allocations that earmarked GPUs this cycle
+        self._room_base: tuple[float, dict[str, int], dict[str | None, int]] | None = None
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CycleResult:
@@ -199,11 +200,11 @@ class _Cycle:
                 # An item of g GPUs can neither fit nor preempt any more when
                 # g >= (a if g <= limit else b) (see ``_dead_bounds``).
                 a, b, limit = dead
-                low = self.queue.suffix_min_gpus(group)[pos]
+                low = self.queue.min_gpus_from(group, pos)
                 if (
                     low >= max(a, b)
                     or (low > limit and low >= b)
-                    or (low >= a and self.queue.suffix_max_gpus(group)[pos] <= limit)
+                    or (low >= a and self.queue.max_gpus_from(group, pos) <= limit)
                 ):
                     self.blocked_allocated |= group is not None
                     continue  # nothing left in this group can happen this cycle
@@ -331,11 +332,13 @@ class _Cycle:
         if gpus >= self.preempt_bound.get(bound_key, math.inf):
             self.blocked_allocated |= w.allocated
             return
-        plan = plan_preemption(self.view, pool, gpus, self._victim_rule(w))
+        room = self._room_upper_bound(w)
+        plan = None if room < gpus else plan_preemption(self.view, pool, gpus, self._victim_rule(w))
         if plan is None:
             self.preempt_bound[bound_key] = gpus
             self.blocked_allocated |= w.allocated
-            self._earmark(w, pool)
+            if room >= gpus:  # an earmark plan could not find more room than this either
+                self._earmark(w, pool)
             return
         reason_for = self._reason_for(w)
         for victim in plan.new_victims:
@@ -346,6 +349,37 @@ class _Cycle:
             self.waiting_on.append((w.id, waited))
 
     # ------------------------------------------------------------- preemption
+    def _room_upper_bound(self, w: Workload) -> float:
+        """More GPUs than any preemption plan for ``w`` can find (a cheap test that skips
+        hopeless plans; it changes no decision): free GPUs on schedulable hosts, plus all
+        unallocated work, plus everything held by other allocations above their
+        entitlement, plus work already under notice, all as of the cycle's start (room
+        only shrinks during a cycle). FAIRSHARE only; the baselines get infinity."""
+        if not self._fairshare or w.allocation is None:
+            return math.inf
+        if self._room_base is None:
+            st = self.st
+            free = sum(
+                size * len(hosts)
+                for buckets in st.by_free.values()
+                for size, hosts in enumerate(buckets)
+            )
+            running = sum(r.workload.gpus for r in st.running.values())
+            unallocated = running - sum(st.held.values())
+            over = {a: h for a, h in st.held.items() if h > self.entitlement.get(a, 0.0) and h > 0}
+            noticed: dict[str | None, int] = {}
+            for wid in st.noticed:
+                run = st.running[wid].workload
+                key = run.allocation if run.allocated else None
+                noticed[key] = noticed.get(key, 0) + run.gpus
+            self._room_base = (free + unallocated + sum(over.values()), over, noticed)
+        base, over, noticed = self._room_base
+        own = w.allocation
+        room = base - over.get(own, 0)
+        # Noticed work of allocations not counted above (unallocated is counted already).
+        room += sum(g for a, g in noticed.items() if a is not None and a not in over)
+        return room
+
     def _earmark(self, w: Workload, pool: str) -> None:
         """A reclaiming request blocked only by protected work holds the room it will get
         when that protection ends: the free GPUs on those hosts go to no other allocated

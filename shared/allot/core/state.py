@@ -26,6 +26,8 @@ from allot.core.errors import ValidationError
 from allot.core.model import Assignment, Host, HostState, Running, Workload
 
 DEFAULT_POOL = ""
+_NEAR_HEAD = 64
+"""Up to this position, suffix min/max come from the size counts, not a suffix array."""
 
 
 class ClusterState:
@@ -259,6 +261,9 @@ class PendingQueue:
         self._key_of: dict[str, tuple[int, float, str]] = {}
         self._suffix_min: dict[str | None, list[int]] = {}
         self._suffix_max: dict[str | None, list[int]] = {}
+        # GPU sizes per group (size -> count): the whole-group min and max in
+        # O(distinct sizes), without rebuilding a suffix array after every arrival.
+        self._sizes: dict[str | None, dict[int, int]] = {}
         self.fifo: list[tuple[tuple[float, str], Workload]] = []
         self._fifo_suffix_min: list[int] | None = None
         for w in workloads:
@@ -287,6 +292,8 @@ class PendingQueue:
         key = _within_key(w)
         self._key_of[w.id] = key
         insort(self.groups.setdefault(group, []), (key, w))
+        sizes = self._sizes.setdefault(group, {})
+        sizes[w.gpus] = sizes.get(w.gpus, 0) + 1
         self._suffix_min.pop(group, None)
         self._suffix_max.pop(group, None)
         insort(self.fifo, ((w.submit_time, w.id), w))
@@ -302,6 +309,31 @@ class PendingQueue:
             cached.reverse()
             self._suffix_min[group] = cached
         return cached
+
+    def min_gpus_from(self, group: str | None, pos: int) -> int:
+        """The fewest GPUs any workload at position >= ``pos`` of the group asks for."""
+        if pos <= _NEAR_HEAD and group not in self._suffix_min:
+            return min(self._sizes_from(group, pos))
+        return self.suffix_min_gpus(group)[pos]
+
+    def max_gpus_from(self, group: str | None, pos: int) -> int:
+        """The most GPUs any workload at position >= ``pos`` of the group asks for."""
+        if pos <= _NEAR_HEAD and group not in self._suffix_max:
+            return max(self._sizes_from(group, pos))
+        return self.suffix_max_gpus(group)[pos]
+
+    def _sizes_from(self, group: str | None, pos: int) -> dict[int, int] | set[int]:
+        """GPU sizes at positions >= ``pos``, near the head: the group's size counts minus
+        the first ``pos`` items (no O(group) suffix array after every arrival)."""
+        sizes = self._sizes[group]
+        if pos == 0:
+            return sizes
+        left = dict(sizes)
+        for _, w in self.groups[group][:pos]:
+            left[w.gpus] -= 1
+            if not left[w.gpus]:
+                del left[w.gpus]
+        return left
 
     def suffix_max_gpus(self, group: str | None) -> list[int]:
         """``[i]`` = the most GPUs any workload at position >= i of the group asks for."""
@@ -328,13 +360,18 @@ class PendingQueue:
             raise ValidationError("workload", f"{workload_id!r} is not pending") from None
         key = self._key_of.pop(workload_id)
         items = self.groups[group]
+        sizes = self._sizes[group]
         # Keys are unique (they end with the id), so the first key >= ours is ours.
         i = bisect_left(items, key, key=lambda item: item[0])
         w = items.pop(i)[1]
+        sizes[w.gpus] -= 1
+        if not sizes[w.gpus]:
+            del sizes[w.gpus]
         self._suffix_min.pop(group, None)
         self._suffix_max.pop(group, None)
         if not items:
             del self.groups[group]
+            del self._sizes[group]
         j = bisect_left(self.fifo, (w.submit_time, w.id), key=lambda item: item[0])
         del self.fifo[j]
         self._fifo_suffix_min = None

@@ -90,6 +90,7 @@ class StackConfig:
     accrue_s: float = 30.0
     slot_s: float = 60.0
     heartbeat_timeout_s: float = 10.0
+    heartbeat_s: float = 1.0
     fake_duration_s: float = 60.0
     redis_prefix: str = "allot"
     otel_exporter: str = "none"
@@ -152,6 +153,7 @@ class Stack:
             ]
         for agent in c.agents:
             argv = [*py, "allot.services.agent", *agent.argv()]
+            argv += ["--heartbeat-s", str(c.heartbeat_s)]
             if agent.fake:
                 argv += ["--fake-duration-s", str(c.fake_duration_s)]
             out[f"agent-{agent.prefix}"] = argv

@@ -37,6 +37,8 @@ MAX_TEXT_LEN = 1024
 MAX_BUDGET_DEPTH = 100
 MAX_SHARES = 1_000_000
 MAX_TIME = 1e11
+MAX_QUEUE_ROWS = 2000
+"""Rows in one ``QueueSnapshot`` reply (about 300 bytes each, under NATS's 1 MiB)."""
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]+(?!\n)$"
 """Anchored at both ends; the lookahead stops Python's ``$`` from accepting a final newline."""
@@ -486,10 +488,14 @@ class QueueRow(_Wire, frozen=True, kw_only=True):
 
 
 class QueueSnapshot(_Message, frozen=True, kw_only=True):
+    """The first ``len(rows)`` pending workloads in service order (at most
+    ``MAX_QUEUE_ROWS``: a NATS message holds 1 MiB); ``total`` counts all of them."""
+
     at: Timestamp
     epoch: Epoch = 0
     free_gpus: GpuCount = 0
     rows: Annotated[tuple[QueueRow, ...], msgspec.Meta(max_length=1_000_000)] = ()
+    total: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class HostRow(_Wire, frozen=True, kw_only=True):

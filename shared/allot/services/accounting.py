@@ -367,6 +367,9 @@ class Accounting:
 
     async def _handle(self, msg: NatsMessage) -> None:
         raw = msg.raw_message
+        if not _may_charge(raw.data):
+            self.handled += 1
+            return  # submissions, placements, queue positions...: nothing to charge
         try:
             record = bus.decode_record(raw.subject, raw.data)
         except ValidationError as e:
@@ -565,3 +568,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+_CHARGEABLE = (
+    b'"WorkloadStarted"',
+    b'"WorkloadCompleted"',
+    b'"WorkloadFailed"',
+    b'"WorkloadCancelled"',
+    b'"WorkloadPreempted"',
+)
+
+
+def _may_charge(data: bytes) -> bool:
+    """A cheap pre-filter before decoding: only these records can start or end a charged
+    run (anything else that merely mentions one of these strings is decoded and ignored)."""
+    return any(tag in data for tag in _CHARGEABLE)

@@ -418,15 +418,15 @@ class PlacementService:
             return
         entries = self._queue_entries()
         free, shares = self._free_gpus(), self.fold.shares()
-        publishes = []
+        assert self.nc is not None
         for entry in entries:
             w = entry.workload
             if w.id not in fresh:
                 continue
-            publishes.append(
-                bus.publish(
-                    self.js,
-                    s.events(w.allocation, w.id),
+            # Informational: a core publish (the stream still captures it), no ack awaited.
+            await self.nc.publish(
+                s.events(w.allocation, w.id),
+                bus.encode(
                     m.WorkloadQueued(
                         workload_id=w.id,
                         allocation=w.allocation,
@@ -435,10 +435,9 @@ class PlacementService:
                         sort_metric=self._sort_metric(entry),
                         rank=self.rank_of.get(w.allocation or ""),
                         why=self._why(entry, free, shares),
-                    ),
-                )
+                    )
+                ),
             )
-        await asyncio.gather(*publishes)
 
     # ------------------------------------------------------------------ views
     def _queue_entries(self) -> list[QueueEntry]:
@@ -495,9 +494,11 @@ class PlacementService:
                 submitted_at=e.workload.submit_time,
                 why=self._why(e, free, shares),
             )
-            for e in entries
+            for e in entries[: m.MAX_QUEUE_ROWS]
         )
-        snap = m.QueueSnapshot(at=now, epoch=self.epoch, free_gpus=free, rows=rows)
+        snap = m.QueueSnapshot(
+            at=now, epoch=self.epoch, free_gpus=free, rows=rows, total=len(entries)
+        )
         await msg.respond(_ENC.encode(snap))
 
     async def _on_query_hosts(self, msg: Msg) -> None:
