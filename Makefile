@@ -8,7 +8,7 @@ SHARED ?= ../shared
 OUT ?= out
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo test lint type fmt bench golden schema philly clean
+.PHONY: help install run demo up compare test lint type fmt bench bench-live golden schema philly clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,14 +21,20 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install allot with its dev tools
 
-run: $(STAMP) ## the main job: Ai2-like month, legacy priority vs Allot fair share, side by side
+run: $(STAMP) ## the main job: the live stack with no Docker, several teams, a preemption, a requeue (~30 s)
+	$(BIN)/allot demo --run-dir $(OUT)/demo
+
+demo: run ## alias of run
+
+up: $(STAMP) ## the whole live stack (embedded NATS + Redis, services, 2 fake agents) until Ctrl-C
+	$(BIN)/allot up --run-dir $(OUT)/up
+
+compare: $(STAMP) ## simulator: Ai2-like month, legacy priority vs Allot fair share, side by side (~9 min)
 	$(BIN)/allot scenario ai2 --seed 1 --out $(OUT)/ai2
 	$(BIN)/allot simulate --cluster $(OUT)/ai2/cluster.yaml --budgets $(OUT)/ai2/budgets.yaml \
 		--trace $(OUT)/ai2/trace.csv --compare priority,fairshare --out $(OUT)/ai2/sim
 
-demo: run ## alias of run
-
-test: $(STAMP) ## run the test suite (unit, property, golden)
+test: $(STAMP) ## run the test suite (unit, property, golden, integration on real NATS/Redis, Node.js client)
 	$(BIN)/pytest
 
 lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (the core stays pure)
@@ -46,6 +52,9 @@ fmt: $(STAMP) ## format and auto-fix
 
 bench: $(STAMP) ## benchmarks; prints figures and writes bench/results/
 	$(BIN)/python bench/run_all.py --shared $(SHARED)
+
+bench-live: $(STAMP) ## live stack benchmark (1,000 fake hosts): submissions/s and submit->placement latency
+	$(BIN)/python bench/bench_live.py
 
 golden: $(STAMP) ## regenerate the simulator's golden reports (review the diff!)
 	$(BIN)/python tests/golden/regenerate.py
