@@ -32,7 +32,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from allot.core.errors import ValidationError
@@ -372,26 +372,32 @@ class Client:
         events = subjects.events(allocation, workload_id)
         notices = subjects.preempt(allocation, workload_id)
         js = self.nc.jetstream()
+        subs = []
         try:
-            sub = await js.subscribe(
-                events,
-                stream=WORKLOADS_STREAM,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-                # One consumer over both subjects keeps notices in log order with events.
-                config=ConsumerConfig(filter_subjects=[events, notices]),
-            )
+            # Two ordered consumers (nats-server 2.9 has no multi-subject filter), merged by
+            # stream sequence so notices come in log order with the events.
+            for subject in (events, notices):
+                subs.append(
+                    await js.subscribe(
+                        subject,
+                        stream=WORKLOADS_STREAM,
+                        ordered_consumer=True,
+                        deliver_policy=DeliverPolicy.ALL,
+                    )
+                )
         except NotFoundError:
+            for sub in subs:
+                await sub.unsubscribe()
             raise SdkError(
                 f"stream {WORKLOADS_STREAM} not found: is the stack running? (allot up)"
             ) from None
         ending = Ending()
+        merged = _Merged(subs[0], subs[1])
         try:
             while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle_timeout)
-                except nats.errors.TimeoutError:
-                    raise RequestTimeoutError(events, "the log", idle_timeout or 0.0, 1) from None
+                msg = await merged.next(idle_timeout)
+                if msg is None:
+                    raise RequestTimeoutError(events, "the log", idle_timeout or 0.0, 1)
                 try:
                     record = decode_record(msg.subject, msg.data)
                 except ValidationError as exc:
@@ -402,7 +408,8 @@ class Client:
                     return
         finally:
             if not self.nc.is_closed:
-                await sub.unsubscribe()
+                for sub in subs:
+                    await sub.unsubscribe()
 
     async def on_preemption(
         self,
@@ -444,3 +451,36 @@ class Client:
         sub = await self.nc.subscribe(subject, cb=handle)
         await confirm_subscriptions(self.nc)  # a notice right after we return is not lost
         return PreemptionSubscription(sub, subject)
+
+
+class _Merged:
+    """Two ordered JetStream subscriptions of one stream read as one, by stream sequence.
+    A record is handed out once the other side has had ``settle_s`` to show an earlier
+    one (records of one workload are milliseconds apart at most when both exist)."""
+
+    def __init__(self, a: Any, b: Any, settle_s: float = 0.05) -> None:
+        self.subs = (a, b)
+        self.heads: list[Msg | None] = [None, None]
+        self.settle_s = settle_s
+
+    async def _fill(self, i: int, timeout: float) -> None:
+        if self.heads[i] is None:
+            with contextlib.suppress(nats.errors.TimeoutError):
+                self.heads[i] = await self.subs[i].next_msg(timeout=timeout)
+
+    async def next(self, idle_timeout: float | None) -> Msg | None:
+        loop = asyncio.get_running_loop()
+        deadline = None if idle_timeout is None else loop.time() + idle_timeout
+        while self.heads == [None, None]:
+            step = 0.25 if deadline is None else min(0.25, max(0.0, deadline - loop.time()))
+            await self._fill(0, max(step / 2, 0.001))
+            await self._fill(1, 0.001 if self.heads[0] is not None else max(step / 2, 0.001))
+            if deadline is not None and loop.time() >= deadline and self.heads == [None, None]:
+                return None
+        for i in (0, 1):  # give the empty side a moment to show an earlier record
+            await self._fill(i, self.settle_s)
+        seqs = [h.metadata.sequence.stream if h is not None else None for h in self.heads]
+        later_first = seqs[1] is not None and (seqs[0] is None or seqs[1] < seqs[0])
+        i = 1 if later_first else 0
+        msg, self.heads[i] = self.heads[i], None
+        return msg

@@ -301,6 +301,21 @@ def _text(value: bytes | str) -> str:
 # -- the service -------------------------------------------------------------------------------
 
 
+_CHARGEABLE = (
+    b'"WorkloadStarted"',
+    b'"WorkloadCompleted"',
+    b'"WorkloadFailed"',
+    b'"WorkloadCancelled"',
+    b'"WorkloadPreempted"',
+)
+
+
+def _may_charge(data: bytes) -> bool:
+    """A cheap pre-filter before decoding: only these records can start or end a charged
+    run (anything else that merely mentions one of these strings is decoded and ignored)."""
+    return any(tag in data for tag in _CHARGEABLE)
+
+
 class Accounting:
     """The live service (``allot.live.service_main.Service``): a durable pull consumer on the
     WORKLOADS stream's workload events, plus the accrual loop."""
@@ -568,18 +583,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-_CHARGEABLE = (
-    b'"WorkloadStarted"',
-    b'"WorkloadCompleted"',
-    b'"WorkloadFailed"',
-    b'"WorkloadCancelled"',
-    b'"WorkloadPreempted"',
-)
-
-
-def _may_charge(data: bytes) -> bool:
-    """A cheap pre-filter before decoding: only these records can start or end a charged
-    run (anything else that merely mentions one of these strings is decoded and ignored)."""
-    return any(tag in data for tag in _CHARGEABLE)
