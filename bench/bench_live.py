@@ -124,45 +124,8 @@ async def run_bench(nats_url: str, args: argparse.Namespace) -> dict[str, Any]:
         reply = await nc.request(s.QUERY_QUEUE, b"{}", timeout=60)
         queued = json.loads(reply.data)["total"]
 
-        # 2. latency at a paced rate with that queue pending
-        hist = HdrHistogram(1, 60_000_000, 3)  # microseconds, 1 us .. 60 s
-        sent: dict[str, float] = {}
-        wid_of: dict[str, str] = {}
-        placed_at: dict[str, float] = {}
-
-        async def on_event(msg: Any) -> None:
-            if b'"WorkloadPlaced"' in msg.data:
-                wid = msg.subject.rsplit(".", 1)[1]
-                placed_at.setdefault(wid, time.perf_counter())
-
-        sub = await nc.subscribe("allot.v1.events.nlp.*", cb=on_event)
-        total = int(args.rate * args.probe_s)
-        interval = 1.0 / args.rate
-        tasks = []
-
-        async def probe(i: int) -> None:
-            cid = f"probe-{i}"
-            t0 = time.perf_counter()
-            sent[cid] = t0
-            r = await nc.request(s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), timeout=30)
-            data = json.loads(r.data)
-            if data.get("type") == "WorkloadAccepted":
-                wid_of[cid] = data["workload_id"]
-
-        start = time.perf_counter()
-        for i in range(total):
-            target = start + i * interval
-            delay = target - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(probe(i)))
-        await asyncio.gather(*tasks)
-        achieved = total / (time.perf_counter() - start)
-        await _wait(lambda: len(placed_at) >= len(wid_of), 60, "probes placed")
-        await sub.unsubscribe()
-        for cid, wid in wid_of.items():
-            hist.record_value(max(1, int((placed_at[wid] - sent[cid]) * 1e6)))
-        pct = {p: hist.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)}
+        # 2. latency at paced rates with that queue pending (the first rate is the goal's)
+        phases = [await _latency_phase(nc, rate, args.probe_s, queued) for rate in args.rates]
         return {
             "hosts": args.hosts,
             "gpus_per_host": 8,
@@ -177,54 +140,108 @@ async def run_bench(nats_url: str, args: argparse.Namespace) -> dict[str, Any]:
                 "goal_per_s": GOAL_RATE,
                 "pass": rate >= GOAL_RATE,
             },
-            "latency": {
-                "pending_at_start": queued,
-                "target_rate_per_s": args.rate,
-                "achieved_rate_per_s": round(achieved, 1),
-                "probes": len(wid_of),
-                "p50_ms": round(pct[50], 3),
-                "p90_ms": round(pct[90], 3),
-                "p99_ms": round(pct[99], 3),
-                "p999_ms": round(pct[99.9], 3),
-                "max_ms": round(hist.get_max_value() / 1000, 3),
-                "goal_p50_ms": GOAL_P50_MS,
-                "goal_p99_ms": GOAL_P99_MS,
-                "pass": pct[50] <= GOAL_P50_MS and pct[99] <= GOAL_P99_MS,
-            },
+            "latency": phases,
         }
     finally:
         await nc.close()
 
 
+async def _latency_phase(nc: nats.NATS, rate: float, probe_s: float, queued: int) -> dict[str, Any]:
+    """Submit 1-GPU ``nlp`` probes paced at ``rate``/s; time each from sending the request
+    to receiving its ``WorkloadPlaced`` record."""
+    hist = HdrHistogram(1, 60_000_000, 3)  # microseconds, 1 us .. 60 s
+    sent: dict[str, float] = {}
+    wid_of: dict[str, str] = {}
+    placed_at: dict[str, float] = {}
+
+    async def on_event(msg: Any) -> None:
+        if b'"WorkloadPlaced"' in msg.data:
+            wid = msg.subject.rsplit(".", 1)[1]
+            placed_at.setdefault(wid, time.perf_counter())
+
+    sub = await nc.subscribe("allot.v1.events.nlp.*", cb=on_event)
+    total = int(rate * probe_s)
+    interval = 1.0 / rate
+    tasks = []
+
+    async def probe(i: int) -> None:
+        cid = f"probe-{int(rate)}-{i}"
+        sent[cid] = time.perf_counter()
+        r = await nc.request(s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), timeout=30)
+        data = json.loads(r.data)
+        if data.get("type") == "WorkloadAccepted":
+            wid_of[cid] = data["workload_id"]
+
+    start = time.perf_counter()
+    for i in range(total):
+        delay = start + i * interval - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(probe(i)))
+    await asyncio.gather(*tasks)
+    achieved = total / (time.perf_counter() - start)
+    await _wait(lambda: len(placed_at) >= len(wid_of), 120, "probes placed")
+    await sub.unsubscribe()
+    for cid, wid in wid_of.items():
+        hist.record_value(max(1, int((placed_at[wid] - sent[cid]) * 1e6)))
+    pct = {p: hist.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)}
+    await asyncio.sleep(2.0)  # let the 1 s probe runs end before the next phase
+    return {
+        "pending_at_start": queued,
+        "target_rate_per_s": rate,
+        "achieved_rate_per_s": round(achieved, 1),
+        "probes": len(wid_of),
+        "p50_ms": round(pct[50], 3),
+        "p90_ms": round(pct[90], 3),
+        "p99_ms": round(pct[99], 3),
+        "p999_ms": round(pct[99.9], 3),
+        "max_ms": round(hist.get_max_value() / 1000, 3),
+        "goal_p50_ms": GOAL_P50_MS,
+        "goal_p99_ms": GOAL_P99_MS,
+        "pass": pct[50] <= GOAL_P50_MS and pct[99] <= GOAL_P99_MS,
+    }
+
+
 def render(result: dict[str, Any]) -> str:
-    t, lat = result["throughput"], result["latency"]
+    t = result["throughput"]
     ok = {True: "PASS", False: "FAIL"}
-    return "\n".join(
-        [
-            "# Live benchmark (`make bench-live`)",
-            "",
-            f"Machine: {result['machine']}. Stack: one fake agent process with "
-            f"{result['hosts']} hosts x {result['gpus_per_host']} GPUs, one intake, one "
-            "placement, health, ranking, accounting; embedded NATS and Redis; the load "
-            "generator in the same machine.",
-            "",
-            "| figure | value | goal | result |",
-            "|---|---|---|---|",
-            f"| accepted submissions/s ({t['submissions']} requests, {t['in_flight']} in "
-            f"flight) | {t['accepted_per_s']} | >= {t['goal_per_s']:.0f} | {ok[t['pass']]} |",
-            f"| submit -> placement decision p50 ({lat['probes']} probes at "
-            f"{lat['achieved_rate_per_s']}/s, {lat['pending_at_start']} pending) | "
-            f"{lat['p50_ms']} ms | <= {lat['goal_p50_ms']} ms | "
-            f"{ok[lat['p50_ms'] <= lat['goal_p50_ms']]} |",
+    lines = [
+        "# Live benchmark (`make bench-live`)",
+        "",
+        f"Machine: {result['machine']}. Stack: one fake agent process with "
+        f"{result['hosts']} hosts x {result['gpus_per_host']} GPUs ({result['fill_hosts']} "
+        "of them full of protected work), one intake, one placement, health, ranking, "
+        "accounting; embedded NATS and Redis; the load generator on the same machine.",
+        "",
+        "| figure | value | goal | result |",
+        "|---|---|---|---|",
+        f"| accepted submissions/s ({t['submissions']} requests, {t['in_flight']} in "
+        f"flight) | {t['accepted_per_s']} | >= {t['goal_per_s']:.0f} | {ok[t['pass']]} |",
+    ]
+    for i, lat in enumerate(result["latency"]):
+        goal = i == 0
+        where = (
+            f"{lat['probes']} probes offered at {lat['target_rate_per_s']:.0f}/s "
+            f"(achieved {lat['achieved_rate_per_s']}/s), {lat['pending_at_start']} pending"
+        )
+        lines += [
+            f"| submit -> placement decision p50 ({where}) | {lat['p50_ms']} ms | "
+            + (
+                f"<= {lat['goal_p50_ms']} ms | {ok[lat['p50_ms'] <= lat['goal_p50_ms']]} |"
+                if goal
+                else "(not a goal rate) | |"
+            ),
             f"| same, p90 | {lat['p90_ms']} ms | | |",
-            f"| same, p99 | {lat['p99_ms']} ms | <= {lat['goal_p99_ms']} ms | "
-            f"{ok[lat['p99_ms'] <= lat['goal_p99_ms']]} |",
+            f"| same, p99 | {lat['p99_ms']} ms | "
+            + (
+                f"<= {lat['goal_p99_ms']} ms | {ok[lat['p99_ms'] <= lat['goal_p99_ms']]} |"
+                if goal
+                else "| |"
+            ),
             f"| same, p99.9 / max | {lat['p999_ms']} / {lat['max_ms']} ms | | |",
-            "",
-            f"Command: `{result['command']}`; run at {result['when']}.",
-            "",
         ]
-    )
+    lines += ["", f"Command: `{result['command']}`; run at {result['when']}.", ""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,7 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill-hosts", type=int, default=900)
     ap.add_argument("--pending", type=int, default=10_000)
     ap.add_argument("--in-flight", type=int, default=64)
-    ap.add_argument("--rate", type=float, default=500.0)
+    ap.add_argument(
+        "--rates",
+        type=lambda t: [float(x) for x in t.split(",")],
+        default=[500.0, 150.0],
+        help="probe rates per second; the first is the goal's (default 500,150)",
+    )
     ap.add_argument("--probe-s", type=float, default=20.0)
     ap.add_argument("--nats-url")
     ap.add_argument("--redis-url")
