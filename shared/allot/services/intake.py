@@ -36,6 +36,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
+from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
 from allot.live import bus
@@ -66,9 +67,13 @@ def _client_key(allocation: str | None, client_id: str) -> str:
 
 
 class Intake:
-    def __init__(self, nats_url: str, *, tracing: bool = True) -> None:
+    def __init__(
+        self, nats_url: str, *, tracing: bool = True, provider: TracerProvider | None = None
+    ) -> None:
+        """``provider``: the tracer provider (default: from ``ALLOT_OTEL_EXPORTER``)."""
         self.nats_url = nats_url
-        provider = tracer_provider("intake") if tracing else None
+        if provider is None and tracing:
+            provider = tracer_provider("intake")
         self.broker = make_broker(nats_url, "intake", provider)
         self.broker.subscriber(s.ALL_SUBMIT, queue="intake", max_workers=8)(self.on_submit)
         self.broker.subscriber(s.ALL_CANCEL, queue="intake")(self.on_cancel)
