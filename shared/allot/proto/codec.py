@@ -52,6 +52,7 @@ TYPES: Final[dict[Kind, Any]] = {
     Kind.HOST_STATE: m.HostEvent,
     Kind.EVENTS: m.WorkloadEvent,
     Kind.PREEMPT: m.PreemptionNotice,
+    Kind.QUEUED: m.WorkloadQueued,
     Kind.RANKING: m.RankingUpdated,
     Kind.LEADER: m.LeaderElected,
     Kind.BUDGET_TREE: m.BudgetTreeSet,

@@ -48,6 +48,7 @@ _ACTION: dict[Kind, str] = {
     Kind.HOST_STATE: "receive",
     Kind.EVENTS: "receive",
     Kind.PREEMPT: "receive",
+    Kind.QUEUED: "receive",
     Kind.RANKING: "receive",
     Kind.LEADER: "receive",
     Kind.BUDGET_TREE: "receive",

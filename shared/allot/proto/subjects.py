@@ -21,6 +21,7 @@ allot.v1.host.<host>.undrain               UndrainHost (operator)        ...host
 allot.v1.host.<host>.state                 HostDraining/Drained/Healthy  ...host.*.state
 allot.v1.events.<allocation>.<workload>    Workload* lifecycle events    ...events.nlp.*
 allot.v1.preempt.<allocation>.<workload>   PreemptionNotice              ...preempt.nlp.*
+allot.v1.queued.<allocation>.<workload>    WorkloadQueued (not logged)   ...queued.nlp.*
 allot.v1.ranking                           RankingUpdated                allot.v1.ranking
 allot.v1.leader                            LeaderElected                 (services only)
 allot.v1.budget.tree                       BudgetTreeSet (current tree)  allot.v1.budget.tree
@@ -83,6 +84,7 @@ class Kind(StrEnum):
     UNDRAIN = "host.undrain"
     HOST_STATE = "host.state"
     EVENTS = "events"
+    QUEUED = "queued"
     PREEMPT = "preempt"
     RANKING = "ranking"
     LEADER = "leader"
@@ -177,6 +179,12 @@ def events(allocation: str | None, workload: str) -> str:
     return f"{PREFIX}.events.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
 
 
+def queued(allocation: str | None, workload: str) -> str:
+    """Queue positions: derived, re-published as the queue moves, so core NATS only (not in
+    the log: a lost one is just stale, and the log stays the record of what happened)."""
+    return f"{PREFIX}.queued.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
+
+
 def preempt(allocation: str | None, workload: str) -> str:
     return f"{PREFIX}.preempt.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
 
@@ -208,6 +216,7 @@ ALL_UNDRAIN = f"{PREFIX}.host.*.undrain"
 ALL_HOST_STATE = f"{PREFIX}.host.*.state"
 ALL_EVENTS = f"{PREFIX}.events.*.*"
 ALL_PREEMPT = f"{PREFIX}.preempt.*.*"
+ALL_QUEUED = f"{PREFIX}.queued.*.*"
 
 
 def allocation_events(allocation: str | None) -> str:
@@ -236,6 +245,7 @@ CHANNELS: dict[Kind, str] = {
     Kind.HOST_STATE: f"{PREFIX}.host.{{host}}.state",
     Kind.EVENTS: f"{PREFIX}.events.{{allocation}}.{{workload}}",
     Kind.PREEMPT: f"{PREFIX}.preempt.{{allocation}}.{{workload}}",
+    Kind.QUEUED: f"{PREFIX}.queued.{{allocation}}.{{workload}}",
     Kind.RANKING: RANKING,
     Kind.LEADER: LEADER,
     Kind.BUDGET_TREE: BUDGET_TREE,
@@ -273,6 +283,8 @@ def kind_of(subject: str) -> Kind:
         return Kind.EVENTS
     if head == "preempt" and n == 3:
         return Kind.PREEMPT
+    if head == "queued" and n == 3:
+        return Kind.QUEUED
     if head == "ranking" and n == 1:
         return Kind.RANKING
     if head == "leader" and n == 1:

@@ -15,8 +15,9 @@ decisions have not come back through the log: the state a cycle sees is always t
 the log, the same state a standby or a restarted instance rebuilds. Decisions go out as
 ``WorkloadPlaced`` (agents start the work), ``PreemptionNotice`` (owners and agents; the
 agent sends SIGTERM and SIGKILL at the grace deadline) and ``HostDrained``. Informational
-records (``WorkloadQueued``, ``WorkloadRequeued``, ``WorkloadCancelled`` of pending work)
-are published by the leader as it sees the records that cause them.
+records (``WorkloadRequeued``, ``WorkloadCancelled`` of pending work) are published by the
+leader as it sees the records that cause them; queue positions (``WorkloadQueued``) go to
+``allot.v1.queued.<alloc>.<workload>`` on core NATS, at most once a second, not to the log.
 
 Queries (core-NATS request/reply, answered by the leader only): ``allot.v1.query.queue``
 (``QueueSnapshot``), ``allot.v1.query.hosts`` (``HostsSnapshot``), ``allot.v1.query.status``
@@ -423,9 +424,9 @@ class PlacementService:
             w = entry.workload
             if w.id not in fresh:
                 continue
-            # Informational: a core publish (the stream still captures it), no ack awaited.
+            # Derived and re-published as the queue moves: core NATS, not the log.
             await self.nc.publish(
-                s.events(w.allocation, w.id),
+                s.queued(w.allocation, w.id),
                 bus.encode(
                     m.WorkloadQueued(
                         workload_id=w.id,
