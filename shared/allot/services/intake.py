@@ -82,6 +82,7 @@ class Intake:
         self.js: JetStreamContext | None = None
         self.kv: KeyValue | None = None
         self.follower: bus.LogFollower | None = None
+        self._total_gpus: int | None = None
         self.accepted = 0
         self.rejected = 0
         self.duplicates = 0
@@ -100,7 +101,15 @@ class Intake:
         log.info("intake ready", hosts=len(self.fold.state.host_ids))
 
     def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
-        self.fold.apply(record)
+        if self.fold.apply(record).changed and isinstance(record, m.HostRegistered):
+            self._total_gpus = None
+
+    def _cluster_gpus(self) -> int:
+        """GPUs of every registered host (hosts only join), summed once per change."""
+        if self._total_gpus is None:
+            st = self.fold.state
+            self._total_gpus = sum(st.host(h).gpus for h in st.host_ids)
+        return self._total_gpus
 
     async def on_stopping(self) -> None:
         if self.follower is not None:
@@ -139,7 +148,7 @@ class Intake:
                 raise ValidationError(
                     "allocation", f"unknown allocation {cmd.allocation!r} (allocations: {known})"
                 )
-        total = sum(self.fold.state.host(h).gpus for h in self.fold.state.host_ids)
+        total = self._cluster_gpus()
         if cmd.gpus > total:
             raise ValidationError(
                 "gpus", f"asks for {cmd.gpus} GPUs; the cluster has {total} registered"
