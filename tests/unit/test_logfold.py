@@ -1,0 +1,145 @@
+"""The log fold ignores what must not change state: duplicates, stale epochs, old attempts,
+placements on busy GPUs, reports for work that is not running."""
+
+from __future__ import annotations
+
+import pytest
+
+from allot.core.budgets import parse_tree
+from allot.live.budget_wire import spec_from_tree
+from allot.live.logfold import LogFold
+from allot.proto import messages as m
+
+T = 1000.0
+
+
+def submitted(
+    wid: str, gpus: int = 4, alloc: str | None = "nlp", runtime: int = 600
+) -> m.WorkloadSubmitted:
+    return m.WorkloadSubmitted(
+        workload_id=wid,
+        client_id=wid,
+        user="u",
+        gpus=gpus,
+        allocation=alloc,
+        min_runtime_s=runtime,
+        at=T,
+    )
+
+
+def placed(
+    wid: str, gpus: tuple[int, ...], epoch: int = 1, attempt: int = 1, host: str = "h1"
+) -> m.WorkloadPlaced:
+    return m.WorkloadPlaced(
+        workload_id=wid,
+        allocation="nlp",
+        at=T + 1,
+        gpus=len(gpus),
+        assignment=(m.HostGpus(host=host, gpus=gpus),),
+        attempt=attempt,
+        epoch=epoch,
+    )
+
+
+def fold_with_host() -> LogFold:
+    f = LogFold()
+    tree = parse_tree({"name": "root", "children": [{"name": "nlp", "shares": 1}]})
+    assert f.apply(m.BudgetTreeSet(at=T, by="t", tree=spec_from_tree(tree))).changed
+    assert f.apply(m.HostRegistered(host="h1", gpus=8, at=T)).changed
+    assert f.apply(m.LeaderElected(epoch=1, leader="p1", at=T)).changed
+    return f
+
+
+def test_a_duplicate_submission_is_one_workload() -> None:
+    f = fold_with_host()
+    assert f.apply(submitted("w1")).changed
+    again = f.apply(submitted("w1"))
+    assert not again.changed and again.why == "duplicate submission"
+    assert len(f.queue) == 1 and f.ignored == 1
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        (placed("w1", (0, 1, 2, 3), epoch=0), "stale epoch"),
+        (placed("w1", (0, 1, 2, 3), epoch=2), "stale epoch"),
+        (placed("w1", (0, 1, 2, 3), attempt=2), "attempt 2 after 0"),
+        (placed("w1", (0, 1, 2, 3), host="h9"), "host h9 is unknown"),
+        (placed("nobody", (0, 1, 2, 3)), "not pending"),
+    ],
+    ids=["older-epoch", "future-epoch", "skipped-attempt", "unknown-host", "unknown-workload"],
+)
+def test_decisions_that_do_not_fit_are_ignored(record: m.WorkloadPlaced, why: str) -> None:
+    f = fold_with_host()
+    f.apply(submitted("w1"))
+    applied = f.apply(record)
+    assert not applied.changed and applied.why == why
+    assert not f.state.running and len(f.queue) == 1
+
+
+def test_no_gpu_is_booked_twice() -> None:
+    f = fold_with_host()
+    f.apply(submitted("w1"))
+    f.apply(submitted("w2"))
+    assert f.apply(placed("w1", (0, 1, 2, 3))).changed
+    clash = f.apply(placed("w2", (2, 3, 4, 5)))
+    assert not clash.changed and "not free" in clash.why
+    assert f.apply(placed("w2", (4, 5, 6, 7))).changed
+    assert sorted(f.state.running) == ["w1", "w2"]
+
+
+def test_a_newer_leader_fences_the_old_one() -> None:
+    f = fold_with_host()
+    f.apply(submitted("w1"))
+    assert f.apply(m.LeaderElected(epoch=5, leader="p2", at=T)).changed
+    assert not f.apply(m.LeaderElected(epoch=3, leader="p1", at=T)).changed
+    assert not f.apply(placed("w1", (0, 1, 2, 3), epoch=1)).changed
+    assert f.apply(placed("w1", (0, 1, 2, 3), epoch=5)).changed
+
+
+def test_preempted_resumable_work_is_requeued_and_old_reports_are_ignored() -> None:
+    f = fold_with_host()
+    f.apply(submitted("w1"))
+    f.apply(placed("w1", (0, 1, 2, 3)))
+    notice = m.PreemptionNotice(
+        workload_id="w1",
+        allocation="nlp",
+        at=T + 700,
+        reason="better-ranked",
+        grace_deadline=T + 1000,
+        requeue=True,
+        gpus=4,
+        attempt=1,
+        epoch=1,
+    )
+    assert f.apply(notice).changed and f.records["w1"].status == "noticed"
+    gone = f.apply(
+        m.WorkloadPreempted(
+            workload_id="w1", allocation="nlp", at=T + 800, reason="better-ranked", attempt=1
+        )
+    )
+    assert gone.changed and gone.requeued and "w1" in f.queue
+    # A late report of attempt 1 after the requeue changes nothing.
+    late = f.apply(m.WorkloadCompleted(workload_id="w1", allocation="nlp", at=T + 900, attempt=1))
+    assert not late.changed
+    assert f.apply(placed("w1", (4, 5, 6, 7), attempt=2)).changed
+    assert f.apply(
+        m.WorkloadCompleted(workload_id="w1", allocation="nlp", at=T + 950, attempt=2)
+    ).changed
+    assert f.records["w1"].status == "completed" and not f.state.running
+
+
+def test_cancel_of_pending_work_removes_it_and_of_running_work_waits_for_the_agent() -> None:
+    f = fold_with_host()
+    f.apply(submitted("w1"))
+    f.apply(submitted("w2"))
+    f.apply(placed("w2", (0, 1, 2, 3)))
+    assert f.apply(m.CancelRequested(workload_id="w1", allocation="nlp", by="u", at=T)).changed
+    assert f.records["w1"].status == "cancelled" and "w1" not in f.queue
+    assert f.apply(m.CancelRequested(workload_id="w2", allocation="nlp", by="u", at=T)).changed
+    assert f.records["w2"].status == "running" and f.records["w2"].cancel_requested
+    assert f.apply(
+        m.WorkloadCancelled(workload_id="w2", allocation="nlp", at=T + 5, attempt=1)
+    ).changed
+    assert f.records["w2"].status == "cancelled" and not f.state.running
+    assert not f.apply(m.CancelRequested(workload_id="w2", allocation="nlp", by="u", at=T)).changed
