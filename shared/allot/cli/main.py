@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from allot.cli import (
     accounting_cmd,
+    auth_cmd,
     demo_cmd,
     fairshare_cmd,
     live_cmds,
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.register(subparsers)
     live_cmds.register(subparsers)
     accounting_cmd.add_parser(subparsers)
+    auth_cmd.register(subparsers)
     return parser
 
 

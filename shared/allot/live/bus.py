@@ -36,6 +36,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from allot.core.errors import ValidationError
+from allot.live.auth_config import inbox_prefix_for_url
 from allot.proto import codec
 from allot.proto.subjects import STREAMS, kind_of
 
@@ -79,10 +80,25 @@ async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
             await js.update_stream(config)
 
 
+async def wait_for_streams(js: JetStreamContext, timeout: float = 60.0) -> None:
+    """For readers that may not create streams (agents): wait until the services have."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    for name in STREAMS:
+        while True:
+            try:
+                await js.stream_info(name)
+                break
+            except NotFoundError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+
 async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
     nc = await nats.connect(
         url,
         name=name,
+        inbox_prefix=inbox_prefix_for_url(url),
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
     )

@@ -29,6 +29,8 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 
+from allot.live.auth_config import inbox_prefix_for_url
+
 
 def wall_clock() -> float:
     """The shell's clock (the core never reads one)."""
@@ -90,6 +92,11 @@ def _one_line(span: Any) -> str:
     return str(span.to_json(indent=None)) + "\n"
 
 
+async def _raw_body(msg: Any) -> bytes:
+    body: bytes = msg.body
+    return body
+
+
 def make_broker(url: str, service: str, provider: TracerProvider | None = None) -> NatsBroker:
     """A FastStream broker with tracing; FastStream's own per-message logs off (ours are
     structured and carry the ids)."""
@@ -98,7 +105,12 @@ def make_broker(url: str, service: str, provider: TracerProvider | None = None) 
         middlewares.append(NatsTelemetryMiddleware(tracer_provider=provider))
     return NatsBroker(
         url,
+        # Handlers decode ``msg.body`` themselves (allot.proto.codec, field-named errors);
+        # FastStream's own JSON parsing would fail first on hostile bodies (1,000-deep
+        # nesting, invalid UTF-8, a JSON content type on malformed JSON) and never reply.
+        decoder=_raw_body,
         name=f"allot-{service}",
+        inbox_prefix=inbox_prefix_for_url(url),
         middlewares=middlewares,
         log_level=logging.DEBUG,
         max_reconnect_attempts=-1,

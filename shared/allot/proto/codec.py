@@ -65,7 +65,7 @@ _DECODERS: Final[dict[Kind, msgspec.json.Decoder[Any]]] = {
 _ENCODER: Final = msgspec.json.Encoder()
 
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
-_NAMED = re.compile(r"(?:unknown|missing required) field `(?P<name>[^`]+)`")
+_NAMED = re.compile(r"(?:unknown|missing required) field `(?P<name>[\s\S]+)`$")
 _BYTE = re.compile(r"\(byte (?P<pos>\d+)\)")
 _KEY = re.compile(rb'"((?:[^"\\]|\\.){1,200})"\s*:')
 
@@ -136,6 +136,8 @@ def _schema_error(text: str) -> ValidationError:
 
 
 def _syntax_error(text: str, data: bytes) -> ValidationError:
+    if "trailing characters" in text:  # a complete document followed by garbage
+        return ValidationError(BODY, text)
     at = _BYTE.search(text)
     return _near(text, data, None if at is None else int(at.group("pos")))
 

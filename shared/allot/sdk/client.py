@@ -36,6 +36,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from allot.core.errors import ValidationError
+from allot.live.auth_config import inbox_prefix_for_url
 from allot.live.bus import decode_record
 from allot.proto import codec, subjects
 from allot.proto import messages as m
@@ -178,6 +179,8 @@ class Client:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=1,
                 error_cb=on_error,
+                # A user reads replies only under its own inbox prefix (allot auth gen).
+                inbox_prefix=inbox_prefix_for_url(self.nats_url),
             )
         )
         gave_up = asyncio.ensure_future(failed.wait())

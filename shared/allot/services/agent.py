@@ -169,7 +169,9 @@ class Agent:
         self._nc, self._js = await bus.connect(
             self.config.nats_url, f"allot-agent-{self.config.hosts[0]}"
         )
-        await bus.ensure_streams(self._js)
+        # Agents may not create or change streams (allot auth gen grants them none): the
+        # services create them.
+        await bus.wait_for_streams(self._js)
         # Heartbeats first: the host is alive while it replays a long log.
         self._heartbeat_task = asyncio.create_task(self._heartbeats())
         self._follower = bus.LogFollower(self._js, self._on_record)

@@ -1,0 +1,426 @@
+"""NATS authorization for Allot: budget tree + roles file -> nats-server configuration.
+
+NATS itself enforces who may do what: one account (``ALLOT``, JetStream enabled) holds a
+user per person or program, each with publish/subscribe *allow lists* built from the
+subject scheme of ``allot.proto.subjects`` (shaped so that one wildcard grant means exactly
+one team, subtree or host). Identity is the authenticated user plus the subject; the
+services additionally check that a payload agrees with its subject (intake: allocation;
+ranking: budget path; health: heartbeat host), so a payload field never names who speaks.
+
+Roles (one per user, see ``deploy/roles.example.yaml``):
+
+* ``team``: ``allocations: [leaf, ...]`` (optionally ``unallocated: true``). Publishes
+  ``submit.<a>``, ``cancel.<a>.*`` and ``query.>``; subscribes ``events.<a>.*``,
+  ``preempt.<a>.*``, ``ranking`` and ``budget.tree``; reads the log only through JetStream
+  consumers whose *filter is in the API subject* (``$JS.API.CONSUMER.CREATE.WORKLOADS.
+  <name>.allot.v1.events.<a>.*``, the form nats-server >= 2.9 checks against the
+  consumer's ``filter_subject``), so it cannot create a consumer over another team's
+  records. The plain ``$JS.API.CONSUMER.CREATE.WORKLOADS`` (filter only in the body) is
+  never granted to a team.
+* ``manager``: ``node: <name>`` in the budget tree. Publishes
+  ``budget.set.root.<path to node>.>``: every node strictly below it, never the node itself.
+* ``operator``: ``allot.v1.host.*.drain`` / ``.undrain`` (cordoning is a drain here).
+* ``agent``: ``hosts: [h, ...]``. The two literal subjects ``host.<h>.heartbeat`` and
+  ``host.<h>.health`` per host; workload reports on ``events.*.*`` and a replay of the
+  whole HOSTS and WORKLOADS streams (the agent's ``LogFollower`` needs them: a known gap,
+  see docs/security.md).
+* ``service``: everything (``>``).
+
+Every non-service user receives replies only on its own inbox prefix ``_INBOX_<user>``
+(``inbox_prefix`` of ``nats.connect``): the default ``_INBOX.>`` is never granted, so one
+user cannot read another's replies or JetStream deliveries.
+
+``render_config`` is pure (users, permissions and password hashes in, text out);
+``generate`` adds the side effects: random passwords, bcrypt hashes, files (0600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from allot.core.budgets import BudgetTree
+from allot.core.errors import ValidationError
+from allot.proto import subjects as s
+
+Role = Literal["team", "manager", "operator", "agent", "service"]
+ROLES: tuple[Role, ...] = ("team", "manager", "operator", "agent", "service")
+
+ACCOUNT = "ALLOT"
+DEFAULT_BCRYPT_COST = 11
+"""nats-server's own ``passwd`` tool default: ~0.1 s per connection check."""
+CONFIG_NAME = "nats.conf"
+USERS_DIR = "users"
+
+_USER_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_USER_FIELDS: dict[Role, tuple[str, ...]] = {
+    "team": ("name", "role", "allocations", "unallocated"),
+    "manager": ("name", "role", "node"),
+    "operator": ("name", "role"),
+    "agent": ("name", "role", "hosts"),
+    "service": ("name", "role"),
+}
+_JS_API = "$JS.API"
+# Flow-control replies of push consumers go to $JS.FC.<stream>.<consumer>.<token>.
+_JS_FC = "$JS.FC"
+
+
+def inbox_prefix(user: str) -> str:
+    """The only inbox a (non-service) user may read: ``_INBOX_<user>``."""
+    return f"_INBOX_{user}"
+
+
+def inbox_prefix_for_url(url: str) -> str:
+    """What a client connecting with ``url`` should pass as ``inbox_prefix``: its user's own
+    (``_INBOX_<user>``) when the URL names a user, NATS's default ``_INBOX`` otherwise.
+    Service users may read every inbox, so the rule holds for every role."""
+    user = urlsplit(url).username
+    return inbox_prefix(unquote(user)) if user else "_INBOX"
+
+
+# -- the roles file --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UserSpec:
+    """One user of the roles file, validated against the budget tree."""
+
+    name: str
+    role: Role
+    allocations: tuple[str, ...] = ()
+    unallocated: bool = False
+    node: str | None = None
+    hosts: tuple[str, ...] = ()
+
+
+def parse_roles(data: object, tree: BudgetTree) -> tuple[UserSpec, ...]:
+    """``{"users": [{"name": ..., "role": ..., ...}, ...]}`` -> validated users.
+
+    Errors name the field (``users[2].allocations[0]``) and the reason."""
+    if not isinstance(data, Mapping):
+        raise ValidationError("roles", f"must be a mapping with 'users', got {_kind(data)}")
+    extra = sorted(str(k) for k in data if k != "users")
+    if extra:
+        raise ValidationError("roles", f"unknown field(s) {', '.join(extra)}; only 'users'")
+    rows = data.get("users")
+    if not isinstance(rows, list) or not rows:
+        raise ValidationError("users", "must be a non-empty list of users")
+    users: list[UserSpec] = []
+    seen: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        user = _parse_user(row, f"users[{i}]", tree)
+        if user.name in seen:
+            raise ValidationError(
+                f"users[{i}].name", f"{user.name!r} repeats users[{seen[user.name]}]"
+            )
+        seen[user.name] = i
+        users.append(user)
+    if not any(u.role == "service" for u in users):
+        raise ValidationError(
+            "users", "needs at least one user with role 'service' (the services connect as it)"
+        )
+    return tuple(users)
+
+
+def _parse_user(row: object, where: str, tree: BudgetTree) -> UserSpec:
+    if not isinstance(row, Mapping):
+        raise ValidationError(where, f"must be a mapping, got {_kind(row)}")
+    name = row.get("name")
+    if not isinstance(name, str) or not _USER_RE.fullmatch(name):
+        raise ValidationError(
+            f"{where}.name", f"must be 1-64 characters of [A-Za-z0-9_-], got {name!r}"
+        )
+    role = row.get("role")
+    if role not in ROLES:
+        raise ValidationError(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    extra = sorted(str(k) for k in row if k not in _USER_FIELDS[role])
+    if extra:
+        raise ValidationError(where, f"unknown field(s) for role {role!r}: {', '.join(extra)}")
+    if role == "team":
+        allocations = _names(row.get("allocations", []), f"{where}.allocations")
+        unallocated = row.get("unallocated", False)
+        if not isinstance(unallocated, bool):
+            raise ValidationError(
+                f"{where}.unallocated", f"must be true or false, got {unallocated!r}"
+            )
+        for j, a in enumerate(allocations):
+            if not tree.is_leaf(a):
+                raise ValidationError(
+                    f"{where}.allocations[{j}]",
+                    f"{a!r} is not an allocation (a leaf) of the budget tree; "
+                    f"allocations: {', '.join(tree.leaves()[:20])}",
+                )
+        if not allocations and not unallocated:
+            raise ValidationError(
+                f"{where}.allocations", "a team needs at least one allocation (or unallocated)"
+            )
+        return UserSpec(name, role, allocations=allocations, unallocated=unallocated)
+    if role == "manager":
+        node = row.get("node")
+        if not isinstance(node, str) or node not in tree.index.position:
+            raise ValidationError(f"{where}.node", f"{node!r} is not a node of the budget tree")
+        return UserSpec(name, role, node=node)
+    if role == "agent":
+        hosts = _names(row.get("hosts"), f"{where}.hosts")
+        if not hosts:
+            raise ValidationError(f"{where}.hosts", "an agent needs at least one host")
+        return UserSpec(name, role, hosts=hosts)
+    return UserSpec(name, role)
+
+
+def _names(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValidationError(where, f"must be a list of names, got {_kind(value)}")
+    out = tuple(s.validate_token(v, f"{where}[{j}]") for j, v in enumerate(value))
+    dup = {v for v in out if out.count(v) > 1}
+    if dup:
+        raise ValidationError(where, f"repeats {', '.join(sorted(dup))}")
+    return out
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+# -- grants ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+
+def budget_path(tree: BudgetTree, node: str) -> tuple[str, ...]:
+    """The subject path of ``node``: ``("root", <names below the tree's root>..., node)``
+    (subjects always start at ``root``, whatever the tree's root is called)."""
+    names = tree.path(node).split("/")
+    return (s.BUDGET_ROOT, *names[1:])
+
+
+def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
+    """What ``user`` may publish and subscribe to (allow lists; everything else is denied)."""
+    inbox = f"{inbox_prefix(user.name)}.>"
+    if user.role == "service":
+        return Permissions(publish=(">",), subscribe=(">",))
+    if user.role == "team":
+        tokens = [*user.allocations, *([s.UNALLOCATED] if user.unallocated else [])]
+        pub: list[str] = []
+        sub: list[str] = [inbox, s.RANKING, s.BUDGET_TREE]
+        for a in tokens:
+            pub += [f"{s.PREFIX}.submit.{a}", f"{s.PREFIX}.cancel.{a}.*"]
+            for kind in ("events", "preempt"):
+                own = f"{s.PREFIX}.{kind}.{a}.*"
+                sub.append(own)
+                # Filtered create only: the server refuses a body whose filter differs.
+                pub.append(f"{_JS_API}.CONSUMER.CREATE.WORKLOADS.*.{own}")
+        pub += [f"{s.PREFIX}.query.>", f"{_JS_FC}.WORKLOADS.>"]
+        return Permissions(publish=tuple(pub), subscribe=tuple(sub))
+    if user.role == "manager":
+        assert user.node is not None
+        grant = s.budget_subtree(budget_path(tree, user.node))
+        return Permissions(
+            publish=(grant, f"{s.PREFIX}.query.>"),
+            subscribe=(inbox, s.RANKING, s.BUDGET_TREE),
+        )
+    if user.role == "operator":
+        return Permissions(
+            publish=(s.ALL_DRAIN, s.ALL_UNDRAIN, f"{s.PREFIX}.query.>"),
+            subscribe=(inbox, s.ALL_HOST_STATE),
+        )
+    # agent
+    pub = []
+    for h in user.hosts:
+        pub += [s.heartbeat(h), s.health(h)]
+    pub += [
+        s.ALL_EVENTS,  # reports of any workload: the subject carries no host (known gap)
+        f"{_JS_API}.STREAM.INFO.HOSTS",
+        f"{_JS_API}.STREAM.INFO.WORKLOADS",
+        f"{_JS_API}.CONSUMER.CREATE.HOSTS",
+        f"{_JS_API}.CONSUMER.CREATE.WORKLOADS",
+        f"{_JS_FC}.HOSTS.>",
+        f"{_JS_FC}.WORKLOADS.>",
+    ]
+    return Permissions(publish=tuple(pub), subscribe=(inbox,))
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """Server certificate and key (PEM), and the CA that signed it (clients trust it)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+
+def _q(text: str) -> str:
+    # nats-server's config reads JSON-style double-quoted strings; quoting also keeps `$`
+    # (JetStream subjects, bcrypt hashes) from being read as a variable reference.
+    return json.dumps(text)
+
+
+def render_config(
+    users: Sequence[UserSpec],
+    grants: Mapping[str, Permissions],
+    password_hashes: Mapping[str, str],
+    *,
+    tls: TlsFiles | None = None,
+) -> str:
+    """The nats-server configuration text (accounts and, if given, TLS). Listen address,
+    ports and the JetStream store stay on the command line or in an including file."""
+    lines = [
+        "# Generated by `allot auth gen`: edit the roles file and regenerate instead.",
+        "# One account; per-user allow lists (everything not listed is refused, logged by",
+        "# the server as a Publish/Subscription Violation).",
+    ]
+    if tls is not None:
+        lines += [
+            "tls {",
+            f"  cert_file: {_q(str(tls.cert_file))}",
+            f"  key_file: {_q(str(tls.key_file))}",
+            f"  ca_file: {_q(str(tls.ca_file))}",
+            "  timeout: 2",
+            "}",
+        ]
+    lines += ["accounts {", f"  {ACCOUNT} {{", "    jetstream: enabled", "    users = ["]
+    for user in users:
+        p = grants[user.name]
+        lines += [
+            f"      # {user.role}{_detail(user)}",
+            "      {",
+            f"        user: {_q(user.name)}",
+            f"        password: {_q(password_hashes[user.name])}",
+            "        permissions: {",
+            f"          publish: {{ allow: [{', '.join(_q(x) for x in p.publish)}] }}",
+            f"          subscribe: {{ allow: [{', '.join(_q(x) for x in p.subscribe)}] }}",
+            "        }",
+            "      }",
+        ]
+    lines += ["    ]", "  }", "}", ""]
+    return "\n".join(lines)
+
+
+def _detail(user: UserSpec) -> str:
+    if user.role == "team":
+        extra = ["~ (unallocated)"] if user.unallocated else []
+        return ": " + ", ".join([*user.allocations, *extra])
+    if user.role == "manager":
+        return f": subtree below {user.node}"
+    if user.role == "agent":
+        return ": " + ", ".join(user.hosts)
+    return ""
+
+
+# -- generating ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    user: str
+    role: Role
+    password: str
+    inbox_prefix: str
+    """``_INBOX_<user>`` (a service user may also read the default ``_INBOX``)."""
+    path: Path
+
+    def url(self, server_url: str) -> str:
+        """``server_url`` with this user's name and password in it (nats-py reads them)."""
+        parts = urlsplit(server_url)
+        if not parts.hostname:
+            raise ValidationError("server_url", f"{server_url!r} has no host")
+        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+        port = f":{parts.port}" if parts.port else ""
+        auth = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        return urlunsplit((parts.scheme, f"{auth}@{host}{port}", parts.path, "", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedAuth:
+    config_path: Path
+    config_text: str
+    users: dict[str, Credentials] = field(default_factory=dict)
+    grants: dict[str, Permissions] = field(default_factory=dict)
+
+    def url(self, user: str, server_url: str) -> str:
+        return self.users[user].url(server_url)
+
+    def first(self, role: Role) -> Credentials:
+        """The first user with ``role`` (e.g. the service user the stack connects as)."""
+        for creds in self.users.values():
+            if creds.role == role:
+                return creds
+        raise ValidationError("roles", f"no user with role {role!r}")
+
+
+def hash_password(password: str, cost: int = DEFAULT_BCRYPT_COST) -> str:
+    """bcrypt with the ``$2a$`` prefix, which every nats-server version recognises."""
+    try:
+        import bcrypt  # noqa: PLC0415  (optional until the lead adds it to the dependencies)
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ValidationError(
+            "bcrypt", "the `bcrypt` package is needed to hash passwords: pip install bcrypt"
+        ) from None
+    salt = bcrypt.gensalt(rounds=cost, prefix=b"2a")
+    return bcrypt.hashpw(password.encode(), salt).decode()
+
+
+def generate(
+    tree: BudgetTree,
+    roles: Sequence[UserSpec] | Mapping[str, object],
+    out_dir: Path | str,
+    *,
+    server_url: str = "nats://127.0.0.1:4222",
+    tls: TlsFiles | None = None,
+    cost: int = DEFAULT_BCRYPT_COST,
+) -> GeneratedAuth:
+    """Write ``out_dir/nats.conf`` and ``out_dir/users/<user>.env`` (both 0600) with fresh
+    random passwords; return every user's credentials (``.url(server)`` for clients).
+    Regenerating replaces every password."""
+    users = tuple(roles) if not isinstance(roles, Mapping) else parse_roles(roles, tree)
+    out = Path(out_dir)
+    (out / USERS_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
+    passwords = {u.name: secrets.token_urlsafe(24) for u in users}
+    grants = {u.name: permissions(u, tree) for u in users}
+    hashes = {u.name: hash_password(passwords[u.name], cost) for u in users}
+    text = render_config(users, grants, hashes, tls=tls)
+    config_path = out / CONFIG_NAME
+    _write_private(config_path, text)
+    creds: dict[str, Credentials] = {}
+    for u in users:
+        prefix = inbox_prefix(u.name)
+        c = Credentials(
+            u.name, u.role, passwords[u.name], prefix, out / USERS_DIR / f"{u.name}.env"
+        )
+        _write_private(c.path, _env_file(c, server_url))
+        creds[u.name] = c
+    return GeneratedAuth(config_path=config_path, config_text=text, users=creds, grants=grants)
+
+
+def _env_file(c: Credentials, server_url: str) -> str:
+    lines = [
+        f"# Allot NATS credentials of {c.user} (role {c.role}). Secret: keep it 0600.",
+        "# `set -a; . this-file; set +a` and the allot CLI and services pick up the URL.",
+        f"ALLOT_NATS_USER={c.user}",
+        f"ALLOT_NATS_PASSWORD={c.password}",
+        f"ALLOT_NATS_URL={c.url(server_url)}",
+    ]
+    lines.append(f"ALLOT_NATS_INBOX_PREFIX={c.inbox_prefix}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_private(path: Path, text: str) -> None:
+    # Created 0600 from the start (no window where another user could read it).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT

@@ -1,0 +1,410 @@
+"""Issue 5, security: the generated nats-server configuration, enforced by a real server.
+
+Each test starts its own nats-server (JetStream on) with the config from
+``allot.live.auth_config.generate``: the wheel's 2.15 and, when this machine has one, the
+system's (2.9.10 in CI), since the JetStream grants rely on the filtered consumer-create
+subject of nats-server >= 2.9. Refusals are seen three ways: the client's ``error_cb``
+(nats-py reports a permissions violation only there), the server's log (one line per
+violation, naming the user and the subject: "logged and counted"), and a service-user spy
+subscribed to everything (a refused message reaches no one). State: the streams' message
+counts do not move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import ssl
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import nats
+import nats.errors
+import pytest
+from live_harness import eventually, seed
+from nats.aio.client import Client as NatsClient
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.nuid import NUID
+
+from allot.adapters.embedded import EmbeddedNats, find_nats_server
+from allot.core.budgets import parse_tree
+from allot.live import bus
+from allot.live.auth_config import GeneratedAuth, TlsFiles, generate
+from allot.live.service_main import start, stop
+from allot.live.tls_certs import client_context, make_loopback_certs
+from allot.proto import messages as m
+from allot.proto import subjects as s
+from allot.services.intake import Intake
+
+pytestmark = pytest.mark.integration
+
+TREE = {
+    "name": "root",
+    "children": [
+        {
+            "name": "research",
+            "shares": 2,
+            "children": [{"name": "nlp", "shares": 1}, {"name": "vision", "shares": 1}],
+        },
+        {"name": "product", "shares": 1, "children": [{"name": "search", "shares": 1}]},
+    ],
+}
+ROLES = {
+    "users": [
+        {"name": "nlp", "role": "team", "allocations": ["nlp"]},
+        {"name": "vision", "role": "team", "allocations": ["vision"]},
+        {"name": "research-lead", "role": "manager", "node": "research"},
+        {"name": "ops", "role": "operator"},
+        {"name": "agent-h01", "role": "agent", "hosts": ["h01"]},
+        {"name": "svc", "role": "service"},
+    ]
+}
+REFUSED_WAIT_S = 0.3
+"""How long a request to a refused subject waits: nothing will ever answer it."""
+
+
+def _binaries() -> list[Path]:
+    found = [find_nats_server()]
+    system = shutil.which("nats-server")
+    if system is not None and Path(system).resolve() != found[0].resolve():
+        found.append(Path(system))
+    return found
+
+
+# -- servers and clients ---------------------------------------------------------------------
+
+
+@dataclass
+class Secure:
+    server: EmbeddedNats
+    auth: GeneratedAuth
+    tls: TlsFiles | None = None
+
+    def url(self, user: str) -> str:
+        return self.auth.url(user, self.server.url)
+
+    def violations(self) -> list[tuple[str, str, str]]:
+        """(user, Publish|Subscription, subject) for each violation in the server's log."""
+        return parse_violations(self.server.log_path.read_text(errors="replace"))
+
+
+# 2.10+: `... - "ALLOT/user:nlp" - Publish Violation - Subject "x"`;
+# 2.9:   `... - Publish Violation - User "nlp", Subject "x"`.
+_NEW = re.compile(r'"[^"/]*/user:([^"]+)" - (Publish|Subscription) Violation - Subject "([^"]*)"')
+_OLD = re.compile(r'(Publish|Subscription) Violation - User "([^"]+)", Subject "([^"]*)"')
+
+
+def parse_violations(log_text: str) -> list[tuple[str, str, str]]:
+    out = []
+    for line in log_text.splitlines():
+        if (hit := _NEW.search(line)) is not None:
+            out.append((hit.group(1), hit.group(2), hit.group(3)))
+        elif (hit := _OLD.search(line)) is not None:
+            out.append((hit.group(2), hit.group(1), hit.group(3)))
+    return out
+
+
+@pytest.fixture(params=_binaries(), ids=["wheel", "system"][: len(_binaries())])
+def secure(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Secure]:
+    auth = generate(parse_tree(TREE), ROLES, tmp_path / "auth", cost=4)
+    with EmbeddedNats(config_file=auth.config_path, binary=request.param) as server:
+        yield Secure(server, auth)
+
+
+@dataclass
+class Conn:
+    nc: NatsClient
+    errors: list[str] = field(default_factory=list)
+
+    async def refused(self, subject: str, timeout: float = 5.0) -> None:
+        """Wait until the server reported a permissions violation on ``subject``."""
+        needle = f'"{subject.lower()}"'
+        await eventually(
+            lambda: _value(list(self.errors)),
+            lambda errs: any("permissions violation" in e and needle in e for e in errs),
+            timeout,
+        )
+
+
+async def _value(v: list[str]) -> list[str]:
+    return v
+
+
+async def connect_as(secure: Secure, user: str, **kw: object) -> Conn:
+    conn = Conn(nc=NatsClient())
+    creds = secure.auth.users[user]
+
+    async def on_error(exc: Exception) -> None:
+        conn.errors.append(str(exc).lower())
+
+    await conn.nc.connect(
+        secure.url(user),
+        inbox_prefix=creds.inbox_prefix,
+        error_cb=on_error,
+        allow_reconnect=False,
+        **kw,  # type: ignore[arg-type]
+    )
+    return conn
+
+
+@dataclass
+class Spy:
+    """A service-user subscriber to every Allot subject: what actually got through."""
+
+    seen: list[str] = field(default_factory=list)
+    mark: int = 0
+
+    def saw(self, subject: str) -> bool:
+        """Seen since the last ``mark`` (records the test itself wrote before are ignored)."""
+        return subject in self.seen[self.mark :]
+
+    def set_mark(self) -> None:
+        self.mark = len(self.seen)
+
+
+@pytest.fixture
+async def spy(secure: Secure) -> AsyncIterator[Spy]:
+    conn = await connect_as(secure, "svc")
+    found = Spy()
+
+    async def record(msg: nats.aio.msg.Msg) -> None:
+        found.seen.append(msg.subject)
+
+    await conn.nc.subscribe("allot.v1.>", cb=record)
+    await conn.nc.flush()
+    yield found
+    await conn.nc.close()
+
+
+async def counts(js: nats.js.JetStreamContext) -> dict[str, int]:
+    return {n: (await js.stream_info(n)).state.messages for n in s.STREAMS}
+
+
+def _submit(allocation: str, client_id: str = "c1") -> bytes:
+    return bus.encode(
+        m.SubmitWorkload(client_id=client_id, user="u", gpus=1, allocation=allocation)
+    )
+
+
+async def _no_answer(conn: Conn, subject: str, body: bytes) -> None:
+    """A request the server refuses is never delivered: no one answers it."""
+    with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+        await conn.nc.request(subject, body, timeout=REFUSED_WAIT_S)
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy) -> None:
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream()
+    await seed(js, {"h01": 8}, TREE)
+    intake = Intake(secure.url("svc"), tracing=False)
+    await start(intake)
+    nlp = await connect_as(secure, "nlp")
+    try:
+        # Allowed: submit to its own allocation, answered by intake through its own inbox.
+        reply = await nlp.nc.request(s.submit("nlp"), _submit("nlp"), timeout=5)
+        accepted = msgspec.json.decode(reply.data, type=m.WorkloadAccepted)
+        # Allowed: read its own workload's records from the log (filtered consumer).
+        sub = await nlp.nc.jetstream().subscribe(
+            s.events("nlp", accepted.workload_id),
+            stream="WORKLOADS",
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            config=ConsumerConfig(name=NUID().next().decode()),
+        )
+        first = await sub.next_msg(timeout=5)
+        assert isinstance(bus.decode_record(first.subject, first.data), m.WorkloadSubmitted)
+        await nlp.nc.subscribe(s.allocation_preempt("nlp"))
+        await nlp.nc.flush()
+        assert nlp.errors == []
+        before = await counts(js)
+        log_before = len(secure.violations())
+        spy.set_mark()
+
+        refused_pub = [
+            s.submit("vision"),  # another team's allocation (payload says vision too)
+            s.cancel("vision", "w1"),
+            s.events("nlp", "wforged"),  # writing the log directly
+            s.budget_set(["root", "research", "nlp"]),  # a manager's job
+            s.drain("h01"),  # an operator's job
+            s.heartbeat("h01"),  # an agent's job
+            # a consumer over vision's records, and the unfiltered create form
+            f"$JS.API.CONSUMER.CREATE.WORKLOADS.x.{s.allocation_events('vision')}",
+            "$JS.API.CONSUMER.CREATE.WORKLOADS",
+            "$JS.API.STREAM.MSG.GET.WORKLOADS",
+        ]
+        for subject in refused_pub:
+            body = _submit("vision")
+            if subject.startswith("$JS.API.CONSUMER"):
+                cfg = {"filter_subject": s.allocation_events("vision"), "ack_policy": "none"}
+                body = json.dumps({"stream_name": "WORKLOADS", "config": cfg}).encode()
+            await _no_answer(nlp, subject, body)
+        refused_sub = [
+            s.allocation_events("vision"),
+            s.allocation_preempt("vision"),
+            s.ALL_EVENTS,
+            "_INBOX.>",  # other users' replies and deliveries
+            "_INBOX_vision.>",
+        ]
+        for subject in refused_sub:
+            await nlp.nc.subscribe(subject)
+        await nlp.nc.flush()
+        for subject in refused_pub + refused_sub:
+            await nlp.refused(subject)
+
+        # Logged and counted by the server, each with the user and the subject.
+        def mine(v: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+            return [x for x in v[log_before:] if x[0] == "nlp"]
+
+        logged = await eventually(
+            lambda: _value(secure.violations()),
+            lambda v: len(mine(v)) >= len(refused_pub) + len(refused_sub),
+        )
+        assert sorted(x[2] for x in mine(logged) if x[1] == "Publish") == sorted(refused_pub)
+        assert sorted(x[2] for x in mine(logged) if x[1] == "Subscription") == sorted(refused_sub)
+        assert len(mine(logged)) == len(refused_pub) + len(refused_sub)
+        # Nothing changed state and no refused message reached anyone.
+        assert await counts(js) == before
+        assert intake.accepted == 1 and intake.rejected == 0
+        assert not any(spy.saw(x) for x in refused_pub if x.startswith("allot."))
+        assert s.submit("nlp") in spy.seen
+    finally:
+        await nlp.nc.close()
+        await stop(intake)
+        await svc.nc.close()
+
+
+async def test_the_team_sdk_watch_works_with_a_named_consumer_only(secure: Secure) -> None:
+    """nats-py's ordered consumer without a name uses the unfiltered create subject, which a
+    team is never granted: the SDK must name its consumers (see docs/security.md)."""
+    svc = await connect_as(secure, "svc")
+    await bus.ensure_streams(svc.nc.jetstream())
+    nlp = await connect_as(secure, "nlp")
+    try:
+        with pytest.raises(nats.errors.TimeoutError):
+            await nlp.nc.jetstream(timeout=REFUSED_WAIT_S).subscribe(
+                s.allocation_events("nlp"), stream="WORKLOADS", ordered_consumer=True
+            )
+        await nlp.refused("$JS.API.CONSUMER.CREATE.WORKLOADS")
+    finally:
+        await nlp.nc.close()
+        await svc.nc.close()
+
+
+async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: Spy) -> None:
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream()
+    await seed(js, {}, TREE)
+    lead = await connect_as(secure, "research-lead")
+    try:
+        before = await counts(js)
+        spy.set_mark()
+        allowed = s.budget_set(["root", "research", "nlp"])
+        body = bus.encode(m.SetBudget(path=("root", "research", "nlp"), shares=3, set_by="x"))
+        await _no_answer(lead, allowed, body)  # no ranking service here: nobody answers...
+        await eventually(lambda: _value(list(spy.seen)), lambda seen: allowed in seen)
+        assert lead.errors == []  # ...but the server let it through
+        spy.set_mark()
+        refused = [
+            s.budget_set(["root", "research"]),  # its own node: the parent's manager's job
+            s.budget_set(["root", "product", "search"]),  # outside the subtree
+            s.budget_set(["root", "product"]),
+            s.submit("nlp"),
+            s.drain("h01"),
+        ]
+        for subject in refused:
+            await _no_answer(lead, subject, body)
+        for subject in refused:
+            await lead.refused(subject)
+        logged = [v for v in secure.violations() if v[0] == "research-lead"]
+        assert sorted(v[2] for v in logged) == sorted(refused)
+        assert not any(spy.saw(x) for x in refused)
+        assert await counts(js) == before
+    finally:
+        await lead.nc.close()
+        await svc.nc.close()
+
+
+async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -> None:
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream()
+    await seed(js, {"h01": 8, "h02": 8}, TREE)
+    agent = await connect_as(secure, "agent-h01")
+    try:
+        # What the agent needs: replay HOSTS and WORKLOADS like its LogFollower does.
+        seen: list[str] = []
+        follower = bus.LogFollower(agent.nc.jetstream(), lambda subj, _r: seen.append(subj))
+        await follower.start()
+        await follower.stop()
+        assert seen == [s.host_state("h01"), s.host_state("h02")]
+        beat = m.Heartbeat(host="h01", sent_at=time.time(), seq=1, gpus=8)
+        await agent.nc.publish(s.heartbeat("h01"), bus.encode(beat))
+        await eventually(lambda: _value(list(spy.seen)), lambda v: s.heartbeat("h01") in v)
+        before = await counts(js)
+        spy.set_mark()
+        forged = m.Heartbeat(host="h02", sent_at=time.time(), seq=1, gpus=8)
+        refused = [s.heartbeat("h02"), s.health("h02"), s.drain("h01"), s.host_state("h02")]
+        for subject in refused:
+            await agent.nc.publish(subject, bus.encode(forged))
+        await agent.nc.flush()
+        for subject in refused:
+            await agent.refused(subject)
+        assert sorted(v[2] for v in secure.violations() if v[0] == "agent-h01") == sorted(refused)
+        assert not any(spy.saw(x) for x in refused)
+        assert await counts(js) == before
+    finally:
+        await agent.nc.close()
+        await svc.nc.close()
+
+
+async def test_an_operator_drains_but_submits_nothing(secure: Secure, spy: Spy) -> None:
+    ops = await connect_as(secure, "ops")
+    try:
+        await ops.nc.publish(s.drain("h07"), b"{}")
+        await ops.nc.publish(s.submit("nlp"), b"{}")
+        await ops.nc.publish(s.budget_set(["root", "research"]), b"{}")
+        await ops.nc.flush()
+        await ops.refused(s.submit("nlp"))
+        await ops.refused(s.budget_set(["root", "research"]))
+        await eventually(lambda: _value(list(spy.seen)), lambda v: s.drain("h07") in v)
+        assert not spy.saw(s.submit("nlp"))
+    finally:
+        await ops.nc.close()
+
+
+async def test_a_wrong_password_is_refused(secure: Secure) -> None:
+    url = secure.url("nlp").replace(secure.auth.users["nlp"].password, "not-the-password")
+    with pytest.raises(nats.errors.Error):
+        await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+
+
+async def test_tls_on_loopback(tmp_path: Path) -> None:
+    tls = make_loopback_certs(tmp_path / "tls")
+    auth = generate(parse_tree(TREE), ROLES, tmp_path / "auth", cost=4, tls=tls)
+    with EmbeddedNats(config_file=auth.config_path) as server:
+        secure = Secure(server, auth, tls)
+        url = secure.url("nlp").replace("nats://", "tls://")
+        nc = await nats.connect(url, tls=client_context(tls), inbox_prefix="_INBOX_nlp")
+        try:
+            await nc.subscribe(s.allocation_events("nlp"))
+            await nc.flush()
+            assert nc.connected_url is not None and nc.connected_url.scheme == "tls"
+        finally:
+            await nc.close()
+        # A client that does not trust the generated CA cannot connect.
+        with pytest.raises((ssl.SSLError, nats.errors.Error, OSError)):
+            await nats.connect(
+                url,
+                tls=ssl.create_default_context(),
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                connect_timeout=2,
+            )
+        await asyncio.sleep(0)

@@ -1,0 +1,270 @@
+"""`allot auth gen` and its generator: roles validation, grants per role, files written."""
+
+from __future__ import annotations
+
+import argparse
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from allot.adapters.embedded import find_nats_server
+from allot.cli import auth_cmd
+from allot.core.budgets import BudgetTree, parse_tree
+from allot.core.errors import ValidationError
+from allot.live.auth_config import (
+    UserSpec,
+    budget_path,
+    generate,
+    inbox_prefix_for_url,
+    parse_roles,
+    permissions,
+    render_config,
+)
+
+TREE = {
+    "name": "root",
+    "children": [
+        {
+            "name": "research",
+            "shares": 2,
+            "children": [{"name": "nlp", "shares": 1}, {"name": "vision", "shares": 1}],
+        },
+        {"name": "search", "shares": 1},
+    ],
+}
+SERVICE = {"name": "svc", "role": "service"}
+
+
+@pytest.fixture
+def tree() -> BudgetTree:
+    return parse_tree(TREE)
+
+
+def roles(*users: dict[str, object]) -> dict[str, object]:
+    return {"users": [*users, SERVICE]}
+
+
+# -- roles file ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "reason"),
+    [
+        ([], "roles", "must be a mapping"),
+        ({"users": [], "x": 1}, "roles", "unknown field(s) x"),
+        ({"users": []}, "users", "non-empty list"),
+        ({"users": [{"name": "a", "role": "team", "allocations": ["nlp"]}]}, "users", "service"),
+        (roles({"name": "a b", "role": "operator"}), "users[0].name", "[A-Za-z0-9_-]"),
+        (roles({"name": "a", "role": "admin"}), "users[0].role", "must be one of"),
+        (roles({"name": "a", "role": "operator", "hosts": []}), "users[0]", "hosts"),
+        (
+            roles({"name": "a", "role": "team", "allocations": ["research"]}),
+            "users[0].allocations[0]",
+            "not an allocation",
+        ),
+        (
+            roles({"name": "a", "role": "team", "allocations": ["nope"]}),
+            "users[0].allocations[0]",
+            "nlp",
+        ),
+        (
+            roles({"name": "a", "role": "team", "allocations": []}),
+            "users[0].allocations",
+            "at least one",
+        ),
+        (
+            roles({"name": "a", "role": "team", "allocations": "nlp"}),
+            "users[0].allocations",
+            "list",
+        ),
+        (
+            roles({"name": "a", "role": "team", "allocations": ["nlp", "nlp"]}),
+            "users[0].allocations",
+            "repeats nlp",
+        ),
+        (
+            roles({"name": "a", "role": "team", "allocations": ["nlp"], "unallocated": "yes"}),
+            "users[0].unallocated",
+            "true or false",
+        ),
+        (roles({"name": "a", "role": "manager", "node": "nope"}), "users[0].node", "not a node"),
+        (roles({"name": "a", "role": "agent", "hosts": []}), "users[0].hosts", "at least one host"),
+        (roles({"name": "a", "role": "agent", "hosts": ["h.1"]}), "users[0].hosts[0]", "'.'"),
+        (roles({"name": "svc", "role": "operator"}), "users[1].name", "repeats users[0]"),
+    ],
+)
+def test_bad_roles_name_the_field(tree: BudgetTree, data: object, field: str, reason: str) -> None:
+    with pytest.raises(ValidationError) as exc:
+        parse_roles(data, tree)
+    assert exc.value.field == field
+    assert reason in exc.value.reason
+
+
+# -- grants ----------------------------------------------------------------------------------
+
+
+def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
+    user = UserSpec("nlp", "team", allocations=("nlp",))
+    p = permissions(user, tree)
+    assert set(p.publish) == {
+        "allot.v1.submit.nlp",
+        "allot.v1.cancel.nlp.*",
+        "$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.events.nlp.*",
+        "$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.preempt.nlp.*",
+        "allot.v1.query.>",
+        "$JS.FC.WORKLOADS.>",
+    }
+    assert set(p.subscribe) == {
+        "_INBOX_nlp.>",
+        "allot.v1.events.nlp.*",
+        "allot.v1.preempt.nlp.*",
+        "allot.v1.ranking",
+        "allot.v1.budget.tree",
+    }
+    # never the unfiltered consumer create, the default inbox, or any stream read API
+    assert not any(x in {"$JS.API.CONSUMER.CREATE.WORKLOADS", "$JS.API.>"} for x in p.publish)
+    assert "_INBOX.>" not in p.subscribe
+
+
+def test_unallocated_team_uses_the_tilde_token(tree: BudgetTree) -> None:
+    p = permissions(UserSpec("batch", "team", unallocated=True), tree)
+    assert "allot.v1.submit.~" in p.publish and "allot.v1.events.~.*" in p.subscribe
+
+
+def test_manager_grant_is_strictly_below_the_node(tree: BudgetTree) -> None:
+    assert permissions(UserSpec("m", "manager", node="research"), tree).publish[0] == (
+        "allot.v1.budget.set.root.research.>"
+    )
+    assert permissions(UserSpec("m", "manager", node="root"), tree).publish[0] == (
+        "allot.v1.budget.set.root.>"
+    )
+
+
+def test_budget_path_starts_at_root_whatever_the_tree_calls_it() -> None:
+    org = parse_tree({"name": "org", "children": [{"name": "a", "shares": 1}]})
+    assert budget_path(org, "a") == ("root", "a")
+
+
+def test_agent_and_operator_grants(tree: BudgetTree) -> None:
+    agent = permissions(UserSpec("a1", "agent", hosts=("h01", "h02")), tree)
+    assert "allot.v1.host.h01.heartbeat" in agent.publish
+    assert "allot.v1.host.h02.health" in agent.publish
+    assert not any(
+        x.endswith((".drain", ".undrain", ".state", ".>"))
+        for x in agent.publish
+        if x.startswith("allot.v1.host")
+    )
+    assert agent.subscribe == ("_INBOX_a1.>",)
+    ops = permissions(UserSpec("o", "operator"), tree)
+    assert set(ops.publish) == {
+        "allot.v1.host.*.drain",
+        "allot.v1.host.*.undrain",
+        "allot.v1.query.>",
+    }
+    assert permissions(UserSpec("s", "service"), tree).publish == (">",)
+
+
+# -- rendering and files ---------------------------------------------------------------------
+
+
+def test_render_quotes_dollar_subjects_and_hashes(tree: BudgetTree) -> None:
+    users = parse_roles(roles({"name": "nlp", "role": "team", "allocations": ["nlp"]}), tree)
+    grants = {u.name: permissions(u, tree) for u in users}
+    text = render_config(users, grants, {"nlp": "$2a$04$x", "svc": "$2a$04$y"})
+    assert 'password: "$2a$04$x"' in text
+    assert '"$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.events.nlp.*"' in text
+    assert "jetstream: enabled" in text and "tls {" not in text
+
+
+def test_generate_writes_private_files_the_server_accepts(tree: BudgetTree, tmp_path: Path) -> None:
+    data = roles(
+        {"name": "nlp", "role": "team", "allocations": ["nlp"]},
+        {"name": "lead", "role": "manager", "node": "research"},
+        {"name": "ops", "role": "operator"},
+        {"name": "a1", "role": "agent", "hosts": ["h01"]},
+    )
+    auth = generate(tree, data, tmp_path / "auth", cost=4, server_url="nats://127.0.0.1:4300")
+    assert stat.S_IMODE(auth.config_path.stat().st_mode) == 0o600
+    for creds in auth.users.values():
+        assert stat.S_IMODE(creds.path.stat().st_mode) == 0o600
+        env = creds.path.read_text()
+        assert f"ALLOT_NATS_URL=nats://{creds.user}:{creds.password}@127.0.0.1:4300" in env
+        assert creds.password not in auth.config_text  # only the bcrypt hash is
+    assert auth.users["nlp"].inbox_prefix == "_INBOX_nlp"
+    assert auth.users["svc"].inbox_prefix == "_INBOX_svc"
+    assert auth.first("service").user == "svc"
+    # nats-server's own config check (-t) accepts it
+    result = subprocess.run(
+        [str(find_nats_server()), "-t", "-c", str(auth.config_path)],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    again = generate(tree, data, tmp_path / "auth", cost=4)
+    assert again.users["nlp"].password != auth.users["nlp"].password
+
+
+def test_url_keeps_scheme_host_and_port(tree: BudgetTree, tmp_path: Path) -> None:
+    auth = generate(tree, roles(), tmp_path, cost=4)
+    creds = auth.users["svc"]
+    assert creds.url("tls://localhost:4222") == f"tls://svc:{creds.password}@localhost:4222"
+    with pytest.raises(ValidationError):
+        creds.url("not a url")
+    assert inbox_prefix_for_url(creds.url("nats://h:1")) == "_INBOX_svc"
+    assert inbox_prefix_for_url("nats://h:1") == "_INBOX"
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="allot")
+    auth_cmd.register(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def test_cli_gen_with_the_example_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    args = _parser().parse_args(
+        [
+            "auth", "gen",
+            "--budgets", str(deploy / "budgets.example.yaml"),
+            "--roles", str(deploy / "roles.example.yaml"),
+            "--out", str(tmp_path / "out"),
+            "--cost", "4",
+            "--tls",
+        ]
+    )  # fmt: skip
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "nlp (team)" in out and "allot.v1.submit.nlp-pretrain" in out
+    assert (tmp_path / "out" / "nats.conf").is_file()
+    assert (tmp_path / "out" / "tls" / "ca.pem").is_file()
+    assert "ALLOT_NATS_URL=tls://" in (tmp_path / "out" / "users" / "nlp.env").read_text()
+
+
+def test_cli_bad_roles_write_nothing(tmp_path: Path) -> None:
+    roles_file = tmp_path / "roles.yaml"
+    roles_file.write_text("users:\n  - {name: x, role: team, allocations: [nope]}\n")
+    budgets = tmp_path / "b.yaml"
+    budgets.write_text("name: root\nchildren:\n  - {name: nlp, shares: 1}\n")
+    args = _parser().parse_args(
+        [
+            "auth",
+            "gen",
+            "--budgets",
+            str(budgets),
+            "--roles",
+            str(roles_file),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    with pytest.raises(ValidationError) as exc:
+        args.func(args)
+    assert exc.value.field == "users[0].allocations[0]"
+    assert not (tmp_path / "o").exists()
