@@ -32,7 +32,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from allot.core.errors import ValidationError
@@ -386,6 +386,9 @@ class Client:
                         stream=WORKLOADS_STREAM,
                         ordered_consumer=True,
                         deliver_policy=DeliverPolicy.ALL,
+                        # A named consumer makes nats-py use the create subject that carries
+                        # the filter, the only one a team user is granted (allot auth gen).
+                        config=ConsumerConfig(name=f"watch-{uuid.uuid4().hex[:12]}"),
                     )
                 )
         except NotFoundError:
