@@ -466,8 +466,10 @@ class Servers(_StartStop):
         store_dir: Path | str | None = None,
         nats_config_file: Path | str | None = None,
         sync_always: bool = False,
+        nats_port: int | None = None,
     ) -> None:
         self._given_nats = nats_url
+        self._nats_port = nats_port
         self._given_redis = redis_url
         self._store_dir = store_dir
         self._nats_config_file = nats_config_file
@@ -508,6 +510,7 @@ class Servers(_StartStop):
                 self.nats = EmbeddedNats(
                     store_dir=self._store_dir,
                     config_file=self._nats_config_file,
+                    port=self._nats_port,
                     sync_always=self._sync_always,
                 ).start()
             if self._given_redis is None:

@@ -32,6 +32,12 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=8, help="GPUs per host (default 8)")
     p.add_argument("--grace-s", type=int, default=300, help="preemption grace period")
     p.add_argument("--rank-every-s", type=float, default=300.0, help="Fair Tree refresh period")
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="users with per-role NATS permissions and TLS on loopback (allot auth gen)",
+    )
+    p.add_argument("--roles", type=Path, help="roles file for --secure (default: generated)")
 
 
 def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
@@ -52,7 +58,11 @@ def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
         agents=agents,
         grace_s=args.grace_s,
         rank_every_s=args.rank_every_s,
+        secure=getattr(args, "secure", False),
+        roles=getattr(args, "roles", None),
     )
+    if config.roles is not None and not config.secure:
+        raise ValidationError("--roles", "only makes sense with --secure")
     for key, value in overrides.items():
         setattr(config, key, value)
     return config
@@ -72,7 +82,16 @@ def run(args: argparse.Namespace) -> int:
         for name, proc in stack.procs.items():
             print(f"  {name:<14} pid {proc.pid}")
         print(f"  logs   {c.run_dir / 'logs'}")
-        print(f"  export ALLOT_NATS_URL={stack.servers.nats_url}")
+        if stack.auth is not None:
+            print(f"  secure: TLS on loopback, CA {stack.ca_file}")
+            print(f"  users:  {', '.join(stack.auth.users)}")
+            print(f"  credentials: {c.run_dir / 'auth' / 'users'}/<user>.env (0600)")
+            print(f"  export ALLOT_NATS_CA={stack.ca_file}")
+            team = next((u for u, cr in stack.auth.users.items() if cr.role == "team"), None)
+            if team is not None:
+                print(f"  export ALLOT_NATS_URL='{stack.url_for(team)}'   # as team {team}")
+        else:
+            print(f"  export ALLOT_NATS_URL={stack.servers.nats_url}")
         print(
             "  try:   allot submit --alloc nlp --user ann --gpus 8 --min-runtime 1h "
             "--duration 10m;  allot queue;  allot share;  allot hosts",

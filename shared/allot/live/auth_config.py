@@ -40,6 +40,7 @@ import json
 import os
 import re
 import secrets
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,21 @@ _JS_FC = "$JS.FC"
 def inbox_prefix(user: str) -> str:
     """The only inbox a (non-service) user may read: ``_INBOX_<user>``."""
     return f"_INBOX_{user}"
+
+
+CA_ENV = "ALLOT_NATS_CA"
+"""A CA file (PEM) that clients trust for ``tls://`` servers (``allot up --secure`` sets it)."""
+
+
+def client_tls(url: str) -> ssl.SSLContext | None:
+    """The SSL context for connecting to ``url``: trusting ``$ALLOT_NATS_CA`` when set, the
+    system's CAs for other ``tls://`` URLs; None for plain ``nats://`` without a CA."""
+    ca = os.environ.get(CA_ENV)
+    if ca:
+        return ssl.create_default_context(cafile=ca)
+    if urlsplit(url).scheme == "tls":
+        return ssl.create_default_context()
+    return None
 
 
 def inbox_prefix_for_url(url: str) -> str:

@@ -36,7 +36,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from allot.core.errors import ValidationError
-from allot.live.auth_config import inbox_prefix_for_url
+from allot.live.auth_config import client_tls, inbox_prefix_for_url
 from allot.proto import codec
 from allot.proto.subjects import STREAMS, kind_of
 
@@ -99,6 +99,7 @@ async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
         url,
         name=name,
         inbox_prefix=inbox_prefix_for_url(url),
+        tls=client_tls(url),
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
     )

@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 from faststream.nats import NatsBroker
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from faststream.security import BaseSecurity
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -29,7 +30,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 
-from allot.live.auth_config import inbox_prefix_for_url
+from allot.live.auth_config import client_tls, inbox_prefix_for_url
 
 
 def wall_clock() -> float:
@@ -111,6 +112,7 @@ def make_broker(url: str, service: str, provider: TracerProvider | None = None) 
         decoder=_raw_body,
         name=f"allot-{service}",
         inbox_prefix=inbox_prefix_for_url(url),
+        security=BaseSecurity(ssl_context=tls) if (tls := client_tls(url)) else None,
         middlewares=middlewares,
         log_level=logging.DEBUG,
         max_reconnect_attempts=-1,

@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +29,20 @@ import msgspec
 import nats
 
 from allot.adapters.embedded import Servers
+from allot.cli.yaml_io import load_yaml
+from allot.core.budgets import BudgetTree
+from allot.core.errors import ValidationError
+from allot.live.auth_config import (
+    CA_ENV,
+    GeneratedAuth,
+    client_tls,
+    generate,
+    inbox_prefix_for_url,
+)
+from allot.live.tls_certs import make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.services.ranking import load_tree_file
 
 DEFAULT_BUDGETS = """\
 # Allot's embedded default budget tree: two programs, five teams (GPU-time weights).
@@ -93,6 +107,12 @@ class StackConfig:
     heartbeat_s: float = 1.0
     fake_duration_s: float = 60.0
     redis_prefix: str = "allot"
+    secure: bool = False
+    """Users, per-role permissions and TLS on loopback (``allot auth gen``); embedded NATS
+    only. The services connect as the service user, each agent as its own user."""
+    roles: Path | None = None
+    """Roles file for ``secure`` (default: one team user per allocation, a batch user for
+    unallocated work, a manager of the root, an operator, one agent user per agent)."""
     otel_exporter: str = "none"
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -101,10 +121,23 @@ class StackConfig:
 class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
+        self.auth: GeneratedAuth | None = None
+        self.ca_file: Path | None = None
+        self._server_url: str | None = None
+        nats_config: Path | None = None
+        port: int | None = None
+        if config.secure:
+            if config.nats_url is not None:
+                raise ValidationError("--secure", "runs its own NATS: do not give --nats-url")
+            port = _free_port()
+            self._server_url = f"tls://127.0.0.1:{port}"
+            nats_config = self._write_auth(port)
         self.servers = Servers(
             nats_url=config.nats_url,
             redis_url=config.redis_url,
             store_dir=config.run_dir / "jetstream" if config.nats_url is None else None,
+            nats_config_file=nats_config,
+            nats_port=port,
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
@@ -159,10 +192,59 @@ class Stack:
             out[f"agent-{agent.prefix}"] = argv
         return out
 
+    # ------------------------------------------------------------------ security
+    def _write_auth(self, port: int) -> Path:
+        c = self.config
+        budgets = c.budgets or c.run_dir / "budgets.yaml"
+        if c.budgets is None:
+            c.run_dir.mkdir(parents=True, exist_ok=True)
+            budgets.write_text(DEFAULT_BUDGETS, encoding="utf-8")
+        tree = load_tree_file(budgets)
+        roles = load_yaml(c.roles) if c.roles is not None else self._default_roles(tree)
+        if not isinstance(roles, Mapping):
+            raise ValidationError("--roles", f"{c.roles} must hold a mapping with 'users'")
+        tls = make_loopback_certs(c.run_dir / "tls")
+        self.ca_file = tls.ca_file
+        assert self._server_url is not None
+        # bcrypt cost 4: the embedded stack's users live as long as the run directory.
+        self.auth = generate(
+            tree, roles, c.run_dir / "auth", server_url=self._server_url, tls=tls, cost=4
+        )
+        return self.auth.config_path
+
+    def _default_roles(self, tree: BudgetTree) -> dict[str, object]:
+        users: list[dict[str, object]] = [
+            {"name": leaf, "role": "team", "allocations": [leaf]} for leaf in tree.leaves()
+        ]
+        users += [
+            {"name": "batch", "role": "team", "allocations": [], "unallocated": True},
+            {"name": "admin", "role": "manager", "node": tree.root.name},
+            {"name": "ops", "role": "operator"},
+            {"name": "allot-services", "role": "service"},
+        ]
+        for agent in self.config.agents:
+            hosts = (
+                [f"{agent.prefix}-{i:04d}" for i in range(agent.hosts)]
+                if agent.fake
+                else [agent.prefix]
+            )
+            users.append({"name": f"agent-{agent.prefix}", "role": "agent", "hosts": hosts})
+        return {"users": users}
+
+    def url_for(self, user: str | None = None) -> str:
+        """The URL a client connects with: the given user's (secure) or the server's."""
+        if self.auth is None or self._server_url is None:
+            return self.servers.nats_url
+        if user is None:
+            user = self.auth.first("service").user
+        return self.auth.url(user, self._server_url)
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        if self.ca_file is not None:
+            env[CA_ENV] = str(self.ca_file)
         env.update(
-            ALLOT_NATS_URL=self.servers.nats_url,
+            ALLOT_NATS_URL=self.url_for(),
             ALLOT_REDIS_URL=self.servers.redis_url,
             ALLOT_OTEL_EXPORTER=self.config.otel_exporter,
             ALLOT_LOG_LEVEL=self.config.log_level,
@@ -210,9 +292,12 @@ class Stack:
 
     def wait_ready(self, timeout: float) -> None:
         hosts = sum(a.host_count for a in self.config.agents)
+        url = self.url_for()
 
         def wait() -> None:
-            asyncio.run(_wait_ready(self.servers.nats_url, hosts, timeout, self._dead))
+            if self.ca_file is not None:
+                os.environ[CA_ENV] = str(self.ca_file)
+            asyncio.run(_wait_ready(url, hosts, timeout, self._dead))
 
         try:
             asyncio.get_running_loop()
@@ -264,7 +349,9 @@ async def _wait_ready(nats_url: str, hosts: int, timeout: float, dead: object) -
     """Ready = a placement leader answers and sees every agent's hosts, and the ranking
     service answers."""
     assert callable(dead)
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(
+        nats_url, tls=client_tls(nats_url), inbox_prefix=inbox_prefix_for_url(nats_url)
+    )
     deadline = time.monotonic() + timeout
     decode_hosts = msgspec.json.Decoder(m.HostsSnapshot)
     last = "no placement leader yet"
@@ -286,3 +373,10 @@ async def _wait_ready(nats_url: str, hosts: int, timeout: float, dead: object) -
         raise TimeoutError(f"stack not ready after {timeout:.0f} s: {last}")
     finally:
         await nc.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -36,7 +36,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from allot.core.errors import ValidationError
-from allot.live.auth_config import inbox_prefix_for_url
+from allot.live.auth_config import client_tls, inbox_prefix_for_url
 from allot.live.bus import decode_record
 from allot.proto import codec, subjects
 from allot.proto import messages as m
@@ -181,6 +181,7 @@ class Client:
                 error_cb=on_error,
                 # A user reads replies only under its own inbox prefix (allot auth gen).
                 inbox_prefix=inbox_prefix_for_url(self.nats_url),
+                tls=client_tls(self.nats_url),
             )
         )
         gave_up = asyncio.ensure_future(failed.wait())
