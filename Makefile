@@ -53,8 +53,9 @@ fmt: $(STAMP) ## format and auto-fix
 bench: $(STAMP) ## benchmarks; prints figures and writes bench/results/
 	$(BIN)/python bench/run_all.py --shared $(SHARED)
 
-bench-live: $(STAMP) ## live stack benchmark (1,000 fake hosts): submissions/s and submit->placement latency
+bench-live: $(STAMP) ## live stack benchmark (1,000 fake hosts): submissions/s, submit->placement latency, fsync cost
 	$(BIN)/python bench/bench_live.py
+	$(BIN)/python bench/bench_live.py --no-sync-always
 
 golden: $(STAMP) ## regenerate the simulator's golden reports (review the diff!)
 	$(BIN)/python tests/golden/regenerate.py
