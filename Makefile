@@ -8,7 +8,7 @@ SHARED ?= ../shared
 OUT ?= out
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo up compare test lint type fmt bench bench-live golden schema philly clean
+.PHONY: help install run demo up compare test lint type fmt bench bench-live chaos golden schema philly clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ bench: $(STAMP) ## benchmarks; prints figures and writes bench/results/
 bench-live: $(STAMP) ## live stack benchmark (1,000 fake hosts): submissions/s, submit->placement latency, fsync cost
 	$(BIN)/python bench/bench_live.py
 	$(BIN)/python bench/bench_live.py --no-sync-always
+
+chaos: $(STAMP) ## fault injection under load (kills, SIGSTOP, NATS restart, Redis wipe); writes bench/results/chaos.*
+	$(BIN)/python bench/chaos.py
 
 golden: $(STAMP) ## regenerate the simulator's golden reports (review the diff!)
 	$(BIN)/python tests/golden/regenerate.py

@@ -70,9 +70,7 @@ class History:
         self._clock = clock
         self._wall = wall_clock
 
-    def record(
-        self, process: str, type_: OpType, f: str, value: Value, error: str = ""
-    ) -> Op:
+    def record(self, process: str, type_: OpType, f: str, value: Value, error: str = "") -> Op:
         op = Op(
             process=process,
             type=type_,

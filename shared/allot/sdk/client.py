@@ -387,6 +387,7 @@ class Client:
                         stream=WORKLOADS_STREAM,
                         ordered_consumer=True,
                         deliver_policy=DeliverPolicy.ALL,
+                        idle_heartbeat=0.5,  # notice a restarted server within a second
                         # A named consumer makes nats-py use the create subject that carries
                         # the filter, the only one a team user is granted (allot auth gen).
                         config=ConsumerConfig(name=f"watch-{uuid.uuid4().hex[:12]}"),
