@@ -80,13 +80,26 @@ class ClusterState:
         """Earliest protection end strictly after ``now`` among running allocated work.
         Reads only (a cycle must not change the state); ``prune_protection`` drops the
         entries that lapsed when the caller's clock has moved past them."""
+        # Walk the heap as a tree: a node's subtree holds only times >= its own, so below a
+        # live entry after ``now`` nothing can be earlier; only lapsed or stale entries
+        # (few, once the caller prunes) are descended through.
         best: float | None = None
         running = self.running
-        for t, wid in self._protect_heap:
-            if t > now and (best is None or t < best):
+        heap = self._protect_heap
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            t, wid = heap[i]
+            if best is not None and t >= best:
+                continue
+            if t > now:
                 r = running.get(wid)
                 if r is not None and r.protected_until == t:
                     best = t
+                    continue
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    stack.append(child)
         return best
 
     def prune_protection(self, now: float) -> None:

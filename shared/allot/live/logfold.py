@@ -165,6 +165,7 @@ class LogFold:
         except ValidationError as e:
             return Applied(False, str(e))  # GPUs not free: a decision that would double-book
         self.queue.remove(rec.workload.id)
+        self.state.prune_protection(r.at)  # as apply_result does: lapsed entries leave the heap
         rec.status = "running"
         rec.attempt = r.attempt
         rec.started_at = r.at
