@@ -67,6 +67,7 @@ _ENCODER: Final = msgspec.json.Encoder()
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _NAMED = re.compile(r"(?:unknown|missing required) field `(?P<name>[\s\S]+)`$")
 _BYTE = re.compile(r"\(byte (?P<pos>\d+)\)")
+_PLAIN_KEY = re.compile(rb'"([^"]*)"\s*:')  # a key token when the body has no backslash
 _KEY = re.compile(rb'"((?:[^"\\]|\\.){1,200})"\s*:')
 
 
@@ -160,7 +161,15 @@ def _near(text: str, data: bytes, pos: int | None) -> ValidationError:
 
 
 def _reject_duplicate_keys(data: bytes) -> None:
-    """Already decoded, so ``data`` is valid JSON within the decoder's nesting limit."""
+    """Already decoded, so ``data`` is valid JSON within the decoder's nesting limit.
+
+    Fast path: without a backslash no string can hide a quote or spell a key another way,
+    so every key is a ``"...":`` token; if no token repeats, no object has a key twice.
+    Otherwise (a repeated token may be the same key in two objects) parse it all."""
+    if b"\\" not in data:
+        keys = _PLAIN_KEY.findall(data)
+        if len(keys) == len(set(keys)):
+            return
 
     def hook(pairs: list[tuple[str, object]]) -> dict[str, object]:
         seen: set[str] = set()
