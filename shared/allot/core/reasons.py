@@ -1,0 +1,495 @@
+"""Why a workload waits, why one was preempted, and what its queue position is made of.
+
+``explain_pending`` gives every workload still pending after a cycle exactly one
+``PendingReason`` with the numbers behind it. It does not replay the cycle: it asks, of the
+snapshot the cycle read, a fixed sequence of questions and stops at the first "yes"
+(``docs/reasons.md`` has the table):
+
+1. ``waiting-for-notice``: the cycle reserved room for it on GPUs under notice.
+2. ``too-large`` / ``hosts-draining``: its shape (one host, or g // G whole hosts plus one)
+   fits no set of this pool's hosts even empty; ``hosts-draining`` when it would with the
+   draining, drained or cordoned hosts back.
+3. ``unallocated-idle-only`` (FAIRSHARE): unallocated work runs only on idle GPUs.
+4. ``better-ranked-first``: it fit the free GPUs at the start of the cycle, or a preemption
+   plan existed for it then: work ahead of it in the queue took that room this cycle.
+5. ``protected-until``: a plan exists only if protection is ignored: it waits for the
+   protected work it may take, until its protection ends.
+6. ``over-entitlement``: its allocation is at or over its entitlement (or the request is
+   mostly beyond it), so it may take only worse-ranked over-entitlement work: none exists.
+7. ``no-host-large-enough``: none of the above: not enough free GPUs in its shape, and
+   nothing it may preempt (or preemption is off).
+
+The questions use the core's own placement and preemption planner on a fresh read-only
+``ClusterView`` of the snapshot, so a reason never claims room the planner would not find.
+Held GPUs are counted after the cycle's placements (what the next cycle will see).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from allot.core.cycle import WORST_ORDER, Snapshot, _FairShareRule, _LegacyRule
+from allot.core.decisions import CycleResult, Preemption, PreemptReason
+from allot.core.model import Workload
+from allot.core.placement import ClusterView
+from allot.core.policy import Mode, Policy
+from allot.core.preemption import Plan, VictimRule, plan_preemption
+from allot.core.queue_view import OVER, UNALLOCATED, UNDER, queue_order
+from allot.core.state import DEFAULT_POOL, ClusterState
+
+Number = float | int | str
+
+
+class PendingReason(StrEnum):
+    WAITING_FOR_NOTICE = "waiting-for-notice"
+    TOO_LARGE = "too-large"
+    HOSTS_DRAINING = "hosts-draining"
+    UNALLOCATED_IDLE_ONLY = "unallocated-idle-only"
+    BETTER_RANKED_FIRST = "better-ranked-first"
+    PROTECTED_UNTIL = "protected-until"
+    OVER_ENTITLEMENT = "over-entitlement"
+    NO_HOST_LARGE_ENOUGH = "no-host-large-enough"
+
+
+@dataclass(frozen=True, slots=True)
+class Why:
+    """One pending workload's reason: the code, the numbers behind it, one human line."""
+
+    code: PendingReason
+    numbers: Mapping[str, Number]
+    text: str
+
+
+TIER_NAMES = {UNDER: "under-entitlement", OVER: "over-entitlement", UNALLOCATED: "unallocated"}
+
+
+@dataclass(frozen=True, slots=True)
+class PrioRow:
+    """``allot prio``: one pending workload's sort key broken into its inputs (``sprio -l``).
+
+    ``sort_key`` lists the inputs in precedence order (smaller first): FAIRSHARE
+    ``(class, tier, order_key, -priority, submit_time, id)`` with class 0 allocated and 1
+    unallocated; PRIORITY ``(-priority, submit_time, id)``; FIFO/PARTITIONED
+    ``(submit_time, id)``. Allocations with equal order keys are interleaved by the submit
+    time of their heads, exactly as the cycle merges them; ``position`` is authoritative."""
+
+    position: int
+    workload_id: str
+    allocation: str | None
+    user: str
+    gpus: int
+    tier: int  # 0 under entitlement, 1 at or over, 2 unallocated
+    tier_name: str
+    held: int  # GPUs the allocation holds now (0 for unallocated work)
+    entitlement: float  # effective share x GPUs on healthy hosts
+    order_key: int | None  # Fair Tree order of the allocation (smaller first)
+    rank: int | None
+    fairshare: float | None
+    priority: int
+    age_s: float
+    sort_key: tuple[object, ...]
+
+
+# ----------------------------------------------------------------------------- pending
+
+
+def explain_pending(
+    snapshot: Snapshot, policy: Policy, now: float, result: CycleResult
+) -> dict[str, Why]:
+    """Workload id -> why it is still pending after ``result``, for every workload of
+    ``snapshot.queue`` that ``result`` did not place, in queue order. Reads only."""
+    return _Explainer(snapshot, policy, now, result).run()
+
+
+class _Explainer:
+    def __init__(self, snapshot: Snapshot, policy: Policy, now: float, result: CycleResult):
+        self.snap = snapshot
+        self.st: ClusterState = snapshot.cluster
+        self.policy = policy
+        self.now = now
+        self.result = result
+        self.view = ClusterView(self.st, now)  # start of the cycle; read-only use
+        self.fairshare = policy.mode is Mode.FAIRSHARE
+        capacity = self.st.healthy_gpus
+        self.entitlement = {a: s * capacity for a, s in snapshot.shares.items()}
+        self.held = dict(self.st.held)
+        placed_gpus: dict[str, int] = {}
+        for p in result.placements:
+            for host_id, gpus in p.assignment:
+                pool = self.st.pool_of[host_id]
+                placed_gpus[pool] = placed_gpus.get(pool, 0) + len(gpus)
+            if p.workload.allocated and p.workload.allocation is not None:
+                a = p.workload.allocation
+                self.held[a] = self.held.get(a, 0) + p.workload.gpus
+        self.placed_gpus = placed_gpus
+        self.placed_ids = {p.workload.id for p in result.placements}
+        self.waiting = dict(result.waiting_on)
+        self.notice_at = {p.workload_id: p.preempt_at for p in result.preemptions}
+        self._plans: dict[tuple[object, ...], Plan | None] = {}
+
+    def run(self) -> dict[str, Why]:
+        out: dict[str, Why] = {}
+        for entry in queue_order(self.snap, self.policy):
+            w = entry.workload
+            if w.id not in self.placed_ids:
+                out[w.id] = self.explain(w)
+        return out
+
+    def explain(self, w: Workload) -> Why:
+        g = w.gpus
+        if w.id in self.waiting:
+            return self._waiting(w, self.waiting[w.id])
+        pool = self._pool(w)
+        shape = self._shape(w, pool)
+        if shape is not None:
+            return shape
+        free, block = self._free(pool)
+        if self.fairshare and not w.allocated:
+            return _why(
+                PendingReason.UNALLOCATED_IDLE_ONLY,
+                requested=g,
+                free_gpus=free,
+                largest_free_block=block,
+                placed_gpus=self.placed_gpus.get(pool, 0),
+            )
+        may_preempt = self.policy.preempts and (w.allocated or not self.fairshare)
+        if self.view.find_fit(pool, g) is not None or (
+            may_preempt and self._plan(w, pool, ignore_protection=False) is not None
+        ):
+            return _why(
+                PendingReason.BETTER_RANKED_FIRST,
+                requested=g,
+                free_gpus=free,
+                largest_free_block=block,
+                placed_gpus=self.placed_gpus.get(pool, 0),
+                placed_workloads=len(self.result.placements),
+                waiting_requesters=len(self.waiting),
+            )
+        alloc = w.allocation if w.allocated else None
+        held = self.held.get(alloc, 0) if alloc else 0
+        entitlement = self.entitlement.get(alloc, 0.0) if alloc else 0.0
+        if may_preempt and self.fairshare:
+            plan = self._plan(w, pool, ignore_protection=True)
+            until = self._protection_end(plan) if plan is not None else None
+            if plan is not None and until is not None:
+                protected = [r for r in plan.victims if r.protected(self.now)]
+                return _why(
+                    PendingReason.PROTECTED_UNTIL,
+                    requested=g,
+                    until=until,
+                    in_s=until - self.now,
+                    protected_gpus=sum(r.workload.gpus for r in protected),
+                    hosts=",".join(plan.hosts),
+                    held=held,
+                    entitlement=entitlement,
+                )
+        # A request that does not reclaim competes by Fair Tree rank only (cycle step 4).
+        if (
+            alloc is not None
+            and self.fairshare
+            and self.policy.entitlement_tier
+            and not self._reclaims(alloc, g)
+        ):
+            return _why(
+                PendingReason.OVER_ENTITLEMENT,
+                allocation=alloc,
+                requested=g,
+                held=held,
+                entitlement=entitlement,
+                owed=max(0.0, entitlement - held),
+            )
+        return _why(
+            PendingReason.NO_HOST_LARGE_ENOUGH,
+            requested=g,
+            free_gpus=free,
+            largest_free_block=block,
+            largest_host=self.st.pool_max_gpus.get(pool, 0),
+            preemption="on" if may_preempt else "off",
+        )
+
+    # ------------------------------------------------------------------ codes
+    def _waiting(self, w: Workload, victims: tuple[str, ...]) -> Why:
+        deadlines: list[float] = []
+        victim_gpus = 0
+        for wid in victims:
+            run = self.st.running.get(wid)
+            at = self.notice_at.get(wid, run.preempt_at if run is not None else None)
+            if at is not None:
+                deadlines.append(at)
+            if run is not None:
+                victim_gpus += run.workload.gpus
+        deadline = max(deadlines, default=self.now)
+        return _why(
+            PendingReason.WAITING_FOR_NOTICE,
+            requested=w.gpus,
+            victims=",".join(victims),
+            victim_count=len(victims),
+            victim_gpus=victim_gpus,
+            deadline=deadline,
+            in_s=max(0.0, deadline - self.now),
+        )
+
+    def _shape(self, w: Workload, pool: str) -> Why | None:
+        """``too-large`` or ``hosts-draining`` when no set of the pool's healthy hosts, even
+        empty, has the request's shape."""
+        hosts = [h for h in self.st.hosts if self.st.pool_of[h.id] == pool]
+        healthy = [h.gpus for h in hosts if h.schedulable]
+        if _fits_empty(healthy, w.gpus):
+            return None
+        down = [h for h in hosts if not h.schedulable]
+        if _fits_empty(healthy + [h.gpus for h in down], w.gpus):
+            return _why(
+                PendingReason.HOSTS_DRAINING,
+                requested=w.gpus,
+                healthy_gpus=sum(healthy),
+                unavailable_hosts=len(down),
+                unavailable_gpus=sum(h.gpus for h in down),
+            )
+        largest = max((h.gpus for h in hosts), default=0)
+        return _why(
+            PendingReason.TOO_LARGE,
+            requested=w.gpus,
+            largest_host=largest,
+            hosts_of_largest=sum(1 for h in hosts if h.gpus == largest),
+            cluster_gpus=sum(h.gpus for h in hosts),
+        )
+
+    # ---------------------------------------------------------------- helpers
+    def _pool(self, w: Workload) -> str:
+        """The pool the cycle places ``w`` in (``_Cycle._pool``)."""
+        if self.policy.mode is Mode.PARTITIONED and w.allocation in self.st.by_free:
+            assert w.allocation is not None
+            return w.allocation
+        return DEFAULT_POOL
+
+    def _free(self, pool: str) -> tuple[int, int]:
+        """Free GPUs and the largest free block on the pool's schedulable hosts."""
+        sizes = [
+            len(self.st.free[h.id])
+            for h in self.st.hosts
+            if h.schedulable and self.st.pool_of[h.id] == pool
+        ]
+        return sum(sizes), max(sizes, default=0)
+
+    def _reclaims(self, alloc: str, gpus: int) -> bool:
+        """``_Cycle._reclaims`` with the held GPUs after this cycle's placements."""
+        if not (self.fairshare and self.policy.entitlement_tier):
+            return False
+        held = self.held.get(alloc, 0)
+        entitlement = self.entitlement.get(alloc, 0.0)
+        return held < entitlement and held + gpus / 2 <= entitlement
+
+    def _rule(self, w: Workload, ignore_protection: bool) -> VictimRule:
+        if self.policy.mode is Mode.PRIORITY:
+            return _LegacyRule(w.priority, self.now)
+        alloc = w.allocation
+        assert alloc is not None
+        return _FairShareRule(
+            requester=alloc,
+            requester_order=self.snap.order.get(alloc, WORST_ORDER),
+            under_entitlement=self._reclaims(alloc, w.gpus),
+            entitlement_tier=self.policy.entitlement_tier,
+            order=self.snap.order,
+            entitlement=self.entitlement,
+            now=self.now,
+            ignores_protection=ignore_protection,
+        )
+
+    def _plan(self, w: Workload, pool: str, *, ignore_protection: bool) -> Plan | None:
+        """A preemption plan on the snapshot as the cycle found it (memoised: the answer
+        depends only on the rule's inputs and the request's size)."""
+        if self.policy.mode is Mode.PRIORITY:
+            key: tuple[object, ...] = (pool, w.priority, w.gpus)
+        else:
+            a = w.allocation
+            key = (pool, a, self._reclaims(a or "", w.gpus), w.gpus, ignore_protection)
+        if key not in self._plans:
+            rule = self._rule(w, ignore_protection)
+            self._plans[key] = plan_preemption(self.view, pool, w.gpus, rule)
+        return self._plans[key]
+
+    def _protection_end(self, plan: Plan) -> float | None:
+        """When the plan's protected victims are all past their protection (the room then
+        exists); the cluster's next protection end if none is protected; None if neither."""
+        ends = [r.protected_until for r in plan.victims if r.protected(self.now)]
+        if ends:
+            return max(ends)
+        return self.st.next_protection_end(self.now)
+
+
+def _fits_empty(sizes: list[int], gpus: int) -> bool:
+    """Whether hosts of these sizes, all empty, hold a request of ``gpus`` in the placement
+    shape: one host when gpus <= the largest G, else gpus // G hosts of size G plus one more
+    host for the remainder."""
+    if not sizes:
+        return False
+    largest = max(sizes)
+    if gpus <= largest:
+        return True
+    whole, rest = divmod(gpus, largest)
+    n_largest = sizes.count(largest)
+    if n_largest < whole:
+        return False
+    return rest == 0 or n_largest > whole or any(rest <= s < largest for s in sizes)
+
+
+# ------------------------------------------------------------------------------- text
+
+
+def _why(code: PendingReason, **numbers: Number) -> Why:
+    return Why(code, numbers, _TEXT[code](numbers))
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: ``45 s``, ``12 min``, ``3.5 h``."""
+    s = max(0.0, seconds)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 2 * 3600:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _num(x: Number) -> str:
+    if isinstance(x, float):
+        return f"{x:.1f}"
+    return str(x)
+
+
+def _better_ranked_text(n: Mapping[str, Number]) -> str:
+    if not n["placed_workloads"] and not n["waiting_requesters"]:
+        # Nothing started and nothing reserved: the room went to an earmark (a reclaiming
+        # request ahead of it, blocked by protected work, holds those hosts) or was just
+        # reclaimed for another request of the allocation that lost it.
+        return (
+            f"needs {n['requested']} GPUs: the room it could use is held back for work "
+            "ahead of it (earmarked behind protected work, or just reclaimed for another "
+            "request)"
+        )
+    return (
+        f"work ahead of it took the room this cycle: {n['placed_workloads']} started on "
+        f"{n['placed_gpus']} of {n['free_gpus']} free GPUs, {n['waiting_requesters']} "
+        f"wait on notices; needs {n['requested']}"
+    )
+
+
+_TEXT: dict[PendingReason, Callable[[Mapping[str, Number]], str]] = {
+    PendingReason.WAITING_FOR_NOTICE: lambda n: (
+        f"room reserved: {n['victim_count']} run(s) holding {n['victim_gpus']} GPUs "
+        f"({n['victims']}) are under preemption notice, gone in {duration(float(n['in_s']))}"
+    ),
+    PendingReason.TOO_LARGE: lambda n: (
+        f"needs {n['requested']} GPUs: more than the cluster can hold in one placement "
+        f"({n['hosts_of_largest']} host(s) of {n['largest_host']} GPUs, "
+        f"{n['cluster_gpus']} GPUs in all)"
+    ),
+    PendingReason.HOSTS_DRAINING: lambda n: (
+        f"needs {n['requested']} GPUs: only {n['healthy_gpus']} on healthy hosts; "
+        f"{n['unavailable_hosts']} host(s) with {n['unavailable_gpus']} GPUs are draining "
+        "or out of service"
+    ),
+    PendingReason.UNALLOCATED_IDLE_ONLY: lambda n: (
+        f"unallocated: runs only on idle GPUs; needs {n['requested']}, "
+        f"{n['free_gpus']} free (largest block {n['largest_free_block']}), "
+        f"{n['placed_gpus']} just given to other work"
+    ),
+    PendingReason.BETTER_RANKED_FIRST: _better_ranked_text,
+    PendingReason.PROTECTED_UNTIL: lambda n: (
+        f"room only behind protected work ({n['protected_gpus']} GPUs on {n['hosts']}) "
+        f"until its protection ends in {duration(float(n['in_s']))}; "
+        f"allocation holds {n['held']} of {_num(n['entitlement'])} entitled"
+    ),
+    PendingReason.OVER_ENTITLEMENT: lambda n: (
+        f"{n['allocation']} holds {n['held']} of {_num(n['entitlement'])} entitled GPUs "
+        f"(owed {_num(n['owed'])}, asks {n['requested']}): it may take only work of "
+        "worse-ranked allocations over their entitlement, and none is running"
+    ),
+    PendingReason.NO_HOST_LARGE_ENOUGH: lambda n: (
+        f"needs {n['requested']} GPUs, {n['free_gpus']} free (largest block "
+        f"{n['largest_free_block']} on hosts of {n['largest_host']}), and no work it may "
+        f"preempt (preemption {n['preemption']})"
+    ),
+}
+
+
+# ------------------------------------------------------------------------- preemption
+
+_PREEMPT_TEXT = {
+    PreemptReason.RECLAIMED_FOR_ENTITLEMENT: "reclaimed for an allocation below its entitlement",
+    PreemptReason.BETTER_RANKED: "taken by a better-ranked allocation",
+    PreemptReason.HOST_DRAIN: "its host is draining and its protection has ended",
+    PreemptReason.DISPLACED_UNALLOCATED: "unallocated work displaced by allocated work",
+    PreemptReason.HIGHER_CLASS: "taken by a higher priority class (legacy policy)",
+}
+
+
+def explain_preemption(p: Preemption, now: float | None = None) -> str:
+    """One line: who, why, for whom, the victim allocation's numbers, and the deadline
+    (relative to ``now`` when given)."""
+    owner = p.allocation or "unallocated"
+    parts = [
+        f"{p.workload_id} ({p.gpus} GPUs, {owner}): {p.reason.value}: {_PREEMPT_TEXT[p.reason]}"
+    ]
+    if p.preemptor is not None:
+        parts.append(f"for {p.preemptor}")
+    if p.allocation is not None:
+        parts.append(
+            f"{p.allocation} held {p.victim_held_gpus} of {p.victim_entitlement_gpus:.1f} "
+            "entitled GPUs"
+        )
+    when = f"in {duration(p.preempt_at - now)}" if now is not None else f"at t={p.preempt_at:.0f}"
+    parts.append(f"leaves {when}, " + ("requeued" if p.requeue else "not requeued"))
+    return "; ".join(parts)
+
+
+# ------------------------------------------------------------------------------- prio
+
+
+def priority_breakdown(
+    snapshot: Snapshot,
+    policy: Policy,
+    now: float,
+    fairshare: Mapping[str, float] | None = None,
+    rank: Mapping[str, int] | None = None,
+) -> list[PrioRow]:
+    """``allot prio``: every pending workload in ``queue_order``, with the inputs of its
+    position (tier and why, Fair Tree order and factor, user priority, age)."""
+    st = snapshot.cluster
+    capacity = st.healthy_gpus
+    rows: list[PrioRow] = []
+    for e in queue_order(snapshot, policy):
+        w = e.workload
+        alloc = w.allocation if w.allocated else None
+        tier = UNALLOCATED if alloc is None else e.tier
+        if policy.mode is Mode.FAIRSHARE:
+            key: tuple[object, ...] = (
+                (1, 0, 0, 0, w.submit_time, w.id)
+                if alloc is None
+                else (0, tier, e.order_key, -w.priority, w.submit_time, w.id)
+            )
+        elif policy.mode is Mode.PRIORITY:
+            key = (-w.priority, w.submit_time, w.id)
+        else:
+            key = (w.submit_time, w.id)
+        rows.append(
+            PrioRow(
+                position=e.position,
+                workload_id=w.id,
+                allocation=w.allocation,
+                user=w.user,
+                gpus=w.gpus,
+                tier=tier,
+                tier_name=TIER_NAMES[tier],
+                held=st.held.get(alloc, 0) if alloc else 0,
+                entitlement=snapshot.shares.get(alloc, 0.0) * capacity if alloc else 0.0,
+                order_key=e.order_key if alloc is not None else None,
+                rank=(rank or {}).get(alloc) if alloc else None,
+                fairshare=(fairshare or {}).get(alloc) if alloc else None,
+                priority=w.priority,
+                age_s=now - w.submit_time,
+                sort_key=key,
+            )
+        )
+    return rows

@@ -1,0 +1,314 @@
+"""Reason codes: every pending reason reachable on a crafted snapshot, with its numbers;
+every pending workload gets exactly one reason (hypothesis); ``allot prio`` rows follow
+the queue order; preemption lines carry the preemptor and the numbers."""
+
+from __future__ import annotations
+
+import pytest
+from builders import HOUR, cluster, free_work, host, hosts, on, snapshot, workload
+from hypothesis import given
+from test_core_properties import NOW, SETTINGS, Scenario, dump, scenarios
+
+from allot.core.cycle import Snapshot, run_cycle
+from allot.core.decisions import PreemptReason
+from allot.core.model import HostState
+from allot.core.policy import Mode, Policy
+from allot.core.queue_view import queue_order
+from allot.core.reasons import (
+    PendingReason,
+    Why,
+    explain_pending,
+    explain_preemption,
+    priority_breakdown,
+)
+
+T = 10 * HOUR  # "now" in the crafted snapshots: work started at 0 is past its protection
+
+
+def why(snap: Snapshot, wid: str, policy: Policy | None = None, now: float = T) -> Why:
+    policy = policy or Policy()
+    result = run_cycle(snap, policy, now)
+    reasons = explain_pending(snap, policy, now, result)
+    assert wid not in {p.workload.id for p in result.placements}
+    return reasons[wid]
+
+
+# -- each code, with its numbers ----------------------------------------------------------
+
+
+def test_waiting_for_notice_names_the_victims_and_the_deadline() -> None:
+    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1"))
+    snap = snapshot(st, workload("a1", 8, "a"), shares={"a": 1.0})
+    r = why(snap, "a1")
+    assert r.code is PendingReason.WAITING_FOR_NOTICE
+    assert r.numbers == {
+        "requested": 8,
+        "victims": "b1",
+        "victim_count": 1,
+        "victim_gpus": 8,
+        "deadline": T + 300,
+        "in_s": 300,
+    }
+    assert "b1" in r.text and "5 min" in r.text
+
+
+def test_too_large_when_no_set_of_hosts_holds_the_request() -> None:
+    snap = snapshot(cluster(hosts(2)), workload("a1", 24))
+    r = why(snap, "a1")
+    assert r.code is PendingReason.TOO_LARGE
+    assert r.numbers == {
+        "requested": 24,
+        "largest_host": 8,
+        "hosts_of_largest": 2,
+        "cluster_gpus": 16,
+    }
+
+
+def test_hosts_draining_when_the_request_fits_only_with_the_unhealthy_hosts() -> None:
+    st = cluster([host("h1"), host("h2", state=HostState.DRAINING)])
+    r = why(snapshot(st, workload("a1", 16)), "a1")
+    assert r.code is PendingReason.HOSTS_DRAINING
+    assert r.numbers == {
+        "requested": 16,
+        "healthy_gpus": 8,
+        "unavailable_hosts": 1,
+        "unavailable_gpus": 8,
+    }
+
+
+def test_unallocated_work_waits_for_idle_gpus() -> None:
+    st = cluster(hosts(1), on(workload("a1", 6), "h1"))
+    r = why(snapshot(st, free_work("f1", 4), shares={"a": 1.0}), "f1")
+    assert r.code is PendingReason.UNALLOCATED_IDLE_ONLY
+    assert r.numbers == {
+        "requested": 4,
+        "free_gpus": 2,
+        "largest_free_block": 2,
+        "placed_gpus": 0,
+    }
+
+
+def test_better_ranked_first_when_work_ahead_took_the_free_gpus() -> None:
+    snap = snapshot(
+        cluster(hosts(1)),
+        workload("a1", 8, "a"),
+        workload("b1", 8, "b"),
+        shares={"a": 0.5, "b": 0.5},
+        order={"a": 0, "b": 1},
+    )
+    r = why(snap, "b1")
+    assert r.code is PendingReason.BETTER_RANKED_FIRST
+    assert r.numbers == {
+        "requested": 8,
+        "free_gpus": 8,
+        "largest_free_block": 8,
+        "placed_gpus": 8,
+        "placed_workloads": 1,
+        "waiting_requesters": 0,
+    }
+
+
+def test_better_ranked_first_when_a_better_request_claimed_the_victims() -> None:
+    # a and c both reclaim the one over-entitlement run; a ranks better and gets it.
+    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1"))
+    snap = snapshot(
+        st,
+        workload("a1", 8, "a"),
+        workload("c1", 8, "c"),
+        shares={"a": 1.0, "c": 1.0},
+        order={"a": 0, "c": 1},
+    )
+    r = why(snap, "c1")
+    assert r.code is PendingReason.BETTER_RANKED_FIRST
+    assert r.numbers["waiting_requesters"] == 1
+    assert r.numbers["free_gpus"] == 0
+
+
+def test_better_ranked_first_when_an_earmark_holds_the_free_gpus() -> None:
+    # a1 reclaims but b1 is protected: a1 earmarks h1, and its 2 free GPUs go to nobody.
+    st = cluster(hosts(1), on(workload("b1", 6, "b"), "h1", start=T - 600))
+    snap = snapshot(
+        st,
+        workload("a1", 8, "a"),
+        workload("c1", 2, "c"),
+        shares={"a": 1.0, "c": 1.0},
+        order={"a": 0, "c": 1},
+    )
+    assert why(snap, "a1").code is PendingReason.PROTECTED_UNTIL
+    r = why(snap, "c1")
+    assert r.code is PendingReason.BETTER_RANKED_FIRST
+    assert (r.numbers["free_gpus"], r.numbers["placed_workloads"]) == (2, 0)
+    assert r.numbers["waiting_requesters"] == 0
+    assert "earmarked" in r.text
+
+
+def test_protected_until_gives_the_protection_end_and_the_hosts() -> None:
+    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1", start=T - 600))
+    r = why(snapshot(st, workload("a1", 8, "a"), shares={"a": 1.0}), "a1")
+    assert r.code is PendingReason.PROTECTED_UNTIL
+    assert r.numbers == {
+        "requested": 8,
+        "until": T - 600 + HOUR,
+        "in_s": HOUR - 600,
+        "protected_gpus": 8,
+        "hosts": "h1",
+        "held": 0,
+        "entitlement": 8.0,
+    }
+    assert "50 min" in r.text
+
+
+def test_over_entitlement_when_nothing_worse_ranked_is_over() -> None:
+    st = cluster(hosts(1), on(workload("a1", 8, "a"), "h1"))
+    snap = snapshot(st, workload("a2", 1, "a"), shares={"a": 0.5, "b": 0.5})
+    r = why(snap, "a2")
+    assert r.code is PendingReason.OVER_ENTITLEMENT
+    assert r.numbers == {
+        "allocation": "a",
+        "requested": 1,
+        "held": 8,
+        "entitlement": 4.0,
+        "owed": 0.0,
+    }
+
+
+def test_over_entitlement_for_a_request_mostly_beyond_the_entitlement() -> None:
+    # a holds 2 of 4: an 8-GPU request is owed only 2, so it competes by rank only, and b
+    # (over its entitlement, but better-ranked) is out of its reach.
+    st = cluster(hosts(2), on(workload("a1", 2, "a"), "h1"), on(workload("b1", 8, "b"), "h2"))
+    st.start(workload("b2", 6, "b"), (("h1", (2, 3, 4, 5, 6, 7)),), 0.0)
+    snap = snapshot(
+        st, workload("a2", 8, "a"), shares={"a": 0.25, "b": 0.25}, order={"a": 1, "b": 0}
+    )
+    r = why(snap, "a2")
+    assert r.code is PendingReason.OVER_ENTITLEMENT
+    assert r.numbers["held"] == 2
+    assert r.numbers["entitlement"] == 4.0
+    assert r.numbers["owed"] == 2.0
+
+
+@pytest.mark.parametrize("preemption", [True, False])
+def test_no_host_large_enough_when_nothing_is_free_or_preemptible(preemption: bool) -> None:
+    # b is within its entitlement: an owed request of a may not take it.
+    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1"))
+    snap = snapshot(st, workload("a1", 4, "a"), shares={"a": 0.5, "b": 1.0})
+    r = why(snap, "a1", Policy(preemption=preemption))
+    assert r.code is PendingReason.NO_HOST_LARGE_ENOUGH
+    assert r.numbers == {
+        "requested": 4,
+        "free_gpus": 0,
+        "largest_free_block": 0,
+        "largest_host": 8,
+        "preemption": "on" if preemption else "off",
+    }
+
+
+def test_the_baselines_get_reasons_too() -> None:
+    st = cluster(hosts(1), on(workload("b1", 6, "b"), "h1"))
+    snap = snapshot(st, workload("a1", 4, "a", submit=1.0), workload("a2", 2, "a", submit=2.0))
+    for mode in (Mode.FIFO, Mode.PRIORITY, Mode.PARTITIONED):
+        policy = Policy(mode)
+        reasons = explain_pending(snap, policy, T, run_cycle(snap, policy, T))
+        assert reasons["a1"].code is PendingReason.NO_HOST_LARGE_ENOUGH
+        assert "a2" not in reasons  # placed on the 2 free GPUs
+
+
+def test_only_pending_work_is_explained_in_queue_order() -> None:
+    snap = snapshot(
+        cluster(hosts(1)),
+        workload("a1", 4, submit=1.0),
+        workload("a2", 8, submit=2.0),
+        free_work("f1", 8, submit=0.0),
+        shares={"a": 1.0},
+    )
+    policy = Policy()
+    reasons = explain_pending(snap, policy, T, run_cycle(snap, policy, T))
+    assert list(reasons) == ["a2", "f1"]
+
+
+# -- every pending workload, exactly one reason ---------------------------------------------
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_every_pending_workload_gets_one_reason_and_nothing_changes(scenario: Scenario) -> None:
+    state, queue, snap = scenario.build()
+    policy = scenario.policy
+    before = dump(state, queue)
+    result = run_cycle(snap, policy, NOW)
+    reasons = explain_pending(snap, policy, NOW, result)
+    assert dump(state, queue) == before, "explain_pending changed the snapshot"
+    placed = {p.workload.id for p in result.placements}
+    assert set(reasons) == {w.id for w in queue} - placed
+    assert explain_pending(snap, policy, NOW, result) == reasons, "not deterministic"
+    waiting = dict(result.waiting_on)
+    for wid, r in reasons.items():
+        assert isinstance(r.code, PendingReason)
+        assert r.text
+        assert (r.code is PendingReason.WAITING_FOR_NOTICE) == (wid in waiting)
+        w = next(q for q in queue if q.id == wid)
+        if r.code is PendingReason.UNALLOCATED_IDLE_ONLY:
+            assert policy.mode is Mode.FAIRSHARE and not w.allocated
+        if r.code in (PendingReason.PROTECTED_UNTIL, PendingReason.OVER_ENTITLEMENT):
+            assert policy.mode is Mode.FAIRSHARE and w.allocated
+        if r.code is PendingReason.PROTECTED_UNTIL:
+            assert float(r.numbers["until"]) > NOW
+        assert all(isinstance(v, int | float | str) for v in r.numbers.values())
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_priority_breakdown_follows_the_queue_order(scenario: Scenario) -> None:
+    state, queue, snap = scenario.build()
+    before = dump(state, queue)
+    rows = priority_breakdown(snap, scenario.policy, NOW)
+    assert dump(state, queue) == before
+    entries = queue_order(snap, scenario.policy)
+    assert [r.workload_id for r in rows] == [e.workload.id for e in entries]
+    assert [r.position for r in rows] == list(range(1, len(rows) + 1))
+
+
+# -- allot prio ------------------------------------------------------------------------------
+
+
+def test_priority_breakdown_shows_the_inputs() -> None:
+    st = cluster(hosts(2), on(workload("b1", 8, "b"), "h1"))
+    snap = snapshot(
+        st,
+        workload("b2", 1, "b", priority=2, submit=100.0),
+        workload("a1", 2, "a", submit=50.0),
+        free_work("f1", 1, submit=10.0),
+        shares={"a": 0.5, "b": 0.25},
+        order={"a": 1, "b": 0},
+    )
+    rows = priority_breakdown(snap, Policy(), 1000.0, fairshare={"a": 0.4, "b": 0.9}, rank={"a": 2})
+    assert [r.workload_id for r in rows] == ["a1", "b2", "f1"]
+    a1, b2, f1 = rows
+    assert (a1.tier, a1.tier_name, a1.held, a1.entitlement) == (0, "under-entitlement", 0, 8.0)
+    assert (a1.order_key, a1.fairshare, a1.rank, a1.age_s) == (1, 0.4, 2, 950.0)
+    assert a1.sort_key == (0, 0, 1, 0, 50.0, "a1")
+    assert (b2.tier, b2.held, b2.entitlement, b2.priority) == (1, 8, 4.0, 2)
+    assert b2.sort_key == (0, 1, 0, -2, 100.0, "b2")
+    assert (f1.tier, f1.tier_name, f1.order_key, f1.fairshare) == (2, "unallocated", None, None)
+    assert f1.sort_key == (1, 0, 0, 0, 10.0, "f1")
+
+
+# -- preemption lines ------------------------------------------------------------------------
+
+
+def test_explain_preemption_names_the_preemptor_and_the_numbers() -> None:
+    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1"))
+    snap = snapshot(st, workload("a1", 8, "a"), shares={"a": 1.0, "b": 0.25})
+    (p,) = run_cycle(snap, Policy(), T).preemptions
+    assert p.reason is PreemptReason.RECLAIMED_FOR_ENTITLEMENT
+    line = explain_preemption(p, now=T)
+    for part in ("b1", "for a1", "reclaimed-for-entitlement", "held 8 of 2.0", "in 5 min"):
+        assert part in line, (part, line)
+    assert "requeued" in line
+
+
+def test_explain_preemption_of_a_drain_has_no_preemptor() -> None:
+    st = cluster([host("h1", state=HostState.DRAINING)], on(workload("a1", 8, "a"), "h1"))
+    (p,) = run_cycle(snapshot(st), Policy(), T).preemptions
+    line = explain_preemption(p)
+    assert "host-drain" in line and " for " not in line and f"t={T + 300:.0f}" in line
