@@ -392,3 +392,58 @@ def test_ending_final_states_and_preemption() -> None:
         )
     )
     assert e.ends(preempted)
+
+
+def test_prio_table_lists_the_inputs_of_each_position() -> None:
+    snap = m.PrioSnapshot(
+        at=1000.0,
+        rows=(
+            m.PrioRow(
+                position=1,
+                workload_id="w1",
+                allocation="nlp",
+                user="ann",
+                gpus=8,
+                tier=0,
+                tier_name="under-entitlement",
+                held=4,
+                entitlement=9.6,
+                order_key=2,
+                rank=3,
+                fairshare=0.6,
+                priority=5,
+                age_s=125.0,
+            ),
+            m.PrioRow(
+                position=2,
+                workload_id="w2",
+                user="bo",
+                gpus=1,
+                tier=2,
+                tier_name="unallocated",
+                age_s=3.0,
+            ),
+        ),
+        total=2,
+    )
+    text = fmt.prio_table(snap)
+    header, _, first, second, footer = text.splitlines()
+    assert header.split() == [
+        "POS",
+        "WORKLOAD",
+        "ALLOC",
+        "USER",
+        "GPUS",
+        "TIER",
+        "HELD",
+        "ENTITLED",
+        "ORDER",
+        "RANK",
+        "FAIRSHARE",
+        "PRIO",
+        "AGE",
+    ]
+    assert first.split()[:9] == ["1", "w1", "nlp", "ann", "8", "under-entitlement", "4", "9.6", "2"]
+    assert second.split()[2] == fmt.alloc_cell(None)
+    assert second.split()[6:11] == ["0", "0.0", fmt.NONE, fmt.NONE, fmt.NONE]
+    assert footer.startswith("2 pending")

@@ -148,7 +148,7 @@ def test_schema_lists_every_message_and_asyncapi_every_subject_kind() -> None:
     api = json.loads(generated()["asyncapi.json"])
     assert api["asyncapi"] == "3.0.0"
     addresses = {c["address"] for c in api["channels"].values()} - {None}
-    queries = {s.QUERY_QUEUE, s.QUERY_HOSTS, s.QUERY_SHARE, s.QUERY_STATUS}
+    queries = {s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_HOSTS, s.QUERY_SHARE, s.QUERY_STATUS}
     assert addresses == set(s.CHANNELS.values()) | queries
     assert set(api["components"]["messages"]) == {c.__name__ for c in m.MESSAGES}
 
@@ -166,7 +166,7 @@ def test_every_message_is_a_frozen_tagged_struct_that_forbids_unknown_fields() -
         config = cls.__struct_config__
         assert config.frozen and config.forbid_unknown_fields, cls
         assert config.tag == cls.__name__, cls
-    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 33
+    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 34
 
 
 # -- round trips ------------------------------------------------------------------------------

@@ -212,6 +212,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = subparsers.add_parser("queue", parents=common, help="pending work in service order")
     p.set_defaults(func=run_queue)
+    p = subparsers.add_parser(
+        "prio", parents=common, help="each pending position broken into its inputs (sprio -l)"
+    )
+    p.set_defaults(func=run_prio)
     p = subparsers.add_parser("share", parents=common, help="Fair Tree ranking (sshare -l)")
     p.set_defaults(func=run_share)
     p = subparsers.add_parser("hosts", parents=common, help="hosts, their state and work")
@@ -332,6 +336,14 @@ def run_watch(args: argparse.Namespace) -> int:
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
         return 0
+
+    return _run(args, work)
+
+
+def run_prio(args: argparse.Namespace) -> int:
+    async def work(c: Client) -> int:
+        snapshot = await c.prio()
+        return _print_reply(args, snapshot, fmt.prio_table(snapshot))
 
     return _run(args, work)
 

@@ -112,6 +112,48 @@ QUEUE_COLUMNS = (
 )
 
 
+PRIO_COLUMNS = (
+    Column("POS", ">"),
+    Column("WORKLOAD"),
+    Column("ALLOC"),
+    Column("USER"),
+    Column("GPUS", ">"),
+    Column("TIER"),
+    Column("HELD", ">"),
+    Column("ENTITLED", ">"),
+    Column("ORDER", ">"),
+    Column("RANK", ">"),
+    Column("FAIRSHARE", ">"),
+    Column("PRIO", ">"),
+    Column("AGE", ">"),
+)
+
+
+def prio_table(snapshot: m.PrioSnapshot) -> str:
+    """sprio -l-like: the inputs of each position, in precedence order left to right:
+    tier (and why: held vs entitled), Fair Tree order (rank, factor), user priority, age."""
+    rows = [
+        (
+            str(r.position),
+            r.workload_id,
+            alloc_cell(r.allocation),
+            r.user,
+            str(r.gpus),
+            r.tier_name,
+            str(r.held),
+            f"{r.entitlement:.1f}",
+            int_cell(r.order_key),
+            int_cell(r.rank),
+            num(r.fairshare),
+            str(r.priority),
+            age(r.age_s),
+        )
+        for r in snapshot.rows
+    ]
+    footer = f"{max(snapshot.total, len(snapshot.rows))} pending (at {timestamp(snapshot.at)})"
+    return f"{render_table(PRIO_COLUMNS, rows)}\n{footer}"
+
+
 def queue_table(snapshot: m.QueueSnapshot) -> str:
     """squeue/sprio-like: pending work in service order; AGE is measured at the
     snapshot's ``at``."""

@@ -485,6 +485,13 @@ class QueueRow(_Wire, frozen=True, kw_only=True):
     priority: Priority = 0
     submitted_at: Timestamp
     why: Text = ""
+    reason: Text = ""
+    """A pending-reason code (``allot.core.reasons.PendingReason``; docs/reasons.md)."""
+    reason_numbers: Annotated[
+        dict[Annotated[str, msgspec.Meta(max_length=MAX_NAME_LEN)], float | int | Text],
+        msgspec.Meta(max_length=16),
+    ] = msgspec.field(default_factory=dict)
+    """The numbers behind ``reason`` (entitlement, held GPUs, deadlines...)."""
 
 
 class QueueSnapshot(_Message, frozen=True, kw_only=True):
@@ -495,6 +502,32 @@ class QueueSnapshot(_Message, frozen=True, kw_only=True):
     epoch: Epoch = 0
     free_gpus: GpuCount = 0
     rows: Annotated[tuple[QueueRow, ...], msgspec.Meta(max_length=1_000_000)] = ()
+    total: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class PrioRow(_Wire, frozen=True, kw_only=True):
+    """``allot prio`` (like ``sprio -l``): one pending workload's position broken into its
+    inputs; ``tier`` 0 under entitlement, 1 at or over it, 2 unallocated."""
+
+    position: Annotated[int, msgspec.Meta(ge=1)]
+    workload_id: Name
+    allocation: Name | None = None
+    user: Name
+    gpus: Gpus
+    tier: Annotated[int, msgspec.Meta(ge=0, le=2)]
+    tier_name: Text
+    held: GpuCount = 0
+    entitlement: NonNegative = 0.0
+    order_key: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    fairshare: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    priority: Priority = 0
+    age_s: Seconds = 0.0
+
+
+class PrioSnapshot(_Message, frozen=True, kw_only=True):
+    at: Timestamp
+    rows: Annotated[tuple[PrioRow, ...], msgspec.Meta(max_length=1_000_000)] = ()
     total: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
@@ -567,6 +600,7 @@ REPLIES: tuple[type[msgspec.Struct], ...] = (
     StatusQuery,
     WorkloadStatus,
     QueueSnapshot,
+    PrioSnapshot,
     HostsSnapshot,
 )
 MESSAGES = COMMANDS + EVENTS + REPLIES

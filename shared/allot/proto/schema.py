@@ -25,6 +25,7 @@ from allot.proto.subjects import (
     CHANNELS,
     PREFIX,
     QUERY_HOSTS,
+    QUERY_PRIO,
     QUERY_QUEUE,
     QUERY_SHARE,
     QUERY_STATUS,
@@ -68,6 +69,7 @@ _QUERIES: dict[
     str, tuple[str, tuple[type[msgspec.Struct], ...], tuple[type[msgspec.Struct], ...]]
 ] = {
     "query_queue": (QUERY_QUEUE, (), (m.QueueSnapshot,)),
+    "query_prio": (QUERY_PRIO, (), (m.PrioSnapshot,)),
     "query_hosts": (QUERY_HOSTS, (), (m.HostsSnapshot,)),
     "query_status": (QUERY_STATUS, (m.StatusQuery,), (m.WorkloadStatus, m.CommandRejected)),
     "query_share": (QUERY_SHARE, (), (m.RankingUpdated,)),

@@ -25,7 +25,7 @@ allot.v1.queued.<allocation>.<workload>    WorkloadQueued (not logged)   ...queu
 allot.v1.ranking                           RankingUpdated                allot.v1.ranking
 allot.v1.leader                            LeaderElected                 (services only)
 allot.v1.budget.tree                       BudgetTreeSet (current tree)  allot.v1.budget.tree
-allot.v1.query.{queue,hosts,share,status}  queries (request/reply)       allot.v1.query.*
+allot.v1.query.{queue,prio,hosts,share,...} queries (request/reply)      allot.v1.query.*
 =========================================  ============================  =====================
 
 (``...`` abbreviates ``allot.v1.``.)
@@ -197,6 +197,8 @@ BUDGET_TREE = f"{PREFIX}.budget.tree"
 
 QUERY_QUEUE = f"{PREFIX}.query.queue"
 """QueueSnapshot, answered by the placement leader."""
+QUERY_PRIO = f"{PREFIX}.query.prio"
+"""PrioSnapshot (``allot prio``), answered by the placement leader."""
 QUERY_HOSTS = f"{PREFIX}.query.hosts"
 """HostsSnapshot, answered by the placement leader."""
 QUERY_STATUS = f"{PREFIX}.query.status"

@@ -65,6 +65,7 @@ _SUBMIT_REPLY = msgspec.json.Decoder(m.WorkloadAccepted | m.WorkloadRejected)
 _COMMAND_REPLY = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
 _STATUS_REPLY = msgspec.json.Decoder(m.WorkloadStatus)
 _QUEUE_REPLY = msgspec.json.Decoder(m.QueueSnapshot)
+_PRIO_REPLY = msgspec.json.Decoder(m.PrioSnapshot)
 _HOSTS_REPLY = msgspec.json.Decoder(m.HostsSnapshot)
 _SHARE_REPLY = msgspec.json.Decoder(m.RankingUpdated)
 
@@ -327,6 +328,10 @@ class Client:
 
     async def queue(self, *, timeout: float | None = None) -> m.QueueSnapshot:
         return await self._request(subjects.QUERY_QUEUE, b"{}", _QUEUE_REPLY, PLACEMENT, timeout)
+
+    async def prio(self, *, timeout: float | None = None) -> m.PrioSnapshot:
+        """``allot prio``: each pending workload's position broken into its inputs."""
+        return await self._request(subjects.QUERY_PRIO, b"{}", _PRIO_REPLY, PLACEMENT, timeout)
 
     async def hosts(self, *, timeout: float | None = None) -> m.HostsSnapshot:
         return await self._request(subjects.QUERY_HOSTS, b"{}", _HOSTS_REPLY, PLACEMENT, timeout)
