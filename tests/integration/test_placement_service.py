@@ -93,6 +93,27 @@ async def test_submission_is_placed_and_bad_input_is_rejected_by_field(fresh_log
         await eventually(lambda: _placements(js), lambda p: len(p) == 2)
         submitted = of_type(await records(js), m.WorkloadSubmitted)
         assert [r.workload_id for r in submitted] == [ok.workload_id, ok2.workload_id]
+        # A run that cannot fit waits; `allot prio` breaks its position into its inputs.
+        big = await request(
+            nc,
+            s.submit("vision"),
+            submit_body(client_id="big", allocation="vision", gpus=16, min_runtime_s=600),
+        )
+        assert isinstance(big, m.WorkloadAccepted)
+
+        async def prio() -> m.PrioSnapshot:
+            reply = await nc.request(s.QUERY_PRIO, b"{}", timeout=5)
+            return msgspec.json.decode(reply.data, type=m.PrioSnapshot)
+
+        snap = await eventually(prio, lambda p: p.total == 1)
+        row = snap.rows[0]
+        assert (row.workload_id, row.allocation, row.position, row.gpus) == (
+            big.workload_id,
+            "vision",
+            1,
+            16,
+        )
+        assert row.tier_name == "under-entitlement" and row.entitlement == 8.0
     finally:
         await service_main.stop(placement)
         await service_main.stop(intake)

@@ -1,6 +1,7 @@
 """JetStream plumbing shared by the services: streams, publishing records, replaying the log.
 
-Streams (``allot.proto.subjects.STREAMS``), file storage, one replica by default:
+Streams (``allot.proto.subjects.STREAMS``), file storage, one replica unless
+``$ALLOT_STREAM_REPLICAS`` says more (a cluster):
 
 * ``WORKLOADS``: workload records and decisions (the log of record; kept until deleted);
 * ``HOSTS``: host registrations and state changes (kept);
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +50,31 @@ USAGE_MAX_AGE_S = 30 * 86400.0
 
 _ENCODER = msgspec.json.Encoder()
 
+REPLICAS_ENV = "ALLOT_STREAM_REPLICAS"
+"""Replicas of every stream and KV bucket the services create (1 on a single server; 3 on
+a three-node cluster, so the log survives losing one node)."""
+
+
+def stream_replicas(default: int = 1) -> int:
+    """``$ALLOT_STREAM_REPLICAS`` (``default`` when unset); JetStream allows 1 to 5."""
+    raw = os.environ.get(REPLICAS_ENV, "").strip() or str(default)
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValidationError(REPLICAS_ENV, f"must be an integer 1-5, got {raw!r}") from None
+    if not 1 <= n <= 5:
+        raise ValidationError(REPLICAS_ENV, f"must be an integer 1-5, got {n}")
+    return n
+
+
+def server_urls(url: str) -> list[str]:
+    """A comma-separated server list (a cluster: ``nats://a:4222,nats://b:4222``) as the
+    list nats-py and FastStream take; nats-py refuses the comma string itself."""
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    if not urls:
+        raise ValidationError("nats_url", f"no server URL in {url!r}")
+    return urls
+
 
 def encode(record: msgspec.Struct) -> bytes:
     return _ENCODER.encode(record)
@@ -69,15 +96,22 @@ def stream_configs(replicas: int = 1) -> list[StreamConfig]:
     return out
 
 
-async def ensure_streams(js: JetStreamContext, replicas: int = 1) -> None:
-    """Create the streams, or bring an existing one's subjects up to date."""
-    for config in stream_configs(replicas):
+async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:
+    """Create the streams, or bring an existing one's subjects up to date. ``replicas``:
+    default ``$ALLOT_STREAM_REPLICAS``; when neither says, a new stream gets 1 and an
+    existing one keeps its own (a tool run without the variable must not scale a
+    cluster's replicated log down to one copy)."""
+    if replicas is None and os.environ.get(REPLICAS_ENV, "").strip():
+        replicas = stream_replicas()
+    for config in stream_configs(replicas or 1):
         assert config.name is not None
         try:
-            await js.stream_info(config.name)
+            info = await js.stream_info(config.name)
         except NotFoundError:
             await js.add_stream(config)
         else:
+            if replicas is None:
+                config.num_replicas = info.config.num_replicas
             await js.update_stream(config)
 
 
@@ -97,7 +131,7 @@ async def wait_for_streams(js: JetStreamContext, timeout: float = 60.0) -> None:
 
 async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
     nc = await nats.connect(
-        url,
+        server_urls(url),
         name=name,
         inbox_prefix=inbox_prefix_for_url(url),
         tls=client_tls(url),

@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from allot.live.auth_config import client_tls, inbox_prefix_for_url
+from allot.live.bus import server_urls
 
 
 def wall_clock() -> float:
@@ -105,7 +106,7 @@ def make_broker(url: str, service: str, provider: TracerProvider | None = None) 
     if provider is not None:
         middlewares.append(NatsTelemetryMiddleware(tracer_provider=provider))
     return NatsBroker(
-        url,
+        server_urls(url),  # a comma-separated list names the nodes of a cluster
         # Handlers decode ``msg.body`` themselves (allot.proto.codec, field-named errors);
         # FastStream's own JSON parsing would fail first on hostile bodies (1,000-deep
         # nesting, invalid UTF-8, a JSON content type on malformed JSON) and never reply.

@@ -39,6 +39,7 @@ from allot.live.auth_config import (
     generate,
     inbox_prefix_for_url,
 )
+from allot.live.bus import server_urls
 from allot.live.tls_certs import make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -359,7 +360,9 @@ async def _wait_ready(nats_url: str, hosts: int, timeout: float, dead: object) -
     service answers."""
     assert callable(dead)
     nc = await nats.connect(
-        nats_url, tls=client_tls(nats_url), inbox_prefix=inbox_prefix_for_url(nats_url)
+        server_urls(nats_url),
+        tls=client_tls(nats_url),
+        inbox_prefix=inbox_prefix_for_url(nats_url),
     )
     deadline = time.monotonic() + timeout
     decode_hosts = msgspec.json.Decoder(m.HostsSnapshot)

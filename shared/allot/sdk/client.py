@@ -37,7 +37,7 @@ from nats.js.errors import NotFoundError
 
 from allot.core.errors import ValidationError
 from allot.live.auth_config import client_tls, inbox_prefix_for_url
-from allot.live.bus import decode_record
+from allot.live.bus import decode_record, server_urls
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -174,7 +174,7 @@ class Client:
         nc = NatsClient()
         connecting = asyncio.ensure_future(
             nc.connect(
-                self.nats_url,
+                server_urls(self.nats_url),
                 name=self.name,
                 connect_timeout=max(1, math.ceil(self.connect_timeout)),
                 max_reconnect_attempts=-1,

@@ -90,7 +90,9 @@ class Intake:
     async def on_started(self) -> None:
         self.nc, self.js = await bus.connect(self.nats_url, "allot-intake-log")
         await bus.ensure_streams(self.js)
-        self.kv = await self.js.create_key_value(bucket=CLIENTS_BUCKET, history=1)
+        self.kv = await self.js.create_key_value(
+            bucket=CLIENTS_BUCKET, history=1, replicas=bus.stream_replicas()
+        )
         self.follower = bus.LogFollower(
             self.js,
             self._on_record,

@@ -51,6 +51,7 @@ from allot.core.errors import ValidationError
 from allot.core.model import HostState
 from allot.core.policy import Mode, Policy
 from allot.core.queue_view import OVER, UNALLOCATED, UNDER, QueueEntry, queue_order
+from allot.core.reasons import priority_breakdown
 from allot.live import bus
 from allot.live.logfold import LogFold
 from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
@@ -243,7 +244,9 @@ class PlacementService:
     # ------------------------------------------------------------------ leadership
     async def _lease_loop(self) -> None:
         assert self.js is not None
-        kv = await self.js.create_key_value(bucket=LEADER_BUCKET, ttl=self.lease_ttl_s, history=1)
+        kv = await self.js.create_key_value(
+            bucket=LEADER_BUCKET, ttl=self.lease_ttl_s, history=1, replicas=bus.stream_replicas()
+        )
         revision = 0
         while not self._stopping:
             if not self.leader:
@@ -280,6 +283,7 @@ class PlacementService:
         self._new_pending = {w.id for w in self.fold.queue}
         for subject, handler in (
             (s.QUERY_QUEUE, self._on_query_queue),
+            (s.QUERY_PRIO, self._on_query_prio),
             (s.QUERY_HOSTS, self._on_query_hosts),
             (s.QUERY_STATUS, self._on_query_status),
         ):
@@ -501,6 +505,35 @@ class PlacementService:
             at=now, epoch=self.epoch, free_gpus=free, rows=rows, total=len(entries)
         )
         await msg.respond(_ENC.encode(snap))
+
+    async def _on_query_prio(self, msg: Msg) -> None:
+        """``allot prio``: each pending position broken into its inputs (the core's
+        ``priority_breakdown`` over the same snapshot a cycle would read)."""
+        now = wall_clock()
+        snapshot = Snapshot(self.fold.state, self.fold.queue, self.fold.shares(), self.order)
+        rows = priority_breakdown(
+            snapshot, self.policy, now, fairshare=self.fairshare, rank=self.rank_of
+        )
+        wire = tuple(
+            m.PrioRow(
+                position=r.position,
+                workload_id=r.workload_id,
+                allocation=r.allocation,
+                user=r.user,
+                gpus=r.gpus,
+                tier=r.tier,
+                tier_name=r.tier_name,
+                held=r.held,
+                entitlement=max(0.0, r.entitlement),
+                order_key=r.order_key,
+                rank=r.rank,
+                fairshare=r.fairshare,
+                priority=r.priority,
+                age_s=max(0.0, r.age_s),
+            )
+            for r in rows[: m.MAX_QUEUE_ROWS]
+        )
+        await msg.respond(_ENC.encode(m.PrioSnapshot(at=now, rows=wire, total=len(rows))))
 
     async def _on_query_hosts(self, msg: Msg) -> None:
         st = self.fold.state
