@@ -8,7 +8,7 @@ SHARED ?= ../shared
 OUT ?= out
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo up compare test lint type fmt bench bench-live chaos golden schema philly clean
+.PHONY: help install run demo up compare test lint type fmt bench bench-live chaos chaos-cluster golden schema philly clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ bench-live: $(STAMP) ## live stack benchmark (1,000 fake hosts): submissions/s, 
 
 chaos: $(STAMP) ## fault injection under load (kills, SIGSTOP, NATS restart, Redis wipe); writes bench/results/chaos.*
 	$(BIN)/python bench/chaos.py
+
+chaos-cluster: $(STAMP) ## fault injection on a 3-node NATS cluster (replicated streams); writes bench/results/chaos-cluster.*
+	$(BIN)/python bench/chaos_cluster.py --rounds 2
 
 golden: $(STAMP) ## regenerate the simulator's golden reports (review the diff!)
 	$(BIN)/python tests/golden/regenerate.py
