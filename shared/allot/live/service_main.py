@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -28,6 +29,17 @@ class Service(Protocol):
     async def on_started(self) -> None: ...
 
     async def on_stopping(self) -> None: ...
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def base_parser(prog: str, description: str | None) -> argparse.ArgumentParser:

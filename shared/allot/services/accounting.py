@@ -60,7 +60,7 @@ from allot.core.errors import ValidationError
 from allot.core.usage import HOUR_S
 from allot.live import bus
 from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
-from allot.live.service_main import base_parser, run_main
+from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.proto import messages as m
 from allot.proto.subjects import ALL_EVENTS
 
@@ -510,17 +510,6 @@ async def _connect_once(url: str) -> NatsClient:
 
 
 # -- process entry point -----------------------------------------------------------------------
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type: a positive, finite number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
 
 
 def slot_seconds(text: str) -> float:

@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
 from allot.live import bus, runtime
-from allot.live.service_main import base_parser, run_main
+from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -385,27 +385,17 @@ def parser() -> argparse.ArgumentParser:
     ap = base_parser("python -m allot.services.health", __doc__.splitlines()[0])
     ap.add_argument(
         "--timeout-s",
-        type=_positive,
+        type=positive_seconds,
         default=10.0,
         help="drain a host silent this long (seconds; default %(default)s)",
     )
     ap.add_argument(
         "--check-s",
-        type=_positive,
+        type=positive_seconds,
         default=1.0,
         help="how often to look for silent hosts (seconds; default %(default)s)",
     )
     return ap
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

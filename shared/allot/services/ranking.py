@@ -42,7 +42,7 @@ from allot.core.fairshare import NodeRank, rank
 from allot.core.usage import DEFAULT_WINDOW_S, window_usage
 from allot.live import bus, runtime
 from allot.live.budget_wire import spec_from_tree, tree_from_spec
-from allot.live.service_main import base_parser, run_main
+from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -265,7 +265,7 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--rank-every-s",
-        type=_positive_float,
+        type=positive_seconds,
         default=DEFAULT_RANK_EVERY_S,
         help="seconds between rankings (default %(default)s)",
     )
@@ -281,16 +281,6 @@ def parser() -> argparse.ArgumentParser:
         help="key prefix of the usage buckets (default %(default)s)",
     )
     return ap
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
 
 
 def _positive_int(text: str) -> int:
