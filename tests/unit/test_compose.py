@@ -26,7 +26,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -41,7 +40,7 @@ from typing import Any
 import pytest
 import yaml
 
-from allot.adapters.embedded import find_nats_server
+from allot.adapters.embedded import find_nats_server, free_ports
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
 
@@ -425,18 +424,11 @@ def test_nats_conf_is_valid() -> None:
     assert proc.returncode == 0, f"nats-server rejects deploy/nats.conf: {proc.stderr}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def nats_from_conf() -> Iterator[tuple[int, subprocess.Popen[str]]]:
     """A nats-server from deploy/nats.conf on free ports. nats-server refuses `-sd` next to
     a config's `store_dir`, so the config is copied with only that line pointed elsewhere."""
-    client, monitor = _free_port(), _free_port()
+    client, monitor = free_ports(2)
     with tempfile.TemporaryDirectory() as tmp:
         conf, count = re.subn(
             r"(?m)^(\s*store_dir:\s*)/data\s*$", rf"\g<1>{tmp}/store", NATS_CONF.read_text()

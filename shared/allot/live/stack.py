@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +21,12 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
 
 import msgspec
 import nats
 
-from allot.adapters.embedded import Servers
+from allot.adapters.embedded import Servers, StartStop, free_ports
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
@@ -124,7 +122,7 @@ class StackConfig:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-class Stack:
+class Stack(StartStop):
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.auth: GeneratedAuth | None = None
@@ -135,7 +133,7 @@ class Stack:
         if config.secure:
             if config.nats_url is not None:
                 raise ValidationError("--secure", "runs its own NATS: do not give --nats-url")
-            port = _free_port()
+            port = free_ports(1)[0]
             self._server_url = f"tls://127.0.0.1:{port}"
             nats_config = self._write_auth(port)
         self.servers = Servers(
@@ -343,17 +341,6 @@ class Stack:
         self._logs.clear()
         self.servers.stop()
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
 
 async def _wait_ready(nats_url: str, hosts: int, timeout: float, dead: object) -> None:
     """Ready = a placement leader answers and sees every agent's hosts, and the ranking
@@ -385,10 +372,3 @@ async def _wait_ready(nats_url: str, hosts: int, timeout: float, dead: object) -
         raise TimeoutError(f"stack not ready after {timeout:.0f} s: {last}")
     finally:
         await nc.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
