@@ -679,16 +679,20 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         min_runtime_s=args.min_runtime_s,
     )
-    result = asyncio.run(run(cfg))
-    data = to_json(result)
-    text = to_markdown(data)
+    data = to_json(asyncio.run(run(cfg)))
+    return report(data, to_markdown(data), None if args.no_write else args.out / "chaos", run_dir)
+
+
+def report(data: dict[str, Any], text: str, stem: Path | None, run_dir: Path) -> int:
+    """Print the results, write ``<stem>.md`` and ``<stem>.json`` unless ``stem`` is None;
+    the exit status says whether every goal was met."""
     print()
     print(text)
-    if not args.no_write:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "chaos.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        (args.out / "chaos.md").write_text(text, encoding="utf-8")
-        print(f"wrote {args.out / 'chaos.md'} and chaos.json; history in {run_dir}")
+    if stem is not None:
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        stem.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        stem.with_suffix(".md").write_text(text, encoding="utf-8")
+        print(f"wrote {stem}.md and {stem.name}.json; history in {run_dir}")
     return 0 if all(data["goals"].values()) else 1
 
 

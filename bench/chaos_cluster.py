@@ -326,19 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         down_s=args.down_s,
     )
-    result = asyncio.run(run(cfg))
-    data = to_json(result)
-    text = to_markdown(data)
-    print()
-    print(text)
-    if not args.no_write:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "chaos-cluster.json").write_text(
-            json.dumps(data, indent=2) + "\n", encoding="utf-8"
-        )
-        (args.out / "chaos-cluster.md").write_text(text, encoding="utf-8")
-        print(f"wrote {args.out / 'chaos-cluster.md'} and .json; history in {run_dir}")
-    return 0 if all(data["goals"].values()) else 1
+    data = to_json(asyncio.run(run(cfg)))
+    stem = None if args.no_write else args.out / "chaos-cluster"
+    return chaos.report(data, to_markdown(data), stem, run_dir)
 
 
 if __name__ == "__main__":
