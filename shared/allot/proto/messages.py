@@ -492,6 +492,10 @@ class QueueRow(_Wire, frozen=True, kw_only=True):
         msgspec.Meta(max_length=16),
     ] = msgspec.field(default_factory=dict)
     """The numbers behind ``reason`` (entitlement, held GPUs, deadlines...)."""
+    est_start: Timestamp | None = None
+    """An ESTIMATE of the start: the notice deadline or protection end the reason names,
+    or the next moment anything can change; None when nothing bounds it (running work
+    declares no time limit)."""
 
 
 class QueueSnapshot(_Message, frozen=True, kw_only=True):
@@ -543,6 +547,69 @@ class HostRow(_Wire, frozen=True, kw_only=True):
 class HostsSnapshot(_Message, frozen=True, kw_only=True):
     at: Timestamp
     hosts: Annotated[tuple[HostRow, ...], msgspec.Meta(max_length=1_000_000)] = ()
+
+
+class AllocationRow(_Wire, frozen=True, kw_only=True):
+    """One allocation now: budget (effective share), entitlement and GPUs held."""
+
+    allocation: Name
+    effective_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+    entitlement_gpus: NonNegative
+    held_gpus: GpuCount = 0
+    pending_workloads: Annotated[int, msgspec.Meta(ge=0)] = 0
+    pending_gpus: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class AllocationsSnapshot(_Message, frozen=True, kw_only=True):
+    """``allot.v1.query.allocations`` (placement leader): held vs entitlement per leaf."""
+
+    at: Timestamp
+    healthy_gpus: GpuCount = 0
+    total_gpus: GpuCount = 0
+    rows: Annotated[tuple[AllocationRow, ...], msgspec.Meta(max_length=100_000)] = ()
+
+
+class PlacementStats(_Message, frozen=True, kw_only=True):
+    """``allot.v1.query.placement_stats``: the leader's scheduling-cycle duration histogram
+    (Prometheus style: ``buckets_s`` upper bounds, ``counts`` cumulative, +Inf last)."""
+
+    at: Timestamp
+    epoch: Epoch = 0
+    cycles: Annotated[int, msgspec.Meta(ge=0)] = 0
+    decisions: Annotated[int, msgspec.Meta(ge=0)] = 0
+    buckets_s: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=64)] = ()
+    counts: Annotated[
+        tuple[Annotated[int, msgspec.Meta(ge=0)], ...], msgspec.Meta(max_length=65)
+    ] = ()
+    sum_s: NonNegative = 0.0
+    count: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class OwedQuery(_Message, frozen=True, kw_only=True):
+    """``allot owed``: owed vs delivered GPU-hours over the last ``window_s``."""
+
+    window_s: Annotated[float, msgspec.Meta(gt=0.0, le=90 * 86400.0)] = 7 * 86400.0
+    bucket_s: Annotated[int, msgspec.Meta(ge=60, le=86400)] = 3600
+
+
+class OwedRow(_Wire, frozen=True, kw_only=True):
+    allocation: Name
+    owed_gpu_h: NonNegative
+    delivered_gpu_h: NonNegative
+    ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    effective_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+
+
+class OwedSnapshot(_Message, frozen=True, kw_only=True):
+    """Owed vs delivered, computed from the log exactly as the simulator's report computes
+    it (``allot.sim.report``), over ``[since, at]``."""
+
+    at: Timestamp
+    since: Timestamp
+    window_s: Seconds
+    bucket_s: Annotated[int, msgspec.Meta(ge=1)]
+    overall: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    rows: Annotated[tuple[OwedRow, ...], msgspec.Meta(max_length=100_000)] = ()
 
 
 # == groups ====================================================================================
@@ -602,5 +669,9 @@ REPLIES: tuple[type[msgspec.Struct], ...] = (
     QueueSnapshot,
     PrioSnapshot,
     HostsSnapshot,
+    AllocationsSnapshot,
+    PlacementStats,
+    OwedQuery,
+    OwedSnapshot,
 )
 MESSAGES = COMMANDS + EVENTS + REPLIES

@@ -24,7 +24,10 @@ from allot.proto.codec import MAX_PAYLOAD, TYPES
 from allot.proto.subjects import (
     CHANNELS,
     PREFIX,
+    QUERY_ALLOCATIONS,
     QUERY_HOSTS,
+    QUERY_OWED,
+    QUERY_PLACEMENT_STATS,
     QUERY_PRIO,
     QUERY_QUEUE,
     QUERY_SHARE,
@@ -73,6 +76,9 @@ _QUERIES: dict[
     "query_hosts": (QUERY_HOSTS, (), (m.HostsSnapshot,)),
     "query_status": (QUERY_STATUS, (m.StatusQuery,), (m.WorkloadStatus, m.CommandRejected)),
     "query_share": (QUERY_SHARE, (), (m.RankingUpdated,)),
+    "query_allocations": (QUERY_ALLOCATIONS, (), (m.AllocationsSnapshot,)),
+    "query_placement_stats": (QUERY_PLACEMENT_STATS, (), (m.PlacementStats,)),
+    "query_owed": (QUERY_OWED, (m.OwedQuery,), (m.OwedSnapshot, m.CommandRejected)),
 }
 """Query channels: address, request message (none: an empty body), reply messages."""
 

@@ -205,6 +205,12 @@ QUERY_STATUS = f"{PREFIX}.query.status"
 """StatusQuery -> WorkloadStatus, answered by the placement leader."""
 QUERY_SHARE = f"{PREFIX}.query.share"
 """RankingUpdated (the latest), answered by the ranking service."""
+QUERY_ALLOCATIONS = f"{PREFIX}.query.allocations"
+"""AllocationsSnapshot (held vs entitlement per allocation), answered by the placement leader."""
+QUERY_PLACEMENT_STATS = f"{PREFIX}.query.placement_stats"
+"""PlacementStats (scheduling-cycle durations), answered by the placement leader."""
+QUERY_OWED = f"{PREFIX}.query.owed"
+"""OwedQuery -> OwedSnapshot or CommandRejected, answered by the dashboard service."""
 
 # -- wildcards (subscriptions and grants) -----------------------------------------------------
 
