@@ -148,7 +148,16 @@ def test_schema_lists_every_message_and_asyncapi_every_subject_kind() -> None:
     api = json.loads(generated()["asyncapi.json"])
     assert api["asyncapi"] == "3.0.0"
     addresses = {c["address"] for c in api["channels"].values()} - {None}
-    queries = {s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_HOSTS, s.QUERY_SHARE, s.QUERY_STATUS}
+    queries = {
+        s.QUERY_QUEUE,
+        s.QUERY_PRIO,
+        s.QUERY_HOSTS,
+        s.QUERY_SHARE,
+        s.QUERY_STATUS,
+        s.QUERY_ALLOCATIONS,
+        s.QUERY_PLACEMENT_STATS,
+        s.QUERY_OWED,
+    }
     assert addresses == set(s.CHANNELS.values()) | queries
     assert set(api["components"]["messages"]) == {c.__name__ for c in m.MESSAGES}
 
