@@ -68,6 +68,9 @@ _QUEUE_REPLY = msgspec.json.Decoder(m.QueueSnapshot)
 _PRIO_REPLY = msgspec.json.Decoder(m.PrioSnapshot)
 _HOSTS_REPLY = msgspec.json.Decoder(m.HostsSnapshot)
 _SHARE_REPLY = msgspec.json.Decoder(m.RankingUpdated)
+_ALLOCATIONS_REPLY = msgspec.json.Decoder(m.AllocationsSnapshot)
+_PLACEMENT_STATS_REPLY = msgspec.json.Decoder(m.PlacementStats)
+_OWED_REPLY = msgspec.json.Decoder(m.OwedSnapshot | m.CommandRejected)
 
 # Who answers what: named in the "no responder" and timeout errors.
 INTAKE = "intake service"
@@ -75,6 +78,7 @@ PLACEMENT = "placement leader"
 RANKING = "ranking service"
 HEALTH = "health service"
 BUDGETS = "budget service"
+DASHBOARD = "dashboard service"
 
 PreemptionCallback = Callable[[m.PreemptionNotice], Awaitable[None] | None]
 
@@ -338,6 +342,29 @@ class Client:
 
     async def share(self, *, timeout: float | None = None) -> m.RankingUpdated:
         return await self._request(subjects.QUERY_SHARE, b"{}", _SHARE_REPLY, RANKING, timeout)
+
+    async def allocations(self, *, timeout: float | None = None) -> m.AllocationsSnapshot:
+        """Held GPUs vs entitlement per allocation, now (placement leader)."""
+        return await self._request(
+            subjects.QUERY_ALLOCATIONS, b"{}", _ALLOCATIONS_REPLY, PLACEMENT, timeout
+        )
+
+    async def placement_stats(self, *, timeout: float | None = None) -> m.PlacementStats:
+        """The leader's scheduling-cycle duration histogram."""
+        return await self._request(
+            subjects.QUERY_PLACEMENT_STATS, b"{}", _PLACEMENT_STATS_REPLY, PLACEMENT, timeout
+        )
+
+    async def owed(
+        self, window_s: float = 7 * 86400.0, bucket_s: int = 3600, *, timeout: float | None = None
+    ) -> m.OwedSnapshot:
+        """Owed vs delivered GPU-hours per allocation over the last ``window_s`` (dashboard
+        service; computed from the log as the simulator computes it)."""
+        body = codec.encode(m.OwedQuery(window_s=window_s, bucket_s=bucket_s))
+        reply = await self._request(subjects.QUERY_OWED, body, _OWED_REPLY, DASHBOARD, timeout)
+        if isinstance(reply, m.CommandRejected):
+            raise CommandRejectedError(reply.field, reply.reason)
+        return reply
 
     async def drain(
         self, host: str, *, operator: str, reason: str = "", timeout: float | None = None
