@@ -179,8 +179,10 @@ async def test_allocated_run_across_an_hour_is_charged_exactly(
     assert set(got["nlp"]) == {HOUR_EDGE // HOUR_S - 1, HOUR_EDGE // HOUR_S}
     # One charge id per slot of the grid, named <workload>:<attempt>:<k>.
     ids = await redis_client.zrange(store.seen_key("nlp"), 0, -1)
+    # The last, partial slot is settled (its id and a ":final" id: see _final_charges).
+    slots = grid_slots(s, e, 60.0)
     assert sorted(i.decode() for i in ids) == sorted(
-        f"w1:2:{slot.k}" for slot in grid_slots(s, e, 60.0)
+        [f"w1:2:{slot.k}" for slot in slots] + [f"w1:2:{slots[-1].k}:final"]
     )
     # The running entry became a tombstone: nothing is left for the live window.
     entry = json.loads(await redis_client.hget(svc.charger.running_key, "w1:2") or b"{}")
@@ -292,6 +294,36 @@ async def test_running_workload_accrues_complete_slots_before_it_ends(
     await publish(js, completed("w1", "nlp", s, e, gpus))
     await drained(js)
     assert await store.buckets(["nlp"], e, HOUR_S * 2) == reference(("nlp", s, e, gpus))
+
+
+@pytest.mark.integration
+async def test_an_end_read_late_corrects_the_slots_the_live_window_charged_whole(
+    service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    """The agent could not publish the end for seconds (a node lost): meanwhile the live
+    window charged the run's last partial slot and later slots whole. The late end settles
+    them: the total is exactly the run, and reading the end again changes nothing."""
+    gpus = 2
+    s = math.floor(time.time()) - 12.0
+    e = s + 3.25  # ended 8.75 s ago; 1 s slots: ~7 slots after it already charged whole
+    svc = await service(slot_s=1.0, accrue_s=0.05)
+    await publish(js, started("w1", "nlp", s, gpus))
+    store = RedisUsageStore(redis_client, prefix)
+    deadline = time.monotonic() + DEADLINE_S
+    while (
+        sum((await store.buckets(["nlp"], time.time(), HOUR_S * 2))["nlp"].values())
+        < (e + 5 - s) * gpus
+    ):
+        assert time.monotonic() < deadline, "the live window did not charge past the end"
+        await asyncio.sleep(0.05)
+    await publish(js, completed("w1", "nlp", s, e, gpus))
+    await drained(js)
+    assert await store.buckets(["nlp"], e, HOUR_S * 2) == reference(("nlp", s, e, gpus))
+    await asyncio.sleep(0.3)  # accrual rounds after the end add nothing
+    await publish(js, completed("w1", "nlp", s, e, gpus), msg_id="again")
+    await drained(js)
+    assert await store.buckets(["nlp"], e, HOUR_S * 2) == reference(("nlp", s, e, gpus))
+    assert svc.handled >= 3
 
 
 @pytest.mark.integration

@@ -98,6 +98,33 @@ async def test_redelivered_charge_id_does_not_double_charge(store: UsageStore) -
     assert got == approx_buckets(reference([("a", NOW - HOUR_S, NOW, 2)]))
 
 
+# A slot straddling an hour boundary: the whole slot charged early, the run's end inside it.
+WHOLE = (NOW - HOUR_S - 30.0, NOW - HOUR_S + 30.0)
+FINAL = (WHOLE[0], WHOLE[0] + 42.5)
+
+
+@pytest.mark.parametrize("charged_whole_first", [True, False])
+async def test_settle_makes_a_slot_its_final_piece_whichever_comes_first(
+    store: UsageStore, charged_whole_first: bool
+) -> None:
+    """The live window's whole charge and the end's settle of the same slot id, in both
+    orders and each redelivered: the slot counts its final piece exactly once."""
+    if charged_whole_first:
+        assert await store.charge("w:1:7", "a", *WHOLE, 2) is True
+    assert await store.settle("w:1:7", "a", WHOLE, FINAL, 2) is True
+    assert await store.settle("w:1:7", "a", WHOLE, FINAL, 2) is False
+    assert await store.charge("w:1:7", "a", *WHOLE, 2) is False
+    got = await store.buckets(["a"], NOW, DEFAULT_WINDOW_S)
+    assert got == approx_buckets(reference([("a", *FINAL, 2)]))
+
+
+async def test_settle_to_nothing_refunds_a_slot_charged_after_the_end(store: UsageStore) -> None:
+    assert await store.charge("w:1:8", "a", *WHOLE, 4) is True
+    assert await store.settle("w:1:8", "a", WHOLE, (WHOLE[0], WHOLE[0]), 4) is True
+    got = await store.buckets(["a"], NOW, DEFAULT_WINDOW_S)
+    assert all(abs(v) < 1e-9 for v in got["a"].values()), got
+
+
 async def test_fifty_racing_duplicates_charge_once(store: UsageStore) -> None:
     results = await asyncio.gather(
         *(store.charge("dup", "a", NOW - 2.5 * HOUR_S, NOW, 4) for _ in range(50))

@@ -54,6 +54,20 @@ class UsageStore(Protocol):
         ``charge_id`` was already applied."""
         ...
 
+    async def settle(
+        self,
+        charge_id: str,
+        allocation: str,
+        whole: tuple[float, float],
+        final: tuple[float, float],
+        gpus: int,
+    ) -> bool:
+        """Make ``charge_id``'s amount ``final`` (``[start, end)``, maybe empty), once per id:
+        when ``charge_id`` was applied before, it was applied as ``whole``, and the
+        difference is added; otherwise ``final`` is added and ``charge_id`` marked applied,
+        so a later ``charge`` of it adds nothing. ``False`` when already settled."""
+        ...
+
     async def buckets(
         self, allocations: Iterable[str], now: float, window_s: int
     ) -> dict[str, dict[int, float]]:
@@ -85,6 +99,34 @@ class MemoryUsageStore:
         if charge_id in seen:
             return False
         seen[charge_id] = _last_hour(pieces, start)
+        self._add(allocation, pieces)
+        return True
+
+    async def settle(
+        self,
+        charge_id: str,
+        allocation: str,
+        whole: tuple[float, float],
+        final: tuple[float, float],
+        gpus: int,
+    ) -> bool:
+        final_pieces, correction = _settle_pieces(charge_id, allocation, whole, final, gpus)
+        seen = self._seen.setdefault(allocation, {})
+        settle_id = _settle_id(charge_id)
+        if settle_id in seen:
+            return False
+        last = _last_hour(_pieces(charge_id, allocation, *whole, gpus), whole[0])
+        seen[settle_id] = last
+        if charge_id in seen:
+            pieces = correction
+        else:
+            seen[charge_id] = last
+            pieces = final_pieces
+        self._add(allocation, pieces)
+        return True
+
+    def _add(self, allocation: str, pieces: dict[int, float]) -> None:
+        seen = self._seen.setdefault(allocation, {})
         hours = self._usage.setdefault(allocation, {})
         for h, amount in pieces.items():
             hours[h] = hours.get(h, 0.0) + amount
@@ -93,7 +135,6 @@ class MemoryUsageStore:
             del hours[h]
         for c in [c for c, last in seen.items() if last < cutoff]:
             del seen[c]
-        return True
 
     async def buckets(
         self, allocations: Iterable[str], now: float, window_s: int
@@ -118,16 +159,10 @@ class MemoryUsageStore:
         return len(self._seen.get(allocation, {}))
 
 
-# KEYS[1] usage hash, KEYS[2] seen zset.
-# ARGV[1] charge id, ARGV[2] key TTL (s), ARGV[3] retention (hours), ARGV[4] the charge's last
-# hour (its score), ARGV[5..] hour, amount.
-_CHARGE_LUA: Final = """
-if redis.call('ZADD', KEYS[2], 'NX', ARGV[4], ARGV[1]) == 0 then
-  return 0
-end
-for i = 5, #ARGV, 2 do
-  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
-end
+# Both scripts end by cutting the usage hash and the seen ZSET at one cutoff and refreshing
+# their TTL. KEYS[1] usage hash, KEYS[2] seen zset; ARGV[2] key TTL (s), ARGV[3] retention
+# (hours), ARGV[4] the charge's last hour (its score).
+_PRUNE_LUA: Final = """
 local fields = redis.call('HKEYS', KEYS[1])
 local newest = tonumber(redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')[2])
 for _, f in ipairs(fields) do
@@ -144,6 +179,39 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 
+# ARGV[1] charge id, ARGV[5..] hour, amount.
+_CHARGE_LUA: Final = (
+    """
+if redis.call('ZADD', KEYS[2], 'NX', ARGV[4], ARGV[1]) == 0 then
+  return 0
+end
+for i = 5, #ARGV, 2 do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+"""
+    + _PRUNE_LUA
+)
+
+# ARGV[1] charge id, ARGV[5] settle id, ARGV[6] n = pairs of the final piece, then n (hour,
+# amount) pairs of the final piece, then (hour, amount) pairs of final minus whole.
+_SETTLE_LUA: Final = (
+    """
+if redis.call('ZADD', KEYS[2], 'NX', ARGV[4], ARGV[5]) == 0 then
+  return 0
+end
+local first = 7
+local last = 6 + 2 * tonumber(ARGV[6])
+if redis.call('ZADD', KEYS[2], 'NX', ARGV[4], ARGV[1]) == 0 then
+  first = last + 1
+  last = #ARGV
+end
+for i = first, last, 2 do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+"""
+    + _PRUNE_LUA
+)
+
 
 class RedisUsageStore:
     """Counters in Redis (see the module docstring for the key layout). ``client`` may
@@ -155,6 +223,7 @@ class RedisUsageStore:
         self._client = client
         self._prefix = prefix
         self._charge_script = client.register_script(_CHARGE_LUA)
+        self._settle_script = client.register_script(_SETTLE_LUA)
 
     @property
     def prefix(self) -> str:
@@ -178,6 +247,32 @@ class RedisUsageStore:
                 if h >= cutoff:
                     args += [h, repr(float(amount))]
         applied = await self._charge_script(
+            keys=[self.usage_key(allocation), self.seen_key(allocation)], args=args
+        )
+        return bool(applied)
+
+    async def settle(
+        self,
+        charge_id: str,
+        allocation: str,
+        whole: tuple[float, float],
+        final: tuple[float, float],
+        gpus: int,
+    ) -> bool:
+        final_pieces, correction = _settle_pieces(charge_id, allocation, whole, final, gpus)
+        last = _last_hour(_pieces(charge_id, allocation, *whole, gpus), whole[0])
+        args: list[str | int] = [
+            charge_id,
+            KEY_TTL_S,
+            RETENTION_HOURS,
+            last,
+            _settle_id(charge_id),
+            len(final_pieces),
+        ]
+        for pieces in (final_pieces, correction):
+            for h, amount in pieces.items():
+                args += [h, repr(float(amount))]
+        applied = await self._settle_script(
             keys=[self.usage_key(allocation), self.seen_key(allocation)], args=args
         )
         return bool(applied)
@@ -235,6 +330,28 @@ def _pieces(
         raise ValidationError("charge_id", f"must be a non-empty string, got {charge_id!r}")
     _check_allocation(allocation)
     return split_into_hours(start, end, gpus)
+
+
+def _settle_id(charge_id: str) -> str:
+    return f"{charge_id}:final"
+
+
+def _settle_pieces(
+    charge_id: str,
+    allocation: str,
+    whole: tuple[float, float],
+    final: tuple[float, float],
+    gpus: int,
+) -> tuple[dict[int, float], dict[int, float]]:
+    """The final piece per hour, and final minus whole per hour (the correction of a slot
+    charged whole before the run's end was known)."""
+    whole_pieces = _pieces(charge_id, allocation, whole[0], whole[1], gpus)
+    final_pieces = _pieces(charge_id, allocation, final[0], final[1], gpus)
+    correction = {
+        h: final_pieces.get(h, 0.0) - whole_pieces.get(h, 0.0)
+        for h in sorted(whole_pieces.keys() | final_pieces.keys())
+    }
+    return final_pieces, correction
 
 
 def _last_hour(pieces: dict[int, float], start: float) -> int:

@@ -16,9 +16,12 @@ the counters can always be rebuilt from the log (``rebuild``):
   amounts and never double-charges.
 * Live window: every ``accrue_s`` the running entries' COMPLETE slots up to ``now - slot_s``
   are charged (the lag of one slot lets an end event processed a little late find its last
-  slot uncharged); the end event then charges the remaining slots under the same ids. An
-  end event processed more than a slot late can find a slot already charged whole: the run
-  is then overcharged by less than the delay (a rebuild from the log corrects it).
+  slot uncharged); the end event then charges the remaining whole slots under the same ids.
+  Its last, partial slot and (when the live window has charged the run) the slots after
+  its end are *settled*: an end processed more than a slot late finds them charged whole
+  and adds the difference, an earlier one blocks the whole charge (``Charger._final_charges``,
+  ``UsageStore.settle``). So a run is charged exactly its GPU-seconds however late its end
+  is read.
 
 Unallocated work is free: only records with ``allocated=True`` are ever charged, to the
 allocation the record names. Readers (the ranking service) construct
@@ -171,6 +174,8 @@ class Charger:
     client: redis_asyncio.Redis
     prefix: str = DEFAULT_PREFIX
     slot_s: float = DEFAULT_SLOT_S
+    clock: Callable[[], float] = wall_clock
+    """Now, for the last slot the live window can have charged (``_final_charges``)."""
 
     def __post_init__(self) -> None:
         self.slot_s = check_slot_s(self.slot_s)
@@ -231,11 +236,63 @@ class Charger:
         else:
             if r.at < started_at:
                 log.warning("run ends before it starts", workload=r.workload_id, attempt=r.attempt)
-            slots = grid_slots(started_at, r.at, self.slot_s)
-            applied = await self._charge(r.workload_id, r.attempt, r.allocation, gpus, slots)
+            accrued = running.accrued if isinstance(running, _Running) else None
+            applied = await self._final_charges(
+                r.workload_id,
+                r.attempt,
+                r.allocation,
+                gpus,
+                started_at=started_at,
+                ended_at=r.at,
+                accrued=accrued,
+            )
         # After the charges: if they fail the message is redelivered and charges again.
         await self.client.hset(self.running_key, key, _ENCODE.encode(_Ended(ended_at=r.at)))
         return applied
+
+    async def _final_charges(
+        self,
+        workload: str,
+        attempt: int,
+        allocation: str,
+        gpus: int,
+        *,
+        started_at: float,
+        ended_at: float,
+        accrued: int | None,
+    ) -> int:
+        """Charge the run ``[started_at, ended_at)`` exactly, whatever the live window did.
+
+        Whole slots are charged under the ids the live window uses (the same amounts: a
+        slot charged twice adds nothing). The live window charges a slot whole once it is
+        complete on the clock, so an end processed more than a slot late may find its last,
+        partial slot, and slots after the end, already charged whole: those are *settled*
+        (``UsageStore.settle``): the partial slot to its true piece, later slots to nothing,
+        by adding the difference when the whole charge happened and blocking it otherwise.
+        Slots after the end are settled only when the live window has charged this run
+        (``accrued`` set), up to the last slot it can charge now."""
+        slot = self.slot_s
+        slots = grid_slots(started_at, ended_at, slot)
+        whole = [sl for sl in slots if sl.end == (sl.k + 1) * slot]
+        applied = await self._charge(workload, attempt, allocation, gpus, whole)
+        settles: list[tuple[int, tuple[float, float], tuple[float, float]]] = []
+        if slots and slots[-1].end < (slots[-1].k + 1) * slot:
+            last = slots[-1]
+            settles.append((last.k, (last.start, (last.k + 1) * slot), (last.start, last.end)))
+        if accrued is not None:
+            next_k = slots[-1].k + 1 if slots else math.floor(started_at / slot)
+            last_k = math.floor(complete_until(self.clock(), slot) / slot) - 1
+            for k in range(next_k, last_k + 1):
+                lo = max(started_at, k * slot)
+                settles.append((k, (lo, (k + 1) * slot), (lo, lo)))
+
+        async def one(k: int, whole: tuple[float, float], final: tuple[float, float]) -> bool:
+            async with self._limit:
+                return await self.store.settle(
+                    f"{workload}:{attempt}:{k}", allocation, whole, final, gpus
+                )
+
+        return applied + sum(await asyncio.gather(*(one(*x) for x in settles)))
 
     async def accrue(self, now: float) -> int:
         """Charge every running entry's complete slots up to ``now - slot_s``; prune
@@ -342,7 +399,7 @@ class Accounting:
             )
         self.broker = make_broker(nats_url, "accounting", provider)
         self.redis = redis_asyncio.Redis.from_url(redis_url)
-        self.charger = Charger(self.redis, prefix, slot_s)
+        self.charger = Charger(self.redis, prefix, slot_s, clock)
         self.accrue_s = float(accrue_s)
         self.clock = clock
         self.max_deliver = max_deliver
