@@ -10,11 +10,16 @@ benchmark                   figure                                           tar
 ``bench_cycle.py``          median ``run_cycle`` (1,000 hosts x 8 GPUs,      <= 50 ms
                             10,000 pending)
 ``bench_fairshare.py``      median Fair Tree ``rank`` over 1,000 allocations <= 5 ms
+``bench_reasons.py``        median uncached ``allot queue`` answer: dry        <= 200 ms
+                            ``run_cycle`` + ``queue_order`` +
+                            ``explain_pending`` (1,000 hosts x 8 GPUs, 90%
+                            busy, 10,000 pending); also writes
+                            ``bench/results/reasons.{md,json}``
 ``bench_philly.py``         full Philly trace (82,247 jobs, 352 x 8 GPUs,    <= 30 s,
                             fairshare + preemption): wall time, peak RSS     <= 1 GiB
 ==========================  ===============================================  ==============
 
-The first two print their median as text (``median X ms``), which is parsed here; the
+The first three print their median as text (``median X ms``), which is parsed here; the
 Philly benchmark writes its figures as JSON. No timeout anywhere: the simulator may take
 minutes. The results (figures, targets, machine: nproc, Python, platform, CPU, date,
 commit) are written even when a target is missed; the exit status is then 1 (2 when a
@@ -290,6 +295,16 @@ def main(argv: list[str] | None = None) -> int:
     print("== bench_fairshare.py", flush=True)
     results.append(
         median_bench("fairshare", "bench_fairshare.py", "Fair Tree rank, 1,000 allocations", 5.0)
+    )
+    print("== bench_reasons.py", flush=True)
+    results.append(
+        median_bench(
+            "queue_reasons",
+            "bench_reasons.py",
+            "uncached `allot queue` answer (dry run_cycle + queue_order + explain_pending), "
+            "1,000 hosts x 8 GPUs, 90% busy, 10,000 pending; details in reasons.md",
+            200.0,
+        )
     )
     print("== bench_philly.py", flush=True)
     results.append(philly_bench(shared, args.limit_days))

@@ -1,24 +1,29 @@
 """Intake + placement against a real nats-server: submissions become placements through
 the log; bad input is rejected by field; duplicates are one workload; a standby takes
-over from the log when the leader dies, with no GPU booked twice."""
+over from the log when the leader dies, with no GPU booked twice; queue rows carry their
+pending reason, numbers and estimated start; the leader answers allocations (held vs
+entitlement) and its cycle-duration histogram."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
+from typing import TypeVar
 
 import msgspec
 import nats
 import pytest
 from live_harness import eventually, of_type, records, seed
 
-from allot.live import service_main
+from allot.live import bus, service_main
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.intake import Intake
 from allot.services.placement import PlacementService
 
 pytestmark = pytest.mark.integration
+T = TypeVar("T")
 
 _REPLY = msgspec.json.Decoder(m.WorkloadAccepted | m.WorkloadRejected)
 
@@ -173,5 +178,103 @@ async def test_standby_takes_over_from_the_log_without_double_booking(fresh_log:
     finally:
         await service_main.stop(second)
         await service_main.stop(first)
+        await service_main.stop(intake)
+        await nc.close()
+
+
+async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_stats(
+    fresh_log: str,
+) -> None:
+    """Two 8-GPU hosts, h2 draining: vision runs 8 GPUs on h1 (protected 10 min, over its
+    entitlement of 4). nlp's 4-GPU request may reclaim them only once that protection ends
+    (protected-until, with that time as its estimated start); nlp's 16 GPUs need h2 back
+    (hosts-draining); unallocated work waits for idle GPUs."""
+    nc = await nats.connect(fresh_log)
+    js = nc.jetstream()
+    await seed(js, {"h1": 8, "h2": 8})
+    await bus.publish(js, s.host_state("h2"), m.HostDraining(host="h2", at=time.time()))
+    intake = Intake(fresh_log, tracing=False)
+    placement = PlacementService(fresh_log, lease_ttl_s=1.0, name="p1", tracing=False)
+    await service_main.start(intake)
+    await service_main.start(placement)
+
+    async def query(subject: str, cls: type[T]) -> T:
+        reply = await nc.request(subject, b"{}", timeout=5)
+        return msgspec.json.decode(reply.data, type=cls)
+
+    try:
+        vision = await request(
+            nc,
+            s.submit("vision"),
+            submit_body(client_id="v", allocation="vision", gpus=8, min_runtime_s=600),
+        )
+        assert isinstance(vision, m.WorkloadAccepted)
+        (placed,) = await eventually(lambda: _placements(js), lambda p: len(p) == 1)
+        ids = {}
+        for cid, alloc, gpus in (("n4", "nlp", 4), ("n16", "nlp", 16), ("free", None, 1)):
+            subject = s.submit(alloc)
+            body = submit_body(client_id=cid, allocation=alloc, gpus=gpus, min_runtime_s=600)
+            if alloc is None:
+                body = submit_body(client_id=cid, gpus=gpus)
+            reply = await request(nc, subject, body)
+            assert isinstance(reply, m.WorkloadAccepted), reply
+            ids[cid] = reply.workload_id
+
+        snap = await eventually(
+            lambda: query(s.QUERY_QUEUE, m.QueueSnapshot),
+            lambda q: q.total == 3,
+        )
+        rows = {r.workload_id: r for r in snap.rows}
+        n4, n16, free = rows[ids["n4"]], rows[ids["n16"]], rows[ids["free"]]
+        until = placed.at + 600
+        assert n4.reason == "protected-until"
+        assert n4.reason_numbers["until"] == pytest.approx(until)
+        assert n4.reason_numbers["protected_gpus"] == 8 and n4.reason_numbers["hosts"] == "h1"
+        assert (n4.reason_numbers["held"], n4.reason_numbers["entitlement"]) == (0, 4.0)
+        assert n4.est_start == pytest.approx(until)  # an estimate: the protection end
+        assert "protection ends" in n4.why
+        assert n16.reason == "hosts-draining" and n16.est_start is None
+        assert n16.reason_numbers == {
+            "requested": 16,
+            "healthy_gpus": 8,
+            "unavailable_hosts": 1,
+            "unavailable_gpus": 8,
+        }
+        assert free.reason == "unallocated-idle-only"
+        assert free.reason_numbers["free_gpus"] == 0
+        # Nothing changed: the next answer comes from the cache, not a new dry run.
+        cached = placement._explained
+        again = await query(s.QUERY_QUEUE, m.QueueSnapshot)
+        assert placement._explained is cached
+        assert [(r.workload_id, r.reason) for r in again.rows] == [
+            (r.workload_id, r.reason) for r in snap.rows
+        ]
+
+        allocs = await query(s.QUERY_ALLOCATIONS, m.AllocationsSnapshot)
+        assert (allocs.healthy_gpus, allocs.total_gpus) == (8, 16)
+        by = {r.allocation: r for r in allocs.rows}
+        assert set(by) == {"nlp", "vision"}
+        hosts = await query(s.QUERY_HOSTS, m.HostsSnapshot)
+        on_h1 = next(h for h in hosts.hosts if h.host == "h1")
+        assert on_h1.workloads == (vision.workload_id,) and on_h1.free_gpus == 0  # vision's 8
+        assert (by["vision"].held_gpus, by["vision"].pending_workloads) == (8, 0)
+        assert (by["nlp"].held_gpus, by["nlp"].pending_workloads, by["nlp"].pending_gpus) == (
+            0,
+            2,
+            20,
+        )
+        for row in by.values():
+            assert row.effective_share == pytest.approx(0.5)
+            assert row.entitlement_gpus == pytest.approx(4.0)
+
+        stats = await query(s.QUERY_PLACEMENT_STATS, m.PlacementStats)
+        assert stats.epoch == placement.epoch > 0
+        assert stats.count >= 1 and stats.cycles >= stats.count
+        assert len(stats.counts) == len(stats.buckets_s) + 1
+        assert list(stats.counts) == sorted(stats.counts) and stats.counts[-1] == stats.count
+        assert 0.0 < stats.sum_s < 10.0 * stats.count
+        assert stats.decisions >= 1  # vision's placement
+    finally:
+        await service_main.stop(placement)
         await service_main.stop(intake)
         await nc.close()

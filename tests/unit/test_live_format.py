@@ -59,7 +59,10 @@ def _queue() -> m.QueueSnapshot:
                 fairshare=0.5,
                 sort_metric=0.5,
                 submitted_at=T0,
-                why="no host with 8 free GPUs",
+                why="room only behind protected work",
+                reason="protected-until",
+                reason_numbers={"until": T0 + 4 * 3600, "held": 0, "hosts": "h1"},
+                est_start=T0 + 4 * 3600,
             ),
             m.QueueRow(
                 position=2,
@@ -70,6 +73,20 @@ def _queue() -> m.QueueSnapshot:
                 tier="unallocated",
                 sort_metric=2.0,
                 submitted_at=T0 + 3 * 3600 + 4 * 60 + 30,
+            ),
+            m.QueueRow(
+                position=3,
+                workload_id="wl-c",
+                allocation="nlp",
+                user="ann",
+                gpus=2,
+                kind="training",
+                tier="under-entitlement",
+                sort_metric=0.5,
+                submitted_at=T0,
+                why="starts at the next cycle on h2",
+                reason="starts-next-cycle",
+                est_start=T0 + 3 * 3600 + 5 * 60,  # the snapshot's own time
             ),
         ),
     )
@@ -85,13 +102,12 @@ def test_queue_table_columns_and_cells() -> None:
         "GPUS",
         "TIER",
         "RANK",
-        "FAIRSHARE",
-        "SORT",
-        "AGE",
+        "REASON",
+        "EST.START*",
         "WHY",
     ]
-    first = lines[2].split(None, 10)
-    assert first == [
+    # the estimate is relative to the snapshot's time: 4h00m after T0 is 55m from 3h05m
+    assert lines[2].split(None, 9) == [
         "1",
         "wl-a",
         "nlp",
@@ -99,29 +115,60 @@ def test_queue_table_columns_and_cells() -> None:
         "8",
         "under-entitlement",
         "2",
-        "0.500",
-        "0.500",
-        "3h05m",
-        "no host with 8 free GPUs",
+        "protected-until",
+        "~55m00s",
+        "room only behind protected work",
     ]
-    # unallocated shows "~"; missing rank and fairshare "-"; age under a minute in seconds
-    assert lines[3].split() == [
-        "2",
-        "wl-b",
-        "~",
-        "bob",
-        "1",
-        "unallocated",
-        "-",
-        "-",
-        "2.000",
-        "30s",
-        "-",
+    # unallocated shows "~"; missing rank, reason and estimate "-"
+    assert lines[3].split() == ["2", "wl-b", "~", "bob", "1", "unallocated", "-", "-", "-", "-"]
+    assert lines[4].split(None, 9)[7:] == [
+        "starts-next-cycle",
+        "now",
+        "starts at the next cycle on h2",
     ]
     # numbers right-aligned: the GPUS cells end where the GPUS title ends
     gpus_end = lines[0].index("GPUS") + len("GPUS")
     assert lines[2][gpus_end - 1] == "8" and lines[3][gpus_end - 1] == "1"
-    assert lines[-1] == "2 pending, 6 GPUs free (epoch 4, at 2027-01-15T11:05:00Z)"
+    assert lines[-2] == "3 pending, 6 GPUs free (epoch 4, at 2027-01-15T11:05:00Z)"
+    # the footnote says the start is an estimate
+    assert lines[-1].startswith("* EST.START is an estimate")
+
+
+def test_queue_table_long_adds_the_sort_inputs() -> None:
+    lines = fmt.queue_table(_queue(), long=True).splitlines()
+    assert lines[0].split() == [
+        "POS",
+        "WORKLOAD",
+        "ALLOC",
+        "USER",
+        "GPUS",
+        "TIER",
+        "RANK",
+        "FAIRSHARE",
+        "SORT",
+        "AGE",
+        "REASON",
+        "EST.START*",
+        "WHY",
+    ]
+    assert lines[2].split(None, 12)[7:] == [
+        "0.500",
+        "0.500",
+        "3h05m",
+        "protected-until",
+        "~55m00s",
+        "room only behind protected work",
+    ]
+    # missing fairshare "-"; age under a minute in seconds
+    assert lines[3].split()[7:10] == ["-", "2.000", "30s"]
+
+
+@pytest.mark.parametrize(
+    ("est", "cell"),
+    [(None, "-"), (T0 - 5, "now"), (T0 + 0.5, "now"), (T0 + 90, "~1m30s"), (T0 + 7200, "~2h00m")],
+)
+def test_est_start_cell(est: float | None, cell: str) -> None:
+    assert fmt.est_start_cell(est, T0) == cell
 
 
 def test_share_table_shows_gpu_hours_parent_and_inf() -> None:
@@ -185,6 +232,148 @@ def test_share_table_shows_gpu_hours_parent_and_inf() -> None:
         "1.000000",
     ]
     assert lines[-1].startswith("window 7d00h")
+
+
+def _ranking_for_long() -> m.RankingUpdated:
+    # nlp is a `parent` account: its children's Fair Tree parent is the root.
+    def row(path: str, leaf: bool, shares: int | None, usage: float, **kw: object) -> m.RankRow:
+        return m.RankRow(
+            path=path,
+            name=path.rsplit("/", 1)[1],
+            leaf=leaf,
+            raw_shares=shares,
+            norm_shares=0.5,
+            raw_usage=usage,
+            effective_usage=usage / 36_000.0,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    return m.RankingUpdated(
+        at=T0,
+        window_s=7 * 86400,
+        nodes=(
+            row("root/nlp", False, None, 27_000.0, level_fs=None),
+            row("root/nlp/pretrain", True, 3, 18_000.0, level_fs=1.0, rank=1, fairshare=0.5),
+            row("root/nlp/eval", True, 1, 9_000.0, level_fs=2.0, rank=2, fairshare=1.0),
+            row("root/vision", True, 1, 9_000.0, level_fs="inf", rank=2, fairshare=1.0),
+        ),
+    )
+
+
+def _allocations() -> m.AllocationsSnapshot:
+    return m.AllocationsSnapshot(
+        at=T0 + 60,
+        healthy_gpus=16,
+        total_gpus=24,
+        rows=(
+            m.AllocationRow(
+                allocation="pretrain", effective_share=0.375, entitlement_gpus=6.0, held_gpus=8
+            ),
+            m.AllocationRow(
+                allocation="eval", effective_share=0.125, entitlement_gpus=2.0, held_gpus=0
+            ),
+            m.AllocationRow(
+                allocation="vision", effective_share=0.5, entitlement_gpus=8.0, held_gpus=4
+            ),
+        ),
+    )
+
+
+def test_share_long_mirrors_sshare_l_and_adds_budget_entitlement_held() -> None:
+    lines = fmt.share_long_table(_ranking_for_long(), _allocations()).splitlines()
+    assert lines[0].split() == [
+        "Account",
+        "RawShares",
+        "NormShares",
+        "RawUsage",
+        "NormUsage",
+        "EffectvUsage",
+        "FairShare",
+        "LevelFS",
+        "Budget",
+        "Entitlement",
+        "Held",
+        "Window",
+        "GPU-h",
+    ]
+    # the account sums its leaves; a parent account has no level usage of its own
+    assert lines[2].split() == [
+        "root/nlp",
+        "parent",
+        "0.500000",
+        "27000",
+        "0.750000",
+        "-",
+        "-",
+        "-",
+        "50.0%",
+        "8.0",
+        "8",
+        "7.5",
+    ]
+    # pretrain's Fair Tree parent is the root (nlp is `parent`): U = 18000 / 36000
+    assert lines[3].split() == [
+        "root/nlp/pretrain",
+        "3",
+        "0.500000",
+        "18000",
+        "0.500000",
+        "0.500000",
+        "0.500000",
+        "1.000000",
+        "37.5%",
+        "6.0",
+        "8",
+        "5.0",
+    ]
+    assert lines[5].split()[5:] == ["0.250000", "1.000000", "inf", "50.0%", "8.0", "4", "2.5"]
+    assert "16 healthy GPUs (of 24)" in lines[-1]
+
+
+def test_share_long_without_the_placement_leader_shows_dashes() -> None:
+    lines = fmt.share_long_table(_ranking_for_long(), None).splitlines()
+    assert lines[3].split()[8:] == ["-", "-", "-", "5.0"]
+    assert "placement leader did not answer" in lines[-1]
+
+
+def test_level_usage_under_a_real_account_is_over_the_account() -> None:
+    ranking = m.RankingUpdated(
+        at=T0,
+        window_s=60,
+        nodes=tuple(
+            m.RankRow(
+                path=p,
+                name=p.rsplit("/", 1)[1],
+                leaf=leaf,
+                raw_shares=1,
+                norm_shares=0.5,
+                raw_usage=u,
+                effective_usage=u / 4000.0,
+                level_fs=1.0,
+            )
+            for p, leaf, u in (
+                ("root/a", False, 4000.0),
+                ("root/a/x", True, 1000.0),
+                ("root/a/y", True, 3000.0),
+            )
+        ),
+    )
+    lines = fmt.share_long_table(ranking, None).splitlines()
+    assert [line.split()[5] for line in lines[2:5]] == ["1.000000", "0.250000", "0.750000"]
+
+
+def test_envelope_lines_is_one_compact_envelope_per_line() -> None:
+    text = fmt.envelope_lines([_ranking_for_long(), _allocations()], T0)
+    first, second = (json.loads(line) for line in text.splitlines())
+    assert (first["kind"], second["kind"]) == ("RankingUpdated", "AllocationsSnapshot")
+    assert second["data"]["rows"][0]["held_gpus"] == 8 and second["at"] == T0 + 60
+
+
+def test_queue_and_share_take_long() -> None:
+    parser = _parser()
+    assert parser.parse_args(["queue", "-l"]).long
+    assert parser.parse_args(["share", "--long", "--json"]).long
+    assert not parser.parse_args(["share"]).long
 
 
 def test_hosts_table() -> None:

@@ -1,8 +1,13 @@
-"""Reason codes: every pending reason reachable on a crafted snapshot, with its numbers;
-every pending workload gets exactly one reason (hypothesis); ``allot prio`` rows follow
-the queue order; preemption lines carry the preemptor and the numbers."""
+"""Reason codes: every pending reason reachable on a crafted snapshot, with its numbers
+(the ones docs/reasons.md lists) and its estimated start; every pending workload gets
+exactly one reason, the same one an unmemoised explanation gives (hypothesis); ``allot
+prio`` rows follow the queue order; preemption lines carry the preemptor and the numbers."""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from builders import HOUR, cluster, free_work, host, hosts, on, snapshot, workload
@@ -17,12 +22,15 @@ from allot.core.queue_view import queue_order
 from allot.core.reasons import (
     PendingReason,
     Why,
+    _Explainer,
+    estimated_start,
     explain_pending,
     explain_preemption,
     priority_breakdown,
 )
 
 T = 10 * HOUR  # "now" in the crafted snapshots: work started at 0 is past its protection
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "reasons.md"
 
 
 def why(snap: Snapshot, wid: str, policy: Policy | None = None, now: float = T) -> Why:
@@ -33,13 +41,161 @@ def why(snap: Snapshot, wid: str, policy: Policy | None = None, now: float = T) 
     return reasons[wid]
 
 
+def dry_why(snap: Snapshot, wid: str, policy: Policy | None = None, now: float = T) -> Why:
+    """As the placement service asks between cycles: a dry run, placed work included."""
+    policy = policy or Policy()
+    return explain_pending(snap, policy, now, run_cycle(snap, policy, now), dry_run=True)[wid]
+
+
+# -- the crafted snapshots, one per code (the tests below read their numbers) ---------------
+
+
+def starts_next_cycle() -> Snapshot:
+    # A 12-GPU gang on two free hosts: the cycle about to run places it.
+    return snapshot(cluster(hosts(2)), workload("a1", 12, "a"), shares={"a": 1.0})
+
+
+def waiting_for_notice() -> Snapshot:
+    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1"))
+    return snapshot(st, workload("a1", 8, "a"), shares={"a": 1.0})
+
+
+def protected_until() -> Snapshot:
+    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1", start=T - 600))
+    return snapshot(st, workload("a1", 8, "a"), shares={"a": 1.0})
+
+
+def better_ranked_first() -> Snapshot:
+    return snapshot(
+        cluster(hosts(1)),
+        workload("a1", 8, "a"),
+        workload("b1", 8, "b"),
+        shares={"a": 0.5, "b": 0.5},
+        order={"a": 0, "b": 1},
+    )
+
+
+def over_entitlement() -> Snapshot:
+    st = cluster(hosts(1), on(workload("a1", 8, "a"), "h1"))
+    return snapshot(st, workload("a2", 1, "a"), shares={"a": 0.5, "b": 0.5})
+
+
+def no_host_large_enough() -> Snapshot:
+    # b is within its entitlement: an owed request of a may not take it.
+    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1"))
+    return snapshot(st, workload("a1", 4, "a"), shares={"a": 0.5, "b": 1.0})
+
+
+CASES: dict[PendingReason, tuple[Callable[[], Snapshot], str]] = {
+    PendingReason.STARTS_NEXT_CYCLE: (starts_next_cycle, "a1"),
+    PendingReason.WAITING_FOR_NOTICE: (waiting_for_notice, "a1"),
+    PendingReason.TOO_LARGE: (lambda: snapshot(cluster(hosts(2)), workload("a1", 24)), "a1"),
+    PendingReason.HOSTS_DRAINING: (
+        lambda: snapshot(
+            cluster([host("h1"), host("h2", state=HostState.DRAINING)]), workload("a1", 16)
+        ),
+        "a1",
+    ),
+    PendingReason.UNALLOCATED_IDLE_ONLY: (
+        lambda: snapshot(
+            cluster(hosts(1), on(workload("a1", 6), "h1")), free_work("f1", 4), shares={"a": 1.0}
+        ),
+        "f1",
+    ),
+    PendingReason.BETTER_RANKED_FIRST: (better_ranked_first, "b1"),
+    PendingReason.PROTECTED_UNTIL: (protected_until, "a1"),
+    PendingReason.OVER_ENTITLEMENT: (over_entitlement, "a2"),
+    PendingReason.NO_HOST_LARGE_ENOUGH: (no_host_large_enough, "a1"),
+}
+
+
+def documented_numbers() -> dict[str, set[str]]:
+    """Code -> the number names the table of docs/reasons.md lists (backquoted names in the
+    Numbers column, outside parentheses)."""
+    out: dict[str, set[str]] = {}
+    for line in DOCS.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) == 6 and cells[1].startswith("`") and cells[1].endswith("`"):
+            out[cells[1].strip("`")] = set(
+                re.findall(r"`([a-z_]+)`", re.sub(r"\([^)]*\)", "", cells[3]))
+            )
+    return out
+
+
+@pytest.mark.parametrize("code", list(PendingReason), ids=str)
+def test_every_code_is_reachable_with_the_documented_numbers(code: PendingReason) -> None:
+    build, wid = CASES[code]
+    r = dry_why(build(), wid)
+    assert r.code is code
+    assert set(r.numbers) == documented_numbers()[code.value]
+    assert r.text and len(r.numbers) <= 16  # QueueRow.reason_numbers holds at most 16
+    assert all(isinstance(v, int | float | str) for v in r.numbers.values())
+
+
+@pytest.mark.parametrize("code", list(PendingReason), ids=str)
+def test_the_estimated_start_is_the_time_the_reason_names(code: PendingReason) -> None:
+    build, wid = CASES[code]
+    r = dry_why(build(), wid)
+    expected = {
+        PendingReason.STARTS_NEXT_CYCLE: T,
+        PendingReason.WAITING_FOR_NOTICE: T + 300,  # the grace deadline
+        PendingReason.PROTECTED_UNTIL: T - 600 + HOUR,  # b1's protection end
+    }.get(code)
+    assert estimated_start(r, T) == expected
+
+
+def test_the_docs_list_every_code_and_no_other() -> None:
+    assert set(documented_numbers()) == {c.value for c in PendingReason}
+
+
 # -- each code, with its numbers ----------------------------------------------------------
 
 
+def test_starts_next_cycle_only_on_a_dry_run() -> None:
+    snap = starts_next_cycle()
+    r = dry_why(snap, "a1")
+    assert r.numbers == {
+        "requested": 12,
+        "hosts": "h1,h2",
+        "host_count": 2,
+        "starting_workloads": 1,
+    }
+    assert "next cycle" in r.text and "h1,h2" in r.text
+    # After a real cycle the placed work is no longer pending: no reason for it.
+    policy = Policy()
+    assert explain_pending(snap, policy, T, run_cycle(snap, policy, T)) == {}
+
+
+def test_a_dry_run_explains_every_pending_workload_in_queue_order() -> None:
+    snap = snapshot(
+        cluster(hosts(1)),
+        workload("a1", 4, submit=1.0),
+        workload("a2", 8, submit=2.0),
+        free_work("f1", 8, submit=0.0),
+        shares={"a": 1.0},
+    )
+    policy = Policy()
+    reasons = explain_pending(snap, policy, T, run_cycle(snap, policy, T), dry_run=True)
+    assert list(reasons) == ["a1", "a2", "f1"]
+    assert reasons["a1"].code is PendingReason.STARTS_NEXT_CYCLE
+    assert reasons["a2"].code is PendingReason.BETTER_RANKED_FIRST
+
+
+def test_reasons_are_read_only_since_workloads_share_them() -> None:
+    snap = snapshot(
+        cluster(hosts(1), on(workload("b1", 8, "b"), "h1")),
+        workload("a1", 4, "a", submit=1.0),
+        workload("a2", 4, "a", submit=2.0),
+        shares={"a": 0.5, "b": 1.0},
+    )
+    reasons = explain_pending(snap, Policy(), T, run_cycle(snap, Policy(), T))
+    assert reasons["a1"] == reasons["a2"]
+    with pytest.raises(TypeError):
+        reasons["a1"].numbers["requested"] = 1  # type: ignore[index]
+
+
 def test_waiting_for_notice_names_the_victims_and_the_deadline() -> None:
-    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1"))
-    snap = snapshot(st, workload("a1", 8, "a"), shares={"a": 1.0})
-    r = why(snap, "a1")
+    r = why(waiting_for_notice(), "a1")
     assert r.code is PendingReason.WAITING_FOR_NOTICE
     assert r.numbers == {
         "requested": 8,
@@ -89,14 +245,7 @@ def test_unallocated_work_waits_for_idle_gpus() -> None:
 
 
 def test_better_ranked_first_when_work_ahead_took_the_free_gpus() -> None:
-    snap = snapshot(
-        cluster(hosts(1)),
-        workload("a1", 8, "a"),
-        workload("b1", 8, "b"),
-        shares={"a": 0.5, "b": 0.5},
-        order={"a": 0, "b": 1},
-    )
-    r = why(snap, "b1")
+    r = why(better_ranked_first(), "b1")
     assert r.code is PendingReason.BETTER_RANKED_FIRST
     assert r.numbers == {
         "requested": 8,
@@ -143,8 +292,7 @@ def test_better_ranked_first_when_an_earmark_holds_the_free_gpus() -> None:
 
 
 def test_protected_until_gives_the_protection_end_and_the_hosts() -> None:
-    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1", start=T - 600))
-    r = why(snapshot(st, workload("a1", 8, "a"), shares={"a": 1.0}), "a1")
+    r = why(protected_until(), "a1")
     assert r.code is PendingReason.PROTECTED_UNTIL
     assert r.numbers == {
         "requested": 8,
@@ -159,9 +307,7 @@ def test_protected_until_gives_the_protection_end_and_the_hosts() -> None:
 
 
 def test_over_entitlement_when_nothing_worse_ranked_is_over() -> None:
-    st = cluster(hosts(1), on(workload("a1", 8, "a"), "h1"))
-    snap = snapshot(st, workload("a2", 1, "a"), shares={"a": 0.5, "b": 0.5})
-    r = why(snap, "a2")
+    r = why(over_entitlement(), "a2")
     assert r.code is PendingReason.OVER_ENTITLEMENT
     assert r.numbers == {
         "allocation": "a",
@@ -189,10 +335,7 @@ def test_over_entitlement_for_a_request_mostly_beyond_the_entitlement() -> None:
 
 @pytest.mark.parametrize("preemption", [True, False])
 def test_no_host_large_enough_when_nothing_is_free_or_preemptible(preemption: bool) -> None:
-    # b is within its entitlement: an owed request of a may not take it.
-    st = cluster(hosts(1), on(workload("b1", 8, "b"), "h1"))
-    snap = snapshot(st, workload("a1", 4, "a"), shares={"a": 0.5, "b": 1.0})
-    r = why(snap, "a1", Policy(preemption=preemption))
+    r = why(no_host_large_enough(), "a1", Policy(preemption=preemption))
     assert r.code is PendingReason.NO_HOST_LARGE_ENOUGH
     assert r.numbers == {
         "requested": 4,
@@ -254,6 +397,24 @@ def test_every_pending_workload_gets_one_reason_and_nothing_changes(scenario: Sc
         if r.code is PendingReason.PROTECTED_UNTIL:
             assert float(r.numbers["until"]) > NOW
         assert all(isinstance(v, int | float | str) for v in r.numbers.values())
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_the_memoised_answer_is_the_one_asked_afresh(scenario: Scenario) -> None:
+    # explain_pending shares one answer per (allocation, size) and skips plans the sizes
+    # already planned decide; a fresh explainer per workload does neither.
+    *_, snap = scenario.build()
+    policy = scenario.policy
+    result = run_cycle(snap, policy, NOW)
+    reasons = explain_pending(snap, policy, NOW, result, dry_run=True)
+    placed = {p.workload.id for p in result.placements}
+    assert set(reasons) == {w.id for w in snap.queue}
+    for w in snap.queue:
+        if w.id in placed:
+            assert reasons[w.id].code is PendingReason.STARTS_NEXT_CYCLE
+        else:
+            assert reasons[w.id] == _Explainer(snap, policy, NOW, result).explain(w), w.id
 
 
 @SETTINGS

@@ -5,7 +5,7 @@
     allot cancel WORKLOAD [--alloc A] --user U [--reason R]
     allot status WORKLOAD
     allot watch WORKLOAD [--alloc A]
-    allot queue | allot share | allot hosts
+    allot queue [-l] | allot prio | allot share [-l] | allot hosts
     allot drain HOST --operator NAME [--reason R] | allot undrain HOST --operator NAME
     allot budgets set PATH SHARES --by NAME      (PATH root/nlp/pretrain, SHARES N|parent)
 
@@ -34,7 +34,7 @@ from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
 from allot.proto.subjects import BUDGET_ROOT
-from allot.sdk import Client, SdkError
+from allot.sdk import Client, NoResponderError, RequestTimeoutError, SdkError
 
 EXIT_UNAVAILABLE = 1
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -210,13 +210,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--alloc", help="its allocation; omitted = unallocated")
     p.set_defaults(func=run_watch)
 
-    p = subparsers.add_parser("queue", parents=common, help="pending work in service order")
+    p = subparsers.add_parser(
+        "queue",
+        parents=common,
+        help="pending work in service order, why each waits, an estimated start",
+    )
+    p.add_argument(
+        "-l", "--long", action="store_true", help="also the sort inputs (fair share, sort, age)"
+    )
     p.set_defaults(func=run_queue)
     p = subparsers.add_parser(
         "prio", parents=common, help="each pending position broken into its inputs (sprio -l)"
     )
     p.set_defaults(func=run_prio)
-    p = subparsers.add_parser("share", parents=common, help="Fair Tree ranking (sshare -l)")
+    p = subparsers.add_parser("share", parents=common, help="Fair Tree ranking (sshare)")
+    p.add_argument(
+        "-l",
+        "--long",
+        action="store_true",
+        help="sshare -l columns plus budget, entitlement, held GPUs and window GPU-hours",
+    )
     p.set_defaults(func=run_share)
     p = subparsers.add_parser("hosts", parents=common, help="hosts, their state and work")
     p.set_defaults(func=run_hosts)
@@ -351,15 +364,36 @@ def run_prio(args: argparse.Namespace) -> int:
 def run_queue(args: argparse.Namespace) -> int:
     async def work(c: Client) -> int:
         snapshot = await c.queue()
-        return _print_reply(args, snapshot, fmt.queue_table(snapshot))
+        return _print_reply(args, snapshot, fmt.queue_table(snapshot, long=args.long))
 
     return _run(args, work)
 
 
 def run_share(args: argparse.Namespace) -> int:
+    """``allot share``: the ranking service's ``RankingUpdated``. ``allot share -l`` joins it
+    with the placement leader's ``AllocationsSnapshot`` (``Client.allocations()``); with
+    ``--json`` it prints the two envelopes as JSON Lines, the ``RankingUpdated`` first, then
+    the ``AllocationsSnapshot`` (only the first when the leader did not answer, which the
+    text form says in its footer instead of failing)."""
+
     async def work(c: Client) -> int:
         ranking = await c.share()
-        return _print_reply(args, ranking, fmt.share_table(ranking))
+        if not args.long:
+            return _print_reply(args, ranking, fmt.share_table(ranking))
+        allocations: m.AllocationsSnapshot | None
+        try:
+            allocations = await c.allocations()
+        except (NoResponderError, RequestTimeoutError) as exc:
+            print(f"allot {args.command}: {exc}", file=sys.stderr)
+            allocations = None
+        if args.json:
+            replies: list[msgspec.Struct] = [ranking]
+            if allocations is not None:
+                replies.append(allocations)
+            print(fmt.envelope_lines(replies, time.time()))
+        else:
+            print(fmt.share_long_table(ranking, allocations))
+        return 0
 
     return _run(args, work)
 

@@ -3,8 +3,8 @@
 ``at``), so they are unit-tested directly.
 
 The ``--json`` envelope is stable: ``{"kind": <wire type>, "at": <seconds since the
-epoch>, "data": <the message's fields, without its type tag>}``; ``watch --json`` prints
-one envelope per line.
+epoch>, "data": <the message's fields, without its type tag>}``; ``watch --json`` and
+``share -l --json`` print one envelope per line.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -105,10 +105,20 @@ QUEUE_COLUMNS = (
     Column("GPUS", ">"),
     Column("TIER"),
     Column("RANK", ">"),
+    Column("REASON"),
+    Column("EST.START*", ">"),
+    Column("WHY"),
+)
+QUEUE_LONG_COLUMNS = (
+    *QUEUE_COLUMNS[:7],
     Column("FAIRSHARE", ">"),
     Column("SORT", ">"),
     Column("AGE", ">"),
-    Column("WHY"),
+    *QUEUE_COLUMNS[7:],
+)
+EST_START_NOTE = (
+    "* EST.START is an estimate, not a promise: the notice deadline or protection end the "
+    "reason names, 'now' when the next cycle starts it, '-' when nothing bounds it"
 )
 
 
@@ -154,11 +164,22 @@ def prio_table(snapshot: m.PrioSnapshot) -> str:
     return f"{render_table(PRIO_COLUMNS, rows)}\n{footer}"
 
 
-def queue_table(snapshot: m.QueueSnapshot) -> str:
-    """squeue/sprio-like: pending work in service order; AGE is measured at the
-    snapshot's ``at``."""
-    rows = [
-        (
+def est_start_cell(est: float | None, at: float) -> str:
+    """``~12m05s`` from the snapshot's ``at`` (``now`` when due), ``-`` when unknown."""
+    if est is None:
+        return NONE
+    if est - at < 1.0:
+        return "now"
+    return f"~{age(est - at)}"
+
+
+def queue_table(snapshot: m.QueueSnapshot, *, long: bool = False) -> str:
+    """squeue-like: pending work in service order, each with its reason code
+    (docs/reasons.md), an ESTIMATED start (footnoted as such) and the reason's text.
+    ``long`` adds the sort inputs (Fair Tree factor, sort metric, age at ``at``)."""
+    rows = []
+    for r in snapshot.rows:
+        cells = [
             str(r.position),
             r.workload_id,
             alloc_cell(r.allocation),
@@ -166,20 +187,19 @@ def queue_table(snapshot: m.QueueSnapshot) -> str:
             str(r.gpus),
             r.tier,
             int_cell(r.rank),
-            num(r.fairshare),
-            num(r.sort_metric),
-            age(snapshot.at - r.submitted_at),
-            r.why or NONE,
-        )
-        for r in snapshot.rows
-    ]
+        ]
+        if long:
+            cells += [num(r.fairshare), num(r.sort_metric), age(snapshot.at - r.submitted_at)]
+        cells += [r.reason or NONE, est_start_cell(r.est_start, snapshot.at), r.why or NONE]
+        rows.append(cells)
     footer = (
         f"{max(snapshot.total, len(snapshot.rows))} pending"
         + (f" (first {len(snapshot.rows)} shown)" if snapshot.total > len(snapshot.rows) else "")
         + f", {snapshot.free_gpus} GPUs free "
         f"(epoch {snapshot.epoch}, at {timestamp(snapshot.at)})"
     )
-    return f"{render_table(QUEUE_COLUMNS, rows)}\n{footer}"
+    columns = QUEUE_LONG_COLUMNS if long else QUEUE_COLUMNS
+    return f"{render_table(columns, rows)}\n{footer}\n{EST_START_NOTE}"
 
 
 SHARE_COLUMNS = (
@@ -212,6 +232,89 @@ def share_table(ranking: m.RankingUpdated) -> str:
     ]
     footer = f"window {age(ranking.window_s)}, ranked at {timestamp(ranking.at)}"
     return f"{render_table(SHARE_COLUMNS, rows)}\n{footer}"
+
+
+SHARE_LONG_COLUMNS = (
+    Column("Account"),
+    Column("RawShares", ">"),
+    Column("NormShares", ">"),
+    Column("RawUsage", ">"),
+    Column("NormUsage", ">"),
+    Column("EffectvUsage", ">"),
+    Column("FairShare", ">"),
+    Column("LevelFS", ">"),
+    Column("Budget", ">"),
+    Column("Entitlement", ">"),
+    Column("Held", ">"),
+    Column("Window GPU-h", ">"),
+)
+
+
+def share_long_table(ranking: m.RankingUpdated, allocations: m.AllocationsSnapshot | None) -> str:
+    """``sshare -l``: Slurm's columns, then what Allot adds for now.
+
+    Slurm's: RawShares (``parent`` for a parent node), NormShares (S), RawUsage (GPU-seconds
+    in the window, subtree sum for an account), NormUsage (its usage over the whole tree's,
+    ``RankRow.effective_usage``), EffectvUsage (the level's U = its usage over its Fair
+    Tree parent's, the parent skipping ``parent`` accounts; what sshare shows under Fair
+    Tree; ``-`` for a ``parent`` node), FairShare (leaves) and LevelFS. Allot's: Budget
+    (effective share of the cluster), Entitlement (that share of the healthy GPUs), Held
+    (GPUs its allocated work holds now) and Window GPU-h (RawUsage / 3600). An account
+    shows the sums over its leaves. ``allocations`` None (the placement leader did not
+    answer): those three columns show ``-``.
+    """
+    nodes = ranking.nodes
+    by_path = {r.path: r for r in nodes}
+    root_usage = math.fsum(r.raw_usage for r in nodes if r.path.count("/") == 1)
+    alloc = {a.allocation: a for a in allocations.rows} if allocations is not None else {}
+    leaves = [r for r in nodes if r.leaf]
+    rows = []
+    for r in nodes:
+        under = [r] if r.leaf else [x for x in leaves if x.path.startswith(r.path + "/")]
+        mine = [alloc[x.name] for x in under if x.name in alloc]
+        known = allocations is not None and bool(mine)
+        rows.append(
+            (
+                r.path,
+                "parent" if r.raw_shares is None else str(r.raw_shares),
+                num(r.norm_shares, 6),
+                f"{r.raw_usage:.0f}",
+                num(r.effective_usage, 6),
+                num(_level_usage(r, by_path, root_usage), 6),
+                num(r.fairshare, 6),
+                r.level_fs if isinstance(r.level_fs, str) else num(r.level_fs, 6),
+                f"{100 * math.fsum(a.effective_share for a in mine):.1f}%" if known else NONE,
+                f"{math.fsum(a.entitlement_gpus for a in mine):.1f}" if known else NONE,
+                str(sum(a.held_gpus for a in mine)) if known else NONE,
+                num(r.raw_usage / 3600.0, 1),
+            )
+        )
+    footer = f"window {age(ranking.window_s)}, ranked at {timestamp(ranking.at)}"
+    if allocations is None:
+        footer += "; Budget, Entitlement, Held unknown (the placement leader did not answer)"
+    else:
+        footer += (
+            f"; Entitlement = Budget x {allocations.healthy_gpus} healthy GPUs "
+            f"(of {allocations.total_gpus}), Held at {timestamp(allocations.at)}"
+        )
+    return f"{render_table(SHARE_LONG_COLUMNS, rows)}\n{footer}"
+
+
+def _level_usage(
+    row: m.RankRow, by_path: Mapping[str, m.RankRow], root_usage: float
+) -> float | None:
+    """Fair Tree's U for ``row``: its usage over its Fair Tree parent's (the nearest
+    ancestor that is not a ``parent`` account; the root's usage is the sum of its
+    children's). None for a ``parent`` node, which has no level of its own."""
+    if row.raw_shares is None:
+        return None
+    parent_path = row.path.rsplit("/", 1)[0]
+    parent = by_path.get(parent_path)
+    while parent is not None and parent.raw_shares is None:
+        parent_path = parent_path.rsplit("/", 1)[0]
+        parent = by_path.get(parent_path)
+    used = root_usage if parent is None else parent.raw_usage
+    return row.raw_usage / used if used else 0.0
 
 
 HOSTS_COLUMNS = (
@@ -318,3 +421,8 @@ def envelope(msg: msgspec.Struct, now: float) -> dict[str, Any]:
 
 def envelope_json(msg: msgspec.Struct, now: float, *, indent: int | None = 2) -> str:
     return json.dumps(envelope(msg, now), indent=indent, allow_nan=False)
+
+
+def envelope_lines(msgs: Iterable[msgspec.Struct], now: float) -> str:
+    """One compact envelope per line (JSON Lines), e.g. ``share -l --json``."""
+    return "\n".join(envelope_json(msg, now, indent=None) for msg in msgs)
