@@ -16,6 +16,7 @@ from allot.cli import (
     demo_cmd,
     fairshare_cmd,
     live_cmds,
+    owed_cmd,
     scenario_cmd,
     simulate_cmd,
     up_cmd,
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     up_cmd.register(subparsers)
     demo_cmd.register(subparsers)
     live_cmds.register(subparsers)
+    owed_cmd.register(subparsers)
     accounting_cmd.add_parser(subparsers)
     auth_cmd.register(subparsers)
     return parser

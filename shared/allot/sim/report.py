@@ -176,6 +176,22 @@ def write_report(report: Json, out_dir: Path) -> None:
 # --- bucketing ------------------------------------------------------------------------
 
 
+def bucket_amounts(
+    pieces: Iterable[tuple[float, float, float]], t0: float, t1: float, bucket_s: int
+) -> list[float]:
+    """Per bucket of ``[t0, t1]`` (this report's buckets: width ``bucket_s`` from ``t0``, the
+    last partial), the sum over ``(start, end, rate)`` pieces of ``rate x`` the seconds of
+    ``[start, end)`` inside the bucket. Live views (``allot.live.timeline``) bucket with it,
+    so their series line up with the report's to the second."""
+    if isinstance(bucket_s, bool) or not isinstance(bucket_s, int) or bucket_s <= 0:
+        raise ValidationError("bucket_s", f"must be a positive integer, got {bucket_s!r}")
+    grid = _Grid(t0, t1, bucket_s)
+    series = grid.series()
+    for start, end, rate in pieces:
+        grid.add(start, end, rate, (series,))
+    return series.values()
+
+
 class _Grid:
     """Buckets of width ``b`` from ``t0``; ``n = ceil((t1 - t0) / b)``, the last partial."""
 

@@ -1,0 +1,145 @@
+"""``allot owed``: owed vs delivered GPU-hours per allocation, computed live from the log
+exactly as the simulator's report computes them (``allot.sim.report``; the dashboard
+service answers ``allot.v1.query.owed`` with ``allot.live.owed_query``).
+
+    allot owed [--window 1d|7d|...] [--bucket 1h] [--json] [--nats-url URL] [--timeout S]
+
+Without ``--window`` it asks twice, for the last day and the last week, and prints one
+table per window; ``--window`` asks once. Each table: ALLOCATION, BUDGET % (effective
+share), OWED GPU-h, DELIVERED GPU-h, RATIO (delivered / owed, ``-`` when nothing was
+owed), then an ``overall`` row (sums, and the report's overall ratio).
+
+``--json`` prints one envelope (``allot.cli.live_format``: ``{"kind": "OwedSnapshot",
+"at", "data"}``) per window, one per line (JSON Lines, as ``allot watch --json``), in the
+order of the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from allot.cli import live_format as fmt
+from allot.cli.live_cmds import _common, _run, parse_duration_option, renamed
+from allot.core.errors import ValidationError
+from allot.proto import messages as m
+from allot.sdk import Client
+
+DEFAULT_WINDOWS = (86400, 7 * 86400)
+"""The last day and the last week."""
+
+MAX_WINDOW_S = 90 * 86400
+"""``OwedQuery.window_s``'s ceiling."""
+
+BUCKET_RANGE = (60, 86400)
+"""``OwedQuery.bucket_s``'s range."""
+
+OWED_OPTIONS = {"window_s": "--window", "bucket_s": "--bucket"}
+
+OWED_COLUMNS = (
+    fmt.Column("ALLOCATION"),
+    fmt.Column("BUDGET %", ">"),
+    fmt.Column("OWED GPU-h", ">"),
+    fmt.Column("DELIVERED GPU-h", ">"),
+    fmt.Column("RATIO", ">"),
+)
+
+OVERALL = "overall"
+
+
+# -- parsing and printing (pure; unit-tested) -------------------------------------------------
+
+
+def parse_window(text: str) -> int:
+    seconds = parse_duration_option("--window", text)
+    if not 0 < seconds <= MAX_WINDOW_S:
+        raise ValidationError("--window", f"{text!r} is outside (0, 90d]")
+    return seconds
+
+
+def parse_bucket(text: str) -> int:
+    seconds = parse_duration_option("--bucket", text)
+    low, high = BUCKET_RANGE
+    if not low <= seconds <= high:
+        raise ValidationError("--bucket", f"{text!r} is outside 1m..1d ({low}..{high} s)")
+    return seconds
+
+
+def duration_label(seconds: float) -> str:
+    """``7d``, ``1d``, ``12h``, ``90m``, ``45s``: the largest unit that divides evenly."""
+    s = round(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size and s % size == 0:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def owed_table(snapshot: m.OwedSnapshot) -> str:
+    """One window: a heading, the table (allocations by name, then ``overall``)."""
+    rows = [
+        (
+            r.allocation,
+            f"{100.0 * r.effective_share:.1f}",
+            f"{r.owed_gpu_h:.1f}",
+            f"{r.delivered_gpu_h:.1f}",
+            fmt.num(r.ratio),
+        )
+        for r in snapshot.rows
+    ]
+    rows.append(
+        (
+            OVERALL,
+            f"{100.0 * sum(r.effective_share for r in snapshot.rows):.1f}",
+            f"{sum(r.owed_gpu_h for r in snapshot.rows):.1f}",
+            f"{sum(r.delivered_gpu_h for r in snapshot.rows):.1f}",
+            fmt.num(snapshot.overall),
+        )
+    )
+    heading = (
+        f"last {duration_label(snapshot.window_s)}: {fmt.timestamp(snapshot.since)} .. "
+        f"{fmt.timestamp(snapshot.at)}, {duration_label(snapshot.bucket_s)} buckets"
+    )
+    return f"{heading}\n{fmt.render_table(OWED_COLUMNS, rows)}"
+
+
+def owed_text(snapshots: Sequence[m.OwedSnapshot]) -> str:
+    """The tables of every window, a blank line between them."""
+    return "\n\n".join(owed_table(s) for s in snapshots)
+
+
+def owed_json_lines(snapshots: Sequence[m.OwedSnapshot]) -> str:
+    return "\n".join(fmt.envelope_json(s, s.at, indent=None) for s in snapshots)
+
+
+# -- registration and running -----------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "owed",
+        parents=[_common()],
+        help="owed vs delivered GPU-hours per allocation (last day and week)",
+        description="Owed vs delivered GPU-hours per allocation, computed from the log as "
+        "the simulator's report computes them. Without --window: the last day and the "
+        "last week.",
+    )
+    p.add_argument("--window", help="one window instead of 1d and 7d: 12h, 1d, 7d (at most 90d)")
+    p.add_argument("--bucket", default="1h", help="bucket width, 1m..1d (default %(default)s)")
+    p.set_defaults(func=run_owed)
+
+
+def run_owed(args: argparse.Namespace) -> int:
+    windows = DEFAULT_WINDOWS if args.window is None else (parse_window(args.window),)
+    bucket = parse_bucket(args.bucket)
+
+    async def work(c: Client) -> int:
+        snapshots: list[m.OwedSnapshot] = []
+        for window in windows:
+            try:
+                snapshots.append(await c.owed(float(window), bucket))
+            except ValidationError as exc:
+                raise renamed(exc, OWED_OPTIONS) from None
+        print(owed_json_lines(snapshots) if args.json else owed_text(snapshots))
+        return 0
+
+    return _run(args, work)

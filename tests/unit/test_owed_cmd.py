@@ -1,0 +1,143 @@
+"""``allot owed``: its tables, its JSON lines and its options, without NATS."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from allot.cli import main as cli_main
+from allot.cli import owed_cmd
+from allot.core.errors import ValidationError
+from allot.proto import messages as m
+
+AT = 1_800_000_000.0
+DAY = 86400.0
+
+
+def snapshot(window_s: float = DAY, overall: float | None = 0.95) -> m.OwedSnapshot:
+    return m.OwedSnapshot(
+        at=AT,
+        since=AT - window_s,
+        window_s=window_s,
+        bucket_s=3600,
+        overall=overall,
+        rows=(
+            m.OwedRow(
+                allocation="nlp",
+                owed_gpu_h=120.25,
+                delivered_gpu_h=110.0,
+                ratio=0.914761,
+                effective_share=0.25,
+            ),
+            m.OwedRow(
+                allocation="ops",
+                owed_gpu_h=0.0,
+                delivered_gpu_h=0.0,
+                ratio=None,
+                effective_share=0.5,
+            ),
+            m.OwedRow(
+                allocation="vision",
+                owed_gpu_h=1000.0,
+                delivered_gpu_h=1000.0,
+                ratio=1.0,
+                effective_share=0.25,
+            ),
+        ),
+    )
+
+
+def test_the_table_shows_budget_owed_delivered_ratio_and_overall() -> None:
+    assert owed_cmd.owed_table(snapshot()).splitlines() == [
+        "last 1d: 2027-01-14T08:00:00Z .. 2027-01-15T08:00:00Z, 1h buckets",
+        "ALLOCATION  BUDGET %  OWED GPU-h  DELIVERED GPU-h  RATIO",
+        "----------  --------  ----------  ---------------  -----",
+        "nlp             25.0       120.2            110.0  0.915",
+        "ops             50.0         0.0              0.0      -",
+        "vision          25.0      1000.0           1000.0  1.000",
+        "overall        100.0      1120.2           1110.0  0.950",
+    ]
+
+
+def test_nothing_owed_shows_a_dash_for_the_overall_ratio() -> None:
+    empty = m.OwedSnapshot(at=AT, since=AT - DAY, window_s=DAY, bucket_s=600)
+    lines = owed_cmd.owed_table(empty).splitlines()
+    assert lines[0].endswith("10m buckets")
+    assert lines[-1].split() == ["overall", "0.0", "0.0", "0.0", "-"]
+
+
+def test_two_windows_are_two_tables_and_two_json_lines() -> None:
+    day, week = snapshot(DAY), snapshot(7 * DAY, overall=0.9)
+    text = owed_cmd.owed_text([day, week])
+    assert [line for line in text.splitlines() if line.startswith("last ")] == [
+        "last 1d: 2027-01-14T08:00:00Z .. 2027-01-15T08:00:00Z, 1h buckets",
+        "last 7d: 2027-01-08T08:00:00Z .. 2027-01-15T08:00:00Z, 1h buckets",
+    ]
+    lines = owed_cmd.owed_json_lines([day, week]).splitlines()
+    envelopes = [json.loads(line) for line in lines]
+    assert [(e["kind"], e["at"], e["data"]["window_s"]) for e in envelopes] == [
+        ("OwedSnapshot", AT, DAY),
+        ("OwedSnapshot", AT, 7 * DAY),
+    ]
+    assert envelopes[1]["data"]["overall"] == 0.9
+    assert envelopes[0]["data"]["rows"][0] == {
+        "allocation": "nlp",
+        "owed_gpu_h": 120.25,
+        "delivered_gpu_h": 110.0,
+        "ratio": 0.914761,
+        "effective_share": 0.25,
+    }
+
+
+@pytest.mark.parametrize(
+    ("seconds", "label"),
+    [(7 * DAY, "7d"), (DAY, "1d"), (12 * 3600.0, "12h"), (5400.0, "90m"), (45.0, "45s")],
+)
+def test_duration_labels(seconds: float, label: str) -> None:
+    assert owed_cmd.duration_label(seconds) == label
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "expected"),
+    [
+        (owed_cmd.parse_window, "1d", 86400),
+        (owed_cmd.parse_window, "12h", 43200),
+        (owed_cmd.parse_window, "90d", 90 * 86400),
+        (owed_cmd.parse_bucket, "1h", 3600),
+        (owed_cmd.parse_bucket, "1m", 60),
+    ],
+)
+def test_options_parse(parse: object, text: str, expected: int) -> None:
+    assert callable(parse)
+    assert parse(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "option", "reason"),
+    [
+        (owed_cmd.parse_window, "91d", "--window", "outside"),
+        (owed_cmd.parse_window, "0", "--window", "outside"),
+        (owed_cmd.parse_window, "a week", "--window", "not a duration"),
+        (owed_cmd.parse_bucket, "30s", "--bucket", "outside 1m..1d"),
+        (owed_cmd.parse_bucket, "2d", "--bucket", "outside 1m..1d"),
+    ],
+)
+def test_bad_options_name_the_option(parse: object, text: str, option: str, reason: str) -> None:
+    assert callable(parse)
+    with pytest.raises(ValidationError, match=reason) as info:
+        parse(text)
+    assert info.value.field == option
+
+
+def test_allot_owed_is_registered_with_the_common_options() -> None:
+    args = cli_main.build_parser().parse_args(
+        ["owed", "--window", "7d", "--json", "--nats-url", "nats://h:1"]
+    )
+    assert (args.window, args.bucket, args.json, args.nats_url) == ("7d", "1h", True, "nats://h:1")
+    assert args.func is owed_cmd.run_owed
+
+
+def test_a_bad_window_exits_2_before_connecting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main.main(["owed", "--window", "100d", "--nats-url", "nats://127.0.0.1:1"]) == 2
+    assert capsys.readouterr().err.strip() == "allot owed: --window: '100d' is outside (0, 90d]"
