@@ -26,7 +26,7 @@ run: $(STAMP) ## the main job: the live stack with no Docker, several teams, a p
 
 demo: run ## alias of run
 
-up: $(STAMP) ## the whole live stack (embedded NATS + Redis, services, 2 fake agents) until Ctrl-C
+up: $(STAMP) ## the whole live stack (embedded NATS + Redis, services, dashboard, 2 fake agents) until Ctrl-C
 	$(BIN)/allot up --run-dir $(OUT)/up
 
 compare: $(STAMP) ## simulator: Ai2-like month, legacy priority vs Allot fair share, side by side (~9 min)
@@ -34,7 +34,7 @@ compare: $(STAMP) ## simulator: Ai2-like month, legacy priority vs Allot fair sh
 	$(BIN)/allot simulate --cluster $(OUT)/ai2/cluster.yaml --budgets $(OUT)/ai2/budgets.yaml \
 		--trace $(OUT)/ai2/trace.csv --compare priority,fairshare --out $(OUT)/ai2/sim
 
-test: $(STAMP) ## run the test suite (unit, property, golden, integration on real NATS/Redis, Node.js client)
+test: $(STAMP) ## run the test suite (unit, property, golden, integration on real NATS/Redis, Node.js client, browser)
 	$(BIN)/pytest
 
 lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (the core stays pure)

@@ -5,7 +5,8 @@
    ones declared, bind sources present), restart policies.
 2. What this stack needs: NATS 2.10 with JetStream and its config, Redis 7.0, every Allot
    service built from deploy/Dockerfile as `allot:dev`, waiting for healthy engines, with
-   the URLs in its environment, two placement replicas, two fake agents.
+   the URLs in its environment, two placement replicas, two fake agents, the dashboard
+   serving on the port it publishes (loopback only) and checked on its /healthz.
 3. Every `python -m allot.services.X` command names a module that exists (a missing one
    FAILS: it is a stack that cannot start) and whose parser accepts the command's flags:
    the module's `build_parser()` (or `parser()`) is called with the service's environment,
@@ -56,6 +57,7 @@ ALLOT_SERVICES = {
     "ranking": "ranking",
     "placement": "placement",
     "health": "health",
+    "dashboard": "dashboard",
     "agent-a": "agent",
     "agent-b": "agent",
 }
@@ -298,6 +300,20 @@ def test_replicas_and_agents() -> None:
     ranking = services["ranking"]
     budgets = _command(ranking)[_command(ranking).index("--budgets") + 1]
     assert _bind_mounts(ranking)[budgets] == ROOT / "deploy" / "budgets.example.yaml"
+
+
+def test_dashboard_publishes_its_port_on_loopback_and_checks_its_health() -> None:
+    svc = _services()["dashboard"]
+    cmd = _command(svc)
+    port = cmd[cmd.index("--http-port") + 1]
+    # Inside the container it must listen beyond loopback, or the published port is dead.
+    assert cmd[cmd.index("--http-host") + 1] == "0.0.0.0", cmd
+    assert svc.get("ports") == [f"127.0.0.1:{port}:{port}"], (
+        "the dashboard has no authentication: publish its port on the host's loopback only"
+    )
+    test = " ".join(svc["healthcheck"]["test"])
+    urls = re.findall(r"http://[^'\"\s]+", test)
+    assert urls == [f"http://127.0.0.1:{port}/healthz"], urls
 
 
 # == 3. commands name real modules, and their parsers take the flags ============================

