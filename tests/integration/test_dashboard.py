@@ -106,6 +106,11 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
             victim_held_gpus=4,
             victim_entitlement_gpus=4.0,
             epoch=1,
+            victim_window_gpu_s=7200.0,
+            victim_rank=2,
+            preemptor_allocation="nlp",
+            preemptor_window_gpu_s=1800.0,
+            preemptor_rank=1,
         ),
     )
     await event(
@@ -141,6 +146,8 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
         assert 'data-reason="better-ranked"' in notice.group()
         assert 'data-preemptor="req"' in notice.group()
         assert "taken by a better-ranked allocation" in page
+        assert "its allocation used 2.0 GPU-h in the window and Fair Tree rank 2" in page
+        assert "allocation nlp used 0.5 GPU-h in the window and Fair Tree rank 1" in page
         assert 'href="/workload/req"' in page
         # No placement leader here: the page says so and still shows the log's history.
         assert "data-error" in page and "placement leader" in page

@@ -103,6 +103,11 @@ async def test_preempted_subprocess_is_requeued_completes_and_is_charged_exactly
             assert notice.workload_id == wid
             assert notice.reason == "reclaimed-for-entitlement"
             assert notice.preemptor == ads.workload_id
+            # The Fair Tree numbers behind it travel with it (as last ranked).
+            assert notice.preemptor_allocation == "ads"
+            assert notice.victim_rank is not None and notice.preemptor_rank is not None
+            assert notice.victim_window_gpu_s is not None
+            assert notice.preemptor_window_gpu_s is not None
             victim_run = await records(_js(c))
             placed1 = next(r for r in of_type(victim_run, m.WorkloadPlaced) if r.workload_id == wid)
             # Protection was honoured: no notice before start + min_runtime.

@@ -133,6 +133,24 @@ _EVENT_TITLE = {
 }
 
 
+def _ranking_text(d: Mapping[str, object]) -> list[str]:
+    """The Fair Tree side of a notice: each allocation's window usage and rank."""
+    out: list[str] = []
+    for who, label in (("victim", "its allocation"), ("preemptor", "")):
+        usage, rank = d.get(f"{who}_window_gpu_s"), d.get(f"{who}_rank")
+        name = d.get("preemptor_allocation") if who == "preemptor" else None
+        if not _is_number(usage) and not _is_number(rank):
+            continue
+        subject = label or (f"the preemptor's allocation {name}" if name else "the preemptor's")
+        parts = []
+        if _is_number(usage):
+            parts.append(f"used {float(usage) / 3600:,.1f} GPU-h in the window")
+        if _is_number(rank):
+            parts.append(f"Fair Tree rank {int(float(rank))}")
+        out.append(f"{escape(str(subject))} {' and '.join(parts)}")
+    return out
+
+
 def _event_item(e: TimelineEvent, now: float) -> str:
     """One timeline entry: when, what, and the numbers behind it (reason codes with their
     meaning, the preemptor as a link, deadlines as times)."""
@@ -158,6 +176,14 @@ def _event_item(e: TimelineEvent, now: float) -> str:
     if _is_number(held) and _is_number(entitled):
         text.append(f"its allocation held {float(held):g} of {float(entitled):.1f} entitled GPUs")
         shown |= {"victim_held_gpus", "victim_entitlement_gpus"}
+    text += _ranking_text(d)
+    shown |= {
+        "victim_window_gpu_s",
+        "victim_rank",
+        "preemptor_allocation",
+        "preemptor_window_gpu_s",
+        "preemptor_rank",
+    }
     deadline = d.get("grace_deadline")
     if _is_number(deadline):
         text.append(f"must leave by {when(float(deadline), now)}")

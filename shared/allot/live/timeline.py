@@ -368,6 +368,11 @@ class LogTimeline:
             gpus=r.gpus,
             victim_held_gpus=r.victim_held_gpus,
             victim_entitlement_gpus=r.victim_entitlement_gpus,
+            victim_window_gpu_s=r.victim_window_gpu_s,
+            victim_rank=r.victim_rank,
+            preemptor_allocation=r.preemptor_allocation,
+            preemptor_window_gpu_s=r.preemptor_window_gpu_s,
+            preemptor_rank=r.preemptor_rank,
         )
 
     def _ended(self, r: Any, applied: Applied) -> None:

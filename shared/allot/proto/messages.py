@@ -287,6 +287,13 @@ class PreemptionNotice(_Message, frozen=True, kw_only=True):
     victim_entitlement_gpus: NonNegative = 0.0
     attempt: Attempt = 1
     epoch: Epoch = 0
+    victim_window_gpu_s: NonNegative | None = None
+    """GPU-seconds the victim's allocation was charged over the usage window (Fair Tree's
+    input), as last ranked; None for unallocated work or before a ranking."""
+    victim_rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    preemptor_allocation: Name | None = None
+    preemptor_window_gpu_s: NonNegative | None = None
+    preemptor_rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class WorkloadPreempted(_Message, frozen=True, kw_only=True):

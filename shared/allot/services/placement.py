@@ -170,6 +170,7 @@ class PlacementService:
         self.order: dict[str, int] = {}
         self.fairshare: dict[str, float] = {}
         self.rank_of: dict[str, int] = {}
+        self.window_gpu_s: dict[str, float] = {}
         self.cycles = 0
         self.cycle_durations = CycleDurations()
         self._ranking_version = 0
@@ -302,7 +303,23 @@ class PlacementService:
         self.rank_of = {row.name: row.rank for row in leaves if row.rank is not None}
         self.order = {name: n - r for name, r in self.rank_of.items()}
         self.fairshare = {row.name: row.fairshare or 0.0 for row in leaves}
+        self.window_gpu_s = {row.name: max(0.0, row.raw_usage) for row in leaves}
         self._ranking_version += 1
+
+    def _ranking_numbers(self, victim: str | None, preemptor: str | None) -> dict[str, Any]:
+        """The Fair Tree numbers behind a notice: window usage and rank of the victim's and
+        the preemptor's allocations, as last ranked (absent when unknown)."""
+        out: dict[str, Any] = {}
+        if victim is not None:
+            out["victim_window_gpu_s"] = self.window_gpu_s.get(victim)
+            out["victim_rank"] = self.rank_of.get(victim)
+        rec = self.fold.records.get(preemptor) if preemptor is not None else None
+        alloc = rec.workload.allocation if rec is not None else None
+        if alloc is not None:
+            out["preemptor_allocation"] = alloc
+            out["preemptor_window_gpu_s"] = self.window_gpu_s.get(alloc)
+            out["preemptor_rank"] = self.rank_of.get(alloc)
+        return out
 
     # ------------------------------------------------------------------ leadership
     async def _lease_loop(self) -> None:
@@ -422,6 +439,7 @@ class PlacementService:
                         victim_entitlement_gpus=max(0.0, p.victim_entitlement_gpus),
                         attempt=rec.attempt,
                         epoch=epoch,
+                        **self._ranking_numbers(p.allocation, p.preemptor),
                     ),
                     f"notice:{p.workload_id}:{rec.attempt}:{epoch}",
                 )
