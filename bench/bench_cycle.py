@@ -45,8 +45,19 @@ def build(seed: int = 7) -> tuple[Snapshot, float]:
             n += 1
         if busy >= busy_target:
             break
+    queue = pending_queue(rng, allocs, now)
+    shares = dict.fromkeys(allocs, 1 / ALLOCATIONS)
+    order = {a: i for i, a in enumerate(rng.sample(allocs, len(allocs)))}
+    return Snapshot(state, queue, shares, order), now
+
+
+def pending_queue(
+    rng: random.Random, allocs: list[str], now: float, n: int = PENDING
+) -> PendingQueue:
+    """``n`` pending workloads: sizes 1 to 32 GPUs, 10% unallocated, the rest spread over
+    ``allocs`` with a 1 h minimum runtime, submitted over the last ~14 h."""
     queue = PendingQueue()
-    for i in range(PENDING):
+    for i in range(n):
         g = rng.choice([1, 1, 1, 2, 2, 4, 8, 8, 16, 32])
         unalloc = rng.random() < 0.1
         queue.add(
@@ -60,9 +71,7 @@ def build(seed: int = 7) -> tuple[Snapshot, float]:
                 submit_time=now - rng.uniform(0, 50_000),
             )
         )
-    shares = dict.fromkeys(allocs, 1 / ALLOCATIONS)
-    order = {a: i for i, a in enumerate(rng.sample(allocs, len(allocs)))}
-    return Snapshot(state, queue, shares, order), now
+    return queue
 
 
 def machine_reference_s() -> float:

@@ -40,7 +40,8 @@ from allot.core.model import Host, Workload
 from allot.core.policy import Policy
 from allot.core.queue_view import queue_order
 from allot.core.reasons import explain_pending
-from allot.core.state import ClusterState, PendingQueue
+from allot.core.state import ClusterState
+from bench_cycle import machine_reference_s, pending_queue  # a sibling script (sys.path[0])
 
 HOSTS, GPUS, PENDING, ALLOCATIONS = 1000, 8, 10_000, 15
 REPETITIONS = 15
@@ -94,21 +95,7 @@ def build(shape: Shape = MOSTLY_BUSY, seed: int = 11) -> tuple[Snapshot, float]:
             n += 1
         if busy >= busy_target:
             break
-    queue = PendingQueue()
-    for i in range(PENDING):
-        g = rng.choice([1, 1, 1, 2, 2, 4, 8, 8, 16, 32])
-        unalloc = rng.random() < 0.1
-        queue.add(
-            Workload(
-                f"p{i}",
-                None if unalloc else rng.choice(allocs),
-                "u",
-                g,
-                0 if unalloc else 3600,
-                priority=rng.randint(0, 3),
-                submit_time=now - rng.uniform(0, 50_000),
-            )
-        )
+    queue = pending_queue(rng, allocs, now, PENDING)
     order = {a: i for i, a in enumerate(rng.sample(allocs, len(allocs)))}
     return Snapshot(state, queue, shares, order), now
 
@@ -167,15 +154,7 @@ def measure(shape: Shape, repetitions: int) -> dict[str, Any]:
 
 
 def machine_reference_ms() -> float:
-    """A fixed pure-Python loop (see ``bench_cycle.py``): this shared VM's speed drifts."""
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        total = 0
-        for i in range(1_000_000):
-            total += i
-        best = min(best, time.perf_counter() - t0)
-    return round(best * 1000, 1)
+    return round(machine_reference_s() * 1000, 1)
 
 
 def markdown(figs: list[dict[str, Any]], info: dict[str, Any]) -> str:

@@ -552,13 +552,14 @@ _TEXT: dict[PendingReason, Callable[[Mapping[str, Number]], str]] = {
 
 # ------------------------------------------------------------------------- preemption
 
-_PREEMPT_TEXT = {
+PREEMPT_TEXT: dict[PreemptReason, str] = {
     PreemptReason.RECLAIMED_FOR_ENTITLEMENT: "reclaimed for an allocation below its entitlement",
     PreemptReason.BETTER_RANKED: "taken by a better-ranked allocation",
     PreemptReason.HOST_DRAIN: "its host is draining and its protection has ended",
     PreemptReason.DISPLACED_UNALLOCATED: "unallocated work displaced by allocated work",
     PreemptReason.HIGHER_CLASS: "taken by a higher priority class (legacy policy)",
 }
+"""One line per preemption reason (``docs/reasons.md``): the CLI, the dashboard."""
 
 
 def explain_preemption(p: Preemption, now: float | None = None) -> str:
@@ -566,7 +567,7 @@ def explain_preemption(p: Preemption, now: float | None = None) -> str:
     (relative to ``now`` when given)."""
     owner = p.allocation or "unallocated"
     parts = [
-        f"{p.workload_id} ({p.gpus} GPUs, {owner}): {p.reason.value}: {_PREEMPT_TEXT[p.reason]}"
+        f"{p.workload_id} ({p.gpus} GPUs, {owner}): {p.reason.value}: {PREEMPT_TEXT[p.reason]}"
     ]
     if p.preemptor is not None:
         parts.append(f"for {p.preemptor}")

@@ -205,8 +205,9 @@ class DashboardViews:
             self._ask(self.client.allocations, "placement leader", errors),
             self._ask(self.client.placement_stats, "placement leader", errors),
         )
-        try:
-            inputs = MetricsInputs(
+
+        def inputs(stats: m.PlacementStats | None) -> MetricsInputs:
+            return MetricsInputs(
                 timeline=self.timeline,
                 now=now,
                 queue=queue,
@@ -215,16 +216,11 @@ class DashboardViews:
                 placement_stats=stats,
                 queue_waits=self.queue_waits,
             )
+
+        try:
+            checked = inputs(stats)
         except ValidationError as e:
             # A malformed histogram from the leader: export everything else without it.
             log.warning("placement stats dropped", field=e.field, reason=e.reason)
-            inputs = MetricsInputs(
-                timeline=self.timeline,
-                now=now,
-                queue=queue,
-                ranking=ranking,
-                allocations=allocations,
-                placement_stats=None,
-                queue_waits=self.queue_waits,
-            )
-        return render_metrics(inputs)
+            checked = inputs(None)
+        return render_metrics(checked)

@@ -20,6 +20,7 @@ from typing import Any, TypeGuard
 
 import msgspec
 
+from allot.core.reasons import PREEMPT_TEXT as _CORE_TEXT
 from allot.live.dashboard_frame import (
     PageView,
     error_banners,
@@ -32,14 +33,8 @@ from allot.live.timeline import TimelineEvent
 from allot.proto import messages as m
 from allot.sim.duration_text import format_duration
 
-PREEMPT_TEXT: dict[str, str] = {
-    "reclaimed-for-entitlement": "reclaimed for an allocation below its entitlement",
-    "better-ranked": "taken by a better-ranked allocation (Fair Tree)",
-    "host-drain": "its host is draining and its protection had ended",
-    "displaced-unallocated": "unallocated work displaced by allocated work",
-    "higher-class": "taken by a higher priority class (legacy policy)",
-}
-"""The preemption reasons of ``docs/reasons.md``, one line each."""
+PREEMPT_TEXT: dict[str, str] = {reason.value: text for reason, text in _CORE_TEXT.items()}
+"""The preemption reasons of ``docs/reasons.md``, one line each, by wire code."""
 
 
 # ------------------------------------------------------------------------------ workload
