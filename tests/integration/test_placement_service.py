@@ -15,6 +15,7 @@ import msgspec
 import nats
 import pytest
 from live_harness import eventually, of_type, records, seed
+from nats.aio.msg import Msg
 
 from allot.live import bus, service_main
 from allot.proto import messages as m
@@ -202,6 +203,12 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
         reply = await nc.request(subject, b"{}", timeout=5)
         return msgspec.json.decode(reply.data, type=cls)
 
+    queued: list[m.WorkloadQueued] = []
+
+    async def on_queued(msg: Msg) -> None:
+        queued.append(msgspec.json.decode(msg.data, type=m.WorkloadQueued))
+
+    await nc.subscribe(f"{s.PREFIX}.queued.>", cb=on_queued)
     try:
         vision = await request(
             nc,
@@ -229,6 +236,13 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
         until = placed.at + 600
         assert n4.reason == "protected-until"
         assert n4.reason_numbers["until"] == pytest.approx(until)
+        # Subscribers of allot.v1.queued.<alloc>.<workload> get the same code and estimate.
+        got = await eventually(
+            lambda: asyncio.sleep(0, {q.workload_id: q for q in queued}),
+            lambda by_id: ids["n4"] in by_id,
+        )
+        assert got[ids["n4"]].reason == "protected-until"
+        assert got[ids["n4"]].est_start == pytest.approx(until)
         assert n4.reason_numbers["protected_gpus"] == 8 and n4.reason_numbers["hosts"] == "h1"
         assert (n4.reason_numbers["held"], n4.reason_numbers["entitlement"]) == (0, 4.0)
         assert n4.est_start == pytest.approx(until)  # an estimate: the protection end

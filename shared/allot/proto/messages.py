@@ -246,6 +246,10 @@ class WorkloadQueued(_Message, frozen=True, kw_only=True):
     sort_metric: Annotated[float, msgspec.Meta(ge=-1e18, le=1e18)]
     rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
     why: Text = ""
+    reason: Text = ""
+    """The pending-reason code (``docs/reasons.md``), as in ``QueueRow.reason``."""
+    est_start: Timestamp | None = None
+    """An ESTIMATE of the start, as in ``QueueRow.est_start``."""
 
 
 class WorkloadPlaced(_Message, frozen=True, kw_only=True):

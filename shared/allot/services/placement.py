@@ -520,6 +520,7 @@ class PlacementService:
             if w.id not in fresh:
                 continue
             why = explained.reasons.get(w.id)
+            est = estimated_start(why, now) if why is not None else None
             # Derived and re-published as the queue moves: core NATS, not the log.
             await self.nc.publish(
                 s.queued(w.allocation, w.id),
@@ -532,6 +533,8 @@ class PlacementService:
                         sort_metric=self._sort_metric(entry),
                         rank=self.rank_of.get(w.allocation or ""),
                         why=_text(why.text) if why is not None else "",
+                        reason=why.code.value if why is not None else "",
+                        est_start=None if est is None else min(max(est, 0.0), m.MAX_TIME),
                     )
                 ),
             )
