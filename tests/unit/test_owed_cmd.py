@@ -53,10 +53,10 @@ def test_the_table_shows_budget_owed_delivered_ratio_and_overall() -> None:
         "last 1d: 2027-01-14T08:00:00Z .. 2027-01-15T08:00:00Z, 1h buckets",
         "ALLOCATION  BUDGET %  OWED GPU-h  DELIVERED GPU-h  RATIO",
         "----------  --------  ----------  ---------------  -----",
-        "nlp             25.0       120.2            110.0  0.915",
-        "ops             50.0         0.0              0.0      -",
-        "vision          25.0      1000.0           1000.0  1.000",
-        "overall        100.0      1120.2           1110.0  0.950",
+        "nlp             25.0      120.25           110.00  0.915",
+        "ops             50.0        0.00             0.00      -",
+        "vision          25.0     1000.00          1000.00  1.000",
+        "overall        100.0     1120.25          1110.00  0.950",
     ]
 
 
@@ -64,7 +64,7 @@ def test_nothing_owed_shows_a_dash_for_the_overall_ratio() -> None:
     empty = m.OwedSnapshot(at=AT, since=AT - DAY, window_s=DAY, bucket_s=600)
     lines = owed_cmd.owed_table(empty).splitlines()
     assert lines[0].endswith("10m buckets")
-    assert lines[-1].split() == ["overall", "0.0", "0.0", "0.0", "-"]
+    assert lines[-1].split() == ["overall", "0.0", "0.00", "0.00", "-"]
 
 
 def test_two_windows_are_two_tables_and_two_json_lines() -> None:

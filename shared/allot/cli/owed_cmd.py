@@ -80,8 +80,8 @@ def owed_table(snapshot: m.OwedSnapshot) -> str:
         (
             r.allocation,
             f"{100.0 * r.effective_share:.1f}",
-            f"{r.owed_gpu_h:.1f}",
-            f"{r.delivered_gpu_h:.1f}",
+            f"{r.owed_gpu_h:.2f}",
+            f"{r.delivered_gpu_h:.2f}",
             fmt.num(r.ratio),
         )
         for r in snapshot.rows
@@ -90,8 +90,8 @@ def owed_table(snapshot: m.OwedSnapshot) -> str:
         (
             OVERALL,
             f"{100.0 * sum(r.effective_share for r in snapshot.rows):.1f}",
-            f"{sum(r.owed_gpu_h for r in snapshot.rows):.1f}",
-            f"{sum(r.delivered_gpu_h for r in snapshot.rows):.1f}",
+            f"{sum(r.owed_gpu_h for r in snapshot.rows):.2f}",
+            f"{sum(r.delivered_gpu_h for r in snapshot.rows):.2f}",
             fmt.num(snapshot.overall),
         )
     )
