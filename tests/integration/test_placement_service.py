@@ -236,6 +236,18 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
         until = placed.at + 600
         assert n4.reason == "protected-until"
         assert n4.reason_numbers["until"] == pytest.approx(until)
+        # A team's per-allocation queries: its rows only (global positions), and another
+        # allocation's workload is unknown to it.
+        mine = await query(s.query_scoped(s.QUERY_QUEUE, "nlp"), m.QueueSnapshot)
+        assert {r.workload_id for r in mine.rows} == {ids["n4"], ids["n16"]} and mine.total == 2
+        assert {r.position for r in mine.rows} == {rows[ids["n4"]].position, n16.position}
+        free_q = await query(s.query_scoped(s.QUERY_QUEUE, None), m.QueueSnapshot)
+        assert [r.workload_id for r in free_q.rows] == [ids["free"]]
+        body = msgspec.json.encode(m.StatusQuery(workload_id=vision.workload_id))
+        theirs = await nc.request(s.query_scoped(s.QUERY_STATUS, "nlp"), body, timeout=5)
+        assert msgspec.json.decode(theirs.data, type=m.WorkloadStatus).state == "unknown"
+        own = await nc.request(s.query_scoped(s.QUERY_STATUS, "vision"), body, timeout=5)
+        assert msgspec.json.decode(own.data, type=m.WorkloadStatus).state == "running"
         # Subscribers of allot.v1.queued.<alloc>.<workload> get the same code and estimate.
         got = await eventually(
             lambda: asyncio.sleep(0, {q.workload_id: q for q in queued}),

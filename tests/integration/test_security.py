@@ -222,6 +222,10 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
         first = await sub.next_msg(timeout=5)
         assert isinstance(bus.decode_record(first.subject, first.data), m.WorkloadSubmitted)
         await nlp.nc.subscribe(s.allocation_preempt("nlp"))
+        # Allowed: its own allocation's queue, priorities and statuses, and cluster figures.
+        for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS):
+            await nlp.nc.publish(s.query_scoped(q, "nlp"), b"{}")
+        await nlp.nc.publish(s.QUERY_SHARE, b"{}")
         await nlp.nc.flush()
         assert nlp.errors == []
         before = await counts(js)
@@ -239,6 +243,11 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
             f"$JS.API.CONSUMER.CREATE.WORKLOADS.x.{s.allocation_events('vision')}",
             "$JS.API.CONSUMER.CREATE.WORKLOADS",
             "$JS.API.STREAM.MSG.GET.WORKLOADS",
+            # every team's queue and any workload's status; another team's scoped queries
+            s.QUERY_QUEUE,
+            s.QUERY_STATUS,
+            s.query_scoped(s.QUERY_QUEUE, "vision"),
+            s.query_scoped(s.QUERY_STATUS, "vision"),
         ]
         for subject in refused_pub:
             body = _submit("vision")

@@ -113,9 +113,19 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
         "allot.v1.cancel.nlp.*",
         "$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.events.nlp.*",
         "$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.preempt.nlp.*",
-        "allot.v1.query.>",
+        "allot.v1.query.queue.nlp",
+        "allot.v1.query.prio.nlp",
+        "allot.v1.query.status.nlp",
+        "allot.v1.query.share",
+        "allot.v1.query.allocations",
+        "allot.v1.query.owed",
+        "allot.v1.query.hosts",
+        "allot.v1.query.placement_stats",
         "$JS.FC.WORKLOADS.>",
     }
+    # never another allocation's queue or a status of any workload by id alone
+    assert not any(x.startswith("allot.v1.query.") and x.endswith(">") for x in p.publish)
+    assert not {"allot.v1.query.queue", "allot.v1.query.status"} & set(p.publish)
     assert set(p.subscribe) == {
         "_INBOX_nlp.>",
         "allot.v1.events.nlp.*",

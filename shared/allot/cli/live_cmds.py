@@ -33,6 +33,7 @@ from allot.cli import live_format as fmt
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
+from allot.proto import subjects as s
 from allot.proto.subjects import BUDGET_ROOT
 from allot.sdk import Client, NoResponderError, RequestTimeoutError, SdkError
 
@@ -129,6 +130,16 @@ def parse_shares(text: str) -> int | None:
         ) from None
 
 
+def parse_scope(text: str | None) -> str | None:
+    """``--alloc`` of the queries: an allocation name, ``~``, or None (whole cluster)."""
+    if text is None or text == s.UNALLOCATED:
+        return text
+    try:
+        return s.validate_token(text, "--alloc")
+    except ValidationError as exc:
+        raise ValidationError("--alloc", exc.reason) from None
+
+
 def parse_timeout(text: str) -> float:
     try:
         value = float(text)
@@ -169,6 +180,12 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+SCOPE_HELP = (
+    "only this allocation's work (~: unallocated), through the per-allocation subject a "
+    "team user is granted; omitted: the whole cluster (operators, managers)"
+)
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the live commands; ``args.func(args)`` then runs one."""
     common = [_common()]
@@ -201,6 +218,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = subparsers.add_parser("status", parents=common, help="one workload's state")
     p.add_argument("workload", metavar="WORKLOAD")
+    p.add_argument("--alloc", dest="scope", help=SCOPE_HELP)
     p.set_defaults(func=run_status)
 
     p = subparsers.add_parser(
@@ -218,10 +236,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "-l", "--long", action="store_true", help="also the sort inputs (fair share, sort, age)"
     )
+    p.add_argument("--alloc", dest="scope", help=SCOPE_HELP)
     p.set_defaults(func=run_queue)
     p = subparsers.add_parser(
         "prio", parents=common, help="each pending position broken into its inputs (sprio -l)"
     )
+    p.add_argument("--alloc", dest="scope", help=SCOPE_HELP)
     p.set_defaults(func=run_prio)
     p = subparsers.add_parser("share", parents=common, help="Fair Tree ranking (sshare)")
     p.add_argument(
@@ -327,9 +347,11 @@ def run_cancel(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    scope = parse_scope(args.scope)
+
     async def work(c: Client) -> int:
         try:
-            status = await c.status(args.workload)
+            status = await c.status(args.workload, scope=scope)
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
         return _print_reply(args, status, fmt.status_text(status))
@@ -354,16 +376,20 @@ def run_watch(args: argparse.Namespace) -> int:
 
 
 def run_prio(args: argparse.Namespace) -> int:
+    scope = parse_scope(args.scope)
+
     async def work(c: Client) -> int:
-        snapshot = await c.prio()
+        snapshot = await c.prio(scope=scope)
         return _print_reply(args, snapshot, fmt.prio_table(snapshot))
 
     return _run(args, work)
 
 
 def run_queue(args: argparse.Namespace) -> int:
+    scope = parse_scope(args.scope)
+
     async def work(c: Client) -> int:
-        snapshot = await c.queue()
+        snapshot = await c.queue(scope=scope)
         return _print_reply(args, snapshot, fmt.queue_table(snapshot, long=args.long))
 
     return _run(args, work)

@@ -10,7 +10,8 @@ ranking: budget path; health: heartbeat host), so a payload field never names wh
 Roles (one per user, see ``deploy/roles.example.yaml``):
 
 * ``team``: ``allocations: [leaf, ...]`` (optionally ``unallocated: true``). Publishes
-  ``submit.<a>``, ``cancel.<a>.*`` and ``query.>``; subscribes ``events.<a>.*``,
+  ``submit.<a>``, ``cancel.<a>.*``, ``query.{queue,prio,status}.<a>`` and the
+  cluster-wide ``TEAM_QUERIES``; subscribes ``events.<a>.*``,
   ``preempt.<a>.*``, ``ranking`` and ``budget.tree``; reads the log only through JetStream
   consumers whose *filter is in the API subject* (``$JS.API.CONSUMER.CREATE.WORKLOADS.
   <name>.allot.v1.events.<a>.*``, the form nats-server >= 2.9 checks against the
@@ -71,6 +72,16 @@ _USER_FIELDS: dict[Role, tuple[str, ...]] = {
 _JS_API = "$JS.API"
 # Flow-control replies of push consumers go to $JS.FC.<stream>.<consumer>.<token>.
 _JS_FC = "$JS.FC"
+TEAM_QUERIES: tuple[str, ...] = (
+    s.QUERY_SHARE,
+    s.QUERY_ALLOCATIONS,
+    s.QUERY_OWED,
+    s.QUERY_HOSTS,
+    s.QUERY_PLACEMENT_STATS,
+)
+"""Queries every team may ask: budgets, fair share, owed vs delivered, host states (with
+the opaque ids of the work on them), scheduler timings. The queue, priorities and
+statuses only per allocation (``subjects.query_scoped``)."""
 
 
 def inbox_prefix(user: str) -> str:
@@ -232,12 +243,13 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
         sub: list[str] = [inbox, s.RANKING, s.BUDGET_TREE]
         for a in tokens:
             pub += [f"{s.PREFIX}.submit.{a}", f"{s.PREFIX}.cancel.{a}.*"]
+            pub += [s.query_scoped(q, a) for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS)]
             for kind in ("events", "preempt"):
                 own = f"{s.PREFIX}.{kind}.{a}.*"
                 sub.append(own)
                 # Filtered create only: the server refuses a body whose filter differs.
                 pub.append(f"{_JS_API}.CONSUMER.CREATE.WORKLOADS.*.{own}")
-        pub += [f"{s.PREFIX}.query.>", f"{_JS_FC}.WORKLOADS.>"]
+        pub += [*TEAM_QUERIES, f"{_JS_FC}.WORKLOADS.>"]
         return Permissions(publish=tuple(pub), subscribe=tuple(sub))
     if user.role == "manager":
         assert user.node is not None

@@ -189,6 +189,14 @@ def preempt(allocation: str | None, workload: str) -> str:
     return f"{PREFIX}.preempt.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
 
 
+def query_scoped(query: str, allocation: str | None) -> str:
+    """``QUERY_QUEUE``, ``QUERY_PRIO`` or ``QUERY_STATUS`` for one allocation's work only
+    (``~``: unallocated work): ``allot.v1.query.queue.nlp``."""
+    if query not in (QUERY_QUEUE, QUERY_PRIO, QUERY_STATUS):
+        raise ValidationError("query", f"has no per-allocation form: {query!r}")
+    return f"{query}.{allocation_token(allocation)}"
+
+
 RANKING = f"{PREFIX}.ranking"
 LEADER = f"{PREFIX}.leader"
 BUDGET_TREE = f"{PREFIX}.budget.tree"
@@ -205,6 +213,11 @@ QUERY_STATUS = f"{PREFIX}.query.status"
 """StatusQuery -> WorkloadStatus, answered by the placement leader."""
 QUERY_SHARE = f"{PREFIX}.query.share"
 """RankingUpdated (the latest), answered by the ranking service."""
+ALL_QUERY_QUEUE = f"{QUERY_QUEUE}.*"
+ALL_QUERY_PRIO = f"{QUERY_PRIO}.*"
+ALL_QUERY_STATUS = f"{QUERY_STATUS}.*"
+"""Per-allocation forms, answered by the placement leader with that allocation's rows (a
+status only when the workload belongs to it): what a team is granted (``query_scoped``)."""
 QUERY_ALLOCATIONS = f"{PREFIX}.query.allocations"
 """AllocationsSnapshot (held vs entitlement per allocation), answered by the placement leader."""
 QUERY_PLACEMENT_STATS = f"{PREFIX}.query.placement_stats"

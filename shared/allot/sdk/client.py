@@ -96,6 +96,16 @@ def _checked(kind: Kind, msg: msgspec.Struct) -> bytes:
     return data
 
 
+def _scoped(query: str, scope: str | None) -> str:
+    """The cluster-wide query subject, or its per-allocation form for ``scope``."""
+    if scope is None:
+        return query
+    allocation = None if scope == subjects.UNALLOCATED else scope
+    if allocation is not None:
+        subjects.validate_token(allocation, "scope")
+    return subjects.query_scoped(query, allocation)
+
+
 async def confirm_subscriptions(nc: NatsClient) -> None:
     """Return once the server has every subscription made so far on ``nc``.
 
@@ -325,17 +335,32 @@ class Client:
         subject = subjects.cancel(allocation, workload_id)
         return await self._command(subject, Kind.CANCEL, msg, INTAKE, timeout)
 
-    async def status(self, workload_id: str, *, timeout: float | None = None) -> m.WorkloadStatus:
+    async def status(
+        self, workload_id: str, *, scope: str | None = None, timeout: float | None = None
+    ) -> m.WorkloadStatus:
+        """One workload's state. ``scope`` (an allocation, ``~`` for unallocated work) asks
+        the per-allocation subject a team is granted: another allocation's workload is
+        then ``unknown``. Without it, the cluster-wide subject (operators, managers)."""
         subjects.validate_token(workload_id, "workload_id")
         body = _ENCODER.encode(m.StatusQuery(workload_id=workload_id))
-        return await self._request(subjects.QUERY_STATUS, body, _STATUS_REPLY, PLACEMENT, timeout)
+        subject = _scoped(subjects.QUERY_STATUS, scope)
+        return await self._request(subject, body, _STATUS_REPLY, PLACEMENT, timeout)
 
-    async def queue(self, *, timeout: float | None = None) -> m.QueueSnapshot:
-        return await self._request(subjects.QUERY_QUEUE, b"{}", _QUEUE_REPLY, PLACEMENT, timeout)
+    async def queue(
+        self, *, scope: str | None = None, timeout: float | None = None
+    ) -> m.QueueSnapshot:
+        """Pending work in service order; with ``scope``, that allocation's rows only (their
+        positions stay cluster-wide)."""
+        subject = _scoped(subjects.QUERY_QUEUE, scope)
+        return await self._request(subject, b"{}", _QUEUE_REPLY, PLACEMENT, timeout)
 
-    async def prio(self, *, timeout: float | None = None) -> m.PrioSnapshot:
-        """``allot prio``: each pending workload's position broken into its inputs."""
-        return await self._request(subjects.QUERY_PRIO, b"{}", _PRIO_REPLY, PLACEMENT, timeout)
+    async def prio(
+        self, *, scope: str | None = None, timeout: float | None = None
+    ) -> m.PrioSnapshot:
+        """``allot prio``: each pending workload's position broken into its inputs; with
+        ``scope``, that allocation's rows only."""
+        subject = _scoped(subjects.QUERY_PRIO, scope)
+        return await self._request(subject, b"{}", _PRIO_REPLY, PLACEMENT, timeout)
 
     async def hosts(self, *, timeout: float | None = None) -> m.HostsSnapshot:
         return await self._request(subjects.QUERY_HOSTS, b"{}", _HOSTS_REPLY, PLACEMENT, timeout)

@@ -367,6 +367,9 @@ class PlacementService:
             (s.QUERY_PRIO, self._on_query_prio),
             (s.QUERY_HOSTS, self._on_query_hosts),
             (s.QUERY_STATUS, self._on_query_status),
+            (s.ALL_QUERY_QUEUE, self._on_query_queue),
+            (s.ALL_QUERY_PRIO, self._on_query_prio),
+            (s.ALL_QUERY_STATUS, self._on_query_status),
             (s.QUERY_ALLOCATIONS, self._on_query_allocations),
             (s.QUERY_PLACEMENT_STATS, self._on_query_placement_stats),
         ):
@@ -501,8 +504,11 @@ class PlacementService:
             )
         if self._new_pending and now - self._last_queued_at >= QUEUED_EVERY_S:
             await self._publish_queued(now)
-        elif self._new_pending and self._next_wakeup is None:
-            self._next_wakeup = self._last_queued_at + QUEUED_EVERY_S
+        elif self._new_pending:
+            # Wake for the next batch of positions, sooner than the core's next wake-up (a
+            # protection end may be hours away).
+            due = self._last_queued_at + QUEUED_EVERY_S
+            self._next_wakeup = due if self._next_wakeup is None else min(self._next_wakeup, due)
         self.cycle_durations.observe(time.perf_counter() - started)
 
     async def _publish_queued(self, now: float) -> None:
@@ -593,19 +599,25 @@ class PlacementService:
         return sum(len(f) for h, f in st.free.items() if st.host(h).schedulable)
 
     async def _on_query_queue(self, msg: Msg) -> None:
+        """The whole queue, or (``allot.v1.query.queue.<alloc>``) one allocation's rows with
+        their cluster-wide positions, ``total`` counting that allocation's."""
         now = wall_clock()
         explained = self._explain(now)
         assert explained.entries is not None and explained.reasons is not None
+        entries = explained.entries
+        scope = _scope(msg.subject, s.QUERY_QUEUE)
+        if scope is not None:
+            entries = [e for e in entries if s.allocation_token(e.workload.allocation) == scope]
         rows = tuple(
             self._queue_row(e, explained.reasons.get(e.workload.id), now)
-            for e in explained.entries[: m.MAX_QUEUE_ROWS]
+            for e in entries[: m.MAX_QUEUE_ROWS]
         )
         snap = m.QueueSnapshot(
             at=now,
             epoch=self.epoch,
             free_gpus=self._free_gpus(),
             rows=rows,
-            total=len(explained.entries),
+            total=len(entries),
         )
         await msg.respond(_ENC.encode(snap))
 
@@ -685,6 +697,9 @@ class PlacementService:
         rows = priority_breakdown(
             snapshot, self.policy, now, fairshare=self.fairshare, rank=self.rank_of
         )
+        scope = _scope(msg.subject, s.QUERY_PRIO)
+        if scope is not None:
+            rows = [r for r in rows if s.allocation_token(r.allocation) == scope]
         wire = tuple(
             m.PrioRow(
                 position=r.position,
@@ -730,6 +745,10 @@ class PlacementService:
             )
             return
         rec = self.fold.records.get(query.workload_id)
+        scope = _scope(msg.subject, s.QUERY_STATUS)
+        if rec is not None and scope is not None:
+            # Another allocation's workload is "unknown": a team learns nothing of it.
+            rec = rec if s.allocation_token(rec.workload.allocation) == scope else None
         if rec is None:
             status = m.WorkloadStatus(workload_id=query.workload_id, state="unknown")
         else:
@@ -787,6 +806,12 @@ def _wire_numbers(numbers: Mapping[str, float | int | str]) -> dict[str, float |
         else:
             out[name] = value
     return out
+
+
+def _scope(subject: str, query: str) -> str | None:
+    """The allocation token of a per-allocation query subject (``<query>.<token>``), None
+    for the cluster-wide one."""
+    return subject[len(query) + 1 :] if subject.startswith(query + ".") else None
 
 
 def _log_failure(task: asyncio.Task[int]) -> None:
