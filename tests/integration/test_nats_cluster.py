@@ -24,6 +24,7 @@ from types import ModuleType
 
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StreamConfig
@@ -46,13 +47,16 @@ def _driver() -> ModuleType:
 
 
 async def _publish_once(js: JetStreamContext, subject: str, payload: bytes, msg_id: str) -> PubAck:
-    """Publish with a dedupe id, retrying timeouts as a real client would (at most 15 s)."""
-    for _ in range(5):
+    """Publish with a dedupe id, retrying as a real client would (at most ~20 s): a timeout,
+    or no responder while the new R3 stream's raft group has no leader yet."""
+    for _ in range(20):
         try:
             return await js.publish(subject, payload, timeout=3, headers={"Nats-Msg-Id": msg_id})
         except nats.errors.TimeoutError:
             continue
-    raise AssertionError(f"no ack for {subject} after 5 tries")
+        except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+            await asyncio.sleep(0.25)
+    raise AssertionError(f"no ack for {subject} after 20 tries")
 
 
 async def test_cluster_keeps_a_replicated_stream_through_a_node_restart(tmp_path: Path) -> None:
@@ -64,7 +68,7 @@ async def test_cluster_keeps_a_replicated_stream_through_a_node_restart(tmp_path
         try:
             js = nc.jetstream()
             await js.add_stream(StreamConfig(name="T", subjects=["t.>"], num_replicas=3))
-            await js.publish("t.a", b"1")
+            assert (await _publish_once(js, "t.a", b"1", msg_id="t-a-1")).seq == 1
             leader = (await js.stream_info("T")).cluster.leader  # type: ignore[union-attr]
             # A node that does not lead T: losing it costs one replica, nothing else.
             victim = next(i for i, n in enumerate(cluster.node_names) if n != leader)
@@ -75,15 +79,16 @@ async def test_cluster_keeps_a_replicated_stream_through_a_node_restart(tmp_path
             cluster.kill(victim)
             assert not cluster.running(victim)
             try:
-                ack = await _publish_once(nc2.jetstream(), "t.b", b"2", msg_id="t-b-2")
+                js2 = nc2.jetstream()
+                ack = await _publish_once(js2, "t.b", b"2", msg_id="t-b-2")
+                assert ack.seq == 2
+                await asyncio.to_thread(cluster.restart, victim)
+                assert cluster.running(victim)
+                info = await js2.stream_info("T")
+                assert info.state.messages == 2
+                assert info.cluster is not None and len(info.cluster.replicas or []) == 2
             finally:
                 await nc2.close()
-            assert ack.seq == 2
-            await asyncio.to_thread(cluster.restart, victim)
-            assert cluster.running(victim)
-            info = await js.stream_info("T")
-            assert info.state.messages == 2
-            assert info.cluster is not None and len(info.cluster.replicas or []) == 2
         finally:
             await nc.close()
     assert not any(cluster.running(i) for i in range(3))
