@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +69,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GOAL_RECOVERY_S = 5.0
 ALLOCATIONS: tuple[str | None, ...] = ("nlp", "vision", "speech", "search", "ads", None)
 GPU_MIX = (1, 1, 2, 4)
-SERVICES = ("intake", "accounting", "ranking", "health", "leader", "standby")
-RANDOM_POOL = ("intake", "accounting", "ranking", "health", "placement-1", "placement-2")
+SERVICES = ("intake", "accounting", "ranking", "health", "dashboard", "leader", "standby")
+RANDOM_POOL = (
+    "intake",
+    "accounting",
+    "ranking",
+    "health",
+    "dashboard",
+    "placement-1",
+    "placement-2",
+)
 
 
 def default_plan(agents: int, random_kills: int) -> list[str]:
@@ -296,6 +305,9 @@ class Chaos:
             op = self.history.fault(entry, name)
             await asyncio.to_thread(self.stack.kill, name, signal.SIGKILL)
             await asyncio.to_thread(self.stack.spawn, name)
+            if name == "dashboard":
+                # Not on the submission path: note when its pages answer again (a replay).
+                self._pending.append(asyncio.create_task(self._dashboard_back(time.monotonic())))
             return op
         if kind == "sigstop":
             name = await self.resolve(target)
@@ -320,6 +332,25 @@ class Chaos:
             self._pending.append(asyncio.create_task(self._rebuild_accounting()))
             return op
         raise ValueError(f"unknown fault {entry!r}")
+
+    async def _dashboard_back(self, since: float, timeout: float = 20.0) -> None:
+        url = f"{self.stack.dashboard_url}/healthz"
+
+        def ok() -> bool:
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as reply:
+                    return bool(reply.status == 200)
+            except OSError:
+                return False
+
+        while time.monotonic() - since < timeout:
+            if await asyncio.to_thread(ok):
+                self.notes.append(
+                    f"dashboard: /healthz 200 again {time.monotonic() - since:.2f} s after its kill"
+                )
+                return
+            await asyncio.sleep(0.1)
+        self.notes.append(f"dashboard: /healthz not 200 within {timeout:.0f} s of its kill")
 
     async def _resume_later(self, name: str, pause: float) -> None:
         await asyncio.sleep(pause)
