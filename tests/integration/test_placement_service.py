@@ -21,7 +21,7 @@ from allot.live import bus, service_main
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.intake import Intake
-from allot.services.placement import PlacementService
+from allot.services.placement import PlacementService, encode_within
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -304,3 +304,37 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
         await service_main.stop(placement)
         await service_main.stop(intake)
         await nc.close()
+
+
+def test_a_listing_answer_fits_one_nats_message_and_keeps_its_total() -> None:
+    """2,000 queue rows with long reasons are over 1 MiB: the answer carries the first rows
+    that fit, in order, and still counts them all (no server needed)."""
+    row = m.QueueRow(
+        position=1,
+        workload_id="w0",
+        user="ann",
+        gpus=1000,
+        kind="training",
+        tier="over-entitlement",
+        sort_metric=1.5,
+        submitted_at=1.0,
+        why="x" * 600,
+        reason="over-entitlement",
+        reason_numbers={"held": 7200, "entitlement": 1600.0, "allocation": "search"},
+    )
+    rows = tuple(
+        msgspec.structs.replace(row, position=i + 1, workload_id=f"w{i}") for i in range(2000)
+    )
+
+    def build(n: int) -> m.QueueSnapshot:
+        return m.QueueSnapshot(at=1.0, rows=rows[:n], total=len(rows))
+
+    limit = 1024 * 1024
+    assert len(msgspec.json.encode(build(len(rows)))) > limit
+    data = encode_within(build, len(rows), limit)
+    assert len(data) <= limit
+    got = msgspec.json.decode(data, type=m.QueueSnapshot)
+    assert got.total == 2000 and 1000 < len(got.rows) < 2000
+    assert [r.workload_id for r in got.rows] == [f"w{i}" for i in range(len(got.rows))]
+    # Small answers are untouched.
+    assert encode_within(build, 10, limit) == msgspec.json.encode(build(10))

@@ -47,7 +47,7 @@ import os
 import socket
 import time
 from bisect import bisect_left
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -612,14 +612,14 @@ class PlacementService:
             self._queue_row(e, explained.reasons.get(e.workload.id), now)
             for e in entries[: m.MAX_QUEUE_ROWS]
         )
-        snap = m.QueueSnapshot(
-            at=now,
-            epoch=self.epoch,
-            free_gpus=self._free_gpus(),
-            rows=rows,
-            total=len(entries),
-        )
-        await msg.respond(_ENC.encode(snap))
+        free = self._free_gpus()
+
+        def snapshot(n: int) -> m.QueueSnapshot:
+            return m.QueueSnapshot(
+                at=now, epoch=self.epoch, free_gpus=free, rows=rows[:n], total=len(entries)
+            )
+
+        await msg.respond(encode_within(snapshot, len(rows), self._max_payload()))
 
     def _queue_row(self, e: QueueEntry, why: Why | None, now: float) -> m.QueueRow:
         w = e.workload
@@ -719,7 +719,16 @@ class PlacementService:
             )
             for r in rows[: m.MAX_QUEUE_ROWS]
         )
-        await msg.respond(_ENC.encode(m.PrioSnapshot(at=now, rows=wire, total=len(rows))))
+
+        def prio_snapshot(n: int) -> m.PrioSnapshot:
+            return m.PrioSnapshot(at=now, rows=wire[:n], total=len(rows))
+
+        await msg.respond(encode_within(prio_snapshot, len(wire), self._max_payload()))
+
+    def _max_payload(self) -> int:
+        """The server's message size limit (its INFO), 1 MiB before we know it."""
+        limit = self.nc.max_payload if self.nc is not None else 0
+        return limit if limit > 0 else 1024 * 1024
 
     async def _on_query_hosts(self, msg: Msg) -> None:
         st = self.fold.state
@@ -806,6 +815,19 @@ def _wire_numbers(numbers: Mapping[str, float | int | str]) -> dict[str, float |
         else:
             out[name] = value
     return out
+
+
+def encode_within(build: Callable[[int], msgspec.Struct], n: int, limit: int) -> bytes:
+    """``build(k)`` encoded for the largest ``k <= n`` tried whose encoding fits in ``limit``
+    bytes: a listing answer carries its first rows and its ``total``, never more than one
+    NATS message holds (rows with long reasons are ~600 bytes: 2,000 of them do not fit
+    in 1 MiB). Shrinks ``k`` in proportion to the overshoot, with a 10% margin."""
+    k = n
+    while True:
+        data = _ENC.encode(build(k))
+        if len(data) <= limit or k == 0:
+            return data
+        k = min(k - 1, int(k * limit / len(data) * 0.9))
 
 
 def _scope(subject: str, query: str) -> str | None:
