@@ -35,6 +35,9 @@ protection end, or now). The answer is cached per fold state (records applied, e
 ranking version) until the dry run's next wakeup or ``REASONS_MAX_AGE_S``, whichever is
 first, and a real cycle's result seeds the cache: repeated queries cost nothing, and one
 uncached answer on 1,000 hosts with 10,000 pending costs ~0.1 s (``bench/bench_reasons.py``).
+Under load (records arriving all the time) an answer up to ``STALE_OK_S`` old is served,
+and ``WorkloadQueued`` batches are spaced so they take at most ``QUEUED_COST_SHARE`` of
+the leader's time.
 """
 
 from __future__ import annotations
@@ -82,6 +85,14 @@ LEASE_KEY = "placement"
 POLICIES = ("fairshare", "fairshare-window", "fifo")
 TIER_NAMES = {UNDER: "under-entitlement", OVER: "over-entitlement", UNALLOCATED: "unallocated"}
 QUEUED_EVERY_S = 1.0
+QUEUED_COST_SHARE = 0.05
+"""``WorkloadQueued`` batches take at most this share of the leader's time: the next batch
+waits ``cost / QUEUED_COST_SHARE`` when explaining the queue took ``cost`` (10,000 pending:
+~0.1 s, so one batch every ~2 s instead of every second)."""
+STALE_OK_S = 1.0
+"""A queue answer (positions and reasons) at most this old is served even if records
+arrived since: under load the fold changes with every record, and recomputing it for
+every query would take the leader's time from scheduling."""
 """At most one batch of ``WorkloadQueued`` per second (positions are costly to compute)."""
 REASONS_MAX_AGE_S = 5.0
 """A cached queue explanation is recomputed at least this often (its ``in_s`` numbers and
@@ -175,6 +186,7 @@ class PlacementService:
         self.cycle_durations = CycleDurations()
         self._ranking_version = 0
         self._explained: _Explained | None = None
+        self._explain_cost_s = 0.0  # the last full explanation of the queue (seconds)
         self.decisions = 0
         self.caught_up = False
         self._dirty = asyncio.Event()
@@ -416,9 +428,16 @@ class PlacementService:
         self.cycles += 1
         # Until its decisions come back, the fold is the one this result was computed on:
         # it is the dry run a queue query would compute (see _explain). A cached answer for
-        # this very fold stays (the same decisions, already explained).
+        # this very fold stays (the same decisions, already explained), and so does an
+        # explained answer younger than STALE_OK_S (queries may serve it under load).
         key, cached = self._fold_key(), self._explained
-        if cached is None or cached.key != key or now >= cached.expires:
+        fresh_enough = (
+            cached is not None
+            and cached.reasons is not None
+            and now - cached.at < STALE_OK_S
+            and cached.key[1:] == key[1:]
+        )
+        if cached is None or (cached.key != key and not fresh_enough) or now >= cached.expires:
             self._explained = _Explained(key, now, self._expiry(now, result), result)
         self._next_wakeup = result.next_wakeup
         publishes: list[Awaitable[int]] = []
@@ -502,12 +521,13 @@ class PlacementService:
                 noticed=len(result.preemptions),
                 pending=len(self.fold.queue),
             )
-        if self._new_pending and now - self._last_queued_at >= QUEUED_EVERY_S:
+        every = max(QUEUED_EVERY_S, self._explain_cost_s / QUEUED_COST_SHARE)
+        if self._new_pending and now - self._last_queued_at >= every:
             await self._publish_queued(now)
         elif self._new_pending:
             # Wake for the next batch of positions, sooner than the core's next wake-up (a
             # protection end may be hours away).
-            due = self._last_queued_at + QUEUED_EVERY_S
+            due = self._last_queued_at + every
             self._next_wakeup = due if self._next_wakeup is None else min(self._next_wakeup, due)
         self.cycle_durations.observe(time.perf_counter() - started)
 
@@ -518,7 +538,7 @@ class PlacementService:
         self._new_pending.clear()
         if not fresh:
             return
-        explained = self._explain(now)
+        explained = self._explain(now, stale_ok_s=STALE_OK_S)
         assert explained.entries is not None and explained.reasons is not None
         assert self.nc is not None
         for entry in explained.entries:
@@ -565,16 +585,25 @@ class PlacementService:
             expires = min(expires, result.next_wakeup)
         return expires
 
-    def _explain(self, now: float) -> _Explained:
+    def _explain(self, now: float, stale_ok_s: float = 0.0) -> _Explained:
         """Positions and reasons of every pending workload: the cached answer while the
-        fold is unchanged and it has not expired, else a dry ``run_cycle`` (pure: the
-        snapshot is only read and nothing is published) and ``explain_pending``."""
+        fold is unchanged and it has not expired (or it is younger than ``stale_ok_s``),
+        else a dry ``run_cycle`` (pure: the snapshot is only read and nothing is published)
+        and ``explain_pending``."""
         key = self._fold_key()
         cached = self._explained
+        if (
+            cached is not None
+            and cached.reasons is not None
+            and now - cached.at < stale_ok_s
+            and cached.key[1:] == key[1:]  # only records arrived: no new epoch or ranking
+        ):
+            return cached
         if cached is not None and (cached.key != key or now >= cached.expires):
             cached = None
         if cached is not None and cached.reasons is not None:
             return cached
+        started = time.perf_counter()
         snapshot = self._snapshot()
         if cached is None:
             result = run_cycle(snapshot, self.policy, now)
@@ -586,6 +615,7 @@ class PlacementService:
         self._explained = _Explained(
             key, cached.at, cached.expires, cached.result, entries, reasons
         )
+        self._explain_cost_s = time.perf_counter() - started
         return self._explained
 
     def _sort_metric(self, entry: QueueEntry) -> float:
@@ -602,7 +632,7 @@ class PlacementService:
         """The whole queue, or (``allot.v1.query.queue.<alloc>``) one allocation's rows with
         their cluster-wide positions, ``total`` counting that allocation's."""
         now = wall_clock()
-        explained = self._explain(now)
+        explained = self._explain(now, stale_ok_s=STALE_OK_S)
         assert explained.entries is not None and explained.reasons is not None
         entries = explained.entries
         scope = _scope(msg.subject, s.QUERY_QUEUE)
