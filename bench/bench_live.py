@@ -44,6 +44,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GOAL_RATE = 2000.0
 GOAL_P50_MS = 5.0
 GOAL_P99_MS = 50.0
+PROBE_TIMEOUT_S = 30.0
+"""A probe unanswered this long is counted at this latency (saturation)."""
 
 
 def _body(client_id: str, alloc: str, gpus: int, min_runtime_s: int, duration_s: float) -> bytes:
@@ -164,10 +166,19 @@ async def _latency_phase(nc: nats.NATS, rate: float, probe_s: float, queued: int
     interval = 1.0 / rate
     tasks = []
 
+    timed_out: list[str] = []
+
     async def probe(i: int) -> None:
         cid = f"probe-{int(rate)}-{i}"
         sent[cid] = time.perf_counter()
-        r = await nc.request(s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), timeout=30)
+        try:
+            r = await nc.request(
+                s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), timeout=PROBE_TIMEOUT_S
+            )
+        except nats.errors.TimeoutError:
+            # Saturated: no answer in time. Counted at the timeout, a lower bound.
+            timed_out.append(cid)
+            return
         data = json.loads(r.data)
         if data.get("type") == "WorkloadAccepted":
             wid_of[cid] = data["workload_id"]
@@ -180,17 +191,21 @@ async def _latency_phase(nc: nats.NATS, rate: float, probe_s: float, queued: int
         tasks.append(asyncio.create_task(probe(i)))
     await asyncio.gather(*tasks)
     achieved = total / (time.perf_counter() - start)
-    await _wait(lambda: len(placed_at) >= len(wid_of), 120, "probes placed")
+    # (Probes that timed out may still be accepted and placed later: wait for the answered.)
+    await _wait(lambda: all(w in placed_at for w in wid_of.values()), 120, "probes placed")
     await sub.unsubscribe()
     for cid, wid in wid_of.items():
         hist.record_value(max(1, int((placed_at[wid] - sent[cid]) * 1e6)))
+    for _ in timed_out:
+        hist.record_value(int(PROBE_TIMEOUT_S * 1e6))
     pct = {p: hist.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)}
     await asyncio.sleep(2.0)  # let the 1 s probe runs end before the next phase
     return {
         "pending_at_start": queued,
         "target_rate_per_s": rate,
         "achieved_rate_per_s": round(achieved, 1),
-        "probes": len(wid_of),
+        "probes": len(wid_of) + len(timed_out),
+        "timed_out": len(timed_out),
         "p50_ms": round(pct[50], 3),
         "p90_ms": round(pct[90], 3),
         "p99_ms": round(pct[99], 3),
@@ -226,6 +241,11 @@ def render(result: dict[str, Any]) -> str:
             f"{lat['probes']} probes offered at {lat['target_rate_per_s']:.0f}/s "
             f"(achieved {lat['achieved_rate_per_s']}/s), {lat['pending_at_start']} pending"
         )
+        if lat.get("timed_out"):
+            where += (
+                f"; {lat['timed_out']} got no answer within {PROBE_TIMEOUT_S:.0f} s, counted "
+                "at that (a lower bound)"
+            )
         lines += [
             f"| submit -> placement decision p50 ({where}) | {lat['p50_ms']} ms | "
             + (
