@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import shutil
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -72,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
         slot_s=2.0,
         fake_duration_s=120.0,
     )
+    if args.nats_url is None:
+        # A scripted scenario on a fresh cluster: the previous run's log must not answer
+        # this run's submissions as duplicates (same client ids) of long-ended work.
+        shutil.rmtree(config.run_dir / "jetstream", ignore_errors=True)
     print(f"== starting the stack (embedded servers unless given; logs in {config.run_dir}/logs)")
     t0 = time.monotonic()
     with Stack(config) as stack:
@@ -95,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _scenario(stack: Stack) -> None:
     url = stack.servers.nats_url
+    tag = uuid.uuid4().hex[:6]  # client ids unique to this run (given servers keep the log)
     notices: list[m.PreemptionNotice] = []
 
     def on_notice(notice: m.PreemptionNotice) -> None:
@@ -113,7 +120,7 @@ async def _scenario(stack: Stack) -> None:
         fillers = [
             (
                 await c.submit(
-                    client_id=f"fill-{i}", user="batch", gpus=8, kind="filler", duration_s=120
+                    client_id=f"{tag}-fill-{i}", user="batch", gpus=8, kind="filler", duration_s=120
                 )
             ).workload_id
             for i in range(4)
@@ -124,7 +131,7 @@ async def _scenario(stack: Stack) -> None:
         print("\n== 2. three teams submit allocated work (protected for 10 s once running)")
         team_work = {
             "nlp": await c.submit(
-                client_id="nlp-1",
+                client_id=f"{tag}-nlp-1",
                 user="ann",
                 allocation="nlp",
                 gpus=16,
@@ -132,7 +139,7 @@ async def _scenario(stack: Stack) -> None:
                 duration_s=40,
             ),
             "vision": await c.submit(
-                client_id="vision-1",
+                client_id=f"{tag}-vision-1",
                 user="bo",
                 allocation="vision",
                 gpus=8,
@@ -140,7 +147,7 @@ async def _scenario(stack: Stack) -> None:
                 duration_s=40,
             ),
             "search": await c.submit(
-                client_id="search-1",
+                client_id=f"{tag}-search-1",
                 user="cy",
                 allocation="search",
                 gpus=8,
@@ -162,7 +169,12 @@ async def _scenario(stack: Stack) -> None:
 
         print("\n== 3. nlp asks for more than its share: it waits (over its entitlement)")
         await c.submit(
-            client_id="nlp-2", user="ann", allocation="nlp", gpus=8, min_runtime_s=10, duration_s=60
+            client_id=f"{tag}-nlp-2",
+            user="ann",
+            allocation="nlp",
+            gpus=8,
+            min_runtime_s=10,
+            duration_s=60,
         )
         await asyncio.sleep(1.0)
         await _show(url, "queue")
@@ -172,7 +184,7 @@ async def _scenario(stack: Stack) -> None:
         )
         await asyncio.sleep(max(0.0, started + 10.5 - time.monotonic()))
         speech = await c.submit(
-            client_id="speech-1",
+            client_id=f"{tag}-speech-1",
             user="dee",
             allocation="speech",
             gpus=4,
