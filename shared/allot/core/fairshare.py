@@ -65,6 +65,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
@@ -74,9 +75,10 @@ NO_VAL = 4294967294.0
 that each sibling set starts from."""
 
 
-@dataclass(frozen=True, slots=True)
-class NodeRank:
-    """One row of the ranking (one node of the tree, the root excluded)."""
+class NodeRank(NamedTuple):
+    """One row of the ranking (one node of the tree, the root excluded). A named tuple,
+    not a frozen dataclass: a ranking builds 1,000+ of them, and a tuple's constructor is
+    several times cheaper than a frozen dataclass's per-field ``object.__setattr__``."""
 
     path: str
     name: str
@@ -169,7 +171,7 @@ def rank(
     uses_parent = ix.uses_parent
     rank_of = {names[i]: ranks[i] for i in ix.leaves}
     fairshare_of = {name: r / n_leaves for name, r in rank_of.items()}
-    # Positional construction: about twice as fast as keywords for 1,000+ frozen rows.
+    # Positional construction: faster than keywords for 1,000+ rows.
     nodes = [
         NodeRank(
             paths[i],
