@@ -486,31 +486,38 @@ def _wait_or_kill(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
+def stack_config(
+    cfg: ChaosConfig, nats_url: str, redis_url: str, extra_env: dict[str, str] | None = None
+) -> StackConfig:
+    """The stack every fault run uses: ``cfg.agents`` fake agents, two placement
+    instances, fast ranking, accrual and heartbeats so faults show within seconds."""
+    return StackConfig(
+        run_dir=cfg.run_dir,
+        nats_url=nats_url,
+        redis_url=redis_url,
+        agents=tuple(
+            AgentSpec(f"fake-{chr(ord('a') + i)}", hosts=cfg.hosts, gpus=cfg.gpus)
+            for i in range(cfg.agents)
+        ),
+        placements=2,
+        grace_s=cfg.grace_s,
+        lease_ttl_s=cfg.lease_ttl_s,
+        rank_every_s=2.0,
+        accrue_s=1.0,
+        slot_s=1.0,
+        heartbeat_timeout_s=10.0,
+        fake_duration_s=2.0,
+        redis_prefix=cfg.redis_prefix,
+        extra_env=extra_env or {},
+    )
+
+
 async def run(cfg: ChaosConfig, log: Callable[[str], None] = print) -> ChaosResult:
     """Start everything, inject ``cfg.plan`` under load, check, stop everything."""
     t0 = time.monotonic()
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     servers = await asyncio.to_thread(_Servers, cfg)
-    stack = Stack(
-        StackConfig(
-            run_dir=cfg.run_dir,
-            nats_url=servers.nats_url,
-            redis_url=servers.redis_url,
-            agents=tuple(
-                AgentSpec(f"fake-{chr(ord('a') + i)}", hosts=cfg.hosts, gpus=cfg.gpus)
-                for i in range(cfg.agents)
-            ),
-            placements=2,
-            grace_s=cfg.grace_s,
-            lease_ttl_s=cfg.lease_ttl_s,
-            rank_every_s=2.0,
-            accrue_s=1.0,
-            slot_s=1.0,
-            heartbeat_timeout_s=10.0,
-            fake_duration_s=2.0,
-            redis_prefix=cfg.redis_prefix,
-        )
-    )
+    stack = Stack(stack_config(cfg, servers.nats_url, servers.redis_url))
     try:
         await asyncio.to_thread(stack.start)
         log(f"stack up in {time.monotonic() - t0:.1f} s; run dir {cfg.run_dir}")

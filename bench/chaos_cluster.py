@@ -45,7 +45,7 @@ from allot.adapters.nats_cluster import EmbeddedNatsCluster
 from allot.live import bus
 from allot.live.checker import check
 from allot.live.history import Op
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.live.stack import Stack
 from allot.proto.subjects import STREAMS
 from allot.sdk import Client
 from allot.services.intake import CLIENTS_BUCKET
@@ -197,26 +197,13 @@ async def run(cfg: ClusterConfig, log: Callable[[str], None] = print) -> chaos.C
     servers = await asyncio.to_thread(_ClusterServers, cfg)
     cluster = servers.cluster
     await create_log(cluster.url, cfg.nodes, cfg.lease_ttl_s)
+    # The stack's own readiness check (stack._wait_ready) and the SDK client take one URL
+    # (nats-py refuses a comma string); the services get every node.
     stack = Stack(
-        StackConfig(
-            run_dir=cfg.run_dir,
-            # The stack's own readiness check (stack._wait_ready) and the SDK client take
-            # one URL (nats-py refuses a comma string); the services get every node.
-            nats_url=cluster.urls[0],
-            redis_url=servers.redis_url,
-            agents=tuple(
-                AgentSpec(f"fake-{chr(ord('a') + i)}", hosts=cfg.hosts, gpus=cfg.gpus)
-                for i in range(cfg.agents)
-            ),
-            placements=2,
-            grace_s=cfg.grace_s,
-            lease_ttl_s=cfg.lease_ttl_s,
-            rank_every_s=2.0,
-            accrue_s=1.0,
-            slot_s=1.0,
-            heartbeat_timeout_s=10.0,
-            fake_duration_s=2.0,
-            redis_prefix=cfg.redis_prefix,
+        chaos.stack_config(
+            cfg,
+            cluster.urls[0],
+            servers.redis_url,
             extra_env={"ALLOT_NATS_URL": cluster.url, "ALLOT_STREAM_REPLICAS": str(cfg.nodes)},
         )
     )
