@@ -110,12 +110,11 @@ class MemoryUsageStore:
         final: tuple[float, float],
         gpus: int,
     ) -> bool:
-        final_pieces, correction = _settle_pieces(charge_id, allocation, whole, final, gpus)
+        final_pieces, correction, last = _settle_pieces(charge_id, allocation, whole, final, gpus)
         seen = self._seen.setdefault(allocation, {})
         settle_id = _settle_id(charge_id)
         if settle_id in seen:
             return False
-        last = _last_hour(_pieces(charge_id, allocation, *whole, gpus), whole[0])
         seen[settle_id] = last
         if charge_id in seen:
             pieces = correction
@@ -259,8 +258,7 @@ class RedisUsageStore:
         final: tuple[float, float],
         gpus: int,
     ) -> bool:
-        final_pieces, correction = _settle_pieces(charge_id, allocation, whole, final, gpus)
-        last = _last_hour(_pieces(charge_id, allocation, *whole, gpus), whole[0])
+        final_pieces, correction, last = _settle_pieces(charge_id, allocation, whole, final, gpus)
         args: list[str | int] = [
             charge_id,
             KEY_TTL_S,
@@ -342,16 +340,17 @@ def _settle_pieces(
     whole: tuple[float, float],
     final: tuple[float, float],
     gpus: int,
-) -> tuple[dict[int, float], dict[int, float]]:
-    """The final piece per hour, and final minus whole per hour (the correction of a slot
-    charged whole before the run's end was known)."""
+) -> tuple[dict[int, float], dict[int, float], int]:
+    """The final piece per hour; final minus whole per hour (the correction of a slot
+    charged whole before the run's end was known); the hour the ids are remembered under
+    (the whole slot's last, as ``charge`` remembers the slot's id)."""
     whole_pieces = _pieces(charge_id, allocation, whole[0], whole[1], gpus)
     final_pieces = _pieces(charge_id, allocation, final[0], final[1], gpus)
     correction = {
         h: final_pieces.get(h, 0.0) - whole_pieces.get(h, 0.0)
         for h in sorted(whole_pieces.keys() | final_pieces.keys())
     }
-    return final_pieces, correction
+    return final_pieces, correction, _last_hour(whole_pieces, whole[0])
 
 
 def _last_hour(pieces: dict[int, float], start: float) -> int:
