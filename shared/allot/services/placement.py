@@ -144,6 +144,11 @@ class _Explained:
     entries: list[QueueEntry] | None = None
     reasons: Mapping[str, Why] | None = None
 
+    def serves(self, key: tuple[int, ...], now: float, stale_ok_s: float) -> bool:
+        """Explained, younger than ``stale_ok_s``, and only records arrived since (same
+        epochs and ranking): good enough to answer with under load."""
+        return self.reasons is not None and now - self.at < stale_ok_s and self.key[1:] == key[1:]
+
 
 def make_policy(name: str, grace_s: int) -> Policy:
     if name == "fairshare":
@@ -431,13 +436,11 @@ class PlacementService:
         # this very fold stays (the same decisions, already explained), and so does an
         # explained answer younger than STALE_OK_S (queries may serve it under load).
         key, cached = self._fold_key(), self._explained
-        fresh_enough = (
-            cached is not None
-            and cached.reasons is not None
-            and now - cached.at < STALE_OK_S
-            and cached.key[1:] == key[1:]
-        )
-        if cached is None or (cached.key != key and not fresh_enough) or now >= cached.expires:
+        if (
+            cached is None
+            or (cached.key != key and not cached.serves(key, now, STALE_OK_S))
+            or now >= cached.expires
+        ):
             self._explained = _Explained(key, now, self._expiry(now, result), result)
         self._next_wakeup = result.next_wakeup
         publishes: list[Awaitable[int]] = []
@@ -545,8 +548,7 @@ class PlacementService:
             w = entry.workload
             if w.id not in fresh:
                 continue
-            why = explained.reasons.get(w.id)
-            est = estimated_start(why, now) if why is not None else None
+            row = self._queue_row(entry, explained.reasons.get(w.id), now)
             # Derived and re-published as the queue moves: core NATS, not the log.
             await self.nc.publish(
                 s.queued(w.allocation, w.id),
@@ -555,12 +557,12 @@ class PlacementService:
                         workload_id=w.id,
                         allocation=w.allocation,
                         at=now,
-                        position=entry.position,
-                        sort_metric=self._sort_metric(entry),
-                        rank=self.rank_of.get(w.allocation or ""),
-                        why=_text(why.text) if why is not None else "",
-                        reason=why.code.value if why is not None else "",
-                        est_start=None if est is None else min(max(est, 0.0), m.MAX_TIME),
+                        position=row.position,
+                        sort_metric=row.sort_metric,
+                        rank=row.rank,
+                        why=row.why,
+                        reason=row.reason,
+                        est_start=row.est_start,
                     )
                 ),
             )
@@ -592,12 +594,7 @@ class PlacementService:
         and ``explain_pending``."""
         key = self._fold_key()
         cached = self._explained
-        if (
-            cached is not None
-            and cached.reasons is not None
-            and now - cached.at < stale_ok_s
-            and cached.key[1:] == key[1:]  # only records arrived: no new epoch or ranking
-        ):
+        if cached is not None and cached.serves(key, now, stale_ok_s):
             return cached
         if cached is not None and (cached.key != key or now >= cached.expires):
             cached = None
