@@ -69,16 +69,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GOAL_RECOVERY_S = 5.0
 ALLOCATIONS: tuple[str | None, ...] = ("nlp", "vision", "speech", "search", "ads", None)
 GPU_MIX = (1, 1, 2, 4)
-SERVICES = ("intake", "accounting", "ranking", "health", "dashboard", "leader", "standby")
-RANDOM_POOL = (
+SERVICES = (
     "intake",
     "accounting",
     "ranking",
     "health",
+    "dispatch",
     "dashboard",
-    "placement-1",
-    "placement-2",
+    "leader",
+    "standby",
 )
+RANDOM_POOL = (*SERVICES[:-2], "placement-1", "placement-2")
+"""The services by process name (the leader and the standby are whichever placement is)."""
 
 
 def default_plan(agents: int, random_kills: int) -> list[str]:

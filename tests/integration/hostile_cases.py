@@ -44,6 +44,7 @@ BUDGET = "budget"  # ranking -> CommandRejected
 DRAIN = "drain"  # health -> CommandRejected
 UNDRAIN = "undrain"  # health -> CommandRejected
 STATUS = "status"  # placement -> CommandRejected
+REPORT = "report"  # dispatch -> CommandRejected (an agent's report of its part)
 # Fire-and-forget kinds: the health service must ignore them (no reply exists).
 HEARTBEAT = "heartbeat"
 HEALTH = "health"
@@ -132,6 +133,20 @@ def status_template(workload_id: str) -> dict[str, Any]:
 
 def heartbeat_template() -> dict[str, Any]:
     return {"type": "Heartbeat", "host": HOST, "sent_at": 1.7e9, "seq": 1, "gpus": 8}
+
+
+def report_template(workload_id: str) -> dict[str, Any]:
+    """A report of the placed workload's end from its primary host: valid, so every
+    mutation below must be what gets it refused (accepted, it would end the workload)."""
+    return {
+        "type": "PartReport",
+        "host": HOST,
+        "workload_id": workload_id,
+        "attempt": 1,
+        "event": "exited",
+        "at": 1.7e9,
+        "exit_code": 0,
+    }
 
 
 def health_template() -> dict[str, Any]:
@@ -562,6 +577,24 @@ def hand_cases(placed: str, cancelled: str) -> list[Case]:
             note="cancel of a workload already cancelled",
         ),
     ]
+    # -- an agent's report of its part (dispatch) -------------------------------------
+    rep, rep_other = s.host_report(HOST), s.host_report(OTHER_HOST)
+
+    def report(**changes: Any) -> bytes:
+        return dumps({**report_template(placed), **changes})
+
+    cases += [
+        Case(MISMATCH, REPORT, rep, report(host=OTHER_HOST), "host", note="payload host differs"),
+        Case(MISMATCH, REPORT, rep_other, report(host=OTHER_HOST), "host", note="not primary"),
+        Case(MISMATCH, REPORT, rep, report(workload_id="ghost"), "workload_id"),
+        Case(MISMATCH, REPORT, rep, report(attempt=2), "attempt", note="an attempt to come"),
+        Case(WRONG_TYPE, REPORT, rep, report(event="exploded"), "event"),
+        Case(WRONG_TYPE, REPORT, rep, report(exit_code="0"), "exit_code"),
+        Case(ABSURD, REPORT, rep, report(exit_code=256), "exit_code"),
+        Case(ABSURD, REPORT, rep, report(at=-1.0), "at"),
+        Case(NAN_HUGE, REPORT, rep, report(at=1e300), "at"),
+        Case(MALFORMED, REPORT, rep, dumps(heartbeat_template()), "type"),
+    ]
     return cases
 
 
@@ -663,6 +696,21 @@ FIELD_STRATEGIES: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     },
     "DrainHost": {"host": _name(), "operator": _name(), "reason": _text_field},
     "StatusQuery": {"workload_id": _name()},
+    "PartReport": {
+        "host": _name(),
+        "workload_id": _name(),
+        "attempt": _int_outside(1, 1_000_000),
+        "event": st.one_of(
+            st.text(max_size=12).filter(
+                lambda e: e not in ("started", "exited", "lost", "not-started")
+            ),
+            _not_str,
+        ),
+        "at": _bad_duration.filter(lambda v: not (isinstance(v, float) and v == 0.0)),
+        "exit_code": _int_outside(-255, 255),
+        "detail": _text_field,
+        "stopping": _not_bool,
+    },
 }
 REQUIRED = {
     "SubmitWorkload": ("client_id", "user", "gpus"),
@@ -670,6 +718,7 @@ REQUIRED = {
     "SetBudget": ("path", "shares", "set_by"),
     "DrainHost": ("host", "operator"),
     "StatusQuery": ("workload_id",),
+    "PartReport": ("host", "workload_id", "attempt", "event", "at"),
 }
 _OTHER_TYPES = [
     "SubmitWorkload",
@@ -694,6 +743,7 @@ def templates(placed: str) -> dict[str, tuple[str, str, Callable[[], dict[str, A
         "SetBudget": (BUDGET, s.budget_set(["root", ALLOCATION]), budget_template),
         "DrainHost": (DRAIN, s.drain(HOST), drain_template),
         "StatusQuery": (STATUS, s.QUERY_STATUS, lambda: status_template(placed)),
+        "PartReport": (REPORT, s.host_report(HOST), lambda: report_template(placed)),
     }
 
 

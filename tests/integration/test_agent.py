@@ -1,5 +1,6 @@
-"""The host agent against a real NATS server: the test plays the placement leader by
-publishing log records itself and reads the agent's reports back from the WORKLOADS stream.
+"""The host agent and the dispatch service against a real NATS server: the test plays the
+placement leader by publishing log records itself and reads what the agent's reports became
+back from the WORKLOADS stream (the agent reads no log: dispatch sends it its hosts' work).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from allot.live import bus, service_main
 from allot.proto import messages as m
 from allot.proto import subjects
 from allot.services.agent import NO_COMMAND, RESTART_LOST, Agent, AgentConfig
+from allot.services.dispatch import DispatchService
 
 pytestmark = pytest.mark.integration
 
@@ -157,7 +159,15 @@ AgentFactory = Callable[..., Any]
 
 
 @pytest.fixture
-async def run_agent(fresh_log: str) -> AsyncIterator[AgentFactory]:
+async def dispatch(fresh_log: str) -> AsyncIterator[DispatchService]:
+    service = DispatchService(fresh_log)
+    await service_main.start(service)
+    yield service
+    await service_main.stop(service)
+
+
+@pytest.fixture
+async def run_agent(fresh_log: str, dispatch: DispatchService) -> AsyncIterator[AgentFactory]:
     agents: list[Agent] = []
 
     async def start(*hosts: str, gpus: int = 4, fake: bool = False, **kw: Any) -> Agent:

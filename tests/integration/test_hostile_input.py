@@ -33,6 +33,7 @@ from nats.js import JetStreamContext
 from allot.live import service_main
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.services.dispatch import DispatchService
 from allot.services.health import HealthService
 from allot.services.intake import Intake
 from allot.services.placement import PlacementService
@@ -64,6 +65,7 @@ class Live:
     health: HealthService
     ranking: RankingService
     placement: PlacementService
+    dispatch: DispatchService
     placed: str
     """A running ``nlp`` workload (16 GPUs, protected for 8 h): no bad input may touch it."""
     placed_body: bytes
@@ -102,6 +104,7 @@ async def live(fresh_log: str, redis_url: str) -> AsyncIterator[Live]:
     health = HealthService(fresh_log, timeout_s=3600, check_s=0.5)
     intake = Intake(fresh_log, tracing=False)
     placement = PlacementService(fresh_log, lease_ttl_s=10.0, name="hostile", tracing=False)
+    dispatch = DispatchService(fresh_log)
     ignored: list[tuple[str, dict[str, Any]]] = []
     original_ignore = health._ignore
 
@@ -112,7 +115,7 @@ async def live(fresh_log: str, redis_url: str) -> AsyncIterator[Live]:
     health._ignore = spy  # type: ignore[method-assign]
     started: list[Any] = []
     try:
-        for service in (ranking, health, intake, placement):
+        for service in (ranking, health, intake, placement, dispatch):
             await service_main.start(service)
             started.append(service)
         await eventually(lambda: asyncio.sleep(0, ranking.latest), lambda r: r is not None)
@@ -143,6 +146,7 @@ async def live(fresh_log: str, redis_url: str) -> AsyncIterator[Live]:
             health,
             ranking,
             placement,
+            dispatch,
             ok.workload_id,
             placed_body,
             gone.workload_id,
@@ -233,6 +237,7 @@ def service_problems(live: Live) -> list[str]:
         "health": live.health.broker,
         "ranking": live.ranking.broker,
         "placement": live.placement.broker,
+        "dispatch": live.dispatch.broker,
     }
     for name, broker in brokers.items():
         if not broker.connection.is_connected:
@@ -249,6 +254,10 @@ def service_problems(live: Live) -> list[str]:
         "health checker": [live.health._checker],
         "health follower": list(live.health._follower._tasks) if live.health._follower else [None],
         "ranking loop": [live.ranking._loop],
+        "dispatch follower": list(live.dispatch._follower._tasks)
+        if live.dispatch._follower
+        else [None],
+        "dispatch lists": [live.dispatch._flusher],
     }
     for name, ts in tasks.items():
         if not ts or any(t is None or t.done() for t in ts):

@@ -26,7 +26,7 @@ import msgspec
 import nats
 import nats.errors
 import pytest
-from live_harness import eventually, seed
+from live_harness import eventually, records, seed
 from nats.aio.client import Client as NatsClient
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.nuid import NUID
@@ -39,6 +39,7 @@ from allot.live.service_main import start, stop
 from allot.live.tls_certs import client_context, make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.services.dispatch import DispatchService
 from allot.services.intake import Intake
 
 pytestmark = pytest.mark.integration
@@ -341,35 +342,100 @@ async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: S
         await svc.nc.close()
 
 
+def _placed(wid: str, host: str, gpus: tuple[int, ...]) -> list[msgspec.Struct]:
+    now = time.time()
+    return [
+        m.WorkloadSubmitted(
+            workload_id=wid, client_id=wid, user="u", gpus=len(gpus), allocation="nlp", at=now
+        ),
+        m.WorkloadPlaced(
+            workload_id=wid,
+            allocation="nlp",
+            at=now,
+            gpus=len(gpus),
+            assignment=(m.HostGpus(host=host, gpus=gpus),),
+            epoch=1,
+        ),
+    ]
+
+
+def _report(host: str, wid: str, event: m.PartEvent = "started") -> bytes:
+    report = m.PartReport(host=host, workload_id=wid, attempt=1, event=event, at=time.time())
+    return bus.encode(report)
+
+
 async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -> None:
     svc = await connect_as(secure, "svc")
     js = svc.nc.jetstream()
     await seed(js, {"h01": 8, "h02": 8}, TREE)
+    await bus.publish(js, s.LEADER, m.LeaderElected(epoch=1, leader="test", at=time.time()))
+    for record in [*_placed("mine", "h01", (0, 1)), *_placed("theirs", "h02", (0,))]:
+        await bus.publish(js, s.events("nlp", record.workload_id), record)  # type: ignore[attr-defined]
+    dispatch = DispatchService(secure.url("svc"))
+    await start(dispatch)
     agent = await connect_as(secure, "agent-h01")
     try:
-        # What the agent needs: replay HOSTS and WORKLOADS like its LogFollower does.
-        seen: list[str] = []
-        follower = bus.LogFollower(agent.nc.jetstream(), lambda subj, _r: seen.append(subj))
-        await follower.start()
-        await follower.stop()
-        assert seen == [s.host_state("h01"), s.host_state("h02")]
+        # Allowed: its own host's work list (only its own part) and a report of that part.
+        pushed = await agent.nc.subscribe(s.host_work("h01"))
+        reply = await agent.nc.request(
+            s.host_sync("h01"), bus.encode(m.HostSync(host="h01")), timeout=5
+        )
+        work = msgspec.json.decode(reply.data, type=m.HostWork)
+        assert [(t.workload_id, t.gpus, t.primary) for t in work.tasks] == [("mine", (0, 1), True)]
+        reply = await agent.nc.request(s.host_report("h01"), _report("h01", "mine"), timeout=5)
+        assert isinstance(
+            msgspec.json.decode(reply.data, type=m.CommandAccepted), m.CommandAccepted
+        )
+        started = [r for r in await records(js) if isinstance(r, m.WorkloadStarted)]
+        assert [(r.workload_id, r.host) for r in started] == [("mine", "h01")]
+        listed = msgspec.json.decode((await pushed.next_msg(timeout=5)).data, type=m.HostWork)
+        assert {t.workload_id for t in listed.tasks} == {"mine"}
         beat = m.Heartbeat(host="h01", sent_at=time.time(), seq=1, gpus=8)
         await agent.nc.publish(s.heartbeat("h01"), bus.encode(beat))
         await eventually(lambda: _value(list(spy.seen)), lambda v: s.heartbeat("h01") in v)
+        await agent.nc.flush()
+        assert agent.errors == []
+
         before = await counts(js)
         spy.set_mark()
+        # Refused by NATS: another host's subjects, the log itself, the JetStream API.
         forged = m.Heartbeat(host="h02", sent_at=time.time(), seq=1, gpus=8)
-        refused = [s.heartbeat("h02"), s.health("h02"), s.drain("h01"), s.host_state("h02")]
+        refused = [
+            s.heartbeat("h02"),
+            s.health("h02"),
+            s.host_report("h02"),
+            s.drain("h01"),
+            s.host_state("h02"),
+            s.events("nlp", "theirs"),  # a forged terminal record, straight into the log
+            "$JS.API.STREAM.INFO.WORKLOADS",
+            "$JS.API.CONSUMER.CREATE.WORKLOADS",
+        ]
         for subject in refused:
             await agent.nc.publish(subject, bus.encode(forged))
+        await _no_answer(agent, s.host_sync("h02"), bus.encode(m.HostSync(host="h02")))
+        await agent.nc.subscribe(s.host_work("h02"))
         await agent.nc.flush()
-        for subject in refused:
+        for subject in [*refused, s.host_sync("h02"), s.host_work("h02")]:
             await agent.refused(subject)
-        assert sorted(v[2] for v in secure.violations() if v[0] == "agent-h01") == sorted(refused)
-        assert not any(spy.saw(x) for x in refused)
+        logged = sorted(v[2] for v in secure.violations() if v[0] == "agent-h01")
+        assert logged == sorted([*refused, s.host_sync("h02"), s.host_work("h02")])
+        assert not any(spy.saw(x) for x in [*refused, s.host_sync("h02")])
+
+        # Refused by dispatch, on its own subject: another host's workload, another host in
+        # the payload, a workload that does not exist. Each answer names the field.
+        for body, field_name in (
+            (_report("h01", "theirs", "exited"), "host"),
+            (_report("h02", "theirs", "exited"), "host"),
+            (_report("h01", "ghost", "exited"), "workload_id"),
+        ):
+            reply = await agent.nc.request(s.host_report("h01"), body, timeout=5)
+            rejected = msgspec.json.decode(reply.data, type=m.CommandRejected)
+            assert rejected.field == field_name, rejected
+        assert dispatch.rejected == {"host": 2, "workload_id": 1}
         assert await counts(js) == before
     finally:
         await agent.nc.close()
+        await stop(dispatch)
         await svc.nc.close()
 
 

@@ -57,6 +57,7 @@ ALLOT_SERVICES = {
     "ranking": "ranking",
     "placement": "placement",
     "health": "health",
+    "dispatch": "dispatch",
     "dashboard": "dashboard",
     "agent-a": "agent",
     "agent-b": "agent",

@@ -21,10 +21,10 @@ Roles (one per user, see ``deploy/roles.example.yaml``):
 * ``manager``: ``node: <name>`` in the budget tree. Publishes
   ``budget.set.root.<path to node>.>``: every node strictly below it, never the node itself.
 * ``operator``: ``allot.v1.host.*.drain`` / ``.undrain`` (cordoning is a drain here).
-* ``agent``: ``hosts: [h, ...]``. The two literal subjects ``host.<h>.heartbeat`` and
-  ``host.<h>.health`` per host; workload reports on ``events.*.*`` and a replay of the
-  whole HOSTS and WORKLOADS streams (the agent's ``LogFollower`` needs them: a known gap,
-  see docs/security.md).
+* ``agent``: ``hosts: [h, ...]``. Per host, the literal subjects ``host.<h>.heartbeat``,
+  ``.health``, ``.report`` and ``.sync`` to publish and ``host.<h>.work`` to read; nothing of
+  JetStream. The dispatch service reads the log for agents and appends a report only when
+  the subject's host is the primary host of that workload's current attempt.
 * ``service``: everything (``>``).
 
 Every non-service user receives replies only on its own inbox prefix ``_INBOX_<user>``
@@ -263,20 +263,14 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
             publish=(s.ALL_DRAIN, s.ALL_UNDRAIN, f"{s.PREFIX}.query.>"),
             subscribe=(inbox, s.ALL_HOST_STATE),
         )
-    # agent
-    pub = []
+    # agent: its own hosts' subjects only, all literal; no JetStream API at all (the dispatch
+    # service reads the log for it and checks each report's host).
+    agent_pub = []
+    agent_sub = [inbox]
     for h in user.hosts:
-        pub += [s.heartbeat(h), s.health(h)]
-    pub += [
-        s.ALL_EVENTS,  # reports of any workload: the subject carries no host (known gap)
-        f"{_JS_API}.STREAM.INFO.HOSTS",
-        f"{_JS_API}.STREAM.INFO.WORKLOADS",
-        f"{_JS_API}.CONSUMER.CREATE.HOSTS",
-        f"{_JS_API}.CONSUMER.CREATE.WORKLOADS",
-        f"{_JS_FC}.HOSTS.>",
-        f"{_JS_FC}.WORKLOADS.>",
-    ]
-    return Permissions(publish=tuple(pub), subscribe=(inbox,))
+        agent_pub += [s.heartbeat(h), s.health(h), s.host_report(h), s.host_sync(h)]
+        agent_sub.append(s.host_work(h))
+    return Permissions(publish=tuple(agent_pub), subscribe=tuple(agent_sub))
 
 
 # -- rendering -------------------------------------------------------------------------------

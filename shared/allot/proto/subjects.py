@@ -16,6 +16,9 @@ allot.v1.cancel.<allocation>.<workload>    CancelWorkload (request)      ...canc
 allot.v1.budget.set.root.<a>...<node>      SetBudget (request)           ...set.root.nlp.>
 allot.v1.host.<host>.heartbeat             Heartbeat (agent)             ...host.h01.heartbeat
 allot.v1.host.<host>.health                HealthReport (agent)          ...host.h01.health
+allot.v1.host.<host>.report                PartReport (agent request)    ...host.h01.report
+allot.v1.host.<host>.sync                  HostSync (agent request)      ...host.h01.sync
+allot.v1.host.<host>.work                  HostWork (to the agent)       ...host.h01.work (sub)
 allot.v1.host.<host>.drain                 DrainHost (operator)          ...host.*.drain
 allot.v1.host.<host>.undrain               UndrainHost (operator)        ...host.*.undrain
 allot.v1.host.<host>.state                 HostDraining/Drained/Healthy  ...host.*.state
@@ -42,9 +45,12 @@ Rules behind the shape:
    cannot raise their own share; their parent's manager can). The payload repeats the
    path; the service rejects a payload whose path differs from the subject's.
 3. **Hosts**: the host is the fourth token and the kind the fifth, so ``allot.v1.host.h01.>``
-   is everything about host ``h01``. An agent is granted the two *literal* subjects
-   ``...h01.heartbeat`` and ``...h01.health`` (not ``h01.>``: that would include drain);
-   operators get ``allot.v1.host.*.drain`` and ``allot.v1.host.*.undrain``.
+   is everything about host ``h01``. An agent is granted the *literal* subjects
+   ``...h01.heartbeat``, ``...h01.health``, ``...h01.report`` and ``...h01.sync`` to
+   publish and ``...h01.work`` to read (not ``h01.>``: that would include drain);
+   operators get ``allot.v1.host.*.drain`` and ``allot.v1.host.*.undrain``. Agents never
+   read the log: the dispatch service tells each host what to run (``work``) and turns
+   its primary part's reports into log records after checking the host is that part's.
 4. **Workloads**: events and notices are addressed ``<allocation>.<workload>``, so a team
    subscribes to ``allot.v1.preempt.<allocation>.*`` and a training loop to
    ``allot.v1.preempt.<allocation>.<workload>``.
@@ -80,6 +86,9 @@ class Kind(StrEnum):
     BUDGET_SET = "budget.set"
     HEARTBEAT = "host.heartbeat"
     HEALTH = "host.health"
+    HOST_REPORT = "host.report"
+    HOST_SYNC = "host.sync"
+    HOST_WORK = "host.work"
     DRAIN = "host.drain"
     UNDRAIN = "host.undrain"
     HOST_STATE = "host.state"
@@ -152,27 +161,43 @@ def budget_subtree(path: Sequence[str]) -> str:
     return f"{PREFIX}.budget.set.{'.'.join(tokens)}.>"
 
 
+def _host_subject(host: str, kind: str) -> str:
+    return f"{PREFIX}.host.{validate_token(host, 'host')}.{kind}"
+
+
 def heartbeat(host: str) -> str:
-    return f"{PREFIX}.host.{validate_token(host, 'host')}.heartbeat"
+    return _host_subject(host, "heartbeat")
 
 
 def health(host: str) -> str:
-    return f"{PREFIX}.host.{validate_token(host, 'host')}.health"
+    return _host_subject(host, "health")
+
+
+def host_report(host: str) -> str:
+    return _host_subject(host, "report")
+
+
+def host_sync(host: str) -> str:
+    return _host_subject(host, "sync")
+
+
+def host_work(host: str) -> str:
+    return _host_subject(host, "work")
 
 
 def drain(host: str) -> str:
-    return f"{PREFIX}.host.{validate_token(host, 'host')}.drain"
+    return _host_subject(host, "drain")
 
 
 def undrain(host: str) -> str:
-    return f"{PREFIX}.host.{validate_token(host, 'host')}.undrain"
+    return _host_subject(host, "undrain")
 
 
 # -- events -----------------------------------------------------------------------------------
 
 
 def host_state(host: str) -> str:
-    return f"{PREFIX}.host.{validate_token(host, 'host')}.state"
+    return _host_subject(host, "state")
 
 
 def events(allocation: str | None, workload: str) -> str:
@@ -232,6 +257,8 @@ ALL_CANCEL = f"{PREFIX}.cancel.*.*"
 ALL_BUDGET_SET = f"{PREFIX}.budget.set.>"
 ALL_HEARTBEATS = f"{PREFIX}.host.*.heartbeat"
 ALL_HEALTH = f"{PREFIX}.host.*.health"
+ALL_HOST_REPORT = f"{PREFIX}.host.*.report"
+ALL_HOST_SYNC = f"{PREFIX}.host.*.sync"
 ALL_DRAIN = f"{PREFIX}.host.*.drain"
 ALL_UNDRAIN = f"{PREFIX}.host.*.undrain"
 ALL_HOST_STATE = f"{PREFIX}.host.*.state"
@@ -261,6 +288,9 @@ CHANNELS: dict[Kind, str] = {
     Kind.BUDGET_SET: f"{PREFIX}.budget.set.{{path}}",
     Kind.HEARTBEAT: f"{PREFIX}.host.{{host}}.heartbeat",
     Kind.HEALTH: f"{PREFIX}.host.{{host}}.health",
+    Kind.HOST_REPORT: f"{PREFIX}.host.{{host}}.report",
+    Kind.HOST_SYNC: f"{PREFIX}.host.{{host}}.sync",
+    Kind.HOST_WORK: f"{PREFIX}.host.{{host}}.work",
     Kind.DRAIN: f"{PREFIX}.host.{{host}}.drain",
     Kind.UNDRAIN: f"{PREFIX}.host.{{host}}.undrain",
     Kind.HOST_STATE: f"{PREFIX}.host.{{host}}.state",

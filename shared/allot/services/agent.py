@@ -4,33 +4,28 @@
 ``--fake --hosts 1000 --gpus 8`` simulates hosts ``fake-0000``... in one process (demos and
 load tests): a fake part "runs" for the submission's ``duration_s`` with a timer.
 
-What it does, and why that way:
+An agent speaks and hears only for its own hosts (NATS permissions grant it nothing else,
+see ``allot.live.auth_config``); it never reads the log. What it does, and why that way:
 
 * **Heartbeats** on core NATS every ``--heartbeat-s`` for each host (the health service
   registers a host from its first one). Many fake hosts are spread over the interval in at
-  most ``HEARTBEAT_SLOTS`` batches, so 1,000 hosts cost ~50 wake-ups a second, not 1,000.
-* **State** is the same ``LogFold`` placement uses, fed by a ``LogFollower``. The agent acts
-  only on records the fold *accepted*: a stale epoch's placement or a double booking is
-  ignored here exactly as everywhere else.
-* **Starting.** After the replay has caught up, an accepted ``WorkloadPlaced`` naming one of
-  its hosts starts that host's part (real: ``record.command``, no shell, in its own process
-  group, ``CUDA_VISIBLE_DEVICES`` = the host's GPUs). The *primary* host (the first of the
-  assignment's hosts, sorted) reports ``WorkloadStarted`` and the terminal event; the other
-  hosts of a gang only run their part and stop it when the log shows the workload ended.
-* **Stopping.** A ``PreemptionNotice``: SIGTERM to every part now, SIGKILL at the grace
-  deadline; a ``CancelRequested``: SIGTERM, SIGKILL after ``--kill-after-s``. The terminal
-  event follows from the log's view when the part exits: cancel requested -> Cancelled,
-  under notice -> Preempted (the notice's reason), else exit code 0 -> Completed, other ->
-  Failed.
-* **Restarts.** Catching up, the agent finds workloads running on its hosts that it has no
-  process for. Those with a ``WorkloadStarted`` of the current attempt ran under an earlier
-  agent process: they are reported ``WorkloadFailed("agent restarted; the process was
-  lost")`` so the GPUs are freed (we cannot reattach). Those placed but never started (the
-  placement landed while the agent was down or during its replay) are started now.
-
-Every report is published with a ``Nats-Msg-Id`` (``started:<wid>:<attempt>``,
-``ended:<wid>:<attempt>``) and retried until acknowledged, so a retry is stored once and a
-report is not lost to a transient NATS error.
+  most ``SLOTS`` batches, so 1,000 hosts cost ~50 wake-ups a second, not 1,000.
+* **Work.** The dispatch service (``allot.services.dispatch``) sends each host its whole list
+  of parts on ``allot.v1.host.<host>.work`` whenever the log changes it; the agent also asks
+  for it (``...<host>.sync``) when it starts and every ``--resync-s``, so a lost message only
+  delays. A list older (by log position) than one already applied is ignored. The agent
+  reconciles: a listed part it does not run starts (real: the task's command, no shell, in
+  its own process group, ``CUDA_VISIBLE_DEVICES`` = the host's GPUs); a part listed with a
+  stop gets SIGTERM now and SIGKILL at the grace deadline (notice) or after
+  ``--kill-after-s`` (cancel); a part no longer listed has ended in the log and stops
+  quietly (a gang's other hosts after the primary's report).
+* **Reports.** The *primary* host (the first of the assignment's hosts, sorted) reports the
+  start and how the process ended (``PartReport`` on ``...<host>.report``); dispatch checks
+  the host and appends the log record, choosing it from the log's view (cancelled,
+  preempted, completed or failed). A report is retried until answered.
+* **Restarts.** A listed part that the log shows started but this process does not run ran
+  under an earlier agent process: it is reported ``lost`` so the GPUs are freed (we cannot
+  reattach). One placed but never started (placed while the agent was down) starts now.
 """
 
 from __future__ import annotations
@@ -39,7 +34,8 @@ import argparse
 import asyncio
 import contextlib
 import os
-from collections.abc import Coroutine, Sequence
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +43,6 @@ import msgspec
 import nats.errors
 import structlog
 from nats.aio.client import Client as NatsClient
-from nats.js import JetStreamContext
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
@@ -60,25 +55,29 @@ from allot.live.gpu_exec import (
     describe_exit,
     workload_env,
 )
-from allot.live.logfold import LogFold, WorkloadRecord
+from allot.live.host_work import RESTART_LOST, STOPPED_BEFORE_START
 from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, run_main
+from allot.proto import codec, subjects
 from allot.proto import messages as m
-from allot.proto import subjects
-from allot.proto.messages import PreemptReason
 
 log = structlog.get_logger("allot.agent", service="agent")
 
-HEARTBEAT_SLOTS = 50
-"""At most this many heartbeat batches per interval (fake mode with many hosts)."""
+SLOTS = 50
+"""At most this many batches per heartbeat or resync interval (many fake hosts)."""
+HEARTBEAT_SLOTS = SLOTS
 MAX_GPUS_PER_HOST = 1024
 MAX_FAKE_HOSTS = 100_000
 MAX_RUNNING_IN_HEARTBEAT = 1024
-LIVE = frozenset({"running", "noticed"})
-RESTART_LOST = "agent restarted; the process was lost"
 NO_COMMAND = "the workload has no command (submit it with command=[program, args...])"
+REQUEST_TIMEOUT_S = 5.0
+DONE_TTL_S = 600.0
+"""How long a finished part is remembered, so a list sent before its end cannot start it
+again (lists are ordered by log position, but a part's own report is not)."""
+__all__ = ["NO_COMMAND", "RESTART_LOST", "Agent", "AgentConfig"]
 
 _PUBLISH_ERRORS = (nats.errors.Error, TimeoutError, OSError)
+_ANSWER = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +92,7 @@ class AgentConfig:
     fake_duration_s: float = 60.0
     kill_after_s: float = 10.0
     stop_grace_s: float = 5.0
+    resync_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -103,7 +103,7 @@ class AgentConfig:
             raise ValidationError("hosts", "a host is named twice")
         if isinstance(self.gpus, bool) or not 1 <= self.gpus <= MAX_GPUS_PER_HOST:
             raise ValidationError("gpus", f"must be 1..{MAX_GPUS_PER_HOST}, got {self.gpus!r}")
-        for name in ("heartbeat_s", "fake_duration_s", "kill_after_s"):
+        for name in ("heartbeat_s", "fake_duration_s", "kill_after_s", "resync_s"):
             value = getattr(self, name)
             if not 0.0 < value <= 86_400.0:
                 raise ValidationError(name, f"must be in (0, 86400] seconds, got {value!r}")
@@ -115,22 +115,28 @@ class AgentConfig:
 class Run:
     """One host's part of one attempt of a workload."""
 
-    workload_id: str
-    allocation: str | None
-    attempt: int
+    task: m.HostTask
     host: str
-    gpus: tuple[int, ...]
-    primary: bool
     log: Any
     part: Part | None = None
     stop_at: float | None = None
     """Wall-clock SIGKILL deadline of a stop asked for (kept if asked before the part exists)."""
     silent: bool = False
     """The log already ended this attempt: stop quietly, report nothing."""
+    started_at: float | None = None
+    """When this agent reported the start (the terminal report repeats it)."""
+
+    @property
+    def workload_id(self) -> str:
+        return self.task.workload_id
+
+    @property
+    def attempt(self) -> int:
+        return self.task.attempt
 
     @property
     def key(self) -> tuple[str, int, str]:
-        return (self.workload_id, self.attempt, self.host)
+        return (self.task.workload_id, self.task.attempt, self.host)
 
 
 class Agent:
@@ -144,49 +150,45 @@ class Agent:
     ) -> None:
         self.config = config
         self.broker = make_broker(config.nats_url, "agent", provider)
-        self.fold = LogFold()
-        self.caught_up = False
+        self.synced = False
+        """Every host's list has been received once (the agent is in step with the log)."""
+        self.rejected = 0
+        """Reports dispatch refused (a bug or a hostile list; never retried)."""
         self._clock = clock
-        self._started_at: dict[tuple[str, int], float] = {}
         self._hosts = frozenset(config.hosts)
         self._runs: dict[tuple[str, int, str], Run] = {}
         self._by_workload: dict[str, dict[tuple[str, int, str], Run]] = {}
         self._by_host: dict[str, dict[tuple[str, int, str], Run]] = {}
-        self._notice_reasons: dict[str, PreemptReason] = {}
-        self._cancels: dict[str, m.CancelRequested] = {}
-        self._started_in_replay: set[tuple[str, int]] = set()
-        self._seq = 0
+        self._seq_of: dict[str, int] = {}
+        """Host -> log position of the last list applied."""
+        self._done: dict[tuple[str, int, str], float] = {}
+        """Parts this process has had (key -> monotonic end), never started twice."""
+        self._beat_seq = 0
         self._nc: NatsClient | None = None
-        self._js: JetStreamContext | None = None
-        self._follower: bus.LogFollower | None = None
-        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._loops: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self.log = log.bind(hosts=len(config.hosts), fake=config.fake)
 
     # ------------------------------------------------------------------ service protocol
     async def on_started(self) -> None:
-        self._nc, self._js = await bus.connect(
-            self.config.nats_url, f"allot-agent-{self.config.hosts[0]}"
-        )
-        # Agents may not create or change streams (allot auth gen grants them none): the
-        # services create them.
-        await bus.wait_for_streams(self._js)
-        # Heartbeats first: the host is alive while it replays a long log.
-        self._heartbeat_task = asyncio.create_task(self._heartbeats())
-        self._follower = bus.LogFollower(self._js, self._on_record)
-        await self._follower.start()
-        self._catch_up()
-        self.log.info("agent caught up", applied=self.fold.applied, epoch=self.fold.epoch)
+        url = self.config.nats_url
+        self._nc, _ = await bus.connect(url, f"allot-agent-{self.config.hosts[0]}")
+        for host in self.config.hosts:
+            await self._nc.subscribe(subjects.host_work(host), cb=self._on_work_msg)
+        # Heartbeats first: the health service registers the hosts from them.
+        self._loops.append(asyncio.create_task(self._every(self.config.heartbeat_s, self._beat)))
+        await self._sync_all()
+        self._loops.append(asyncio.create_task(self._every(self.config.resync_s, self._sync)))
+        self.log.info("agent started", synced=self.synced, running=len(self._runs))
 
     async def on_stopping(self) -> None:
         self._stopping = True
-        if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
+        for loop_task in self._loops:
+            loop_task.cancel()
+        for loop_task in self._loops:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat_task
-        if self._follower is not None:
-            await self._follower.stop()
+                await loop_task
         deadline = self._clock() + self.config.stop_grace_s
         for run in list(self._runs.values()):
             self._stop_run(run, deadline)
@@ -206,106 +208,111 @@ class Agent:
                 await self._nc.close()
         self.log.info("agent stopped")
 
-    # ------------------------------------------------------------------ the log
-    def _on_record(self, subject: str, record: msgspec.Struct) -> None:
-        """Synchronous on purpose: it never waits, so records are applied in order and the
-        catch-up switch cannot interleave with one."""
-        result = self.fold.apply(record)
-        wid: str | None = getattr(record, "workload_id", None)
-        if wid is None:
+    # ------------------------------------------------------------------ work lists
+    async def _sync_all(self) -> None:
+        """Ask for every host's list (at most 64 requests in flight)."""
+        gate = asyncio.Semaphore(64)
+
+        async def one(host: str) -> bool:
+            async with gate:
+                return await self._sync_host(host)
+
+        results = await asyncio.gather(*(one(h) for h in self.config.hosts))
+        self.synced = self.synced or all(results)
+
+    async def _sync(self, hosts: Sequence[str]) -> None:
+        for host in hosts:
+            await self._sync_host(host)
+        if not self.synced:
+            self.synced = all(h in self._seq_of for h in self.config.hosts)
+
+    async def _sync_host(self, host: str) -> bool:
+        assert self._nc is not None
+        body = codec.encode(m.HostSync(host=host))
+        try:
+            reply = await self._nc.request(subjects.host_sync(host), body, REQUEST_TIMEOUT_S)
+            work = codec.decode_as(m.HostWork, reply.data)
+        except _PUBLISH_ERRORS as e:  # dispatch not up yet: the next resync tries again
+            self.log.debug("sync failed", host=host, error=repr(e))
+            return False
+        except ValidationError as e:
+            self.log.warning("sync refused", host=host, field=e.field, reason=e.reason)
+            return False
+        self._apply_work(host, work)
+        return True
+
+    async def _on_work_msg(self, msg: Any) -> None:
+        host = msg.subject.split(".")[3]
+        try:
+            work = codec.decode_as(m.HostWork, msg.data)
+        except ValidationError as e:
+            self.log.warning("bad work list", host=host, field=e.field, reason=e.reason)
             return
-        if result.changed and isinstance(record, m.PreemptionNotice):
-            self._notice_reasons[wid] = record.reason
-        elif result.changed and isinstance(record, m.CancelRequested):
-            self._cancels[wid] = record
-        elif isinstance(record, m.WorkloadStarted) and not self.caught_up:
-            rec = self.fold.records.get(wid)
-            if rec is not None and rec.attempt == record.attempt and rec.status in LIVE:
-                self._started_in_replay.add((wid, record.attempt))
-        if self.caught_up:
-            self._act(record, wid, result.changed, result.why)
-        self._prune(wid)
+        self._apply_work(host, work)
 
-    def _act(self, record: msgspec.Struct, wid: str, changed: bool, why: str) -> None:
-        if isinstance(record, m.WorkloadPlaced):
-            if changed:
-                self._start_parts(wid)
-            elif any(hg.host in self._hosts for hg in record.assignment):
-                log.info(
-                    "placement ignored",
-                    workload=wid,
-                    allocation=record.allocation,
-                    attempt=record.attempt,
-                    epoch=record.epoch,
-                    why=why,
-                )
-        elif isinstance(record, m.PreemptionNotice) and changed:
-            self._stop_workload(wid, record.grace_deadline)
-        elif isinstance(record, m.CancelRequested) and changed:
-            self._stop_workload(wid, self._clock() + self.config.kill_after_s)
-        self._stop_if_ended(wid)
+    def _apply_work(self, host: str, work: m.HostWork) -> None:
+        """Reconcile ``host``'s parts with its list (synchronous: lists apply in order)."""
+        if host not in self._hosts or work.host != host:
+            self.log.warning("work list for another host ignored", host=host, listed=work.host)
+            return
+        if work.seq < self._seq_of.get(host, -1) or self._stopping:
+            return
+        self._seq_of[host] = work.seq
+        self._forget_done()
+        listed: set[tuple[str, int, str]] = set()
+        for task in work.tasks:
+            key = (task.workload_id, task.attempt, host)
+            listed.add(key)
+            run = self._runs.get(key)
+            if run is not None:
+                if task.stop == "notice" and task.kill_at is not None:
+                    self._stop_run(run, task.kill_at)
+                elif task.stop == "cancel":
+                    self._stop_run(run, self._clock() + self.config.kill_after_s)
+                continue
+            if key in self._done:
+                continue
+            self._done[key] = time.monotonic()
+            self._new_part(host, task)
+        for key, run in list(self._by_host.get(host, {}).items()):
+            if key not in listed and not run.silent:
+                run.silent = True
+                run.log.info("the log ended this attempt; stopping the part")
+                self._stop_run(run, self._clock() + self.config.kill_after_s)
 
-    def _catch_up(self) -> None:
-        self.caught_up = True
-        mine: set[str] = set()
-        for host in self._hosts:
-            mine.update(self.fold.workload_on(host))
-        for wid in sorted(mine):
-            rec = self.fold.records[wid]
-            if (wid, rec.attempt) in self._started_in_replay:
-                if self._primary_host(rec) in self._hosts:
-                    log.warning("process lost in a restart", workload=wid, attempt=rec.attempt)
-                    self._spawn(self._report_end(wid, rec.attempt, None, RESTART_LOST))
-                else:
-                    log.warning(
-                        "gang part lost in a restart; the primary host reports",
-                        workload=wid,
-                        attempt=rec.attempt,
-                    )
+    def _new_part(self, host: str, task: m.HostTask) -> None:
+        bound = log.bind(
+            workload=task.workload_id, allocation=task.allocation, attempt=task.attempt, host=host
+        )
+        if task.started:
+            if task.primary:
+                bound.warning("process lost in a restart")
+                self._spawn(self._report(host, task, "lost"))
             else:
-                self._start_parts(wid)
-        self._started_in_replay.clear()
+                bound.warning("gang part lost in a restart; the primary host reports")
+            return
+        if task.stop is not None:
+            # Stopped before it started (placed while the agent was down): nothing to run.
+            if task.primary:
+                self._spawn(self._report(host, task, "not-started", detail=STOPPED_BEFORE_START))
+            return
+        run = Run(task=task, host=host, log=bound)
+        self._runs[run.key] = run
+        self._by_workload.setdefault(task.workload_id, {})[run.key] = run
+        self._by_host.setdefault(host, {})[run.key] = run
+        self._spawn(self._supervise(run))
 
-    def _prune(self, wid: str) -> None:
-        rec = self.fold.records.get(wid)
-        if rec is None or rec.status not in LIVE:
-            self._notice_reasons.pop(wid, None)
-            self._cancels.pop(wid, None)
+    def _forget_done(self) -> None:
+        if len(self._done) < 4096:
+            return
+        cutoff = time.monotonic() - DONE_TTL_S
+        for key in [k for k, ended in self._done.items() if ended < cutoff]:
+            del self._done[key]
 
     # ------------------------------------------------------------------ runs
-    @staticmethod
-    def _primary_host(rec: WorkloadRecord) -> str:
-        return min(host for host, _ in rec.assignment)
-
-    def _start_parts(self, wid: str) -> None:
-        rec = self.fold.records[wid]
-        primary = self._primary_host(rec)
-        for host, gpus in rec.assignment:
-            if host not in self._hosts:
-                continue
-            run = Run(
-                workload_id=wid,
-                allocation=rec.workload.allocation,
-                attempt=rec.attempt,
-                host=host,
-                gpus=tuple(gpus),
-                primary=host == primary,
-                log=log.bind(
-                    workload=wid,
-                    allocation=rec.workload.allocation,
-                    attempt=rec.attempt,
-                    host=host,
-                ),
-            )
-            if run.key in self._runs:
-                continue
-            self._runs[run.key] = run
-            self._by_workload.setdefault(wid, {})[run.key] = run
-            self._by_host.setdefault(host, {})[run.key] = run
-            self._spawn(self._supervise(run))
-
     def _forget(self, run: Run) -> None:
         self._runs.pop(run.key, None)
+        self._done[run.key] = time.monotonic()
         for index, name in ((self._by_workload, run.workload_id), (self._by_host, run.host)):
             runs = index.get(name)
             if runs is not None:
@@ -313,207 +320,130 @@ class Agent:
                 if not runs:
                     del index[name]
 
-    def _stop_workload(self, wid: str, kill_at: float) -> None:
-        for run in list(self._by_workload.get(wid, {}).values()):
-            run.log.info("stopping part", kill_at=kill_at)
-            self._stop_run(run, kill_at)
-
     def _stop_run(self, run: Run, kill_at: float) -> None:
+        if run.stop_at is None:
+            run.log.info("stopping part", kill_at=kill_at)
         run.stop_at = kill_at if run.stop_at is None else min(run.stop_at, kill_at)
         if run.part is not None:
             run.part.terminate(run.stop_at)
 
-    def _stop_if_ended(self, wid: str) -> None:
-        """Parts of an attempt the log has ended (a gang's secondaries after the primary's
-        report, or any report we did not make) stop without reporting."""
-        runs = self._by_workload.get(wid)
-        if not runs:
-            return
-        rec = self.fold.records.get(wid)
-        for run in list(runs.values()):
-            ended = rec is None or rec.attempt != run.attempt or rec.status not in LIVE
-            if ended and not run.silent:
-                run.silent = True
-                run.log.info("the log ended this attempt; stopping the part")
-                self._stop_run(run, self._clock() + self.config.kill_after_s)
-
     async def _supervise(self, run: Run) -> None:
         try:
-            rec = self.fold.records[run.workload_id]
             if self._stopping:
                 return  # never started: a restarted agent starts it
-            if rec.cancel_requested or rec.status == "noticed":
-                # Stopped before it started (possible when catching up): nothing to run.
-                if run.primary:
-                    await self._report_end(
-                        run.workload_id, run.attempt, None, "stopped before start"
-                    )
-                return
-            part = await self._make_part(run, rec)
+            part = await self._make_part(run)
             if part is None:
                 return
             run.part = part
             if run.stop_at is not None:
                 part.terminate(run.stop_at)
-            self._detail(run.log, "part started", pid=part.pid, gpus=list(run.gpus))
-            if run.primary:
-                await self._publish_started(run, rec, part.pid)
+            self._detail(run.log, "part started", pid=part.pid, gpus=list(run.task.gpus))
+            if run.task.primary:
+                run.started_at = self._clock()
+                await self._report(run.host, run.task, "started", pid=part.pid, run=run)
             code = await part.wait()
             self._detail(run.log, "part ended", exit=describe_exit(code))
-            if run.primary and not run.silent:
-                await self._report_end(run.workload_id, run.attempt, code, describe_exit(code))
+            if run.task.primary and not run.silent:
+                await self._report(
+                    run.host,
+                    run.task,
+                    "exited",
+                    exit_code=max(-255, min(255, code)),
+                    detail=describe_exit(code),
+                    run=run,
+                )
         finally:
             self._forget(run)
 
-    async def _make_part(self, run: Run, rec: WorkloadRecord) -> Part | None:
+    async def _make_part(self, run: Run) -> Part | None:
+        task = run.task
         if self.config.fake:
-            return FakePart(rec.duration_s or self.config.fake_duration_s)
-        if not rec.command:
+            return FakePart(task.duration_s or self.config.fake_duration_s)
+        if not task.command:
             reason: str | None = NO_COMMAND
         else:
             env = workload_env(
                 os.environ,
-                gpus=run.gpus,
-                workload_id=run.workload_id,
-                allocation=run.allocation,
-                attempt=run.attempt,
+                gpus=task.gpus,
+                workload_id=task.workload_id,
+                allocation=task.allocation,
+                attempt=task.attempt,
                 nats_url=self.config.nats_url,
                 host=run.host,
             )
             try:
-                return await ProcessPart.spawn(rec.command, env, self._clock)
+                return await ProcessPart.spawn(task.command, env, self._clock)
             except OSError as e:
-                reason = f"cannot start {rec.command[0]!r}: {e.strerror or e}"
+                reason = f"cannot start {task.command[0]!r}: {e.strerror or e}"
         run.log.error("part not started", reason=reason)
-        if run.primary:
-            await self._report_end(run.workload_id, run.attempt, None, reason)
+        if task.primary:
+            await self._report(run.host, task, "not-started", detail=reason or "")
         return None
 
     # ------------------------------------------------------------------ reports
-    async def _publish_started(self, run: Run, rec: WorkloadRecord, pid: int | None) -> None:
-        event = m.WorkloadStarted(
-            workload_id=run.workload_id,
-            allocation=run.allocation,
-            at=self._clock(),
-            host=run.host,
-            pid=pid,
-            attempt=run.attempt,
-            gpus=rec.workload.gpus,
-            allocated=rec.workload.allocated,
-        )
-        # The run is charged from this moment, by accounting (from this record) and in the
-        # terminal record's ``started_at``: both must use the same start.
-        self._started_at[(run.workload_id, run.attempt)] = event.at
-        await self._publish(
-            subjects.events(run.allocation, run.workload_id),
-            event,
-            f"started:{run.workload_id}:{run.attempt}",
-        )
-
-    async def _report_end(
-        self, wid: str, attempt: int, code: int | None, detail: str | None
+    async def _report(
+        self,
+        host: str,
+        task: m.HostTask,
+        event: m.PartEvent,
+        *,
+        pid: int | None = None,
+        exit_code: int | None = None,
+        detail: str = "",
+        run: Run | None = None,
     ) -> None:
-        """The terminal event of (wid, attempt), chosen from the log's view of it now."""
-        rec = self.fold.records.get(wid)
-        if rec is None or rec.attempt != attempt or rec.status not in LIVE:
-            log.info("already ended in the log; not reporting", workload=wid, attempt=attempt)
-            return
-        w = rec.workload
-        at = self._clock()
-        started_at = self._started_at.pop((wid, attempt), None)
-        if started_at is None:  # started by an earlier life of this agent
-            started_at = rec.started_at if rec.started_at is not None else at
-        gpu_seconds = w.gpus * max(0.0, at - started_at)
-        exit_code = None if code is None else max(-255, min(255, code))
-        event: msgspec.Struct
-        if rec.cancel_requested:
-            cancel = self._cancels.get(wid)
-            event = m.WorkloadCancelled(
-                workload_id=wid,
-                allocation=w.allocation,
-                at=at,
-                by=cancel.by if cancel is not None else None,
-                reason=(cancel.reason if cancel is not None and cancel.reason else "cancelled"),
-                gpu_seconds=gpu_seconds,
-                attempt=attempt,
-                gpus=w.gpus,
-                started_at=started_at,
-                allocated=w.allocated,
-            )
-        elif rec.status == "noticed":
-            event = m.WorkloadPreempted(
-                workload_id=wid,
-                allocation=w.allocation,
-                at=at,
-                reason=self._notice_reasons.get(wid, "better-ranked"),
-                gpu_seconds=gpu_seconds,
-                attempt=attempt,
-                gpus=w.gpus,
-                started_at=started_at,
-                allocated=w.allocated,
-            )
-        elif code == 0 and not self._stopping:
-            event = m.WorkloadCompleted(
-                workload_id=wid,
-                allocation=w.allocation,
-                at=at,
-                gpu_seconds=gpu_seconds,
-                attempt=attempt,
-                gpus=w.gpus,
-                started_at=started_at,
-                allocated=w.allocated,
-            )
-        else:
-            reason = detail or "failed"
-            if self._stopping and code is not None:
-                reason = f"agent stopped; the process was terminated ({reason})"
-            event = m.WorkloadFailed(
-                workload_id=wid,
-                allocation=w.allocation,
-                at=at,
-                exit_code=exit_code,
-                reason=reason[: m.MAX_TEXT_LEN],
-                gpu_seconds=gpu_seconds,
-                attempt=attempt,
-                gpus=w.gpus,
-                started_at=started_at,
-                allocated=w.allocated,
-            )
-        self._detail(
-            log,
-            "reporting",
-            workload=wid,
-            allocation=w.allocation,
-            attempt=attempt,
-            record=type(event).__name__,
+        """Sent until dispatch answers; a refusal is final (logged and counted). Given up
+        only when the agent is stopping and NATS keeps failing."""
+        assert self._nc is not None
+        report = m.PartReport(
+            host=host,
+            workload_id=task.workload_id,
+            attempt=task.attempt,
+            event=event,
+            at=run.started_at if event == "started" and run and run.started_at else self._clock(),
+            started_at=run.started_at if run is not None and event != "started" else None,
+            pid=pid,
             exit_code=exit_code,
+            detail=detail[: m.MAX_TEXT_LEN],
+            stopping=self._stopping,
         )
-        await self._publish(subjects.events(w.allocation, wid), event, f"ended:{wid}:{attempt}")
-
-    async def _publish(self, subject: str, record: msgspec.Struct, msg_id: str) -> None:
-        """Retried until acknowledged (the msg id makes a retry harmless); given up only
-        when the agent is stopping and NATS keeps failing."""
-        assert self._js is not None
+        self._detail(log, "reporting", workload=task.workload_id, part_event=event, host=host)
+        body = codec.encode(report)
         delay, tries = 0.2, 0
         while True:
             tries += 1
             try:
-                await bus.publish(self._js, subject, record, msg_id)
-                return
-            except _PUBLISH_ERRORS as e:
+                reply = await self._nc.request(subjects.host_report(host), body, REQUEST_TIMEOUT_S)
+                answer = _ANSWER.decode(reply.data)
+            except (*_PUBLISH_ERRORS, msgspec.DecodeError) as e:
                 if self._stopping and tries >= 3:
-                    log.error("report lost: NATS unavailable while stopping", msg_id=msg_id)
+                    log.error("report lost: dispatch unavailable while stopping", report=event)
                     return
-                log.warning("publish failed; retrying", msg_id=msg_id, error=repr(e))
+                log.warning(
+                    "report not answered; retrying", workload=task.workload_id, error=repr(e)
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            if isinstance(answer, m.CommandRejected):
+                self.rejected += 1
+                log.error(
+                    "report refused",
+                    workload=task.workload_id,
+                    field=answer.field,
+                    reason=answer.reason,
+                )
+            return
 
-    # ------------------------------------------------------------------ heartbeats
-    async def _heartbeats(self) -> None:
+    # ------------------------------------------------------------------ periodic work
+    async def _every(
+        self, period: float, action: Callable[[Sequence[str]], Awaitable[None]]
+    ) -> None:
+        """Run ``action`` over every host once per ``period``, in at most ``SLOTS`` batches
+        spread over it."""
         hosts = self.config.hosts
-        slots = min(len(hosts), HEARTBEAT_SLOTS)
+        slots = min(len(hosts), SLOTS)
         groups = [hosts[i::slots] for i in range(slots)]
-        period = self.config.heartbeat_s
         loop = asyncio.get_running_loop()
         start, n = loop.time(), 0
         while True:
@@ -521,21 +451,21 @@ class Agent:
                 delay = start + (n + i / slots) * period - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                await self._beat(group)
+                await action(group)
             n += 1
             if loop.time() - (start + n * period) > period:
                 start, n = loop.time(), 0  # far behind (a stalled loop): no burst to catch up
 
     async def _beat(self, hosts: Sequence[str]) -> None:
         assert self._nc is not None
-        self._seq += 1
+        self._beat_seq += 1
         try:
             for host in hosts:
                 running = sorted({key[0] for key in self._by_host.get(host, {})})
                 beat = m.Heartbeat(
                     host=host,
                     sent_at=self._clock(),
-                    seq=self._seq,
+                    seq=self._beat_seq,
                     gpus=self.config.gpus,
                     running=tuple(running[:MAX_RUNNING_IN_HEARTBEAT]),
                 )

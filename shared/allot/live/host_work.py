@@ -1,0 +1,230 @@
+"""What each host must run, and what an agent's report of a part becomes in the log.
+
+Pure (no I/O, no clock: times are arguments). The dispatch service
+(``allot.services.dispatch``) folds the WORKLOADS log with ``LogFold``, calls
+``DispatchBook`` after each record, and publishes what it returns; agents never read the
+log, so an agent learns only its own hosts' work and can speak only for them.
+
+Why level-triggered (the whole host's list every time, not deltas): a lost or reordered core
+NATS message costs nothing but a delay. The next list, or the agent's own periodic
+``HostSync``, says everything again, and a part that is no longer listed simply stops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from allot.core.errors import ValidationError
+from allot.live.logfold import LogFold, WorkloadRecord
+from allot.proto import messages as m
+from allot.proto.messages import PreemptReason
+
+LIVE = frozenset({"running", "noticed"})
+RESTART_LOST = "agent restarted; the process was lost"
+STOPPED_BEFORE_START = "stopped before start"
+
+
+def primary_host(rec: WorkloadRecord) -> str:
+    """The host whose agent reports for the attempt: the first of the assignment, sorted."""
+    return min(host for host, _ in rec.assignment)
+
+
+@dataclass(slots=True)
+class DispatchBook:
+    """Remembers, beside a ``LogFold``, what the fold does not keep for agents: which
+    attempts have started (and when), each notice's reason, each cancel, and which hosts
+    each workload was last listed on (so a part that ends is removed from its hosts)."""
+
+    fold: LogFold = field(default_factory=LogFold)
+    started: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """workload -> (attempt, at) of the current attempt's ``WorkloadStarted``."""
+    notice_reasons: dict[str, PreemptReason] = field(default_factory=dict)
+    cancels: dict[str, m.CancelRequested] = field(default_factory=dict)
+    listed_on: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def apply(self, record: msgspec.Struct) -> set[str]:
+        """Fold ``record``; return the hosts whose list of work it changed."""
+        result = self.fold.apply(record)
+        wid: str | None = getattr(record, "workload_id", None)
+        if wid is None:
+            return set()
+        rec = self.fold.records.get(wid)
+        if isinstance(record, m.WorkloadStarted):
+            if rec is None or rec.attempt != record.attempt or rec.status not in LIVE:
+                return set()
+            self.started[wid] = (record.attempt, record.at)
+        elif not result.changed:
+            return set()
+        elif isinstance(record, m.PreemptionNotice):
+            self.notice_reasons[wid] = record.reason
+        elif isinstance(record, m.CancelRequested):
+            self.cancels[wid] = record
+        before = self.listed_on.get(wid, frozenset())
+        now = (
+            frozenset(h for h, _ in rec.assignment)
+            if rec is not None and rec.status in LIVE
+            else frozenset()
+        )
+        if now:
+            self.listed_on[wid] = now
+        else:
+            self.listed_on.pop(wid, None)
+            self.started.pop(wid, None)
+            self.notice_reasons.pop(wid, None)
+            self.cancels.pop(wid, None)
+        return set(before | now)
+
+    def tasks(self, host: str) -> tuple[m.HostTask, ...]:
+        """Every part ``host`` must run or stop now, in workload order."""
+        out: list[m.HostTask] = []
+        for wid in sorted(self.fold.workload_on(host)):
+            rec = self.fold.records.get(wid)
+            if rec is None or rec.status not in LIVE:
+                continue
+            gpus = next((g for h, g in rec.assignment if h == host), None)
+            if not gpus:
+                continue
+            stop: m.PartStop | None = None
+            kill_at: float | None = None
+            if rec.cancel_requested:
+                stop = "cancel"
+            elif rec.status == "noticed":
+                stop, kill_at = "notice", rec.preempt_at
+            started = self.started.get(wid)
+            out.append(
+                m.HostTask(
+                    workload_id=wid,
+                    allocation=rec.workload.allocation,
+                    attempt=rec.attempt,
+                    gpus=tuple(gpus),
+                    primary=primary_host(rec) == host,
+                    command=rec.command,
+                    duration_s=rec.duration_s,
+                    started=started is not None and started[0] == rec.attempt,
+                    stop=stop,
+                    kill_at=kill_at,
+                )
+            )
+        return tuple(out[: m.MAX_HOST_TASKS])
+
+    def work(self, host: str, seq: int, at: float) -> m.HostWork:
+        return m.HostWork(host=host, seq=seq, at=at, tasks=self.tasks(host))
+
+    def record_for(self, subject_host: str, report: m.PartReport) -> msgspec.Struct | None:
+        """The log record ``report`` causes, or None when the log already ended that attempt
+        (a retried report, or one overtaken by events: nothing more to record).
+
+        Raises ``ValidationError`` naming the field when the report is not this host's to
+        make: another host in the payload, an unknown workload or attempt, a host that is not
+        the attempt's primary one."""
+        if report.host != subject_host:
+            raise ValidationError(
+                "host", f"{report.host!r} differs from the subject's host {subject_host!r}"
+            )
+        rec = self.fold.records.get(report.workload_id)
+        if rec is None:
+            raise ValidationError("workload_id", f"unknown workload {report.workload_id!r}")
+        if report.attempt > rec.attempt:
+            raise ValidationError(
+                "attempt", f"{report.workload_id} has no attempt {report.attempt} yet"
+            )
+        if report.attempt < rec.attempt or rec.status not in LIVE:
+            return None
+        primary = primary_host(rec)
+        if subject_host != primary:
+            raise ValidationError(
+                "host",
+                f"{subject_host!r} is not the primary host of {report.workload_id} "
+                f"attempt {report.attempt} (its reports come from {primary!r})",
+            )
+        w = rec.workload
+        started = self.started.get(report.workload_id)
+        if report.event == "started":
+            if started is not None and started[0] == report.attempt:
+                return None  # already in the log (a retry)
+            return m.WorkloadStarted(
+                workload_id=w.id,
+                allocation=w.allocation,
+                at=report.at,
+                host=subject_host,
+                pid=report.pid,
+                attempt=report.attempt,
+                gpus=w.gpus,
+                allocated=w.allocated,
+            )
+        return self._terminal(rec, report, started)
+
+    def _terminal(
+        self, rec: WorkloadRecord, report: m.PartReport, started: tuple[int, float] | None
+    ) -> msgspec.Struct:
+        """Chosen from the log's view now: cancel requested -> cancelled, under notice ->
+        preempted, a clean exit -> completed, anything else -> failed."""
+        w = rec.workload
+        at = report.at
+        # The charge runs from the agent's own start report, the same start accounting
+        # charges from; a part lost in a restart runs from the logged start.
+        if report.started_at is not None:
+            started_at = report.started_at
+        elif started is not None and started[0] == report.attempt:
+            started_at = started[1]
+        else:
+            started_at = rec.started_at if rec.started_at is not None else at
+        started_at = min(started_at, at)
+        gpu_seconds = w.gpus * (at - started_at)
+        if rec.cancel_requested:
+            cancel = self.cancels.get(w.id)
+            return m.WorkloadCancelled(
+                workload_id=w.id,
+                allocation=w.allocation,
+                at=at,
+                by=cancel.by if cancel is not None else None,
+                reason=cancel.reason if cancel is not None and cancel.reason else "cancelled",
+                gpu_seconds=gpu_seconds,
+                attempt=report.attempt,
+                gpus=w.gpus,
+                started_at=started_at,
+                allocated=w.allocated,
+            )
+        if rec.status == "noticed":
+            return m.WorkloadPreempted(
+                workload_id=w.id,
+                allocation=w.allocation,
+                at=at,
+                reason=self.notice_reasons.get(w.id, "better-ranked"),
+                gpu_seconds=gpu_seconds,
+                attempt=report.attempt,
+                gpus=w.gpus,
+                started_at=started_at,
+                allocated=w.allocated,
+            )
+        if report.event == "exited" and report.exit_code == 0 and not report.stopping:
+            return m.WorkloadCompleted(
+                workload_id=w.id,
+                allocation=w.allocation,
+                at=at,
+                gpu_seconds=gpu_seconds,
+                attempt=report.attempt,
+                gpus=w.gpus,
+                started_at=started_at,
+                allocated=w.allocated,
+            )
+        if report.event == "lost":
+            reason = RESTART_LOST
+        else:
+            reason = report.detail or ("failed" if report.event == "exited" else report.event)
+            if report.stopping and report.exit_code is not None:
+                reason = f"agent stopped; the process was terminated ({reason})"
+        return m.WorkloadFailed(
+            workload_id=w.id,
+            allocation=w.allocation,
+            at=at,
+            exit_code=report.exit_code,
+            reason=reason[: m.MAX_TEXT_LEN],
+            gpu_seconds=gpu_seconds,
+            attempt=report.attempt,
+            gpus=w.gpus,
+            started_at=started_at,
+            allocated=w.allocated,
+        )

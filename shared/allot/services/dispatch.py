@@ -1,0 +1,242 @@
+"""The dispatch service: tells each host what to run and records what its agent reports
+(``python -m allot.services.dispatch``).
+
+Agents never read the log (NATS grants them only their own hosts' subjects), so this
+service stands between them and it:
+
+* **Work.** It replays then follows HOSTS and WORKLOADS into a ``LogFold`` (the same fold
+  placement uses: a stale epoch's placement or a double booking is ignored here as
+  everywhere) and, whenever a record changes what a host runs, publishes that host's whole
+  list on core NATS ``allot.v1.host.<host>.work`` (``HostWork``, see
+  ``allot.live.host_work``). After its replay it publishes every known host's list once, so
+  a host learns what changed while this service was down. An agent asks for its list with
+  ``allot.v1.host.<host>.sync`` when it starts and every few seconds after.
+* **Reports.** ``allot.v1.host.<host>.report`` (``PartReport``, request/reply): the host is
+  the subject's fourth token (what NATS lets the agent publish), and only the primary host
+  of the workload's current attempt may report it. The report becomes ``WorkloadStarted``
+  or the terminal record, appended with the ``Nats-Msg-Id`` the agents used before
+  (``started:<wid>:<attempt>``, ``ended:<wid>:<attempt>``), and the reply waits until the
+  fold has applied it, so a retry or the next report sees it.
+
+Several instances may run (reports are shared in the queue group ``dispatch``); each
+publishes the same lists, which agents take once by ``seq``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+
+import msgspec
+import nats.errors
+import structlog
+from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
+from nats.js import JetStreamContext
+from opentelemetry.sdk.trace import TracerProvider
+
+from allot.core.errors import ValidationError
+from allot.live import bus, runtime
+from allot.live.host_work import DispatchBook
+from allot.live.service_main import base_parser, run_main
+from allot.proto import codec, subjects
+from allot.proto import messages as m
+from allot.proto.subjects import Kind
+
+SERVICE = "dispatch"
+ECHO_TIMEOUT_S = 5.0
+"""Longest wait for an appended report to come back from the WORKLOADS stream."""
+REPORT_WORKERS = 16
+"""Reports handled at once (each waits for a JetStream ack and its echo)."""
+
+log = structlog.get_logger("allot.dispatch", service=SERVICE)  # lazy: configured in main
+
+_PUBLISH_ERRORS = (nats.errors.Error, TimeoutError, OSError)
+
+
+def host_token(subject: str) -> str:
+    """``allot.v1.host.<host>.<kind>`` -> ``<host>`` (the subscription guarantees the shape)."""
+    return subject.split(".")[3]
+
+
+class DispatchService:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        nats_url: str,
+        *,
+        provider: TracerProvider | None = None,
+        clock: Callable[[], float] = runtime.wall_clock,
+    ) -> None:
+        self.clock = clock
+        self.book = DispatchBook()
+        self.rejected: dict[str, int] = {}
+        """Field named by a rejected report -> how many (the security tests read it)."""
+        self.published = 0
+        """``HostWork`` lists sent so far."""
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._ready = asyncio.Event()
+        """Set once the log is replayed: until then no list is sent and no report judged (a
+        partial fold would list too little and refuse reports of work it has not read)."""
+        self._js: JetStreamContext | None = None
+        self._follower: bus.LogFollower | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
+
+        self.broker: NatsBroker = runtime.make_broker(nats_url, SERVICE, provider)
+        self.broker.subscriber(subjects.ALL_HOST_REPORT, queue=SERVICE, max_workers=REPORT_WORKERS)(
+            self._report_handler
+        )
+        self.broker.subscriber(subjects.ALL_HOST_SYNC, queue=SERVICE)(self._sync_handler)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def on_started(self) -> None:
+        js = self.broker.connection.jetstream()
+        self._js = js
+        await bus.ensure_streams(js)
+        self._follower = bus.LogFollower(js, self._on_record)
+        await self._follower.start()
+        self._ready.set()
+        # Every host's list once: what changed while we were down reaches its agent now.
+        self._dirty.update(self.book.fold.state.host_ids)
+        self._wake.set()
+        self._flusher = asyncio.create_task(self._flush_loop())
+        log.info(
+            "started",
+            hosts=len(self._dirty),
+            running=len(self.book.listed_on),
+            seq=self.seq,
+        )
+
+    async def on_stopping(self) -> None:
+        self._closing.set()
+        self._wake.set()
+        if self._flusher is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(self._flusher, 2.0)
+            self._flusher = None
+        if self._follower is not None:
+            await self._follower.stop()
+            self._follower = None
+
+    @property
+    def seq(self) -> int:
+        return self._follower.last_seq.get("WORKLOADS", 0) if self._follower else 0
+
+    def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
+        hosts = self.book.apply(record)
+        if hosts:
+            self._dirty.update(hosts)
+            if self._ready.is_set():
+                self._wake.set()
+
+    # -- work lists ----------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        nc = self.broker.connection
+        while not self._closing.is_set():
+            await self._wake.wait()
+            self._wake.clear()
+            if self._closing.is_set():
+                return
+            # Let a burst of records land first: one list per host per burst, not per record.
+            await asyncio.sleep(0)
+            hosts, self._dirty = self._dirty, set()
+            at, seq = self.clock(), self.seq
+            try:
+                for host in sorted(hosts):
+                    work = self.book.work(host, seq, at)
+                    await nc.publish(subjects.host_work(host), codec.encode(work))
+                    self.published += 1
+            except _PUBLISH_ERRORS as e:  # the agents' periodic sync covers a lost list
+                log.warning("work list not sent", error=repr(e), hosts=len(hosts))
+
+    async def _sync_handler(self, msg: NatsMessage) -> bytes:
+        subject = msg.raw_message.subject
+        await self._ready.wait()  # the agent's request times out and is asked again
+        host = host_token(subject)
+        try:
+            req = codec.decode(Kind.HOST_SYNC, msg.body)
+            assert isinstance(req, m.HostSync)
+            if req.host != host:
+                raise ValidationError(
+                    "host", f"{req.host!r} differs from the subject's host {host!r}"
+                )
+        except ValidationError as e:
+            self._reject(subject, e)
+            return codec.encode(m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason))
+        return codec.encode(self.book.work(host, self.seq, self.clock()))
+
+    # -- reports -------------------------------------------------------------------------
+
+    async def _report_handler(self, msg: NatsMessage) -> bytes:
+        return codec.encode(await self.report(msg.raw_message.subject, msg.body))
+
+    async def report(self, subject: str, body: bytes) -> m.CommandAccepted | m.CommandRejected:
+        """Answer one ``PartReport``; every refusal is a ``CommandRejected`` naming the field."""
+        await self._ready.wait()
+        try:
+            report = codec.decode(Kind.HOST_REPORT, body)
+            assert isinstance(report, m.PartReport)
+            try:
+                record = self.book.record_for(host_token(subject), report)
+            except ValidationError as e:
+                if e.field not in ("workload_id", "attempt"):
+                    raise
+                # Another dispatch instance may have sent the list: read the log to its
+                # end before refusing a workload or attempt we have not seen.
+                await self._catch_up()
+                record = self.book.record_for(host_token(subject), report)
+        except ValidationError as e:
+            self._reject(subject, e)
+            return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
+        if record is None:
+            return m.CommandAccepted(at=self.clock(), detail="already in the log")
+        assert self._js is not None and self._follower is not None
+        kind = "started" if isinstance(record, m.WorkloadStarted) else "ended"
+        msg_id = f"{kind}:{report.workload_id}:{report.attempt}"
+        allocation = getattr(record, "allocation", None)
+        seq = await bus.publish(
+            self._js, subjects.events(allocation, report.workload_id), record, msg_id
+        )
+        if not await self._follower.wait_for("WORKLOADS", seq, ECHO_TIMEOUT_S):
+            log.warning("own record not seen in the stream", msg_id=msg_id, seq=seq)
+        log.debug(
+            type(record).__name__,
+            workload=report.workload_id,
+            allocation=allocation,
+            attempt=report.attempt,
+            host=report.host,
+        )
+        return m.CommandAccepted(at=self.clock(), detail=type(record).__name__)
+
+    async def _catch_up(self) -> None:
+        assert self._js is not None and self._follower is not None
+        info = await self._js.stream_info("WORKLOADS")
+        await self._follower.wait_for("WORKLOADS", info.state.last_seq, ECHO_TIMEOUT_S)
+
+    def _reject(self, subject: str, e: ValidationError) -> None:
+        self.rejected[e.field] = self.rejected.get(e.field, 0) + 1
+        log.warning("report rejected", subject=subject, field=e.field, reason=e.reason)
+
+
+def build(args: argparse.Namespace) -> DispatchService:
+    runtime.configure_logging(SERVICE)
+    return DispatchService(args.nats_url, provider=runtime.tracer_provider(SERVICE))
+
+
+def parser() -> argparse.ArgumentParser:
+    return base_parser("python -m allot.services.dispatch", __doc__.splitlines()[0])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(build, parser(), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

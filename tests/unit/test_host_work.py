@@ -1,0 +1,203 @@
+"""``allot.live.host_work``: each host's work list and what an agent's report becomes."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from allot.core.errors import ValidationError
+from allot.live.host_work import RESTART_LOST, DispatchBook
+from allot.proto import messages as m
+
+T0 = 1_000_000.0
+
+
+def _book(*hosts: str) -> DispatchBook:
+    book = DispatchBook()
+    for host in hosts:
+        book.apply(m.HostRegistered(host=host, gpus=4, at=T0))
+    book.apply(m.LeaderElected(epoch=1, leader="p1", at=T0))
+    return book
+
+
+def _submit(book: DispatchBook, wid: str, gpus: int = 1, **kw: object) -> set[str]:
+    return book.apply(
+        m.WorkloadSubmitted(
+            workload_id=wid,
+            client_id=wid,
+            user="u",
+            gpus=gpus,
+            allocation="nlp",
+            min_runtime_s=60,
+            at=T0,
+            **kw,  # type: ignore[arg-type]
+        )
+    )
+
+
+def _place(
+    book: DispatchBook, wid: str, parts: dict[str, tuple[int, ...]], *, epoch: int = 1
+) -> set[str]:
+    return book.apply(
+        m.WorkloadPlaced(
+            workload_id=wid,
+            allocation="nlp",
+            at=T0 + 1,
+            gpus=sum(len(g) for g in parts.values()),
+            assignment=tuple(m.HostGpus(host=h, gpus=g) for h, g in parts.items()),
+            epoch=epoch,
+        )
+    )
+
+
+def _report(host: str, wid: str, event: m.PartEvent, **kw: object) -> m.PartReport:
+    return m.PartReport(host=host, workload_id=wid, attempt=1, event=event, at=T0 + 10, **kw)  # type: ignore[arg-type]
+
+
+def test_a_placement_lists_each_part_on_its_own_host_and_the_primary_reports() -> None:
+    book = _book("h01", "h02", "h03")
+    assert _submit(book, "g", gpus=4, command=("train",)) == set()
+    assert _place(book, "g", {"h02": (0, 1), "h01": (2, 3)}) == {"h01", "h02"}
+
+    [on_h01] = book.tasks("h01")
+    [on_h02] = book.tasks("h02")
+    assert (on_h01.gpus, on_h01.primary, on_h01.command) == ((2, 3), True, ("train",))
+    assert (on_h02.gpus, on_h02.primary) == ((0, 1), False)
+    assert book.tasks("h03") == ()
+    assert book.work("h01", 7, T0).seq == 7
+
+
+def test_a_stale_epoch_placement_lists_nothing() -> None:
+    book = _book("h01")
+    _submit(book, "w")
+    assert _place(book, "w", {"h01": (0,)}, epoch=0) == set()
+    assert book.tasks("h01") == ()
+
+
+def test_notice_cancel_start_and_end_change_the_list() -> None:
+    book = _book("h01")
+    _submit(book, "w")
+    _place(book, "w", {"h01": (0,)})
+    started = m.WorkloadStarted(workload_id="w", allocation="nlp", at=T0 + 2, host="h01", gpus=1)
+    assert book.apply(started) == {"h01"}
+    assert book.tasks("h01")[0].started
+    notice = m.PreemptionNotice(
+        workload_id="w",
+        allocation="nlp",
+        at=T0 + 3,
+        reason="better-ranked",
+        grace_deadline=T0 + 33,
+        requeue=True,
+        gpus=1,
+        epoch=1,
+    )
+    assert book.apply(notice) == {"h01"}
+    [task] = book.tasks("h01")
+    assert (task.stop, task.kill_at) == ("notice", T0 + 33)
+    end = book.record_for("h01", _report("h01", "w", "exited", exit_code=-15))
+    assert isinstance(end, m.WorkloadPreempted)
+    assert end.reason == "better-ranked" and end.started_at == T0 + 2
+    assert book.apply(end) == {"h01"}
+    assert book.tasks("h01") == ()
+    # A retry of the same report after the log ended the attempt records nothing more.
+    assert book.record_for("h01", _report("h01", "w", "exited", exit_code=-15)) is None
+
+
+@pytest.mark.parametrize(
+    ("event", "exit_code", "stopping", "cancel", "expected", "reason"),
+    [
+        ("exited", 0, False, False, m.WorkloadCompleted, None),
+        ("exited", 3, False, False, m.WorkloadFailed, "exited with code 3"),
+        ("exited", 0, True, False, m.WorkloadFailed, "agent stopped"),
+        ("lost", None, False, False, m.WorkloadFailed, RESTART_LOST),
+        ("not-started", None, False, False, m.WorkloadFailed, "no command"),
+        ("exited", 0, False, True, m.WorkloadCancelled, "wrong config"),
+    ],
+)
+def test_the_terminal_record_follows_the_logs_view(  # noqa: PLR0917 (one table row)
+    event: m.PartEvent,
+    exit_code: int | None,
+    stopping: bool,
+    cancel: bool,
+    expected: type[msgspec.Struct],
+    reason: str | None,
+) -> None:
+    book = _book("h01")
+    _submit(book, "w", gpus=2)
+    _place(book, "w", {"h01": (0, 1)})
+    if cancel:
+        book.apply(
+            m.CancelRequested(
+                workload_id="w", allocation="nlp", by="bob", reason="wrong config", at=T0 + 5
+            )
+        )
+        assert book.tasks("h01")[0].stop == "cancel"
+    detail = "no command" if event == "not-started" else f"exited with code {exit_code}"
+    report = _report(
+        "h01",
+        "w",
+        event,
+        exit_code=exit_code,
+        stopping=stopping,
+        detail=detail,
+        started_at=T0 + 4,
+    )
+    record = book.record_for("h01", report)
+    assert type(record) is expected
+    assert record.gpu_seconds == pytest.approx(2 * 6)  # type: ignore[attr-defined]
+    if reason is not None:
+        assert reason in record.reason  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("subject_host", "report", "field"),
+    [
+        ("h02", _report("h02", "g", "exited"), "host"),  # a secondary of the gang
+        ("h03", _report("h03", "g", "exited"), "host"),  # not in the assignment at all
+        ("h01", _report("h02", "g", "exited"), "host"),  # the payload names another host
+        ("h01", _report("h01", "ghost", "exited"), "workload_id"),
+        (
+            "h01",
+            m.PartReport(host="h01", workload_id="g", attempt=2, event="started", at=T0),
+            "attempt",
+        ),
+    ],
+)
+def test_reports_not_this_hosts_to_make_are_refused(
+    subject_host: str, report: m.PartReport, field: str
+) -> None:
+    book = _book("h01", "h02", "h03")
+    _submit(book, "g", gpus=2)
+    _place(book, "g", {"h01": (0,), "h02": (0,)})
+    with pytest.raises(ValidationError) as err:
+        book.record_for(subject_host, report)
+    assert err.value.field == field
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["h01", "h02", "h03"]), st.integers(min_value=0, max_value=3)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_every_running_part_is_listed_on_exactly_its_hosts(picks: list[tuple[str, int]]) -> None:
+    """Whatever gets placed, each host's list is exactly the parts the fold runs there."""
+    book = _book("h01", "h02", "h03")
+    for i, (host, gpu) in enumerate(picks):
+        wid = f"w{i}"
+        _submit(book, wid)
+        _place(book, wid, {host: (gpu,)})  # a double booking is refused by the fold
+    for host in ("h01", "h02", "h03"):
+        listed = {(t.workload_id, t.gpus) for t in book.tasks(host)}
+        running = {
+            (wid, tuple(g))
+            for wid in book.fold.workload_on(host)
+            for h, g in book.fold.records[wid].assignment
+            if h == host
+        }
+        assert listed == running
+        gpus = [g for _, gs in listed for g in gs]
+        assert len(gpus) == len(set(gpus))  # no GPU listed twice
