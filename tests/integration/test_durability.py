@@ -52,6 +52,39 @@ async def test_client_id_dedupe_outlives_the_duplicate_window(fresh_log: str) ->
         await nc.close()
 
 
+async def test_a_key_reserved_without_its_record_is_repaired_by_the_retry(
+    fresh_log: str,
+) -> None:
+    """Intake reserves the client key, then appends: a crash between the two leaves a key
+    with no workload. The client's retry must append the record (at the first time), once."""
+    nc = await nats.connect(fresh_log)
+    js = nc.jetstream()
+    await seed(js, {"h1": 8})
+    intake = Intake(fresh_log, tracing=False)
+    await service_main.start(intake)
+    try:
+        body = json.dumps(
+            {"type": "SubmitWorkload", "client_id": "torn", "user": "u", "gpus": 1}
+        ).encode()
+        kv = await js.key_value("allot_clients")
+        await kv.create("=.torn", json.dumps({"workload_id": "x", "at": 1.7e9}).encode())
+        assert not of_type(await records(js), m.WorkloadSubmitted)
+
+        retry = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
+        again = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
+
+        assert isinstance(retry, m.WorkloadAccepted) and retry.duplicate
+        assert isinstance(again, m.WorkloadAccepted) and again.duplicate
+        assert retry.at == again.at == 1.7e9
+        submitted = of_type(await records(js), m.WorkloadSubmitted)
+        assert [(r.workload_id, r.client_id, r.at) for r in submitted] == [
+            (retry.workload_id, "torn", 1.7e9)
+        ]
+    finally:
+        await service_main.stop(intake)
+        await nc.close()
+
+
 def test_the_stack_fsyncs_every_jetstream_write(tmp_path: Path) -> None:
     stack = Stack(StackConfig(run_dir=tmp_path))  # embedded servers, no services started
     stack.servers.start()

@@ -388,8 +388,13 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
         )
         started = [r for r in await records(js) if isinstance(r, m.WorkloadStarted)]
         assert [(r.workload_id, r.host) for r in started] == [("mine", "h01")]
+        # A cancel of its workload is pushed to it (its own host's list, nothing else).
+        cancel = m.CancelRequested(workload_id="mine", allocation="nlp", by="u", at=time.time())
+        await bus.publish(js, s.events("nlp", "mine"), cancel)
         listed = msgspec.json.decode((await pushed.next_msg(timeout=5)).data, type=m.HostWork)
-        assert {t.workload_id for t in listed.tasks} == {"mine"}
+        assert [(t.workload_id, t.started, t.stop) for t in listed.tasks] == [
+            ("mine", True, "cancel")
+        ]
         beat = m.Heartbeat(host="h01", sent_at=time.time(), seq=1, gpus=8)
         await agent.nc.publish(s.heartbeat("h01"), bus.encode(beat))
         await eventually(lambda: _value(list(spy.seen)), lambda v: s.heartbeat("h01") in v)

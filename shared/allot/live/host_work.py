@@ -52,10 +52,12 @@ class DispatchBook:
             return set()
         rec = self.fold.records.get(wid)
         if isinstance(record, m.WorkloadStarted):
-            if rec is None or rec.attempt != record.attempt or rec.status not in LIVE:
-                return set()
-            self.started[wid] = (record.attempt, record.at)
-        elif not result.changed:
+            if rec is not None and rec.attempt == record.attempt and rec.status in LIVE:
+                self.started[wid] = (record.attempt, record.at)
+            # Nothing for the agent to do: it reported the start itself. The flag matters
+            # only to an agent that restarts, and it asks for its lists then.
+            return set()
+        if not result.changed:
             return set()
         elif isinstance(record, m.PreemptionNotice):
             self.notice_reasons[wid] = record.reason

@@ -52,7 +52,6 @@ import redis.asyncio as redis_asyncio
 import structlog
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, PullSub
-from faststream.nats.annotations import NatsMessage
 from faststream.nats.subscriber.usecases.basic import LogicSubscriber
 from nats.aio.client import Client as NatsClient
 from nats.js.api import ConsumerConfig
@@ -62,7 +61,7 @@ from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore
 from allot.core.errors import ValidationError
 from allot.core.usage import HOUR_S
 from allot.live import bus
-from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
+from allot.live.runtime import Delivery, configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.proto import messages as m
 from allot.proto.subjects import ALL_EVENTS
@@ -437,7 +436,7 @@ class Accounting:
             self._subscriber = None
         await self.redis.aclose()
 
-    async def _handle(self, msg: NatsMessage) -> None:
+    async def _handle(self, msg: Delivery) -> None:
         raw = msg.raw_message
         if not _may_charge(raw.data):
             self.handled += 1

@@ -92,7 +92,7 @@ class AgentConfig:
     fake_duration_s: float = 60.0
     kill_after_s: float = 10.0
     stop_grace_s: float = 5.0
-    resync_s: float = 10.0
+    resync_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.hosts:
@@ -508,6 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--stop-grace-s", type=float, default=5.0, help="on stop, SIGKILL children after this"
     )
+    ap.add_argument(
+        "--resync-s",
+        type=float,
+        default=30.0,
+        help="ask dispatch for each host's whole work list this often (default %(default)s)",
+    )
     return ap
 
 
@@ -533,6 +539,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             fake_duration_s=args.fake_duration_s,
             kill_after_s=args.kill_after_s,
             stop_grace_s=args.stop_grace_s,
+            resync_s=args.resync_s,
         )
     except ValidationError as e:
         if e.field.startswith("hosts"):

@@ -37,12 +37,12 @@ from typing import Literal
 import msgspec
 import structlog
 from faststream.nats import NatsBroker
-from faststream.nats.annotations import NatsMessage
 from nats.js import JetStreamContext
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
 from allot.live import bus, runtime
+from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.proto import codec, subjects
 from allot.proto import messages as m
@@ -220,7 +220,7 @@ class HealthService:
 
     # -- heartbeats and health reports -------------------------------------------------
 
-    async def _heartbeat_handler(self, msg: NatsMessage) -> None:
+    async def _heartbeat_handler(self, msg: Delivery) -> None:
         subject = msg.raw_message.subject
         try:
             beat = codec.decode(Kind.HEARTBEAT, msg.body)
@@ -258,7 +258,7 @@ class HealthService:
             if info.state != "healthy" and info.cause == "heartbeat":
                 await self._healthy(host)
 
-    async def _report_handler(self, msg: NatsMessage) -> None:
+    async def _report_handler(self, msg: Delivery) -> None:
         subject = msg.raw_message.subject
         try:
             report = codec.decode(Kind.HEALTH, msg.body)
@@ -323,10 +323,10 @@ class HealthService:
 
     # -- operator commands -------------------------------------------------------------
 
-    async def _drain_handler(self, msg: NatsMessage) -> bytes:
+    async def _drain_handler(self, msg: Delivery) -> bytes:
         return codec.encode(await self.command(Kind.DRAIN, msg.raw_message.subject, msg.body))
 
-    async def _undrain_handler(self, msg: NatsMessage) -> bytes:
+    async def _undrain_handler(self, msg: Delivery) -> bytes:
         return codec.encode(await self.command(Kind.UNDRAIN, msg.raw_message.subject, msg.body))
 
     async def command(

@@ -8,12 +8,13 @@
    the subject, never from the payload alone);
 2. the allocation is a leaf of the current budget tree;
 3. ``gpus`` is at most the GPUs registered in the cluster;
-4. dedupe: the workload id is derived from (allocation, client_id). A record of the key in
-   the KV bucket ``allot_clients`` (kept forever) answers a repeat with the first answer
-   and ``duplicate=True``. Otherwise intake appends ``WorkloadSubmitted`` with
-   ``Nats-Msg-Id = submitted:<id>`` and then records the key. A crash between the two
-   leaves a record without a key: the retry appends again, the stream's duplicate window
-   (2 min) or, beyond it, the fold (which ignores a known id) drops the copy.
+4. dedupe: the workload id is derived from (allocation, client_id). Intake first creates
+   the key in the KV bucket ``allot_clients`` (kept forever), then appends
+   ``WorkloadSubmitted`` with ``Nats-Msg-Id = submitted:<id>``: two round trips for a new
+   submission. A key that exists answers a repeat with the first answer and
+   ``duplicate=True``; if the workload's subject holds no record yet (a crash, or a failed
+   append, between the two steps), that repeat appends it, so a key never stands for a
+   workload the log lacks.
 
 ``allot.v1.cancel.<allocation>.<workload>`` (``CancelWorkload``): the workload must exist
 under that allocation (its subject has records) and not have ended; intake appends
@@ -31,7 +32,6 @@ from collections.abc import Sequence
 
 import msgspec
 import structlog
-from faststream.nats import NatsMessage
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from allot.core.errors import ValidationError
 from allot.live import bus
 from allot.live.logfold import LogFold
-from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
+from allot.live.runtime import Delivery, configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, run_main
 from allot.proto import codec
 from allot.proto import messages as m
@@ -120,7 +120,7 @@ class Intake:
             await self.nc.close()
 
     # ------------------------------------------------------------------ submit
-    async def on_submit(self, msg: NatsMessage) -> bytes:
+    async def on_submit(self, msg: Delivery) -> bytes:
         now = wall_clock()
         subject = msg.raw_message.subject
         try:
@@ -157,25 +157,22 @@ class Intake:
             )
 
     async def _accept(self, cmd: m.SubmitWorkload, now: float) -> bytes:
+        """Reserve the key, then append: two round trips for a new submission. A key seen
+        before answers with the first acceptance's time; if its record is not in the log (a
+        crash or a failed append between the two steps), this retry appends it."""
         assert self.js is not None and self.kv is not None
         wid = workload_id(cmd.allocation, cmd.client_id)
         key = _client_key(cmd.allocation, cmd.client_id)
+        subject = s.events(cmd.allocation, wid)
+        at, duplicate = now, False
         try:
-            entry = await self.kv.get(key)
-        except KeyNotFoundError:
-            entry = None
-        if entry is not None and entry.value:
-            first = _CLIENT_RECORD.decode(entry.value)
-            self.duplicates += 1
-            return _ENC.encode(
-                m.WorkloadAccepted(
-                    workload_id=wid,
-                    client_id=cmd.client_id,
-                    allocation=cmd.allocation,
-                    at=float(first.get("at", now)),
-                    duplicate=True,
-                )
-            )
+            await self.kv.create(key, _ENC.encode({"workload_id": wid, "at": now}))
+        except KeyWrongLastSequenceError:
+            duplicate = True
+            at = await self._first_acceptance(key, now)
+            if await self._logged(subject):
+                self.duplicates += 1
+                return self._accepted(cmd, wid, at, duplicate=True)
         record = m.WorkloadSubmitted(
             workload_id=wid,
             client_id=cmd.client_id,
@@ -188,31 +185,51 @@ class Intake:
             priority=cmd.priority,
             command=cmd.command,
             duration_s=cmd.duration_s,
-            at=now,
+            at=at,
         )
-        await bus.publish(self.js, s.events(cmd.allocation, wid), record, f"submitted:{wid}")
-        duplicate = False
-        try:
-            await self.kv.create(key, _ENC.encode({"workload_id": wid, "at": now}))
-        except KeyWrongLastSequenceError:
-            duplicate = True  # a concurrent submit of the same key won: same workload id
+        # The msg id makes a concurrent append of the same workload a no-op (and beyond the
+        # stream's window every fold ignores a known workload id).
+        await bus.publish(self.js, subject, record, f"submitted:{wid}")
         if duplicate:
             self.duplicates += 1
         else:
             self.accepted += 1
-        log.info(
+        log.debug(
             "accepted",
             workload=wid,
             allocation=cmd.allocation,
             gpus=cmd.gpus,
             duplicate=duplicate,
         )
+        return self._accepted(cmd, wid, at, duplicate=duplicate)
+
+    async def _first_acceptance(self, key: str, now: float) -> float:
+        assert self.kv is not None
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            return now
+        if not entry.value:
+            return now
+        return float(_CLIENT_RECORD.decode(entry.value).get("at", now))
+
+    async def _logged(self, subject: str) -> bool:
+        """Whether the workload's subject holds any record (its submission comes first)."""
+        assert self.js is not None
+        try:
+            await self.js.get_last_msg("WORKLOADS", subject)
+        except NotFoundError:
+            return False
+        return True
+
+    @staticmethod
+    def _accepted(cmd: m.SubmitWorkload, wid: str, at: float, *, duplicate: bool) -> bytes:
         return _ENC.encode(
             m.WorkloadAccepted(
                 workload_id=wid,
                 client_id=cmd.client_id,
                 allocation=cmd.allocation,
-                at=now,
+                at=at,
                 duplicate=duplicate,
             )
         )
@@ -233,7 +250,7 @@ class Intake:
         )
 
     # ------------------------------------------------------------------ cancel
-    async def on_cancel(self, msg: NatsMessage) -> bytes:
+    async def on_cancel(self, msg: Delivery) -> bytes:
         now = wall_clock()
         try:
             parts = msg.raw_message.subject.split(".")

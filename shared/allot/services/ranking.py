@@ -29,7 +29,6 @@ from typing import Literal
 import redis.asyncio as redis_asyncio
 import structlog
 from faststream.nats import NatsBroker
-from faststream.nats.annotations import NatsMessage
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
@@ -42,6 +41,7 @@ from allot.core.fairshare import NodeRank, rank
 from allot.core.usage import DEFAULT_WINDOW_S, window_usage
 from allot.live import bus, runtime
 from allot.live.budget_wire import spec_from_tree, tree_from_spec
+from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.proto import codec, subjects
 from allot.proto import messages as m
@@ -171,7 +171,7 @@ class RankingService:
 
     # -- budget changes ----------------------------------------------------------------
 
-    async def _set_handler(self, msg: NatsMessage) -> bytes:
+    async def _set_handler(self, msg: Delivery) -> bytes:
         reply = await self.set_budget(msg.raw_message.subject, msg.body)
         return codec.encode(reply)
 
@@ -234,7 +234,7 @@ class RankingService:
         log.info("ranking published", leaves=len(tree.leaves()), at=now)
         return record
 
-    async def _share_handler(self, _msg: NatsMessage) -> bytes:
+    async def _share_handler(self, _msg: Delivery) -> bytes:
         if self.latest is None:
             return codec.encode(
                 m.CommandRejected(at=self.clock(), field="ranking", reason="no ranking yet")
