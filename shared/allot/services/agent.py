@@ -303,15 +303,19 @@ class Agent:
         self._spawn(self._supervise(run))
 
     def _forget_done(self) -> None:
-        if len(self._done) < 4096:
-            return
+        """Drop parts finished over ``DONE_TTL_S`` ago (insertion order is end order, so
+        the scan stops at the first younger one)."""
         cutoff = time.monotonic() - DONE_TTL_S
-        for key in [k for k, ended in self._done.items() if ended < cutoff]:
+        while self._done:
+            key, ended = next(iter(self._done.items()))
+            if ended >= cutoff:
+                break
             del self._done[key]
 
     # ------------------------------------------------------------------ runs
     def _forget(self, run: Run) -> None:
         self._runs.pop(run.key, None)
+        self._done.pop(run.key, None)  # re-inserted last: the dict stays in end order
         self._done[run.key] = time.monotonic()
         for index, name in ((self._by_workload, run.workload_id), (self._by_host, run.host)):
             runs = index.get(name)
