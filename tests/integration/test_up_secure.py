@@ -4,7 +4,12 @@ loopback; a team submits to its own allocation and is refused another's."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,13 +45,76 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
                 allocation="nlp",
                 gpus=1,
                 min_runtime_s=60,
-                duration_s=5,
+                duration_s=120,  # holds a GPU: the 16-GPU runs below stay pending
             )
             assert ok.workload_id
             with pytest.raises(SdkError):  # not granted: the request never reaches intake
                 await c.submit(client_id="s2", user="ann", allocation="vision", gpus=1)
+        # Pending work of two teams: 16-GPU runs wait while s1 holds a GPU (protected 60 s).
+        async with Client(stack.url_for("vision"), timeout=2.0, retries=0) as vision:
+            theirs = await vision.submit(
+                client_id="v1", user="vic", allocation="vision", gpus=16, min_runtime_s=60
+            )
+        async with Client(url, timeout=2.0, retries=0) as c:
+            mine = await c.submit(
+                client_id="n2", user="ann", allocation="nlp", gpus=16, min_runtime_s=60
+            )
+        await _dashboard_confines_each_team(stack, theirs.workload_id, mine.workload_id)
         # Without the CA the server's certificate is not trusted.
         monkeypatch.delenv("ALLOT_NATS_CA")
         with pytest.raises(Exception):  # noqa: B017 - any TLS/connect failure
             async with Client(url, timeout=1.0, retries=0) as c:
                 await asyncio.wait_for(c.queue(), 3)
+
+
+def _get(url: str, user: str | None = None, password: str = "") -> tuple[int, Any]:
+    request = urllib.request.Request(url)
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+            status = response.status
+    except urllib.error.HTTPError as e:
+        body, status = e.read(), e.code
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body.decode(errors="replace")
+
+
+async def _dashboard_confines_each_team(stack: Stack, theirs: str, mine: str) -> None:
+    """The dashboard of a secure stack asks for a login (the users' NATS passwords) and
+    shows a team only its own work."""
+    assert stack.auth is not None and stack.dashboard_url is not None
+    base = stack.dashboard_url
+    password = {u: c.password for u, c in stack.auth.users.items()}
+
+    def get(path: str, user: str | None = None, pw: str | None = None) -> tuple[int, Any]:
+        return _get(base + path, user, password.get(user or "", "") if pw is None else pw)
+
+    assert (await asyncio.to_thread(get, "/healthz"))[0] == 200  # open: health checks
+    for path in ("/", "/queue", "/api/queue", f"/workload/{mine}", "/metrics"):
+        assert (await asyncio.to_thread(get, path))[0] == 401, path
+    assert (await asyncio.to_thread(get, "/api/queue", "nlp", "wrong"))[0] == 401
+    agent = next(u for u, c in stack.auth.users.items() if c.role == "agent")
+    assert (await asyncio.to_thread(get, "/api/queue", agent))[0] == 403
+
+    async def queue_ids(user: str) -> set[str]:
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            status, doc = await asyncio.to_thread(get, "/api/queue", user)
+            assert status == 200, doc
+            ids = set(doc["data"]["order"])
+            if {theirs, mine} & ids or asyncio.get_running_loop().time() > deadline:
+                return ids
+            await asyncio.sleep(0.5)
+
+    assert mine in await queue_ids("nlp") and theirs not in await queue_ids("nlp")
+    assert {mine, theirs} <= await queue_ids("admin")
+    status, _ = await asyncio.to_thread(get, f"/api/workload/{theirs}", "nlp")
+    assert status == 404  # another team's workload reads as unknown
+    assert (await asyncio.to_thread(get, f"/api/workload/{mine}", "nlp"))[0] == 200
+    assert (await asyncio.to_thread(get, f"/api/workload/{theirs}", "admin"))[0] == 200
+    assert (await asyncio.to_thread(get, "/metrics", "nlp"))[0] == 200

@@ -2,9 +2,11 @@
 
 Writes ``OUT/nats.conf`` (accounts, users with bcrypt password hashes, per-user allow
 lists; see ``allot.live.auth_config``) and ``OUT/users/<user>.env`` (the user's password
-and a ready ``ALLOT_NATS_URL``), all 0600, and prints one line per user with what it may
-do. ``--tls`` also writes a loopback CA and server certificate into ``OUT/tls`` and adds
-the ``tls`` block. Every password is new on each run.
+and a ready ``ALLOT_NATS_URL``) and ``OUT/dashboard-users.json`` (the dashboard's logins:
+the same users and hashes, ``python -m allot.services.dashboard --users``), all 0600, and
+prints one line per user with what it may do. ``--tls`` also writes a loopback CA and
+server certificate into ``OUT/tls`` and adds the ``tls`` block. Every password is new on
+each run.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def run_gen(args: argparse.Namespace) -> int:
 def summary(auth: GeneratedAuth, tls: TlsFiles | None) -> str:
     """What was written and, per user, what it may publish and subscribe to."""
     lines = [f"wrote {auth.config_path} ({len(auth.users)} users, account {ACCOUNT})"]
+    if auth.dashboard_users is not None:
+        lines.append(f"dashboard logins (the same users and passwords): {auth.dashboard_users}")
     if tls is not None:
         lines.append(f"TLS: server certificate {tls.cert_file}; clients trust {tls.ca_file}")
     for name, creds in auth.users.items():

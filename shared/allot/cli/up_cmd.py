@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "up",
         help="run the live stack (NATS, Redis, services, fake agents) with no Docker",
         description="Run NATS with JetStream and a Redis-protocol server from the wheels "
-        "(or existing ones by URL), the five services, the web dashboard and fake agents; "
+        "(or existing ones by URL), the six services, the web dashboard and fake agents; "
         "Ctrl-C stops all.",
     )
     add_stack_options(p)
@@ -99,6 +99,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  secure: TLS on loopback, CA {stack.ca_file}")
             print(f"  users:  {', '.join(stack.auth.users)}")
             print(f"  credentials: {c.run_dir / 'auth' / 'users'}/<user>.env (0600)")
+            print(
+                "  dashboard login: any of these users with ALLOT_NATS_PASSWORD from its "
+                "credentials file (a team sees only its own work)"
+            )
             print(f"  export ALLOT_NATS_CA={stack.ca_file}")
             team = next((u for u, cr in stack.auth.users.items() if cr.role == "team"), None)
             if team is not None:

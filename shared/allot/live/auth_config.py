@@ -50,6 +50,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
+from allot.live.dashboard_access import DASHBOARD_USERS, users_document
 from allot.proto import subjects as s
 
 Role = Literal["team", "manager", "operator", "agent", "service"]
@@ -372,6 +373,8 @@ class GeneratedAuth:
     config_text: str
     users: dict[str, Credentials] = field(default_factory=dict)
     grants: dict[str, Permissions] = field(default_factory=dict)
+    dashboard_users: Path | None = None
+    """``dashboard-users.json``: the dashboard's logins (``allot.live.dashboard_access``)."""
 
     def url(self, user: str, server_url: str) -> str:
         return self.users[user].url(server_url)
@@ -425,7 +428,23 @@ def generate(
         )
         _write_private(c.path, _env_file(c, server_url))
         creds[u.name] = c
-    return GeneratedAuth(config_path=config_path, config_text=text, users=creds, grants=grants)
+    # The dashboard's logins: the same users and bcrypt hashes, with what each may see.
+    rows = {
+        u.name: {
+            "role": u.role,
+            "allocations": [*u.allocations, *([s.UNALLOCATED] if u.unallocated else [])],
+            "password": hashes[u.name],
+        }
+        for u in users
+    }
+    _write_private(out / DASHBOARD_USERS, users_document(rows))
+    return GeneratedAuth(
+        config_path=config_path,
+        config_text=text,
+        users=creds,
+        grants=grants,
+        dashboard_users=out / DASHBOARD_USERS,
+    )
 
 
 def _env_file(c: Credentials, server_url: str) -> str:

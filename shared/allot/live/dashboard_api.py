@@ -20,12 +20,14 @@ the facts behind it (snapshots as their wire JSON).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+import msgspec
 import structlog
 
 from allot.core.errors import ValidationError
+from allot.live.dashboard_access import EVERYONE, Viewer
 from allot.live.dashboard_frame import PageView
 from allot.live.dashboard_pages import (
     DEFAULT_WINDOW,
@@ -107,11 +109,14 @@ def drain_deadlines(fold: LogFold) -> dict[str, DrainDeadline]:
     return out
 
 
-def workload_labels(fold: LogFold) -> dict[str, str]:
-    """Running workload -> "allocation, GPUs" (what a hosts table says about each)."""
+def workload_labels(fold: LogFold, viewer: Viewer = EVERYONE) -> dict[str, str]:
+    """Running workload -> "allocation, GPUs" (what a hosts table says about each); only the
+    workloads ``viewer`` may see are labelled (the others stay opaque ids)."""
     out = {}
     for wid, run in fold.state.running.items():
         w = run.workload
+        if not viewer.sees(w.allocation):
+            continue
         noticed = ", under notice" if run.preempt_at is not None else ""
         out[wid] = f"{w.allocation or 'unallocated'}, {w.gpus} GPUs{noticed}"
     return out
@@ -160,13 +165,44 @@ class DashboardViews:
         )
         return fairshare_page(now, ranking, allocations, series, window=window, errors=errors)
 
-    async def queue(self, now: float) -> PageView:
+    async def queue(self, now: float, viewer: Viewer = EVERYONE) -> PageView:
         errors: list[str] = []
-        snapshot = await self._ask(self.client.queue, "placement leader", errors)
+        scopes = viewer.scopes
+        if scopes is None:
+            snapshot = await self._ask(self.client.queue, "placement leader", errors)
+        else:
+            snapshot = await self._scoped_queue(scopes, errors)
         return queue_page(now, snapshot, errors)
 
-    async def workload(self, now: float, workload_id: str) -> PageView:
+    async def _scoped_queue(
+        self, scopes: Sequence[str], errors: list[str]
+    ) -> m.QueueSnapshot | None:
+        """A team's queue: its allocations' rows, asked on the per-allocation subjects (the
+        ones NATS grants it), merged in service order."""
+
+        def ask(scope: str) -> Callable[..., Awaitable[m.QueueSnapshot]]:
+            async def call(timeout: float) -> m.QueueSnapshot:
+                return await self.client.queue(scope=scope, timeout=timeout)
+
+            return call
+
+        parts = await asyncio.gather(
+            *(self._ask(ask(scope), "placement leader", errors) for scope in scopes)
+        )
+        got = [p for p in parts if p is not None]
+        if not got:
+            return None
+        rows = sorted((r for p in got for r in p.rows), key=lambda r: r.position)
+        return msgspec.structs.replace(got[0], rows=tuple(rows), total=sum(p.total for p in got))
+
+    async def workload(self, now: float, workload_id: str, viewer: Viewer = EVERYONE) -> PageView:
         errors: list[str] = []
+        rec = self.timeline.fold.records.get(workload_id)
+        if not viewer.sees(rec.workload.allocation if rec is not None else None) or (
+            rec is None and viewer.allocations is not None
+        ):
+            # Another team's workload reads as an unknown one: not even its id is confirmed.
+            return workload_page(now, workload_id, None, ())
 
         async def status(timeout: float) -> m.WorkloadStatus:
             return await self.client.status(workload_id, timeout=timeout)
@@ -180,13 +216,12 @@ class DashboardViews:
         events = self.timeline.events(workload_id)
         return workload_page(now, workload_id, current, events, queue_row=row, errors=errors)
 
-    async def hosts(self, now: float) -> PageView:
+    async def hosts(self, now: float, viewer: Viewer = EVERYONE) -> PageView:
         errors: list[str] = []
         snapshot = await self._ask(self.client.hosts, "placement leader", errors)
         fold = self.timeline.fold
-        return hosts_page(
-            now, snapshot, drain_deadlines(fold), labels=workload_labels(fold), errors=errors
-        )
+        labels = workload_labels(fold, viewer)
+        return hosts_page(now, snapshot, drain_deadlines(fold), labels=labels, errors=errors)
 
     async def owed(self, now: float) -> PageView:
         def compute() -> list[tuple[str, m.OwedSnapshot]]:

@@ -205,6 +205,8 @@ class Stack(StartStop):
                 "--http-port",
                 str(self.dashboard_port),
             ]
+            if self.auth is not None and self.auth.dashboard_users is not None:
+                out["dashboard"] += ["--users", str(self.auth.dashboard_users)]
         for i in range(c.placements):
             out[f"placement-{i + 1}"] = [
                 *py,

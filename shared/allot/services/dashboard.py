@@ -22,6 +22,9 @@ HTTP (aiohttp) on ``--http-host`` (default 127.0.0.1: loopback only) ``--http-po
 ``/healthz``           200 once the log is replayed, 503 before
 =====================  =====================================================================
 
+With ``--users dashboard-users.json`` (from ``allot auth gen``) every page but ``/healthz``
+asks for a login and shows a team only its own work (``allot.live.dashboard_access``).
+
 Pages ask the placement leader and the ranking service through the SDK on each request
 (a page whose source does not answer shows a banner and the rest). No page loads anything
 from another origin (see ``allot.live.dashboard_frame``).
@@ -44,6 +47,7 @@ from nats.aio.subscription import Subscription
 
 from allot.core.errors import ValidationError
 from allot.live import bus
+from allot.live.dashboard_access import EVERYONE, Access, Viewer
 from allot.live.dashboard_api import (
     DashboardViews,
     api_document,
@@ -61,6 +65,9 @@ from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client
 
+OPEN_PATHS = frozenset({"/healthz", "/favicon.ico"})
+VIEWER = "allot.viewer"
+"""Request key of the logged-in ``Viewer``."""
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8265
 
@@ -80,10 +87,13 @@ class DashboardService:
         http_port: int = DEFAULT_HTTP_PORT,
         query_timeout_s: float = 2.0,
         tracing: bool = True,
+        access: Access | None = None,
     ) -> None:
         if not 0 <= http_port <= 65535:
             raise ValidationError("http_port", f"must be 0-65535, got {http_port}")
         self.nats_url = nats_url
+        self.access = access
+        """Logins (``--users``); None: every page to whoever reaches the port."""
         self.http_host = http_host
         self.http_port = http_port
         provider = tracer_provider("dashboard") if tracing else None
@@ -144,16 +154,16 @@ class DashboardService:
 
     # ------------------------------------------------------------------ HTTP
     async def _serve_http(self) -> None:
-        app = web.Application(middlewares=[_headers])
+        app = web.Application(middlewares=[_headers, self._login])
         routes: list[tuple[str, Handler]] = [
             ("/", self._page(lambda r, now: self.views.fairshare(now, _window(r)))),
-            ("/queue", self._page(lambda _r, now: self.views.queue(now))),
-            ("/hosts", self._page(lambda _r, now: self.views.hosts(now))),
+            ("/queue", self._page(lambda r, now: self.views.queue(now, _viewer(r)))),
+            ("/hosts", self._page(lambda r, now: self.views.hosts(now, _viewer(r)))),
             ("/owed", self._page(lambda _r, now: self.views.owed(now))),
             ("/workload/{workload_id}", self._page(self._workload)),
             ("/api/fairshare", self._api(lambda r, now: self.views.fairshare(now, _window(r)))),
-            ("/api/queue", self._api(lambda _r, now: self.views.queue(now))),
-            ("/api/hosts", self._api(lambda _r, now: self.views.hosts(now))),
+            ("/api/queue", self._api(lambda r, now: self.views.queue(now, _viewer(r)))),
+            ("/api/hosts", self._api(lambda r, now: self.views.hosts(now, _viewer(r)))),
             ("/api/owed", self._api(lambda _r, now: self.views.owed(now))),
             ("/api/workload/{workload_id}", self._api(self._workload)),
             ("/metrics", self._metrics),
@@ -171,7 +181,27 @@ class DashboardService:
         log.info("serving", url=self.url)
 
     def _workload(self, request: web.Request, now: float) -> Awaitable[PageView]:
-        return self.views.workload(now, check_workload_id(request.match_info["workload_id"]))
+        wid = check_workload_id(request.match_info["workload_id"])
+        return self.views.workload(now, wid, _viewer(request))
+
+    @web.middleware
+    async def _login(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """HTTP Basic against ``--users`` (``allot.live.dashboard_access``); /healthz stays
+        open for health checks."""
+        if self.access is None or request.path in OPEN_PATHS:
+            request[VIEWER] = EVERYONE
+            return await handler(request)
+        viewer = self.access.check(request.headers.get("Authorization"))
+        if viewer is None:
+            return web.json_response(
+                {"error": "log in with your Allot (NATS) user and password"},
+                status=401,
+                headers={"WWW-Authenticate": 'Basic realm="allot", charset="UTF-8"'},
+            )
+        if not viewer.allowed:
+            return web.json_response({"error": f"role {viewer.role!r} sees no pages"}, status=403)
+        request[VIEWER] = viewer
+        return await handler(request)
 
     def _page(self, build: Callable[[web.Request, float], Awaitable[PageView]]) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -222,6 +252,11 @@ class DashboardService:
         return {"caught_up": self.caught_up, "records": self.records, "url": self.url}
 
 
+def _viewer(request: web.Request) -> Viewer:
+    viewer: Viewer = request.get(VIEWER, EVERYONE)
+    return viewer
+
+
 def _window(request: web.Request) -> str:
     return parse_window(request.query.get("window"))
 
@@ -267,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-port", type=port_number, default=DEFAULT_HTTP_PORT, help="HTTP port (0: any free)"
     )
     ap.add_argument(
+        "--users",
+        help="dashboard-users.json from `allot auth gen`: require a login (HTTP Basic, the "
+        "users' NATS passwords) and show each team only its own work",
+    )
+    ap.add_argument(
         "--query-timeout-s",
         type=positive_seconds,
         default=2.0,
@@ -283,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             http_host=a.http_host,
             http_port=a.http_port,
             query_timeout_s=a.query_timeout_s,
+            access=Access.load(a.users) if a.users else None,
         ),
         build_parser(),
         argv,
