@@ -18,6 +18,7 @@ from allot.live.auth_config import (
     budget_path,
     generate,
     inbox_prefix_for_url,
+    nats_url_from_env,
     parse_roles,
     permissions,
     render_config,
@@ -278,3 +279,39 @@ def test_cli_bad_roles_write_nothing(tmp_path: Path) -> None:
         args.func(args)
     assert exc.value.field == "users[0].allocations[0]"
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("env", "url"),
+    [
+        ({}, "nats://127.0.0.1:4222"),  # the default, as is
+        ({"ALLOT_NATS_URL": "nats://nats:4222"}, "nats://nats:4222"),
+        (
+            {
+                "ALLOT_NATS_URL": "nats://nats:4222",
+                "ALLOT_NATS_USER": "a",
+                "ALLOT_NATS_PASSWORD": "p",
+            },
+            "nats://a:p@nats:4222",
+        ),
+        (  # every server of a cluster list; characters that mean something in a URL escaped
+            {
+                "ALLOT_NATS_URL": "nats://n1:4222,tls://n2:4222",
+                "ALLOT_NATS_USER": "svc",
+                "ALLOT_NATS_PASSWORD": "p@ss:/",
+            },
+            "nats://svc:p%40ss%3A%2F@n1:4222,tls://svc:p%40ss%3A%2F@n2:4222",
+        ),
+        (  # a URL that names its user wins over the environment
+            {
+                "ALLOT_NATS_URL": "nats://b:q@nats:4222",
+                "ALLOT_NATS_USER": "a",
+                "ALLOT_NATS_PASSWORD": "p",
+            },
+            "nats://b:q@nats:4222",
+        ),
+        ({"ALLOT_NATS_USER": "a"}, "nats://127.0.0.1:4222"),  # no password: nothing added
+    ],
+)
+def test_nats_url_from_env_adds_the_credentials_files_user(env: dict[str, str], url: str) -> None:
+    assert nats_url_from_env(env, "nats://127.0.0.1:4222") == url

@@ -32,6 +32,7 @@ import msgspec
 from allot.cli import live_format as fmt
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
+from allot.live.auth_config import nats_url_from_env
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import BUDGET_ROOT
@@ -166,8 +167,9 @@ def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--nats-url",
-        default=os.environ.get("ALLOT_NATS_URL", DEFAULT_NATS_URL),
-        help="NATS server (env ALLOT_NATS_URL; default %(default)s)",
+        default=nats_url_from_env(os.environ, DEFAULT_NATS_URL),
+        help="NATS server (env ALLOT_NATS_URL, with ALLOT_NATS_USER and ALLOT_NATS_PASSWORD "
+        "when set; default %(default)s)",
     )
     common.add_argument(
         "--timeout", default="5", help="seconds to wait for each answer (default %(default)s)"

@@ -105,6 +105,32 @@ def client_tls(url: str) -> ssl.SSLContext | None:
     return None
 
 
+USER_ENV = "ALLOT_NATS_USER"
+PASSWORD_ENV = "ALLOT_NATS_PASSWORD"
+
+
+def nats_url_from_env(environ: Mapping[str, str], default: str) -> str:
+    """``$ALLOT_NATS_URL`` (else ``default``), with ``$ALLOT_NATS_USER`` and
+    ``$ALLOT_NATS_PASSWORD`` put into each server address that names no user.
+
+    Why: a credentials file of ``allot auth gen`` carries both forms, and a container whose
+    environment already says where NATS is (compose's ``ALLOT_NATS_URL:
+    nats://nats:4222``, which outranks an ``env_file``) still logs in as that file's user."""
+    url = environ.get("ALLOT_NATS_URL") or default
+    user, password = environ.get(USER_ENV), environ.get(PASSWORD_ENV)
+    if not user or not password:
+        return url
+    auth = f"{quote(user, safe='')}:{quote(password, safe='')}@"
+    out = []
+    for part in url.split(","):
+        pieces = urlsplit(part.strip())
+        if pieces.username or not pieces.netloc:
+            out.append(part.strip())
+        else:
+            out.append(urlunsplit(pieces._replace(netloc=auth + pieces.netloc)))
+    return ",".join(out)
+
+
 def inbox_prefix_for_url(url: str) -> str:
     """What a client connecting with ``url`` should pass as ``inbox_prefix``: its user's own
     (``_INBOX_<user>``) when the URL names a user, NATS's default ``_INBOX`` otherwise.

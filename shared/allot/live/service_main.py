@@ -19,6 +19,8 @@ from typing import Protocol
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
+from allot.live.auth_config import nats_url_from_env
+
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
 
@@ -46,8 +48,9 @@ def base_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument(
         "--nats-url",
-        default=os.environ.get("ALLOT_NATS_URL", DEFAULT_NATS_URL),
-        help="NATS server (env ALLOT_NATS_URL; default %(default)s)",
+        default=nats_url_from_env(os.environ, DEFAULT_NATS_URL),
+        help="NATS server (env ALLOT_NATS_URL, with ALLOT_NATS_USER and ALLOT_NATS_PASSWORD "
+        "when set; default %(default)s)",
     )
     ap.add_argument(
         "--redis-url",

@@ -1,0 +1,199 @@
+"""``deploy/compose.secure.yaml``: compose mounts what ``allot auth gen`` writes.
+
+Checked against a real ``allot auth gen`` output (``deploy/roles.compose.yaml``) in a copy of
+the project: every Allot container gets its own user's credentials (agents exactly the
+hosts their command simulates), every mounted file exists, the URL a container computes
+names its user, nats-server starts from the secure configuration and takes those
+credentials (and refuses a wrong one), and ``docker compose config`` merges the two files
+when a Compose v2 CLI is here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import nats
+import nats.errors
+import pytest
+import yaml
+from test_compose import COMPOSE_FILE, ENGINES, ROOT, _command, _compose_cli, _services
+
+from allot.adapters.embedded import find_nats_server, free_ports
+from allot.cli.yaml_io import load_yaml
+from allot.core.budgets import parse_tree
+from allot.live.auth_config import GeneratedAuth, generate, nats_url_from_env
+from allot.services.dashboard import build_parser as dashboard_parser
+
+OVERRIDE = ROOT / "deploy" / "compose.secure.yaml"
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    pairs = (ln.split("=", 1) for ln in path.read_text().splitlines() if "=" in ln)
+    return {k.strip(): v.strip() for k, v in pairs if not k.lstrip().startswith("#")}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> tuple[Path, GeneratedAuth]:
+    """A copy of the project's compose files with ``auth/`` written by the real generator."""
+    shutil.copy(COMPOSE_FILE, tmp_path / "compose.yaml")
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    tree = parse_tree(load_yaml(ROOT / "deploy" / "budgets.example.yaml"))
+    roles = load_yaml(ROOT / "deploy" / "roles.compose.yaml")
+    auth = generate(tree, roles, tmp_path / "auth", server_url="nats://nats:4222", cost=4)
+    return tmp_path, auth
+
+
+def _override() -> dict[str, dict[str, dict[str, object]]]:
+    data = yaml.safe_load(OVERRIDE.read_text())
+    assert set(data) == {"services"}
+    return data  # type: ignore[no-any-return]
+
+
+def _fake_hosts(command: list[str]) -> list[str]:
+    args = dict(itertools.pairwise(command))
+    return [f"{args['--host-prefix']}-{i:04d}" for i in range(int(args["--hosts"]))]
+
+
+def test_every_container_connects_as_its_own_user(project: tuple[Path, GeneratedAuth]) -> None:
+    root, auth = project
+    override = _override()["services"]
+    allot = {name for name in _services() if name not in ENGINES}
+    assert allot <= set(override), f"no credentials for {sorted(allot - set(override))}"
+    for name in sorted(allot):
+        [env_path] = override[name]["env_file"]  # type: ignore[misc]
+        env = _env_file(root / str(env_path))
+        user = env["ALLOT_NATS_USER"]
+        role = auth.users[user].role
+        # Compose's `environment` (nats://nats:4222, no user) outranks the env file: the
+        # container puts the file's user into the URL itself.
+        url = nats_url_from_env({**env, "ALLOT_NATS_URL": "nats://nats:4222"}, "x")
+        parts = urlsplit(url)
+        assert (parts.hostname, unquote(parts.username or "")) == ("nats", user), name
+        assert unquote(parts.password or "") == auth.users[user].password
+        command = _command(_services()[name])
+        if "allot.services.agent" in command:
+            assert role == "agent", f"{name} connects as {user} ({role})"
+            granted = {s.split(".")[3] for s in auth.grants[user].publish}
+            assert granted == set(_fake_hosts(command)), f"{name}: hosts and grants differ"
+        else:
+            assert role == "service", f"{name} connects as {user} ({role})"
+
+
+def test_mounted_files_exist_and_the_dashboard_asks_for_logins(
+    project: tuple[Path, GeneratedAuth],
+) -> None:
+    root, auth = project
+    for name, service in _override()["services"].items():
+        for volume in service.get("volumes", []):  # type: ignore[attr-defined]
+            source = str(volume).split(":")[0]
+            assert (root / source).is_file(), f"{name} mounts {source}: not written"
+    dashboard = _override()["services"]["dashboard"]["command"]
+    assert isinstance(dashboard, list)
+    users_file = dashboard[dashboard.index("--users") + 1]
+    mounts = [str(v) for v in _override()["services"]["dashboard"]["volumes"]]  # type: ignore[attr-defined]
+    assert any(v.split(":")[1] == users_file for v in mounts)
+    args = dashboard[dashboard.index("allot.services.dashboard") + 1 :]
+    assert dashboard_parser().parse_args(args).users == users_file
+    assert auth.dashboard_users is not None and auth.dashboard_users.is_file()
+
+
+@pytest.fixture
+def secure_nats(project: tuple[Path, GeneratedAuth]) -> Iterator[tuple[str, GeneratedAuth]]:
+    """nats-server started from deploy/nats.secure.conf laid out as compose mounts it."""
+    root, auth = project
+    etc = root / "etc-nats"
+    (etc / "auth").mkdir(parents=True)
+    plain, count = re.subn(
+        r"(?m)^(\s*store_dir:\s*)/data\s*$",
+        rf"\g<1>{root}/store",
+        (ROOT / "deploy" / "nats.conf").read_text(),
+    )
+    assert count == 1
+    (etc / "allot.conf").write_text(plain)
+    shutil.copy(ROOT / "deploy" / "nats.secure.conf", etc / "secure.conf")
+    shutil.copy(auth.config_path, etc / "auth" / "nats.conf")
+    test = subprocess.run(
+        [str(find_nats_server()), "-c", str(etc / "secure.conf"), "-t"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert test.returncode == 0, f"nats-server rejects the secure config: {test.stderr}"
+    client, monitor = free_ports(2)
+    argv = [str(find_nats_server()), "-c", str(etc / "secure.conf"), "-a", "127.0.0.1"]
+    proc = subprocess.Popen(
+        [*argv, "-p", str(client), "-m", str(monitor)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{monitor}/healthz", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield f"nats://127.0.0.1:{client}", auth
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.integration
+def test_the_secure_server_takes_the_generated_credentials(
+    secure_nats: tuple[str, GeneratedAuth],
+) -> None:
+    server, auth = secure_nats
+
+    async def check() -> None:
+        creds = auth.users["allot-services"]
+        env = {"ALLOT_NATS_USER": creds.user, "ALLOT_NATS_PASSWORD": creds.password}
+        nc = await nats.connect(nats_url_from_env({**env, "ALLOT_NATS_URL": server}, "x"))
+        js = nc.jetstream()
+        info = await js.account_info()  # JetStream is on for the service user's account
+        assert info.limits is not None
+        await nc.close()
+        wrong = {**env, "ALLOT_NATS_PASSWORD": "not-it", "ALLOT_NATS_URL": server}
+        with pytest.raises((nats.errors.Error, OSError)):
+            await nats.connect(
+                nats_url_from_env(wrong, "x"), allow_reconnect=False, connect_timeout=2
+            )
+
+    asyncio.run(check())
+
+
+def test_docker_compose_config_merges_the_override(
+    project: tuple[Path, GeneratedAuth],
+) -> None:
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip("no Compose v2 CLI here: the YAML checks of this file ran")
+    root, _ = project
+    argv = [*cli, "--project-directory", str(root), "-f", str(root / "compose.yaml")]
+    argv += ["-f", str(root / "deploy" / "compose.secure.yaml"), "config", "--format", "json"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    resolved = json.loads(proc.stdout)["services"]
+    assert resolved["nats"]["command"] == ["-c", "/etc/nats/secure.conf"]
+    targets = {v["target"] for v in resolved["nats"]["volumes"]}
+    assert {"/etc/nats/allot.conf", "/etc/nats/secure.conf", "/etc/nats/auth/nats.conf"} <= targets
+    assert resolved["intake"]["environment"]["ALLOT_NATS_USER"] == "allot-services"
+    assert resolved["intake"]["environment"]["ALLOT_NATS_URL"] == "nats://nats:4222"
+    assert resolved["agent-a"]["environment"]["ALLOT_NATS_USER"] == "agent-a"
+    assert "--users" in resolved["dashboard"]["command"]
