@@ -115,20 +115,6 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> N
             await js.update_stream(config)
 
 
-async def wait_for_streams(js: JetStreamContext, timeout: float = 60.0) -> None:
-    """For readers that may not create streams (agents): wait until the services have."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    for name in STREAMS:
-        while True:
-            try:
-                await js.stream_info(name)
-                break
-            except NotFoundError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-
-
 async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
     nc = await nats.connect(
         server_urls(url),

@@ -65,7 +65,6 @@ log = structlog.get_logger("allot.agent", service="agent")
 
 SLOTS = 50
 """At most this many batches per heartbeat or resync interval (many fake hosts)."""
-HEARTBEAT_SLOTS = SLOTS
 MAX_GPUS_PER_HOST = 1024
 MAX_FAKE_HOSTS = 100_000
 MAX_RUNNING_IN_HEARTBEAT = 1024
