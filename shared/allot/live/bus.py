@@ -39,6 +39,7 @@ from opentelemetry import propagate
 
 from allot.core.errors import ValidationError
 from allot.live.auth_config import client_tls, inbox_prefix_for_url
+from allot.live.tasks import stop_tasks
 from allot.proto import codec
 from allot.proto.subjects import STREAMS, kind_of
 
@@ -226,13 +227,11 @@ class LogFollower:
             otel_context.detach(token)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # Unsubscribed first: that ends the pumps' message iterators even where a
+        # cancellation is swallowed.
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        await stop_tasks(self._tasks)
         self._tasks.clear()
         self._subs.clear()

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -63,6 +62,7 @@ from allot.core.usage import HOUR_S
 from allot.live import bus
 from allot.live.runtime import Delivery, configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, positive_seconds, run_main
+from allot.live.tasks import stop_tasks
 from allot.proto import messages as m
 from allot.proto.subjects import ALL_EVENTS
 
@@ -426,11 +426,8 @@ class Accounting:
         log.info("accounting started", prefix=self.charger.prefix, slot_s=self.charger.slot_s)
 
     async def on_stopping(self) -> None:
-        if self._accrual is not None:
-            self._accrual.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accrual
-            self._accrual = None
+        await stop_tasks([self._accrual])
+        self._accrual = None
         if self._subscriber is not None:
             await self._subscriber.stop()
             self._subscriber = None

@@ -58,6 +58,7 @@ from allot.live.gpu_exec import (
 from allot.live.host_work import RESTART_LOST, STOPPED_BEFORE_START
 from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, run_main
+from allot.live.tasks import stop_tasks
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 
@@ -183,11 +184,7 @@ class Agent:
 
     async def on_stopping(self) -> None:
         self._stopping = True
-        for loop_task in self._loops:
-            loop_task.cancel()
-        for loop_task in self._loops:
-            with contextlib.suppress(asyncio.CancelledError):
-                await loop_task
+        await stop_tasks(self._loops)
         deadline = self._clock() + self.config.stop_grace_s
         for run in list(self._runs.values()):
             self._stop_run(run, deadline)

@@ -66,7 +66,7 @@ from allot.proto import subjects as s
 from allot.sdk import Client
 
 OPEN_PATHS = frozenset({"/healthz", "/favicon.ico"})
-VIEWER = "allot.viewer"
+VIEWER = web.RequestKey("viewer", Viewer)
 """Request key of the logged-in ``Viewer``."""
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8265

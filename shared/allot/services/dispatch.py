@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -40,6 +39,7 @@ from allot.live import bus, runtime
 from allot.live.host_work import DispatchBook
 from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, run_main
+from allot.live.tasks import stop_tasks
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -115,10 +115,8 @@ class DispatchService:
     async def on_stopping(self) -> None:
         self._closing.set()
         self._wake.set()
-        if self._flusher is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(self._flusher, 2.0)
-            self._flusher = None
+        await stop_tasks([self._flusher], timeout=2.0)
+        self._flusher = None
         if self._follower is not None:
             await self._follower.stop()
             self._follower = None

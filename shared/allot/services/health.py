@@ -44,6 +44,7 @@ from allot.core.errors import ValidationError
 from allot.live import bus, runtime
 from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, positive_seconds, run_main
+from allot.live.tasks import stop_tasks
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -178,9 +179,7 @@ class HealthService:
         # CancelledError), so the check loop also stops on a flag.
         self._closing.set()
         if self._checker is not None:
-            self._checker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checker
+            await stop_tasks([self._checker])
             self._checker = None
         if self._follower is not None:
             await self._follower.stop()

@@ -76,6 +76,7 @@ from allot.live import bus
 from allot.live.logfold import LogFold
 from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, run_main
+from allot.live.tasks import stop_tasks
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -235,11 +236,7 @@ class PlacementService:
 
     async def on_stopping(self) -> None:
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await stop_tasks(self._tasks)
         await self._step_down("stopping")
         if self.follower is not None:
             await self.follower.stop()

@@ -43,6 +43,7 @@ from allot.live import bus, runtime
 from allot.live.budget_wire import spec_from_tree, tree_from_spec
 from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, positive_seconds, run_main
+from allot.live.tasks import stop_tasks
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -135,9 +136,7 @@ class RankingService:
         self._closing.set()
         self._kick.set()
         if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+            await stop_tasks([self._loop])
             self._loop = None
         await self._redis.aclose()
 
