@@ -15,6 +15,7 @@ from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.errors import ValidationError
 from allot.live.auth_config import (
     UserSpec,
+    add_nats_url_argument,
     budget_path,
     generate,
     inbox_prefix_for_url,
@@ -315,3 +316,18 @@ def test_cli_bad_roles_write_nothing(tmp_path: Path) -> None:
 )
 def test_nats_url_from_env_adds_the_credentials_files_user(env: dict[str, str], url: str) -> None:
     assert nats_url_from_env(env, "nats://127.0.0.1:4222") == url
+
+
+def test_nats_url_help_never_shows_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALLOT_NATS_URL", "nats://n1:4222,nats://n2:4222")
+    monkeypatch.setenv("ALLOT_NATS_USER", "nlp")
+    monkeypatch.setenv("ALLOT_NATS_PASSWORD", "s3cr%et")
+    parser = argparse.ArgumentParser()
+    add_nats_url_argument(parser, "nats://127.0.0.1:4222")
+    assert (
+        parser.parse_args([]).nats_url
+        == "nats://nlp:s3cr%25et@n1:4222,nats://nlp:s3cr%25et@n2:4222"
+    )
+    text = parser.format_help()
+    assert "s3cr" not in text
+    assert "nats://nlp:***@n1:4222,nats://nlp:***@n2:4222" in " ".join(text.split())

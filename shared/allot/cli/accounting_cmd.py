@@ -22,7 +22,7 @@ import sys
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
 from allot.core.usage import DEFAULT_WINDOW_S, HOUR_S, window_usage
-from allot.live.auth_config import nats_url_from_env
+from allot.live.auth_config import add_nats_url_argument
 
 EXIT_UNREACHABLE = 1
 CONNECT_TIMEOUT_S = 5.0
@@ -76,12 +76,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _server_options(parser: argparse.ArgumentParser, *, nats: bool) -> None:
     if nats:
-        parser.add_argument(
-            "--nats-url",
-            default=nats_url_from_env(os.environ, DEFAULT_NATS_URL),
-            help="NATS server (env ALLOT_NATS_URL, with ALLOT_NATS_USER and ALLOT_NATS_PASSWORD "
-            "when set; default %(default)s)",
-        )
+        add_nats_url_argument(parser, DEFAULT_NATS_URL)
     parser.add_argument(
         "--redis-url",
         default=os.environ.get("ALLOT_REDIS_URL", DEFAULT_REDIS_URL),

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import sys
 import time
@@ -32,7 +31,7 @@ import msgspec
 from allot.cli import live_format as fmt
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
-from allot.live.auth_config import nats_url_from_env
+from allot.live.auth_config import add_nats_url_argument
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import BUDGET_ROOT
@@ -165,12 +164,7 @@ def renamed(exc: ValidationError, options: dict[str, str]) -> ValidationError:
 
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--nats-url",
-        default=nats_url_from_env(os.environ, DEFAULT_NATS_URL),
-        help="NATS server (env ALLOT_NATS_URL, with ALLOT_NATS_USER and ALLOT_NATS_PASSWORD "
-        "when set; default %(default)s)",
-    )
+    add_nats_url_argument(common, DEFAULT_NATS_URL)
     common.add_argument(
         "--timeout", default="5", help="seconds to wait for each answer (default %(default)s)"
     )

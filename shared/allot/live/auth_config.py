@@ -37,6 +37,7 @@ user cannot read another's replies or JetStream deliveries.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -129,6 +130,27 @@ def nats_url_from_env(environ: Mapping[str, str], default: str) -> str:
         else:
             out.append(urlunsplit(pieces._replace(netloc=auth + pieces.netloc)))
     return ",".join(out)
+
+
+def add_nats_url_argument(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--nats-url``, defaulting to ``nats_url_from_env(os.environ, default)``. Its help
+    shows the default with any password masked: ``--help`` must not print a secret."""
+    url = nats_url_from_env(os.environ, default)
+    shown = ",".join(_masked(part) for part in url.split(","))
+    parser.add_argument(
+        "--nats-url",
+        default=url,
+        help="NATS server (env ALLOT_NATS_URL, with ALLOT_NATS_USER and ALLOT_NATS_PASSWORD "
+        f"when set; default {shown.replace('%', '%%')})",
+    )
+
+
+def _masked(url: str) -> str:
+    pieces = urlsplit(url.strip())
+    if pieces.password is None:
+        return url.strip()
+    host = pieces.netloc.rpartition("@")[2]
+    return urlunsplit(pieces._replace(netloc=f"{pieces.username}:***@{host}"))
 
 
 def inbox_prefix_for_url(url: str) -> str:

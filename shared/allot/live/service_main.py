@@ -19,7 +19,7 @@ from typing import Protocol
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
-from allot.live.auth_config import nats_url_from_env
+from allot.live.auth_config import add_nats_url_argument
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
@@ -46,12 +46,7 @@ def positive_seconds(text: str) -> float:
 
 def base_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=description)
-    ap.add_argument(
-        "--nats-url",
-        default=nats_url_from_env(os.environ, DEFAULT_NATS_URL),
-        help="NATS server (env ALLOT_NATS_URL, with ALLOT_NATS_USER and ALLOT_NATS_PASSWORD "
-        "when set; default %(default)s)",
-    )
+    add_nats_url_argument(ap, DEFAULT_NATS_URL)
     ap.add_argument(
         "--redis-url",
         default=os.environ.get("ALLOT_REDIS_URL", DEFAULT_REDIS_URL),
