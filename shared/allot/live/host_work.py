@@ -20,6 +20,7 @@ from allot.core.errors import ValidationError
 from allot.live.logfold import LogFold, WorkloadRecord
 from allot.proto import messages as m
 from allot.proto.messages import PreemptReason
+from allot.proto.subjects import check_host
 
 LIVE = frozenset({"running", "noticed"})
 RESTART_LOST = "agent restarted; the process was lost"
@@ -121,10 +122,7 @@ class DispatchBook:
         Raises ``ValidationError`` naming the field when the report is not this host's to
         make: another host in the payload, an unknown workload or attempt, a host that is not
         the attempt's primary one."""
-        if report.host != subject_host:
-            raise ValidationError(
-                "host", f"{report.host!r} differs from the subject's host {subject_host!r}"
-            )
+        check_host(report.host, subject_host)
         rec = self.fold.records.get(report.workload_id)
         if rec is None:
             raise ValidationError("workload_id", f"unknown workload {report.workload_id!r}")

@@ -165,6 +165,21 @@ def _host_subject(host: str, kind: str) -> str:
     return f"{PREFIX}.host.{validate_token(host, 'host')}.{kind}"
 
 
+def host_of(subject: str) -> str:
+    """``allot.v1.host.<host>.<kind>`` -> ``<host>``: who speaks, by the subject NATS let
+    them publish on (the caller's subscription guarantees the shape)."""
+    return subject.split(".")[3]
+
+
+def check_host(payload_host: str, subject_host: str) -> None:
+    """Raise ``ValidationError("host")`` when a payload names another host than its subject
+    (identity comes from the subject, never from a payload field)."""
+    if payload_host != subject_host:
+        raise ValidationError(
+            "host", f"{payload_host!r} differs from the subject's host {subject_host!r}"
+        )
+
+
 def heartbeat(host: str) -> str:
     return _host_subject(host, "heartbeat")
 

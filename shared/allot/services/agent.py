@@ -238,7 +238,7 @@ class Agent:
         return True
 
     async def _on_work_msg(self, msg: Any) -> None:
-        host = msg.subject.split(".")[3]
+        host = subjects.host_of(msg.subject)
         try:
             work = codec.decode_as(m.HostWork, msg.data)
         except ValidationError as e:

@@ -55,11 +55,6 @@ log = structlog.get_logger("allot.dispatch", service=SERVICE)  # lazy: configure
 _PUBLISH_ERRORS = (nats.errors.Error, TimeoutError, OSError)
 
 
-def host_token(subject: str) -> str:
-    """``allot.v1.host.<host>.<kind>`` -> ``<host>`` (the subscription guarantees the shape)."""
-    return subject.split(".")[3]
-
-
 class DispatchService:
     """See the module docstring."""
 
@@ -156,14 +151,11 @@ class DispatchService:
     async def _sync_handler(self, msg: Delivery) -> bytes:
         subject = msg.raw_message.subject
         await self._ready.wait()  # the agent's request times out and is asked again
-        host = host_token(subject)
+        host = subjects.host_of(subject)
         try:
             req = codec.decode(Kind.HOST_SYNC, msg.body)
             assert isinstance(req, m.HostSync)
-            if req.host != host:
-                raise ValidationError(
-                    "host", f"{req.host!r} differs from the subject's host {host!r}"
-                )
+            subjects.check_host(req.host, host)
         except ValidationError as e:
             self._reject(subject, e)
             return codec.encode(m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason))
@@ -177,18 +169,19 @@ class DispatchService:
     async def report(self, subject: str, body: bytes) -> m.CommandAccepted | m.CommandRejected:
         """Answer one ``PartReport``; every refusal is a ``CommandRejected`` naming the field."""
         await self._ready.wait()
+        host = subjects.host_of(subject)
         try:
             report = codec.decode(Kind.HOST_REPORT, body)
             assert isinstance(report, m.PartReport)
             try:
-                record = self.book.record_for(host_token(subject), report)
+                record = self.book.record_for(host, report)
             except ValidationError as e:
                 if e.field not in ("workload_id", "attempt"):
                     raise
                 # Another dispatch instance may have sent the list: read the log to its
                 # end before refusing a workload or attempt we have not seen.
                 await self._catch_up()
-                record = self.book.record_for(host_token(subject), report)
+                record = self.book.record_for(host, report)
         except ValidationError as e:
             self._reject(subject, e)
             return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)

@@ -104,11 +104,6 @@ def cause_of(record: m.HostDraining) -> Cause:
     return "health"
 
 
-def host_token(subject: str) -> str:
-    """``allot.v1.host.<host>.<kind>`` -> ``<host>`` (the subscription guarantees the shape)."""
-    return subject.split(".")[3]
-
-
 def health_reason(report: m.HealthReport) -> str:
     failed = ", ".join(str(g) for g in report.failed_gpus)
     parts = [report.detail] if report.detail else []
@@ -227,7 +222,7 @@ class HealthService:
             self._ignore("bad heartbeat", subject=subject, field=e.field, reason=e.reason)
         else:
             assert isinstance(beat, m.Heartbeat)
-            await self.heartbeat(host_token(subject), beat)
+            await self.heartbeat(subjects.host_of(subject), beat)
         finally:
             self.heartbeats += 1
 
@@ -265,7 +260,7 @@ class HealthService:
             self._ignore("bad health report", subject=subject, field=e.field, reason=e.reason)
             return
         assert isinstance(report, m.HealthReport)
-        await self.health_report(host_token(subject), report)
+        await self.health_report(subjects.host_of(subject), report)
 
     async def health_report(self, subject_host: str, report: m.HealthReport) -> None:
         if report.host != subject_host:
@@ -335,10 +330,7 @@ class HealthService:
         try:
             cmd = codec.decode(kind, body)
             assert isinstance(cmd, m.DrainHost | m.UndrainHost)
-            if cmd.host != host_token(subject):
-                raise ValidationError(
-                    "host", f"{cmd.host!r} differs from the subject's host {host_token(subject)!r}"
-                )
+            subjects.check_host(cmd.host, subjects.host_of(subject))
             async with self._lock:
                 info = self.book.hosts.get(cmd.host)
                 if info is None:
