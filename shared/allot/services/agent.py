@@ -150,14 +150,11 @@ class Agent:
     ) -> None:
         self.config = config
         self.broker = make_broker(config.nats_url, "agent", provider)
-        self.synced = False
-        """Every host's list has been received once (the agent is in step with the log)."""
         self.rejected = 0
         """Reports dispatch refused (a bug or a hostile list; never retried)."""
         self._clock = clock
         self._hosts = frozenset(config.hosts)
         self._runs: dict[tuple[str, int, str], Run] = {}
-        self._by_workload: dict[str, dict[tuple[str, int, str], Run]] = {}
         self._by_host: dict[str, dict[tuple[str, int, str], Run]] = {}
         self._seq_of: dict[str, int] = {}
         """Host -> log position of the last list applied."""
@@ -209,20 +206,22 @@ class Agent:
         """Ask for every host's list (at most 64 requests in flight)."""
         gate = asyncio.Semaphore(64)
 
-        async def one(host: str) -> bool:
+        async def one(host: str) -> None:
             async with gate:
-                return await self._sync_host(host)
+                await self._sync_host(host)
 
-        results = await asyncio.gather(*(one(h) for h in self.config.hosts))
-        self.synced = self.synced or all(results)
+        await asyncio.gather(*(one(h) for h in self.config.hosts))
 
     async def _sync(self, hosts: Sequence[str]) -> None:
         for host in hosts:
             await self._sync_host(host)
-        if not self.synced:
-            self.synced = all(h in self._seq_of for h in self.config.hosts)
 
-    async def _sync_host(self, host: str) -> bool:
+    @property
+    def synced(self) -> bool:
+        """Every host's list has been applied once (the agent is in step with the log)."""
+        return len(self._seq_of) == len(self._hosts)
+
+    async def _sync_host(self, host: str) -> None:
         assert self._nc is not None
         body = codec.encode(m.HostSync(host=host))
         try:
@@ -230,12 +229,11 @@ class Agent:
             work = codec.decode_as(m.HostWork, reply.data)
         except _PUBLISH_ERRORS as e:  # dispatch not up yet: the next resync tries again
             self.log.debug("sync failed", host=host, error=repr(e))
-            return False
+            return
         except ValidationError as e:
             self.log.warning("sync refused", host=host, field=e.field, reason=e.reason)
-            return False
+            return
         self._apply_work(host, work)
-        return True
 
     async def _on_work_msg(self, msg: Any) -> None:
         host = subjects.host_of(msg.subject)
@@ -294,7 +292,6 @@ class Agent:
             return
         run = Run(task=task, host=host, log=bound)
         self._runs[run.key] = run
-        self._by_workload.setdefault(task.workload_id, {})[run.key] = run
         self._by_host.setdefault(host, {})[run.key] = run
         self._spawn(self._supervise(run))
 
@@ -313,12 +310,11 @@ class Agent:
         self._runs.pop(run.key, None)
         self._done.pop(run.key, None)  # re-inserted last: the dict stays in end order
         self._done[run.key] = time.monotonic()
-        for index, name in ((self._by_workload, run.workload_id), (self._by_host, run.host)):
-            runs = index.get(name)
-            if runs is not None:
-                runs.pop(run.key, None)
-                if not runs:
-                    del index[name]
+        runs = self._by_host.get(run.host)
+        if runs is not None:
+            runs.pop(run.key, None)
+            if not runs:
+                del self._by_host[run.host]
 
     def _stop_run(self, run: Run, kill_at: float) -> None:
         if run.stop_at is None:
