@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
@@ -179,15 +180,11 @@ class DashboardViews:
     ) -> m.QueueSnapshot | None:
         """A team's queue: its allocations' rows, asked on the per-allocation subjects (the
         ones NATS grants it), merged in service order."""
-
-        def ask(scope: str) -> Callable[..., Awaitable[m.QueueSnapshot]]:
-            async def call(timeout: float) -> m.QueueSnapshot:
-                return await self.client.queue(scope=scope, timeout=timeout)
-
-            return call
-
         parts = await asyncio.gather(
-            *(self._ask(ask(scope), "placement leader", errors) for scope in scopes)
+            *(
+                self._ask(partial(self.client.queue, scope=scope), "placement leader", errors)
+                for scope in scopes
+            )
         )
         got = [p for p in parts if p is not None]
         if not got:
@@ -198,16 +195,14 @@ class DashboardViews:
     async def workload(self, now: float, workload_id: str, viewer: Viewer = EVERYONE) -> PageView:
         errors: list[str] = []
         rec = self.timeline.fold.records.get(workload_id)
-        if not viewer.sees(rec.workload.allocation if rec is not None else None) or (
-            rec is None and viewer.allocations is not None
+        if viewer.allocations is not None and (
+            rec is None or not viewer.sees(rec.workload.allocation)
         ):
             # Another team's workload reads as an unknown one: not even its id is confirmed.
             return workload_page(now, workload_id, None, ())
-
-        async def status(timeout: float) -> m.WorkloadStatus:
-            return await self.client.status(workload_id, timeout=timeout)
-
-        current = await self._ask(status, "placement leader", errors)
+        current = await self._ask(
+            partial(self.client.status, workload_id), "placement leader", errors
+        )
         row = None
         if current is not None and current.state == "pending":
             snapshot = await self._ask(self.client.queue, "placement leader", errors)

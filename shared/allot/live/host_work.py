@@ -60,7 +60,7 @@ class DispatchBook:
             return set()
         if not result.changed:
             return set()
-        elif isinstance(record, m.PreemptionNotice):
+        if isinstance(record, m.PreemptionNotice):
             self.notice_reasons[wid] = record.reason
         elif isinstance(record, m.CancelRequested):
             self.cancels[wid] = record
