@@ -48,7 +48,6 @@ from allot.live.history import Op
 from allot.live.stack import Stack
 from allot.proto.subjects import STREAMS
 from allot.sdk import Client
-from allot.services.intake import CLIENTS_BUCKET
 from allot.services.placement import LEADER_BUCKET
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +55,7 @@ import chaos  # bench is not a package: the driver this one extends, by path
 
 RESULTS = chaos.RESULTS
 DEFAULT_PLAN = ["node-kill:follower", "node-kill:leader", "node-stop:leader"]
-KV_STREAMS = (f"KV_{LEADER_BUCKET}", f"KV_{CLIENTS_BUCKET}")
+KV_STREAMS = (f"KV_{LEADER_BUCKET}",)
 
 
 @dataclass
@@ -186,7 +185,6 @@ async def create_log(url: str, replicas: int, lease_ttl_s: float) -> None:
         await js.create_key_value(
             bucket=LEADER_BUCKET, ttl=lease_ttl_s, history=1, replicas=replicas
         )
-        await js.create_key_value(bucket=CLIENTS_BUCKET, history=1, replicas=replicas)
     finally:
         await nc.close()
 

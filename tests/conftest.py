@@ -21,7 +21,7 @@ from allot.adapters.embedded import EmbeddedNats, EmbeddedRedis
 _FORCE_EMBEDDED = os.environ.get("ALLOT_TEST_SERVERS") == "embedded"
 
 STREAMS = ("WORKLOADS", "HOSTS", "USAGE")
-KV_BUCKETS = ("allot_leader", "allot_clients", "allot_ranking")
+KV_BUCKETS = ("allot_leader", "allot_ranking")
 
 
 def _answers(port: int) -> bool:

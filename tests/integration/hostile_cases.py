@@ -109,6 +109,10 @@ def submit_template(client_id: str = "hostile") -> dict[str, Any]:
     }
 
 
+def batch(workloads: list[Any]) -> dict[str, Any]:
+    return {"type": "SubmitBatch", "workloads": workloads}
+
+
 def cancel_template(workload_id: str) -> dict[str, Any]:
     return {
         "type": "CancelWorkload",
@@ -317,6 +321,47 @@ def hand_cases(placed: str, cancelled: str) -> list[Case]:
         ),
         # -- oversized payloads ---------------------------------------------------------
         Case(OVERSIZED, SUBMIT, sub, submit(kind="x" * 70_000), BODY),
+        # -- batches (SubmitBatch): a body that does not decode is refused whole ----------
+        Case(
+            OVERSIZED,
+            SUBMIT,
+            sub,
+            dumps(batch([submit_template(f"b{i}") for i in range(257)])),
+            "workloads",
+        ),
+        Case(
+            OVERSIZED,
+            SUBMIT,
+            sub,
+            dumps(batch([{**submit_template(f"b{i}"), "kind": "k" * 60} for i in range(300)])),
+            BODY,
+            note="~80 KB",
+        ),
+        Case(MALFORMED, SUBMIT, sub, dumps(batch([])), "workloads"),
+        Case(
+            MALFORMED, SUBMIT, sub, dumps(batch([batch([submit_template()])])), "workloads[0].type"
+        ),
+        Case(
+            WRONG_TYPE,
+            SUBMIT,
+            sub,
+            dumps({"type": "SubmitBatch", "workloads": submit_template()}),
+            "workloads",
+        ),
+        Case(
+            ABSURD,
+            SUBMIT,
+            sub,
+            dumps(batch([submit_template(), {**submit_template("b"), "gpus": -8}])),
+            "workloads[1].gpus",
+        ),
+        Case(
+            UNKNOWN_FIELD,
+            SUBMIT,
+            sub,
+            dumps({**batch([submit_template()]), "priority": 9}),
+            "priority",
+        ),
         Case(OVERSIZED, SUBMIT, sub, submit(command=["x" * 1000] * 900), BODY, note="~900 KB"),
         Case(OVERSIZED, SUBMIT, sub, submit(command=["x"] * 300), "command", note="300 args"),
         Case(OVERSIZED, SUBMIT, sub, submit(command=["x" * 5000]), "command"),

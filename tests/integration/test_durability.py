@@ -49,7 +49,8 @@ async def test_client_id_dedupe_outlives_the_duplicate_window(intake_nc: nats.NA
     body = _submit_body("once")
     first = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
     assert isinstance(first, m.WorkloadAccepted) and not first.duplicate
-    # Shrink the stream's message-id window and outlive it: only the KV record remains.
+    # Shrink the stream's message-id window and outlive it: only the log's subject check
+    # is left to catch the repeat.
     info = await js.stream_info("WORKLOADS")
     info.config.duplicate_window = 0.5
     await js.update_stream(info.config)
@@ -58,31 +59,39 @@ async def test_client_id_dedupe_outlives_the_duplicate_window(intake_nc: nats.NA
     assert isinstance(again, m.WorkloadAccepted) and again.duplicate
     assert again.workload_id == first.workload_id and again.at == first.at
     assert len(of_type(await records(js), m.WorkloadSubmitted)) == 1
-    kv = await js.key_value("allot_clients")
-    assert not (await kv.status()).ttl  # kept forever
 
 
-async def test_a_key_reserved_without_its_record_is_repaired_by_the_retry(
+async def test_a_repeat_after_later_records_answers_with_the_first_submission(
     intake_nc: nats.NATS,
 ) -> None:
-    """Intake reserves the client key, then appends: a crash between the two leaves a key
-    with no workload. The client's retry must append the record (at the first time), once."""
+    """The workload's subject gains records after its submission (placed, started...): a
+    repeat is still refused, and answered with the submission's time, not a later one."""
     nc, js = intake_nc, intake_nc.jetstream()
-    body = _submit_body("torn")
-    kv = await js.key_value("allot_clients")
-    await kv.create("=.torn", json.dumps({"workload_id": "x", "at": 1.7e9}).encode())
-    assert not of_type(await records(js), m.WorkloadSubmitted)
-
-    retry = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
+    body = _submit_body("busy")
+    first = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
+    assert isinstance(first, m.WorkloadAccepted)
+    subject = s.events(None, first.workload_id)
+    await js.publish(subject, b'{"type":"later"}')  # any later record on the subject
+    info = await js.stream_info("WORKLOADS")
+    info.config.duplicate_window = 0.5
+    await js.update_stream(info.config)
+    await asyncio.sleep(1.0)
     again = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
-
-    assert isinstance(retry, m.WorkloadAccepted) and retry.duplicate
     assert isinstance(again, m.WorkloadAccepted) and again.duplicate
-    assert retry.at == again.at == 1.7e9
-    submitted = of_type(await records(js), m.WorkloadSubmitted)
-    assert [(r.workload_id, r.client_id, r.at) for r in submitted] == [
-        (retry.workload_id, "torn", 1.7e9)
-    ]
+    assert again.at == first.at
+
+
+async def test_concurrent_repeats_append_one_submission(intake_nc: nats.NATS) -> None:
+    nc, js = intake_nc, intake_nc.jetstream()
+    body = _submit_body("racy")
+    replies = await asyncio.gather(
+        *(nc.request(s.submit(None), body, timeout=5) for _ in range(20))
+    )
+    answers = [_REPLY.decode(r.data) for r in replies]
+    assert all(isinstance(a, m.WorkloadAccepted) for a in answers)
+    assert sum(not a.duplicate for a in answers if isinstance(a, m.WorkloadAccepted)) == 1
+    assert len({a.at for a in answers if isinstance(a, m.WorkloadAccepted)}) == 1
+    assert len(of_type(await records(js), m.WorkloadSubmitted)) == 1
 
 
 def test_the_stack_fsyncs_every_jetstream_write(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from allot.core.errors import ValidationError
 from allot.core.model import MAX_MIN_RUNTIME_S
 from allot.proto import messages as m
 from allot.proto import subjects as s
-from allot.proto.codec import MAX_PAYLOAD, TYPES, decode, encode
+from allot.proto.codec import MAX_PAYLOAD, TYPES, decode, decode_as, encode
 from allot.proto.schema import drift, generated, main
 from allot.proto.subjects import Kind
 
@@ -55,6 +55,12 @@ def samples() -> list[msgspec.Struct]:
             min_runtime_s=28_800,
             command=("python", "train.py"),
             duration_s=90.5,
+        ),
+        m.SubmitBatch(
+            workloads=(
+                m.SubmitWorkload(client_id="c-2", user="ada", gpus=1, allocation="nlp"),
+                m.SubmitWorkload(client_id="c-3", user="ada", gpus=2, allocation="nlp"),
+            )
         ),
         m.CancelWorkload(workload_id="w-1", user="ada", allocation=None, reason="changed my mind"),
         m.SetBudget(path=("root", "nlp", "pretrain"), shares=None, set_by="boss"),
@@ -175,7 +181,7 @@ def test_every_message_is_a_frozen_tagged_struct_that_forbids_unknown_fields() -
         config = cls.__struct_config__
         assert config.frozen and config.forbid_unknown_fields, cls
         assert config.tag == cls.__name__, cls
-    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 41
+    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 43
 
 
 # -- round trips ------------------------------------------------------------------------------
@@ -186,6 +192,31 @@ def test_round_trip(msg: msgspec.Struct) -> None:
     data = encode(msg)
     assert json.loads(data)["type"] == type(msg).__name__
     assert decode(kind_of(msg), data) == msg
+
+
+def test_a_batch_answer_round_trips_with_both_kinds_of_result() -> None:
+    answer = m.SubmitBatchAnswered(
+        at=1.0,
+        results=(
+            m.WorkloadAccepted(workload_id="w-2", client_id="c-2", allocation="nlp", at=1.0),
+            m.WorkloadRejected(
+                client_id="c-3", allocation="nlp", at=1.0, field="workloads[1].gpus", reason="r"
+            ),
+        ),
+    )
+    assert decode_as(m.SubmitBatchAnswered, encode(answer)) == answer
+
+
+def test_a_submit_is_a_workload_unless_its_type_says_batch() -> None:
+    plain = b'{"client_id":"c","user":"u","gpus":1}'  # no type: a workload, as always
+    assert decode(Kind.SUBMIT, plain) == m.SubmitWorkload(client_id="c", user="u", gpus=1)
+    batch = b'{"type":"SubmitBatch","workloads":[' + plain + b"]}"
+    assert decode(Kind.SUBMIT, batch) == m.SubmitBatch(
+        workloads=(m.SubmitWorkload(client_id="c", user="u", gpus=1),)
+    )
+    with pytest.raises(ValidationError) as caught:  # neither: the workload's error
+        decode(Kind.SUBMIT, b'{"type":"SubmitPizza","client_id":"c","user":"u","gpus":1}')
+    assert caught.value.field == "type"
 
 
 def test_defaults_fill_in_for_a_minimal_plain_json_submit() -> None:
@@ -206,6 +237,38 @@ NESTED = b'{"type":"WorkloadStarted","x":' + b"[" * 1000 + b"]" * 1000 + b"}"
 DEEP_UNION = b'{"x":' + b"[" * 5000 + b"]" * 5000 + b',"type":"WorkloadStarted"}'
 
 BAD: list[tuple[str, Kind, bytes, str]] = [
+    (
+        "batch with no workloads",
+        Kind.SUBMIT,
+        raw({"type": "SubmitBatch", "workloads": []}),
+        "workloads",
+    ),
+    (
+        "batch over 256 workloads",
+        Kind.SUBMIT,
+        raw(
+            {"type": "SubmitBatch", "workloads": [{"client_id": "c", "user": "u", "gpus": 1}] * 257}
+        ),
+        "workloads",
+    ),
+    (
+        "batch item with a bad field",
+        Kind.SUBMIT,
+        raw({"type": "SubmitBatch", "workloads": [submit(), submit(gpus=0)]}),
+        "workloads[1].gpus",
+    ),
+    (
+        "batch inside a batch",
+        Kind.SUBMIT,
+        raw({"type": "SubmitBatch", "workloads": [{"type": "SubmitBatch", "workloads": []}]}),
+        "workloads[0].type",
+    ),
+    (
+        "duplicate key inside a batch item",
+        Kind.SUBMIT,
+        b'{"type":"SubmitBatch","workloads":[' + raw(submit())[:-1] + b', "gpus": 8}]}',
+        "gpus",
+    ),
     ("not JSON at all", Kind.SUBMIT, b"hello", "body"),
     ("truncated JSON", Kind.SUBMIT, b'{"client_id": "c"', "body"),
     ("empty payload", Kind.SUBMIT, b"", "body"),

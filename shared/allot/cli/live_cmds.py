@@ -1,7 +1,7 @@
 """The live ``allot`` commands, talking to a running stack through ``allot.sdk.Client``:
 
     allot submit --alloc A --user U --gpus N --min-runtime 2h [--kind K] [--priority P]
-                 [--not-resumable] [--client-id ID] [--duration 90s] -- CMD ARGS...
+                 [--not-resumable] [--client-id ID] [--duration 90s] [--array N] -- CMD ARGS...
     allot cancel WORKLOAD [--alloc A] --user U [--reason R]
     allot status WORKLOAD
     allot watch WORKLOAD [--alloc A]
@@ -35,10 +35,13 @@ from allot.live.auth_config import add_nats_url_argument
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import BUDGET_ROOT
-from allot.sdk import Client, NoResponderError, RequestTimeoutError, SdkError
+from allot.sdk import Client, NoResponderError, RequestTimeoutError, SdkError, new_client_id
 
 EXIT_UNAVAILABLE = 1
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+MAX_ARRAY = 10_000
+"""Most workloads one ``allot submit --array`` sends."""
 
 SUBMIT_OPTIONS = {
     "client_id": "--client-id",
@@ -202,6 +205,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--not-resumable", action="store_true", help="do not requeue if preempted")
     p.add_argument("--client-id", help="idempotency key (default: a fresh one)")
     p.add_argument("--duration", help="fake agents only: how long to pretend to run")
+    p.add_argument(
+        "--array",
+        help="N copies in one request, like Slurm's --array (client ids ID-0 .. ID-(N-1); "
+        f"at most {MAX_ARRAY}); prints one id per line",
+    )
     p.add_argument("cmd", nargs="*", metavar="CMD", help="the command to run (after --)")
     p.set_defaults(func=run_submit)
 
@@ -307,24 +315,53 @@ def run_submit(args: argparse.Namespace) -> int:
     if duration is not None and duration <= 0:
         raise ValidationError("--duration", "must be more than 0 seconds")
 
+    fields = {
+        "user": args.user,
+        "gpus": gpus,
+        "allocation": args.alloc,
+        "min_runtime_s": min_runtime,
+        "resumable": not args.not_resumable,
+        "kind": args.kind,
+        "priority": priority,
+        "command": tuple(args.cmd),
+        "duration_s": None if duration is None else float(duration),
+    }
+    if args.array is not None:
+        return _submit_array(args, parse_int_option("--array", args.array, 1, MAX_ARRAY), fields)
+
     async def work(c: Client) -> int:
         try:
-            reply = await c.submit(
-                client_id=args.client_id,
-                user=args.user,
-                gpus=gpus,
-                allocation=args.alloc,
-                min_runtime_s=min_runtime,
-                resumable=not args.not_resumable,
-                kind=args.kind,
-                priority=priority,
-                command=tuple(args.cmd),
-                duration_s=None if duration is None else float(duration),
-            )
+            reply = await c.submit(client_id=args.client_id, **fields)
         except ValidationError as exc:
             raise renamed(exc, SUBMIT_OPTIONS) from None
         text = reply.workload_id + (" (duplicate)" if reply.duplicate else "")
         return _print_reply(args, reply, text)
+
+    return _run(args, work)
+
+
+def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -> int:
+    """``--array N``: N workloads sent as batches; exit status 2 if any was refused."""
+    base = args.client_id or new_client_id()
+    items = [m.SubmitWorkload(client_id=f"{base}-{i}", **fields) for i in range(n)]  # type: ignore[arg-type]
+
+    async def work(c: Client) -> int:
+        try:
+            results = await c.submit_batch(items)
+        except ValidationError as exc:  # the same options in every item: name the option
+            raise renamed(
+                ValidationError(exc.field.split("].", 1)[-1], exc.reason), SUBMIT_OPTIONS
+            ) from None
+        lines = [
+            r.workload_id + (" (duplicate)" if r.duplicate else "")
+            if isinstance(r, m.WorkloadAccepted)
+            else f"{r.client_id}: refused: {r.field.split('].', 1)[-1]}: {r.reason}"
+            for r in results
+        ]
+        _print_reply(
+            args, m.SubmitBatchAnswered(at=time.time(), results=tuple(results)), "\n".join(lines)
+        )
+        return 2 if any(isinstance(r, m.WorkloadRejected) for r in results) else 0
 
     return _run(args, work)
 

@@ -32,7 +32,7 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, StorageType, StreamConfig
+from nats.js.api import DeliverPolicy, PubAck, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -134,10 +134,32 @@ async def publish(
     """Append ``record`` to the stream that captures ``subject``; returns its sequence. The
     current trace context rides in the headers (W3C ``traceparent``), so a reader of the
     log continues the trace of whoever wrote the record."""
-    headers: dict[str, str] = {"Nats-Msg-Id": msg_id} if msg_id else {}
+    return (await _publish(js, subject, record, msg_id, {})).seq
+
+
+async def append(
+    js: JetStreamContext,
+    subject: str,
+    record: msgspec.Struct,
+    msg_id: str,
+    conditions: dict[str, str],
+) -> bool:
+    """``publish`` under JetStream's ``Nats-Expected-*`` ``conditions`` (a failed one
+    raises ``nats.js.errors.APIError``); False when the stream already held ``msg_id``."""
+    return not (await _publish(js, subject, record, msg_id, conditions)).duplicate
+
+
+async def _publish(
+    js: JetStreamContext,
+    subject: str,
+    record: msgspec.Struct,
+    msg_id: str | None,
+    headers: dict[str, str],
+) -> PubAck:
+    if msg_id:
+        headers = {**headers, "Nats-Msg-Id": msg_id}
     propagate.inject(headers)
-    ack = await js.publish(subject, encode(record), headers=headers or None)
-    return ack.seq
+    return await js.publish(subject, encode(record), headers=headers or None)
 
 
 def decode_record(subject: str, data: bytes) -> msgspec.Struct:

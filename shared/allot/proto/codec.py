@@ -42,7 +42,7 @@ BODY: Final = "body"
 """The field named when the whole payload is at fault."""
 
 TYPES: Final[dict[Kind, Any]] = {
-    Kind.SUBMIT: m.SubmitWorkload,
+    Kind.SUBMIT: m.SubmitWorkload | m.SubmitBatch,
     Kind.CANCEL: m.CancelWorkload,
     Kind.BUDGET_SET: m.SetBudget,
     Kind.HEARTBEAT: m.Heartbeat,
@@ -65,6 +65,11 @@ TYPES: Final[dict[Kind, Any]] = {
 _DECODERS: Final[dict[Kind, msgspec.json.Decoder[Any]]] = {
     kind: msgspec.json.Decoder(t) for kind, t in TYPES.items()
 }
+# A submit's ``type`` may be left out (plain JSON clients always could), which a tagged
+# union does not allow: a submit is decoded as ``SubmitWorkload`` and, only if its ``type``
+# says otherwise, again as ``SubmitBatch``.
+_DECODERS[Kind.SUBMIT] = msgspec.json.Decoder(m.SubmitWorkload)
+_BATCH_DECODER: Final = msgspec.json.Decoder(m.SubmitBatch)
 _ENCODER: Final = msgspec.json.Encoder()
 
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
@@ -81,7 +86,15 @@ def decode(kind: Kind | str, data: bytes) -> msgspec.Struct:
     except ValueError:
         raise ValidationError("subject", f"unknown message kind {kind!r}") from None
     limit = MAX_RECORD_PAYLOAD if k in _LARGE_KINDS else MAX_PAYLOAD
-    return _decode_with(_DECODERS[k], data, limit)
+    try:
+        return _decode_with(_DECODERS[k], data, limit)
+    except ValidationError as e:
+        if k is not Kind.SUBMIT or e.field != "type":
+            raise
+        try:
+            return _decode_with(_BATCH_DECODER, data, limit)
+        except ValidationError as batch_error:
+            raise (e if batch_error.field == "type" else batch_error) from None
 
 
 _BY_TYPE: dict[type, msgspec.json.Decoder[Any]] = {}

@@ -120,6 +120,21 @@ class SubmitWorkload(_Message, frozen=True, kw_only=True):
     """Fake agents only: how long to pretend to run."""
 
 
+MAX_BATCH = 256
+"""Most workloads in one ``SubmitBatch`` (the body must also stay within 64 KiB)."""
+
+
+class SubmitBatch(_Message, frozen=True, kw_only=True):
+    """Many submissions in one request, as Armada's job-set submit or a Slurm job array.
+    Each item is validated, deduplicated by its own ``client_id`` and answered on its own,
+    in order (``SubmitBatchAnswered``); every item names the subject's allocation. Items
+    may omit ``type``."""
+
+    workloads: Annotated[
+        tuple[SubmitWorkload, ...], msgspec.Meta(min_length=1, max_length=MAX_BATCH)
+    ]
+
+
 class CancelWorkload(_Message, frozen=True, kw_only=True):
     workload_id: Name
     user: Name
@@ -267,6 +282,14 @@ class WorkloadRejected(_Message, frozen=True, kw_only=True):
     at: Timestamp
     field: Text
     reason: Text
+
+
+class SubmitBatchAnswered(_Message, frozen=True, kw_only=True):
+    """Intake's answer to a ``SubmitBatch``: one result per item, in the items' order. A
+    batch that does not decode at all is answered with one ``WorkloadRejected`` instead."""
+
+    at: Timestamp
+    results: tuple[WorkloadAccepted | WorkloadRejected, ...]
 
 
 class WorkloadSubmitted(_Message, frozen=True, kw_only=True):
@@ -716,6 +739,7 @@ HostEvent = HostRegistered | HostDraining | HostDrained | HostHealthy
 
 COMMANDS: tuple[type[msgspec.Struct], ...] = (
     SubmitWorkload,
+    SubmitBatch,
     CancelWorkload,
     SetBudget,
     DrainHost,
@@ -749,6 +773,7 @@ EVENTS: tuple[type[msgspec.Struct], ...] = (
     HostWork,
 )
 REPLIES: tuple[type[msgspec.Struct], ...] = (
+    SubmitBatchAnswered,
     CommandAccepted,
     CommandRejected,
     StatusQuery,

@@ -63,7 +63,7 @@ _ACTION: dict[Kind, str] = {
 
 _COMMAND_REPLY = (m.CommandAccepted, m.CommandRejected)
 _REPLIES: dict[Kind, tuple[type[msgspec.Struct], ...]] = {
-    Kind.SUBMIT: (m.WorkloadAccepted, m.WorkloadRejected),
+    Kind.SUBMIT: (m.WorkloadAccepted, m.WorkloadRejected, m.SubmitBatchAnswered),
     Kind.CANCEL: _COMMAND_REPLY,
     Kind.BUDGET_SET: _COMMAND_REPLY,
     Kind.DRAIN: _COMMAND_REPLY,

@@ -1,20 +1,24 @@
 """Intake: validates submissions and cancels, dedupes by ``client_id``, appends to the log.
 
 ``allot.v1.submit.<allocation>`` (request, ``SubmitWorkload``) is answered with
-``WorkloadAccepted`` or ``WorkloadRejected(field, reason)``:
+``WorkloadAccepted`` or ``WorkloadRejected(field, reason)``; a ``SubmitBatch`` of up to 256
+is answered with ``SubmitBatchAnswered``, one of those per item in order, each item judged
+by the same steps:
 
 1. the body decodes (``allot.proto.codec``: types, ranges, unknown fields, duplicate keys,
    size, nesting) and its ``allocation`` equals the subject's token (identity comes from
    the subject, never from the payload alone);
 2. the allocation is a leaf of the current budget tree;
 3. ``gpus`` is at most the GPUs registered in the cluster;
-4. dedupe: the workload id is derived from (allocation, client_id). Intake first creates
-   the key in the KV bucket ``allot_clients`` (kept forever), then appends
-   ``WorkloadSubmitted`` with ``Nats-Msg-Id = submitted:<id>``: two round trips for a new
-   submission. A key that exists answers a repeat with the first answer and
-   ``duplicate=True``; if the workload's subject holds no record yet (a crash, or a failed
-   append, between the two steps), that repeat appends it, so a key never stands for a
-   workload the log lacks.
+4. dedupe, forever and in one round trip: the workload id is derived from (allocation,
+   client_id), and so is its log subject ``allot.v1.events.<allocation>.<id>``, whose first
+   record is always its submission. Intake appends ``WorkloadSubmitted`` with
+   ``Nats-Expected-Last-Subject-Sequence: 0``, so JetStream stores it only if that subject
+   holds nothing yet (the check and the write are one atomic step in the stream's leader),
+   and with ``Nats-Msg-Id = submitted:<id>`` for a retry inside the duplicate window. A
+   repeat, now or months later, is refused by the stream and answered with the first
+   submission's time and ``duplicate=True``. The log is the only record: no key can stand
+   for a workload the log lacks.
 
 ``allot.v1.cancel.<allocation>.<workload>`` (``CancelWorkload``): the workload must exist
 under that allocation (its subject has records) and not have ended; intake appends
@@ -27,6 +31,7 @@ Intake's own state is the HOSTS stream and the budget tree, folded with ``LogFol
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 from collections.abc import Sequence
 
@@ -34,8 +39,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import APIError, NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
@@ -47,10 +51,13 @@ from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
 
-CLIENTS_BUCKET = "allot_clients"
+EXPECT_NEW_SUBJECT = {"Nats-Expected-Last-Subject-Sequence": "0"}
+"""The append's condition: the workload's subject holds no record yet."""
+WRONG_LAST_SEQUENCE = (10071, 10164)
+"""JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check."""
 _TERMINAL_TYPES = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadCancelled)
 _ENC = msgspec.json.Encoder()
-_CLIENT_RECORD = msgspec.json.Decoder(dict[str, str | float])
+_FIRST_RECORD = msgspec.json.Decoder(m.WorkloadSubmitted)
 
 log = structlog.get_logger("allot.intake")
 
@@ -59,11 +66,6 @@ def workload_id(allocation: str | None, client_id: str) -> str:
     """Deterministic: the same (allocation, client_id) is always the same workload."""
     digest = hashlib.blake2b(f"{allocation or s.UNALLOCATED}\0{client_id}".encode(), digest_size=8)
     return "w" + digest.hexdigest()
-
-
-def _client_key(allocation: str | None, client_id: str) -> str:
-    # KV keys allow [-/_=.A-Za-z0-9]; '=' is outside the name alphabet: no collisions.
-    return f"{allocation or '='}.{client_id}"
 
 
 class Intake:
@@ -80,7 +82,6 @@ class Intake:
         self.fold = LogFold()
         self.nc: NatsClient | None = None
         self.js: JetStreamContext | None = None
-        self.kv: KeyValue | None = None
         self.follower: bus.LogFollower | None = None
         self._total_gpus: int | None = None
         self.accepted = 0
@@ -90,9 +91,6 @@ class Intake:
     async def on_started(self) -> None:
         self.nc, self.js = await bus.connect(self.nats_url, "allot-intake-log")
         await bus.ensure_streams(self.js)
-        self.kv = await self.js.create_key_value(
-            bucket=CLIENTS_BUCKET, history=1, replicas=bus.stream_replicas()
-        )
         self.follower = bus.LogFollower(
             self.js,
             self._on_record,
@@ -126,14 +124,29 @@ class Intake:
         try:
             token = subject.split(".")[3]
             cmd = codec.decode(s.Kind.SUBMIT, msg.body)
-            assert isinstance(cmd, m.SubmitWorkload)
         except ValidationError as e:
-            return self._reject(now, None, None, e.field, e.reason)
+            return codec.encode(self._reject(now, None, None, e.field, e.reason))
+        if isinstance(cmd, m.SubmitBatch):
+            # Each item on its own (its appends run concurrently: their acks overlap),
+            # answered in order; a field is named as in the body, ``workloads[3].gpus``.
+            results = await asyncio.gather(
+                *(
+                    self._submit(item, token, now, f"workloads[{i}].")
+                    for i, item in enumerate(cmd.workloads)
+                )
+            )
+            return codec.encode(m.SubmitBatchAnswered(at=now, results=tuple(results)))
+        assert isinstance(cmd, m.SubmitWorkload)
+        return codec.encode(await self._submit(cmd, token, now))
+
+    async def _submit(
+        self, cmd: m.SubmitWorkload, token: str, now: float, where: str = ""
+    ) -> m.WorkloadAccepted | m.WorkloadRejected:
         try:
             self._validate(cmd, token)
             return await self._accept(cmd, now)
         except ValidationError as e:
-            return self._reject(now, cmd.client_id, cmd.allocation, e.field, e.reason)
+            return self._reject(now, cmd.client_id, cmd.allocation, where + e.field, e.reason)
 
     def _validate(self, cmd: m.SubmitWorkload, token: str) -> None:
         if token != s.allocation_token(cmd.allocation):
@@ -156,23 +169,11 @@ class Intake:
                 "gpus", f"asks for {cmd.gpus} GPUs; the cluster has {total} registered"
             )
 
-    async def _accept(self, cmd: m.SubmitWorkload, now: float) -> bytes:
-        """Reserve the key, then append: two round trips for a new submission. A key seen
-        before answers with the first acceptance's time; if its record is not in the log (a
-        crash or a failed append between the two steps), this retry appends it."""
-        assert self.js is not None and self.kv is not None
+    async def _accept(self, cmd: m.SubmitWorkload, now: float) -> m.WorkloadAccepted:
+        """One conditional append (see the module docstring, step 4)."""
+        assert self.js is not None
         wid = workload_id(cmd.allocation, cmd.client_id)
-        key = _client_key(cmd.allocation, cmd.client_id)
         subject = s.events(cmd.allocation, wid)
-        at, duplicate = now, False
-        try:
-            await self.kv.create(key, _ENC.encode({"workload_id": wid, "at": now}))
-        except KeyWrongLastSequenceError:
-            duplicate = True
-            at = await self._first_acceptance(key, now)
-            if await self._logged(subject):
-                self.duplicates += 1
-                return self._accepted(cmd, wid, at, duplicate=True)
         record = m.WorkloadSubmitted(
             workload_id=wid,
             client_id=cmd.client_id,
@@ -185,68 +186,55 @@ class Intake:
             priority=cmd.priority,
             command=cmd.command,
             duration_s=cmd.duration_s,
-            at=at,
+            at=now,
         )
-        # The msg id makes a concurrent append of the same workload a no-op (and beyond the
-        # stream's window every fold ignores a known workload id).
-        await bus.publish(self.js, subject, record, f"submitted:{wid}")
-        if duplicate:
-            self.duplicates += 1
-        else:
-            self.accepted += 1
-        log.debug(
-            "accepted",
-            workload=wid,
-            allocation=cmd.allocation,
-            gpus=cmd.gpus,
-            duplicate=duplicate,
-        )
-        return self._accepted(cmd, wid, at, duplicate=duplicate)
-
-    async def _first_acceptance(self, key: str, now: float) -> float:
-        assert self.kv is not None
         try:
-            entry = await self.kv.get(key)
-        except KeyNotFoundError:
-            return now
-        if not entry.value:
-            return now
-        return float(_CLIENT_RECORD.decode(entry.value).get("at", now))
+            appended = await bus.append(
+                self.js, subject, record, f"submitted:{wid}", EXPECT_NEW_SUBJECT
+            )
+        except APIError as e:
+            if e.err_code not in WRONG_LAST_SEQUENCE:
+                raise
+            appended = False
+        if not appended:  # a repeat: refused by the subject check, or by the msg id
+            self.duplicates += 1
+            return self._accepted(cmd, wid, await self._first_submission(subject, now), True)
+        self.accepted += 1
+        log.debug("accepted", workload=wid, allocation=cmd.allocation, gpus=cmd.gpus)
+        return self._accepted(cmd, wid, now, False)
 
-    async def _logged(self, subject: str) -> bool:
-        """Whether the workload's subject holds any record (its submission comes first)."""
+    async def _first_submission(self, subject: str, now: float) -> float:
+        """The time of the workload's first acceptance: its subject's first record."""
         assert self.js is not None
         try:
-            await self.js.get_last_msg("WORKLOADS", subject)
-        except NotFoundError:
-            return False
-        return True
+            first = await self.js.get_msg("WORKLOADS", seq=1, subject=subject, next=True)
+            return _FIRST_RECORD.decode(first.data or b"").at
+        except (NotFoundError, msgspec.DecodeError):
+            return now
 
     @staticmethod
-    def _accepted(cmd: m.SubmitWorkload, wid: str, at: float, *, duplicate: bool) -> bytes:
-        return _ENC.encode(
-            m.WorkloadAccepted(
-                workload_id=wid,
-                client_id=cmd.client_id,
-                allocation=cmd.allocation,
-                at=at,
-                duplicate=duplicate,
-            )
+    def _accepted(
+        cmd: m.SubmitWorkload, wid: str, at: float, duplicate: bool
+    ) -> m.WorkloadAccepted:
+        return m.WorkloadAccepted(
+            workload_id=wid,
+            client_id=cmd.client_id,
+            allocation=cmd.allocation,
+            at=at,
+            duplicate=duplicate,
         )
 
     def _reject(
         self, now: float, client_id: str | None, allocation: str | None, field: str, reason: str
-    ) -> bytes:
+    ) -> m.WorkloadRejected:
         self.rejected += 1
         log.info("rejected", field=field, reason=reason, client_id=client_id)
-        return _ENC.encode(
-            m.WorkloadRejected(
-                client_id=client_id,
-                allocation=allocation,
-                at=now,
-                field=field[: m.MAX_TEXT_LEN],
-                reason=reason[: m.MAX_TEXT_LEN],
-            )
+        return m.WorkloadRejected(
+            client_id=client_id,
+            allocation=allocation,
+            at=now,
+            field=field[: m.MAX_TEXT_LEN],
+            reason=reason[: m.MAX_TEXT_LEN],
         )
 
     # ------------------------------------------------------------------ cancel

@@ -1,0 +1,191 @@
+"""Batch submission (``SubmitBatch``) against a real intake on a real NATS: every item is
+judged, deduplicated and answered on its own, in order, and the SDK's ``submit_batch``
+splits, sends and reassembles many workloads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import msgspec
+import nats
+import pytest
+from live_harness import of_type, records, seed
+
+from allot.core.errors import ValidationError
+from allot.live import service_main
+from allot.proto import messages as m
+from allot.proto import subjects as s
+from allot.sdk import Client
+from allot.services.intake import Intake, workload_id
+
+pytestmark = pytest.mark.integration
+
+_ANSWER = msgspec.json.Decoder(m.SubmitBatchAnswered | m.WorkloadRejected)
+
+
+@pytest.fixture
+async def intake_url(fresh_log: str) -> AsyncIterator[str]:
+    """A running intake on a fresh log with one 8-GPU host (budget leaves nlp, vision)."""
+    nc = await nats.connect(fresh_log)
+    await seed(nc.jetstream(), {"h1": 8})
+    await nc.close()
+    intake = Intake(fresh_log, tracing=False)
+    await service_main.start(intake)
+    try:
+        yield fresh_log
+    finally:
+        await service_main.stop(intake)
+
+
+def _item(client_id: str, **overrides: object) -> m.SubmitWorkload:
+    fields: dict[str, object] = {"client_id": client_id, "user": "ada", "gpus": 1}
+    fields.update(overrides)
+    return m.SubmitWorkload(**fields)  # type: ignore[arg-type]
+
+
+async def _submitted(url: str) -> list[m.WorkloadSubmitted]:
+    nc = await nats.connect(url)
+    try:
+        return of_type(await records(nc.jetstream()), m.WorkloadSubmitted)
+    finally:
+        await nc.close()
+
+
+async def _send(url: str, allocation: str | None, items: list[m.SubmitWorkload]) -> object:
+    nc = await nats.connect(url)
+    try:
+        body = msgspec.json.encode(m.SubmitBatch(workloads=tuple(items)))
+        reply = await nc.request(s.submit(allocation), body, timeout=10)
+        return _ANSWER.decode(reply.data)
+    finally:
+        await nc.close()
+
+
+async def test_each_item_is_judged_and_answered_in_order(intake_url: str) -> None:
+    items = [
+        _item("a", allocation="nlp"),
+        _item("big", allocation="nlp", gpus=9),  # the cluster has 8 GPUs
+        _item("elsewhere", allocation="vision"),  # not the subject's allocation
+        _item("b", allocation="nlp"),
+        _item("a", allocation="nlp"),  # a repeat of the first, inside the same batch
+    ]
+    answer = await _send(intake_url, "nlp", items)
+    assert isinstance(answer, m.SubmitBatchAnswered)
+    got = answer.results
+    assert [type(r).__name__ for r in got] == [
+        "WorkloadAccepted",
+        "WorkloadRejected",
+        "WorkloadRejected",
+        "WorkloadAccepted",
+        "WorkloadAccepted",
+    ]
+    assert isinstance(got[1], m.WorkloadRejected) and got[1].field == "workloads[1].gpus"
+    assert isinstance(got[2], m.WorkloadRejected) and got[2].field == "workloads[2].allocation"
+    first, repeat = got[0], got[4]
+    assert isinstance(first, m.WorkloadAccepted) and isinstance(repeat, m.WorkloadAccepted)
+    assert first.workload_id == repeat.workload_id == workload_id("nlp", "a")
+    assert [first.duplicate, repeat.duplicate].count(True) == 1  # one of the two appended
+    assert sorted(r.client_id for r in await _submitted(intake_url)) == ["a", "b"]
+
+
+async def test_a_repeated_batch_is_answered_with_the_first_answers(intake_url: str) -> None:
+    items = [_item(f"r{i}", allocation="vision") for i in range(20)]
+    first = await _send(intake_url, "vision", items)
+    again = await _send(intake_url, "vision", items)
+    assert isinstance(first, m.SubmitBatchAnswered) and isinstance(again, m.SubmitBatchAnswered)
+    assert all(isinstance(r, m.WorkloadAccepted) and not r.duplicate for r in first.results)
+    assert all(isinstance(r, m.WorkloadAccepted) and r.duplicate for r in again.results)
+    key = [(r.workload_id, r.at) for r in first.results if isinstance(r, m.WorkloadAccepted)]
+    assert key == [
+        (r.workload_id, r.at) for r in again.results if isinstance(r, m.WorkloadAccepted)
+    ]
+
+
+async def test_a_body_that_does_not_decode_is_one_rejection_naming_the_item(
+    intake_url: str,
+) -> None:
+    nc = await nats.connect(intake_url)
+    try:
+        body = b'{"type":"SubmitBatch","workloads":[{"client_id":"x","user":"u","gpus":-2}]}'
+        reply = _ANSWER.decode((await nc.request(s.submit(None), body, timeout=10)).data)
+    finally:
+        await nc.close()
+    assert isinstance(reply, m.WorkloadRejected) and reply.field == "workloads[0].gpus"
+
+
+async def test_sdk_submit_batch_splits_per_allocation_and_keeps_the_order(
+    intake_url: str,
+) -> None:
+    allocations = ["nlp", "vision", None]
+    items = [_item(f"s{i}", allocation=allocations[i % 3]) for i in range(600)]
+    items[301] = _item("too-big", allocation="vision", gpus=99)
+    async with Client(intake_url, name="test-batch", timeout=10.0) as client:
+        results = await client.submit_batch(items)
+    assert len(results) == 600
+    for i, (item, result) in enumerate(zip(items, results, strict=True)):
+        if i == 301:
+            assert isinstance(result, m.WorkloadRejected)
+            assert result.field == "workloads[301].gpus" and result.client_id == "too-big"
+        else:
+            assert isinstance(result, m.WorkloadAccepted), (i, result)
+            assert result.client_id == item.client_id and result.allocation == item.allocation
+    assert len(await _submitted(intake_url)) == 599
+
+
+async def test_sdk_submit_batch_refuses_a_bad_item_before_sending(intake_url: str) -> None:
+    items = [_item("ok"), _item("zero", gpus=0)]
+    async with Client(intake_url, name="test-batch", timeout=10.0) as client:
+        with pytest.raises(ValidationError) as caught:
+            await client.submit_batch(items)
+    assert caught.value.field == "workloads[1].gpus"
+    assert await _submitted(intake_url) == []
+
+
+async def _cli(url: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``allot submit ARGV`` as a user runs it (its own process: its output alone)."""
+    cmd = [sys.executable, "-m", "allot.cli.main", "submit", "--nats-url", url, *argv]
+    return await asyncio.to_thread(
+        subprocess.run, cmd, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+async def test_cli_array_submits_n_copies_once(intake_url: str) -> None:
+    argv = [
+        "--alloc",
+        "nlp",
+        "--user",
+        "ann",
+        "--gpus",
+        "2",
+        "--array",
+        "300",
+        "--client-id",
+        "sweep",
+    ]
+    done = await _cli(intake_url, *argv)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [workload_id("nlp", f"sweep-{i}") for i in range(300)]
+    done = await _cli(intake_url, *argv, "--json")  # again: every one a duplicate
+    assert done.returncode == 0, done.stderr
+    env = json.loads(done.stdout)
+    assert env["kind"] == "SubmitBatchAnswered" and len(env["data"]["results"]) == 300
+    assert all(r["duplicate"] for r in env["data"]["results"])
+    assert len(await _submitted(intake_url)) == 300
+
+
+async def test_cli_array_refusals_name_the_option(intake_url: str) -> None:
+    too_big = ["--alloc", "nlp", "--user", "ann", "--gpus", "9", "--array", "2", "--client-id", "x"]
+    done = await _cli(intake_url, *too_big)  # refused by intake: 8 GPUs in the cluster
+    assert done.returncode == 2
+    assert done.stdout.splitlines() == [
+        f"x-{i}: refused: gpus: asks for 9 GPUs; the cluster has 8 registered" for i in range(2)
+    ]
+    done = await _cli(intake_url, "--user", "ann", "--gpus", "1", "--array", "0")
+    assert done.returncode == 2 and "--array" in done.stderr
+    done = await _cli(intake_url, "--user", "ann", "--gpus", "0", "--array", "3")
+    assert done.returncode == 2 and "--gpus" in done.stderr
+    assert await _submitted(intake_url) == []
