@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from allot.core.errors import ValidationError
 from allot.live import bus, runtime
 from allot.live.host_work import DispatchBook
+from allot.live.request_server import RequestServer
 from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, run_main
 from allot.live.tasks import stop_tasks
@@ -81,17 +82,27 @@ class DispatchService:
         self._flusher: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
+        self._provider = provider
         self.broker: NatsBroker = runtime.make_broker(nats_url, SERVICE, provider)
-        self.broker.subscriber(subjects.ALL_HOST_REPORT, queue=SERVICE, max_workers=REPORT_WORKERS)(
-            self._report_handler
-        )
         self.broker.subscriber(subjects.ALL_HOST_SYNC, queue=SERVICE)(self._sync_handler)
+        self._reports: RequestServer | None = None
+        """Reports, one per workload step, skip FastStream (``allot.live.request_server``)."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def on_started(self) -> None:
         js = self.broker.connection.jetstream()
         self._js = js
+        # Taken from now on; each waits in ``report`` until the log is replayed.
+        self._reports = RequestServer(
+            self.broker.connection,
+            subjects.ALL_HOST_REPORT,
+            SERVICE,
+            self._report_handler,
+            max_in_flight=REPORT_WORKERS,
+            provider=self._provider,
+        )
+        await self._reports.start()
         await bus.ensure_streams(js)
         self._follower = bus.LogFollower(js, self._on_record)
         await self._follower.start()
@@ -108,6 +119,9 @@ class DispatchService:
         )
 
     async def on_stopping(self) -> None:
+        if self._reports is not None:
+            await self._reports.stop()
+            self._reports = None
         self._closing.set()
         self._wake.set()
         await stop_tasks([self._flusher], timeout=2.0)
@@ -163,8 +177,8 @@ class DispatchService:
 
     # -- reports -------------------------------------------------------------------------
 
-    async def _report_handler(self, msg: Delivery) -> bytes:
-        return codec.encode(await self.report(msg.raw_message.subject, msg.body))
+    async def _report_handler(self, subject: str, body: bytes) -> bytes:
+        return codec.encode(await self.report(subject, body))
 
     async def report(self, subject: str, body: bytes) -> m.CommandAccepted | m.CommandRejected:
         """Answer one ``PartReport``; every refusal is a ``CommandRejected`` naming the field."""

@@ -45,6 +45,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from allot.core.errors import ValidationError
 from allot.live import bus
 from allot.live.logfold import LogFold
+from allot.live.request_server import RequestServer
 from allot.live.runtime import Delivery, configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, run_main
 from allot.proto import codec
@@ -76,8 +77,10 @@ class Intake:
         self.nats_url = nats_url
         if provider is None and tracing:
             provider = tracer_provider("intake")
+        self.provider = provider
         self.broker = make_broker(nats_url, "intake", provider)
-        self.broker.subscriber(s.ALL_SUBMIT, queue="intake", max_workers=8)(self.on_submit)
+        self.submits: RequestServer | None = None
+        """Submissions skip FastStream's per-message path (``allot.live.request_server``)."""
         self.broker.subscriber(s.ALL_CANCEL, queue="intake")(self.on_cancel)
         self.fold = LogFold()
         self.nc: NatsClient | None = None
@@ -91,6 +94,9 @@ class Intake:
     async def on_started(self) -> None:
         self.nc, self.js = await bus.connect(self.nats_url, "allot-intake-log")
         await bus.ensure_streams(self.js)
+        self.submits = RequestServer(
+            self.broker.connection, s.ALL_SUBMIT, "intake", self.on_submit, provider=self.provider
+        )
         self.follower = bus.LogFollower(
             self.js,
             self._on_record,
@@ -98,6 +104,7 @@ class Intake:
             subjects={"USAGE": s.BUDGET_TREE},
         )
         await self.follower.start()
+        await self.submits.start()  # once the hosts and the budget tree are known
         log.info("intake ready", hosts=len(self.fold.state.host_ids))
 
     def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
@@ -112,18 +119,19 @@ class Intake:
         return self._total_gpus
 
     async def on_stopping(self) -> None:
+        if self.submits is not None:
+            await self.submits.stop()
         if self.follower is not None:
             await self.follower.stop()
         if self.nc is not None:
             await self.nc.close()
 
     # ------------------------------------------------------------------ submit
-    async def on_submit(self, msg: Delivery) -> bytes:
+    async def on_submit(self, subject: str, body: bytes) -> bytes:
         now = wall_clock()
-        subject = msg.raw_message.subject
         try:
             token = subject.split(".")[3]
-            cmd = codec.decode(s.Kind.SUBMIT, msg.body)
+            cmd = codec.decode(s.Kind.SUBMIT, body)
         except ValidationError as e:
             return codec.encode(self._reject(now, None, None, e.field, e.reason))
         if isinstance(cmd, m.SubmitBatch):

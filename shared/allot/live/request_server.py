@@ -1,0 +1,95 @@
+"""Answering a hot core-NATS request subject with nats-py directly.
+
+FastStream's consume path (middlewares, dependency resolution, its context scope, an
+anyio task group for ``max_workers``) cost 150-250 us of CPU per message in ``py-spy``
+profiles of ``make bench-live``: more than dispatch's own handling of an agent's report.
+Subjects that carry a request per workload step use this instead; the services stay
+FastStream apps for everything else (lifecycle, the other subjects).
+
+Each message is handled in its own task, at most ``max_in_flight`` at once (a handler
+awaits a JetStream ack, an fsync away), inside the trace context its headers carry, and,
+given a tracer provider, in a span of its own (``<subject> process``, as FastStream's
+middleware names it), so a trace still runs client -> service -> what it wrote. The
+handler's bytes are the reply; an exception is logged and left unanswered, so the
+requester's timeout and retry take over, as with FastStream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanKind
+
+from allot.live.tasks import stop_tasks
+
+log = structlog.get_logger("allot.requests")
+
+Handler = Callable[[str, bytes], Awaitable[bytes]]
+"""(subject, body) -> the reply's bytes."""
+
+DRAIN_TIMEOUT_S = 5.0
+"""How long ``stop`` lets requests in progress finish before cancelling them."""
+
+
+@dataclass
+class RequestServer:
+    nc: NatsClient
+    subject: str
+    queue: str
+    handler: Handler
+    max_in_flight: int = 64
+    provider: TracerProvider | None = None
+    handled: int = 0
+    _sub: Any = None
+    _gate: asyncio.Semaphore | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def start(self) -> None:
+        self._gate = asyncio.Semaphore(self.max_in_flight)
+        self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_msg)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        # nats-py runs one callback at a time per subscription: waiting here for a free
+        # slot is the backpressure (pending messages wait in the subscription's queue).
+        assert self._gate is not None
+        await self._gate.acquire()
+        task = asyncio.create_task(self._serve(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, msg: Msg) -> None:
+        assert self._gate is not None
+        token = otel_context.attach(propagate.extract(msg.headers or {}))
+        try:
+            if self.provider is None:
+                reply = await self.handler(msg.subject, msg.data)
+            else:
+                tracer = self.provider.get_tracer("allot.requests")
+                with tracer.start_as_current_span(f"{self.subject} process", kind=SpanKind.SERVER):
+                    reply = await self.handler(msg.subject, msg.data)
+            if msg.reply:
+                await msg.respond(reply)
+            self.handled += 1
+        except Exception:
+            log.exception("request not answered", subject=msg.subject)
+        finally:
+            otel_context.detach(token)
+            self._gate.release()
+
+    async def stop(self) -> None:
+        """Stop taking requests, let those in progress finish (``DRAIN_TIMEOUT_S``)."""
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=DRAIN_TIMEOUT_S)
+            await stop_tasks(list(late))
