@@ -17,8 +17,9 @@ by the same steps:
    holds nothing yet (the check and the write are one atomic step in the stream's leader),
    and with ``Nats-Msg-Id = submitted:<id>`` for a retry inside the duplicate window. A
    repeat, now or months later, is refused by the stream and answered with the first
-   submission's time and ``duplicate=True``. The log is the only record: no key can stand
-   for a workload the log lacks.
+   submission's time and ``duplicate=True`` (so is, rarely, a first submission whose
+   append was acknowledged only on its second try: ``allot.live.bus.PUBLISH_ATTEMPTS``).
+   The log is the only record: no key can stand for a workload the log lacks.
 
 ``allot.v1.cancel.<allocation>.<workload>`` (``CancelWorkload``): the workload must exist
 under that allocation (its subject has records) and not have ended; intake appends
