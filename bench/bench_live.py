@@ -121,6 +121,19 @@ async def _submit_batches(nc: nats.NATS, n: int, size: int, in_flight: int) -> d
     }
 
 
+async def _queued_at_least(nc: nats.NATS, n: int, timeout: float) -> int:
+    """Poll the leader's queue until it holds ``n`` workloads; returns how many it holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = await nc.request(s.QUERY_QUEUE, b"{}", timeout=60)
+        queued = int(json.loads(reply.data)["total"])
+        if queued >= n:
+            return queued
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench: placement queued {queued} of {n} in {timeout:.0f} s")
+        await asyncio.sleep(0.5)
+
+
 async def _count_placed(nc: nats.NATS, subject: str) -> tuple[list[int], Any]:
     count = [0]
 
@@ -162,9 +175,9 @@ async def run_bench(nats_url: str, args: argparse.Namespace) -> dict[str, Any]:
         accepted, rejected, elapsed = await _submit_many(nc, pending, args.in_flight)
         rate = accepted / elapsed
 
-        # let placement fold them all (its queue holds them before we measure latency)
-        reply = await nc.request(s.QUERY_QUEUE, b"{}", timeout=60)
-        queued = json.loads(reply.data)["total"]
+        # let placement fold them all (its queue holds them before we measure latency: the
+        # goal is stated with 10,000 pending, and a fold still catching up would be timed)
+        queued = await _queued_at_least(nc, accepted, timeout=300)
 
         # 2. latency at paced rates with that queue pending (the first rate is the goal's)
         phases = [await _latency_phase(nc, rate, args.probe_s, queued) for rate in args.rates]
