@@ -66,6 +66,7 @@ _BATCH_REPLY = msgspec.json.Decoder(m.SubmitBatchAnswered | m.WorkloadRejected)
 _BATCH_ROOM = codec.MAX_PAYLOAD - 256
 """Bytes of items per ``SubmitBatch`` body (the rest is room for its envelope)."""
 BATCHES_IN_FLIGHT = 8
+"""``submit_batch`` requests outstanding at once."""
 _COMMAND_REPLY = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
 _STATUS_REPLY = msgspec.json.Decoder(m.WorkloadStatus)
 _QUEUE_REPLY = msgspec.json.Decoder(m.QueueSnapshot)
@@ -372,7 +373,9 @@ class Client:
                 size += len(entry[1]) + 1
             sends.append(send(allocation, chunk))
         await asyncio.gather(*sends)
-        return [r for r in results if r is not None]
+        answered = [r for r in results if r is not None]
+        assert len(answered) == len(workloads)  # every chunk filled its own places
+        return answered
 
     async def cancel(
         self,

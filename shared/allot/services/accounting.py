@@ -27,8 +27,8 @@ Unallocated work is free: only records with ``allocated=True`` are ever charged,
 allocation the record names. Readers (the ranking service) construct
 ``RedisUsageStore(client, prefix)`` and read ``buckets`` directly.
 
-Order is not relied on: the messages of one pull batch are handled concurrently, and
-several instances may share the durable pull consumer ``accounting``. Every write is
+Order is not relied on: a nacked event comes back after later ones, and several instances
+may share the durable pull consumer ``accounting``. Every write is
 idempotent or commutative (charge ids, HSETNX of a start against the end's tombstone,
 compare-and-set of the accrual cursor). The live window also waits while the consumer has
 unread or in-flight events, so a backlog (after a restart) is not charged up to now before
@@ -44,7 +44,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Final, NamedTuple
 
 import msgspec
 import nats
@@ -52,6 +52,7 @@ import redis.asyncio as redis_asyncio
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -182,8 +183,8 @@ class Charger:
         self.store = RedisUsageStore(self.client, self.prefix)
         self.running_key = f"{self.prefix}:running"
         self._cas = self.client.register_script(_CAS_LUA)
-        # One limit for every run being charged: a pull batch is handled concurrently, and
-        # each Redis command in flight holds a pooled connection.
+        # One limit for every charge in flight (the slots of a run are charged concurrently),
+        # and each Redis command in flight holds a pooled connection.
         self._limit = asyncio.Semaphore(CHARGE_CONCURRENCY)
 
     async def apply(self, record: msgspec.Struct) -> int:
@@ -409,11 +410,11 @@ class Accounting:
         self._accrual: asyncio.Task[None] | None = None
 
     async def on_started(self) -> None:
-        await bus.ensure_streams(self.broker.connection.jetstream())
+        js = self.broker.connection.jetstream()
+        await bus.ensure_streams(js)
         # The durable pull consumer is read with nats-py directly, a whole fetched batch at
         # a time: FastStream's per-message machinery cost more CPU than the charging itself
         # (``make bench-live``), and a batch's acks leave in one socket write.
-        js = self.broker.connection.jetstream()
         pull = await js.pull_subscribe(
             ALL_EVENTS,
             durable=DURABLE,
@@ -431,7 +432,7 @@ class Accounting:
         self._accrual = self._consumer = None
         await self.redis.aclose()
 
-    async def _consume_forever(self, pull: Any) -> None:
+    async def _consume_forever(self, pull: JetStreamContext.PullSubscription) -> None:
         """Fetch up to ``BATCH`` events, charge them in order, acknowledge each charged or
         unchargeable one (a failed charge is nacked with a delay instead)."""
         while True:
