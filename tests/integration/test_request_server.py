@@ -115,3 +115,25 @@ async def test_stop_lets_a_request_in_progress_finish(nc: nats.NATS) -> None:
     assert (await pending).data == b"done"
     with pytest.raises(nats.errors.NoRespondersError):  # stopped: nobody listens any more
         await nc.request("allot.test.rs.x", b"", timeout=1)
+
+
+async def test_a_request_from_another_connection_right_after_start_is_answered(
+    nc: nats.NATS, nats_url: str
+) -> None:
+    """``start`` returns once the server has the subscription (a test of intake's, sent
+    right after ``start`` from another connection, once found no responder)."""
+    other = await nats.connect(nats_url)
+
+    async def ok(_: str, __: bytes) -> bytes:
+        return b"ok"
+
+    try:
+        for _ in range(30):
+            server = RequestServer(nc, SUBJECT, "q", ok)
+            await server.start()
+            try:
+                assert (await other.request("allot.test.rs.x", b"", timeout=5)).data == b"ok"
+            finally:
+                await server.stop()
+    finally:
+        await other.close()

@@ -29,6 +29,7 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 
+from allot.live.bus import confirm_subscriptions
 from allot.live.tasks import stop_tasks
 
 log = structlog.get_logger("allot.requests")
@@ -56,6 +57,7 @@ class RequestServer:
     async def start(self) -> None:
         self._gate = asyncio.Semaphore(self.max_in_flight)
         self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_msg)
+        await confirm_subscriptions(self.nc)  # a request right after start finds us
 
     async def _on_msg(self, msg: Msg) -> None:
         # nats-py runs one callback at a time per subscription: waiting here for a free

@@ -37,7 +37,7 @@ from nats.js.errors import NotFoundError
 
 from allot.core.errors import ValidationError
 from allot.live.auth_config import client_tls, inbox_prefix_for_url
-from allot.live.bus import decode_record, server_urls
+from allot.live.bus import confirm_subscriptions, decode_record, server_urls
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -109,18 +109,6 @@ def _scoped(query: str, scope: str | None) -> str:
     if allocation is not None:
         subjects.validate_token(allocation, "scope")
     return subjects.query_scoped(query, allocation)
-
-
-async def confirm_subscriptions(nc: NatsClient) -> None:
-    """Return once the server has every subscription made so far on ``nc``.
-
-    nats-py 2.16 writes a flush's PING straight to the socket while a SUB may still wait
-    in its pending buffer (the flusher task writes it later), so one ``flush()`` can return
-    before the server saw the SUB: measured, about 2 % of publishes right after a
-    subscribe were lost. The first flush gets the buffer written; the second PING then
-    travels behind the SUB, and its PONG proves the server processed it."""
-    await nc.flush()
-    await nc.flush()
 
 
 class PreemptionSubscription:
