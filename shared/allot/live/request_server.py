@@ -10,8 +10,10 @@ Each message is handled in its own task, at most ``max_in_flight`` at once (a ha
 awaits a JetStream ack, an fsync away), inside the trace context its headers carry, and,
 given a tracer provider, in a span of its own (``<subject> process``, as FastStream's
 middleware names it), so a trace still runs client -> service -> what it wrote. The
-handler's bytes are the reply; an exception is logged and left unanswered, so the
-requester's timeout and retry take over, as with FastStream.
+handler's bytes are the reply; an exception is logged (one line when NATS itself did not
+answer in time: a leader election, a reconnect) and left unanswered, so the requester's
+timeout and retry take over, as with FastStream. It must not be a refusal: an append whose
+ack was lost may be in the log.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import nats.errors
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -36,6 +39,12 @@ log = structlog.get_logger("allot.requests")
 
 Handler = Callable[[str, bytes], Awaitable[bytes]]
 """(subject, body) -> the reply's bytes."""
+
+_NATS_UNAVAILABLE = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+)
 
 DRAIN_TIMEOUT_S = 5.0
 """How long ``stop`` lets requests in progress finish before cancelling them."""
@@ -81,6 +90,10 @@ class RequestServer:
             if msg.reply:
                 await msg.respond(reply)
             self.handled += 1
+        except _NATS_UNAVAILABLE as e:  # the log is electing a leader, or reconnecting
+            log.warning(
+                "request not answered: NATS did not answer", subject=msg.subject, error=repr(e)
+            )
         except Exception:
             log.exception("request not answered", subject=msg.subject)
         finally:
