@@ -23,6 +23,9 @@ given) NATS and Redis. Then, from this process over plain NATS requests:
    submit or a Slurm job array); figure: accepted workloads per second. Measured last,
    because these stay pending too.
 
+Each latency phase also reports the CPU each process used while its probes were being
+sent (``/proc``), per probe, and waits until every probe's run has ended before the next.
+
 Results are printed and written to ``bench/results/live.{md,json}``.
 """
 
@@ -52,6 +55,19 @@ GOAL_P99_MS = 50.0
 BATCHES_IN_FLIGHT = 4
 PROBE_TIMEOUT_S = 30.0
 """A probe unanswered this long is counted at this latency (saturation)."""
+
+
+def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) each process has used so far, from ``/proc`` (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone, or not Linux
+        out[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
 
 
 def _body(client_id: str, alloc: str, gpus: int, min_runtime_s: int, duration_s: float) -> bytes:
@@ -153,7 +169,9 @@ async def _wait(pred: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-async def run_bench(nats_url: str, args: argparse.Namespace) -> dict[str, Any]:
+async def run_bench(
+    nats_url: str, args: argparse.Namespace, pids: dict[str, int] | None = None
+) -> dict[str, Any]:
     nc = await nats.connect(nats_url, pending_size=256 * 1024 * 1024)
     try:
         # 0. fill 900 hosts with protected work
@@ -180,7 +198,9 @@ async def run_bench(nats_url: str, args: argparse.Namespace) -> dict[str, Any]:
         queued = await _queued_at_least(nc, accepted, timeout=300)
 
         # 2. latency at paced rates with that queue pending (the first rate is the goal's)
-        phases = [await _latency_phase(nc, rate, args.probe_s, queued) for rate in args.rates]
+        phases = [
+            await _latency_phase(nc, rate, args.probe_s, queued, pids or {}) for rate in args.rates
+        ]
 
         # 3. the same kind of submissions, SubmitBatch of --batch each (after the latency
         # phases: these too stay pending, and the latency goal is stated at 10,000 pending)
@@ -207,7 +227,9 @@ async def run_bench(nats_url: str, args: argparse.Namespace) -> dict[str, Any]:
         await nc.close()
 
 
-async def _latency_phase(nc: nats.NATS, rate: float, probe_s: float, queued: int) -> dict[str, Any]:
+async def _latency_phase(
+    nc: nats.NATS, rate: float, probe_s: float, queued: int, pids: dict[str, int]
+) -> dict[str, Any]:
     """Submit 1-GPU ``nlp`` probes paced at ``rate``/s; time each from sending the request
     to receiving its ``WorkloadPlaced`` record."""
     hist = HdrHistogram(1, 60_000_000, 3)  # microseconds, 1 us .. 60 s
@@ -215,10 +237,14 @@ async def _latency_phase(nc: nats.NATS, rate: float, probe_s: float, queued: int
     wid_of: dict[str, str] = {}
     placed_at: dict[str, float] = {}
 
+    ended: set[str] = set()
+
     async def on_event(msg: Any) -> None:
         if b'"WorkloadPlaced"' in msg.data:
             wid = msg.subject.rsplit(".", 1)[1]
             placed_at.setdefault(wid, time.perf_counter())
+        elif b'"WorkloadCompleted"' in msg.data:
+            ended.add(msg.subject.rsplit(".", 1)[1])
 
     sub = await nc.subscribe("allot.v1.events.nlp.*", cb=on_event)
     print(f"phase: latency at {rate:.0f}/s", flush=True)
@@ -243,23 +269,31 @@ async def _latency_phase(nc: nats.NATS, rate: float, probe_s: float, queued: int
         if data.get("type") == "WorkloadAccepted":
             wid_of[cid] = data["workload_id"]
 
+    cpu_before = _cpu_seconds(pids)
     start = time.perf_counter()
     for i in range(total):
         delay = start + i * interval - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(probe(i)))
+    sending_s = time.perf_counter() - start
+    cpu_after = _cpu_seconds(pids)
     await asyncio.gather(*tasks)
     achieved = total / (time.perf_counter() - start)
+    # CPU while the probes were being sent: per process, per probe sent
+    cpu = {n: cpu_after[n] - cpu_before[n] for n in cpu_after if n in cpu_before}
     # (Probes that timed out may still be accepted and placed later: wait for the answered.)
     await _wait(lambda: all(w in placed_at for w in wid_of.values()), 120, "probes placed")
+    # The next phase starts on a quiet stack: every probe's run has ended and been logged
+    # (otherwise its CPU and latency would carry this phase's backlog).
+    await _wait(lambda: all(w in ended for w in wid_of.values()), 300, "probes completed")
     await sub.unsubscribe()
     for cid, wid in wid_of.items():
         hist.record_value(max(1, int((placed_at[wid] - sent[cid]) * 1e6)))
     for _ in timed_out:
         hist.record_value(int(PROBE_TIMEOUT_S * 1e6))
     pct = {p: hist.get_value_at_percentile(p) / 1000 for p in (50, 90, 99, 99.9)}
-    await asyncio.sleep(2.0)  # let the 1 s probe runs end before the next phase
+    await asyncio.sleep(1.0)  # and the readers of those ends have read them
     return {
         "pending_at_start": queued,
         "target_rate_per_s": rate,
@@ -274,6 +308,10 @@ async def _latency_phase(nc: nats.NATS, rate: float, probe_s: float, queued: int
         "goal_p50_ms": GOAL_P50_MS,
         "goal_p99_ms": GOAL_P99_MS,
         "pass": pct[50] <= GOAL_P50_MS and pct[99] <= GOAL_P99_MS,
+        "cpu_cores": round(sum(cpu.values()) / sending_s, 2) if cpu else None,
+        "cpu_ms_per_probe": {
+            n: round(s_ * 1000 / total, 3) for n, s_ in sorted(cpu.items(), key=lambda x: -x[1])
+        },
     }
 
 
@@ -329,6 +367,12 @@ def render(result: dict[str, Any]) -> str:
             ),
             f"| same, p99.9 / max | {lat['p999_ms']} / {lat['max_ms']} ms | | |",
         ]
+        if lat.get("cpu_ms_per_probe"):
+            per = ", ".join(f"{n} {ms}" for n, ms in lat["cpu_ms_per_probe"].items())
+            lines.append(
+                f"| same, CPU while sending: {lat['cpu_cores']} of {os.cpu_count()} cores; "
+                f"ms per probe: {per} | | | |"
+            )
     lines += ["", f"Command: `{result['command']}`; run at {result['when']}.", ""]
     return "\n".join(lines)
 
@@ -373,7 +417,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"starting the stack ({args.hosts} fake hosts); logs in {run_dir}/logs", flush=True)
     with Stack(config) as stack:
-        result = asyncio.run(run_bench(stack.servers.nats_url, args))
+        pids = {name: proc.pid for name, proc in stack.procs.items()}
+        pids["load generator"] = os.getpid()
+        for name, server in (("nats-server", stack.servers.nats), ("redis", stack.servers.redis)):
+            if server is not None:
+                pids[name] = server.pid
+        result = asyncio.run(run_bench(stack.servers.nats_url, args, pids))
     result["machine"] = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
