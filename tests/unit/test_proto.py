@@ -14,7 +14,7 @@ from allot.core.errors import ValidationError
 from allot.core.model import MAX_MIN_RUNTIME_S
 from allot.proto import messages as m
 from allot.proto import subjects as s
-from allot.proto.codec import MAX_PAYLOAD, TYPES, decode, decode_as, encode
+from allot.proto.codec import MAX_PAYLOAD, TYPES, decode, decode_as, encode, item_field
 from allot.proto.schema import drift, generated, main
 from allot.proto.subjects import Kind
 
@@ -217,6 +217,14 @@ def test_a_submit_is_a_workload_unless_its_type_says_batch() -> None:
     with pytest.raises(ValidationError) as caught:  # neither: the workload's error
         decode(Kind.SUBMIT, b'{"type":"SubmitPizza","client_id":"c","user":"u","gpus":1}')
     assert caught.value.field == "type"
+
+
+@pytest.mark.parametrize(
+    ("field", "inside"),
+    [("workloads[3].gpus", "gpus"), ("workloads[12].command[0]", "command[0]"), ("body", "body")],
+)
+def test_item_field_is_the_field_inside_a_batch_item(field: str, inside: str) -> None:
+    assert item_field(field) == inside
 
 
 def test_defaults_fill_in_for_a_minimal_plain_json_submit() -> None:

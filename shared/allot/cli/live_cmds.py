@@ -32,6 +32,7 @@ from allot.cli import live_format as fmt
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
 from allot.live.auth_config import add_nats_url_argument
+from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import BUDGET_ROOT
@@ -350,12 +351,12 @@ def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -
             results = await c.submit_batch(items)
         except ValidationError as exc:  # the same options in every item: name the option
             raise renamed(
-                ValidationError(exc.field.split("].", 1)[-1], exc.reason), SUBMIT_OPTIONS
+                ValidationError(codec.item_field(exc.field), exc.reason), SUBMIT_OPTIONS
             ) from None
         lines = [
             r.workload_id + (" (duplicate)" if r.duplicate else "")
             if isinstance(r, m.WorkloadAccepted)
-            else f"{r.client_id}: refused: {r.field.split('].', 1)[-1]}: {r.reason}"
+            else f"{r.client_id}: refused: {codec.item_field(r.field)}: {r.reason}"
             for r in results
         ]
         _print_reply(

@@ -134,6 +134,12 @@ def _decode_with(decoder: msgspec.json.Decoder[Any], data: bytes, limit: int) ->
     return msg
 
 
+def item_field(field: str) -> str:
+    """The field inside one item of a batch: ``workloads[3].gpus`` -> ``gpus`` (a field
+    named outside any item is returned as it is)."""
+    return field.split("].", 1)[-1]
+
+
 def encode(msg: msgspec.Struct) -> bytes:
     """The JSON bytes of ``msg`` (with its ``type`` tag)."""
     return _ENCODER.encode(msg)

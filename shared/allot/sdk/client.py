@@ -344,8 +344,8 @@ class Client:
                 )
             for (i, _), answer in zip(chunk, reply.results, strict=True):
                 if isinstance(answer, m.WorkloadRejected):  # name the caller's index
-                    field = answer.field.split("].", 1)[-1]
-                    results[i] = msgspec.structs.replace(answer, field=f"workloads[{i}].{field}")
+                    field = f"workloads[{i}].{codec.item_field(answer.field)}"
+                    results[i] = msgspec.structs.replace(answer, field=field)
                 else:
                     results[i] = answer
 
