@@ -19,7 +19,9 @@ ack was lost may be in the log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +32,7 @@ from nats.aio.msg import Msg
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Tracer
 
 from allot.live.bus import confirm_subscriptions
 from allot.live.tasks import stop_tasks
@@ -62,9 +64,14 @@ class RequestServer:
     _sub: Any = None
     _gate: asyncio.Semaphore | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _tracer: Tracer | None = None
+    _span_name: str = ""
 
     async def start(self) -> None:
         self._gate = asyncio.Semaphore(self.max_in_flight)
+        if self.provider is not None:
+            self._tracer = self.provider.get_tracer("allot.requests")
+            self._span_name = f"{self.subject} process"
         self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_msg)
         await confirm_subscriptions(self.nc)  # a request right after start finds us
 
@@ -81,12 +88,8 @@ class RequestServer:
         assert self._gate is not None
         token = otel_context.attach(propagate.extract(msg.headers or {}))
         try:
-            if self.provider is None:
+            with self._span():
                 reply = await self.handler(msg.subject, msg.data)
-            else:
-                tracer = self.provider.get_tracer("allot.requests")
-                with tracer.start_as_current_span(f"{self.subject} process", kind=SpanKind.SERVER):
-                    reply = await self.handler(msg.subject, msg.data)
             if msg.reply:
                 await msg.respond(reply)
             self.handled += 1
@@ -99,6 +102,11 @@ class RequestServer:
         finally:
             otel_context.detach(token)
             self._gate.release()
+
+    def _span(self) -> AbstractContextManager[object]:
+        if self._tracer is None:
+            return contextlib.nullcontext()
+        return self._tracer.start_as_current_span(self._span_name, kind=SpanKind.SERVER)
 
     async def stop(self) -> None:
         """Stop taking requests, let those in progress finish (``DRAIN_TIMEOUT_S``)."""
