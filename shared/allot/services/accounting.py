@@ -446,19 +446,18 @@ class Accounting:
                 continue
             for raw in batch:
                 if await self._handle(raw):
+                    self.handled += 1
                     with contextlib.suppress(nats.errors.Error):  # redelivered if unacked
                         await raw.ack()
 
     async def _handle(self, raw: Msg) -> bool:
         """Whether to acknowledge ``raw`` (False: nacked for a later retry)."""
         if not _may_charge(raw.data):
-            self.handled += 1
             return True  # submissions, placements, queue positions...: nothing to charge
         try:
             record = bus.decode_record(raw.subject, raw.data)
         except ValidationError as e:
             log.warning("event skipped", subject=raw.subject, field=e.field, reason=e.reason)
-            self.handled += 1
             return True
         try:
             await self.charger.apply(record)
@@ -478,7 +477,6 @@ class Accounting:
             # The retries are bounded (max_deliver); a given-up event is charged by a rebuild.
             await raw.nak(delay=delay)
             return False
-        self.handled += 1
         return True
 
     async def _accrue_forever(self) -> None:
