@@ -58,7 +58,6 @@ EXPECT_NEW_SUBJECT = {"Nats-Expected-Last-Subject-Sequence": "0"}
 WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check."""
 _TERMINAL_TYPES = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadCancelled)
-_ENC = msgspec.json.Encoder()
 _FIRST_RECORD = msgspec.json.Decoder(m.WorkloadSubmitted)
 
 log = structlog.get_logger("allot.intake")
@@ -266,7 +265,7 @@ class Intake:
             await self._check_cancellable(cmd)
         except ValidationError as e:
             self.rejected += 1
-            return _ENC.encode(
+            return codec.encode(
                 m.CommandRejected(at=now, field=e.field[:1024], reason=e.reason[:1024])
             )
         assert self.js is not None
@@ -279,7 +278,7 @@ class Intake:
         )
         await bus.publish(self.js, s.events(cmd.allocation, cmd.workload_id), record)
         log.info("cancel requested", workload=cmd.workload_id, allocation=cmd.allocation)
-        return _ENC.encode(m.CommandAccepted(at=now, detail=f"cancel of {cmd.workload_id} logged"))
+        return codec.encode(m.CommandAccepted(at=now, detail=f"cancel of {cmd.workload_id} logged"))
 
     async def _check_cancellable(self, cmd: m.CancelWorkload) -> None:
         assert self.js is not None
