@@ -13,6 +13,7 @@ import msgspec
 import nats
 import pytest
 from live_harness import of_type, records, seed
+from nats.js import JetStreamContext
 
 from allot.live import service_main
 from allot.live.stack import Stack, StackConfig
@@ -39,6 +40,19 @@ async def intake_nc(fresh_log: str) -> AsyncIterator[nats.NATS]:
         await nc.close()
 
 
+async def _submit(nc: nats.NATS, body: bytes) -> m.WorkloadAccepted | m.WorkloadRejected:
+    return _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
+
+
+async def _outlive_the_duplicate_window(js: JetStreamContext) -> None:
+    """Shrink the stream's message-id window and outlive it: only the log's subject check
+    is left to catch a repeat."""
+    info = await js.stream_info("WORKLOADS")
+    info.config.duplicate_window = 0.5
+    await js.update_stream(info.config)
+    await asyncio.sleep(1.0)
+
+
 def _submit_body(client_id: str) -> bytes:
     body = {"type": "SubmitWorkload", "client_id": client_id, "user": "u", "gpus": 1}
     return json.dumps(body).encode()
@@ -47,15 +61,10 @@ def _submit_body(client_id: str) -> bytes:
 async def test_client_id_dedupe_outlives_the_duplicate_window(intake_nc: nats.NATS) -> None:
     nc, js = intake_nc, intake_nc.jetstream()
     body = _submit_body("once")
-    first = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
+    first = await _submit(nc, body)
     assert isinstance(first, m.WorkloadAccepted) and not first.duplicate
-    # Shrink the stream's message-id window and outlive it: only the log's subject check
-    # is left to catch the repeat.
-    info = await js.stream_info("WORKLOADS")
-    info.config.duplicate_window = 0.5
-    await js.update_stream(info.config)
-    await asyncio.sleep(1.0)
-    again = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
+    await _outlive_the_duplicate_window(js)
+    again = await _submit(nc, body)
     assert isinstance(again, m.WorkloadAccepted) and again.duplicate
     assert again.workload_id == first.workload_id and again.at == first.at
     assert len(of_type(await records(js), m.WorkloadSubmitted)) == 1
@@ -68,15 +77,12 @@ async def test_a_repeat_after_later_records_answers_with_the_first_submission(
     repeat is still refused, and answered with the submission's time, not a later one."""
     nc, js = intake_nc, intake_nc.jetstream()
     body = _submit_body("busy")
-    first = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
+    first = await _submit(nc, body)
     assert isinstance(first, m.WorkloadAccepted)
     subject = s.events(None, first.workload_id)
     await js.publish(subject, b'{"type":"later"}')  # any later record on the subject
-    info = await js.stream_info("WORKLOADS")
-    info.config.duplicate_window = 0.5
-    await js.update_stream(info.config)
-    await asyncio.sleep(1.0)
-    again = _REPLY.decode((await nc.request(s.submit(None), body, timeout=5)).data)
+    await _outlive_the_duplicate_window(js)
+    again = await _submit(nc, body)
     assert isinstance(again, m.WorkloadAccepted) and again.duplicate
     assert again.at == first.at
 
