@@ -53,6 +53,7 @@ GOAL_RATE = 2000.0
 GOAL_P50_MS = 5.0
 GOAL_P99_MS = 50.0
 BATCHES_IN_FLIGHT = 4
+IDLE_S = 10.0
 PROBE_TIMEOUT_S = 30.0
 """A probe unanswered this long is counted at this latency (saturation)."""
 
@@ -197,6 +198,9 @@ async def run_bench(
         # goal is stated with 10,000 pending, and a fold still catching up would be timed)
         queued = await _queued_at_least(nc, accepted, timeout=300)
 
+        # the stack's own cost with nothing submitted: heartbeats, accrual, timers
+        idle = await _idle_cpu(pids or {}, IDLE_S)
+
         # 2. latency at paced rates with that queue pending (the first rate is the goal's)
         phases = [
             await _latency_phase(nc, rate, args.probe_s, queued, pids or {}) for rate in args.rates
@@ -220,11 +224,28 @@ async def run_bench(
                 "goal_per_s": GOAL_RATE,
                 "pass": rate >= GOAL_RATE,
             },
+            "idle": idle,
             "latency": phases,
             "batch_throughput": batch,
         }
     finally:
         await nc.close()
+
+
+async def _idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, Any]:
+    """CPU each process uses over ``seconds`` with nothing submitted (cores)."""
+    print(f"phase: idle {seconds:.0f} s", flush=True)
+    before = _cpu_seconds(pids)
+    t0 = time.perf_counter()
+    await asyncio.sleep(seconds)
+    elapsed = time.perf_counter() - t0
+    after = _cpu_seconds(pids)
+    cores = {n: (after[n] - before[n]) / elapsed for n in after if n in before}
+    return {
+        "seconds": round(elapsed, 1),
+        "cpu_cores": round(sum(cores.values()), 2),
+        "cores": {n: round(c, 3) for n, c in sorted(cores.items(), key=lambda x: -x[1])},
+    }
 
 
 async def _latency_phase(
@@ -339,6 +360,14 @@ def render(result: dict[str, Any]) -> str:
             f"| same, sent as `SubmitBatch` of {b['batch_size']} ({b['submissions']} workloads, "
             f"{b['in_flight']} batches in flight; measured after the latency phases) | "
             f"{b['accepted_per_s']} | >= {b['goal_per_s']:.0f} | {ok[b['pass']]} |"
+        )
+    idle = result.get("idle")
+    if idle:
+        per = ", ".join(f"{n} {c}" for n, c in idle["cores"].items())
+        lines.append(
+            f"| CPU with {result['latency'][0]['pending_at_start']} pending and nothing "
+            f"submitted ({idle['seconds']} s): {idle['cpu_cores']} of 2 cores; cores: {per} "
+            "| | | |"
         )
     for i, lat in enumerate(result["latency"]):
         goal = i == 0

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import json
 import math
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -393,6 +394,51 @@ async def test_rebuild_from_the_log_gives_the_same_buckets(
     # A second rebuild is idempotent.
     await rebuild(fresh_log, redis_url, prefix=prefix, now=now)
     assert await all_buckets(store, now) == before
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("seed", range(6))
+async def test_a_batch_charges_what_its_records_one_by_one_charge(
+    redis_client: redis_asyncio.Redis, prefix: str, seed: int
+) -> None:
+    """``apply_many`` (the service's path: a fetched batch in a few Redis round trips)
+    against ``apply`` of each record in order, on shuffled starts and ends of several runs
+    (an end before its start, repeats, unallocated and unchargeable records included)."""
+    rng = random.Random(seed)
+    records: list[msgspec.Struct] = []
+    runs = []
+    for i in range(12):
+        start = HOUR_EDGE + rng.randrange(-40_000, 4_000) / 4
+        end = start + rng.randrange(1, 40_000) / 4
+        alloc = rng.choice(["nlp", "vision", None])
+        gpus = rng.randrange(1, 9)
+        records += [
+            started(f"w{i}", alloc, start, gpus),
+            completed(f"w{i}", alloc, start, end, gpus),
+        ]
+        if alloc is not None:
+            runs.append((alloc, start, end, gpus))
+    records.append(
+        completed(
+            "w0", records[1].allocation, records[1].started_at, records[1].at, records[1].gpus
+        )
+    )  # a repeat
+    records.append(started("bad", "nlp", HOUR_EDGE, 0))  # allocated, no GPUs: ignored
+    rng.shuffle(records)
+    now = HOUR_EDGE + 20_000.0
+    batched = Charger(redis_client, prefix, clock=frozen(now))
+    one_by_one = Charger(redis_client, f"{prefix}-single", clock=frozen(now))
+    try:
+        new_in_batch = await batched.apply_many(records)
+        new_singly = sum([await one_by_one.apply(r) for r in records])
+        want = reference(*runs)
+        assert await all_buckets(batched.store, now) == want
+        assert await all_buckets(one_by_one.store, now) == want
+        assert new_in_batch == new_singly > 0
+        assert await batched.apply_many(records) == 0  # again: nothing new
+        assert await all_buckets(batched.store, now) == want
+    finally:
+        await one_by_one.wipe()
 
 
 @pytest.mark.integration

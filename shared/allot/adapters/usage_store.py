@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from typing import Final, Protocol
 
 import redis.asyncio as redis_asyncio
+from redis.asyncio.client import Pipeline
 
 from allot.core.errors import ValidationError
 from allot.core.usage import HOUR_S, split_into_hours
@@ -237,18 +238,8 @@ class RedisUsageStore:
     async def charge(
         self, charge_id: str, allocation: str, start: float, end: float, gpus: int
     ) -> bool:
-        pieces = _pieces(charge_id, allocation, start, end, gpus)
-        args: list[str | int] = [charge_id, KEY_TTL_S, RETENTION_HOURS, _last_hour(pieces, start)]
-        if pieces:
-            # Hours already past retention would be dropped by the script anyway.
-            cutoff = max(pieces) - RETENTION_HOURS
-            for h, amount in pieces.items():
-                if h >= cutoff:
-                    args += [h, repr(float(amount))]
-        applied = await self._charge_script(
-            keys=[self.usage_key(allocation), self.seen_key(allocation)], args=args
-        )
-        return bool(applied)
+        keys, args = self._charge_call(charge_id, allocation, start, end, gpus)
+        return bool(await self._charge_script(keys=keys, args=args))
 
     async def settle(
         self,
@@ -258,6 +249,59 @@ class RedisUsageStore:
         final: tuple[float, float],
         gpus: int,
     ) -> bool:
+        keys, args = self._settle_call(charge_id, allocation, whole, final, gpus)
+        return bool(await self._settle_script(keys=keys, args=args))
+
+    async def queue_charge(
+        self,
+        pipe: Pipeline,
+        charge_id: str,
+        allocation: str,
+        *,
+        start: float,
+        end: float,
+        gpus: int,
+    ) -> None:
+        """``charge`` queued on ``pipe``; its reply (1 new, 0 already applied) is one of
+        ``pipe.execute()``'s. The arguments are checked now, before anything is sent."""
+        keys, args = self._charge_call(charge_id, allocation, start, end, gpus)
+        await self._charge_script(keys=keys, args=args, client=pipe)
+
+    async def queue_settle(
+        self,
+        pipe: Pipeline,
+        charge_id: str,
+        allocation: str,
+        *,
+        whole: tuple[float, float],
+        final: tuple[float, float],
+        gpus: int,
+    ) -> None:
+        """``settle`` queued on ``pipe``, as ``queue_charge``."""
+        keys, args = self._settle_call(charge_id, allocation, whole, final, gpus)
+        await self._settle_script(keys=keys, args=args, client=pipe)
+
+    def _charge_call(
+        self, charge_id: str, allocation: str, start: float, end: float, gpus: int
+    ) -> tuple[list[str], list[str | int]]:
+        pieces = _pieces(charge_id, allocation, start, end, gpus)
+        args: list[str | int] = [charge_id, KEY_TTL_S, RETENTION_HOURS, _last_hour(pieces, start)]
+        if pieces:
+            # Hours already past retention would be dropped by the script anyway.
+            cutoff = max(pieces) - RETENTION_HOURS
+            for h, amount in pieces.items():
+                if h >= cutoff:
+                    args += [h, repr(float(amount))]
+        return [self.usage_key(allocation), self.seen_key(allocation)], args
+
+    def _settle_call(
+        self,
+        charge_id: str,
+        allocation: str,
+        whole: tuple[float, float],
+        final: tuple[float, float],
+        gpus: int,
+    ) -> tuple[list[str], list[str | int]]:
         final_pieces, correction, last = _settle_pieces(charge_id, allocation, whole, final, gpus)
         args: list[str | int] = [
             charge_id,
@@ -270,10 +314,7 @@ class RedisUsageStore:
         for pieces in (final_pieces, correction):
             for h, amount in pieces.items():
                 args += [h, repr(float(amount))]
-        applied = await self._settle_script(
-            keys=[self.usage_key(allocation), self.seen_key(allocation)], args=args
-        )
-        return bool(applied)
+        return [self.usage_key(allocation), self.seen_key(allocation)], args
 
     async def buckets(
         self, allocations: Iterable[str], now: float, window_s: int

@@ -55,6 +55,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from opentelemetry.sdk.trace import TracerProvider
+from redis.asyncio.client import Pipeline
 
 from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore
 from allot.core.errors import ValidationError
@@ -79,8 +80,6 @@ BATCH: Final = 256
 """Messages fetched from the durable consumer per pull."""
 MAX_RETRY_DELAY_S: Final = 30.0
 CONNECT_TIMEOUT_S: Final = 5.0
-CHARGE_CONCURRENCY: Final = 64
-"""Slot charges in flight to Redis at once, per process (a week-long run is ~10k slots)."""
 
 Terminal = m.WorkloadCompleted | m.WorkloadFailed | m.WorkloadCancelled | m.WorkloadPreempted
 _TERMINAL: Final = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadCancelled, m.WorkloadPreempted)
@@ -183,86 +182,55 @@ class Charger:
         self.store = RedisUsageStore(self.client, self.prefix)
         self.running_key = f"{self.prefix}:running"
         self._cas = self.client.register_script(_CAS_LUA)
-        # One limit for every charge in flight (the slots of a run are charged concurrently),
-        # and each Redis command in flight holds a pooled connection.
-        self._limit = asyncio.Semaphore(CHARGE_CONCURRENCY)
 
     async def apply(self, record: msgspec.Struct) -> int:
-        """Apply one WORKLOADS record; returns how many charges were new. Records that do
-        not concern accounting (or cannot be charged) are logged and ignored."""
-        if isinstance(record, m.WorkloadStarted):
-            await self._started(record)
-            return 0
-        if isinstance(record, _TERMINAL):
-            return await self._ended(record)
-        return 0
+        """Apply one WORKLOADS record (``apply_many`` of one)."""
+        return await self.apply_many([record])
 
-    async def _started(self, r: m.WorkloadStarted) -> None:
-        if not r.allocated:
-            return
-        if r.allocation is None or r.gpus <= 0:
-            log.warning(
-                "allocated start not chargeable",
-                workload=r.workload_id,
-                attempt=r.attempt,
-                allocation=r.allocation,
-                gpus=r.gpus,
-            )
-            return
-        entry = _Running(allocation=r.allocation, gpus=r.gpus, started_at=r.at)
-        await self.client.hsetnx(
-            self.running_key, _field(r.workload_id, r.attempt), _ENCODE.encode(entry)
-        )
+    async def apply_many(self, records: Sequence[msgspec.Struct]) -> int:
+        """Apply WORKLOADS records; returns how many charges were new. Records that do not
+        concern accounting (or cannot be charged) are logged and ignored.
 
-    async def _ended(self, r: Terminal) -> int:
-        if not r.allocated:
+        A batch costs a few Redis round trips, not a few per record: the starts' HSETNX
+        (one pipeline), the ends' running entries (one HMGET), their charges and settles
+        (one pipeline), their tombstones (one HSET). Starts go first, which one-by-one
+        order gives too: a start and its end in one batch charge the run, and an end
+        applied before its start leaves a tombstone the start's HSETNX cannot replace.
+        Every step is idempotent, so after a Redis error the batch is applied again."""
+        starts: dict[str, bytes] = {}
+        ends: list[Terminal] = []
+        for r in records:
+            if isinstance(r, m.WorkloadStarted):
+                entry = _running_entry(r)
+                if entry is not None:
+                    starts.setdefault(_field(r.workload_id, r.attempt), _ENCODE.encode(entry))
+            elif isinstance(r, _TERMINAL) and r.allocated:
+                ends.append(r)
+        if starts:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key, value in starts.items():
+                    pipe.hsetnx(self.running_key, key, value)
+                await pipe.execute()
+        if not ends:
             return 0
-        key = _field(r.workload_id, r.attempt)
-        running = await self._entry(key)
-        started_at = r.started_at
-        gpus = r.gpus
-        if isinstance(running, _Running):  # older agents may leave these out
-            started_at = running.started_at if started_at is None else started_at
-            gpus = gpus or running.gpus
-        applied = 0
-        if r.allocation is None or started_at is None or gpus <= 0:
-            log.warning(
-                "allocated run not chargeable",
-                workload=r.workload_id,
-                attempt=r.attempt,
-                allocation=r.allocation,
-                started_at=started_at,
-                gpus=gpus,
-            )
-        else:
-            if r.at < started_at:
-                log.warning("run ends before it starts", workload=r.workload_id, attempt=r.attempt)
-            accrued = running.accrued if isinstance(running, _Running) else None
-            applied = await self._final_charges(
-                r.workload_id,
-                r.attempt,
-                r.allocation,
-                gpus,
-                started_at=started_at,
-                ended_at=r.at,
-                accrued=accrued,
-            )
-        # After the charges: if they fail the message is redelivered and charges again.
-        await self.client.hset(self.running_key, key, _ENCODE.encode(_Ended(ended_at=r.at)))
+        keys = [_field(r.workload_id, r.attempt) for r in ends]
+        entries = await self.client.hmget(self.running_key, keys)
+        async with self.client.pipeline(transaction=False) as pipe:
+            for r, raw in zip(ends, entries, strict=True):
+                await self._queue_final_charges(pipe, r, _decode_entry(raw))
+            applied = sum(1 for reply in await pipe.execute() if reply)
+        # After the charges: if they fail the batch is redelivered and charges again.
+        tombstones = {
+            key: _ENCODE.encode(_Ended(ended_at=r.at)) for key, r in zip(keys, ends, strict=True)
+        }
+        await self.client.hset(self.running_key, mapping=tombstones)  # type: ignore[arg-type]
         return applied
 
-    async def _final_charges(
-        self,
-        workload: str,
-        attempt: int,
-        allocation: str,
-        gpus: int,
-        *,
-        started_at: float,
-        ended_at: float,
-        accrued: int | None,
-    ) -> int:
-        """Charge the run ``[started_at, ended_at)`` exactly, whatever the live window did.
+    async def _queue_final_charges(
+        self, pipe: Pipeline, r: Terminal, running: _Entry | None
+    ) -> None:
+        """Queue what makes the run ``[started_at, r.at)`` charged exactly, whatever the live
+        window did (nothing, logged, when the run cannot be charged).
 
         Whole slots are charged under the ids the live window uses (the same amounts: a
         slot charged twice adds nothing). The live window charges a slot whole once it is
@@ -272,28 +240,61 @@ class Charger:
         by adding the difference when the whole charge happened and blocking it otherwise.
         Slots after the end are settled only when the live window has charged this run
         (``accrued`` set), up to the last slot it can charge now."""
+        started_at = r.started_at
+        gpus = r.gpus
+        accrued = None
+        if isinstance(running, _Running):  # older agents may leave these out
+            started_at = running.started_at if started_at is None else started_at
+            gpus = gpus or running.gpus
+            accrued = running.accrued
+        if r.allocation is None or started_at is None or gpus <= 0:
+            log.warning(
+                "allocated run not chargeable",
+                workload=r.workload_id,
+                attempt=r.attempt,
+                allocation=r.allocation,
+                started_at=started_at,
+                gpus=gpus,
+            )
+            return
+        if r.at < started_at:
+            log.warning("run ends before it starts", workload=r.workload_id, attempt=r.attempt)
         slot = self.slot_s
-        slots = grid_slots(started_at, ended_at, slot)
-        whole = [sl for sl in slots if sl.end == (sl.k + 1) * slot]
-        applied = await self._charge(workload, attempt, allocation, gpus, whole)
-        settles: list[tuple[int, tuple[float, float], tuple[float, float]]] = []
-        if slots and slots[-1].end < (slots[-1].k + 1) * slot:
-            last = slots[-1]
-            settles.append((last.k, (last.start, (last.k + 1) * slot), (last.start, last.end)))
-        if accrued is not None:
-            next_k = slots[-1].k + 1 if slots else math.floor(started_at / slot)
-            last_k = math.floor(complete_until(self.clock(), slot) / slot) - 1
-            for k in range(next_k, last_k + 1):
-                lo = max(started_at, k * slot)
-                settles.append((k, (lo, (k + 1) * slot), (lo, lo)))
-
-        async def one(k: int, whole: tuple[float, float], final: tuple[float, float]) -> bool:
-            async with self._limit:
-                return await self.store.settle(
-                    f"{workload}:{attempt}:{k}", allocation, whole, final, gpus
+        prefix = f"{r.workload_id}:{r.attempt}"
+        try:
+            slots = grid_slots(started_at, r.at, slot)
+            for sl in slots:
+                if sl.end == (sl.k + 1) * slot:  # whole
+                    await self.store.queue_charge(
+                        pipe,
+                        f"{prefix}:{sl.k}",
+                        r.allocation,
+                        start=sl.start,
+                        end=sl.end,
+                        gpus=gpus,
+                    )
+            settles: list[tuple[int, tuple[float, float], tuple[float, float]]] = []
+            if slots and slots[-1].end < (slots[-1].k + 1) * slot:
+                last = slots[-1]
+                settles.append((last.k, (last.start, (last.k + 1) * slot), (last.start, last.end)))
+            if accrued is not None:
+                next_k = slots[-1].k + 1 if slots else math.floor(started_at / slot)
+                last_k = math.floor(complete_until(self.clock(), slot) / slot) - 1
+                for k in range(next_k, last_k + 1):
+                    lo = max(started_at, k * slot)
+                    settles.append((k, (lo, (k + 1) * slot), (lo, lo)))
+            for k, whole, final in settles:
+                await self.store.queue_settle(
+                    pipe, f"{prefix}:{k}", r.allocation, whole=whole, final=final, gpus=gpus
                 )
-
-        return applied + sum(await asyncio.gather(*(one(*x) for x in settles)))
+        except ValidationError as e:  # bad numbers in a record: retrying cannot help
+            log.warning(
+                "run not chargeable",
+                workload=r.workload_id,
+                attempt=r.attempt,
+                field=e.field,
+                reason=e.reason,
+            )
 
     async def accrue(self, now: float) -> int:
         """Charge every running entry's complete slots up to ``now - slot_s``; prune
@@ -327,25 +328,45 @@ class Charger:
         await self.store.wipe()
         await self.client.delete(self.running_key)
 
-    async def _entry(self, field: str) -> _Entry | None:
-        raw = await self.client.hget(self.running_key, field)
-        if raw is None:
-            return None
-        try:
-            return _DECODE_ENTRY.decode(raw)
-        except msgspec.DecodeError:
-            return None
-
     async def _charge(
         self, workload: str, attempt: int, allocation: str, gpus: int, slots: Sequence[Slot]
     ) -> int:
-        async def one(s: Slot) -> bool:
-            async with self._limit:
-                return await self.store.charge(
-                    f"{workload}:{attempt}:{s.k}", allocation, s.start, s.end, gpus
+        async with self.client.pipeline(transaction=False) as pipe:
+            for sl in slots:
+                await self.store.queue_charge(
+                    pipe,
+                    f"{workload}:{attempt}:{sl.k}",
+                    allocation,
+                    start=sl.start,
+                    end=sl.end,
+                    gpus=gpus,
                 )
+            return sum(1 for reply in await pipe.execute() if reply)
 
-        return sum(await asyncio.gather(*(one(s) for s in slots)))
+
+def _running_entry(r: m.WorkloadStarted) -> _Running | None:
+    """The running entry of an allocated start (None, logged when it cannot be charged)."""
+    if not r.allocated:
+        return None
+    if r.allocation is None or r.gpus <= 0:
+        log.warning(
+            "allocated start not chargeable",
+            workload=r.workload_id,
+            attempt=r.attempt,
+            allocation=r.allocation,
+            gpus=r.gpus,
+        )
+        return None
+    return _Running(allocation=r.allocation, gpus=r.gpus, started_at=r.at)
+
+
+def _decode_entry(raw: bytes | str | None) -> _Entry | None:
+    if raw is None:
+        return None
+    try:
+        return _DECODE_ENTRY.decode(raw)
+    except msgspec.DecodeError:
+        return None
 
 
 def _field(workload: str, attempt: int) -> str:
@@ -433,8 +454,9 @@ class Accounting:
         await self.redis.aclose()
 
     async def _consume_forever(self, pull: JetStreamContext.PullSubscription) -> None:
-        """Fetch up to ``BATCH`` events, charge them in order, acknowledge each charged or
-        unchargeable one (a failed charge is nacked with a delay instead)."""
+        """Fetch up to ``BATCH`` events, charge them together (``Charger.apply_many``), then
+        acknowledge them together: one socket write for the acks, a few Redis round trips
+        for the charges. A failed charge nacks the batch's chargeable events with a delay."""
         while True:
             try:
                 batch = await pull.fetch(BATCH, timeout=1.0)
@@ -444,40 +466,46 @@ class Accounting:
                 log.warning("events not fetched", error=repr(e))
                 await asyncio.sleep(0.5)
                 continue
-            for raw in batch:
-                if await self._handle(raw):
-                    self.handled += 1
-                    with contextlib.suppress(nats.errors.Error):  # redelivered if unacked
-                        await raw.ack()
+            await self._handle(batch)
 
-    async def _handle(self, raw: Msg) -> bool:
-        """Whether to acknowledge ``raw`` (False: nacked for a later retry)."""
-        if not _may_charge(raw.data):
-            return True  # submissions, placements, queue positions...: nothing to charge
+    async def _handle(self, batch: Sequence[Msg]) -> None:
+        chargeable: list[tuple[Msg, msgspec.Struct]] = []
+        done: list[Msg] = []
+        for raw in batch:
+            if not _may_charge(raw.data):
+                done.append(raw)  # submissions, placements, queue positions...: nothing to charge
+                continue
+            try:
+                chargeable.append((raw, bus.decode_record(raw.subject, raw.data)))
+            except ValidationError as e:
+                log.warning("event skipped", subject=raw.subject, field=e.field, reason=e.reason)
+                done.append(raw)
         try:
-            record = bus.decode_record(raw.subject, raw.data)
-        except ValidationError as e:
-            log.warning("event skipped", subject=raw.subject, field=e.field, reason=e.reason)
-            return True
-        try:
-            await self.charger.apply(record)
-        except ValidationError as e:  # bad numbers in a record: retrying cannot help
-            log.warning("event not chargeable", subject=raw.subject, field=e.field, reason=e.reason)
+            await self.charger.apply_many([record for _, record in chargeable])
         except Exception as e:  # Redis unreachable: retry later, not in a tight loop
-            delivered = raw.metadata.num_delivered
-            delay = min(MAX_RETRY_DELAY_S, 0.5 * 2.0 ** (delivered - 1))
-            level = log.error if delivered >= self.max_deliver else log.warning
-            level(
-                "event not charged yet" if delivered < self.max_deliver else "event given up",
-                subject=raw.subject,
-                delivered=delivered,
-                retry_in_s=delay,
-                error=repr(e),
-            )
-            # The retries are bounded (max_deliver); a given-up event is charged by a rebuild.
+            for raw, _ in chargeable:
+                await self._retry_later(raw, e)
+        else:
+            done += [raw for raw, _ in chargeable]
+        for raw in done:
+            with contextlib.suppress(nats.errors.Error):  # redelivered if unacked
+                await raw.ack()
+        self.handled += len(done)
+
+    async def _retry_later(self, raw: Msg, error: Exception) -> None:
+        delivered = raw.metadata.num_delivered
+        delay = min(MAX_RETRY_DELAY_S, 0.5 * 2.0 ** (delivered - 1))
+        level = log.error if delivered >= self.max_deliver else log.warning
+        level(
+            "event not charged yet" if delivered < self.max_deliver else "event given up",
+            subject=raw.subject,
+            delivered=delivered,
+            retry_in_s=delay,
+            error=repr(error),
+        )
+        # The retries are bounded (max_deliver); a given-up event is charged by a rebuild.
+        with contextlib.suppress(nats.errors.Error):
             await raw.nak(delay=delay)
-            return False
-        return True
 
     async def _accrue_forever(self) -> None:
         while True:
