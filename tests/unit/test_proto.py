@@ -380,6 +380,36 @@ def test_bad_input_is_one_validation_error_naming_the_field(
     assert caught.value.reason
 
 
+def test_a_services_own_message_skips_only_the_repeated_key_scan() -> None:
+    """``own=True`` (log records, host work lists): a repeated key is not searched for, and
+    every schema check still holds."""
+    placed = encode(
+        m.WorkloadPlaced(
+            workload_id="w",
+            at=1.0,
+            gpus=1,
+            assignment=(m.HostGpus(host="h01", gpus=(0,)),),
+        )
+    )
+    repeated = placed[:-1] + b',"gpus":1}'
+    with pytest.raises(ValidationError) as caught:
+        decode(Kind.EVENTS, repeated)
+    assert caught.value.field == "gpus"
+    assert decode(Kind.EVENTS, repeated, own=True) == decode(Kind.EVENTS, placed)
+    for bad, field in (
+        (placed.replace(b'"gpus":1', b'"gpus":-1'), "gpus"),
+        (placed[:-1] + b',"rack":"r1"}', "rack"),
+        (b'{"type":"WorkloadExploded"}', "type"),
+    ):
+        with pytest.raises(ValidationError) as caught:
+            decode(Kind.EVENTS, bad, own=True)
+        assert caught.value.field == field
+    work = encode(m.HostWork(host="h01", seq=1, at=1.0))
+    assert decode_as(m.HostWork, work[:-1] + b',"seq":1}', own=True).seq == 1
+    with pytest.raises(ValidationError):
+        decode_as(m.HostWork, work[:-1] + b',"seq":1}')
+
+
 def test_unknown_kind_is_a_validation_error() -> None:
     with pytest.raises(ValidationError) as caught:
         decode("nope", b"{}")

@@ -193,8 +193,9 @@ async def _publish(
 
 
 def decode_record(subject: str, data: bytes) -> msgspec.Struct:
-    """Decode a log record by its subject (raises ``ValidationError``)."""
-    return codec.decode(kind_of(subject), data)
+    """Decode a log record by its subject (raises ``ValidationError``); only services write
+    the log (``codec.decode``'s ``own``)."""
+    return codec.decode(kind_of(subject), data, own=True)
 
 
 OnRecord = Callable[[str, msgspec.Struct], Awaitable[None] | None]

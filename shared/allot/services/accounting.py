@@ -30,9 +30,10 @@ allocation the record names. Readers (the ranking service) construct
 Order is not relied on: a nacked event comes back after later ones, and several instances
 may share the durable pull consumer ``accounting``. Every write is
 idempotent or commutative (charge ids, HSETNX of a start against the end's tombstone,
-compare-and-set of the accrual cursor). The live window also waits while the consumer has
-unread or in-flight events, so a backlog (after a restart) is not charged up to now before
-the ends in it are read.
+compare-and-set of the accrual cursor). Events are pulled in batches
+at most every ``FETCH_EVERY_S`` and charged a batch at a time (``Charger.apply_many``); the
+live window is accrued between two batches, only once the consumer has no backlog, so a
+backlog (after a restart) is not charged up to now before the ends in it are read.
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ MAX_DELIVER: Final = 50
 the retry delays doubling from 0.5 s up to ``MAX_RETRY_DELAY_S``, about 22 minutes."""
 BATCH: Final = 256
 """Messages fetched from the durable consumer per pull."""
+FETCH_EVERY_S: Final = 0.2
+"""Least time between two pulls. Charges are not latency-bound (the live window lags a
+slot), so events are taken in batches: a few Redis round trips and one write of acks for
+many events instead of for each (``make bench-live``: the service's CPU per workload)."""
 MAX_RETRY_DELAY_S: Final = 30.0
 CONNECT_TIMEOUT_S: Final = 5.0
 
@@ -428,7 +433,6 @@ class Accounting:
         self.handled = 0
         """Messages handled (acknowledged), for tests and logs."""
         self._consumer: asyncio.Task[None] | None = None
-        self._accrual: asyncio.Task[None] | None = None
 
     async def on_started(self) -> None:
         js = self.broker.connection.jetstream()
@@ -445,28 +449,45 @@ class Accounting:
             ),
         )
         self._consumer = asyncio.create_task(self._consume_forever(pull))
-        self._accrual = asyncio.create_task(self._accrue_forever())
         log.info("accounting started", prefix=self.charger.prefix, slot_s=self.charger.slot_s)
 
     async def on_stopping(self) -> None:
-        await stop_tasks([self._accrual, self._consumer])
-        self._accrual = self._consumer = None
+        await stop_tasks([self._consumer])
+        self._consumer = None
         await self.redis.aclose()
 
     async def _consume_forever(self, pull: JetStreamContext.PullSubscription) -> None:
-        """Fetch up to ``BATCH`` events, charge them together (``Charger.apply_many``), then
-        acknowledge them together: one socket write for the acks, a few Redis round trips
-        for the charges. A failed charge nacks the batch's chargeable events with a delay."""
+        """Pull up to ``BATCH`` events at most every ``FETCH_EVERY_S``, charge them together
+        (``Charger.apply_many``), then acknowledge them together: a few Redis round trips
+        and one socket write of acks for many events. A failed charge nacks the batch's
+        chargeable events with a delay.
+
+        The live window is accrued here too, between two batches, and only after a batch
+        that was not full (the consumer had nothing more to give when pulled): a backlog
+        (a restart, an outage) may hold the end of a run the window would otherwise charge
+        past its end, so it is read first. Being in this task, an accrual never interleaves
+        with this instance's charging of an end (a late end read after an accrual is
+        settled right, see ``Charger._queue_final_charges``)."""
+        loop = asyncio.get_running_loop()
+        pulled_at = -math.inf
+        accrued_at = -math.inf
+        wait_s = min(1.0, max(FETCH_EVERY_S, self.accrue_s))
         while True:
+            await asyncio.sleep(max(0.0, pulled_at + FETCH_EVERY_S - loop.time()))
+            pulled_at = loop.time()
             try:
-                batch = await pull.fetch(BATCH, timeout=1.0)
-            except TimeoutError:  # nothing new within the second
-                continue
+                batch = await pull.fetch(BATCH, timeout=wait_s)
+            except TimeoutError:  # nothing new
+                batch = []
             except nats.errors.Error as e:  # reconnecting: nats-py retries on its own
                 log.warning("events not fetched", error=repr(e))
                 await asyncio.sleep(0.5)
                 continue
-            await self._handle(batch)
+            if batch:
+                await self._handle(batch)
+            if len(batch) < BATCH and loop.time() >= accrued_at + self.accrue_s:
+                accrued_at = loop.time()
+                await self._accrue()
 
     async def _handle(self, batch: Sequence[Msg]) -> None:
         chargeable: list[tuple[Msg, msgspec.Struct]] = []
@@ -507,25 +528,14 @@ class Accounting:
         with contextlib.suppress(nats.errors.Error):
             await raw.nak(delay=delay)
 
-    async def _accrue_forever(self) -> None:
-        while True:
-            try:
-                if await self._behind():
-                    # Events are unread or in flight (a restart, a burst): one of them may end
-                    # a run the window would otherwise charge up to now. Its end charges it.
-                    log.info("accrual skipped: behind the log")
-                else:
-                    applied = await self.charger.accrue(self.clock())
-                    if applied:
-                        log.debug("accrued", charges=applied)
-            except Exception as e:  # keep accruing once Redis or NATS is back
-                log.warning("accrual failed", error=repr(e))
-            await asyncio.sleep(self.accrue_s)
-
-    async def _behind(self) -> bool:
-        js = self.broker.connection.jetstream()
-        info = await js.consumer_info("WORKLOADS", DURABLE)
-        return bool(info.num_pending or info.num_ack_pending)
+    async def _accrue(self) -> None:
+        try:
+            applied = await self.charger.accrue(self.clock())
+        except Exception as e:  # accrued again once Redis is back
+            log.warning("accrual failed", error=repr(e))
+            return
+        if applied:
+            log.debug("accrued", charges=applied)
 
 
 # -- rebuild from the log ----------------------------------------------------------------------

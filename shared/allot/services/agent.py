@@ -226,7 +226,7 @@ class Agent:
         body = codec.encode(m.HostSync(host=host))
         try:
             reply = await self._nc.request(subjects.host_sync(host), body, REQUEST_TIMEOUT_S)
-            work = codec.decode_as(m.HostWork, reply.data)
+            work = codec.decode_as(m.HostWork, reply.data, own=True)
         except _PUBLISH_ERRORS as e:  # dispatch not up yet: the next resync tries again
             self.log.debug("sync failed", host=host, error=repr(e))
             return
@@ -238,7 +238,7 @@ class Agent:
     async def _on_work_msg(self, msg: Any) -> None:
         host = subjects.host_of(msg.subject)
         try:
-            work = codec.decode_as(m.HostWork, msg.data)
+            work = codec.decode_as(m.HostWork, msg.data, own=True)
         except ValidationError as e:
             self.log.warning("bad work list", host=host, field=e.field, reason=e.reason)
             return
