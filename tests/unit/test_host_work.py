@@ -69,6 +69,16 @@ def test_a_placement_lists_each_part_on_its_own_host_and_the_primary_reports() -
     assert book.work("h01", 7, T0).seq == 7
 
 
+def test_an_end_is_listed_to_a_gangs_other_hosts_not_to_the_primary_that_reported_it() -> None:
+    book = _book("h01", "h02", "h03")
+    _submit(book, "g", gpus=4, command=("train",))
+    _place(book, "g", {"h02": (0, 1), "h01": (2, 3)})
+    end = book.record_for("h01", _report("h01", "g", "exited", exit_code=0))
+    assert isinstance(end, m.WorkloadCompleted)
+    assert book.apply(end) == {"h02"}  # h02 still runs its part until told
+    assert book.tasks("h01") == book.tasks("h02") == ()
+
+
 def test_a_stale_epoch_placement_lists_nothing() -> None:
     book = _book("h01")
     _submit(book, "w")
@@ -99,7 +109,8 @@ def test_notice_cancel_start_and_end_change_the_list() -> None:
     end = book.record_for("h01", _report("h01", "w", "exited", exit_code=-15))
     assert isinstance(end, m.WorkloadPreempted)
     assert end.reason == "better-ranked" and end.started_at == T0 + 2
-    assert book.apply(end) == {"h01"}
+    # h01's agent reported the end itself: its list changes nothing it runs.
+    assert book.apply(end) == set()
     assert book.tasks("h01") == ()
     # A retry of the same report after the log ended the attempt records nothing more.
     assert book.record_for("h01", _report("h01", "w", "exited", exit_code=-15)) is None

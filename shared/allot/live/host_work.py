@@ -25,6 +25,7 @@ from allot.proto.subjects import check_host
 LIVE = frozenset({"running", "noticed"})
 RESTART_LOST = "agent restarted; the process was lost"
 STOPPED_BEFORE_START = "stopped before start"
+_ENDS = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadPreempted, m.WorkloadCancelled)
 
 
 def primary_host(rec: WorkloadRecord) -> str:
@@ -77,6 +78,11 @@ class DispatchBook:
             self.started.pop(wid, None)
             self.notice_reasons.pop(wid, None)
             self.cancels.pop(wid, None)
+            if before and isinstance(record, _ENDS):
+                # Every end of listed work is the record of its primary host's own report
+                # (``record_for``): that agent has stopped the part and remembers it, so a
+                # list would change nothing there. A gang's other hosts must stop theirs.
+                return set(before) - {min(before)}
         return set(before | now)
 
     def tasks(self, host: str) -> tuple[m.HostTask, ...]:
