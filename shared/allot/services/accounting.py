@@ -77,7 +77,7 @@ DURABLE: Final = "accounting"
 MAX_DELIVER: Final = 50
 """Deliveries of an event whose charging failed (Redis down) before it is given up: with
 the retry delays doubling from 0.5 s up to ``MAX_RETRY_DELAY_S``, about 22 minutes."""
-BATCH: Final = 256
+BATCH: Final = 1000
 """Messages fetched from the durable consumer per pull."""
 FETCH_EVERY_S: Final = 0.2
 """Least time between two pulls. Charges are not latency-bound (the live window lags a
