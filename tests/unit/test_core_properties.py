@@ -187,6 +187,7 @@ def check_capacity(state: ClusterState) -> None:
         assert len(held[h.id]) == len(set(held[h.id])), f"a GPU of {h.id} is held twice"
         assert set(held[h.id]) <= set(range(h.gpus))
         assert sorted(held[h.id] + state.free[h.id]) == list(range(h.gpus))
+    assert state.running_gpus == sum(len(g) for g in held.values())
 
 
 def largest_healthy(state: ClusterState, pool: str) -> int:

@@ -166,6 +166,7 @@ def test_bookkeeping_of_running_work(
         h: {wid for wid, r in state.running.items() if h in r.hosts} for h in ("h1", "h2")
     }
     assert state.on_host == on_host
+    assert state.running_gpus == sum(r.workload.gpus for r in state.running.values())
 
 
 def test_notice_records_the_preempt_time_and_nothing_else() -> None:

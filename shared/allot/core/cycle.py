@@ -364,8 +364,7 @@ class _Cycle:
                 for buckets in st.by_free.values()
                 for size, hosts in enumerate(buckets)
             )
-            running = sum(r.workload.gpus for r in st.running.values())
-            unallocated = running - sum(st.held.values())
+            unallocated = st.running_gpus - sum(st.held.values())
             over = {a: h for a, h in st.held.items() if h > self.entitlement.get(a, 0.0) and h > 0}
             noticed: dict[str | None, int] = {}
             for wid in st.noticed:

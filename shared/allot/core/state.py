@@ -53,6 +53,8 @@ class ClusterState:
         self.by_free: dict[str, list[set[int]]] = {}
         self.pool_max_gpus: dict[str, int] = {}
         self.running: dict[str, Running] = {}
+        self.running_gpus = 0
+        """GPUs held by running work (the sum over ``running``, kept as it changes)."""
         self.on_host: dict[str, set[str]] = {h.id: set() for h in ordered}
         self.held: dict[str, int] = {}
         self.healthy_gpus = 0
@@ -157,6 +159,7 @@ class ClusterState:
             self.on_host[host_id].add(workload.id)
         run = Running(workload, now, assignment, None, shielded)
         self.running[workload.id] = run
+        self.running_gpus += workload.gpus
         if workload.allocated:
             alloc = workload.allocation
             assert alloc is not None
@@ -176,6 +179,7 @@ class ClusterState:
         """The workload ended (completed, failed, or left after its notice)."""
         run = self._running(workload_id)
         del self.running[workload_id]
+        self.running_gpus -= run.workload.gpus
         self.noticed.discard(workload_id)
         for host_id, gpus in run.assignment:
             self._give(host_id, gpus)
