@@ -268,16 +268,8 @@ class Charger:
         prefix = f"{r.workload_id}:{r.attempt}"
         try:
             slots = grid_slots(started_at, r.at, slot)
-            for sl in slots:
-                if sl.end == (sl.k + 1) * slot:  # whole
-                    await self.store.queue_charge(
-                        pipe,
-                        f"{prefix}:{sl.k}",
-                        r.allocation,
-                        start=sl.start,
-                        end=sl.end,
-                        gpus=gpus,
-                    )
+            whole_slots = [sl for sl in slots if sl.end == (sl.k + 1) * slot]
+            await self._queue_slots(pipe, r.workload_id, r.attempt, r.allocation, gpus, whole_slots)
             settles: list[tuple[int, tuple[float, float], tuple[float, float]]] = []
             if slots and slots[-1].end < (slots[-1].k + 1) * slot:
                 last = slots[-1]
@@ -337,16 +329,28 @@ class Charger:
         self, workload: str, attempt: int, allocation: str, gpus: int, slots: Sequence[Slot]
     ) -> int:
         async with self.client.pipeline(transaction=False) as pipe:
-            for sl in slots:
-                await self.store.queue_charge(
-                    pipe,
-                    f"{workload}:{attempt}:{sl.k}",
-                    allocation,
-                    start=sl.start,
-                    end=sl.end,
-                    gpus=gpus,
-                )
+            await self._queue_slots(pipe, workload, attempt, allocation, gpus, slots)
             return sum(1 for reply in await pipe.execute() if reply)
+
+    async def _queue_slots(  # noqa: PLR0917 - one charge's coordinates
+        self,
+        pipe: Pipeline,
+        workload: str,
+        attempt: int,
+        allocation: str,
+        gpus: int,
+        slots: Sequence[Slot],
+    ) -> None:
+        """Queue each slot's charge under the id the live window and the end share."""
+        for sl in slots:
+            await self.store.queue_charge(
+                pipe,
+                f"{workload}:{attempt}:{sl.k}",
+                allocation,
+                start=sl.start,
+                end=sl.end,
+                gpus=gpus,
+            )
 
 
 def _running_entry(r: m.WorkloadStarted) -> _Running | None:
