@@ -426,6 +426,10 @@ class PlacementService:
         started = time.perf_counter()
         now = wall_clock()
         snapshot = self._snapshot()
+        # The new pending work this cycle decides on. Work submitted while its decisions
+        # are being appended is the next cycle's: its queue position would be computed (a
+        # dry run over the whole queue) only to be overtaken by its placement a moment later.
+        considered = set(self._new_pending)
         result = run_cycle(snapshot, self.policy, now)
         self.cycles += 1
         # Until its decisions come back, the fold is the one this result was computed on:
@@ -522,20 +526,22 @@ class PlacementService:
                 pending=len(self.fold.queue),
             )
         every = max(QUEUED_EVERY_S, self._explain_cost_s / QUEUED_COST_SHARE)
-        if self._new_pending and now - self._last_queued_at >= every:
-            await self._publish_queued(now)
-        elif self._new_pending:
+        waiting = considered & self._new_pending  # those it placed are gone
+        if waiting and now - self._last_queued_at >= every:
+            await self._publish_queued(now, waiting)
+        elif waiting:
             # Wake for the next batch of positions, sooner than the core's next wake-up (a
             # protection end may be hours away).
             due = self._last_queued_at + every
             self._next_wakeup = due if self._next_wakeup is None else min(self._next_wakeup, due)
         self.cycle_durations.observe(time.perf_counter() - started)
 
-    async def _publish_queued(self, now: float) -> None:
+    async def _publish_queued(self, now: float, waiting: set[str]) -> None:
+        """``WorkloadQueued`` for ``waiting``: new pending work a cycle left pending."""
         assert self.js is not None
         self._last_queued_at = now
-        fresh = {wid for wid in self._new_pending if wid in self.fold.queue}
-        self._new_pending.clear()
+        fresh = {wid for wid in waiting if wid in self.fold.queue}
+        self._new_pending -= waiting
         if not fresh:
             return
         explained = self._explain(now, stale_ok_s=STALE_OK_S)
