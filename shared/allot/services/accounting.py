@@ -221,8 +221,8 @@ class Charger:
         keys = [_field(r.workload_id, r.attempt) for r in ends]
         entries = await self.client.hmget(self.running_key, keys)
         async with self.client.pipeline(transaction=False) as pipe:
-            for r, raw in zip(ends, entries, strict=True):
-                await self._queue_final_charges(pipe, r, _decode_entry(raw))
+            for key, r, raw in zip(keys, ends, entries, strict=True):
+                await self._queue_final_charges(pipe, key, r, _decode_entry(raw))
             applied = sum(1 for reply in await pipe.execute() if reply)
         # After the charges: if they fail the batch is redelivered and charges again.
         tombstones = {
@@ -232,7 +232,7 @@ class Charger:
         return applied
 
     async def _queue_final_charges(
-        self, pipe: Pipeline, r: Terminal, running: _Entry | None
+        self, pipe: Pipeline, run: str, r: Terminal, running: _Entry | None
     ) -> None:
         """Queue what makes the run ``[started_at, r.at)`` charged exactly, whatever the live
         window did (nothing, logged, when the run cannot be charged).
@@ -265,11 +265,10 @@ class Charger:
         if r.at < started_at:
             log.warning("run ends before it starts", workload=r.workload_id, attempt=r.attempt)
         slot = self.slot_s
-        prefix = f"{r.workload_id}:{r.attempt}"
         try:
             slots = grid_slots(started_at, r.at, slot)
             whole_slots = [sl for sl in slots if sl.end == (sl.k + 1) * slot]
-            await self._queue_slots(pipe, r.workload_id, r.attempt, r.allocation, gpus, whole_slots)
+            await self._queue_slots(pipe, run, r.allocation, gpus, whole_slots)
             settles: list[tuple[int, tuple[float, float], tuple[float, float]]] = []
             if slots and slots[-1].end < (slots[-1].k + 1) * slot:
                 last = slots[-1]
@@ -282,7 +281,7 @@ class Charger:
                     settles.append((k, (lo, (k + 1) * slot), (lo, lo)))
             for k, whole, final in settles:
                 await self.store.queue_settle(
-                    pipe, f"{prefix}:{k}", r.allocation, whole=whole, final=final, gpus=gpus
+                    pipe, _charge_id(run, k), r.allocation, whole=whole, final=final, gpus=gpus
                 )
         except ValidationError as e:  # bad numbers in a record: retrying cannot help
             log.warning(
@@ -314,7 +313,7 @@ class Charger:
             if not slots or not workload or not attempt.isdigit():
                 continue
             applied += await self._charge(
-                workload, int(attempt), entry.allocation, entry.gpus, slots
+                _field(workload, int(attempt)), entry.allocation, entry.gpus, slots
             )
             moved = msgspec.structs.replace(entry, accrued=slots[-1].k + 1)
             await self._cas(keys=[self.running_key], args=[field, raw_value, _ENCODE.encode(moved)])
@@ -325,27 +324,19 @@ class Charger:
         await self.store.wipe()
         await self.client.delete(self.running_key)
 
-    async def _charge(
-        self, workload: str, attempt: int, allocation: str, gpus: int, slots: Sequence[Slot]
-    ) -> int:
+    async def _charge(self, run: str, allocation: str, gpus: int, slots: Sequence[Slot]) -> int:
         async with self.client.pipeline(transaction=False) as pipe:
-            await self._queue_slots(pipe, workload, attempt, allocation, gpus, slots)
+            await self._queue_slots(pipe, run, allocation, gpus, slots)
             return sum(1 for reply in await pipe.execute() if reply)
 
-    async def _queue_slots(  # noqa: PLR0917 - one charge's coordinates
-        self,
-        pipe: Pipeline,
-        workload: str,
-        attempt: int,
-        allocation: str,
-        gpus: int,
-        slots: Sequence[Slot],
+    async def _queue_slots(
+        self, pipe: Pipeline, run: str, allocation: str, gpus: int, slots: Sequence[Slot]
     ) -> None:
         """Queue each slot's charge under the id the live window and the end share."""
         for sl in slots:
             await self.store.queue_charge(
                 pipe,
-                f"{workload}:{attempt}:{sl.k}",
+                _charge_id(run, sl.k),
                 allocation,
                 start=sl.start,
                 end=sl.end,
@@ -379,7 +370,13 @@ def _decode_entry(raw: bytes | str | None) -> _Entry | None:
 
 
 def _field(workload: str, attempt: int) -> str:
+    """A run's field in the running hash, and the stem of its charge ids."""
     return f"{workload}:{attempt}"
+
+
+def _charge_id(run: str, k: int) -> str:
+    """Slot ``k`` of run ``run`` (``_field``): the id the live window and the end share."""
+    return f"{run}:{k}"
 
 
 def _text(value: bytes | str) -> str:
