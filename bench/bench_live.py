@@ -71,6 +71,11 @@ def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def _cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each process used between two ``_cpu_seconds`` readings."""
+    return {n: after[n] - before[n] for n in after if n in before}
+
+
 def _body(client_id: str, alloc: str, gpus: int, min_runtime_s: int, duration_s: float) -> bytes:
     return json.dumps(
         {
@@ -240,7 +245,7 @@ async def _idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, Any]:
     await asyncio.sleep(seconds)
     elapsed = time.perf_counter() - t0
     after = _cpu_seconds(pids)
-    cores = {n: (after[n] - before[n]) / elapsed for n in after if n in before}
+    cores = {n: used / elapsed for n, used in _cpu_used(before, after).items()}
     return {
         "seconds": round(elapsed, 1),
         "cpu_cores": round(sum(cores.values()), 2),
@@ -302,7 +307,7 @@ async def _latency_phase(
     await asyncio.gather(*tasks)
     achieved = total / (time.perf_counter() - start)
     # CPU while the probes were being sent: per process, per probe sent
-    cpu = {n: cpu_after[n] - cpu_before[n] for n in cpu_after if n in cpu_before}
+    cpu = _cpu_used(cpu_before, cpu_after)
     # (Probes that timed out may still be accepted and placed later: wait for the answered.)
     await _wait(lambda: all(w in placed_at for w in wid_of.values()), 120, "probes placed")
     # The next phase starts on a quiet stack: every probe's run has ended and been logged
