@@ -25,9 +25,12 @@ from builders import (
     workload,
 )
 
+from allot.core import cycle
 from allot.core.decisions import HostTransition, Preemption, PreemptReason
 from allot.core.model import Assignment, HostState, Workload
+from allot.core.placement import ClusterView
 from allot.core.policy import Mode
+from allot.core.preemption import Plan, VictimRule
 from allot.core.state import ClusterState
 
 NOW = 10_000.0
@@ -301,6 +304,92 @@ def test_a_cycle_reads_the_snapshot_without_changing_it() -> None:
     reused = build()
     decide(reused, workload("a1", 8), now=2000.0)
     assert decide(reused, workload("a1", 8), now=500.0) == fresh
+
+
+# -- earmarks (FAIRSHARE) -------------------------------------------------------------------
+# ``a`` (half the cluster owed, nothing held) asks for more than it can get now: ``b``'s
+# protected work is in the way. Its earmark holds the room it will get when that
+# protection ends. The plan is deferred until something reads the cluster view; each case
+# is a read that must see it (test_core_properties.py checks the deferral in general).
+
+EARMARK_SHARES = {"a": 0.5, "b": 0.05, "c": 0.05}
+EARMARK_ORDER = {"a": 0, "b": 1, "c": 2}
+PROTECTED = NOW - 600  # b's work started 10 minutes ago, protected for an hour
+
+
+@pytest.mark.parametrize(
+    ("running", "pending", "placements", "noticed"),
+    [
+        pytest.param(
+            [on(workload("b1", 6, "b"), "h1", start=PROTECTED)],
+            [workload("a-big", 4), workload("c1", 1, "c", submit=1.0)],
+            {},
+            set(),
+            id="a-later-fit-does-not-take-the-held-free-gpus",
+        ),
+        pytest.param(
+            [
+                on(workload("b1", 6, "b"), "h1", start=PROTECTED),
+                on(free_work("u1", 2), "h1", start=PROTECTED),
+                on(workload("b2", 8, "b"), "h2", start=PROTECTED),
+            ],
+            [workload("a-big", 10), workload("a2", 2, submit=1.0)],
+            {},
+            set(),
+            id="a-later-plan-does-not-take-the-earmarked-victims",
+        ),
+        pytest.param(
+            [
+                on(workload("b1", 6, "b"), "h1", start=PROTECTED),
+                on(free_work("u1", 2), "h1", start=PROTECTED),
+                on(free_work("u2", 8), "h2", start=PROTECTED),
+                on(workload("b3", 8, "b"), "h3", start=PROTECTED),
+            ],
+            # a1's failed fit rules out fits for the rest of the cycle, so c-big goes
+            # straight to a plan, which must not take u2: a-big's earmark holds it.
+            [workload("a1", 1), workload("a-big", 18, submit=1.0), workload("c-big", 8, "c")],
+            {},
+            {"u1"},
+            id="a-later-plan-without-a-fit-does-not-take-the-earmarked-victims",
+        ),
+        pytest.param(
+            [on(workload("b1", 6, "b"), "h1", start=PROTECTED)],
+            [workload("a-big", 4), free_work("u2", 2, submit=1.0)],
+            {"u2": (("h1", (6, 7)),)},
+            set(),
+            id="unallocated-work-fills-the-held-gpus-after-allocated-work",
+        ),
+    ],
+)
+def test_an_earmark_holds_its_room_against_later_requests(
+    running: list[On],
+    pending: list[Workload],
+    placements: dict[str, Assignment],
+    noticed: set[str],
+) -> None:
+    state = cluster(hosts(len({h for r in running for h in r.hosts})), *running)
+    result = decide(state, *pending, shares=EARMARK_SHARES, order=EARMARK_ORDER, now=NOW)
+    assert placed(result) == placements
+    assert set(preempted(result)) == noticed
+
+
+def test_an_earmark_that_nothing_reads_is_never_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full cluster and an owed request blocked by protected work (the usual state under
+    load): the earmark plan, a scan of every host as if unprotected, is not computed when no
+    later request can fit or plan."""
+    kinds: list[bool] = []
+    real = cycle.plan_preemption
+
+    def counting(view: ClusterView, pool: str, gpus: int, rule: VictimRule) -> Plan | None:
+        kinds.append(getattr(rule, "ignores_protection", False))
+        return real(view, pool, gpus, rule)
+
+    monkeypatch.setattr(cycle, "plan_preemption", counting)
+    state = cluster(hosts(1), on(workload("b1", 8, "b"), "h1", start=PROTECTED))
+    pending = (workload("a-big", 4), workload("a2", 4, submit=1.0))
+    result = decide(state, *pending, shares=EARMARK_SHARES, order=EARMARK_ORDER, now=NOW)
+    assert (result.placements, result.preemptions) == ((), ())
+    assert kinds == [False]  # a-big's plan within protection; no earmark plan
 
 
 # -- PRIORITY: the legacy baseline ----------------------------------------------------------

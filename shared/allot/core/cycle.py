@@ -117,6 +117,7 @@ class _Cycle:
         self._rules: dict[tuple[str, bool, bool], _FairShareRule] = {}  # immutable per cycle
         self.preempt_bound: dict[object, float] = {}
         self.earmarked_for: set[str] = set()  # allocations that earmarked GPUs this cycle
+        self._due_earmarks: list[tuple[Workload, str, VictimRule]] = []  # not planned yet
         self._room_base: tuple[float, dict[str, int], dict[str | None, int]] | None = None
 
     # ------------------------------------------------------------------ driver
@@ -192,6 +193,7 @@ class _Cycle:
         while heads:
             _, seq, group = heapq.heappop(heads)
             if group is None and self._fairshare:
+                self._plan_due_earmarks()
                 self.view.release_earmarks()  # allocated work is done: free work may fill
             items = groups[group]
             pos = cursor[group]
@@ -314,6 +316,7 @@ class _Cycle:
         gpus = w.gpus
         may_preempt = self._preempts and (w.allocated or not self._fairshare)
         if gpus < self.place_bound.get(pool, math.inf):
+            self._plan_due_earmarks()
             assignment = self.view.find_fit(pool, gpus)
             if assignment is not None:
                 self.view.take(assignment)
@@ -333,7 +336,10 @@ class _Cycle:
             self.blocked_allocated |= w.allocated
             return
         room = self._room_upper_bound(w)
-        plan = None if room < gpus else plan_preemption(self.view, pool, gpus, self._victim_rule(w))
+        plan = None
+        if room >= gpus:
+            self._plan_due_earmarks()
+            plan = plan_preemption(self.view, pool, gpus, self._victim_rule(w))
         if plan is None:
             self.preempt_bound[bound_key] = gpus
             self.blocked_allocated |= w.allocated
@@ -388,16 +394,29 @@ class _Cycle:
         move onto them (otherwise the earmark and other requests trade GPUs back and forth).
         Without this, freed GPUs go to over-entitlement work that does fit, each placement
         is protected again, and the owed request waits for hours. One earmark per
-        allocation per cycle bounds the cost."""
+        allocation per cycle bounds the cost.
+
+        The plan itself is deferred until something reads the view (see
+        ``_plan_due_earmarks``)."""
         alloc = w.allocation
         if alloc is None or alloc in self.earmarked_for or not self._reclaims(w):
             return
         self.earmarked_for.add(alloc)
-        plan = plan_preemption(
-            self.view, pool, w.gpus, self._victim_rule(w, ignore_protection=True)
-        )
-        if plan is not None:
-            self.view.earmark(plan.victims, plan.free_taken)
+        self._due_earmarks.append((w, pool, self._victim_rule(w, ignore_protection=True)))
+
+    def _plan_due_earmarks(self) -> None:
+        """Plan the earmarks deferred so far, in the order they were asked for. Called
+        before every read of the view's free GPUs or victims (a fit, a preemption plan,
+        the release before unallocated work), so every decision sees exactly the view an
+        immediate plan would have left, and the cycle decides the same. What it saves: an
+        earmark plan scans every host whose work could move (as if unprotected), and when
+        nothing after it reads the view (a full cluster whose later requests the bounds
+        rule out, the usual state under load) it is never needed at all."""
+        for w, pool, rule in self._due_earmarks:
+            plan = plan_preemption(self.view, pool, w.gpus, rule)
+            if plan is not None:
+                self.view.earmark(plan.victims, plan.free_taken)
+        self._due_earmarks.clear()
 
     def _victim_rule(self, w: Workload, *, ignore_protection: bool = False) -> VictimRule:
         if self.policy.mode is Mode.PRIORITY:
