@@ -47,6 +47,7 @@ from hdrh.histogram import HdrHistogram
 
 from allot.live.stack import AgentSpec, Stack, StackConfig
 from allot.proto import subjects as s
+from bench_cycle import machine_reference_s  # a sibling script (sys.path[0])
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOAL_RATE = 2000.0
@@ -348,7 +349,11 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         "# Live benchmark (`make bench-live`)",
         "",
-        f"Machine: {result['machine']}. JetStream fsync: {fsync}. "
+        f"Machine: {result['machine']}; its speed: a 1M-iteration Python loop took "
+        f"{result['reference_loop_ms'][0]} ms before the run and "
+        f"{result['reference_loop_ms'][1]} ms after (this shared VM drifts: 34 to 72 ms "
+        "within one day; every figure below scales with it). "
+        f"JetStream fsync: {fsync}. "
         "Stack: one fake agent process with "
         f"{result['hosts']} hosts x {result['gpus_per_host']} GPUs ({result['fill_hosts']} "
         "of them full of protected work), one intake, one placement, health, dispatch, "
@@ -449,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         # the whole log too, and would share the 2 cores with what is measured.
         dashboard=False,
     )
+    reference_before = machine_reference_s()
     print(f"starting the stack ({args.hosts} fake hosts); logs in {run_dir}/logs", flush=True)
     with Stack(config) as stack:
         pids = {name: proc.pid for name, proc in stack.procs.items()}
@@ -457,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
             if server is not None:
                 pids[name] = server.pid
         result = asyncio.run(run_bench(stack.servers.nats_url, args, pids))
+    result["reference_loop_ms"] = [
+        round(reference_before * 1000, 1),
+        round(machine_reference_s() * 1000, 1),
+    ]
     result["machine"] = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )

@@ -8,7 +8,8 @@ from ``os.wait4``) is its own:
 benchmark                   figure                                           target
 ==========================  ===============================================  ==============
 ``bench_cycle.py``          median ``run_cycle`` (1,000 hosts x 8 GPUs,      <= 50 ms
-                            10,000 pending)
+                            10,000 pending), two layouts: ``mixed`` and
+                            ``--layout full`` (bench-live's full cluster)
 ``bench_fairshare.py``      median Fair Tree ``rank`` over 1,000 allocations <= 5 ms
 ``bench_reasons.py``        median uncached ``allot queue`` answer: dry        <= 200 ms
                             ``run_cycle`` + ``queue_order`` +
@@ -44,6 +45,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench_cycle import machine_reference_s  # a sibling script (sys.path[0])
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -99,8 +102,10 @@ def run_child(argv: list[str]) -> tuple[int, str, float, float]:
     return code, "".join(lines), wall, rss
 
 
-def median_bench(name: str, script: str, what: str, target_ms: float) -> Result:
-    code, output, wall, rss = run_child([sys.executable, str(BENCH / script)])
+def median_bench(
+    name: str, script: str, what: str, target_ms: float, args: tuple[str, ...] = ()
+) -> Result:
+    code, output, wall, rss = run_child([sys.executable, str(BENCH / script), *args])
     result = Result(name, script, what, code, round(wall, 2), round(rss, 1))
     match = MEDIAN_MS.search(output)
     if match is None or code not in (0, 1):
@@ -166,7 +171,7 @@ def git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def machine() -> dict[str, Any]:
+def machine(reference_ms: list[float]) -> dict[str, Any]:
     nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     dirty = git("status", "--porcelain", "--untracked-files=no")
     return {
@@ -178,6 +183,7 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "commit": git("rev-parse", "--short", "HEAD"),
         "uncommitted_changes": None if dirty is None else bool(dirty),
+        "reference_loop_ms": reference_ms,
     }
 
 
@@ -240,6 +246,9 @@ def markdown(
         f"- date: {info['date']}",
         f"- machine: {info['nproc']} CPUs (nproc), {info['cpu']}, {info['platform']}",
         f"- Python: {info['implementation']} {info['python']}",
+        "- speed: a 1M-iteration Python loop took "
+        f"{info['reference_loop_ms'][0]} ms before the run, {info['reference_loop_ms'][1]} ms "
+        "after (this shared VM drifts: 34 to 72 ms within one day; the timings scale with it)",
         f"- commit: {info['commit'] or 'unknown'}"
         + (" (with uncommitted changes)" if info["uncommitted_changes"] else ""),
         f"- overall: {overall}",
@@ -282,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     # As given (absolute, or relative to the working directory), else relative to the repo.
     shared = (args.shared if args.shared.exists() else REPO / args.shared).resolve()
 
+    reference_before = machine_reference_s()
     results: list[Result] = []
     print("== bench_cycle.py", flush=True)
     results.append(
@@ -290,6 +300,17 @@ def main(argv: list[str] | None = None) -> int:
             "bench_cycle.py",
             "one cycle, 1,000 hosts x 8 GPUs, 60% busy, 10,000 pending",
             50.0,
+        )
+    )
+    print("== bench_cycle.py --layout full", flush=True)
+    results.append(
+        median_bench(
+            "run_cycle_full",
+            "bench_cycle.py",
+            "one cycle, bench-live's full cluster: 10,000 pending that cannot fit, "
+            "50 owed 1-GPU requests behind protected work",
+            50.0,
+            ("--layout", "full"),
         )
     )
     print("== bench_fairshare.py", flush=True)
@@ -311,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
 
     errored = any(r.error for r in results)
     passed = not errored and all(f.passed is not False for r in results for f in r.figures)
-    info = machine()
+    info = machine([round(reference_before * 1000, 1), round(machine_reference_s() * 1000, 1)])
     RESULTS.mkdir(parents=True, exist_ok=True)
     document = {
         "machine": info,
