@@ -460,9 +460,7 @@ def earmark_scenarios(draw: st.DrawFn) -> Scenario:
         for i, (alloc, gpus, min_runtime) in enumerate(
             draw(
                 st.lists(
-                    st.tuples(
-                        st.sampled_from(("a", *OTHER_ALLOCATIONS)), st.integers(1, 8), MIN_RUNTIMES
-                    ),
+                    st.tuples(LATER, st.integers(1, 8), MIN_RUNTIMES),
                     min_size=1,
                     max_size=5,
                 )
