@@ -23,6 +23,9 @@ import statistics
 import sys
 import time
 
+import yaml
+
+from allot.core.budgets import parse_tree
 from allot.core.cycle import Snapshot, run_cycle
 from allot.core.model import Host, Workload
 from allot.core.policy import Policy
@@ -79,8 +82,11 @@ def build_full() -> tuple[Snapshot, float]:
         queue.add(Workload(f"big{i}", "search", "u", 1000, 3600, submit_time=now - 50 + i / 1e3))
     for i in range(50):
         queue.add(Workload(f"probe{i}", "nlp", "u", 1, 60, submit_time=now - 0.01 + i / 1e5))
-    # The embedded default tree's effective shares; nlp (under its share) ranks first.
-    shares = {"nlp": 0.3, "vision": 0.18, "speech": 0.12, "search": 0.2, "ads": 0.2}
+    # The embedded default tree's effective shares (the live stack's, imported here only:
+    # the mixed layout stays a core-only process); nlp (under its share) ranks first.
+    from allot.live.stack import DEFAULT_BUDGETS  # noqa: PLC0415
+
+    shares = parse_tree(yaml.safe_load(DEFAULT_BUDGETS)).effective_shares()
     order = {"nlp": 0, "vision": 1, "speech": 2, "ads": 3, "search": 4}
     return Snapshot(state, queue, shares, order), now
 
