@@ -3,7 +3,9 @@
 Streams (``allot.proto.subjects.STREAMS``), file storage, one replica unless
 ``$ALLOT_STREAM_REPLICAS`` says more (a cluster):
 
-* ``WORKLOADS``: workload records and decisions (the log of record; kept until deleted);
+* ``WORKLOADS``: workload records and decisions (the log of record; kept until deleted;
+  ``allow_atomic``, so intake and dispatch can group-commit a backlog of appends:
+  ``allot.live.group_commit``);
 * ``HOSTS``: host registrations and state changes (kept);
 * ``USAGE``: the budget tree and ranking snapshots (kept 30 days; the current tree is the
   last message on its subject).
@@ -100,6 +102,9 @@ def stream_configs(replicas: int = 1) -> list[StreamConfig]:
                 num_replicas=replicas,
                 duplicate_window=DUPLICATE_WINDOW_S,
                 max_age=USAGE_MAX_AGE_S if name == "USAGE" else 0.0,
+                # Group commit (``allot.live.group_commit``); a server older than 2.12
+                # ignores the field, and its appends go one by one.
+                allow_atomic=True if name == "WORKLOADS" else None,
             )
         )
     return out
@@ -157,18 +162,6 @@ async def publish(
     return (await _publish(js, subject, record, msg_id, {})).seq
 
 
-async def append(
-    js: JetStreamContext,
-    subject: str,
-    record: msgspec.Struct,
-    msg_id: str,
-    conditions: dict[str, str],
-) -> bool:
-    """``publish`` under JetStream's ``Nats-Expected-*`` ``conditions`` (a failed one
-    raises ``nats.js.errors.APIError``); False when the stream already held ``msg_id``."""
-    return not (await _publish(js, subject, record, msg_id, conditions)).duplicate
-
-
 async def _publish(
     js: JetStreamContext,
     subject: str,
@@ -176,11 +169,23 @@ async def _publish(
     msg_id: str | None,
     headers: dict[str, str],
 ) -> PubAck:
-    if msg_id:
-        headers = {**headers, "Nats-Msg-Id": msg_id}
+    return await send_record(js, subject, encode(record), record_headers(msg_id, headers))
+
+
+def record_headers(msg_id: str | None, conditions: dict[str, str]) -> dict[str, str]:
+    """A record's headers: its ``Nats-Msg-Id``, ``conditions`` and the current trace
+    context (W3C ``traceparent``); call it in the writer's context."""
+    headers = {**conditions, "Nats-Msg-Id": msg_id} if msg_id else dict(conditions)
     propagate.inject(headers)
-    data = encode(record)
-    if not msg_id:
+    return headers
+
+
+async def send_record(
+    js: JetStreamContext, subject: str, data: bytes, headers: dict[str, str]
+) -> PubAck:
+    """One append of encoded ``data``: with a ``Nats-Msg-Id`` in ``headers`` it is sent
+    again until acknowledged (see ``PUBLISH_ATTEMPTS``), without one it is sent once."""
+    if "Nats-Msg-Id" not in headers:
         return await js.publish(subject, data, headers=headers or None)
     for attempt in range(1, PUBLISH_ATTEMPTS):
         try:

@@ -15,7 +15,8 @@ service stands between them and it:
   the subject's fourth token (what NATS lets the agent publish), and only the primary host
   of the workload's current attempt may report it. The report becomes ``WorkloadStarted``
   or the terminal record, appended with the ``Nats-Msg-Id`` the agents used before
-  (``started:<wid>:<attempt>``, ``ended:<wid>:<attempt>``), and answered once stored.
+  (``started:<wid>:<attempt>``, ``ended:<wid>:<attempt>``), and answered once stored;
+  a backlog of them is committed as atomic batches (``allot.live.group_commit``).
 
 Several instances may run (reports are shared in the queue group ``dispatch``); each
 publishes the same lists, which agents take once by ``seq``.
@@ -35,7 +36,7 @@ from nats.js import JetStreamContext
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
-from allot.live import bus, runtime
+from allot.live import bus, group_commit, runtime
 from allot.live.host_work import DispatchBook
 from allot.live.request_server import RequestServer
 from allot.live.runtime import Delivery
@@ -87,6 +88,8 @@ class DispatchService:
         self.broker.subscriber(subjects.ALL_HOST_SYNC, queue=SERVICE)(self._sync_handler)
         self._reports: RequestServer | None = None
         """Reports, one per workload step, skip FastStream (``allot.live.request_server``)."""
+        self._appends: group_commit.GroupCommit | None = None
+        """The reports' records: a backlog of them is stored as atomic batches."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -104,6 +107,7 @@ class DispatchService:
         )
         await self._reports.start()
         await bus.ensure_streams(js)
+        self._appends = await group_commit.for_stream(self.broker.connection, js, "WORKLOADS")
         self._follower = bus.LogFollower(js, self._on_record)
         await self._follower.start()
         self._ready.set()
@@ -201,14 +205,14 @@ class DispatchService:
             return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
         if record is None:
             return m.CommandAccepted(at=self.clock(), detail="already in the log")
-        assert self._js is not None and self._follower is not None
+        assert self._appends is not None and self._follower is not None
         kind = "started" if isinstance(record, m.WorkloadStarted) else "ended"
         msg_id = f"{kind}:{report.workload_id}:{report.attempt}"
         allocation = getattr(record, "allocation", None)
         # Answered once stored, not once folded back: a retry is deduplicated by its msg id
         # (and refused by every fold), and the agent never starts a part it has had twice,
         # so nothing needs this instance's fold to be ahead of the reply.
-        await bus.publish(self._js, subjects.events(allocation, report.workload_id), record, msg_id)
+        await self._appends.append(subjects.events(allocation, report.workload_id), record, msg_id)
         log.debug(
             type(record).__name__,
             workload=report.workload_id,

@@ -20,6 +20,9 @@ by the same steps:
    submission's time and ``duplicate=True`` (so is, rarely, a first submission whose
    append was acknowledged only on its second try: ``allot.live.bus.PUBLISH_ATTEMPTS``).
    The log is the only record: no key can stand for a workload the log lacks.
+   Appends go through ``allot.live.group_commit``: a backlog of submissions (a
+   ``SubmitBatch``, many clients at once) is committed as atomic batches, with the same
+   conditions and msg ids, and each submission keeps its own answer.
 
 ``allot.v1.cancel.<allocation>.<workload>`` (``CancelWorkload``): the workload must exist
 under that allocation (its subject has records) and not have ended; intake appends
@@ -44,7 +47,7 @@ from nats.js.errors import APIError, NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
-from allot.live import bus
+from allot.live import bus, group_commit
 from allot.live.logfold import LogFold
 from allot.live.request_server import RequestServer
 from allot.live.runtime import Delivery, configure_logging, make_broker, tracer_provider, wall_clock
@@ -85,6 +88,8 @@ class Intake:
         self.fold = LogFold()
         self.nc: NatsClient | None = None
         self.js: JetStreamContext | None = None
+        self.appends: group_commit.GroupCommit | None = None
+        """Submissions: a backlog of them is stored as atomic batches."""
         self.follower: bus.LogFollower | None = None
         self._total_gpus: int | None = None
         self.accepted = 0
@@ -94,6 +99,7 @@ class Intake:
     async def on_started(self) -> None:
         self.nc, self.js = await bus.connect(self.nats_url, "allot-intake-log")
         await bus.ensure_streams(self.js)
+        self.appends = await group_commit.for_stream(self.nc, self.js, "WORKLOADS")
         self.submits = RequestServer(
             self.broker.connection, s.ALL_SUBMIT, "intake", self.on_submit, provider=self.provider
         )
@@ -196,10 +202,10 @@ class Intake:
             duration_s=cmd.duration_s,
             at=now,
         )
+        assert self.appends is not None
         try:
-            appended = await bus.append(
-                self.js, subject, record, f"submitted:{wid}", EXPECT_NEW_SUBJECT
-            )
+            ack = await self.appends.append(subject, record, f"submitted:{wid}", EXPECT_NEW_SUBJECT)
+            appended = not ack.duplicate
         except APIError as e:
             if e.err_code not in WRONG_LAST_SEQUENCE:
                 raise

