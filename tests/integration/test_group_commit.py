@@ -145,6 +145,23 @@ async def test_a_stream_without_atomic_batches_gets_every_record_alone(
     assert not (await group_commit.for_stream(appends.nc, js, "WORKLOADS")).atomic
 
 
+async def test_a_writer_stopped_mid_batch_leaves_no_caller_waiting(
+    log: tuple[GroupCommit, JetStreamContext],
+) -> None:
+    appends, _ = log
+    appends.threshold = 1  # everything after the first append queues for the writer
+    calls = [
+        asyncio.create_task(appends.append(_subject(i), _record(i), f"rq:{i}")) for i in range(50)
+    ]
+    while appends._writer is None:  # the writer starts with the second append
+        await asyncio.sleep(0)
+    appends._writer.cancel()  # as at shutdown
+    done, pending = await asyncio.wait(calls, timeout=10)
+    assert not pending
+    outcomes = {"ok" if not c.cancelled() and c.exception() is None else "cancelled" for c in done}
+    assert "cancelled" in outcomes  # the queued ones were told, not left waiting
+
+
 async def test_a_server_older_than_atomic_batches_is_appended_one_by_one(
     fresh_log: str,
 ) -> None:

@@ -43,7 +43,6 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.errors import APIError
 
 from allot.live import bus
 
@@ -93,6 +92,8 @@ class GroupCommit:
         """Batches refused or unanswered, whose records were then sent one by one."""
         self._in_flight = 0
         self._queue: list[_Queued] = []
+        self._group: list[_Queued] = []
+        """What the writer is storing now."""
         self._writer: asyncio.Task[None] | None = None
         self._prefix = f"{os.getpid()}-{id(self):x}-"
 
@@ -113,6 +114,7 @@ class GroupCommit:
         self._queue.append(_Queued(subject, data, headers, done))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write())
+            self._writer.add_done_callback(self._writer_ended)
         return await done
 
     async def _single(self, subject: str, data: bytes, headers: dict[str, str]) -> PubAck:
@@ -124,10 +126,19 @@ class GroupCommit:
 
     async def _write(self) -> None:
         while self._queue:
-            group = self._queue[: self.max_batch]
+            self._group = self._queue[: self.max_batch]
             del self._queue[: self.max_batch]
-            if len(group) == 1 or not await self._commit(group):
-                await asyncio.gather(*(self._resolve_alone(q) for q in group))
+            if len(self._group) == 1 or not await self._commit(self._group):
+                await asyncio.gather(*(self._resolve_alone(q) for q in self._group))
+        self._group = []
+
+    def _writer_ended(self, writer: asyncio.Task[None]) -> None:
+        """A writer cancelled (shutdown; maybe before it ran) or failed leaves no caller
+        waiting: the appends it held or had queued are cancelled."""
+        if writer.cancelled() or writer.exception() is not None:
+            for q in self._group + self._queue:
+                q.done.cancel()
+            self._group, self._queue = [], []
 
     async def _resolve_alone(self, q: _Queued) -> None:
         try:
@@ -160,7 +171,7 @@ class GroupCommit:
             self.refused += 1
             log.info("batch not answered; its records sent one by one", records=last, error=e)
             return False
-        error = answer.get("error")
+        error = answer.get("error") if isinstance(answer, dict) else answer
         if error is not None or answer.get("count") != last:
             self.refused += 1
             # A duplicate or a failed condition is ordinary (a client's retry); the records
@@ -170,9 +181,13 @@ class GroupCommit:
                 self.atomic = False
                 log.warning("the stream takes no atomic batches; appending one by one")
             return False
+        stream, seq = answer.get("stream"), answer.get("seq")
+        if not isinstance(stream, str) or not isinstance(seq, int):
+            self.refused += 1
+            log.warning("batch answer without stream and sequence", answer=answer)
+            return False
         self.commits += 1
         self.batched += last
-        stream, seq = answer["stream"], int(answer["seq"])
         for i, q in enumerate(group):
             if not q.done.done():
                 q.done.set_result(PubAck(stream=stream, seq=seq - last + 1 + i, duplicate=False))
@@ -193,4 +208,4 @@ async def for_stream(nc: NatsClient, js: JetStreamContext, stream: str) -> Group
     return GroupCommit(nc, js, atomic=bool(getattr(info.config, "allow_atomic", False)))
 
 
-__all__ = ["MAX_BATCH", "THRESHOLD", "APIError", "GroupCommit", "for_stream"]
+__all__ = ["MAX_BATCH", "THRESHOLD", "GroupCommit", "for_stream"]
