@@ -21,6 +21,7 @@ from allot.adapters.embedded import EmbeddedNats
 from allot.live import bus, group_commit
 from allot.live.group_commit import GroupCommit
 from allot.proto import messages as m
+from allot.proto.subjects import STREAMS
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
 @pytest.fixture
 async def log(batching_server: EmbeddedNats) -> AsyncIterator[tuple[GroupCommit, JetStreamContext]]:
     nc, js = await bus.connect(batching_server.url, "test-group-commit")
-    for name in ("WORKLOADS", "HOSTS", "USAGE"):
+    for name in STREAMS:
         with contextlib.suppress(NotFoundError):  # absent: what we want
             await js.delete_stream(name)
     await bus.ensure_streams(js)

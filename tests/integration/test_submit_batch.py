@@ -5,6 +5,7 @@ splits, sends and reassembles many workloads."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -28,18 +29,26 @@ pytestmark = pytest.mark.integration
 _ANSWER = msgspec.json.Decoder(m.SubmitBatchAnswered | m.WorkloadRejected)
 
 
-@pytest.fixture
-async def intake_url(fresh_log: str) -> AsyncIterator[str]:
-    """A running intake on a fresh log with one 8-GPU host (budget leaves nlp, vision)."""
-    nc = await nats.connect(fresh_log)
+@contextlib.asynccontextmanager
+async def _running_intake(url: str) -> AsyncIterator[Intake]:
+    """An intake on the log at ``url``, seeded with one 8-GPU host (budget leaves nlp,
+    vision)."""
+    nc = await nats.connect(url)
     await seed(nc.jetstream(), {"h1": 8})
     await nc.close()
-    intake = Intake(fresh_log, tracing=False)
+    intake = Intake(url, tracing=False)
     await service_main.start(intake)
     try:
-        yield fresh_log
+        yield intake
     finally:
         await service_main.stop(intake)
+
+
+@pytest.fixture
+async def intake_url(fresh_log: str) -> AsyncIterator[str]:
+    """A running intake on a fresh log (``_running_intake``)."""
+    async with _running_intake(fresh_log):
+        yield fresh_log
 
 
 def _item(client_id: str, **overrides: object) -> m.SubmitWorkload:
@@ -203,12 +212,7 @@ def batching_nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 async def test_a_large_batch_is_group_committed_and_each_item_keeps_its_answer(
     batching_nats_url: str,
 ) -> None:
-    nc = await nats.connect(batching_nats_url)
-    await seed(nc.jetstream(), {"h1": 8})
-    await nc.close()
-    intake = Intake(batching_nats_url, tracing=False)
-    await service_main.start(intake)
-    try:
+    async with _running_intake(batching_nats_url) as intake:
         earlier = list(range(0, 250, 25))  # submitted first, then repeated inside the batch
         first = await _send(
             batching_nats_url, "nlp", [_item(f"c{i}", allocation="nlp") for i in earlier]
@@ -217,8 +221,6 @@ async def test_a_large_batch_is_group_committed_and_each_item_keeps_its_answer(
             batching_nats_url, "nlp", [_item(f"c{i}", allocation="nlp") for i in range(250)]
         )
         appends = intake.appends
-    finally:
-        await service_main.stop(intake)
     assert isinstance(first, m.SubmitBatchAnswered)
     assert isinstance(answer, m.SubmitBatchAnswered)
     got = answer.results

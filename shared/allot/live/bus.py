@@ -159,17 +159,7 @@ async def publish(
     """Append ``record`` to the stream that captures ``subject``; returns its sequence. The
     current trace context rides in the headers (W3C ``traceparent``), so a reader of the
     log continues the trace of whoever wrote the record."""
-    return (await _publish(js, subject, record, msg_id, {})).seq
-
-
-async def _publish(
-    js: JetStreamContext,
-    subject: str,
-    record: msgspec.Struct,
-    msg_id: str | None,
-    headers: dict[str, str],
-) -> PubAck:
-    return await send_record(js, subject, encode(record), record_headers(msg_id, headers))
+    return (await send_record(js, subject, encode(record), record_headers(msg_id, {}))).seq
 
 
 def record_headers(msg_id: str | None, conditions: dict[str, str]) -> dict[str, str]:

@@ -167,11 +167,13 @@ class GroupCommit:
                 headers={**q.headers, **_batch_headers(batch_id, last), "Nats-Batch-Commit": "1"},
             )
             answer = json.loads(reply.data)
+            if not isinstance(answer, dict):  # not a JetStream answer: refused below
+                answer = {"error": answer}
         except (nats.errors.Error, TimeoutError, ValueError) as e:
             self.refused += 1
             log.info("batch not answered; its records sent one by one", records=last, error=e)
             return False
-        error = answer.get("error") if isinstance(answer, dict) else answer
+        error = answer.get("error")
         if error is not None or answer.get("count") != last:
             self.refused += 1
             # A duplicate or a failed condition is ordinary (a client's retry); the records

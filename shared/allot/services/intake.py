@@ -185,7 +185,7 @@ class Intake:
 
     async def _accept(self, cmd: m.SubmitWorkload, now: float) -> m.WorkloadAccepted:
         """One conditional append (see the module docstring, step 4)."""
-        assert self.js is not None
+        assert self.appends is not None
         wid = workload_id(cmd.allocation, cmd.client_id)
         subject = s.events(cmd.allocation, wid)
         record = m.WorkloadSubmitted(
@@ -202,7 +202,6 @@ class Intake:
             duration_s=cmd.duration_s,
             at=now,
         )
-        assert self.appends is not None
         try:
             ack = await self.appends.append(subject, record, f"submitted:{wid}", EXPECT_NEW_SUBJECT)
             appended = not ack.duplicate
