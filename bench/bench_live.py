@@ -4,10 +4,14 @@ Setup: ``allot.live.stack.Stack`` with ONE fake agent process simulating 1,000 h
 GPUs, one intake, one placement, health, dispatch, ranking, accounting, on the embedded (or
 given) NATS and Redis. Then, from this process over plain NATS requests:
 
-0. fill 900 hosts with protected allocated work (8-GPU runs of ``search``, 8 h minimum
-   runtime), so 800 GPUs stay free;
-1. **throughput**: 10,000 submissions of 1,000-GPU runs for ``search``, the team already far
-   over its entitlement (they can never fit in 800 free GPUs, and over-entitlement work
+0. fill 500 hosts with protected allocated work (8-GPU runs of ``search``, 8 h minimum
+   runtime), so 4,000 GPUs stay free: enough that a probe below never waits for a GPU (at
+   500/s, runs of 1 s hold ~500 GPUs, more while the stack lags), so its latency is the
+   decision path's, not the cluster's capacity (with 900 filled and 800 free, as until
+   2026-12-01, a lagging stack ran out of GPUs and the figure measured that);
+1. **throughput**: 10,000 submissions of 4,008-GPU runs (one host more than the free GPUs)
+   for ``search``, the team already far
+   over its entitlement (they can never fit in the free GPUs, and over-entitlement work
    may preempt only worse-ranked over-entitlement work: there is none, so they all stay
    pending), 64 requests in flight; figure: accepted submissions per second (goal >=
    2,000). Why not a team under its entitlement: its blocked giant gang would *earmark*
@@ -24,7 +28,9 @@ given) NATS and Redis. Then, from this process over plain NATS requests:
    because these stay pending too.
 
 Each latency phase also reports the CPU each process used while its probes were being
-sent (``/proc``), per probe, and waits until every probe's run has ended before the next.
+sent (``/proc``), per probe, what happened after each decision (placed -> its run started on
+the agent, its run's end -> the completion in the log: how far behind the rest of the
+stack ran), and waits until every probe's run has ended before the next.
 
 Results are printed and written to ``bench/results/live.{md,json}``.
 """
@@ -36,6 +42,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -111,9 +118,12 @@ async def _submit_many(
     return accepted, rejected, time.perf_counter() - t0
 
 
-async def _submit_batches(nc: nats.NATS, n: int, size: int, in_flight: int) -> dict[str, Any]:
-    """``n`` pending-forever runs for ``search`` in ``SubmitBatch`` requests of ``size``."""
-    items = [_body(f"batch-{i}", "search", 1000, 3600, 3600.0) for i in range(n)]
+async def _submit_batches(
+    nc: nats.NATS, n: int, size: int, in_flight: int, gpus: int
+) -> dict[str, Any]:
+    """``n`` pending-forever runs of ``gpus`` for ``search`` in ``SubmitBatch`` requests of
+    ``size``."""
+    items = [_body(f"batch-{i}", "search", gpus, 3600, 3600.0) for i in range(n)]
     bodies = [
         b'{"type":"SubmitBatch","workloads":[' + b",".join(items[i : i + size]) + b"]}"
         for i in range(0, n, size)
@@ -157,6 +167,15 @@ async def _queued_at_least(nc: nats.NATS, n: int, timeout: float) -> int:
         await asyncio.sleep(0.5)
 
 
+def _p50_ms(seconds: list[float]) -> float | None:
+    return round(statistics.median(seconds) * 1000, 1) if seconds else None
+
+
+def _never_fits(args: argparse.Namespace) -> int:
+    """GPUs of a pending run that can never fit: one host more than the free GPUs."""
+    return (args.hosts - args.fill_hosts + 1) * 8
+
+
 async def _count_placed(nc: nats.NATS, subject: str) -> tuple[list[int], Any]:
     count = [0]
 
@@ -181,7 +200,7 @@ async def run_bench(
 ) -> dict[str, Any]:
     nc = await nats.connect(nats_url, pending_size=256 * 1024 * 1024)
     try:
-        # 0. fill 900 hosts with protected work
+        # 0. fill --fill-hosts hosts with protected work
         filled, fill_sub = await _count_placed(nc, "allot.v1.events.search.*")
         fill = [
             (s.submit("search"), _body(f"fill-{i}", "search", 8, 8 * 3600, 7200.0))
@@ -191,10 +210,11 @@ async def run_bench(
         await _wait(lambda: filled[0] >= args.fill_hosts, 120, "fill placed")
         await fill_sub.unsubscribe()
 
-        # 1. throughput: runs that stay pending
+        # 1. throughput: runs that stay pending (one host more than the free GPUs)
         print("phase: throughput", flush=True)
+        big = _never_fits(args)
         pending = [
-            (s.submit("search"), _body(f"big-{i}", "search", 1000, 3600, 3600.0))
+            (s.submit("search"), _body(f"big-{i}", "search", big, 3600, 3600.0))
             for i in range(args.pending)
         ]
         accepted, rejected, elapsed = await _submit_many(nc, pending, args.in_flight)
@@ -215,12 +235,13 @@ async def run_bench(
         # 3. the same kind of submissions, SubmitBatch of --batch each (after the latency
         # phases: these too stay pending, and the latency goal is stated at 10,000 pending)
         print("phase: batch throughput", flush=True)
-        batch = await _submit_batches(nc, args.pending, args.batch, BATCHES_IN_FLIGHT)
+        batch = await _submit_batches(nc, args.pending, args.batch, BATCHES_IN_FLIGHT, big)
         return {
             "hosts": args.hosts,
             "gpus_per_host": 8,
             "fill_hosts": args.fill_hosts,
             "free_gpus": (args.hosts - args.fill_hosts) * 8,
+            "pending_gpus": big,
             "throughput": {
                 "submissions": len(pending),
                 "accepted": accepted,
@@ -267,6 +288,11 @@ async def _latency_phase(
     acked: dict[str, float] = {}  # the intake's answer: the submission is in the log
 
     ended: set[str] = set()
+    # After the decision, from the records' own times (the agent's clock, this machine's):
+    # placed (seen here) -> run started on its host; run ended -> completion seen here.
+    placed_wall: dict[str, float] = {}
+    to_start: list[float] = []
+    to_logged_end: list[float] = []
     # Probes placed and not yet ended, and the most at once: when that reaches the free
     # GPUs, a probe waits for one to end, and its latency is the cluster's capacity, not
     # the decision path (the free GPUs are set by --fill-hosts; the runs last 1 s).
@@ -277,11 +303,17 @@ async def _latency_phase(
             wid = msg.subject.rsplit(".", 1)[1]
             if wid not in placed_at:
                 placed_at[wid] = time.perf_counter()
+                placed_wall[wid] = time.time()
                 running[0] += 1
                 running[1] = max(running)
+        elif b'"WorkloadStarted"' in msg.data:
+            wid = msg.subject.rsplit(".", 1)[1]
+            if wid in placed_wall:
+                to_start.append(json.loads(msg.data)["at"] - placed_wall[wid])
         elif b'"WorkloadCompleted"' in msg.data:
             ended.add(msg.subject.rsplit(".", 1)[1])
             running[0] -= 1
+            to_logged_end.append(time.time() - json.loads(msg.data)["at"])
 
     sub = await nc.subscribe("allot.v1.events.nlp.*", cb=on_event)
     print(f"phase: latency at {rate:.0f}/s", flush=True)
@@ -349,6 +381,8 @@ async def _latency_phase(
         "accepted_p50_ms": round(ack.get_value_at_percentile(50) / 1000, 3),
         "accepted_p99_ms": round(ack.get_value_at_percentile(99) / 1000, 3),
         "peak_running": running[1],
+        "placed_to_run_started_p50_ms": _p50_ms(to_start),
+        "run_end_to_logged_p50_ms": _p50_ms(to_logged_end),
         "goal_p50_ms": GOAL_P50_MS,
         "goal_p99_ms": GOAL_P99_MS,
         "pass": pct[50] <= GOAL_P50_MS and pct[99] <= GOAL_P99_MS,
@@ -426,6 +460,10 @@ def render(result: dict[str, Any]) -> str:
             f"p99 | {lat['accepted_p50_ms']} / {lat['accepted_p99_ms']} ms | | |",
             f"| probes running at once, peak (free GPUs: {result['free_gpus']}; at that, a "
             f"probe waits for a run to end) | {lat['peak_running']} | | |",
+            "| after the decision (not in the goal): placed -> its run started on the agent, "
+            "p50; its run's end -> the completion seen in the log, p50 | "
+            f"{lat.get('placed_to_run_started_p50_ms')} ms; "
+            f"{lat.get('run_end_to_logged_p50_ms')} ms | | |",
         ]
         if lat.get("cpu_ms_per_probe"):
             per = ", ".join(f"{n} {ms}" for n, ms in lat["cpu_ms_per_probe"].items())
@@ -440,7 +478,7 @@ def render(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--hosts", type=int, default=1000)
-    ap.add_argument("--fill-hosts", type=int, default=900)
+    ap.add_argument("--fill-hosts", type=int, default=500)
     ap.add_argument("--pending", type=int, default=10_000)
     ap.add_argument("--in-flight", type=int, default=64)
     ap.add_argument("--batch", type=int, default=100, help="workloads per SubmitBatch")

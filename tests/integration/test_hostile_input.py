@@ -246,15 +246,15 @@ def service_problems(live: Live) -> list[str]:
         if nc is None or not nc.is_connected:
             problems.append(f"{name}: log connection closed")
     tasks: dict[str, list[asyncio.Task[Any] | None]] = {
-        "intake follower": list(live.intake.follower._tasks) if live.intake.follower else [None],
+        "intake follower": list(live.intake.follower.tasks) if live.intake.follower else [None],
         "placement": list(live.placement._tasks),
-        "placement follower": list(live.placement.follower._tasks)
+        "placement follower": list(live.placement.follower.tasks)
         if live.placement.follower
         else [None],
         "health checker": [live.health._checker],
-        "health follower": list(live.health._follower._tasks) if live.health._follower else [None],
+        "health follower": list(live.health._follower.tasks) if live.health._follower else [None],
         "ranking loop": [live.ranking._loop],
-        "dispatch follower": list(live.dispatch._follower._tasks)
+        "dispatch follower": list(live.dispatch._follower.tasks)
         if live.dispatch._follower
         else [None],
         "dispatch lists": [live.dispatch._flusher],

@@ -29,12 +29,10 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from opentelemetry import context as otel_context
-from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Tracer
 
-from allot.live.bus import confirm_subscriptions
+from allot.live.bus import attach_trace, confirm_subscriptions, detach_trace
 from allot.live.tasks import stop_tasks
 
 log = structlog.get_logger("allot.requests")
@@ -86,7 +84,7 @@ class RequestServer:
 
     async def _serve(self, msg: Msg) -> None:
         assert self._gate is not None
-        token = otel_context.attach(propagate.extract(msg.headers or {}))
+        token = attach_trace(msg.headers)
         try:
             with self._span():
                 reply = await self.handler(msg.subject, msg.data)
@@ -100,7 +98,7 @@ class RequestServer:
         except Exception:
             log.exception("request not answered", subject=msg.subject)
         finally:
-            otel_context.detach(token)
+            detach_trace(token)
             self._gate.release()
 
     def _span(self) -> AbstractContextManager[object]:

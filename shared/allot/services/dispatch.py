@@ -49,7 +49,7 @@ from allot.proto.subjects import Kind
 SERVICE = "dispatch"
 CATCH_UP_TIMEOUT_S = 5.0
 """Longest wait to read the log to its end before refusing an unknown workload."""
-REPORT_WORKERS = 64
+REPORT_WORKERS = 512
 """Reports handled at once (each waits for its JetStream ack: fsync on every write)."""
 
 log = structlog.get_logger("allot.dispatch", service=SERVICE)  # lazy: configured in main

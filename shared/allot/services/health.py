@@ -37,6 +37,8 @@ from typing import Literal
 import msgspec
 import structlog
 from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -150,7 +152,9 @@ class HealthService:
         self._closing = asyncio.Event()
 
         self.broker: NatsBroker = runtime.make_broker(nats_url, SERVICE, provider)
-        self.broker.subscriber(subjects.ALL_HEARTBEATS, no_reply=True)(self._heartbeat_handler)
+        # Heartbeats (hundreds a second from a large cluster) are read with nats-py
+        # directly, in on_started: see allot.live.request_server for FastStream's cost.
+        self._beats: Subscription | None = None
         self.broker.subscriber(subjects.ALL_HEALTH, no_reply=True)(self._report_handler)
         self.broker.subscriber(subjects.ALL_DRAIN)(self._drain_handler)
         self.broker.subscriber(subjects.ALL_UNDRAIN)(self._undrain_handler)
@@ -167,12 +171,19 @@ class HealthService:
         for host in self.book.hosts:  # one full timeout of grace after a restart
             self.last_seen.setdefault(host, start)
         self._checker = asyncio.create_task(self._check_loop())
+        nc = self.broker.connection
+        self._beats = await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
+        await bus.confirm_subscriptions(nc)
         log.info("started", hosts=len(self.book.hosts), timeout_s=self.timeout_s)
 
     async def on_stopping(self) -> None:
         # nats-py swallows a cancellation that lands inside a publish (its flush catches
         # CancelledError), so the check loop also stops on a flag.
         self._closing.set()
+        if self._beats is not None:
+            with contextlib.suppress(Exception):
+                await self._beats.unsubscribe()
+            self._beats = None
         if self._checker is not None:
             await stop_tasks([self._checker])
             self._checker = None
@@ -214,15 +225,29 @@ class HealthService:
 
     # -- heartbeats and health reports -------------------------------------------------
 
-    async def _heartbeat_handler(self, msg: Delivery) -> None:
-        subject = msg.raw_message.subject
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        subject = msg.subject
         try:
-            beat = codec.decode(Kind.HEARTBEAT, msg.body)
+            beat = codec.decode(Kind.HEARTBEAT, msg.data)
         except ValidationError as e:
             self._ignore("bad heartbeat", subject=subject, field=e.field, reason=e.reason)
         else:
             assert isinstance(beat, m.Heartbeat)
-            await self.heartbeat(subjects.host_of(subject), beat)
+            host = subjects.host_of(subject)
+            info = self.book.hosts.get(host)
+            if (
+                beat.host == host
+                and info is not None
+                and info.state == "healthy"
+                and beat.gpus == info.gpus
+                and not self._lock.locked()
+            ):
+                # The common case, with nothing to publish: a known healthy host is alive.
+                # Nothing else holds the lock, and this does not await, so it cannot land
+                # inside a check or a state change.
+                self.last_seen[host] = time.monotonic()
+            else:
+                await self.heartbeat(host, beat)
         finally:
             self.heartbeats += 1
 
