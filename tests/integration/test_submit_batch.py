@@ -14,15 +14,19 @@ from collections.abc import AsyncIterator, Iterator
 import msgspec
 import nats
 import pytest
-from live_harness import of_type, records, seed
+from live_harness import eventually, of_type, records, seed
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from allot.adapters.embedded import EmbeddedNats
 from allot.core.errors import ValidationError
-from allot.live import service_main
+from allot.live import bus, service_main
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.proto.subjects import STREAMS
 from allot.sdk import Client
 from allot.services.intake import Intake, workload_id
+from allot.services.placement import PlacementService
 
 pytestmark = pytest.mark.integration
 
@@ -236,3 +240,41 @@ async def test_a_large_batch_is_group_committed_and_each_item_keeps_its_answer(
     submitted = await _submitted(batching_nats_url)
     assert sorted(r.client_id for r in submitted) == sorted(f"c{i}" for i in range(250))
     assert {r.workload_id for r in submitted} == {workload_id("nlp", f"c{i}") for i in range(250)}
+
+
+async def test_placement_group_commits_a_cycle_that_places_many(batching_nats_url: str) -> None:
+    """100 pending workloads and a host with room for all: placement's first cycle places
+    them at once and stores its decisions as atomic batches, one placement each, no GPU
+    twice."""
+    nc = await nats.connect(batching_nats_url)
+    js = nc.jetstream()
+    for name in STREAMS:  # this module's server is shared: start from an empty log
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
+    try:
+        async with _running_intake(batching_nats_url):
+            answer = await _send(
+                batching_nats_url, "nlp", [_item(f"p{i}", allocation="nlp") for i in range(100)]
+            )
+        assert isinstance(answer, m.SubmitBatchAnswered)
+        await bus.publish(js, s.host_state("big"), m.HostRegistered(host="big", gpus=100, at=1.0))
+        placement = PlacementService(batching_nats_url, lease_ttl_s=1.0, name="pg", tracing=False)
+        await service_main.start(placement)
+        try:
+            placed = await eventually(lambda: _placed(js), lambda p: len(p) >= 100, timeout=30.0)
+            appends = placement._appends
+        finally:
+            await service_main.stop(placement)
+    finally:
+        await nc.close()
+    assert appends is not None and appends.atomic
+    assert appends.commits >= 1 and appends.batched >= 2
+    assert sorted(p.workload_id for p in placed) == sorted(
+        workload_id("nlp", f"p{i}") for i in range(100)
+    )
+    gpus = [(hg.host, g) for p in placed for hg in p.assignment for g in hg.gpus]
+    assert len(gpus) == len(set(gpus)) == 100
+
+
+async def _placed(js: JetStreamContext) -> list[m.WorkloadPlaced]:
+    return of_type(await records(js), m.WorkloadPlaced)

@@ -72,7 +72,7 @@ from allot.core.model import HostState
 from allot.core.policy import Mode, Policy
 from allot.core.queue_view import OVER, UNALLOCATED, UNDER, QueueEntry, queue_order
 from allot.core.reasons import Why, estimated_start, explain_pending, priority_breakdown
-from allot.live import bus
+from allot.live import bus, group_commit
 from allot.live.logfold import LogFold
 from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, run_main
@@ -181,6 +181,7 @@ class PlacementService:
         self.fold = LogFold()
         self.nc: NatsClient | None = None
         self.js: JetStreamContext | None = None
+        self._appends: group_commit.GroupCommit | None = None
         self.follower: bus.LogFollower | None = None
         self.epoch = 0  # ours while leader; 0 otherwise
         self.leader = False
@@ -212,6 +213,8 @@ class PlacementService:
     async def on_started(self) -> None:
         self.nc, self.js = await bus.connect(self.nats_url, f"allot-placement-{self.name}")
         await bus.ensure_streams(self.js)
+        # A cycle that places many (a backlog, a freed host) stores them as atomic batches.
+        self._appends = await group_commit.for_stream(self.nc, self.js, "WORKLOADS")
         await self._load_ranking()
         self._ranking_sub = await self.nc.subscribe(s.RANKING, cb=self._on_ranking)
         self.follower = bus.LogFollower(
@@ -288,6 +291,11 @@ class PlacementService:
                     ),
                     f"cancelled:{rec.workload.id}",
                 )
+
+    async def _append(self, subject: str, record: msgspec.Struct, msg_id: str) -> int:
+        """Append a decision (group-committed under a backlog); its stream sequence."""
+        assert self._appends is not None
+        return (await self._appends.append(subject, record, msg_id)).seq
 
     def _spawn_publish(self, subject: str, record: msgspec.Struct, msg_id: str) -> None:
         assert self.js is not None
@@ -481,8 +489,7 @@ class PlacementService:
             ):
                 # The task copies the current context now: its publish carries this span.
                 publish = asyncio.ensure_future(
-                    bus.publish(
-                        self.js,
+                    self._append(
                         s.events(w.allocation, w.id),
                         m.WorkloadPlaced(
                             workload_id=w.id,
