@@ -3,7 +3,8 @@
 Layouts (``--layout``):
 
 - ``mixed`` (default): 60% busy with work of 100 allocations, pending work of 1 to 32 GPUs;
-- ``full``: the state ``make bench-live`` drives the live stack into: 900 hosts held by an
+- ``full``: the state ``make bench-live`` drove the live stack into until 2026-12-01 (it
+  fills 500 hosts now; this layout stays as a hard case): 900 hosts held by an
   allocation far over its entitlement (protected 8-GPU runs, and 10,000 pending requests
   of 1,000 GPUs), the other 100 hosts full of an owed allocation's 1-GPU runs, and 50 more
   of those owed 1-GPU requests waiting, blocked by protected work (each cycle asks for an
