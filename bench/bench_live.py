@@ -42,6 +42,7 @@ import asyncio
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -62,6 +63,8 @@ GOAL_P50_MS = 5.0
 GOAL_P99_MS = 50.0
 BATCHES_IN_FLIGHT = 4
 IDLE_S = 10.0
+OFF_PATH = ("dispatch", "accounting", "agent-bench", "health", "ranking")
+"""Processes not between a submission and its placement decision (``--pause-off-path``)."""
 PROBE_TIMEOUT_S = 30.0
 """A probe unanswered this long is counted at this latency (saturation)."""
 
@@ -228,9 +231,7 @@ async def run_bench(
         idle = await _idle_cpu(pids or {}, IDLE_S)
 
         # 2. latency at paced rates with that queue pending (the first rate is the goal's)
-        phases = [
-            await _latency_phase(nc, rate, args.probe_s, queued, pids or {}) for rate in args.rates
-        ]
+        phases = [await _latency_phase(nc, rate, args, queued, pids or {}) for rate in args.rates]
 
         # 3. the same kind of submissions, SubmitBatch of --batch each (after the latency
         # phases: these too stay pending, and the latency goal is stated at 10,000 pending)
@@ -277,7 +278,7 @@ async def _idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, Any]:
 
 
 async def _latency_phase(
-    nc: nats.NATS, rate: float, probe_s: float, queued: int, pids: dict[str, int]
+    nc: nats.NATS, rate: float, args: argparse.Namespace, queued: int, pids: dict[str, int]
 ) -> dict[str, Any]:
     """Submit 1-GPU ``nlp`` probes paced at ``rate``/s; time each from sending the request
     to receiving its ``WorkloadPlaced`` record."""
@@ -317,7 +318,7 @@ async def _latency_phase(
 
     sub = await nc.subscribe("allot.v1.events.nlp.*", cb=on_event)
     print(f"phase: latency at {rate:.0f}/s", flush=True)
-    total = int(rate * probe_s)
+    total = int(rate * args.probe_s)
     interval = 1.0 / rate
     tasks = []
 
@@ -339,6 +340,11 @@ async def _latency_phase(
         if data.get("type") == "WorkloadAccepted":
             wid_of[cid] = data["workload_id"]
 
+    # --pause-off-path: what the decision path alone (load generator, intake, nats-server,
+    # placement) does at this rate, with the processes off it stopped while probes are sent
+    paused = [pid for name, pid in pids.items() if name in OFF_PATH] if args.pause_off_path else []
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
     cpu_before = _cpu_seconds(pids)
     start = time.perf_counter()
     for i in range(total):
@@ -354,6 +360,8 @@ async def _latency_phase(
     cpu = _cpu_used(cpu_before, cpu_after)
     # (Probes that timed out may still be accepted and placed later: wait for the answered.)
     await _wait(lambda: all(w in placed_at for w in wid_of.values()), 120, "probes placed")
+    for pid in paused:
+        os.kill(pid, signal.SIGCONT)
     # The next phase starts on a quiet stack: every probe's run has ended and been logged
     # (otherwise its CPU and latency would carry this phase's backlog).
     await _wait(lambda: all(w in ended for w in wid_of.values()), 300, "probes completed")
@@ -408,7 +416,14 @@ def render(result: dict[str, Any]) -> str:
         "Stack: one fake agent process with "
         f"{result['hosts']} hosts x {result['gpus_per_host']} GPUs ({result['fill_hosts']} "
         "of them full of protected work), one intake, one placement, health, dispatch, "
-        "ranking, accounting; embedded NATS and Redis; the load generator on the same machine.",
+        "ranking, accounting; embedded NATS and Redis; the load generator on the same machine."
+        + (
+            " **Diagnostic run (`--pause-off-path`): dispatch, accounting, the agent, health and "
+            "ranking were stopped (SIGSTOP) while each latency phase sent its probes**, so "
+            "these latencies are the decision path's alone, not the goal's figure."
+            if result.get("pause_off_path")
+            else ""
+        ),
         "",
         "| figure | value | goal | result |",
         "|---|---|---|---|",
@@ -493,11 +508,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis-url")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument(
+        "--pause-off-path",
+        action="store_true",
+        help="a diagnostic: SIGSTOP dispatch, accounting, the agent, health and ranking while "
+        "each latency phase sends (placements are still decided and logged; runs start "
+        "after); results in live-path-only.{md,json}",
+    )
+    ap.add_argument(
         "--no-sync-always",
         action="store_true",
         help="JetStream's default fsync (every 2 min) instead of every write: the cost figure",
     )
     args = ap.parse_args(argv)
+    free = (args.hosts - args.fill_hosts) * 8
+    if args.pause_off_path and max(args.rates) * args.probe_s > free:
+        # No run starts or ends while the agent is stopped: every probe must fit at once.
+        ap.error(
+            f"--pause-off-path: rate x --probe-s must fit in the {free} free GPUs "
+            f"(got {max(args.rates):.0f} x {args.probe_s:g})"
+        )
     run_dir = Path(tempfile.mkdtemp(prefix="allot-bench-live-"))
     config = StackConfig(
         run_dir=run_dir,
@@ -530,15 +559,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
     result["sync_always"] = not args.no_sync_always
+    flags = " --no-sync-always" * args.no_sync_always + " --pause-off-path" * args.pause_off_path
     result["command"] = "make bench-live" + (
-        " (python bench/bench_live.py --no-sync-always)" if args.no_sync_always else ""
+        f" (python bench/bench_live.py{flags})" if flags else ""
     )
+    result["pause_off_path"] = args.pause_off_path
     result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = render(result)
     print(text)
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         stem = "live-nosync" if args.no_sync_always else "live"
+        stem += "-path-only" if args.pause_off_path else ""
         (RESULTS / f"{stem}.md").write_text(text, encoding="utf-8")
         (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {RESULTS / stem}.md and {stem}.json")
