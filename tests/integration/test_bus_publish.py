@@ -1,14 +1,17 @@
 """``allot.live.bus.publish`` sends a msg-id'd record again when its ack does not come (a
-stream leader's hand-over can lose it), the same bytes and msg id each time."""
+stream leader's hand-over can lose it), the same bytes and msg id each time; a
+``LogFollower`` replays, then follows, past a callback that fails."""
 
 from __future__ import annotations
 
+import msgspec
 import nats
 import nats.errors
 import pytest
 
 from allot.live import bus
 from allot.proto import messages as m
+from allot.proto import subjects as s
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +60,43 @@ async def test_a_publish_never_acknowledged_fails_after_the_last_try(nats_url: s
         await sub.unsubscribe()
         await nc.close()
     assert tries == bus.PUBLISH_ATTEMPTS
+
+
+async def test_a_follower_replays_then_follows_and_survives_a_failing_callback(
+    fresh_log: str,
+) -> None:
+    """Records are handed over once each, in stream order, replayed then live; one whose
+    callback raises is counted and logged, and the records after it still arrive."""
+    nc, js = await bus.connect(fresh_log, "test-follower")
+    await bus.ensure_streams(js)
+    subject = s.events("nlp", "w1")
+
+    def record(i: int) -> m.WorkloadRequeued:
+        return m.WorkloadRequeued(workload_id="w1", allocation="nlp", at=float(i), attempt=i)
+
+    for i in range(1, 4):  # replayed
+        await bus.publish(js, subject, record(i))
+    seen: list[float] = []
+
+    def on_record(_subject: str, rec: msgspec.Struct) -> None:
+        assert isinstance(rec, m.WorkloadRequeued)
+        if rec.attempt == 2:
+            raise RuntimeError("a bug in a fold")
+        seen.append(rec.at)
+
+    follower = bus.LogFollower(js, on_record, streams=("WORKLOADS",))
+    await follower.start()
+    tasks = follower.tasks
+    try:
+        assert seen == [1.0, 3.0] and follower.skipped == 1  # replayed to the end first
+        last = 0
+        for i in range(4, 7):  # live
+            last = await bus.publish(js, subject, record(i))
+        assert await follower.wait_for("WORKLOADS", last, timeout=5.0)
+        assert seen == [1.0, 3.0, 4.0, 5.0, 6.0]
+        assert follower.last_seq["WORKLOADS"] == last
+        assert len(tasks) == 1 and all(t is not None and not t.done() for t in tasks)
+    finally:
+        await follower.stop()
+        await nc.close()
+    assert all(t is not None and t.done() for t in tasks)  # stop() ends the delivery task
