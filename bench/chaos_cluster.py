@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
 from allot.adapters.embedded import EmbeddedRedis
@@ -174,17 +176,32 @@ async def step_down(nc: NatsClient, group: str, preferred: str) -> None:
         await nc.request(subject, body, timeout=2.0)
 
 
+SETUP_TIMEOUT_S = 30.0
+
+
 async def create_log(url: str, replicas: int, lease_ttl_s: float) -> None:
     """Streams and KV buckets, replicated, before the services start: six services creating
     R3 streams at once on a fresh cluster can outlast nats-py's 5 s API timeout (seen:
     placement's ``add_stream`` timed out and the stack did not start). The services then
-    find them and create nothing (same configuration, so their own calls are no-ops)."""
+    find them and create nothing (same configuration, so their own calls are no-ops).
+
+    Tried again until ``SETUP_TIMEOUT_S``: a fresh cluster that reports a meta leader may
+    still leave a JetStream API request unanswered for 5 s (seen once in CI: the first
+    ``stream_info`` timed out); every call here is idempotent."""
     nc, js = await bus.connect(url, "allot-chaos-setup")
+    deadline = time.monotonic() + SETUP_TIMEOUT_S
     try:
-        await bus.ensure_streams(js, replicas)
-        await js.create_key_value(
-            bucket=LEADER_BUCKET, ttl=lease_ttl_s, history=1, replicas=replicas
-        )
+        while True:
+            try:
+                await bus.ensure_streams(js, replicas)
+                await js.create_key_value(
+                    bucket=LEADER_BUCKET, ttl=lease_ttl_s, history=1, replicas=replicas
+                )
+                return
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
     finally:
         await nc.close()
 
