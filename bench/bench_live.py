@@ -174,9 +174,14 @@ def _p50_ms(seconds: list[float]) -> float | None:
     return round(statistics.median(seconds) * 1000, 1) if seconds else None
 
 
+def _free_gpus(args: argparse.Namespace) -> int:
+    """GPUs left free by the fill (8 per host)."""
+    return (args.hosts - args.fill_hosts) * 8
+
+
 def _never_fits(args: argparse.Namespace) -> int:
     """GPUs of a pending run that can never fit: one host more than the free GPUs."""
-    return (args.hosts - args.fill_hosts + 1) * 8
+    return _free_gpus(args) + 8
 
 
 async def _count_placed(nc: nats.NATS, subject: str) -> tuple[list[int], Any]:
@@ -241,7 +246,7 @@ async def run_bench(
             "hosts": args.hosts,
             "gpus_per_host": 8,
             "fill_hosts": args.fill_hosts,
-            "free_gpus": (args.hosts - args.fill_hosts) * 8,
+            "free_gpus": _free_gpus(args),
             "pending_gpus": big,
             "throughput": {
                 "submissions": len(pending),
@@ -520,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         help="JetStream's default fsync (every 2 min) instead of every write: the cost figure",
     )
     args = ap.parse_args(argv)
-    free = (args.hosts - args.fill_hosts) * 8
+    free = _free_gpus(args)
     if args.pause_off_path and max(args.rates) * args.probe_s > free:
         # No run starts or ends while the agent is stopped: every probe must fit at once.
         ap.error(

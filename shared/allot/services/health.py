@@ -233,21 +233,7 @@ class HealthService:
             self._ignore("bad heartbeat", subject=subject, field=e.field, reason=e.reason)
         else:
             assert isinstance(beat, m.Heartbeat)
-            host = subjects.host_of(subject)
-            info = self.book.hosts.get(host)
-            if (
-                beat.host == host
-                and info is not None
-                and info.state == "healthy"
-                and beat.gpus == info.gpus
-                and not self._lock.locked()
-            ):
-                # The common case, with nothing to publish: a known healthy host is alive.
-                # Nothing else holds the lock, and this does not await, so it cannot land
-                # inside a check or a state change.
-                self.last_seen[host] = time.monotonic()
-            else:
-                await self.heartbeat(host, beat)
+            await self.heartbeat(subjects.host_of(subject), beat)
         finally:
             self.heartbeats += 1
 
@@ -256,6 +242,18 @@ class HealthService:
             self._ignore("host mismatch", subject_host=subject_host, payload_host=beat.host)
             return
         host = beat.host
+        info = self.book.hosts.get(host)
+        if (
+            info is not None
+            and info.state == "healthy"
+            and beat.gpus == info.gpus
+            and not self._lock.locked()
+        ):
+            # The common case, with nothing to publish: a known healthy host is alive.
+            # Nothing else holds the lock, and this does not await, so it cannot land
+            # inside a check or a state change.
+            self.last_seen[host] = time.monotonic()
+            return
         async with self._lock:
             self.last_seen[host] = time.monotonic()
             info = self.book.hosts.get(host)
