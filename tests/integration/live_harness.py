@@ -79,3 +79,8 @@ async def eventually(
 
 def of_type(items: list[msgspec.Struct], cls: type[T]) -> list[T]:
     return [r for r in items if isinstance(r, cls)]
+
+
+async def placements(js: JetStreamContext) -> list[m.WorkloadPlaced]:
+    """Every ``WorkloadPlaced`` in WORKLOADS, in order."""
+    return of_type(await records(js), m.WorkloadPlaced)

@@ -14,7 +14,7 @@ from typing import TypeVar
 import msgspec
 import nats
 import pytest
-from live_harness import eventually, of_type, records, seed
+from live_harness import eventually, of_type, placements, records, seed
 from nats.aio.msg import Msg
 
 from allot.live import bus, service_main
@@ -42,10 +42,6 @@ async def request(
     return _REPLY.decode(reply.data)
 
 
-async def _placements(js) -> list[m.WorkloadPlaced]:  # type: ignore[no-untyped-def]
-    return of_type(await records(js), m.WorkloadPlaced)
-
-
 async def test_submission_is_placed_and_bad_input_is_rejected_by_field(fresh_log: str) -> None:
     nc = await nats.connect(fresh_log)
     js = nc.jetstream()
@@ -65,7 +61,7 @@ async def test_submission_is_placed_and_bad_input_is_rejected_by_field(fresh_log
         assert isinstance(again, m.WorkloadAccepted) and again.duplicate
         assert again.workload_id == ok.workload_id
 
-        placed = await eventually(lambda: _placements(js), lambda p: len(p) == 1)
+        placed = await eventually(lambda: placements(js), lambda p: len(p) == 1)
         assert placed[0].workload_id == ok.workload_id
         assert sum(len(hg.gpus) for hg in placed[0].assignment) == 4
         assert placed[0].epoch == placement.epoch > 0
@@ -96,7 +92,7 @@ async def test_submission_is_placed_and_bad_input_is_rejected_by_field(fresh_log
         # The services kept running: a good submission still goes through.
         ok2 = await request(nc, s.submit(None), submit_body(client_id="c2", gpus=1))
         assert isinstance(ok2, m.WorkloadAccepted)
-        await eventually(lambda: _placements(js), lambda p: len(p) == 2)
+        await eventually(lambda: placements(js), lambda p: len(p) == 2)
         submitted = of_type(await records(js), m.WorkloadSubmitted)
         assert [r.workload_id for r in submitted] == [ok.workload_id, ok2.workload_id]
         # A run that cannot fit waits; `allot prio` breaks its position into its inputs.
@@ -145,7 +141,7 @@ async def test_standby_takes_over_from_the_log_without_double_booking(fresh_log:
                 submit_body(client_id=f"a{i}", allocation="nlp", gpus=4, min_runtime_s=600),
             )
             assert isinstance(reply, m.WorkloadAccepted)
-        await eventually(lambda: _placements(js), lambda p: len(p) == 2)
+        await eventually(lambda: placements(js), lambda p: len(p) == 2)
         assert not second.leader
 
         # "Kill" the leader: its tasks stop, its lease is not released (it just expires).
@@ -216,7 +212,7 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
             submit_body(client_id="v", allocation="vision", gpus=8, min_runtime_s=600),
         )
         assert isinstance(vision, m.WorkloadAccepted)
-        (placed,) = await eventually(lambda: _placements(js), lambda p: len(p) == 1)
+        (placed,) = await eventually(lambda: placements(js), lambda p: len(p) == 1)
         ids = {}
         for cid, alloc, gpus in (("n4", "nlp", 4), ("n16", "nlp", 16), ("free", None, 1)):
             subject = s.submit(alloc)

@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import msgspec
 import nats
 import pytest
-from live_harness import eventually, of_type, records, seed
-from nats.js import JetStreamContext
+from live_harness import eventually, of_type, placements, records, seed
 from nats.js.errors import NotFoundError
 
 from allot.adapters.embedded import EmbeddedNats
@@ -261,7 +260,7 @@ async def test_placement_group_commits_a_cycle_that_places_many(batching_nats_ur
         placement = PlacementService(batching_nats_url, lease_ttl_s=1.0, name="pg", tracing=False)
         await service_main.start(placement)
         try:
-            placed = await eventually(lambda: _placed(js), lambda p: len(p) >= 100, timeout=30.0)
+            placed = await eventually(lambda: placements(js), lambda p: len(p) >= 100, timeout=30.0)
             appends = placement._appends
         finally:
             await service_main.stop(placement)
@@ -274,7 +273,3 @@ async def test_placement_group_commits_a_cycle_that_places_many(batching_nats_ur
     )
     gpus = [(hg.host, g) for p in placed for hg in p.assignment for g in hg.gpus]
     assert len(gpus) == len(set(gpus)) == 100
-
-
-async def _placed(js: JetStreamContext) -> list[m.WorkloadPlaced]:
-    return of_type(await records(js), m.WorkloadPlaced)
