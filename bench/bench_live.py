@@ -174,6 +174,41 @@ def _p50_ms(seconds: list[float]) -> float | None:
     return round(statistics.median(seconds) * 1000, 1) if seconds else None
 
 
+SEGMENTS = ("sent -> intake", "intake -> deciding cycle", "deciding cycle -> placed seen")
+
+
+def _segments(
+    sent_wall: dict[str, float],
+    wid_of: dict[str, str],
+    submitted_raw: dict[str, bytes],
+    placed_raw: dict[str, bytes],
+    placed_wall: dict[str, float],
+) -> dict[str, list[float]]:
+    """p50 and p99 (ms) of each leg of a probe's submit -> placed, by wall clock: sent ->
+    intake took the request (``WorkloadSubmitted.at``) -> the placement cycle that placed it
+    began (``WorkloadPlaced.at``) -> its record was seen here. The second leg holds the
+    fsynced append, its delivery to placement and any wait for the previous cycle's
+    decisions to come back from the log."""
+    legs: dict[str, list[float]] = {name: [] for name in SEGMENTS}
+    for cid, wid in wid_of.items():
+        if wid not in submitted_raw or wid not in placed_raw:
+            continue
+        intake_at = json.loads(submitted_raw[wid])["at"]
+        cycle_at = json.loads(placed_raw[wid])["at"]
+        for name, dt in zip(
+            SEGMENTS,
+            (intake_at - sent_wall[cid], cycle_at - intake_at, placed_wall[wid] - cycle_at),
+            strict=True,
+        ):
+            legs[name].append(dt)
+    out: dict[str, list[float]] = {}
+    for name, xs in legs.items():
+        if xs:
+            xs.sort()
+            out[name] = [round(xs[len(xs) // 2] * 1e3, 2), round(xs[int(len(xs) * 0.99)] * 1e3, 2)]
+    return out
+
+
 def _free_gpus(args: argparse.Namespace) -> int:
     """GPUs left free by the fill (8 per host)."""
     return (args.hosts - args.fill_hosts) * 8
@@ -303,10 +338,18 @@ async def _latency_phase(
     # GPUs, a probe waits for one to end, and its latency is the cluster's capacity, not
     # the decision path (the free GPUs are set by --fill-hosts; the runs last 1 s).
     running = [0, 0]
+    # Where the time goes, from the records' own times (``at``: intake's clock when the
+    # request arrived; placement's when the deciding cycle began), decoded after the phase
+    sent_wall: dict[str, float] = {}
+    submitted_raw: dict[str, bytes] = {}
+    placed_raw: dict[str, bytes] = {}
 
     async def on_event(msg: Any) -> None:
-        if b'"WorkloadPlaced"' in msg.data:
+        if b'"WorkloadSubmitted"' in msg.data:
+            submitted_raw[msg.subject.rsplit(".", 1)[1]] = msg.data
+        elif b'"WorkloadPlaced"' in msg.data:
             wid = msg.subject.rsplit(".", 1)[1]
+            placed_raw.setdefault(wid, msg.data)
             if wid not in placed_at:
                 placed_at[wid] = time.perf_counter()
                 placed_wall[wid] = time.time()
@@ -332,6 +375,7 @@ async def _latency_phase(
     async def probe(i: int) -> None:
         cid = f"probe-{int(rate)}-{i}"
         sent[cid] = time.perf_counter()
+        sent_wall[cid] = time.time()
         try:
             r = await nc.request(
                 s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), timeout=PROBE_TIMEOUT_S
@@ -379,6 +423,7 @@ async def _latency_phase(
     ack = HdrHistogram(1, 60_000_000, 3)
     for cid, at in acked.items():
         ack.record_value(max(1, int((at - sent[cid]) * 1e6)))
+    segments = _segments(sent_wall, wid_of, submitted_raw, placed_raw, placed_wall)
     await asyncio.sleep(1.0)  # and the readers of those ends have read them
     return {
         "pending_at_start": queued,
@@ -396,6 +441,7 @@ async def _latency_phase(
         "peak_running": running[1],
         "placed_to_run_started_p50_ms": _p50_ms(to_start),
         "run_end_to_logged_p50_ms": _p50_ms(to_logged_end),
+        "segments_ms": segments,
         "goal_p50_ms": GOAL_P50_MS,
         "goal_p99_ms": GOAL_P99_MS,
         "pass": pct[50] <= GOAL_P50_MS and pct[99] <= GOAL_P99_MS,
@@ -485,6 +531,12 @@ def render(result: dict[str, Any]) -> str:
             f"{lat.get('placed_to_run_started_p50_ms')} ms; "
             f"{lat.get('run_end_to_logged_p50_ms')} ms | | |",
         ]
+        if lat.get("segments_ms"):
+            legs = "; ".join(f"{n} {p50} / {p99}" for n, (p50, p99) in lat["segments_ms"].items())
+            lines.append(
+                "| where the decision's time goes, by the records' own clocks, p50 / p99 ms: "
+                f"{legs} | | | |"
+            )
         if lat.get("cpu_ms_per_probe"):
             per = ", ".join(f"{n} {ms}" for n, ms in lat["cpu_ms_per_probe"].items())
             lines.append(

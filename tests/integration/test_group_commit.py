@@ -99,6 +99,40 @@ async def test_appends_one_at_a_time_are_never_batched(
     assert await _stored(js) == 20
 
 
+async def _bursts(appends: GroupCommit, bursts: int, size: int, every_s: float) -> list[PubAck]:
+    """``size`` appends at once, every ``every_s``: a steady load of small groups (as an
+    agent's reports arrive), not one large backlog."""
+    calls = []
+    for b in range(bursts):
+        for i in range(b * size, (b + 1) * size):
+            calls.append(asyncio.create_task(appends.append(_subject(i), _record(i), f"rq:{i}")))
+        await asyncio.sleep(every_s)
+    return await asyncio.gather(*calls)
+
+
+@pytest.mark.parametrize("linger_s", [0.0, 0.05])
+async def test_linger_lets_a_steady_load_form_larger_batches(
+    log: tuple[GroupCommit, JetStreamContext], linger_s: float
+) -> None:
+    appends, js = log
+    appends.threshold, appends.linger_s = 1, linger_s
+    bursts, size = 20, 3
+    n = bursts * size
+    acks = await _bursts(appends, bursts, size, every_s=0.005)
+    assert sorted(a.seq for a in acks) == list(range(1, n + 1))  # each stored once
+    assert await _stored(js) == n
+    for i, ack in enumerate(acks):
+        assert (await js.get_msg("WORKLOADS", ack.seq)).subject == _subject(i)
+    assert appends.refused == 0
+    if linger_s:
+        # ~100 ms of arrivals, 50 ms waits: a few commits of ~20-30 records
+        assert appends.commits <= 5
+        assert appends.batched >= n - 5
+    else:
+        # each commit takes only what arrived during the previous one: small batches
+        assert appends.commits > 5
+
+
 async def test_a_failed_condition_fails_the_batch_and_each_record_is_answered_alone(
     log: tuple[GroupCommit, JetStreamContext],
 ) -> None:
