@@ -8,7 +8,7 @@ SHARED ?= ../shared
 OUT ?= out
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo up compare test lint type fmt bench bench-live chaos chaos-cluster golden schema philly clean
+.PHONY: help install run demo up compare test browser lint type fmt bench bench-live chaos chaos-cluster golden schema philly clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -34,8 +34,16 @@ compare: $(STAMP) ## simulator: Ai2-like month, legacy priority vs Allot fair sh
 	$(BIN)/allot simulate --cluster $(OUT)/ai2/cluster.yaml --budgets $(OUT)/ai2/budgets.yaml \
 		--trace $(OUT)/ai2/trace.csv --compare priority,fairshare --out $(OUT)/ai2/sim
 
-test: $(STAMP) ## run the test suite (unit, property, golden, integration on real NATS/Redis, Node.js client, browser)
+test: $(STAMP) browser ## run the test suite (unit, property, golden, integration on real NATS/Redis, Node.js client, browser)
 	$(BIN)/pytest
+
+browser: ## Debian's chromium for the browser tests, installed with apt-get if missing (or set ALLOT_CHROMIUM)
+	@if [ -n "$$ALLOT_CHROMIUM" ] || [ -x /usr/bin/chromium ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		echo "== installing Debian's chromium for the browser tests"; \
+		if [ "$$(id -u)" = 0 ]; then apt-get install -y --no-install-recommends chromium; \
+		else sudo apt-get install -y --no-install-recommends chromium; fi; \
+	else echo "== no /usr/bin/chromium and no apt-get: the browser tests will fail saying what they need"; fi
 
 lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (the core stays pure)
 	$(BIN)/ruff format --check shared tests bench

@@ -2,7 +2,7 @@
 for Python (pinned in pyproject to the release whose browser matches it). Playwright's own
 browser download is never used: the browser is launched with ``executable_path``.
 
-A missing Chromium FAILS the tests with what to install (CI installs it: ``.ci/run``); it
+A missing Chromium FAILS the tests with what to install (``make test`` installs it); it
 never skips them. ``ALLOT_CHROMIUM`` overrides the path (default ``/usr/bin/chromium``).
 
 Screenshots are test artifacts: written under ``$ALLOT_TEST_ARTIFACTS/screenshots`` when
@@ -40,7 +40,7 @@ def chromium_path() -> str:
     if found is None:
         pytest.fail(
             f"Chromium not found at {path!r}: the browser tests need Debian's chromium "
-            f"(`apt-get install chromium`, as .ci/run does) or ${CHROMIUM_ENV} pointing at "
+            f"(`apt-get install chromium`, as `make test` does) or ${CHROMIUM_ENV} pointing at "
             "a Chromium matching Playwright 1.64.1 (Chromium 156). Playwright's own browser "
             "download is never used.",
             pytrace=False,
