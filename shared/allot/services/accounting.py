@@ -84,7 +84,7 @@ FETCH_EVERY_S: Final = 1.0
 slot), so events are taken in batches: a few Redis round trips and one write of acks for
 many events instead of for each (``make bench-live``: the service's CPU per workload).
 Every 1 s rather than 0.2 s: at 500 runs/s the service's CPU per run fell from 0.31 to
-0.13-0.15 ms (three runs each, taken in turn, 2026-12-01 22:50 UTC), and nats-server
+0.13-0.15 ms (three runs each, taken in turn, 2026-12-01 22:45-22:49 UTC), and nats-server
 rewrites this durable consumer's state (an ``O_SYNC`` write) after fewer ack bursts, on
 the disk WORKLOADS fsyncs to."""
 MAX_RETRY_DELAY_S: Final = 30.0
