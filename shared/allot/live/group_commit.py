@@ -18,8 +18,9 @@ is answered in 0.3-0.9 ms (the same script, its "answered in" lines). So:
   keep up with is what gets batched;
 * with ``linger_s`` (Kafka's ``linger.ms``), the writer waits that long before each commit
   so that more appends join it: for appends whose answer nobody waits on closely (an
-  agent's report) under a steady load, where batches of 2-3 would cost as many fsyncs as
-  the records alone. It applies only once appends queue; below ``threshold`` nothing waits.
+  agent's report) under a steady load, where batches of 2-3 would cost more fsyncs (4 a
+  commit) than the records alone. It applies only once appends queue; below
+  ``threshold`` nothing waits.
 
 Outcomes are those of ``bus.publish``: each append returns its own ``PubAck`` (a batch's
 records take the consecutive sequences that end at the commit's) or raises its own failed
