@@ -80,13 +80,23 @@ the retry delays doubling from 0.5 s up to ``MAX_RETRY_DELAY_S``, about 22 minut
 BATCH: Final = 1000
 """Messages fetched from the durable consumer per pull."""
 FETCH_EVERY_S: Final = 1.0
-"""Least time between two pulls. Charges are not latency-bound (the live window lags a
-slot), so events are taken in batches: a few Redis round trips and one write of acks for
-many events instead of for each (``make bench-live``: the service's CPU per workload).
-Every 1 s rather than 0.2 s: at 500 runs/s the service's CPU per run fell from 0.31 to
-0.13-0.15 ms (three runs each, taken in turn, 2026-12-01 22:45-22:49 UTC), and nats-server
-rewrites this durable consumer's state (an ``O_SYNC`` write) after fewer ack bursts, on
-the disk WORKLOADS fsyncs to."""
+"""Least time between two pulls that found the consumer drained (a pull that filled its
+``BATCH`` is followed by the next at once: ``pull_delay``). Charges are not latency-bound
+(the live window lags a slot), so events are taken in batches: a few Redis round trips and
+one write of acks for many events instead of for each (``make bench-live``: the service's
+CPU per workload)."""
+
+
+def pull_delay(fetched: int, pulled_at: float, now: float) -> float:
+    """Seconds to wait before the next pull, after one at ``pulled_at`` that gave
+    ``fetched`` events. A full batch means a backlog: pull again at once. Pacing every pull
+    capped the service at ``BATCH / FETCH_EVERY_S`` events a second (1,000), half of what
+    ``make bench-live``'s 500 runs a second append, so it fell behind while they ran."""
+    if fetched >= BATCH:
+        return 0.0
+    return max(0.0, pulled_at + FETCH_EVERY_S - now)
+
+
 MAX_RETRY_DELAY_S: Final = 30.0
 CONNECT_TIMEOUT_S: Final = 5.0
 
@@ -462,7 +472,7 @@ class Accounting:
         await self.redis.aclose()
 
     async def _consume_forever(self, pull: JetStreamContext.PullSubscription) -> None:
-        """Pull up to ``BATCH`` events at most every ``FETCH_EVERY_S``, charge them together
+        """Pull up to ``BATCH`` events (paced by ``pull_delay``), charge them together
         (``Charger.apply_many``), then acknowledge them together: a few Redis round trips
         and one socket write of acks for many events. A failed charge nacks the batch's
         chargeable events with a delay.
@@ -477,8 +487,9 @@ class Accounting:
         pulled_at = -math.inf
         accrued_at = -math.inf
         wait_s = min(1.0, max(FETCH_EVERY_S, self.accrue_s))
+        batch: list[Msg] = []
         while True:
-            await asyncio.sleep(max(0.0, pulled_at + FETCH_EVERY_S - loop.time()))
+            await asyncio.sleep(pull_delay(len(batch), pulled_at, loop.time()))
             pulled_at = loop.time()
             try:
                 batch = await pull.fetch(BATCH, timeout=wait_s)
