@@ -47,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,23 @@ BATCHES_IN_FLIGHT = 4
 IDLE_S = 10.0
 OFF_PATH = ("dispatch", "accounting", "agent-bench", "health", "ranking")
 """Processes not between a submission and its placement decision (``--pause-off-path``)."""
+RUNS_NEED = ("dispatch", "agent-bench")
+"""Without either, no placed run starts or ends (dispatch hands work to the agent)."""
+
+
+def _paused_names(text: str) -> tuple[str, ...]:
+    """``--pause``'s value: comma-separated names from ``OFF_PATH``."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in OFF_PATH]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"names must be among {','.join(OFF_PATH)}, got {text!r}")
+    return names
+
+
+def _no_runs_end(paused: Sequence[str]) -> bool:
+    return any(n in RUNS_NEED for n in paused)
+
+
 PROBE_TIMEOUT_S = 30.0
 """A probe unanswered this long is counted at this latency (saturation)."""
 
@@ -390,8 +408,9 @@ async def _latency_phase(
             wid_of[cid] = data["workload_id"]
 
     # --pause-off-path: what the decision path alone (load generator, intake, nats-server,
-    # placement) does at this rate, with the processes off it stopped while probes are sent
-    paused = [pid for name, pid in pids.items() if name in OFF_PATH] if args.pause_off_path else []
+    # placement) does at this rate, with the processes off it stopped while probes are sent;
+    # --pause: some of them only, to see which weighs
+    paused = [pid for name, pid in pids.items() if name in args.pause]
     for pid in paused:
         os.kill(pid, signal.SIGSTOP)
     cpu_before = _cpu_seconds(pids)
@@ -469,10 +488,10 @@ def render(result: dict[str, Any]) -> str:
         "of them full of protected work), one intake, one placement, health, dispatch, "
         "ranking, accounting; embedded NATS and Redis; the load generator on the same machine."
         + (
-            " **Diagnostic run (`--pause-off-path`): dispatch, accounting, the agent, health and "
-            "ranking were stopped (SIGSTOP) while each latency phase sent its probes**, so "
-            "these latencies are the decision path's alone, not the goal's figure."
-            if result.get("pause_off_path")
+            f" **Diagnostic run: {', '.join(result['paused'])} stopped (SIGSTOP) while each "
+            "latency phase sent its probes**, so these latencies are not the goal's figure"
+            + (": the decision path's alone." if result.get("pause_off_path") else ".")
+            if result.get("paused")
             else ""
         ),
         "",
@@ -572,16 +591,30 @@ def main(argv: list[str] | None = None) -> int:
         "after); results in live-path-only.{md,json}",
     )
     ap.add_argument(
+        "--pause",
+        type=_paused_names,
+        default=(),
+        metavar="NAMES",
+        help=f"a diagnostic: SIGSTOP only these of {','.join(OFF_PATH)} (comma-separated) while "
+        "each latency phase sends, to see which weighs; printed only",
+    )
+    ap.add_argument(
         "--no-sync-always",
         action="store_true",
         help="JetStream's default fsync (every 2 min) instead of every write: the cost figure",
     )
     args = ap.parse_args(argv)
+    if args.pause_off_path and args.pause:
+        ap.error("give --pause-off-path (all of them) or --pause NAMES, not both")
+    subset = bool(args.pause)
+    if args.pause_off_path:
+        args.pause = OFF_PATH
     free = _free_gpus(args)
-    if args.pause_off_path and max(args.rates) * args.probe_s > free:
-        # No run starts or ends while the agent is stopped: every probe must fit at once.
+    if _no_runs_end(args.pause) and max(args.rates) * args.probe_s > free:
+        # No run starts or ends while the agent or dispatch is stopped: every probe must fit.
         ap.error(
-            f"--pause-off-path: rate x --probe-s must fit in the {free} free GPUs "
+            f"--pause: with {', '.join(n for n in args.pause if n in RUNS_NEED)} stopped, "
+            f"rate x --probe-s must fit in the {free} free GPUs "
             f"(got {max(args.rates):.0f} x {args.probe_s:g})"
         )
     run_dir = Path(tempfile.mkdtemp(prefix="allot-bench-live-"))
@@ -617,14 +650,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     result["sync_always"] = not args.no_sync_always
     flags = " --no-sync-always" * args.no_sync_always + " --pause-off-path" * args.pause_off_path
+    flags += f" --pause {','.join(args.pause)}" * subset
     result["command"] = "make bench-live" + (
         f" (python bench/bench_live.py{flags})" if flags else ""
     )
     result["pause_off_path"] = args.pause_off_path
+    result["paused"] = list(args.pause)
     result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = render(result)
     print(text)
-    if not args.no_write:
+    if subset:
+        print("(--pause: a diagnostic, printed only)")
+    elif not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         stem = "live-nosync" if args.no_sync_always else "live"
         stem += "-path-only" if args.pause_off_path else ""
