@@ -47,7 +47,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +76,6 @@ def _paused_names(text: str) -> tuple[str, ...]:
     if not names or unknown:
         raise argparse.ArgumentTypeError(f"names must be among {','.join(OFF_PATH)}, got {text!r}")
     return names
-
-
-def _no_runs_end(paused: Sequence[str]) -> bool:
-    return any(n in RUNS_NEED for n in paused)
 
 
 PROBE_TIMEOUT_S = 30.0
@@ -610,10 +605,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.pause_off_path:
         args.pause = OFF_PATH
     free = _free_gpus(args)
-    if _no_runs_end(args.pause) and max(args.rates) * args.probe_s > free:
+    no_runs = [n for n in args.pause if n in RUNS_NEED]
+    if no_runs and max(args.rates) * args.probe_s > free:
         # No run starts or ends while the agent or dispatch is stopped: every probe must fit.
         ap.error(
-            f"--pause: with {', '.join(n for n in args.pause if n in RUNS_NEED)} stopped, "
+            f"--pause: with {', '.join(no_runs)} stopped, "
             f"rate x --probe-s must fit in the {free} free GPUs "
             f"(got {max(args.rates):.0f} x {args.probe_s:g})"
         )
