@@ -36,7 +36,7 @@ from allot.adapters.embedded import EmbeddedNats, find_nats_server
 BODY = b"x" * 300  # about one log record
 
 
-async def _create(nc: Client, name: str, subjects: str, *, atomic: bool) -> None:
+async def create_stream(nc: Client, name: str, subjects: str, *, atomic: bool) -> None:
     config = {"name": name, "subjects": [subjects], "storage": "file", "allow_atomic": atomic}
     reply = json.loads(
         (await nc.request(f"$JS.API.STREAM.CREATE.{name}", json.dumps(config).encode())).data
@@ -87,8 +87,8 @@ async def _counted(pid: int, work: Callable[[], Awaitable[None]]) -> tuple[int, 
 async def run(server: EmbeddedNats, records: int, sizes: list[int]) -> None:
     nc = await nats.connect(server.url)
     js = nc.jetstream()
-    await _create(nc, "SINGLE", "s.>", atomic=False)
-    await _create(nc, "BATCH", "b.>", atomic=True)
+    await create_stream(nc, "SINGLE", "s.>", atomic=False)
+    await create_stream(nc, "BATCH", "b.>", atomic=True)
 
     async def singles() -> None:
         for i in range(records):

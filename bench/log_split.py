@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import time
 import uuid
@@ -36,10 +35,11 @@ import nats
 from nats.aio.client import Client
 
 from allot.adapters.embedded import EmbeddedNats
+from allot.services.dispatch import REPORT_BATCH_LINGER_S
+from fsync_batch import BODY, create_stream  # a sibling script (sys.path[0])
 
-BODY = b"x" * 300  # about one log record
 RATE = 500.0  # submissions and decisions a second, as bench-live's goal rate
-REPORT_EVERY_S = 0.25  # dispatch's report linger
+REPORT_EVERY_S = REPORT_BATCH_LINGER_S  # dispatch gathers reports this long
 REPORT_BATCH = 250  # what 1,000 reports a second gather in that linger
 LAYOUTS = ("shared", "reports", "decisions", "all")
 
@@ -52,17 +52,9 @@ def _burn(duty: float, stop: Event) -> None:
         time.sleep((1 - duty) * 0.01)
 
 
-async def _create(nc: Client, name: str, subjects: str) -> None:
-    config = {"name": name, "subjects": [subjects], "storage": "file", "allow_atomic": True}
-    reply = json.loads(
-        (await nc.request(f"$JS.API.STREAM.CREATE.{name}", json.dumps(config).encode())).data
-    )
-    if "error" in reply:
-        raise SystemExit(f"stream {name}: {reply['error']}")
-
-
 async def _batch(nc: Client, prefix: str, n: int) -> None:
-    """One atomic batch of ``n`` records; only the commit is a request."""
+    """One atomic batch of ``n`` records, sent as ``allot.live.group_commit`` sends one: only
+    the commit is a request."""
     batch_id = uuid.uuid4().hex[:16]
     for seq in range(1, n + 1):
         headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
@@ -85,7 +77,7 @@ async def run_layout(url: str, layout: str, seconds: float) -> tuple[float, floa
     submits, decides, reports = [await nats.connect(url) for _ in range(3)]
     tag = uuid.uuid4().hex[:6]
     for name in ("s", "d", "r"):
-        await _create(submits, f"{name.upper()}{tag}", f"{name}{tag}.>")
+        await create_stream(submits, f"{name.upper()}{tag}", f"{name}{tag}.>", atomic=True)
     sub_prefix = f"s{tag}"
     dec_prefix = f"d{tag}" if layout in ("decisions", "all") else sub_prefix
     rep_prefix = f"r{tag}" if layout in ("reports", "all") else sub_prefix
