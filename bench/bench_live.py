@@ -53,6 +53,7 @@ from typing import Any
 import nats
 from hdrh.histogram import HdrHistogram
 
+from allot.adapters.embedded import unwind_on_sigterm
 from allot.live.stack import AgentSpec, Stack, StackConfig
 from allot.proto import subjects as s
 from bench_cycle import machine_reference_s  # a sibling script (sys.path[0])
@@ -599,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         help="JetStream's default fsync (every 2 min) instead of every write: the cost figure",
     )
     args = ap.parse_args(argv)
+    unwind_on_sigterm()  # a killed run stops its stack too
     if args.pause_off_path and args.pause:
         ap.error("give --pause-off-path (all of them) or --pause NAMES, not both")
     subset = bool(args.pause)

@@ -52,7 +52,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
-from allot.adapters.embedded import EmbeddedNats, EmbeddedRedis
+from allot.adapters.embedded import EmbeddedNats, EmbeddedRedis, unwind_on_sigterm
 from allot.adapters.usage_store import RedisUsageStore
 from allot.core.usage import window_usage
 from allot.live import bus
@@ -706,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="where chaos.{md,json} go")
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args(argv)
+    unwind_on_sigterm()  # a killed run stops its stack too
     plan = args.plan.split(",") if args.plan else default_plan(args.agents, args.random_kills)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="allot-chaos-"))
     cfg = ChaosConfig(

