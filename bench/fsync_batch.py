@@ -32,6 +32,7 @@ import nats
 from nats.aio.client import Client
 
 from allot.adapters.embedded import EmbeddedNats, find_nats_server
+from allot.live.group_commit import batch_headers
 
 BODY = b"x" * 300  # about one log record
 
@@ -49,9 +50,7 @@ async def _batch(nc: Client, n: int) -> None:
     """One atomic batch of ``n`` records: the first and the commit are requests."""
     bid = uuid.uuid4().hex
     for seq in range(1, n + 1):
-        headers = {"Nats-Batch-Id": bid, "Nats-Batch-Sequence": str(seq)}
-        if seq == n:
-            headers["Nats-Batch-Commit"] = "1"
+        headers = batch_headers(bid, seq, commit=seq == n)
         if seq in (1, n):
             reply = await nc.request(f"b.{seq}", BODY, headers=headers, timeout=10)
             if b'"error"' in reply.data:

@@ -35,6 +35,7 @@ import nats
 from nats.aio.client import Client
 
 from allot.adapters.embedded import EmbeddedNats
+from allot.live.group_commit import batch_headers
 from allot.services.dispatch import REPORT_BATCH_LINGER_S
 from fsync_batch import BODY, create_stream  # a sibling script (sys.path[0])
 
@@ -56,15 +57,12 @@ async def _batch(nc: Client, prefix: str, n: int) -> None:
     """One atomic batch of ``n`` records, sent as ``allot.live.group_commit`` sends one: only
     the commit is a request."""
     batch_id = uuid.uuid4().hex[:16]
-    for seq in range(1, n + 1):
-        headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(seq)}
-        if seq < n:
-            await nc.publish(f"{prefix}.report.{seq}", BODY, headers=headers)
-            continue
-        headers["Nats-Batch-Commit"] = "1"
-        reply = await nc.request(f"{prefix}.report.{seq}", BODY, headers=headers, timeout=10)
-        if b'"error"' in reply.data:
-            raise SystemExit(f"batch refused: {reply.data.decode()}")
+    for seq in range(1, n):
+        await nc.publish(f"{prefix}.report.{seq}", BODY, headers=batch_headers(batch_id, seq))
+    headers = batch_headers(batch_id, n, commit=True)
+    reply = await nc.request(f"{prefix}.report.{n}", BODY, headers=headers, timeout=10)
+    if b'"error"' in reply.data:
+        raise SystemExit(f"batch refused: {reply.data.decode()}")
 
 
 def _percentile(sorted_s: list[float], p: float) -> float:

@@ -166,14 +166,14 @@ class GroupCommit:
         try:
             for n, q in enumerate(group[:-1], start=1):
                 await self.nc.publish(
-                    q.subject, q.data, headers={**q.headers, **_batch_headers(batch_id, n)}
+                    q.subject, q.data, headers={**q.headers, **batch_headers(batch_id, n)}
                 )
             q = group[-1]
             reply = await self.nc.request(
                 q.subject,
                 q.data,
                 timeout=bus.PUBLISH_TIMEOUT_S * 4,
-                headers={**q.headers, **_batch_headers(batch_id, last), "Nats-Batch-Commit": "1"},
+                headers={**q.headers, **batch_headers(batch_id, last, commit=True)},
             )
             answer = json.loads(reply.data)
             if not isinstance(answer, dict):  # not a JetStream answer: refused below
@@ -209,8 +209,13 @@ _NO_ATOMIC = (10174,)
 """JetStream's error code for a batch sent to a stream without ``allow_atomic``."""
 
 
-def _batch_headers(batch_id: str, n: int) -> dict[str, str]:
-    return {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(n)}
+def batch_headers(batch_id: str, n: int, *, commit: bool = False) -> dict[str, str]:
+    """The headers that make a publish record ``n`` (from 1) of atomic batch ``batch_id``;
+    ``commit`` on the last one stores the batch."""
+    headers = {"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(n)}
+    if commit:
+        headers["Nats-Batch-Commit"] = "1"
+    return headers
 
 
 async def for_stream(
@@ -232,4 +237,4 @@ async def for_stream(
     )
 
 
-__all__ = ["MAX_BATCH", "THRESHOLD", "GroupCommit", "for_stream"]
+__all__ = ["MAX_BATCH", "THRESHOLD", "GroupCommit", "batch_headers", "for_stream"]
