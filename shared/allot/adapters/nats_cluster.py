@@ -188,7 +188,10 @@ class EmbeddedNatsCluster(StartStop):
 
     def wait_ready(self, nodes: list[int] | None = None, timeout: float | None = None) -> None:
         """Until each of ``nodes`` (default: every running one) is healthy with a meta
-        leader; raises ``EmbeddedServerError`` with the node's log tail otherwise."""
+        leader that counts it as a current, online peer (before that, the leader refuses
+        to place a replicated stream on it: "no suitable peers for placement, peer
+        offline", seen on a busy machine); raises ``EmbeddedServerError`` with the node's
+        log tail otherwise."""
         todo = [i for i in (nodes if nodes is not None else range(self.n)) if self._procs[i]]
         deadline = time.monotonic() + (self.startup_timeout if timeout is None else timeout)
         while todo:
@@ -200,7 +203,7 @@ class EmbeddedNatsCluster(StartStop):
                         f"nats-server node {i} exited with code {proc.returncode};"
                         f" its log:\n{_tail(self.log_path(i))}"
                     )
-                if self._healthy(i) and self.meta_leader(i) is not None:
+                if self._healthy(i) and self.meta_leader(i) is not None and self._peer_current(i):
                     todo.remove(i)
             if not todo:
                 return
@@ -230,6 +233,20 @@ class EmbeddedNatsCluster(StartStop):
             if leader:
                 return str(leader)
         return None
+
+    def _peer_current(self, i: int) -> bool:
+        """Node ``i`` is the meta leader, or the leader lists it as current and online."""
+        leader = self.meta_leader(i)
+        if leader is None or leader == self.node_names[i]:
+            return leader is not None
+        j = self.node_names.index(leader) if leader in self.node_names else None
+        if j is None or not self.running(j):
+            return False
+        replicas = self.jsz(j).get("meta_cluster", {}).get("replicas") or []
+        return any(
+            r.get("name") == self.node_names[i] and r.get("current") and not r.get("offline")
+            for r in replicas
+        )
 
     def _healthy(self, i: int) -> bool:
         return nats_healthy(self.monitor_url(i))
