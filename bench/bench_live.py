@@ -194,24 +194,25 @@ SEGMENTS = ("sent -> intake", "intake -> deciding cycle", "deciding cycle -> pla
 def _segments(
     sent_wall: dict[str, float],
     wid_of: dict[str, str],
-    submitted_raw: dict[str, bytes],
+    intake_at: dict[str, float],
     placed_raw: dict[str, bytes],
     placed_wall: dict[str, float],
 ) -> dict[str, list[float]]:
     """p50 and p99 (ms) of each leg of a probe's submit -> placed, by wall clock: sent ->
-    intake took the request (``WorkloadSubmitted.at``) -> the placement cycle that placed it
+    intake took the request (``WorkloadAccepted.at``, the same as its ``WorkloadSubmitted``'s)
+    -> the placement cycle that placed it
     began (``WorkloadPlaced.at``) -> its record was seen here. The second leg holds the
     fsynced append, its delivery to placement and any wait for the previous cycle's
     decisions to come back from the log."""
     legs: dict[str, list[float]] = {name: [] for name in SEGMENTS}
     for cid, wid in wid_of.items():
-        if wid not in submitted_raw or wid not in placed_raw:
+        if wid not in intake_at or wid not in placed_raw:
             continue
-        intake_at = json.loads(submitted_raw[wid])["at"]
+        took_at = intake_at[wid]
         cycle_at = json.loads(placed_raw[wid])["at"]
         for name, dt in zip(
             SEGMENTS,
-            (intake_at - sent_wall[cid], cycle_at - intake_at, placed_wall[wid] - cycle_at),
+            (took_at - sent_wall[cid], cycle_at - took_at, placed_wall[wid] - cycle_at),
             strict=True,
         ):
             legs[name].append(dt)
@@ -237,8 +238,7 @@ async def _count_placed(nc: nats.NATS, subject: str) -> tuple[list[int], Any]:
     count = [0]
 
     async def cb(msg: Any) -> None:
-        if b'"WorkloadPlaced"' in msg.data:
-            count[0] += 1
+        count[0] += 1
 
     sub = await nc.subscribe(subject, cb=cb)
     return count, sub
@@ -258,7 +258,7 @@ async def run_bench(
     nc = await nats.connect(nats_url, pending_size=256 * 1024 * 1024)
     try:
         # 0. fill --fill-hosts hosts with protected work
-        filled, fill_sub = await _count_placed(nc, "allot.v1.events.search.*")
+        filled, fill_sub = await _count_placed(nc, f"{s.PREFIX}.events.search.*.placed")
         fill = [
             (s.submit("search"), _body(f"fill-{i}", "search", 8, 8 * 3600, 7200.0))
             for i in range(args.fill_hosts)
@@ -355,30 +355,32 @@ async def _latency_phase(
     # Where the time goes, from the records' own times (``at``: intake's clock when the
     # request arrived; placement's when the deciding cycle began), decoded after the phase
     sent_wall: dict[str, float] = {}
-    submitted_raw: dict[str, bytes] = {}
+    intake_at: dict[str, float] = {}
     placed_raw: dict[str, bytes] = {}
 
+    # Only the events it times: the subject names each (not the submissions: intake's
+    # answer carries their time), so the server filters the rest out.
     async def on_event(msg: Any) -> None:
-        if b'"WorkloadSubmitted"' in msg.data:
-            submitted_raw[msg.subject.rsplit(".", 1)[1]] = msg.data
-        elif b'"WorkloadPlaced"' in msg.data:
-            wid = msg.subject.rsplit(".", 1)[1]
+        _, _, _, _, wid, event = msg.subject.split(".")
+        if event == "placed":
             placed_raw.setdefault(wid, msg.data)
             if wid not in placed_at:
                 placed_at[wid] = time.perf_counter()
                 placed_wall[wid] = time.time()
                 running[0] += 1
                 running[1] = max(running)
-        elif b'"WorkloadStarted"' in msg.data:
-            wid = msg.subject.rsplit(".", 1)[1]
+        elif event == "started":
             if wid in placed_wall:
                 to_start.append(json.loads(msg.data)["at"] - placed_wall[wid])
-        elif b'"WorkloadCompleted"' in msg.data:
-            ended.add(msg.subject.rsplit(".", 1)[1])
+        elif event == "completed":
+            ended.add(wid)
             running[0] -= 1
             to_logged_end.append(time.time() - json.loads(msg.data)["at"])
 
-    sub = await nc.subscribe("allot.v1.events.nlp.*", cb=on_event)
+    subs = [
+        await nc.subscribe(f"{s.PREFIX}.events.nlp.*.{event}", cb=on_event)
+        for event in ("placed", "started", "completed")
+    ]
     print(f"phase: latency at {rate:.0f}/s", flush=True)
     total = int(rate * args.probe_s)
     interval = 1.0 / rate
@@ -402,6 +404,7 @@ async def _latency_phase(
         data = json.loads(r.data)
         if data.get("type") == "WorkloadAccepted":
             wid_of[cid] = data["workload_id"]
+            intake_at[data["workload_id"]] = data["at"]
 
     # --pause-off-path: what the decision path alone (load generator, intake, nats-server,
     # placement) does at this rate, with the processes off it stopped while probes are sent;
@@ -429,7 +432,8 @@ async def _latency_phase(
     # The next phase starts on a quiet stack: every probe's run has ended and been logged
     # (otherwise its CPU and latency would carry this phase's backlog).
     await _wait(lambda: all(w in ended for w in wid_of.values()), 300, "probes completed")
-    await sub.unsubscribe()
+    for sub in subs:
+        await sub.unsubscribe()
     for cid, wid in wid_of.items():
         hist.record_value(max(1, int((placed_at[wid] - sent[cid]) * 1e6)))
     for _ in timed_out:
@@ -438,7 +442,7 @@ async def _latency_phase(
     ack = HdrHistogram(1, 60_000_000, 3)
     for cid, at in acked.items():
         ack.record_value(max(1, int((at - sent[cid]) * 1e6)))
-    segments = _segments(sent_wall, wid_of, submitted_raw, placed_raw, placed_wall)
+    segments = _segments(sent_wall, wid_of, intake_at, placed_raw, placed_wall)
     await asyncio.sleep(1.0)  # and the readers of those ends have read them
     return {
         "pending_at_start": queued,

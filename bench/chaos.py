@@ -242,7 +242,7 @@ class Chaos:
                 if isinstance(record, m.WorkloadPlaced):
                     self.placed.add(record.workload_id)
 
-        await self.client.nc.subscribe(s.ALL_EVENTS, cb=on_msg)
+        await self.client.nc.subscribe(s.every_workload("placed"), cb=on_msg)
 
     async def load(self) -> None:
         loop = asyncio.get_running_loop()

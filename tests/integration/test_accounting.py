@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import msgspec
 import nats
@@ -28,8 +29,11 @@ import pytest
 import redis.asyncio as redis_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
+from nats.aio.client import ServerVersion
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
+from allot.adapters.embedded import EmbeddedNats
 from allot.adapters.usage_store import RedisUsageStore
 from allot.cli import accounting_cmd
 from allot.core.errors import ValidationError
@@ -37,10 +41,13 @@ from allot.core.usage import HOUR_S, split_into_hours, window_usage
 from allot.live import bus, service_main
 from allot.proto import messages as m
 from allot.proto import subjects
+from allot.proto.subjects import STREAMS as STREAM_NAMES
 from allot.services.accounting import (
+    DURABLE,
     Accounting,
     Charger,
     Slot,
+    charged_filters,
     complete_until,
     grid_slots,
     parser,
@@ -132,8 +139,7 @@ def completed(
 
 
 async def publish(js: JetStreamContext, record: msgspec.Struct, msg_id: str | None = None) -> int:
-    wid = getattr(record, "workload_id")  # noqa: B009 - every workload record has one
-    subject = subjects.events(getattr(record, "allocation"), wid)  # noqa: B009
+    subject = bus.event_subject(getattr(record, "allocation"), record)  # noqa: B009
     return await bus.publish(js, subject, record, msg_id or uuid.uuid4().hex)
 
 
@@ -236,8 +242,10 @@ async def test_undecodable_event_is_skipped_and_the_next_one_charged(
 ) -> None:
     s, e = HOUR_EDGE - 600.0, HOUR_EDGE - 300.0
     svc = await service(clock=frozen(s))
-    await js.publish(subjects.events("nlp", "w0"), b'{"type": "WorkloadCompleted", "gpus": -1}')
-    await js.publish(subjects.events("nlp", "w0"), b"\xff not json")
+    await js.publish(
+        subjects.events("nlp", "w0", "completed"), b'{"type": "WorkloadCompleted", "gpus": -1}'
+    )
+    await js.publish(subjects.events("nlp", "w0", "completed"), b"\xff not json")
     await publish(js, completed("w1", "nlp", s, e, 1))
     await drained(js)
     assert svc.handled == 3
@@ -362,7 +370,7 @@ async def test_rebuild_from_the_log_gives_the_same_buckets(
     )
     await publish(js, failed)
     await publish(js, started("free", None, HOUR_EDGE, 8))
-    await js.publish(subjects.events("nlp", "junk"), b"not json")
+    await js.publish(subjects.events("nlp", "junk", "started"), b"not json")
     svc = await service(clock=frozen(now), accrue_s=0.05)
     await drained(js)
 
@@ -626,3 +634,74 @@ def test_grid_slot_pieces_tile_the_run(
     for slot in grid_slots(start, until, slot_s):
         if slot.end <= end:
             assert by_k[slot.k] == slot
+
+
+# -- the server filters what accounting reads ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "filters"),
+    [
+        ("2.9.10", [subjects.ALL_EVENTS]),  # no multi-filter consumers: read all, skip here
+        ("2.10.0", [subjects.every_workload(e) for e in subjects.CHARGED_EVENTS]),
+        ("2.15.1", [subjects.every_workload(e) for e in subjects.CHARGED_EVENTS]),
+    ],
+)
+def test_the_consumer_filter_follows_what_the_server_can_do(
+    version: str, filters: list[str]
+) -> None:
+    assert charged_filters(ServerVersion(version)) == filters
+
+
+@pytest.fixture(scope="module")
+def filtering_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The wheel's nats-server (>= 2.10: consumers with several filters), whatever the
+    suite's own server is (this machine's is 2.9, which reads everything)."""
+    with EmbeddedNats(store_dir=tmp_path_factory.mktemp("filtering")) as server:
+        yield server.url
+
+
+@pytest.mark.integration
+async def test_only_the_charged_events_reach_accounting(
+    filtering_server: str, redis_url: str, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    """Submissions and placements are never delivered to accounting (half of the log under
+    load), and the runs are charged exactly as when it read everything."""
+    nc = await nats.connect(filtering_server)
+    js = nc.jetstream()
+    for name in STREAM_NAMES:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
+    await bus.ensure_streams(js)
+    s, e = HOUR_EDGE - 900.0, HOUR_EDGE + 300.0
+    one = (m.HostGpus(host="h01", gpus=(0, 1)),)
+    story: list[msgspec.Struct] = []
+    for wid, alloc in (("w1", "nlp"), ("w2", "cv"), ("free", None)):
+        story += [
+            m.WorkloadSubmitted(workload_id=wid, client_id=wid, user="u", gpus=2, at=s),
+            m.WorkloadPlaced(workload_id=wid, allocation=alloc, at=s, gpus=2, assignment=one),
+            started(wid, alloc, s, 2),
+            completed(wid, alloc, s, e, 2),
+        ]
+    for record in story:
+        await publish(js, record)
+    svc = Accounting(filtering_server, redis_url, prefix=prefix, clock=frozen(s))
+    await service_main.start(svc)
+    try:
+        info = await js.consumer_info("WORKLOADS", DURABLE)
+        assert sorted(info.config.filter_subjects or []) == sorted(
+            subjects.every_workload(event) for event in subjects.CHARGED_EVENTS
+        )
+        deadline = time.monotonic() + DEADLINE_S
+        while (info := await js.consumer_info("WORKLOADS", DURABLE)).num_pending or (
+            info.num_ack_pending
+        ):
+            assert time.monotonic() < deadline, f"consumer not drained: {info}"
+            await asyncio.sleep(0.02)
+        assert info.delivered.consumer_seq == 6  # 3 starts and 3 ends of the 12 records
+        assert svc.handled == 6
+        got = await all_buckets(RedisUsageStore(redis_client, prefix), e)
+        assert got == reference(("nlp", s, e, 2), ("cv", s, e, 2))
+    finally:
+        await service_main.stop(svc)
+        await nc.close()

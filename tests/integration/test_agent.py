@@ -98,7 +98,7 @@ class Log:
             duration_s=duration_s,
             at=time.time(),
         )
-        await bus.publish(self.js, subjects.events(allocation, wid), rec)
+        await bus.publish(self.js, bus.event_subject(allocation, rec), rec)
 
     async def place(
         self,
@@ -119,7 +119,7 @@ class Log:
             attempt=attempt,
             epoch=epoch,
         )
-        await bus.publish(self.js, subjects.events(allocation, wid), rec)
+        await bus.publish(self.js, bus.event_subject(allocation, rec), rec)
         return rec
 
     async def notice(self, wid: str, grace_s: float, gpus: int = 1) -> m.PreemptionNotice:
@@ -346,7 +346,7 @@ async def test_cancel_stops_the_process_and_reports_cancelled(
     cancel = m.CancelRequested(
         workload_id="w4", allocation="nlp", by="bob", reason="wrong config", at=time.time()
     )
-    await bus.publish(js, subjects.events("nlp", "w4"), cancel)
+    await bus.publish(js, bus.event_subject("nlp", cancel), cancel)
     cancelled = await events.wait(m.WorkloadCancelled, "w4")
 
     assert marker.read_text() == "term"
@@ -395,7 +395,7 @@ async def test_restart_reports_lost_processes_and_starts_unstarted_placements(
     earlier = m.WorkloadStarted(
         workload_id="lost", allocation="nlp", at=placed.at, host="h01", pid=99999, gpus=1
     )
-    await bus.publish(js, subjects.events("nlp", "lost"), earlier)
+    await bus.publish(js, bus.event_subject("nlp", earlier), earlier)
     out = tmp_path / "env"
     await log.submit("waiting", py(WRITE_ENV, out))
     await log.place("waiting", {"h01": (1,)})

@@ -69,7 +69,7 @@ async def test_a_follower_replays_then_follows_and_survives_a_failing_callback(
     callback raises is counted and logged, and the records after it still arrive."""
     nc, js = await bus.connect(fresh_log, "test-follower")
     await bus.ensure_streams(js)
-    subject = s.events("nlp", "w1")
+    subject = s.events("nlp", "w1", "requeued")
 
     def record(i: int) -> m.WorkloadRequeued:
         return m.WorkloadRequeued(workload_id="w1", allocation="nlp", at=float(i), attempt=i)
@@ -100,3 +100,36 @@ async def test_a_follower_replays_then_follows_and_survives_a_failing_callback(
         await follower.stop()
         await nc.close()
     assert all(t is not None and t.done() for t in tasks)  # stop() ends the delivery task
+
+
+def _unnamed_workloads() -> nats.js.api.StreamConfig:
+    """WORKLOADS as created before lifecycle events were named in their subjects."""
+    config = next(c for c in bus.stream_configs() if c.name == "WORKLOADS")
+    config.subjects = [bus.UNNAMED_EVENTS if x == s.ALL_EVENTS else x for x in config.subjects]
+    return config
+
+
+async def test_a_log_of_unnamed_events_is_refused_not_half_read(fresh_log: str) -> None:
+    """Records on ``allot.v1.events.<a>.<w>`` would be skipped by every reader, so each
+    service would start from a log missing its history: starting is refused, saying why."""
+    nc, js = await bus.connect(fresh_log, "test-unnamed")
+    try:
+        await js.add_stream(_unnamed_workloads())
+        await js.publish("allot.v1.events.nlp.w1", b'{"type":"WorkloadRequeued"}')
+        with pytest.raises(bus.UnreadableLogError) as caught:
+            await bus.ensure_streams(js)
+        assert "WORKLOADS holds 1 records" in str(caught.value)
+        assert s.ALL_EVENTS in str(caught.value)
+    finally:
+        await nc.close()
+
+
+async def test_an_empty_stream_of_the_old_form_is_brought_up_to_date(fresh_log: str) -> None:
+    nc, js = await bus.connect(fresh_log, "test-unnamed-empty")
+    try:
+        await js.add_stream(_unnamed_workloads())
+        await bus.ensure_streams(js)
+        subjects = (await js.stream_info("WORKLOADS")).config.subjects or []
+        assert s.ALL_EVENTS in subjects and bus.UNNAMED_EVENTS not in subjects
+    finally:
+        await nc.close()

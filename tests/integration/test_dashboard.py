@@ -63,7 +63,7 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
     async def event(alloc: str, record: msgspec.Struct) -> None:
         wid = record.workload_id  # type: ignore[attr-defined]
         subject = s.preempt(alloc, wid) if isinstance(record, m.PreemptionNotice) else None
-        await bus.publish(js, subject or s.events(alloc, wid), record)
+        await bus.publish(js, subject or bus.event_subject(alloc, record), record)
 
     await bus.publish(js, s.LEADER, m.LeaderElected(epoch=1, leader="test", at=t - 1))
     for wid, alloc, gpus in (("vic", "vision", (0, 1, 2, 3)), ("req", "nlp", (4, 5, 6, 7))):
@@ -229,7 +229,7 @@ async def test_queue_and_hosts_pages_agree_with_the_placement_leader(
             for i, (wid, alloc, gpus) in enumerate(jobs):
                 await bus.publish(
                     js,
-                    s.events(alloc, wid),
+                    s.events(alloc, wid, "submitted"),
                     m.WorkloadSubmitted(
                         workload_id=wid,
                         client_id=wid,

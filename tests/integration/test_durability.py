@@ -73,14 +73,14 @@ async def test_client_id_dedupe_outlives_the_duplicate_window(intake_nc: nats.NA
 async def test_a_repeat_after_later_records_answers_with_the_first_submission(
     intake_nc: nats.NATS,
 ) -> None:
-    """The workload's subject gains records after its submission (placed, started...): a
-    repeat is still refused, and answered with the submission's time, not a later one."""
+    """The workload gains records after its submission (placed, started...): a repeat is
+    still refused, and answered with the submission's time, not a later one."""
     nc, js = intake_nc, intake_nc.jetstream()
     body = _submit_body("busy")
     first = await _submit(nc, body)
     assert isinstance(first, m.WorkloadAccepted)
-    subject = s.events(None, first.workload_id)
-    await js.publish(subject, b'{"type":"later"}')  # any later record on the subject
+    for event in ("placed", "started"):  # any later records of the workload
+        await js.publish(s.events(None, first.workload_id, event), b'{"type":"later"}')
     await _outlive_the_duplicate_window(js)
     again = await _submit(nc, body)
     assert isinstance(again, m.WorkloadAccepted) and again.duplicate

@@ -21,6 +21,7 @@ from allot.adapters.embedded import EmbeddedNats
 from allot.live import bus, group_commit
 from allot.live.group_commit import GroupCommit
 from allot.proto import messages as m
+from allot.proto import subjects as s
 from allot.proto.subjects import STREAMS
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,7 @@ async def log(batching_server: EmbeddedNats) -> AsyncIterator[tuple[GroupCommit,
 
 
 def _subject(i: int) -> str:
-    return f"allot.v1.events.nlp.w{i}"
+    return s.events("nlp", f"w{i}", "requeued")
 
 
 def _record(i: int) -> m.WorkloadRequeued:

@@ -65,7 +65,7 @@ async def test_allot_owed_from_the_live_log(
     await bus.publish(js, s.LEADER, m.LeaderElected(epoch=1, leader="test", at=t))
 
     async def event(alloc: str | None, record: msgspec.Struct) -> None:
-        await bus.publish(js, s.events(alloc, record.workload_id), record)  # type: ignore[attr-defined]
+        await bus.publish(js, bus.event_subject(alloc, record), record)
 
     def submitted(wid: str, alloc: str | None, gpus: int, at: float) -> m.WorkloadSubmitted:
         return m.WorkloadSubmitted(

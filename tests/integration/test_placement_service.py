@@ -156,7 +156,7 @@ async def test_standby_takes_over_from_the_log_without_double_booking(fresh_log:
         stale = first.fold.epoch
         pending = next(iter(second.fold.queue))
         await js.publish(
-            s.events("nlp", pending.id),
+            s.events("nlp", pending.id, "placed"),
             msgspec.json.encode(
                 m.WorkloadPlaced(
                     workload_id=pending.id,

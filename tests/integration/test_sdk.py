@@ -316,8 +316,12 @@ async def test_drain_undrain_and_budget_subjects_and_bodies(
 # -- following the log --------------------------------------------------------------------------
 
 
+EV = ""
+"""In a story: the record's own lifecycle-event subject (``bus.event_subject``)."""
+
+
 def _story(wl: str, alloc: str | None, *, requeue: bool) -> list[tuple[str, msgspec.Struct]]:
-    ev, pre = subjects.events(alloc, wl), subjects.preempt(alloc, wl)
+    ev, pre = EV, subjects.preempt(alloc, wl)
     one = (m.HostGpus(host="h01", gpus=(0, 1)),)
     return [
         (
@@ -325,10 +329,6 @@ def _story(wl: str, alloc: str | None, *, requeue: bool) -> list[tuple[str, msgs
             m.WorkloadSubmitted(
                 workload_id=wl, client_id="c", user="ann", gpus=2, allocation=alloc, at=NOW
             ),
-        ),
-        (
-            ev,
-            m.WorkloadQueued(workload_id=wl, allocation=alloc, at=NOW, position=1, sort_metric=0.5),
         ),
         (
             ev,
@@ -358,7 +358,8 @@ def _story(wl: str, alloc: str | None, *, requeue: bool) -> list[tuple[str, msgs
 
 async def _publish(js: Any, records: list[tuple[str, msgspec.Struct]]) -> None:
     for subject, record in records:
-        await bus.publish(js, subject, record)
+        allocation = getattr(record, "allocation")  # noqa: B009 - every story record has one
+        await bus.publish(js, subject or bus.event_subject(allocation, record), record)
 
 
 async def test_watch_replays_then_follows_and_stops_at_the_end(
@@ -367,7 +368,7 @@ async def test_watch_replays_then_follows_and_stops_at_the_end(
     js = responders.nc.jetstream()
     await bus.ensure_streams(js)
     story = _story("wl-a", "nlp", requeue=True)
-    ev = subjects.events("nlp", "wl-a")
+    ev = EV
     rest: list[tuple[str, msgspec.Struct]] = [
         (ev, m.WorkloadRequeued(workload_id="wl-a", allocation="nlp", at=NOW + 301, attempt=2)),
         (
@@ -394,7 +395,7 @@ async def test_watch_replays_then_follows_and_stops_at_the_end(
     await asyncio.wait_for(task, 5.0)
     expected = [r for _, r in story + rest[:3]]
     assert seen == expected
-    assert isinstance(seen[4], m.PreemptionNotice)  # notices in log order with the events
+    assert isinstance(seen[3], m.PreemptionNotice)  # notices in log order with the events
 
 
 async def test_watch_ends_at_a_preemption_that_is_not_requeued(

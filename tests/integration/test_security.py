@@ -214,7 +214,7 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
         accepted = msgspec.json.decode(reply.data, type=m.WorkloadAccepted)
         # Allowed: read its own workload's records from the log (filtered consumer).
         sub = await nlp.nc.jetstream().subscribe(
-            s.events("nlp", accepted.workload_id),
+            s.workload_events("nlp", accepted.workload_id),
             stream="WORKLOADS",
             ordered_consumer=True,
             deliver_policy=DeliverPolicy.ALL,
@@ -236,7 +236,7 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
         refused_pub = [
             s.submit("vision"),  # another team's allocation (payload says vision too)
             s.cancel("vision", "w1"),
-            s.events("nlp", "wforged"),  # writing the log directly
+            s.events("nlp", "wforged", "placed"),  # writing the log directly
             s.budget_set(["root", "research", "nlp"]),  # a manager's job
             s.drain("h01"),  # an operator's job
             s.heartbeat("h01"),  # an agent's job
@@ -370,7 +370,7 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
     await seed(js, {"h01": 8, "h02": 8}, TREE)
     await bus.publish(js, s.LEADER, m.LeaderElected(epoch=1, leader="test", at=time.time()))
     for record in [*_placed("mine", "h01", (0, 1)), *_placed("theirs", "h02", (0,))]:
-        await bus.publish(js, s.events("nlp", record.workload_id), record)  # type: ignore[attr-defined]
+        await bus.publish(js, bus.event_subject("nlp", record), record)
     dispatch = DispatchService(secure.url("svc"))
     await start(dispatch)
     agent = await connect_as(secure, "agent-h01")
@@ -390,7 +390,7 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
         assert [(r.workload_id, r.host) for r in started] == [("mine", "h01")]
         # A cancel of its workload is pushed to it (its own host's list, nothing else).
         cancel = m.CancelRequested(workload_id="mine", allocation="nlp", by="u", at=time.time())
-        await bus.publish(js, s.events("nlp", "mine"), cancel)
+        await bus.publish(js, bus.event_subject("nlp", cancel), cancel)
         listed = msgspec.json.decode((await pushed.next_msg(timeout=5)).data, type=m.HostWork)
         assert [(t.workload_id, t.started, t.stop) for t in listed.tasks] == [
             ("mine", True, "cancel")
@@ -411,7 +411,7 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
             s.host_report("h02"),
             s.drain("h01"),
             s.host_state("h02"),
-            s.events("nlp", "theirs"),  # a forged terminal record, straight into the log
+            s.events("nlp", "theirs", "completed"),  # a forged terminal record, into the log
             "$JS.API.STREAM.INFO.WORKLOADS",
             "$JS.API.CONSUMER.CREATE.WORKLOADS",
         ]

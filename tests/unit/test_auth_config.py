@@ -113,7 +113,7 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
     assert set(p.publish) == {
         "allot.v1.submit.nlp",
         "allot.v1.cancel.nlp.*",
-        "$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.events.nlp.*",
+        "$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.events.nlp.>",
         "$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.preempt.nlp.*",
         "allot.v1.query.queue.nlp",
         "allot.v1.query.prio.nlp",
@@ -130,7 +130,7 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
     assert not {"allot.v1.query.queue", "allot.v1.query.status"} & set(p.publish)
     assert set(p.subscribe) == {
         "_INBOX_nlp.>",
-        "allot.v1.events.nlp.*",
+        "allot.v1.events.nlp.>",
         "allot.v1.preempt.nlp.*",
         "allot.v1.ranking",
         "allot.v1.budget.tree",
@@ -142,7 +142,7 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
 
 def test_unallocated_team_uses_the_tilde_token(tree: BudgetTree) -> None:
     p = permissions(UserSpec("batch", "team", unallocated=True), tree)
-    assert "allot.v1.submit.~" in p.publish and "allot.v1.events.~.*" in p.subscribe
+    assert "allot.v1.submit.~" in p.publish and "allot.v1.events.~.>" in p.subscribe
 
 
 def test_manager_grant_is_strictly_below_the_node(tree: BudgetTree) -> None:
@@ -186,7 +186,7 @@ def test_render_quotes_dollar_subjects_and_hashes(tree: BudgetTree) -> None:
     grants = {u.name: permissions(u, tree) for u in users}
     text = render_config(users, grants, {"nlp": "$2a$04$x", "svc": "$2a$04$y"})
     assert 'password: "$2a$04$x"' in text
-    assert '"$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.events.nlp.*"' in text
+    assert '"$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.events.nlp.>"' in text
     assert "jetstream: enabled" in text and "tls {" not in text
 
 

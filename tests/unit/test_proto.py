@@ -426,7 +426,10 @@ def test_subject_builders() -> None:
     assert s.budget_set(["root", "nlp", "pretrain"]) == "allot.v1.budget.set.root.nlp.pretrain"
     assert s.budget_subtree(["root", "nlp"]) == "allot.v1.budget.set.root.nlp.>"
     assert s.preempt("nlp", "w-1") == "allot.v1.preempt.nlp.w-1"
-    assert s.events(None, "w-1") == "allot.v1.events.~.w-1"
+    assert s.events(None, "w-1", "placed") == "allot.v1.events.~.w-1.placed"
+    assert s.workload_events("nlp", "w-1") == "allot.v1.events.nlp.w-1.*"
+    assert s.allocation_events("nlp") == "allot.v1.events.nlp.>"
+    assert s.every_workload("started") == "allot.v1.events.*.*.started"
     assert s.allocation_preempt("nlp") == "allot.v1.preempt.nlp.*"
     assert s.heartbeat("h01") == "allot.v1.host.h01.heartbeat"
     assert s.drain("h01") == "allot.v1.host.h01.drain"
@@ -447,7 +450,7 @@ def test_subject_builders() -> None:
         (s.drain("h"), Kind.DRAIN),
         (s.undrain("h"), Kind.UNDRAIN),
         (s.host_state("h"), Kind.HOST_STATE),
-        (s.events("a", "w"), Kind.EVENTS),
+        (s.events("a", "w", "cancel_requested"), Kind.EVENTS),
         (s.preempt("a", "w"), Kind.PREEMPT),
         (s.RANKING, Kind.RANKING),
     ],
@@ -457,7 +460,16 @@ def test_kind_of_a_subject(subject: str, kind: Kind) -> None:
 
 
 @pytest.mark.parametrize(
-    "subject", ["allot.v2.submit.a", "allot.v1.submit", "allot.v1.host.h.reboot", "x"]
+    "subject",
+    [
+        "allot.v2.submit.a",
+        "allot.v1.submit",
+        "allot.v1.host.h.reboot",
+        "x",
+        "allot.v1.events.a.w",  # no event name (the form before the name was added)
+        "allot.v1.events.a.w.exploded",
+        "allot.v1.events.a.w.placed.again",
+    ],
 )
 def test_kind_of_rejects_unknown_subjects(subject: str) -> None:
     with pytest.raises(ValidationError) as caught:
@@ -507,7 +519,9 @@ def test_validate_token_rejects(name: str, why: str) -> None:
         (lambda: s.submit("a.b"), "allocation"),
         (lambda: s.cancel("a", "w*"), "workload"),
         (lambda: s.preempt("a", ""), "workload"),
-        (lambda: s.events("a b", "w"), "allocation"),
+        (lambda: s.events("a b", "w", "placed"), "allocation"),
+        (lambda: s.events("a", "w", "exploded"), "event"),
+        (lambda: s.every_workload("Placed"), "event"),
         (lambda: s.heartbeat("h>"), "host"),
         (lambda: s.drain(""), "host"),
         (lambda: s.budget_set(["root", "nlp", "x.y"]), "path[2]"),
@@ -520,6 +534,8 @@ def test_validate_token_rejects(name: str, why: str) -> None:
         "cancel-star",
         "preempt-empty",
         "events-space",
+        "events-unknown-name",
+        "every-workload-unknown-name",
         "heartbeat-gt",
         "drain-empty",
         "budget-dot",

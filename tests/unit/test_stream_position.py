@@ -12,7 +12,7 @@ from allot.live.bus import stream_position
 
 
 def _msg(reply: str) -> Msg:
-    return Msg(_client=None, subject="allot.v1.events.nlp.w1", reply=reply, data=b"")  # type: ignore[arg-type]
+    return Msg(_client=None, subject="allot.v1.events.nlp.w1.placed", reply=reply, data=b"")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

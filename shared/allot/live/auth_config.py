@@ -11,10 +11,10 @@ Roles (one per user, see ``deploy/roles.example.yaml``):
 
 * ``team``: ``allocations: [leaf, ...]`` (optionally ``unallocated: true``). Publishes
   ``submit.<a>``, ``cancel.<a>.*``, ``query.{queue,prio,status}.<a>`` and the
-  cluster-wide ``TEAM_QUERIES``; subscribes ``events.<a>.*``,
+  cluster-wide ``TEAM_QUERIES``; subscribes ``events.<a>.>``,
   ``preempt.<a>.*``, ``ranking`` and ``budget.tree``; reads the log only through JetStream
   consumers whose *filter is in the API subject* (``$JS.API.CONSUMER.CREATE.WORKLOADS.
-  <name>.allot.v1.events.<a>.*``, the form nats-server >= 2.9 checks against the
+  <name>.allot.v1.events.<a>.>``, the form nats-server >= 2.9 checks against the
   consumer's ``filter_subject``), so it cannot create a consumer over another team's
   records. The plain ``$JS.API.CONSUMER.CREATE.WORKLOADS`` (filter only in the body) is
   never granted to a team.
@@ -293,8 +293,7 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
         for a in tokens:
             pub += [f"{s.PREFIX}.submit.{a}", f"{s.PREFIX}.cancel.{a}.*"]
             pub += [s.query_scoped(q, a) for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS)]
-            for kind in ("events", "preempt"):
-                own = f"{s.PREFIX}.{kind}.{a}.*"
+            for own in (s.allocation_events(a), s.allocation_preempt(a)):
                 sub.append(own)
                 # Filtered create only: the server refuses a body whose filter differs.
                 pub.append(f"{_JS_API}.CONSUMER.CREATE.WORKLOADS.*.{own}")

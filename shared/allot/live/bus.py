@@ -36,7 +36,7 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, PubAck, StorageType, StreamConfig
+from nats.js.api import DeliverPolicy, PubAck, StorageType, StreamConfig, StreamInfo
 from nats.js.errors import NotFoundError
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -45,7 +45,9 @@ from allot.core.errors import ValidationError
 from allot.live.auth_config import client_tls, inbox_prefix_for_url
 from allot.live.tasks import stop_tasks
 from allot.proto import codec
-from allot.proto.subjects import STREAMS, kind_of
+from allot.proto import messages as m
+from allot.proto import subjects as s
+from allot.proto.subjects import STREAMS, Kind, kind_of
 
 log = structlog.get_logger("allot.bus")
 
@@ -125,9 +127,32 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> N
         except NotFoundError:
             await js.add_stream(config)
         else:
+            _refuse_unnamed_events(config.name, info)
             if replicas is None:
                 config.num_replicas = info.config.num_replicas
             await js.update_stream(config)
+
+
+UNNAMED_EVENTS = f"{s.PREFIX}.events.*.*"
+"""Lifecycle events' subjects before they ended with the event's name (2026-12-02, before
+any release): ``allot.v1.events.<allocation>.<workload>``."""
+
+
+class UnreadableLogError(RuntimeError):
+    """The log holds records this version cannot read."""
+
+
+def _refuse_unnamed_events(name: str, info: StreamInfo) -> None:
+    """A WORKLOADS stream that captured lifecycle events without their names and holds
+    records: no reader of this version would apply them (``kind_of`` refuses the form), so
+    every service would start from a log missing its history. Refuse to start instead."""
+    if UNNAMED_EVENTS in (info.config.subjects or []) and info.state.messages:
+        raise UnreadableLogError(
+            f"stream {name} holds {info.state.messages} records written before lifecycle "
+            f"events were named in their subjects ({UNNAMED_EVENTS}, now "
+            f"{s.ALL_EVENTS}); this version cannot read them. Start from an empty store "
+            f"(no release wrote that form), or delete the stream: nats stream rm {name}"
+        )
 
 
 async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
@@ -190,8 +215,30 @@ async def send_record(
 
 def decode_record(subject: str, data: bytes) -> msgspec.Struct:
     """Decode a log record by its subject (raises ``ValidationError``); only services write
-    the log (``codec.decode``'s ``own``)."""
-    return codec.decode(kind_of(subject), data, own=True)
+    the log (``codec.decode``'s ``own``). A lifecycle event must be filed under its own name
+    (``event_subject``): readers that filter by name (accounting) would never see a record
+    filed under another, so every reader refuses it alike and no two folds differ."""
+    kind = kind_of(subject)
+    record = codec.decode(kind, data, own=True)
+    if kind is Kind.EVENTS:
+        name = m.EVENT_NAME.get(type(record))
+        if name != s.event_name(subject):
+            raise ValidationError(
+                "subject",
+                f"{subject!r} names the event {s.event_name(subject)!r}, but carries a "
+                f"{type(record).__name__}"
+                + (f" (logged as {name!r})" if name else " (never logged)"),
+            )
+    return record
+
+
+def event_subject(allocation: str | None, record: msgspec.Struct) -> str:
+    """Where the lifecycle event ``record`` of one of ``allocation``'s workloads is logged:
+    ``allot.v1.events.<allocation>.<workload>.<event>``, named by ``messages.EVENT_NAME``."""
+    name = m.EVENT_NAME.get(type(record))
+    if name is None:
+        raise ValidationError("type", f"{type(record).__name__} is not a logged lifecycle event")
+    return s.events(allocation, getattr(record, "workload_id"), name)  # noqa: B009
 
 
 def attach_trace(headers: dict[str, str] | None) -> Token[otel_context.Context] | None:

@@ -737,6 +737,22 @@ WorkloadEvent = (
 )
 HostEvent = HostRegistered | HostDraining | HostDrained | HostHealthy
 
+EVENT_NAME: dict[type[msgspec.Struct], str] = {
+    WorkloadSubmitted: "submitted",
+    CancelRequested: "cancel_requested",
+    WorkloadPlaced: "placed",
+    WorkloadStarted: "started",
+    WorkloadPreempted: "preempted",
+    WorkloadRequeued: "requeued",
+    WorkloadCompleted: "completed",
+    WorkloadFailed: "failed",
+    WorkloadCancelled: "cancelled",
+}
+"""The lifecycle events the log holds, and the last token of each one's subject
+(``allot.v1.events.<allocation>.<workload>.<event>``; ``allot.proto.subjects.EVENT_NAMES``).
+``WorkloadAccepted``, ``WorkloadRejected`` (answers) and ``WorkloadQueued`` (core NATS) are
+never logged."""
+
 COMMANDS: tuple[type[msgspec.Struct], ...] = (
     SubmitWorkload,
     SubmitBatch,

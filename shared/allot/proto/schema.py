@@ -23,6 +23,7 @@ from allot.proto import messages as m
 from allot.proto.codec import MAX_PAYLOAD, TYPES
 from allot.proto.subjects import (
     CHANNELS,
+    EVENT_NAMES,
     PREFIX,
     QUERY_ALLOCATIONS,
     QUERY_HOSTS,
@@ -90,6 +91,7 @@ _QUERIES: dict[
 _PARAMS: dict[str, str] = {
     "allocation": "allocation name, or '~' for unallocated work",
     "workload": "workload id",
+    "event": "what happened (the record's type, see EVENT_NAME): " + ", ".join(EVENT_NAMES),
     "host": "host id",
     "path": "budget path from 'root' down to the node, one token per level",
 }

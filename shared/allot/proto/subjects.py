@@ -8,28 +8,28 @@ restricts budget-tree names to ``[A-Za-z0-9_-]``.
 The scheme is shaped so that one wildcard grant in a NATS user's permissions means exactly
 one team, subtree or host:
 
-=========================================  ============================  =====================
-subject                                    message(s)                    grant example
-=========================================  ============================  =====================
-allot.v1.submit.<allocation>               SubmitWorkload (request)      ...submit.nlp
-allot.v1.cancel.<allocation>.<workload>    CancelWorkload (request)      ...cancel.nlp.*
-allot.v1.budget.set.root.<a>...<node>      SetBudget (request)           ...set.root.nlp.>
-allot.v1.host.<host>.heartbeat             Heartbeat (agent)             ...host.h01.heartbeat
-allot.v1.host.<host>.health                HealthReport (agent)          ...host.h01.health
-allot.v1.host.<host>.report                PartReport (agent request)    ...host.h01.report
-allot.v1.host.<host>.sync                  HostSync (agent request)      ...host.h01.sync
-allot.v1.host.<host>.work                  HostWork (to the agent)       ...host.h01.work (sub)
-allot.v1.host.<host>.drain                 DrainHost (operator)          ...host.*.drain
-allot.v1.host.<host>.undrain               UndrainHost (operator)        ...host.*.undrain
-allot.v1.host.<host>.state                 HostDraining/Drained/Healthy  ...host.*.state
-allot.v1.events.<allocation>.<workload>    Workload* lifecycle events    ...events.nlp.*
-allot.v1.preempt.<allocation>.<workload>   PreemptionNotice              ...preempt.nlp.*
-allot.v1.queued.<allocation>.<workload>    WorkloadQueued (not logged)   ...queued.nlp.*
-allot.v1.ranking                           RankingUpdated                allot.v1.ranking
-allot.v1.leader                            LeaderElected                 (services only)
-allot.v1.budget.tree                       BudgetTreeSet (current tree)  allot.v1.budget.tree
-allot.v1.query.{queue,prio,hosts,share,...} queries (request/reply)      allot.v1.query.*
-=========================================  ============================  =====================
+===============================================  ============================  =================
+subject                                          message(s)                    grant example
+===============================================  ============================  =================
+allot.v1.submit.<allocation>                     SubmitWorkload (request)      ...submit.nlp
+allot.v1.cancel.<allocation>.<workload>          CancelWorkload (request)      ...cancel.nlp.*
+allot.v1.budget.set.root.<a>...<node>            SetBudget (request)           ...set.root.nlp.>
+allot.v1.host.<host>.heartbeat                   Heartbeat (agent)             ...host.h01.heartbeat
+allot.v1.host.<host>.health                      HealthReport (agent)          ...host.h01.health
+allot.v1.host.<host>.report                      PartReport (agent request)    ...host.h01.report
+allot.v1.host.<host>.sync                        HostSync (agent request)      ...host.h01.sync
+allot.v1.host.<host>.work                        HostWork (agent subscribes)   ...host.h01.work
+allot.v1.host.<host>.drain                       DrainHost (operator)          ...host.*.drain
+allot.v1.host.<host>.undrain                     UndrainHost (operator)        ...host.*.undrain
+allot.v1.host.<host>.state                       HostDraining/Drained/Healthy  ...host.*.state
+allot.v1.events.<allocation>.<workload>.<event>  Workload* lifecycle events    ...events.nlp.>
+allot.v1.preempt.<allocation>.<workload>         PreemptionNotice              ...preempt.nlp.*
+allot.v1.queued.<allocation>.<workload>          WorkloadQueued (not logged)   ...queued.nlp.*
+allot.v1.ranking                                 RankingUpdated                allot.v1.ranking
+allot.v1.leader                                  LeaderElected                 (services only)
+allot.v1.budget.tree                             BudgetTreeSet (current tree)  allot.v1.budget.tree
+allot.v1.query.{queue,prio,hosts,share,...}      queries (request/reply)       allot.v1.query.*
+===============================================  ============================  =================
 
 (``...`` abbreviates ``allot.v1.``.)
 
@@ -53,7 +53,14 @@ Rules behind the shape:
    its primary part's reports into log records after checking the host is that part's.
 4. **Workloads**: events and notices are addressed ``<allocation>.<workload>``, so a team
    subscribes to ``allot.v1.preempt.<allocation>.*`` and a training loop to
-   ``allot.v1.preempt.<allocation>.<workload>``.
+   ``allot.v1.preempt.<allocation>.<workload>``. A lifecycle event's subject ends with what
+   happened (``EVENT_NAMES``: ``...events.nlp.w1.placed``), so a reader that needs only some
+   events has the server filter them: accounting's consumer reads ``started`` and the
+   endings (``CHARGED_EVENTS``), not the submissions and placements, half of the log at
+   500 submissions/s; ``...events.nlp.w1.*`` is one workload's every event and
+   ``...events.nlp.>`` an allocation's. Each record type has one name
+   (``allot.proto.messages.EVENT_NAME``), and readers refuse a record filed under another
+   (``allot.live.bus.decode_record``), so a filtered reader never misses one.
 5. Commands are core-NATS requests answered by the service (no stream captures them, so a
    JetStream ack never races the service's reply); events go to the streams in ``STREAMS``.
 """
@@ -215,8 +222,47 @@ def host_state(host: str) -> str:
     return _host_subject(host, "state")
 
 
-def events(allocation: str | None, workload: str) -> str:
-    return f"{PREFIX}.events.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
+EVENT_NAMES: tuple[str, ...] = (
+    "submitted",
+    "cancel_requested",
+    "placed",
+    "started",
+    "preempted",
+    "requeued",
+    "completed",
+    "failed",
+    "cancelled",
+)
+"""The last token of a lifecycle event's subject: what happened (one per record type, see
+``allot.proto.messages.EVENT_NAME``)."""
+
+CHARGED_EVENTS: tuple[str, ...] = ("started", "preempted", "completed", "failed", "cancelled")
+"""The events that start or end a charged run: all that accounting reads."""
+
+
+def events(allocation: str | None, workload: str, event: str) -> str:
+    """Where a workload's lifecycle ``event`` (one of ``EVENT_NAMES``) is logged."""
+    if event not in EVENT_NAMES:
+        raise ValidationError("event", f"must be one of {', '.join(EVENT_NAMES)}, got {event!r}")
+    return f"{workload_events(allocation, workload)[:-1]}{event}"
+
+
+def workload_events(allocation: str | None, workload: str) -> str:
+    """Every lifecycle event of one workload."""
+    workload = validate_token(workload, "workload")
+    return f"{PREFIX}.events.{allocation_token(allocation)}.{workload}.*"
+
+
+def every_workload(event: str) -> str:
+    """Every workload's ``event`` (one of ``EVENT_NAMES``): ``allot.v1.events.*.*.<event>``."""
+    if event not in EVENT_NAMES:
+        raise ValidationError("event", f"must be one of {', '.join(EVENT_NAMES)}, got {event!r}")
+    return f"{PREFIX}.events.*.*.{event}"
+
+
+def event_name(subject: str) -> str:
+    """The event a lifecycle event's subject names (its last token)."""
+    return subject.rsplit(".", 1)[-1]
 
 
 def queued(allocation: str | None, workload: str) -> str:
@@ -277,14 +323,14 @@ ALL_HOST_SYNC = f"{PREFIX}.host.*.sync"
 ALL_DRAIN = f"{PREFIX}.host.*.drain"
 ALL_UNDRAIN = f"{PREFIX}.host.*.undrain"
 ALL_HOST_STATE = f"{PREFIX}.host.*.state"
-ALL_EVENTS = f"{PREFIX}.events.*.*"
+ALL_EVENTS = f"{PREFIX}.events.*.*.*"
 ALL_PREEMPT = f"{PREFIX}.preempt.*.*"
 ALL_QUEUED = f"{PREFIX}.queued.*.*"
 
 
 def allocation_events(allocation: str | None) -> str:
     """Every lifecycle event of one allocation's workloads."""
-    return f"{PREFIX}.events.{allocation_token(allocation)}.*"
+    return f"{PREFIX}.events.{allocation_token(allocation)}.>"
 
 
 def allocation_preempt(allocation: str | None) -> str:
@@ -309,7 +355,7 @@ CHANNELS: dict[Kind, str] = {
     Kind.DRAIN: f"{PREFIX}.host.{{host}}.drain",
     Kind.UNDRAIN: f"{PREFIX}.host.{{host}}.undrain",
     Kind.HOST_STATE: f"{PREFIX}.host.{{host}}.state",
-    Kind.EVENTS: f"{PREFIX}.events.{{allocation}}.{{workload}}",
+    Kind.EVENTS: f"{PREFIX}.events.{{allocation}}.{{workload}}.{{event}}",
     Kind.PREEMPT: f"{PREFIX}.preempt.{{allocation}}.{{workload}}",
     Kind.QUEUED: f"{PREFIX}.queued.{{allocation}}.{{workload}}",
     Kind.RANKING: RANKING,
@@ -345,7 +391,7 @@ def kind_of(subject: str) -> Kind:
             return Kind(f"host.{rest[2]}")
         except ValueError:
             pass
-    if head == "events" and n == 3:
+    if head == "events" and n == 4 and rest[3] in EVENT_NAMES:
         return Kind.EVENTS
     if head == "preempt" and n == 3:
         return Kind.PREEMPT

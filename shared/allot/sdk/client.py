@@ -476,7 +476,7 @@ class Client:
         beginning of the log, then live; stops after a terminal one (see
         ``allot.sdk.lifecycle``). ``allocation`` None means unallocated. ``idle_timeout``:
         raise ``RequestTimeoutError`` when nothing arrives for that long (default: wait)."""
-        events = subjects.events(allocation, workload_id)
+        events = subjects.workload_events(allocation, workload_id)
         notices = subjects.preempt(allocation, workload_id)
         js = self.nc.jetstream()
         subs = []

@@ -52,6 +52,7 @@ import nats
 import redis.asyncio as redis_asyncio
 import structlog
 from nats.aio.client import Client as NatsClient
+from nats.aio.client import ServerVersion
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -66,6 +67,7 @@ from allot.live.runtime import configure_logging, make_broker, tracer_provider, 
 from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.live.tasks import stop_tasks
 from allot.proto import messages as m
+from allot.proto import subjects as s
 from allot.proto.subjects import ALL_EVENTS
 
 log = structlog.get_logger("allot.accounting")
@@ -415,6 +417,17 @@ def _may_charge(data: bytes) -> bool:
     return any(tag in data for tag in _CHARGEABLE)
 
 
+def charged_filters(server: ServerVersion) -> list[str]:
+    """The durable consumer's filter: only the events that start or end a charged run
+    (``subjects.CHARGED_EVENTS``), so nats-server does not deliver, and accounting does not
+    parse and ack, the submissions and placements (half of the log under load). A consumer
+    with several filters needs nats-server >= 2.10; an older one delivers every event and
+    ``_may_charge`` skips what cannot charge, as before."""
+    if (server.major, server.minor) >= (2, 10):
+        return [s.every_workload(event) for event in s.CHARGED_EVENTS]
+    return [ALL_EVENTS]
+
+
 class Accounting:
     """The live service (``allot.live.service_main.Service``): a durable pull consumer on the
     WORKLOADS stream's workload events, plus the accrual loop."""
@@ -455,12 +468,16 @@ class Accounting:
         # The durable pull consumer is read with nats-py directly, a whole fetched batch at
         # a time: FastStream's per-message machinery cost more CPU than the charging itself
         # (``make bench-live``), and a batch's acks leave in one socket write.
+        filters = charged_filters(self.broker.connection.connected_server_version)
         pull = await js.pull_subscribe(
-            ALL_EVENTS,
+            filters[0] if len(filters) == 1 else "",
             durable=DURABLE,
             stream="WORKLOADS",
             config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT, max_deliver=self.max_deliver, ack_wait=60.0
+                ack_policy=AckPolicy.EXPLICIT,
+                max_deliver=self.max_deliver,
+                ack_wait=60.0,
+                filter_subjects=filters if len(filters) > 1 else None,
             ),
         )
         self._consumer = asyncio.create_task(self._consume_forever(pull))

@@ -238,7 +238,7 @@ class DispatchService:
         # Answered once stored, not once folded back: a retry is deduplicated by its msg id
         # (and refused by every fold), and the agent never starts a part it has had twice,
         # so nothing needs this instance's fold to be ahead of the reply.
-        await self._appends.append(subjects.events(allocation, report.workload_id), record, msg_id)
+        await self._appends.append(bus.event_subject(allocation, record), record, msg_id)
         log.debug(
             type(record).__name__,
             workload=report.workload_id,

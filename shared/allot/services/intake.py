@@ -11,8 +11,8 @@ by the same steps:
 2. the allocation is a leaf of the current budget tree;
 3. ``gpus`` is at most the GPUs registered in the cluster;
 4. dedupe, forever and in one round trip: the workload id is derived from (allocation,
-   client_id), and so is its log subject ``allot.v1.events.<allocation>.<id>``, whose first
-   record is always its submission. Intake appends ``WorkloadSubmitted`` with
+   client_id), and so is its submission's subject ``allot.v1.events.<allocation>.<id>.submitted``,
+   which holds nothing else. Intake appends ``WorkloadSubmitted`` with
    ``Nats-Expected-Last-Subject-Sequence: 0``, so JetStream stores it only if that subject
    holds nothing yet (the check and the write are one atomic step in the stream's leader),
    and with ``Nats-Msg-Id = submitted:<id>`` for a retry inside the duplicate window. A
@@ -25,7 +25,8 @@ by the same steps:
    conditions and msg ids, and each submission keeps its own answer.
 
 ``allot.v1.cancel.<allocation>.<workload>`` (``CancelWorkload``): the workload must exist
-under that allocation (its subject has records) and not have ended; intake appends
+under that allocation (``allot.v1.events.<allocation>.<workload>.*`` has records) and not
+have ended (the last of them); intake appends
 ``CancelRequested`` and answers ``CommandAccepted``; placement drops pending work, the agent
 stops running work.
 
@@ -187,7 +188,7 @@ class Intake:
         """One conditional append (see the module docstring, step 4)."""
         assert self.appends is not None
         wid = workload_id(cmd.allocation, cmd.client_id)
-        subject = s.events(cmd.allocation, wid)
+        subject = s.events(cmd.allocation, wid, "submitted")
         record = m.WorkloadSubmitted(
             workload_id=wid,
             client_id=cmd.client_id,
@@ -281,13 +282,13 @@ class Intake:
             reason=cmd.reason,
             at=now,
         )
-        await bus.publish(self.js, s.events(cmd.allocation, cmd.workload_id), record)
+        await bus.publish(self.js, bus.event_subject(cmd.allocation, record), record)
         log.info("cancel requested", workload=cmd.workload_id, allocation=cmd.allocation)
         return codec.encode(m.CommandAccepted(at=now, detail=f"cancel of {cmd.workload_id} logged"))
 
     async def _check_cancellable(self, cmd: m.CancelWorkload) -> None:
         assert self.js is not None
-        subject = s.events(cmd.allocation, cmd.workload_id)
+        subject = s.workload_events(cmd.allocation, cmd.workload_id)
         try:
             last = await self.js.get_last_msg("WORKLOADS", subject)
         except NotFoundError:
@@ -297,7 +298,7 @@ class Intake:
                 f"{s.allocation_token(cmd.allocation)!r}",
             ) from None
         try:
-            record = bus.decode_record(subject, last.data or b"")
+            record = bus.decode_record(last.subject or "", last.data or b"")
         except ValidationError:
             return
         # A preempted workload may have been requeued: the fold decides (it ignores a

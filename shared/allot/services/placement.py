@@ -264,7 +264,7 @@ class PlacementService:
         elif isinstance(record, m.WorkloadPreempted) and applied.requeued:
             rec = self.fold.records[record.workload_id]
             self._spawn_publish(
-                s.events(rec.workload.allocation, rec.workload.id),
+                s.events(rec.workload.allocation, rec.workload.id, "requeued"),
                 m.WorkloadRequeued(
                     workload_id=rec.workload.id,
                     allocation=rec.workload.allocation,
@@ -280,7 +280,7 @@ class PlacementService:
             self._trace_of.pop(rec.workload.id, None)
             if rec.status == "cancelled":  # it was pending: nobody else will say it ended
                 self._spawn_publish(
-                    s.events(rec.workload.allocation, rec.workload.id),
+                    s.events(rec.workload.allocation, rec.workload.id, "cancelled"),
                     m.WorkloadCancelled(
                         workload_id=rec.workload.id,
                         allocation=rec.workload.allocation,
@@ -490,7 +490,7 @@ class PlacementService:
                 # The task copies the current context now: its publish carries this span.
                 publish = asyncio.ensure_future(
                     self._append(
-                        s.events(w.allocation, w.id),
+                        s.events(w.allocation, w.id, "placed"),
                         m.WorkloadPlaced(
                             workload_id=w.id,
                             allocation=w.allocation,
