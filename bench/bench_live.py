@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -118,21 +119,38 @@ def _body(client_id: str, alloc: str, gpus: int, min_runtime_s: int, duration_s:
 async def _submit_many(
     nc: nats.NATS, bodies: list[tuple[str, bytes]], in_flight: int
 ) -> tuple[int, int, float]:
-    sem = asyncio.Semaphore(in_flight)
-    accepted = rejected = 0
+    """Send ``bodies`` as requests, ``in_flight`` at a time: each answer sends the next.
+    Answers come to one inbox subscription, without nats-py's per-request future, timer and
+    task (the load generator shares the 2 cores with the stack it measures)."""
+    inbox = nc.new_inbox()
+    counts = [0, 0]  # accepted, rejected
+    todo = iter(enumerate(bodies))
+    done = asyncio.Event()
 
-    async def one(subject: str, body: bytes) -> None:
-        nonlocal accepted, rejected
-        async with sem:
-            reply = await nc.request(subject, body, timeout=30)
-            if b'"WorkloadAccepted"' in reply.data:
-                accepted += 1
-            else:
-                rejected += 1
+    async def send_next() -> None:
+        nxt = next(todo, None)
+        if nxt is not None:
+            i, (subject, body) = nxt
+            await nc.publish(subject, body, reply=f"{inbox}.{i}")
 
+    async def on_answer(msg: Any) -> None:
+        counts[b'"WorkloadAccepted"' not in msg.data] += 1
+        if sum(counts) == len(bodies):
+            done.set()
+        else:
+            await send_next()
+
+    answers = await nc.subscribe(f"{inbox}.*", cb=on_answer)
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(subj, b) for subj, b in bodies))
-    return accepted, rejected, time.perf_counter() - t0
+    for _ in range(min(in_flight, len(bodies))):
+        await send_next()
+    try:
+        await asyncio.wait_for(done.wait(), timeout=30 + len(bodies) / 100)
+    except TimeoutError:
+        raise TimeoutError(f"bench: {len(bodies) - sum(counts)} submissions unanswered") from None
+    finally:
+        await answers.unsubscribe()
+    return counts[0], counts[1], time.perf_counter() - t0
 
 
 async def _submit_batches(
@@ -384,27 +402,21 @@ async def _latency_phase(
     print(f"phase: latency at {rate:.0f}/s", flush=True)
     total = int(rate * args.probe_s)
     interval = 1.0 / rate
-    tasks = []
 
-    timed_out: list[str] = []
+    # Requests without nats-py's per-request future, timer and task: each probe's answer
+    # comes to its own reply subject under one inbox subscription. The load generator
+    # shares the 2 cores with the stack, so what it spends is taken from what is measured.
+    inbox = nc.new_inbox()
 
-    async def probe(i: int) -> None:
-        cid = f"probe-{int(rate)}-{i}"
-        sent[cid] = time.perf_counter()
-        sent_wall[cid] = time.time()
-        try:
-            r = await nc.request(
-                s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), timeout=PROBE_TIMEOUT_S
-            )
-        except nats.errors.TimeoutError:
-            # Saturated: no answer in time. Counted at the timeout, a lower bound.
-            timed_out.append(cid)
-            return
+    async def on_answer(msg: Any) -> None:
+        cid = msg.subject.rsplit(".", 1)[1]
         acked[cid] = time.perf_counter()
-        data = json.loads(r.data)
+        data = json.loads(msg.data)
         if data.get("type") == "WorkloadAccepted":
             wid_of[cid] = data["workload_id"]
             intake_at[data["workload_id"]] = data["at"]
+
+    answers = await nc.subscribe(f"{inbox}.*", cb=on_answer)
 
     # --pause-off-path: what the decision path alone (load generator, intake, nats-server,
     # placement) does at this rate, with the processes off it stopped while probes are sent;
@@ -418,11 +430,18 @@ async def _latency_phase(
         delay = start + i * interval - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(probe(i)))
+        cid = f"probe-{int(rate)}-{i}"
+        sent[cid] = time.perf_counter()
+        sent_wall[cid] = time.time()
+        await nc.publish(s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), reply=f"{inbox}.{cid}")
     sending_s = time.perf_counter() - start
     cpu_after = _cpu_seconds(pids)
-    await asyncio.gather(*tasks)
-    achieved = total / (time.perf_counter() - start)
+    with contextlib.suppress(TimeoutError):  # saturated: some got no answer in time
+        await _wait(lambda: len(acked) == total, PROBE_TIMEOUT_S, "probes answered")
+    await answers.unsubscribe()
+    # Counted at the timeout, a lower bound.
+    timed_out = [cid for cid in sent if cid not in acked]
+    achieved = total / ((max(acked.values()) if acked else time.perf_counter()) - start)
     # CPU while the probes were being sent: per process, per probe sent
     cpu = _cpu_used(cpu_before, cpu_after)
     # (Probes that timed out may still be accepted and placed later: wait for the answered.)
