@@ -31,6 +31,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.client import ServerVersion
 from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from allot.adapters.embedded import EmbeddedNats
@@ -666,7 +667,9 @@ async def test_only_the_charged_events_reach_accounting(
     filtering_server: str, redis_url: str, redis_client: redis_asyncio.Redis, prefix: str
 ) -> None:
     """Submissions and placements are never delivered to accounting (half of the log under
-    load), and the runs are charged exactly as when it read everything."""
+    load), and the runs are charged exactly as when it read everything. The durable
+    consumer already exists with the unfiltered form (made by an older version, or on a
+    server before 2.10): it is given the filter, not bound as it was."""
     nc = await nats.connect(filtering_server)
     js = nc.jetstream()
     for name in STREAM_NAMES:
@@ -685,6 +688,12 @@ async def test_only_the_charged_events_reach_accounting(
         ]
     for record in story:
         await publish(js, record)
+    await js.add_consumer(
+        "WORKLOADS",
+        ConsumerConfig(
+            durable_name=DURABLE, ack_policy=AckPolicy.EXPLICIT, filter_subject=subjects.ALL_EVENTS
+        ),
+    )
     svc = Accounting(filtering_server, redis_url, prefix=prefix, clock=frozen(s))
     await service_main.start(svc)
     try:

@@ -428,6 +428,22 @@ def charged_filters(server: ServerVersion) -> list[str]:
     return [ALL_EVENTS]
 
 
+async def _refilter(js: JetStreamContext, config: ConsumerConfig, filters: list[str]) -> None:
+    """An existing durable consumer is bound as it is (nats-py does not update it): one made
+    with another filter (an older Allot, or the server upgraded past 2.10) gets this one.
+    Its acknowledged position is kept; what it had skipped is charged by a rebuild."""
+    info = await js.consumer_info("WORKLOADS", DURABLE)
+    had = info.config.filter_subjects or [info.config.filter_subject or ""]
+    if sorted(had) == sorted(filters):
+        return
+    try:
+        await js.add_consumer("WORKLOADS", config)
+    except nats.js.errors.APIError as e:  # e.g. a server that does not allow the change
+        log.warning("consumer filter not updated", had=had, wanted=filters, error=repr(e))
+    else:
+        log.info("consumer filter updated", had=had, now=filters)
+
+
 class Accounting:
     """The live service (``allot.live.service_main.Service``): a durable pull consumer on the
     WORKLOADS stream's workload events, plus the accrual loop."""
@@ -469,17 +485,21 @@ class Accounting:
         # a time: FastStream's per-message machinery cost more CPU than the charging itself
         # (``make bench-live``), and a batch's acks leave in one socket write.
         filters = charged_filters(self.broker.connection.connected_server_version)
+        config = ConsumerConfig(
+            durable_name=DURABLE,
+            ack_policy=AckPolicy.EXPLICIT,
+            max_deliver=self.max_deliver,
+            ack_wait=60.0,
+            filter_subject=filters[0] if len(filters) == 1 else None,
+            filter_subjects=filters if len(filters) > 1 else None,
+        )
         pull = await js.pull_subscribe(
             filters[0] if len(filters) == 1 else "",
             durable=DURABLE,
             stream="WORKLOADS",
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT,
-                max_deliver=self.max_deliver,
-                ack_wait=60.0,
-                filter_subjects=filters if len(filters) > 1 else None,
-            ),
+            config=config,
         )
+        await _refilter(js, config, filters)
         self._consumer = asyncio.create_task(self._consume_forever(pull))
         log.info("accounting started", prefix=self.charger.prefix, slot_s=self.charger.slot_s)
 
