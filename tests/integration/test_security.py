@@ -333,7 +333,15 @@ async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: S
             await _no_answer(lead, subject, body)
         for subject in refused:
             await lead.refused(subject)
-        logged = [v for v in secure.violations() if v[0] == "research-lead"]
+        # The server logs a violation after it refused it: wait until each is in its log.
+        logged = [
+            v
+            for v in await eventually(
+                lambda: _value(secure.violations()),
+                lambda v: sum(x[0] == "research-lead" for x in v) >= len(refused),
+            )
+            if v[0] == "research-lead"
+        ]
         assert sorted(v[2] for v in logged) == sorted(refused)
         assert not any(spy.saw(x) for x in refused)
         assert await counts(js) == before
@@ -422,8 +430,15 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
         await agent.nc.flush()
         for subject in [*refused, s.host_sync("h02"), s.host_work("h02")]:
             await agent.refused(subject)
-        logged = sorted(v[2] for v in secure.violations() if v[0] == "agent-h01")
-        assert logged == sorted([*refused, s.host_sync("h02"), s.host_work("h02")])
+        expected = sorted([*refused, s.host_sync("h02"), s.host_work("h02")])
+        # The server logs a violation after it refused it: wait until each is in its log
+        # (a full make test once read the log before the last one was written).
+        everything = await eventually(
+            lambda: _value(secure.violations()),
+            lambda v: sum(x[0] == "agent-h01" for x in v) >= len(expected),
+        )
+        logged = sorted(v[2] for v in everything if v[0] == "agent-h01")
+        assert logged == expected
         assert not any(spy.saw(x) for x in [*refused, s.host_sync("h02")])
 
         # Refused by dispatch, on its own subject: another host's workload, another host in
