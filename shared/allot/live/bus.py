@@ -221,11 +221,11 @@ def decode_record(subject: str, data: bytes) -> msgspec.Struct:
     kind = kind_of(subject)
     record = codec.decode(kind, data, own=True)
     if kind is Kind.EVENTS:
-        name = m.EVENT_NAME.get(type(record))
-        if name != s.event_name(subject):
+        name, filed = m.EVENT_NAME.get(type(record)), s.event_name(subject)
+        if name != filed:
             raise ValidationError(
                 "subject",
-                f"{subject!r} names the event {s.event_name(subject)!r}, but carries a "
+                f"{subject!r} names the event {filed!r}, but carries a "
                 f"{type(record).__name__}"
                 + (f" (logged as {name!r})" if name else " (never logged)"),
             )

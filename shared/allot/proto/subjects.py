@@ -240,11 +240,17 @@ CHARGED_EVENTS: tuple[str, ...] = ("started", "preempted", "completed", "failed"
 """The events that start or end a charged run: all that accounting reads."""
 
 
-def events(allocation: str | None, workload: str, event: str) -> str:
-    """Where a workload's lifecycle ``event`` (one of ``EVENT_NAMES``) is logged."""
+def _event_token(event: str) -> str:
     if event not in EVENT_NAMES:
         raise ValidationError("event", f"must be one of {', '.join(EVENT_NAMES)}, got {event!r}")
-    return f"{workload_events(allocation, workload)[:-1]}{event}"
+    return event
+
+
+def events(allocation: str | None, workload: str, event: str) -> str:
+    """Where a workload's lifecycle ``event`` (one of ``EVENT_NAMES``) is logged."""
+    event = _event_token(event)
+    workload = validate_token(workload, "workload")
+    return f"{PREFIX}.events.{allocation_token(allocation)}.{workload}.{event}"
 
 
 def workload_events(allocation: str | None, workload: str) -> str:
@@ -255,9 +261,7 @@ def workload_events(allocation: str | None, workload: str) -> str:
 
 def every_workload(event: str) -> str:
     """Every workload's ``event`` (one of ``EVENT_NAMES``): ``allot.v1.events.*.*.<event>``."""
-    if event not in EVENT_NAMES:
-        raise ValidationError("event", f"must be one of {', '.join(EVENT_NAMES)}, got {event!r}")
-    return f"{PREFIX}.events.*.*.{event}"
+    return f"{PREFIX}.events.*.*.{_event_token(event)}"
 
 
 def event_name(subject: str) -> str:

@@ -402,13 +402,7 @@ def _text(value: bytes | str) -> str:
 # -- the service -------------------------------------------------------------------------------
 
 
-_CHARGEABLE = (
-    b'"WorkloadStarted"',
-    b'"WorkloadCompleted"',
-    b'"WorkloadFailed"',
-    b'"WorkloadCancelled"',
-    b'"WorkloadPreempted"',
-)
+_CHARGEABLE = tuple(f'"{kind.__name__}"'.encode() for kind in (m.WorkloadStarted, *_TERMINAL))
 
 
 def _may_charge(data: bytes) -> bool:

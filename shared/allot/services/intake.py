@@ -188,7 +188,6 @@ class Intake:
         """One conditional append (see the module docstring, step 4)."""
         assert self.appends is not None
         wid = workload_id(cmd.allocation, cmd.client_id)
-        subject = s.events(cmd.allocation, wid, "submitted")
         record = m.WorkloadSubmitted(
             workload_id=wid,
             client_id=cmd.client_id,
@@ -203,6 +202,7 @@ class Intake:
             duration_s=cmd.duration_s,
             at=now,
         )
+        subject = bus.event_subject(cmd.allocation, record)
         try:
             ack = await self.appends.append(subject, record, f"submitted:{wid}", EXPECT_NEW_SUBJECT)
             appended = not ack.duplicate

@@ -264,7 +264,7 @@ class PlacementService:
         elif isinstance(record, m.WorkloadPreempted) and applied.requeued:
             rec = self.fold.records[record.workload_id]
             self._spawn_publish(
-                s.events(rec.workload.allocation, rec.workload.id, "requeued"),
+                rec.workload.allocation,
                 m.WorkloadRequeued(
                     workload_id=rec.workload.id,
                     allocation=rec.workload.allocation,
@@ -280,7 +280,7 @@ class PlacementService:
             self._trace_of.pop(rec.workload.id, None)
             if rec.status == "cancelled":  # it was pending: nobody else will say it ended
                 self._spawn_publish(
-                    s.events(rec.workload.allocation, rec.workload.id, "cancelled"),
+                    rec.workload.allocation,
                     m.WorkloadCancelled(
                         workload_id=rec.workload.id,
                         allocation=rec.workload.allocation,
@@ -292,13 +292,15 @@ class PlacementService:
                     f"cancelled:{rec.workload.id}",
                 )
 
-    async def _append(self, subject: str, record: msgspec.Struct, msg_id: str) -> int:
+    async def _append(self, allocation: str | None, record: msgspec.Struct, msg_id: str) -> int:
         """Append a decision (group-committed under a backlog); its stream sequence."""
         assert self._appends is not None
+        subject = bus.event_subject(allocation, record)
         return (await self._appends.append(subject, record, msg_id)).seq
 
-    def _spawn_publish(self, subject: str, record: msgspec.Struct, msg_id: str) -> None:
+    def _spawn_publish(self, allocation: str | None, record: msgspec.Struct, msg_id: str) -> None:
         assert self.js is not None
+        subject = bus.event_subject(allocation, record)
         task = asyncio.create_task(bus.publish(self.js, subject, record, msg_id))
         task.add_done_callback(_log_failure)
 
@@ -490,7 +492,7 @@ class PlacementService:
                 # The task copies the current context now: its publish carries this span.
                 publish = asyncio.ensure_future(
                     self._append(
-                        s.events(w.allocation, w.id, "placed"),
+                        w.allocation,
                         m.WorkloadPlaced(
                             workload_id=w.id,
                             allocation=w.allocation,
