@@ -364,6 +364,7 @@ async def _latency_phase(
     # After the decision, from the records' own times (the agent's clock, this machine's):
     # placed (seen here) -> run started on its host; run ended -> completion seen here.
     placed_wall: dict[str, float] = {}
+    reports_seen: list[float] = []  # when each run's start or end was seen (--timeline)
     to_start: list[float] = []
     to_logged_end: list[float] = []
     # Probes placed and not yet ended, and the most at once: when that reaches the free
@@ -388,9 +389,11 @@ async def _latency_phase(
                 running[0] += 1
                 running[1] = max(running)
         elif event == "started":
+            reports_seen.append(time.time())
             if wid in placed_wall:
                 to_start.append(json.loads(msg.data)["at"] - placed_wall[wid])
         elif event == "completed":
+            reports_seen.append(time.time())
             ended.add(wid)
             running[0] -= 1
             to_logged_end.append(time.time() - json.loads(msg.data)["at"])
@@ -462,6 +465,20 @@ async def _latency_phase(
     for cid, at in acked.items():
         ack.record_value(max(1, int((at - sent[cid]) * 1e6)))
     segments = _segments(sent_wall, wid_of, intake_at, placed_raw, placed_wall)
+    if args.timeline:
+        # One probe per row: sent (wall clock), submit -> placed, submit -> intake's answer
+        # (seconds); analysed by bench/report_bursts.py.
+        timeline = {
+            "rate": rate,
+            "probes": [
+                [sent_wall[cid], placed_at[wid] - sent[cid], acked[cid] - sent[cid]]
+                for cid, wid in wid_of.items()
+            ],
+            "reports_seen": reports_seen,
+        }
+        path = Path(f"{args.timeline}.{rate:.0f}.json")
+        path.write_text(json.dumps(timeline))
+        print(f"wrote {path}", flush=True)
     await asyncio.sleep(1.0)  # and the readers of those ends have read them
     return {
         "pending_at_start": queued,
@@ -616,6 +633,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAMES",
         help=f"a diagnostic: SIGSTOP only these of {','.join(OFF_PATH)} (comma-separated) while "
         "each latency phase sends, to see which weighs; printed only",
+    )
+    ap.add_argument(
+        "--timeline",
+        metavar="PATH",
+        help="a diagnostic: write each latency phase's probes (sent, latency, intake's answer) "
+        "and the times the runs' start and end records were seen, to PATH.<rate>.json, "
+        "for bench/report_bursts.py",
     )
     ap.add_argument(
         "--no-sync-always",
