@@ -246,17 +246,19 @@ def _event_token(event: str) -> str:
     return event
 
 
+def _workload_subject(allocation: str | None, workload: str, last: str) -> str:
+    workload = validate_token(workload, "workload")
+    return f"{PREFIX}.events.{allocation_token(allocation)}.{workload}.{last}"
+
+
 def events(allocation: str | None, workload: str, event: str) -> str:
     """Where a workload's lifecycle ``event`` (one of ``EVENT_NAMES``) is logged."""
-    event = _event_token(event)
-    workload = validate_token(workload, "workload")
-    return f"{PREFIX}.events.{allocation_token(allocation)}.{workload}.{event}"
+    return _workload_subject(allocation, workload, _event_token(event))
 
 
 def workload_events(allocation: str | None, workload: str) -> str:
     """Every lifecycle event of one workload."""
-    workload = validate_token(workload, "workload")
-    return f"{PREFIX}.events.{allocation_token(allocation)}.{workload}.*"
+    return _workload_subject(allocation, workload, "*")
 
 
 def every_workload(event: str) -> str:
