@@ -93,6 +93,18 @@ class Secure:
         """(user, Publish|Subscription, subject) for each violation in the server's log."""
         return parse_violations(self.server.log_path.read_text(errors="replace"))
 
+    async def logged(self, user: str, at_least: int, since: int = 0) -> list[tuple[str, str, str]]:
+        """``user``'s violations in the server's log (from entry ``since`` on), once at least
+        ``at_least`` are there: the server writes a violation to its log after refusing it,
+        so a test that reads the log at once can miss the last ones."""
+
+        def mine(v: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+            return [x for x in v[since:] if x[0] == user]
+
+        return mine(
+            await eventually(lambda: _value(self.violations()), lambda v: len(mine(v)) >= at_least)
+        )
+
 
 # 2.10+: `... - "ALLOT/user:nlp" - Publish Violation - Subject "x"`;
 # 2.9:   `... - Publish Violation - User "nlp", Subject "x"`.
@@ -270,16 +282,10 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
             await nlp.refused(subject)
 
         # Logged and counted by the server, each with the user and the subject.
-        def mine(v: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-            return [x for x in v[log_before:] if x[0] == "nlp"]
-
-        logged = await eventually(
-            lambda: _value(secure.violations()),
-            lambda v: len(mine(v)) >= len(refused_pub) + len(refused_sub),
-        )
-        assert sorted(x[2] for x in mine(logged) if x[1] == "Publish") == sorted(refused_pub)
-        assert sorted(x[2] for x in mine(logged) if x[1] == "Subscription") == sorted(refused_sub)
-        assert len(mine(logged)) == len(refused_pub) + len(refused_sub)
+        logged = await secure.logged("nlp", len(refused_pub) + len(refused_sub), since=log_before)
+        assert sorted(x[2] for x in logged if x[1] == "Publish") == sorted(refused_pub)
+        assert sorted(x[2] for x in logged if x[1] == "Subscription") == sorted(refused_sub)
+        assert len(logged) == len(refused_pub) + len(refused_sub)
         # Nothing changed state and no refused message reached anyone.
         assert await counts(js) == before
         assert intake.accepted == 1 and intake.rejected == 0
@@ -333,15 +339,7 @@ async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: S
             await _no_answer(lead, subject, body)
         for subject in refused:
             await lead.refused(subject)
-        # The server logs a violation after it refused it: wait until each is in its log.
-        logged = [
-            v
-            for v in await eventually(
-                lambda: _value(secure.violations()),
-                lambda v: sum(x[0] == "research-lead" for x in v) >= len(refused),
-            )
-            if v[0] == "research-lead"
-        ]
+        logged = await secure.logged("research-lead", len(refused))
         assert sorted(v[2] for v in logged) == sorted(refused)
         assert not any(spy.saw(x) for x in refused)
         assert await counts(js) == before
@@ -431,13 +429,8 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
         for subject in [*refused, s.host_sync("h02"), s.host_work("h02")]:
             await agent.refused(subject)
         expected = sorted([*refused, s.host_sync("h02"), s.host_work("h02")])
-        # The server logs a violation after it refused it: wait until each is in its log
-        # (a full make test once read the log before the last one was written).
-        everything = await eventually(
-            lambda: _value(secure.violations()),
-            lambda v: sum(x[0] == "agent-h01" for x in v) >= len(expected),
-        )
-        logged = sorted(v[2] for v in everything if v[0] == "agent-h01")
+        # (A full make test once read the log before the last of these was written.)
+        logged = sorted(v[2] for v in await secure.logged("agent-h01", len(expected)))
         assert logged == expected
         assert not any(spy.saw(x) for x in [*refused, s.host_sync("h02")])
 
