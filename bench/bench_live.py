@@ -516,8 +516,8 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"Machine: {result['machine']}; its speed: a 1M-iteration Python loop took "
         f"{result['reference_loop_ms'][0]} ms before the run and "
-        f"{result['reference_loop_ms'][1]} ms after (this shared VM drifts: 34 to 72 ms "
-        "within one day; every figure below scales with it). "
+        f"{result['reference_loop_ms'][1]} ms after (this shared VM drifts: 20 to 93 ms "
+        "on 2026-12-02 alone; every figure below scales with it). "
         f"JetStream fsync: {fsync}. "
         "Stack: one fake agent process with "
         f"{result['hosts']} hosts x {result['gpus_per_host']} GPUs ({result['fill_hosts']} "
