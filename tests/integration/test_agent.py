@@ -19,6 +19,7 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from allot.core.errors import ValidationError
 from allot.live import bus, service_main
 from allot.proto import messages as m
 from allot.proto import subjects
@@ -482,3 +483,119 @@ async def test_fake_hosts_heartbeat_and_complete_a_fake_run(
         assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     finally:
         await nc.close()
+
+
+async def test_fake_agent_batches_its_hosts_reports(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, fresh_log: str
+) -> None:
+    nc = await nats.connect(fresh_log)
+    singles: list[str] = []
+
+    async def on_single(msg: Any) -> None:
+        singles.append(msg.subject)
+
+    await nc.subscribe(subjects.ALL_HOST_REPORT, cb=on_single)
+    try:
+        hosts = tuple(f"fake-{i:04d}" for i in range(6))
+        agent = await run_agent(*hosts, gpus=4, fake=True, batch_reports=True)
+        log = Log(js)
+        for host in hosts:
+            await log.host(host, 4)
+        await log.leader(1)
+        for i in range(len(hosts)):
+            await log.submit(f"b{i}", gpus=1, duration_s=0.3)
+        for i, host in enumerate(hosts):
+            await log.place(f"b{i}", {host: (0,)})
+
+        for i, host in enumerate(hosts):
+            started = await events.wait(m.WorkloadStarted, f"b{i}")
+            done = await events.wait(m.WorkloadCompleted, f"b{i}")
+            assert started.host == host
+            assert done.started_at == started.at
+            assert done.at - started.at >= 0.3
+        for i in range(len(hosts)):
+            assert len(events.of(m.WorkloadStarted, f"b{i}")) == 1
+            assert len(events.of(m.WorkloadCompleted, f"b{i}")) == 1
+        assert agent._batcher is not None
+        # 12 reports (6 starts, 6 ends) in fewer requests, and none host by host.
+        assert 2 <= agent._batcher.batches < 12
+        assert singles == []
+        assert agent.rejected == 0
+    finally:
+        await nc.close()
+
+
+async def test_dispatch_answers_each_report_of_a_batch_on_its_own(
+    js: JetStreamContext, events: Events, dispatch: DispatchService, fresh_log: str
+) -> None:
+    log = Log(js)
+    for host in ("h01", "h02"):
+        await log.host(host, 4)
+    await log.leader(1)
+    await log.submit("g1", gpus=1)
+    await log.place("g1", {"h01": (0,)})
+    await log.submit("g2", gpus=1)
+    await log.place("g2", {"h02": (1,)})
+    nc = await nats.connect(fresh_log)
+    try:
+
+        def report(host: str, wid: str) -> m.PartReport:
+            return m.PartReport(
+                host=host, workload_id=wid, attempt=1, event="started", at=time.time()
+            )
+
+        batch = m.PartReports(
+            reports=(
+                report("h01", "g1"),
+                report("h01", "g2"),  # g2 runs on h02: h01 may not report it
+                report("h02", "nope"),
+                report("h02", "g2"),
+            )
+        )
+        reply = await nc.request(subjects.HOSTS_REPORT, msgspec.json.encode(batch), timeout=10)
+        answer = msgspec.json.decode(reply.data, type=m.PartReportsAnswered)
+        kinds = [type(a).__name__ for a in answer.answers]
+        assert kinds == ["CommandAccepted", "CommandRejected", "CommandRejected", "CommandAccepted"]
+        refused = [a for a in answer.answers if isinstance(a, m.CommandRejected)]
+        assert [r.field for r in refused] == ["reports[1].host", "reports[2].workload_id"]
+        assert "not the primary host" in refused[0].reason
+        assert (await events.wait(m.WorkloadStarted, "g1")).host == "h01"
+        assert (await events.wait(m.WorkloadStarted, "g2")).host == "h02"
+
+        # The same batch again: stored once, each answered from the log.
+        reply = await nc.request(subjects.HOSTS_REPORT, msgspec.json.encode(batch), timeout=10)
+        again = msgspec.json.decode(reply.data, type=m.PartReportsAnswered)
+        assert [getattr(a, "detail", "") for a in again.answers][::3] == [
+            "already in the log",
+            "already in the log",
+        ]
+        await asyncio.sleep(0.3)
+        assert len(events.of(m.WorkloadStarted, "g1")) == 1
+
+        # A body that is not a batch is refused as a whole, naming the field; dispatch goes on.
+        for body, field in (
+            (b'{"type":"PartReports","reports":[]}', "reports"),
+            (b'{"type":"PartReports","reports":[{"host":"h01"}]}', "reports[0].workload_id"),
+            (b"{not json", "body"),
+        ):
+            reply = await nc.request(subjects.HOSTS_REPORT, body, timeout=10)
+            rejected = msgspec.json.decode(reply.data, type=m.CommandRejected)
+            assert rejected.field == field, (body, rejected)
+        reply = await nc.request(
+            subjects.HOSTS_REPORT,
+            msgspec.json.encode(m.PartReports(reports=(report("h01", "g1"),))),
+            timeout=10,
+        )
+        assert isinstance(
+            msgspec.json.decode(reply.data, type=m.PartReportsAnswered).answers[0],
+            m.CommandAccepted,
+        )
+    finally:
+        await nc.close()
+
+
+def test_batched_reports_are_for_fake_agents_only() -> None:
+    with pytest.raises(ValidationError) as e:
+        AgentConfig(nats_url="nats://x", hosts=("h01",), batch_reports=True)
+    assert e.value.field == "batch_reports"
+    assert "fake mode" in e.value.reason

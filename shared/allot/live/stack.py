@@ -108,6 +108,10 @@ class StackConfig:
     heartbeat_timeout_s: float = 10.0
     heartbeat_s: float = 1.0
     fake_duration_s: float = 60.0
+    batch_reports: bool = True
+    """Fake agents send their hosts' reports in batches (``allot.live.report_batch``),
+    unless ``secure``: there each agent is its own NATS user, granted its hosts' subjects
+    only, and reports host by host."""
     redis_prefix: str = "allot"
     sync_always: bool = True
     """Embedded NATS fsyncs every JetStream write (``sync_interval: always``): an
@@ -223,6 +227,8 @@ class Stack(StartStop):
             argv += ["--heartbeat-s", str(c.heartbeat_s)]
             if agent.fake:
                 argv += ["--fake-duration-s", str(c.fake_duration_s)]
+                if c.batch_reports and not c.secure:
+                    argv.append("--batch-reports")
             out[f"agent-{agent.prefix}"] = argv
         return out
 

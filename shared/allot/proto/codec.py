@@ -49,6 +49,7 @@ TYPES: Final[dict[Kind, Any]] = {
     Kind.HEALTH: m.HealthReport,
     Kind.HOST_REPORT: m.PartReport,
     Kind.HOST_SYNC: m.HostSync,
+    Kind.HOSTS_REPORT: m.PartReports,
     Kind.HOST_WORK: m.HostWork,
     Kind.DRAIN: m.DrainHost,
     Kind.UNDRAIN: m.UndrainHost,

@@ -251,6 +251,20 @@ class PartReport(_Message, frozen=True, kw_only=True):
     """The agent is shutting down (a non-zero exit is its doing, not the workload's)."""
 
 
+MAX_REPORTS = 200
+"""Reports in one ``PartReports`` (about 250 bytes each without ``detail``; the sender also
+keeps the body under the 64 KiB payload limit)."""
+
+
+class PartReports(_Message, frozen=True, kw_only=True):
+    """``allot.v1.hosts.report`` (request): many hosts' reports in one message, from an agent
+    that speaks for every host (a fake agent simulating a cluster; NATS grants the subject
+    to service users only). Each item is judged exactly as if it came alone on its own
+    host's ``report`` subject, and answered in order (``PartReportsAnswered``)."""
+
+    reports: Annotated[tuple[PartReport, ...], msgspec.Meta(min_length=1, max_length=MAX_REPORTS)]
+
+
 # == workload events ===========================================================================
 
 
@@ -521,6 +535,15 @@ class CommandRejected(_Message, frozen=True, kw_only=True):
     reason: Text
 
 
+class PartReportsAnswered(_Message, frozen=True, kw_only=True):
+    """Dispatch's answer to ``PartReports``: one answer per report, in the reports' order,
+    each what the report alone would have been answered. A batch that does not decode at
+    all is answered with one ``CommandRejected`` instead."""
+
+    at: Timestamp
+    answers: tuple[CommandAccepted | CommandRejected, ...]
+
+
 # == ranking ===================================================================================
 
 LevelFs = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)] | Literal["inf"] | None
@@ -763,6 +786,7 @@ COMMANDS: tuple[type[msgspec.Struct], ...] = (
     Heartbeat,
     HealthReport,
     PartReport,
+    PartReports,
     HostSync,
 )
 EVENTS: tuple[type[msgspec.Struct], ...] = (
@@ -790,6 +814,7 @@ EVENTS: tuple[type[msgspec.Struct], ...] = (
 )
 REPLIES: tuple[type[msgspec.Struct], ...] = (
     SubmitBatchAnswered,
+    PartReportsAnswered,
     CommandAccepted,
     CommandRejected,
     StatusQuery,

@@ -50,6 +50,7 @@ _ACTION: dict[Kind, str] = {
     Kind.HEALTH: "send",
     Kind.HOST_REPORT: "send",
     Kind.HOST_SYNC: "send",
+    Kind.HOSTS_REPORT: "send",
     Kind.HOST_WORK: "receive",
     Kind.DRAIN: "send",
     Kind.UNDRAIN: "send",
@@ -71,6 +72,7 @@ _REPLIES: dict[Kind, tuple[type[msgspec.Struct], ...]] = {
     Kind.UNDRAIN: _COMMAND_REPLY,
     Kind.HOST_REPORT: _COMMAND_REPLY,
     Kind.HOST_SYNC: (m.HostWork,),
+    Kind.HOSTS_REPORT: (m.PartReportsAnswered, m.CommandRejected),
 }
 """What the service answers to each request (commands are core-NATS requests)."""
 

@@ -18,6 +18,7 @@ allot.v1.host.<host>.heartbeat                   Heartbeat (agent)             .
 allot.v1.host.<host>.health                      HealthReport (agent)          ...host.h01.health
 allot.v1.host.<host>.report                      PartReport (agent request)    ...host.h01.report
 allot.v1.host.<host>.sync                        HostSync (agent request)      ...host.h01.sync
+allot.v1.hosts.report                            PartReports (request)         (services only)
 allot.v1.host.<host>.work                        HostWork (agent subscribes)   ...host.h01.work
 allot.v1.host.<host>.drain                       DrainHost (operator)          ...host.*.drain
 allot.v1.host.<host>.undrain                     UndrainHost (operator)        ...host.*.undrain
@@ -95,6 +96,7 @@ class Kind(StrEnum):
     HEALTH = "host.health"
     HOST_REPORT = "host.report"
     HOST_SYNC = "host.sync"
+    HOSTS_REPORT = "hosts.report"
     HOST_WORK = "host.work"
     DRAIN = "host.drain"
     UNDRAIN = "host.undrain"
@@ -326,6 +328,9 @@ ALL_HEARTBEATS = f"{PREFIX}.host.*.heartbeat"
 ALL_HEALTH = f"{PREFIX}.host.*.health"
 ALL_HOST_REPORT = f"{PREFIX}.host.*.report"
 ALL_HOST_SYNC = f"{PREFIX}.host.*.sync"
+HOSTS_REPORT = f"{PREFIX}.hosts.report"
+"""Many hosts' reports in one request (``PartReports``): a fake agent's, for any host, so
+only users granted every subject (services) may send it."""
 ALL_DRAIN = f"{PREFIX}.host.*.drain"
 ALL_UNDRAIN = f"{PREFIX}.host.*.undrain"
 ALL_HOST_STATE = f"{PREFIX}.host.*.state"
@@ -357,6 +362,7 @@ CHANNELS: dict[Kind, str] = {
     Kind.HEALTH: f"{PREFIX}.host.{{host}}.health",
     Kind.HOST_REPORT: f"{PREFIX}.host.{{host}}.report",
     Kind.HOST_SYNC: f"{PREFIX}.host.{{host}}.sync",
+    Kind.HOSTS_REPORT: HOSTS_REPORT,
     Kind.HOST_WORK: f"{PREFIX}.host.{{host}}.work",
     Kind.DRAIN: f"{PREFIX}.host.{{host}}.drain",
     Kind.UNDRAIN: f"{PREFIX}.host.{{host}}.undrain",
@@ -397,6 +403,8 @@ def kind_of(subject: str) -> Kind:
             return Kind(f"host.{rest[2]}")
         except ValueError:
             pass
+    if head == "hosts" and n == 2 and rest[1] == "report":
+        return Kind.HOSTS_REPORT
     if head == "events" and n == 4 and rest[3] in EVENT_NAMES:
         return Kind.EVENTS
     if head == "preempt" and n == 3:

@@ -17,6 +17,10 @@ service stands between them and it:
   or the terminal record, appended with the ``Nats-Msg-Id`` the agents used before
   (``started:<wid>:<attempt>``, ``ended:<wid>:<attempt>``), and answered once stored;
   a backlog of them is committed as atomic batches (``allot.live.group_commit``).
+  ``allot.v1.hosts.report`` (``PartReports``) carries many hosts' reports at once, from an
+  agent that speaks for every host (a fake agent simulating a cluster; only service users
+  may send it): each item is judged as if it came alone on its host's subject, and the
+  answer (``PartReportsAnswered``) lists each item's answer in order.
 
 Several instances may run (reports are shared in the queue group ``dispatch``); each
 publishes the same lists, which agents take once by ``seq``.
@@ -26,7 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import msgspec
 import nats.errors
@@ -51,6 +56,8 @@ CATCH_UP_TIMEOUT_S = 5.0
 """Longest wait to read the log to its end before refusing an unknown workload."""
 REPORT_WORKERS = 512
 """Reports handled at once (each waits for its JetStream ack: fsync on every write)."""
+REPORT_BATCH_WORKERS = 16
+"""``PartReports`` handled at once (each holds up to ``m.MAX_REPORTS`` reports)."""
 REPORT_BATCH_THRESHOLD = 1
 REPORT_BATCH_LINGER_S = 0.25
 """While one report's append is in flight, the next wait up to 250 ms to be committed
@@ -71,6 +78,8 @@ run's start and end reaching the log up to 250 ms after they happened (GPUs are 
 much later; a run lasts minutes to hours). A report's answer only tells its agent the
 record is stored; nothing waits on it closely. A lone report (nothing in flight) is still
 appended at once."""
+
+_T = TypeVar("_T", bound=msgspec.Struct)
 
 log = structlog.get_logger("allot.dispatch", service=SERVICE)  # lazy: configured in main
 
@@ -108,6 +117,8 @@ class DispatchService:
         self.broker.subscriber(subjects.ALL_HOST_SYNC, queue=SERVICE)(self._sync_handler)
         self._reports: RequestServer | None = None
         """Reports, one per workload step, skip FastStream (``allot.live.request_server``)."""
+        self._report_batches: RequestServer | None = None
+        """``PartReports``: many hosts' reports in one request (a fake agent's)."""
         self._appends: group_commit.GroupCommit | None = None
         """The reports' records: a backlog of them is stored as atomic batches."""
 
@@ -117,15 +128,12 @@ class DispatchService:
         js = self.broker.connection.jetstream()
         self._js = js
         # Taken from now on; each waits in ``report`` until the log is replayed.
-        self._reports = RequestServer(
-            self.broker.connection,
-            subjects.ALL_HOST_REPORT,
-            SERVICE,
-            self._report_handler,
-            max_in_flight=REPORT_WORKERS,
-            provider=self._provider,
+        self._reports = await self._serve(
+            subjects.ALL_HOST_REPORT, self._report_handler, REPORT_WORKERS
         )
-        await self._reports.start()
+        self._report_batches = await self._serve(
+            subjects.HOSTS_REPORT, self._batch_handler, REPORT_BATCH_WORKERS
+        )
         await bus.ensure_streams(js)
         self._appends = await group_commit.for_stream(
             self.broker.connection,
@@ -148,10 +156,25 @@ class DispatchService:
             seq=self.seq,
         )
 
+    async def _serve(
+        self, subject: str, handler: Callable[[str, bytes], Awaitable[bytes]], workers: int
+    ) -> RequestServer:
+        server = RequestServer(
+            self.broker.connection,
+            subject,
+            SERVICE,
+            handler,
+            max_in_flight=workers,
+            provider=self._provider,
+        )
+        await server.start()
+        return server
+
     async def on_stopping(self) -> None:
-        if self._reports is not None:
-            await self._reports.stop()
-            self._reports = None
+        for server in (self._reports, self._report_batches):
+            if server is not None:
+                await server.stop()
+        self._reports = self._report_batches = None
         self._closing.set()
         self._wake.set()
         await stop_tasks([self._flusher], timeout=2.0)
@@ -213,10 +236,53 @@ class DispatchService:
     async def report(self, subject: str, body: bytes) -> m.CommandAccepted | m.CommandRejected:
         """Answer one ``PartReport``; every refusal is a ``CommandRejected`` naming the field."""
         await self._ready.wait()
-        host = subjects.host_of(subject)
+        report = self._decode(Kind.HOST_REPORT, m.PartReport, subject, body)
+        if isinstance(report, m.CommandRejected):
+            return report
+        return await self._judge(subject, subjects.host_of(subject), report)
+
+    def _decode(
+        self, kind: Kind, cls: type[_T], subject: str, body: bytes
+    ) -> _T | m.CommandRejected:
+        """``body`` as ``cls``, or the refusal naming the field (counted and logged)."""
         try:
-            report = codec.decode(Kind.HOST_REPORT, body)
-            assert isinstance(report, m.PartReport)
+            msg = codec.decode(kind, body)
+            assert isinstance(msg, cls)
+            return msg
+        except ValidationError as e:
+            self._reject(subject, e)
+            return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
+
+    async def _batch_handler(self, subject: str, body: bytes) -> bytes:
+        return codec.encode(await self.report_batch(subject, body))
+
+    async def report_batch(
+        self, subject: str, body: bytes
+    ) -> m.PartReportsAnswered | m.CommandRejected:
+        """Answer a ``PartReports``: each item as ``report`` would answer it alone on its own
+        host's subject (the sender may speak for every host), in order. Items are judged
+        concurrently, so their appends share group commits. If an append gets no answer
+        from NATS the whole batch goes unanswered: the agent sends it again, and items
+        already stored are answered from the log (their msg ids dedupe the rest)."""
+        await self._ready.wait()
+        batch = self._decode(Kind.HOSTS_REPORT, m.PartReports, subject, body)
+        if isinstance(batch, m.CommandRejected):
+            return batch
+        answers = await asyncio.gather(
+            *(
+                self._judge(subject, r.host, r, where=f"reports[{i}].")
+                for i, r in enumerate(batch.reports)
+            )
+        )
+        return m.PartReportsAnswered(at=self.clock(), answers=tuple(answers))
+
+    async def _judge(
+        self, subject: str, host: str, report: m.PartReport, *, where: str = ""
+    ) -> m.CommandAccepted | m.CommandRejected:
+        """``report`` from ``host`` (its subject's, or a batch item's own): append the record
+        it causes and answer once stored. ``where`` prefixes a refused field's name (the
+        item of a batch)."""
+        try:
             try:
                 record = self.book.record_for(host, report)
             except ValidationError as e:
@@ -227,8 +293,9 @@ class DispatchService:
                 await self._catch_up()
                 record = self.book.record_for(host, report)
         except ValidationError as e:
-            self._reject(subject, e)
-            return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
+            refused = ValidationError(where + e.field, e.reason)
+            self._reject(subject, refused)
+            return m.CommandRejected(at=self.clock(), field=refused.field, reason=refused.reason)
         if record is None:
             return m.CommandAccepted(at=self.clock(), detail="already in the log")
         assert self._appends is not None and self._follower is not None
