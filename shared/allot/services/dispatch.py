@@ -44,7 +44,6 @@ from allot.core.errors import ValidationError
 from allot.live import bus, group_commit, runtime
 from allot.live.host_work import DispatchBook
 from allot.live.request_server import RequestServer
-from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, run_main
 from allot.live.tasks import stop_tasks
 from allot.proto import codec, subjects
@@ -58,6 +57,8 @@ REPORT_WORKERS = 512
 """Reports handled at once (each waits for its JetStream ack: fsync on every write)."""
 REPORT_BATCH_WORKERS = 16
 """``PartReports`` handled at once (each holds up to ``m.MAX_REPORTS`` reports)."""
+SYNC_WORKERS = 64
+"""``HostSync`` requests answered at once (an answer is a fold read: no wait inside)."""
 REPORT_BATCH_THRESHOLD = 1
 REPORT_BATCH_LINGER_S = 0.25
 """While one report's append is in flight, the next wait up to 250 ms to be committed
@@ -114,11 +115,12 @@ class DispatchService:
 
         self._provider = provider
         self.broker: NatsBroker = runtime.make_broker(nats_url, SERVICE, provider)
-        self.broker.subscriber(subjects.ALL_HOST_SYNC, queue=SERVICE)(self._sync_handler)
         self._reports: RequestServer | None = None
         """Reports, one per workload step, skip FastStream (``allot.live.request_server``)."""
         self._report_batches: RequestServer | None = None
         """``PartReports``: many hosts' reports in one request (a fake agent's)."""
+        self._syncs: RequestServer | None = None
+        """Agents' ``HostSync`` (every host every ``--resync-s``: 33 a second from 1,000)."""
         self._appends: group_commit.GroupCommit | None = None
         """The reports' records: a backlog of them is stored as atomic batches."""
 
@@ -134,6 +136,7 @@ class DispatchService:
         self._report_batches = await self._serve(
             subjects.HOSTS_REPORT, self._batch_handler, REPORT_BATCH_WORKERS
         )
+        self._syncs = await self._serve(subjects.ALL_HOST_SYNC, self._sync_handler, SYNC_WORKERS)
         await bus.ensure_streams(js)
         self._appends = await group_commit.for_stream(
             self.broker.connection,
@@ -171,10 +174,10 @@ class DispatchService:
         return server
 
     async def on_stopping(self) -> None:
-        for server in (self._reports, self._report_batches):
+        for server in (self._reports, self._report_batches, self._syncs):
             if server is not None:
                 await server.stop()
-        self._reports = self._report_batches = None
+        self._reports = self._report_batches = self._syncs = None
         self._closing.set()
         self._wake.set()
         await stop_tasks([self._flusher], timeout=2.0)
@@ -215,17 +218,18 @@ class DispatchService:
             except _PUBLISH_ERRORS as e:  # the agents' periodic sync covers a lost list
                 log.warning("work list not sent", error=repr(e), hosts=len(hosts))
 
-    async def _sync_handler(self, msg: Delivery) -> bytes:
-        subject = msg.raw_message.subject
+    async def _sync_handler(self, subject: str, body: bytes) -> bytes:
         await self._ready.wait()  # the agent's request times out and is asked again
         host = subjects.host_of(subject)
-        try:
-            req = codec.decode(Kind.HOST_SYNC, msg.body)
-            assert isinstance(req, m.HostSync)
-            subjects.check_host(req.host, host)
-        except ValidationError as e:
-            self._reject(subject, e)
-            return codec.encode(m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason))
+        req = self._decode(Kind.HOST_SYNC, m.HostSync, subject, body)
+        if isinstance(req, m.HostSync):
+            try:
+                subjects.check_host(req.host, host)
+            except ValidationError as e:
+                self._reject(subject, e)
+                req = m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
+        if isinstance(req, m.CommandRejected):
+            return codec.encode(req)
         return codec.encode(self.book.work(host, self.seq, self.clock()))
 
     # -- reports -------------------------------------------------------------------------
@@ -244,9 +248,11 @@ class DispatchService:
     def _decode(
         self, kind: Kind, cls: type[_T], subject: str, body: bytes
     ) -> _T | m.CommandRejected:
-        """``body`` as ``cls``, or the refusal naming the field (counted and logged)."""
+        """``body`` as ``cls``, or the refusal naming the field (counted and logged).
+        ``PartReports`` skip the scan for a key repeated in one object (``codec``'s
+        ``own``): only service users are granted their subject, as for log records."""
         try:
-            msg = codec.decode(kind, body)
+            msg = codec.decode(kind, body, own=kind is Kind.HOSTS_REPORT)
             assert isinstance(msg, cls)
             return msg
         except ValidationError as e:
