@@ -1,8 +1,9 @@
 """Live-system benchmark (``make bench-live``): the whole stack on this machine.
 
 Setup: ``allot.live.stack.Stack`` with ONE fake agent process simulating 1,000 hosts x 8
-GPUs, one intake, one placement, health, dispatch, ranking, accounting, on the embedded (or
-given) NATS and Redis. Then, from this process over plain NATS requests:
+GPUs (its hosts' reports sent in batches, ``--batch-reports``), one intake, one placement,
+health, dispatch, ranking, accounting, on the embedded (or given) NATS and Redis. Then,
+from this process over plain NATS requests:
 
 0. fill 500 hosts with protected allocated work (8-GPU runs of ``search``, 8 h minimum
    runtime), so 4,000 GPUs stay free: enough that a probe below never waits for a GPU (at
@@ -521,7 +522,8 @@ def render(result: dict[str, Any]) -> str:
         f"JetStream fsync: {fsync}. "
         "Stack: one fake agent process with "
         f"{result['hosts']} hosts x {result['gpus_per_host']} GPUs ({result['fill_hosts']} "
-        "of them full of protected work), one intake, one placement, health, dispatch, "
+        "of them full of protected work; its hosts' reports sent in batches, "
+        "`--batch-reports`), one intake, one placement, health, dispatch, "
         "ranking, accounting; embedded NATS and Redis; the load generator on the same machine."
         + (
             f" **Diagnostic run: {', '.join(result['paused'])} stopped (SIGSTOP) while each "
