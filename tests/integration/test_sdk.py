@@ -212,6 +212,54 @@ async def test_a_silent_service_times_out_after_the_retries(
     assert len(responders.seen) == 2
 
 
+async def _swallow_first_then_leave(url: str, subject: str) -> tuple[NatsClient, list[bytes]]:
+    """A service that takes the first request and dies before answering it (its
+    connection closes): what a killed intake looks like to the client."""
+    nc = await nats.connect(url)
+    seen: list[bytes] = []
+
+    async def cb(msg: Msg) -> None:
+        seen.append(msg.data)
+        await nc.close()
+
+    await nc.subscribe(subject, cb=cb)
+    await confirm_subscriptions(nc)
+    return nc, seen
+
+
+async def test_no_responder_after_an_unanswered_attempt_is_not_a_definite_failure(
+    fresh_log: str,
+) -> None:
+    subject = subjects.submit("nlp")
+    _, seen = await _swallow_first_then_leave(fresh_log, subject)
+    async with Client(fresh_log, timeout=0.3, retries=1) as c:
+        t0 = time.monotonic()
+        # The first attempt reached a service that may have queued it: "nobody listens
+        # now" must end as an unknown outcome, never as NoResponderError ("not done").
+        with pytest.raises(RequestTimeoutError):
+            await c.submit(client_id="gone-1", user="ann", gpus=1, allocation="nlp")
+        assert time.monotonic() - t0 < 3.0
+    assert len(seen) == 1
+
+
+async def test_a_request_rides_through_a_service_restart(
+    fresh_log: str, responders: Responders
+) -> None:
+    subject = subjects.submit("nlp")
+    _, seen = await _swallow_first_then_leave(fresh_log, subject)
+    async with Client(fresh_log, timeout=0.5, retries=2) as c:
+        task = asyncio.create_task(
+            c.submit(client_id="restart-1", user="ann", gpus=1, allocation="nlp")
+        )
+        while not seen:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.7)  # past the first attempt's timeout: nobody listens
+        await responders.answer(subject, accept_submit)  # the service is back
+        reply = await asyncio.wait_for(task, 5.0)
+    assert reply.client_id == "restart-1"
+    assert seen[0] == responders.seen[0][1]  # the same bytes, asked again
+
+
 async def test_no_responder_says_what_to_start(client: Client) -> None:
     with pytest.raises(NoResponderError) as err:
         await client.queue()

@@ -6,7 +6,8 @@ completion, with the same ``client_id``:
 * ``ok``: intake answered ``WorkloadAccepted`` (the workload id rides in ``value``);
 * ``fail``: the request certainly did not take effect: intake refused it
   (``SubmitRejectedError``), the body failed the local check (``ValidationError``), or
-  nobody subscribed to the subject (``NoResponderError``: the server says nobody got it);
+  nobody subscribed to the subject (``NoResponderError``: the server says nobody got any
+  of the SDK's attempts; after an unanswered attempt the SDK never raises it);
 * ``unknown``: anything else (timeout after the SDK's retries, a connection lost while
   waiting, a bad reply): the submission may or may not be in the log. The checker allows
   both for these, and only these.

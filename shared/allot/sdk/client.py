@@ -4,7 +4,11 @@ Every command and query is a core-NATS request answered by one service (intake, 
 placement leader, the ranking service, health); the body and the reply are the msgspec
 JSON messages of ``allot.proto.messages``. Commands are idempotent by design (a submission
 is keyed by ``client_id``, a second cancel or drain changes nothing), so a request that
-times out is simply sent again, the same bytes each time, ``retries`` more times.
+times out is simply sent again, the same bytes each time, ``retries`` more times. Nobody
+listening is a definite failure (``NoResponderError``) only while no attempt has gone
+unanswered: after a timeout the service may have acted and died before replying, so the
+request is asked again while it restarts, and otherwise ends as ``RequestTimeoutError``
+(outcome unknown).
 
 A body is checked locally before it is sent (encoded, then decoded by the same
 ``allot.proto.codec`` the services use), so a bad value fails with a ``ValidationError``
@@ -68,6 +72,8 @@ _BATCH_ROOM = codec.MAX_PAYLOAD - 256
 BATCHES_IN_FLIGHT = 8
 """``submit_batch`` requests outstanding at once."""
 _COMMAND_REPLY = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
+NO_RESPONDER_PAUSE_S = 0.1
+"""Between two asks while nobody listens after an unanswered attempt (see ``_request``)."""
 _STATUS_REPLY = msgspec.json.Decoder(m.WorkloadStatus)
 _QUEUE_REPLY = msgspec.json.Decoder(m.QueueSnapshot)
 _PRIO_REPLY = msgspec.json.Decoder(m.PrioSnapshot)
@@ -248,12 +254,26 @@ class Client:
     ) -> T:
         wait = self.timeout if timeout is None else timeout
         attempts = self.retries + 1
-        for attempt in range(1, attempts + 1):
+        loop = asyncio.get_running_loop()
+        attempt, give_up_at = 0, None
+        while attempt < attempts:
             try:
                 reply: Msg = await self.nc.request(subject, body, timeout=wait)
             except nats.errors.NoRespondersError:
-                raise NoResponderError(subject, who) from None
+                if give_up_at is None:  # no attempt reached anyone: certainly not done
+                    raise NoResponderError(subject, who) from None
+                # An earlier attempt reached a service that never answered (killed after
+                # acting, before replying): its outcome is unknown, so "nobody listens
+                # now" must not be reported as "not done". Ask again while the service
+                # restarts (the same bytes: idempotent), up to ``wait`` after that timeout;
+                # then the outcome stays unknown (``RequestTimeoutError``).
+                if loop.time() >= give_up_at:
+                    break
+                await asyncio.sleep(NO_RESPONDER_PAUSE_S)
+                continue
             except nats.errors.TimeoutError:
+                attempt += 1
+                give_up_at = loop.time() + wait
                 log.debug("request on %s timed out (attempt %d)", subject, attempt)
                 continue
             except nats.errors.ConnectionClosedError:
