@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import msgspec
 import nats
+import nats.js.errors
 import pytest
 from live_harness import eventually, of_type, placements, records, seed
 from nats.aio.msg import Msg
@@ -176,6 +177,37 @@ async def test_standby_takes_over_from_the_log_without_double_booking(fresh_log:
         await service_main.stop(second)
         await service_main.stop(first)
         await service_main.stop(intake)
+        await nc.close()
+
+
+async def test_a_failed_leader_election_append_does_not_end_the_lease_loop(
+    fresh_log: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make chaos-cluster`` (2026-12-02 17:51 UTC): the ``LeaderElected`` append failed
+    during a stream leader's election (``NoStreamResponseError``), the exception ended
+    the lease loop of both instances, and nothing was placed again. Now the lease is let
+    go and taken again once the log answers."""
+    nc = await nats.connect(fresh_log)
+    await seed(nc.jetstream(), {"h1": 8})
+    placement = PlacementService(fresh_log, lease_ttl_s=1.0, name="p1", tracing=False)
+    real_publish = bus.publish
+    failures = [2]
+
+    async def flaky_publish(js, subject, record, msg_id=None):  # type: ignore[no-untyped-def]
+        if isinstance(record, m.LeaderElected) and failures[0] > 0:
+            failures[0] -= 1
+            raise nats.js.errors.NoStreamResponseError()
+        return await real_publish(js, subject, record, msg_id)
+
+    monkeypatch.setattr(bus, "publish", flaky_publish)
+    await service_main.start(placement)
+    try:
+        await eventually(lambda: asyncio.sleep(0, placement.leader), bool, timeout=10)
+        assert failures == [0]  # it failed twice, and kept trying
+        assert placement.epoch > 0 and placement.fold.epoch == placement.epoch
+        assert all(not t.done() for t in placement._tasks)
+    finally:
+        await service_main.stop(placement)
         await nc.close()
 
 

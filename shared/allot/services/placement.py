@@ -347,10 +347,25 @@ class PlacementService:
 
     # ------------------------------------------------------------------ leadership
     async def _lease_loop(self) -> None:
+        """Take the lease when it is free, renew it while leading. Nothing NATS raises may
+        end this task: a dead lease loop is an instance that never leads again (``make
+        chaos-cluster``, 2026-12-02 17:51: the LeaderElected append failing during a stream
+        leader's election ended both instances' loops, and nothing was placed after)."""
         assert self.js is not None
-        kv = await self.js.create_key_value(
-            bucket=LEADER_BUCKET, ttl=self.lease_ttl_s, history=1, replicas=bus.stream_replicas()
-        )
+        kv = None
+        while kv is None and not self._stopping:
+            try:
+                kv = await self.js.create_key_value(
+                    bucket=LEADER_BUCKET,
+                    ttl=self.lease_ttl_s,
+                    history=1,
+                    replicas=bus.stream_replicas(),
+                )
+            except Exception as e:  # NATS unavailable: retry
+                log.warning("lease bucket not ready", error=str(e))
+                await asyncio.sleep(self.lease_ttl_s / 4)
+        if kv is None:
+            return
         revision = 0
         while not self._stopping:
             if not self.leader:
@@ -363,7 +378,14 @@ class PlacementService:
                     log.warning("lease create failed", error=str(e))
                     await asyncio.sleep(self.lease_ttl_s / 4)
                     continue
-                await self._become_leader(revision, kv)
+                try:
+                    await self._become_leader(revision, kv)
+                except Exception as e:  # the LeaderElected append failed: let the lease go
+                    log.warning("leadership not taken", epoch=revision, error=repr(e))
+                    await self._step_down(f"taking leadership failed: {e!r}")
+                    with contextlib.suppress(Exception):
+                        await kv.delete(LEASE_KEY)
+                    await asyncio.sleep(self.lease_ttl_s / 4)
             else:
                 await asyncio.sleep(self.lease_ttl_s / 3)
                 try:
