@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -43,7 +43,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from allot.core.errors import ValidationError
 from allot.live import bus, group_commit, runtime
 from allot.live.host_work import DispatchBook
-from allot.live.request_server import RequestServer
+from allot.live.request_server import Handler, RequestServer
 from allot.live.service_main import base_parser, run_main
 from allot.live.tasks import stop_tasks
 from allot.proto import codec, subjects
@@ -159,9 +159,7 @@ class DispatchService:
             seq=self.seq,
         )
 
-    async def _serve(
-        self, subject: str, handler: Callable[[str, bytes], Awaitable[bytes]], workers: int
-    ) -> RequestServer:
+    async def _serve(self, subject: str, handler: Handler, workers: int) -> RequestServer:
         server = RequestServer(
             self.broker.connection,
             subject,
@@ -222,14 +220,12 @@ class DispatchService:
         await self._ready.wait()  # the agent's request times out and is asked again
         host = subjects.host_of(subject)
         req = self._decode(Kind.HOST_SYNC, m.HostSync, subject, body)
-        if isinstance(req, m.HostSync):
-            try:
-                subjects.check_host(req.host, host)
-            except ValidationError as e:
-                self._reject(subject, e)
-                req = m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
         if isinstance(req, m.CommandRejected):
             return codec.encode(req)
+        try:
+            subjects.check_host(req.host, host)
+        except ValidationError as e:
+            return codec.encode(self._reject(subject, e))
         return codec.encode(self.book.work(host, self.seq, self.clock()))
 
     # -- reports -------------------------------------------------------------------------
@@ -256,8 +252,7 @@ class DispatchService:
             assert isinstance(msg, cls)
             return msg
         except ValidationError as e:
-            self._reject(subject, e)
-            return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
+            return self._reject(subject, e)
 
     async def _batch_handler(self, subject: str, body: bytes) -> bytes:
         return codec.encode(await self.report_batch(subject, body))
@@ -299,9 +294,7 @@ class DispatchService:
                 await self._catch_up()
                 record = self.book.record_for(host, report)
         except ValidationError as e:
-            refused = ValidationError(where + e.field, e.reason)
-            self._reject(subject, refused)
-            return m.CommandRejected(at=self.clock(), field=refused.field, reason=refused.reason)
+            return self._reject(subject, ValidationError(where + e.field, e.reason))
         if record is None:
             return m.CommandAccepted(at=self.clock(), detail="already in the log")
         assert self._appends is not None and self._follower is not None
@@ -326,9 +319,11 @@ class DispatchService:
         info = await self._js.stream_info("WORKLOADS")
         await self._follower.wait_for("WORKLOADS", info.state.last_seq, CATCH_UP_TIMEOUT_S)
 
-    def _reject(self, subject: str, e: ValidationError) -> None:
+    def _reject(self, subject: str, e: ValidationError) -> m.CommandRejected:
+        """Count and log a refusal; the answer that names its field."""
         self.rejected[e.field] = self.rejected.get(e.field, 0) + 1
         log.warning("report rejected", subject=subject, field=e.field, reason=e.reason)
+        return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
 
 
 def build(args: argparse.Namespace) -> DispatchService:
