@@ -304,7 +304,10 @@ async def run_bench(
         idle = await _idle_cpu(pids or {}, IDLE_S)
 
         # 2. latency at paced rates with that queue pending (the first rate is the goal's)
-        phases = [await _latency_phase(nc, rate, args, queued, pids or {}) for rate in args.rates]
+        phases = [
+            await _latency_phase(nc, rate, args, queued, pids or {}, nats_url=nats_url)
+            for rate in args.rates
+        ]
 
         # 3. the same kind of submissions, SubmitBatch of --batch each (after the latency
         # phases: these too stay pending, and the latency goal is stated at 10,000 pending)
@@ -350,8 +353,30 @@ async def _idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, Any]:
     }
 
 
+async def _start_side_probe(
+    args: argparse.Namespace, nats_url: str
+) -> asyncio.subprocess.Process | None:
+    """``--side-probe``: ``bench/stream_probe.py`` timing light appends and requests beside
+    the probes, for as long as they are sent (a diagnostic; its lines are printed only)."""
+    if not args.side_probe:
+        return None
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(Path(__file__).resolve().parent / "stream_probe.py"),
+        nats_url,
+        str(args.probe_s),
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
 async def _latency_phase(
-    nc: nats.NATS, rate: float, args: argparse.Namespace, queued: int, pids: dict[str, int]
+    nc: nats.NATS,
+    rate: float,
+    args: argparse.Namespace,
+    queued: int,
+    pids: dict[str, int],
+    *,
+    nats_url: str,
 ) -> dict[str, Any]:
     """Submit 1-GPU ``nlp`` probes paced at ``rate``/s; time each from sending the request
     to receiving its ``WorkloadPlaced`` record."""
@@ -428,6 +453,7 @@ async def _latency_phase(
     paused = [pid for name, pid in pids.items() if name in args.pause]
     for pid in paused:
         os.kill(pid, signal.SIGSTOP)
+    side = await _start_side_probe(args, nats_url)
     cpu_before = _cpu_seconds(pids)
     start = time.perf_counter()
     for i in range(total):
@@ -440,6 +466,9 @@ async def _latency_phase(
         await nc.publish(s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), reply=f"{inbox}.{cid}")
     sending_s = time.perf_counter() - start
     cpu_after = _cpu_seconds(pids)
+    if side is not None:
+        out, _ = await side.communicate()
+        print(out.decode().rstrip(), flush=True)
     with contextlib.suppress(TimeoutError):  # saturated: some got no answer in time
         await _wait(lambda: len(acked) == total, PROBE_TIMEOUT_S, "probes answered")
     await answers.unsubscribe()
@@ -644,6 +673,13 @@ def main(argv: list[str] | None = None) -> int:
         "for bench/report_bursts.py",
     )
     ap.add_argument(
+        "--side-probe",
+        action="store_true",
+        help="a diagnostic: while each latency phase sends, time an append to a stream of its "
+        "own, a core-NATS request and an append to WORKLOADS every 20 ms from another "
+        "process (bench/stream_probe.py); printed only",
+    )
+    ap.add_argument(
         "--no-sync-always",
         action="store_true",
         help="JetStream's default fsync (every 2 min) instead of every write: the cost figure",
@@ -706,8 +742,8 @@ def main(argv: list[str] | None = None) -> int:
     result["when"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     text = render(result)
     print(text)
-    if subset:
-        print("(--pause: a diagnostic, printed only)")
+    if subset or args.side_probe:
+        print("(--pause / --side-probe: a diagnostic, printed only)")
     elif not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         stem = "live-nosync" if args.no_sync_always else "live"
