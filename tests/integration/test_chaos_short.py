@@ -12,32 +12,19 @@ The driver is ``bench/chaos.py`` (loaded by path: ``bench`` is not a package).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import uuid
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import load as load_bench
 
 pytestmark = pytest.mark.integration
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
-
-
-def _driver() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("allot_bench_chaos", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up while building
-    spec.loader.exec_module(module)
-    return module
 
 
 async def test_leader_and_intake_killed_under_load_nothing_lost_nothing_double_booked(
     fresh_log: str, redis_url: str, tmp_path: Path
 ) -> None:
-    chaos = _driver()
+    chaos = load_bench("chaos")
     cfg = chaos.ChaosConfig(
         run_dir=tmp_path,
         plan=["sigkill:leader", "sigkill:intake"],

@@ -16,16 +16,14 @@ by the driver, not asserted here.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import uuid
 from pathlib import Path
-from types import ModuleType
 
 import nats
 import nats.errors
 import nats.js.errors
 import pytest
+from bench_scripts import load as load_bench
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StreamConfig
 
@@ -33,17 +31,6 @@ from allot.adapters.nats_cluster import EmbeddedNatsCluster
 from allot.live import bus
 
 pytestmark = pytest.mark.integration
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos_cluster.py"
-
-
-def _driver() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("allot_bench_chaos_cluster", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up while building
-    spec.loader.exec_module(module)
-    return module
 
 
 async def _publish_once(js: JetStreamContext, subject: str, payload: bytes, msg_id: str) -> PubAck:
@@ -97,7 +84,7 @@ async def test_cluster_keeps_a_replicated_stream_through_a_node_restart(tmp_path
 async def test_losing_one_node_under_load_nothing_lost_nothing_double_booked(
     redis_url: str, tmp_path: Path
 ) -> None:
-    chaos = _driver()
+    chaos = load_bench("chaos_cluster")
     cfg = chaos.ClusterConfig(
         run_dir=tmp_path,
         plan=["node-kill:follower"],

@@ -5,14 +5,11 @@ WORKLOADS only records every log reader refuses (so the stack it probes folds no
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import nats
 import pytest
+from bench_scripts import load as load_bench
 from nats.js.errors import NotFoundError
 
 from allot.adapters.embedded import EmbeddedNats
@@ -20,17 +17,6 @@ from allot.core.errors import ValidationError
 from allot.live import bus
 
 pytestmark = pytest.mark.integration
-
-PROBE = Path(__file__).resolve().parents[2] / "bench" / "stream_probe.py"
-
-
-def _probe_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("allot_bench_stream_probe", PROBE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +26,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
 
 
 async def test_the_side_probe_times_each_round_trip_and_cleans_up(server: EmbeddedNats) -> None:
-    probe = _probe_module()
+    probe = load_bench("stream_probe")
     nc = await nats.connect(server.url)
     js = nc.jetstream()
     try:
@@ -64,7 +50,7 @@ async def test_the_side_probe_times_each_round_trip_and_cleans_up(server: Embedd
 
 
 def test_percentiles_are_read_from_the_sorted_samples() -> None:
-    probe = _probe_module()
+    probe = load_bench("stream_probe")
     line = probe._percentiles([0.004, 0.001, 0.003, 0.002])
     assert line == "n 4, p50 3.00 ms, p90 4.00 ms, p99 4.00 ms"
     assert probe._percentiles([]) == "no samples"
