@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 import nats
 from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 
 from allot.proto import subjects as s
+from report_bursts import percentile  # a sibling script (sys.path[0])
 
 PROBE_STREAM = "PROBE_SIDE"
 PROBE_SUBJECT = "probe-side.append"
@@ -37,9 +40,13 @@ REQUEST_SUBJECT = "probe-side.request"
 def _percentiles(seconds: list[float]) -> str:
     if not seconds:
         return "no samples"
-    v = sorted(seconds)
-    at = [v[min(len(v) - 1, int(len(v) * q))] * 1000 for q in (0.5, 0.9, 0.99)]
-    return f"n {len(v)}, p50 {at[0]:.2f} ms, p90 {at[1]:.2f} ms, p99 {at[2]:.2f} ms"
+    at = [percentile(seconds, q) * 1000 for q in (0.5, 0.9, 0.99)]
+    return f"n {len(seconds)}, p50 {at[0]:.2f} ms, p90 {at[1]:.2f} ms, p99 {at[2]:.2f} ms"
+
+
+def workloads_subject(n: int) -> str:
+    """The probe's ``n``-th WORKLOADS append: an event name no reader knows."""
+    return f"{s.PREFIX}.events.zzprobe.p{n}.probe"
 
 
 async def probe(url: str, seconds: float, every_s: float) -> dict[str, list[float]]:
@@ -55,24 +62,25 @@ async def probe(url: str, seconds: float, every_s: float) -> dict[str, list[floa
             await msg.respond(b"ok")
 
         await nc.subscribe(REQUEST_SUBJECT, cb=respond)
-        times: dict[str, list[float]] = {"own stream": [], "core request": [], "WORKLOADS": []}
+        trips: dict[str, Callable[[int], Awaitable[object]]] = {
+            "own stream": lambda _: js.publish(PROBE_SUBJECT, b"x" * 200),
+            "core request": lambda _: requester.request(REQUEST_SUBJECT, b"x", timeout=10),
+            "WORKLOADS": lambda n: js.publish(workloads_subject(n), b"{}"),
+        }
+        times: dict[str, list[float]] = {name: [] for name in trips}
         end = time.monotonic() + seconds
         n = 0
         while time.monotonic() < end:
             n += 1
-            t = time.perf_counter()
-            await js.publish(PROBE_SUBJECT, b"x" * 200)
-            times["own stream"].append(time.perf_counter() - t)
-            t = time.perf_counter()
-            await requester.request(REQUEST_SUBJECT, b"x", timeout=10)
-            times["core request"].append(time.perf_counter() - t)
-            t = time.perf_counter()
-            await js.publish(f"{s.PREFIX}.events.zzprobe.p{n}.probe", b"{}")
-            times["WORKLOADS"].append(time.perf_counter() - t)
+            for name, trip in trips.items():
+                t = time.perf_counter()
+                await trip(n)
+                times[name].append(time.perf_counter() - t)
             await asyncio.sleep(every_s)
-        await js.delete_stream(PROBE_STREAM)
         return times
     finally:
+        with contextlib.suppress(Exception):  # a failed run leaves no stream behind either
+            await js.delete_stream(PROBE_STREAM)
         await requester.close()
         await nc.close()
 

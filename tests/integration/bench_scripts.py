@@ -11,7 +11,10 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def load(script: str) -> ModuleType:
-    """``bench/<script>.py`` as the module ``allot_bench_<script>``."""
+    """``bench/<script>.py`` as the module ``allot_bench_<script>``; its imports of sibling
+    scripts resolve as when it is run (``bench`` first on ``sys.path``)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(f"allot_bench_{script}", BENCH / f"{script}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

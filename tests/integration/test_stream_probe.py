@@ -42,7 +42,7 @@ async def test_the_side_probe_times_each_round_trip_and_cleans_up(server: Embedd
         with pytest.raises(NotFoundError):
             await js.stream_info(probe.PROBE_STREAM)
         assert (await js.stream_info("WORKLOADS")).state.messages == before + rounds
-        last = await js.get_last_msg("WORKLOADS", "allot.v1.events.zzprobe.*.probe")
+        last = await js.get_last_msg("WORKLOADS", probe.workloads_subject(rounds))
         with pytest.raises(ValidationError):  # a reader skips it: no fold changes
             bus.decode_record(last.subject, last.data or b"")
     finally:
