@@ -145,7 +145,11 @@ class _Servers:
         # The same durability as the stack's own NATS (``StackConfig.sync_always``).
         self.sync_always = cfg.sync_always
         if cfg.nats_url is None:
-            self.nats = EmbeddedNats(store_dir=self.store, sync_always=self.sync_always).start()
+            self.nats = EmbeddedNats(
+                store_dir=self.store,
+                sync_always=self.sync_always,
+                memory_staging=bus.ATOMIC_STREAMS,
+            ).start()
         if cfg.redis_url is None:
             self.redis = EmbeddedRedis().start()
         self.nats_url = cfg.nats_url or self._nats().url
@@ -166,7 +170,11 @@ class _Servers:
         os.kill(old.pid, signal.SIGKILL)
         old.stop()  # reaps the process, removes its runtime dir (the store stays)
         self.nats = EmbeddedNats(
-            store_dir=self.store, port=port, http_port=http_port, sync_always=self.sync_always
+            store_dir=self.store,
+            port=port,
+            http_port=http_port,
+            sync_always=self.sync_always,
+            memory_staging=bus.ATOMIC_STREAMS,
         ).start()
 
     def stop(self) -> None:

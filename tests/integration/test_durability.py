@@ -107,5 +107,7 @@ def test_the_stack_fsyncs_every_jetstream_write(tmp_path: Path) -> None:
         assert stack.servers.nats is not None
         varz = json.load(urllib.request.urlopen(stack.servers.nats.monitor_url + "/varz"))
         assert varz["jetstream"]["config"]["sync_always"] is True
+        # Group commit's batches stage on tmpfs; what they commit is fsynced as above.
+        assert stack.servers.nats.staged_in_memory == ["$G/WORKLOADS"]
     finally:
         stack.servers.stop()

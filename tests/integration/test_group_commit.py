@@ -29,10 +29,16 @@ pytestmark = pytest.mark.integration
 NEW_SUBJECT = {"Nats-Expected-Last-Subject-Sequence": "0"}
 
 
-@pytest.fixture(scope="module")
-def batching_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+@pytest.fixture(scope="module", params=["staged in the store", "staged on tmpfs"])
+def batching_server(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[EmbeddedNats]:
+    """Every test runs twice: batches staged where nats-server stages them, and on tmpfs as
+    the embedded stack stages them (``allot.adapters.batch_staging``)."""
     store: Path = tmp_path_factory.mktemp("group-commit")
-    with EmbeddedNats(store_dir=store, sync_always=True) as server:
+    staging = ["WORKLOADS"] if request.param == "staged on tmpfs" else []
+    with EmbeddedNats(store_dir=store, sync_always=True, memory_staging=staging) as server:
+        assert server.staged_in_memory == staging
         yield server
 
 
@@ -43,6 +49,8 @@ async def log(batching_server: EmbeddedNats) -> AsyncIterator[tuple[GroupCommit,
         with contextlib.suppress(NotFoundError):  # absent: what we want
             await js.delete_stream(name)
     await bus.ensure_streams(js)
+    staging = batching_server.staged_in_memory
+    assert batching_server.stage_in_memory() == staging  # the new stream's, linked again
     appends = await group_commit.for_stream(nc, js, "WORKLOADS")
     yield appends, js
     await nc.close()

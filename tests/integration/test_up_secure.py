@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from allot.adapters.batch_staging import staging_dir
+from allot.live.auth_config import ACCOUNT
 from allot.live.stack import AgentSpec, Stack, StackConfig
 from allot.sdk import Client
 from allot.sdk.errors import SdkError
@@ -35,6 +37,11 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
     )
     with Stack(config) as stack:
         assert stack.auth is not None and stack.ca_file is not None
+        # Streams live in the service account's store; its WORKLOADS stages batches on tmpfs.
+        staging = staging_dir(tmp_path / "jetstream", ACCOUNT, "WORKLOADS")
+        assert (staging.parent / "meta.inf").is_file() and staging.is_symlink()
+        assert stack.servers.nats is not None
+        assert stack.servers.nats.staged_in_memory == [f"{ACCOUNT}/WORKLOADS"]
         url = stack.url_for("nlp")
         assert url.startswith("tls://nlp:")
         monkeypatch.setenv("ALLOT_NATS_CA", str(stack.ca_file))

@@ -30,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from allot.adapters import batch_staging
+
 __all__ = [
     "EmbeddedNats",
     "EmbeddedRedis",
@@ -192,6 +194,10 @@ class EmbeddedNats(_Server):
     `config_file`: a nats-server config (TLS, auth, ...); command-line flags
     still set host, ports and the store. `sync_always`: fsync every JetStream
     write (`jetstream { sync_interval: always }`), for crash-safety tests.
+    `memory_staging`: streams (`"ACCOUNT/STREAM"`, or `"STREAM"` in the global
+    account) whose atomic batches are staged on tmpfs rather than in the store
+    (`allot.adapters.batch_staging`: the committed records are stored and fsynced
+    as before; `staged_in_memory` says which streams it applied to).
     """
 
     def __init__(
@@ -206,6 +212,7 @@ class EmbeddedNats(_Server):
         binary: Path | str | None = None,
         startup_timeout: float = 10.0,
         stop_timeout: float = 5.0,
+        memory_staging: Sequence[str] = (),
     ) -> None:
         if config_file is not None and sync_always:
             raise ValueError(
@@ -218,6 +225,10 @@ class EmbeddedNats(_Server):
         self._store_dir = Path(store_dir) if store_dir is not None else None
         self._config_file = Path(config_file) if config_file is not None else None
         self._sync_always = sync_always
+        self._memory_staging = tuple(memory_staging)
+        self._staging_root: Path | None = None
+        self.staged_in_memory: list[str] = []
+        """The streams whose atomic batches stage on tmpfs in the running server."""
         self._binary = Path(binary) if binary is not None else None
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
@@ -285,6 +296,11 @@ class EmbeddedNats(_Server):
         self._runtime_dir = runtime
         store = self.store_dir
         store.mkdir(parents=True, exist_ok=True)
+        if self._memory_staging:
+            # Before the start for streams not created yet; again once healthy, because
+            # restoring a stream removes its staging directory (batch_staging).
+            self._staging_root = batch_staging.memory_root()
+            self.stage_in_memory()
         cmd = [
             str(binary),
             "-a",
@@ -325,7 +341,18 @@ class EmbeddedNats(_Server):
         except BaseException:
             self.stop()
             raise
+        self.stage_in_memory()
         return self
+
+    def stage_in_memory(self) -> list[str]:
+        """Link the `memory_staging` streams' staging directories to tmpfs (done at start;
+        again after a stream is deleted and created anew); the streams linked."""
+        if self._staging_root is None:
+            return []
+        self.staged_in_memory = batch_staging.stage_in_memory(
+            self.store_dir, self._memory_staging, self._staging_root
+        )
+        return self.staged_in_memory
 
     def _wait_ready(self, deadline: float) -> None:
         assert self._proc is not None
@@ -372,6 +399,9 @@ class EmbeddedNats(_Server):
         if proc is not None:
             _terminate(proc, self.stop_timeout if timeout is None else timeout)
         self._port = self._http_port = None
+        batch_staging.remove_root(self._staging_root)
+        self._staging_root = None
+        self.staged_in_memory = []
         self._cleanup_runtime()
 
     def _cleanup_runtime(self) -> None:
@@ -507,8 +537,10 @@ class Servers(StartStop):
         nats_config_file: Path | str | None = None,
         sync_always: bool = False,
         nats_port: int | None = None,
+        memory_staging: Sequence[str] = (),
     ) -> None:
         self._given_nats = nats_url
+        self._memory_staging = tuple(memory_staging)
         self._nats_port = nats_port
         self._given_redis = redis_url
         self._store_dir = store_dir
@@ -552,6 +584,7 @@ class Servers(StartStop):
                     config_file=self._nats_config_file,
                     port=self._nats_port,
                     sync_always=self._sync_always,
+                    memory_staging=self._memory_staging,
                 ).start()
             if self._given_redis is None:
                 self.redis = EmbeddedRedis().start()

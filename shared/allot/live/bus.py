@@ -94,6 +94,10 @@ def encode(record: msgspec.Struct) -> bytes:
     return _ENCODER.encode(record)
 
 
+ATOMIC_STREAMS = ("WORKLOADS",)
+"""Streams that take atomic batches (``allow_atomic``; group commit)."""
+
+
 def stream_configs(replicas: int = 1) -> list[StreamConfig]:
     out = []
     for name, subjects in STREAMS.items():
@@ -107,7 +111,7 @@ def stream_configs(replicas: int = 1) -> list[StreamConfig]:
                 max_age=USAGE_MAX_AGE_S if name == "USAGE" else 0.0,
                 # Group commit (``allot.live.group_commit``); a server older than 2.12
                 # ignores the field, and its appends go one by one.
-                allow_atomic=True if name == "WORKLOADS" else None,
+                allow_atomic=True if name in ATOMIC_STREAMS else None,
             )
         )
     return out

@@ -7,7 +7,9 @@ a second, and ``make bench-live``'s 500 probes a second append 2,000 records a s
 An atomic batch (nats-server >= 2.12, a stream with ``allow_atomic``) is stored with 4
 fsyncs whatever its size (``bench/fsync_batch.py``: 100 records one by one, 100 fsyncs; as
 one batch, 4), but its commit is answered 2-7 ms after it is sent, where a single append
-is answered in 0.3-0.9 ms (the same script, its "answered in" lines). So:
+is answered in 0.3-0.9 ms (the same script, its "answered in" lines). Staged on tmpfs, as
+the embedded stack stages it (``allot.adapters.batch_staging``), a commit costs one fsync
+in the store and is answered in 1-3 ms. So:
 
 * while fewer than ``threshold`` appends of this process are waiting for their acks, an
   append is sent at once on its own, exactly as ``allot.live.bus.publish`` sends it (a
@@ -55,7 +57,9 @@ log = structlog.get_logger("allot.group_commit")
 
 THRESHOLD = 8
 """Appends waiting for their acks beyond which new ones queue for a batch. A commit costs
-4 fsyncs and a few ms, so a batch smaller than about this saves nothing."""
+a few ms and 4 fsyncs (1 with its staging on tmpfs), so a batch smaller than about this
+saves nothing (measured with staging on tmpfs too: a threshold of 2 raised the CPU and the
+latency of ``make bench-live``'s probes, three pairs, 2026-12-03)."""
 MAX_BATCH = 500
 """Records per atomic batch (nats-server refuses more than 1,000)."""
 _BATCH_IDS = itertools.count()

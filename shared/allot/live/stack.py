@@ -29,18 +29,20 @@ from typing import IO, Self
 import msgspec
 import nats
 
+from allot.adapters.batch_staging import DEFAULT_ACCOUNT
 from allot.adapters.embedded import Servers, StartStop, free_ports
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
 from allot.live.auth_config import (
+    ACCOUNT,
     CA_ENV,
     GeneratedAuth,
     client_tls,
     generate,
     inbox_prefix_for_url,
 )
-from allot.live.bus import server_urls
+from allot.live.bus import ATOMIC_STREAMS, server_urls
 from allot.live.tls_certs import make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -154,6 +156,10 @@ class Stack(StartStop):
             nats_config_file=nats_config,
             nats_port=port,
             sync_always=config.sync_always and nats_config is None,
+            # Group commit's batches staged on tmpfs (allot.adapters.batch_staging).
+            memory_staging=[
+                f"{ACCOUNT if config.secure else DEFAULT_ACCOUNT}/{name}" for name in ATOMIC_STREAMS
+            ],
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
