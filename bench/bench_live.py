@@ -541,6 +541,8 @@ def render(result: dict[str, Any]) -> str:
     t = result["throughput"]
     ok = {True: "PASS", False: "FAIL"}
     fsync = "every write" if result["sync_always"] else "JetStream's default (every 2 min)"
+    staged = result.get("staged_in_memory", [])
+    staging = f"on tmpfs ({', '.join(staged)})" if staged else "in nats-server's store"
     lines = [
         "# Live benchmark (`make bench-live`)",
         "",
@@ -548,7 +550,7 @@ def render(result: dict[str, Any]) -> str:
         f"{result['reference_loop_ms'][0]} ms before the run and "
         f"{result['reference_loop_ms'][1]} ms after (this shared VM drifts: 20 to 93 ms "
         "on 2026-12-02 alone; every figure below scales with it). "
-        f"JetStream fsync: {fsync}. "
+        f"JetStream fsync: {fsync}; atomic batches staged {staging}. "
         "Stack: one fake agent process with "
         f"{result['hosts']} hosts x {result['gpus_per_host']} GPUs ({result['fill_hosts']} "
         "of them full of protected work; its hosts' reports sent in batches, "
@@ -720,6 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     with Stack(config) as stack:
         pids = {name: proc.pid for name, proc in stack.procs.items()}
         pids["load generator"] = os.getpid()
+        staged = stack.servers.nats.staged_in_memory if stack.servers.nats else []
         for name, server in (("nats-server", stack.servers.nats), ("redis", stack.servers.redis)):
             if server is not None:
                 pids[name] = server.pid
@@ -732,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
     result["sync_always"] = not args.no_sync_always
+    result["staged_in_memory"] = staged
     flags = " --no-sync-always" * args.no_sync_always + " --pause-off-path" * args.pause_off_path
     flags += f" --pause {','.join(args.pause)}" * subset
     result["command"] = "make bench-live" + (
