@@ -65,18 +65,14 @@ def test_staging_dir_becomes_a_link_unless_a_batch_is_in_it(
 def test_idempotent_and_per_account(tmp_path: Path) -> None:
     store, root = tmp_path / "store", tmp_path / "shm"
     names = ["ALLOT/WORKLOADS", "HOSTS"]
+    links = [staging_dir(store, "ALLOT", "WORKLOADS"), staging_dir(store, "$G", "HOSTS")]
     assert stage_in_memory(store, names, root) == names
-    first = {n: os.readlink(staging_dir(store, *_split(n))) for n in names}
+    first = [os.readlink(link) for link in links]
     assert stage_in_memory(store, names, root) == names
-    assert {n: os.readlink(staging_dir(store, *_split(n))) for n in names} == first
+    assert [os.readlink(link) for link in links] == first
     assert staging_dir(store, "ALLOT", "WORKLOADS").resolve() == (root / "ALLOT" / "WORKLOADS")
     assert staging_dir(store, "$G", "HOSTS").resolve() == (root / "$G" / "HOSTS")
     assert not staging_dir(store, "$G", "WORKLOADS").exists()
-
-
-def _split(name: str) -> tuple[str, str]:
-    account, _, stream = name.rpartition("/")
-    return account or "$G", stream
 
 
 def test_memory_root_only_where_there_is_one(tmp_path: Path) -> None:

@@ -14,18 +14,17 @@ So the ``batches`` directory of the streams named here is made a symlink to a di
 tmpfs (``/dev/shm``). A crash then loses only batches that were not committed, which no
 publisher was told were stored; ``allot.live.group_commit`` sends such a batch's records
 again one by one, deduplicated by their msg ids. Nothing a disk would have kept is lost
-either: nats-server deletes the staging directory when it restores the stream at start,
-so a staged batch never outlived a restart on disk. What it saves (``bench/fsync_batch.py``
-style, embedded nats-server, fsync on every write, 2026-12-03): a 5-record commit
-answered in 1.35-1.45 ms instead of 4.1-4.6 ms; 300 records 6.6-7.0 ms instead of 9.3-10.0
-ms. A single append is unchanged (about 0.5 ms).
+either: a staged batch never outlived a restart on disk (below). What it saves
+(``bench/fsync_batch.py`` style, embedded nats-server, fsync on every write, 2026-12-03):
+a 5-record commit answered in 1.35-1.45 ms instead of 4.1-4.6 ms; 300 records 6.6-7.0 ms
+instead of 9.3-10.0 ms. A single append is unchanged (about 0.5 ms).
 
-nats-server removes a stream's ``batches`` directory when it restores the stream at start,
-so ``stage_in_memory`` is called twice per start: before (for a stream not created yet, its
-directory is made with the link in it, which nats-server keeps when the stream is created)
-and once the server is healthy (for a restored stream). It never moves a directory that
-holds a batch being staged: such a stream keeps staging on disk, as without this module,
-and ``stage_in_memory`` does not return it. On a system without ``/dev/shm`` nothing
+nats-server deletes a stream's ``batches`` directory (link or not) when it restores the
+stream at start, so ``stage_in_memory`` is called twice per start: before (for a stream
+not created yet, its directory is made with the link in it, which nats-server keeps when
+the stream is created) and once the server is healthy (for a restored stream). It never
+moves a directory that holds a batch being staged: such a stream keeps staging on disk,
+as without this module, and ``stage_in_memory`` does not return it. On a system without ``/dev/shm`` nothing
 changes. The layout is nats-server's, not a documented interface: if a version stages
 elsewhere, the link is simply unused.
 """

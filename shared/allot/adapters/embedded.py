@@ -399,15 +399,16 @@ class EmbeddedNats(_Server):
         if proc is not None:
             _terminate(proc, self.stop_timeout if timeout is None else timeout)
         self._port = self._http_port = None
-        batch_staging.remove_root(self._staging_root)
-        self._staging_root = None
-        self.staged_in_memory = []
         self._cleanup_runtime()
 
     def _cleanup_runtime(self) -> None:
         runtime, self._runtime_dir = self._runtime_dir, None
         if runtime is not None:
             shutil.rmtree(runtime, ignore_errors=True)
+        # Also when nats-server could not be run: the tmpfs directory goes with the runtime.
+        batch_staging.remove_root(self._staging_root)
+        self._staging_root = None
+        self.staged_in_memory = []
 
     # -- helpers --------------------------------------------------------------
 
