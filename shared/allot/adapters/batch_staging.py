@@ -24,9 +24,9 @@ stream at start, so ``stage_in_memory`` is called twice per start: before (for a
 not created yet, its directory is made with the link in it, which nats-server keeps when
 the stream is created) and once the server is healthy (for a restored stream). It never
 moves a directory that holds a batch being staged: such a stream keeps staging on disk,
-as without this module, and ``stage_in_memory`` does not return it. On a system without ``/dev/shm`` nothing
-changes. The layout is nats-server's, not a documented interface: if a version stages
-elsewhere, the link is simply unused.
+as without this module, and ``stage_in_memory`` does not return it. On a system without
+``/dev/shm`` nothing changes. The layout is nats-server's, not a documented interface: if
+a version stages elsewhere, the link is simply unused.
 """
 
 from __future__ import annotations
