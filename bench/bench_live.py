@@ -454,6 +454,7 @@ async def _latency_phase(
     for pid in paused:
         os.kill(pid, signal.SIGSTOP)
     side = await _start_side_probe(args, nats_url)
+    leader_before = await _placement_stats(nc)
     cpu_before = _cpu_seconds(pids)
     start = time.perf_counter()
     for i in range(total):
@@ -466,6 +467,7 @@ async def _latency_phase(
         await nc.publish(s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), reply=f"{inbox}.{cid}")
     sending_s = time.perf_counter() - start
     cpu_after = _cpu_seconds(pids)
+    leader_after = await _placement_stats(nc)
     if side is not None:
         out, _ = await side.communicate()
         print(out.decode().rstrip(), flush=True)
@@ -530,11 +532,33 @@ async def _latency_phase(
         "goal_p50_ms": GOAL_P50_MS,
         "goal_p99_ms": GOAL_P99_MS,
         "pass": pct[50] <= GOAL_P50_MS and pct[99] <= GOAL_P99_MS,
+        "leader_per_s": _leader_per_s(leader_before, leader_after, sending_s),
         "cpu_cores": round(sum(cpu.values()) / sending_s, 2) if cpu else None,
         "cpu_ms_per_probe": {
             n: round(s_ * 1000 / total, 3) for n, s_ in sorted(cpu.items(), key=lambda x: -x[1])
         },
     }
+
+
+async def _placement_stats(nc: nats.NATS) -> dict[str, Any] | None:
+    """The leader's cycle counters (``PlacementStats``), or None if it did not answer."""
+    try:
+        msg = await nc.request(s.QUERY_PLACEMENT_STATS, b"{}", timeout=5.0)
+    except (TimeoutError, nats.errors.Error):
+        return None
+    stats: dict[str, Any] = json.loads(msg.data)
+    return stats
+
+
+def _leader_per_s(
+    before: dict[str, Any] | None, after: dict[str, Any] | None, seconds: float
+) -> dict[str, float] | None:
+    """What the leader's cycles did per second of sending: cycles, decisions, and the
+    seconds they spent in all, deciding, and waiting for their appends' acks."""
+    if before is None or after is None or before.get("epoch") != after.get("epoch"):
+        return None  # no answer, or leadership moved: the counters restarted
+    keys = ("cycles", "decisions", "sum_s", "decide_s", "append_wait_s")
+    return {k: round((after.get(k, 0) - before.get(k, 0)) / seconds, 3) for k in keys}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -624,6 +648,14 @@ def render(result: dict[str, Any]) -> str:
             lines.append(
                 "| where the decision's time goes, by the records' own clocks, p50 / p99 ms: "
                 f"{legs} | | | |"
+            )
+        if lat.get("leader_per_s"):
+            lead = lat["leader_per_s"]
+            lines.append(
+                f"| same, the placement leader while sending, per second: {lead['cycles']:.0f} "
+                f"cycles for {lead['decisions']:.0f} decisions; {lead['sum_s']} s in cycles, "
+                f"of which {lead['decide_s']} s deciding and {lead['append_wait_s']} s waiting "
+                "for the log to acknowledge their appends | | | |"
             )
         if lat.get("cpu_ms_per_probe"):
             per = ", ".join(f"{n} {ms}" for n, ms in lat["cpu_ms_per_probe"].items())

@@ -321,13 +321,24 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
             assert row.effective_share == pytest.approx(0.5)
             assert row.entitlement_gpus == pytest.approx(4.0)
 
+        # A cycle is counted when it ends, after its appends are acknowledged and its queue
+        # positions published: ask until the cycle that placed vision has ended.
         stats = await query(s.QUERY_PLACEMENT_STATS, m.PlacementStats)
+        for _ in range(50):
+            if stats.append_wait_s > 0.0:
+                break
+            await asyncio.sleep(0.1)
+            stats = await query(s.QUERY_PLACEMENT_STATS, m.PlacementStats)
         assert stats.epoch == placement.epoch > 0
         assert stats.count >= 1 and stats.cycles >= stats.count
         assert len(stats.counts) == len(stats.buckets_s) + 1
         assert list(stats.counts) == sorted(stats.counts) and stats.counts[-1] == stats.count
         assert 0.0 < stats.sum_s < 10.0 * stats.count
         assert stats.decisions >= 1  # vision's placement
+        # A cycle that placed vision decided, then waited for its append: both parts are
+        # measured, and together they are at most the cycles' summed duration.
+        assert stats.decide_s > 0.0 and stats.append_wait_s > 0.0
+        assert stats.decide_s + stats.append_wait_s <= stats.sum_s
     finally:
         await service_main.stop(placement)
         await service_main.stop(intake)

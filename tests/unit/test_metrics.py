@@ -208,6 +208,8 @@ STATS = m.PlacementStats(
     counts=(2, 5, 9, 10),
     sum_s=0.8,
     count=10,
+    decide_s=0.125,
+    append_wait_s=0.5,
 )
 
 WAITS = [0.5, 1.0, 30.0, 3600.0, 90_000.0]
@@ -508,6 +510,14 @@ def test_cycle_duration_is_the_leaders_histogram_passed_through() -> None:
     assert s.value("allot_scheduling_cycle_duration_seconds_sum") == 0.8
 
 
+def test_where_the_cycles_time_went_is_two_counters_passed_through() -> None:
+    s = scrape(full_inputs())
+    assert s.types["allot_scheduling_cycle_decide_seconds"] == "counter"
+    assert s.types["allot_scheduling_cycle_append_wait_seconds"] == "counter"
+    assert s.value("allot_scheduling_cycle_decide_seconds_total") == 0.125
+    assert s.value("allot_scheduling_cycle_append_wait_seconds_total") == 0.5
+
+
 def test_a_leader_with_no_cycles_yet_exports_an_empty_histogram() -> None:
     stats = m.PlacementStats(at=T)
     s = scrape(full_inputs(placement_stats=stats))
@@ -660,6 +670,8 @@ def test_missing_inputs_leave_out_only_the_metrics_that_need_them() -> None:
         "allot_allocation_fairtree_rank",
         "allot_usage_window_seconds",
         "allot_scheduling_cycle_duration_seconds",
+        "allot_scheduling_cycle_decide_seconds",
+        "allot_scheduling_cycle_append_wait_seconds",
         "allot_ranking_age_seconds",
         "allot_placement_snapshot_age_seconds",
     }
@@ -729,8 +741,16 @@ def stats(**kw: object) -> m.PlacementStats:
         (stats(buckets_s=(0.001, 0.1, 0.01)), "placement_stats.buckets_s[2]", "increasing"),
         (stats(count=11), "placement_stats.counts", "differs from count 11"),
         (stats(counts=()), "placement_stats.counts", "empty but buckets_s has 3"),
+        (stats(decide_s=0.5, append_wait_s=0.31), "placement_stats.append_wait_s", "exceeds"),
     ],
-    ids=["a-count-missing", "not-cumulative", "bounds-out-of-order", "inf-not-count", "no-counts"],
+    ids=[
+        "a-count-missing",
+        "not-cumulative",
+        "bounds-out-of-order",
+        "inf-not-count",
+        "no-counts",
+        "parts-over-sum",
+    ],
 )
 def test_a_malformed_cycle_histogram_is_refused_naming_the_field(
     bad: m.PlacementStats, field: str, reason: str

@@ -72,6 +72,10 @@ Sources and formulas:
   1 s .. 7 days.
 * ``allot_scheduling_cycle_duration_seconds``: the leader's own histogram, passed through.
   It restarts at zero when leadership moves: Prometheus reads that as a counter reset.
+  Two counters beside it say where the cycles' time went:
+  ``allot_scheduling_cycle_decide_seconds_total`` and
+  ``allot_scheduling_cycle_append_wait_seconds_total`` (``PlacementStats.decide_s`` and
+  ``append_wait_s``).
 """
 
 from __future__ import annotations
@@ -223,6 +227,7 @@ class _Collector:
         yield _queue_waits(self.inputs.queue_waits)
         if self.inputs.placement_stats is not None:
             yield _cycle_durations(self.inputs.placement_stats)
+            yield from _cycle_parts(self.inputs.placement_stats)
         yield from _ages(self.inputs)
 
 
@@ -429,6 +434,20 @@ def _cycle_durations(stats: m.PlacementStats) -> Metric:
     )
 
 
+def _cycle_parts(stats: m.PlacementStats) -> Iterator[Metric]:
+    yield CounterMetricFamily(
+        "allot_scheduling_cycle_decide_seconds",
+        "Seconds the placement leader's cycles spent deciding (since it became leader).",
+        value=stats.decide_s,
+    )
+    yield CounterMetricFamily(
+        "allot_scheduling_cycle_append_wait_seconds",
+        "Seconds the placement leader's cycles waited for the log to acknowledge their "
+        "appends (since it became leader).",
+        value=stats.append_wait_s,
+    )
+
+
 def _ages(inputs: MetricsInputs) -> Iterator[Metric]:
     if inputs.ranking is not None:
         yield _gauge(
@@ -483,6 +502,14 @@ def _check_histogram(stats: m.PlacementStats) -> None:
     if counts[-1] != stats.count:
         raise ValidationError(
             f"{field}.counts", f"+Inf bucket {counts[-1]} differs from count {stats.count}"
+        )
+    # Both are parts of every cycle's duration, so together they cannot exceed the sum
+    # (up to the rounding of three float sums over the same cycles).
+    parts = stats.decide_s + stats.append_wait_s
+    if parts > stats.sum_s * (1 + 1e-9) + 1e-9:
+        raise ValidationError(
+            f"{field}.append_wait_s",
+            f"decide_s + append_wait_s = {parts!r} exceeds the cycles' sum_s {stats.sum_s!r}",
         )
 
 

@@ -701,7 +701,13 @@ class AllocationsSnapshot(_Message, frozen=True, kw_only=True):
 
 class PlacementStats(_Message, frozen=True, kw_only=True):
     """``allot.v1.query.placement_stats``: the leader's scheduling-cycle duration histogram
-    (Prometheus style: ``buckets_s`` upper bounds, ``counts`` cumulative, +Inf last)."""
+    (Prometheus style: ``buckets_s`` upper bounds, ``counts`` cumulative, +Inf last).
+
+    ``decide_s`` and ``append_wait_s`` are two parts of the cycles' summed duration
+    ``sum_s``: deciding (a snapshot of the fold and the core's ``run_cycle`` over it) and
+    waiting for the log to acknowledge the cycle's appends (its fsynced writes); the rest
+    is building the records and publishing queue positions. A leader whose cycles are
+    mostly ``append_wait_s`` is limited by the log's write path, not by the policy."""
 
     at: Timestamp
     epoch: Epoch = 0
@@ -713,6 +719,8 @@ class PlacementStats(_Message, frozen=True, kw_only=True):
     ] = ()
     sum_s: NonNegative = 0.0
     count: Annotated[int, msgspec.Meta(ge=0)] = 0
+    decide_s: NonNegative = 0.0
+    append_wait_s: NonNegative = 0.0
 
 
 class OwedQuery(_Message, frozen=True, kw_only=True):

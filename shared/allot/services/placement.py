@@ -111,19 +111,24 @@ tracer = trace.get_tracer("allot.placement")
 
 class CycleDurations:
     """A cumulative histogram of cycle durations, Prometheus style: ``counts[i]`` cycles
-    took <= ``buckets_s[i]``; the last count (+Inf) is every cycle."""
+    took <= ``buckets_s[i]``; the last count (+Inf) is every cycle. Beside it, two sums
+    that split the durations: deciding, and waiting for the cycle's appends."""
 
     def __init__(self, buckets_s: Sequence[float] = CYCLE_BUCKETS_S) -> None:
         self.buckets_s = tuple(buckets_s)
         self._per_bucket = [0] * (len(self.buckets_s) + 1)  # not cumulative; last: +Inf
         self.sum_s = 0.0
         self.count = 0
+        self.decide_s = 0.0
+        self.append_wait_s = 0.0
 
-    def observe(self, seconds: float) -> None:
+    def observe(self, seconds: float, decide_s: float = 0.0, append_wait_s: float = 0.0) -> None:
         # bisect_left: a duration equal to a bound belongs to that bound's bucket (le).
         self._per_bucket[bisect_left(self.buckets_s, seconds)] += 1
         self.sum_s += seconds
         self.count += 1
+        self.decide_s += decide_s
+        self.append_wait_s += append_wait_s
 
     def counts(self) -> tuple[int, ...]:
         out: list[int] = []
@@ -463,6 +468,7 @@ class PlacementService:
         # dry run over the whole queue) only to be overtaken by its placement a moment later.
         considered = set(self._new_pending)
         result = run_cycle(snapshot, self.policy, now)
+        decided = time.perf_counter()
         self.cycles += 1
         # Until its decisions come back, the fold is the one this result was computed on:
         # it is the dry run a queue query would compute (see _explain). A cached answer for
@@ -542,10 +548,13 @@ class PlacementService:
                         f"drained:{t.host}:{epoch}:{self.cycles}",
                     )
                 )
+        append_wait_s = 0.0
         if publishes:
+            appending = time.perf_counter()
             seqs = await asyncio.gather(*publishes[: len(publishes) - len(result.transitions)])
             if len(result.transitions):
                 await asyncio.gather(*publishes[len(seqs) :])
+            append_wait_s = time.perf_counter() - appending
             self.decisions += len(publishes)
             if seqs:
                 self._awaiting_seq = max(seqs)
@@ -565,7 +574,9 @@ class PlacementService:
             # protection end may be hours away).
             due = self._last_queued_at + every
             self._next_wakeup = due if self._next_wakeup is None else min(self._next_wakeup, due)
-        self.cycle_durations.observe(time.perf_counter() - started)
+        self.cycle_durations.observe(
+            time.perf_counter() - started, decided - started, append_wait_s
+        )
 
     async def _publish_queued(self, now: float, waiting: set[str]) -> None:
         """``WorkloadQueued`` for ``waiting``: new pending work a cycle left pending."""
@@ -747,6 +758,8 @@ class PlacementService:
             counts=h.counts(),
             sum_s=h.sum_s,
             count=h.count,
+            decide_s=h.decide_s,
+            append_wait_s=h.append_wait_s,
         )
         await msg.respond(_ENC.encode(stats))
 
