@@ -111,8 +111,8 @@ tracer = trace.get_tracer("allot.placement")
 
 class CycleDurations:
     """A cumulative histogram of cycle durations, Prometheus style: ``counts[i]`` cycles
-    took <= ``buckets_s[i]``; the last count (+Inf) is every cycle. Beside it, two sums
-    that split the durations: deciding, and waiting for the cycle's appends."""
+    took <= ``buckets_s[i]``; the last count (+Inf) is every cycle. Beside it, the sums
+    of two parts of those durations: deciding, and waiting for the cycle's appends."""
 
     def __init__(self, buckets_s: Sequence[float] = CYCLE_BUCKETS_S) -> None:
         self.buckets_s = tuple(buckets_s)
