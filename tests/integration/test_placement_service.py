@@ -323,12 +323,10 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
 
         # A cycle is counted when it ends, after its appends are acknowledged and its queue
         # positions published: ask until the cycle that placed vision has ended.
-        stats = await query(s.QUERY_PLACEMENT_STATS, m.PlacementStats)
-        for _ in range(50):
-            if stats.append_wait_s > 0.0:
-                break
-            await asyncio.sleep(0.1)
-            stats = await query(s.QUERY_PLACEMENT_STATS, m.PlacementStats)
+        stats = await eventually(
+            lambda: query(s.QUERY_PLACEMENT_STATS, m.PlacementStats),
+            lambda st: st.append_wait_s > 0.0,
+        )
         assert stats.epoch == placement.epoch > 0
         assert stats.count >= 1 and stats.cycles >= stats.count
         assert len(stats.counts) == len(stats.buckets_s) + 1
