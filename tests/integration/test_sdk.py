@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -617,3 +619,69 @@ async def test_cli_watch_prints_one_line_per_event(
     assert await cli(fresh_log, "watch", "wl-w", "--alloc", "nlp", "--json") == 0
     kinds = [json.loads(line)["kind"] for line in capsys.readouterr().out.splitlines()]
     assert kinds == [type(r).__name__ for _, r in story]
+
+
+async def test_cli_status_and_watch_of_an_unknown_workload_are_errors(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As ``scontrol show job`` says of an invalid id: one line naming WORKLOAD, exit 2
+    (a watch would otherwise wait for records that never come)."""
+    await bus.ensure_streams(responders.nc.jetstream())
+    story = _story("wl-w", "nlp", requeue=False)
+    await _publish(responders.nc.jetstream(), story)
+
+    def status(msg: Msg) -> m.WorkloadStatus:
+        wid = msgspec.json.decode(msg.data, type=m.StatusQuery).workload_id
+        return m.WorkloadStatus(workload_id=wid, state="completed" if wid == "wl-w" else "unknown")
+
+    for subject in (
+        subjects.QUERY_STATUS,
+        subjects.query_scoped(subjects.QUERY_STATUS, "nlp"),
+        subjects.query_scoped(subjects.QUERY_STATUS, None),
+    ):
+        await responders.answer(subject, status)
+    cases = [
+        (("status", "wl-x"), "allot status: WORKLOAD: no workload 'wl-x'"),
+        (
+            ("status", "wl-x", "--alloc", "nlp"),
+            "allot status: WORKLOAD: no workload 'wl-x' in allocation 'nlp'",
+        ),
+        (
+            ("watch", "wl-x", "--alloc", "nlp"),
+            "allot watch: WORKLOAD: no workload 'wl-x' in allocation 'nlp'",
+        ),
+        (("watch", "wl-x"), "allot watch: WORKLOAD: no workload 'wl-x' in allocation '~'"),
+        (
+            ("watch", "wl-x", "--alloc", "n.lp"),
+            "allot watch: --alloc: 'n.lp' contains '.'; a NATS subject token may not contain "
+            "'.', '*', '>' or whitespace",
+        ),
+    ]
+    for argv, err in cases:
+        assert await cli(fresh_log, *argv) == 2, argv  # a watch that waited would hang here
+        out = capsys.readouterr()
+        assert (out.out, out.err.strip()) == ("", err)
+    assert await cli(fresh_log, "status", "wl-w") == 0
+    assert "completed" in capsys.readouterr().out
+    assert await cli(fresh_log, "watch", "wl-w", "--alloc", "nlp") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == [type(r).__name__ for _, r in story]
+
+
+async def test_cli_watch_into_a_closed_pipe_stops_quietly(
+    fresh_log: str, responders: Responders
+) -> None:
+    """``allot watch ... | head``: once the reader is gone, exit 141 (128 + SIGPIPE) with
+    nothing on stderr, not a traceback of the pipe and of the watch's cleanup."""
+    js = responders.nc.jetstream()
+    await bus.ensure_streams(js)
+    await _publish(js, _story("wl-p", "nlp", requeue=False))
+    read, write = os.pipe()
+    os.close(read)  # gone before the first line
+    argv = ["watch", "wl-p", "--alloc", "nlp", "--nats-url", fresh_log]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "allot.cli.main", *argv, stdout=write, stderr=asyncio.subprocess.PIPE
+    )
+    os.close(write)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert (proc.returncode, err.decode()) == (141, "")

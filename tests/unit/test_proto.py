@@ -579,3 +579,34 @@ def test_a_large_ranking_record_decodes_while_commands_keep_the_64_kib_limit() -
     with pytest.raises(ValidationError) as err:
         decode(Kind.SUBMIT, big_submit)
     assert err.value.field == "body"
+
+
+def _patterns(node: Any) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["pattern"]} if isinstance(node.get("pattern"), str) else set()
+        return found.union(*(_patterns(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_patterns(v) for v in node))
+    return set()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"client_id": "c", "user": "a b", "gpus": 1}, "user"),
+        ({"client_id": "c/1", "user": "ann", "gpus": 1}, "client_id"),
+        ({"client_id": "c", "user": "ann\n", "gpus": 1}, "user"),
+    ],
+)
+def test_a_bad_name_is_explained_in_words_not_as_a_regex(body: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        decode(Kind.SUBMIT, raw({"type": "SubmitWorkload", **body}))
+    assert caught.value.field == field
+    assert "regex" not in caught.value.reason
+    assert "letters, digits, '_' and '-' only" in caught.value.reason
+
+
+def test_the_name_pattern_is_the_only_pattern_of_the_wire_types() -> None:
+    """The codec words exactly one pattern (``NAME_PATTERN``); a new one needs words too."""
+    _, components = msgspec.json.schema_components(tuple(TYPES.values()))
+    assert _patterns(components) == {m.NAME_PATTERN}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import re
 import sys
 import time
@@ -380,7 +381,16 @@ def run_cancel(args: argparse.Namespace) -> int:
     return _run(args, work)
 
 
+def _unknown_workload(workload: str, scope: str | None) -> ValidationError:
+    """What ``status`` and ``watch`` say of a workload the placement leader does not know
+    (worded as intake words a cancel of one): exit status 2, like other bad input."""
+    where = "" if scope is None else f" in allocation {scope!r}"
+    return ValidationError("WORKLOAD", f"no workload {workload!r}{where}")
+
+
 def run_status(args: argparse.Namespace) -> int:
+    """A workload the leader does not know (never submitted, or another allocation's under
+    ``--alloc``) is an error, as ``scontrol show job`` says of an invalid job id."""
     scope = parse_scope(args.scope)
 
     async def work(c: Client) -> int:
@@ -388,20 +398,34 @@ def run_status(args: argparse.Namespace) -> int:
             status = await c.status(args.workload, scope=scope)
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
+        if status.state == "unknown":
+            raise _unknown_workload(args.workload, scope)
         return _print_reply(args, status, fmt.status_text(status))
 
     return _run(args, work)
 
 
 def run_watch(args: argparse.Namespace) -> int:
+    """Asks the leader first, so a mistyped id or ``--alloc`` is an error at once instead of
+    a wait for records that will never come. The log alone serves the watch: without a
+    leader's answer it goes on (``Client.watch`` then waits for the workload's records)."""
+    scope = parse_scope(args.alloc) or s.UNALLOCATED
+
     async def work(c: Client) -> int:
         try:
-            events = c.watch(args.workload, args.alloc)
-            async for record in events:
-                if args.json:
-                    print(fmt.envelope_json(record, time.time(), indent=None), flush=True)
-                else:
-                    print(fmt.event_line(record), flush=True)
+            try:
+                status = await c.status(args.workload, scope=scope)
+            except (NoResponderError, RequestTimeoutError):
+                status = None
+            if status is not None and status.state == "unknown":
+                raise _unknown_workload(args.workload, scope)
+            # Closed here, while the client is open, whatever ends the loop.
+            async with contextlib.aclosing(c.watch(args.workload, args.alloc)) as events:
+                async for record in events:
+                    if args.json:
+                        print(fmt.envelope_json(record, time.time(), indent=None), flush=True)
+                    else:
+                        print(fmt.event_line(record), flush=True)
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
         return 0

@@ -7,6 +7,7 @@ exit status 2 (``ValidationError``); nothing prints a traceback for a user's mis
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -25,6 +26,8 @@ from allot.cli import (
 from allot.core.errors import ValidationError
 
 EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for a program whose reader went away."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of stdout is gone (``allot watch ... | head``): stop quietly, as a C
+        # tool killed by SIGPIPE does. Python flushes stdout again at exit and would report
+        # the pipe there, so stdout now writes to /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return code
 
 

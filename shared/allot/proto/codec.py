@@ -76,6 +76,11 @@ _ENCODER: Final = msgspec.json.Encoder()
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _NAMED = re.compile(r"(?:unknown|missing required) field `(?P<name>[\s\S]+)`$")
 _BYTE = re.compile(r"\(byte (?P<pos>\d+)\)")
+_NAME_WORDS: Final = (
+    f"Expected `str` matching regex {m.NAME_PATTERN!r}",
+    "Expected a name of letters, digits, '_' and '-' only (a NATS subject token)",
+)
+"""msgspec quotes the pattern; a user reads what it allows instead (the only pattern)."""
 _PLAIN_KEY = re.compile(rb'"([^"]*)"\s*:')  # a key token when the body has no backslash
 _KEY = re.compile(rb'"((?:[^"\\]|\\.){1,200})"\s*:')
 
@@ -160,6 +165,7 @@ def _schema_error(text: str) -> ValidationError:
     if at is not None:
         path = at.group("path")
         text = text[: at.start()]
+    text = text.replace(*_NAME_WORDS)
     named = _NAMED.search(text)
     if named is not None:
         path = f"{path}.{named.group('name')}"

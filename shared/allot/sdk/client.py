@@ -27,7 +27,7 @@ import inspect
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -491,7 +491,7 @@ class Client:
         allocation: str | None,
         *,
         idle_timeout: float | None = None,
-    ) -> AsyncIterator[msgspec.Struct]:
+    ) -> AsyncGenerator[msgspec.Struct, None]:
         """Every record of one workload (lifecycle events and preemption notices) from the
         beginning of the log, then live; stops after a terminal one (see
         ``allot.sdk.lifecycle``). ``allocation`` None means unallocated. ``idle_timeout``:
@@ -538,7 +538,9 @@ class Client:
                 if ending.ends(record):
                     return
         finally:
-            if not self.nc.is_closed:
+            # Closed by the garbage collector after the client itself was closed: nothing
+            # left to unsubscribe from.
+            if self._nc is not None and not self._nc.is_closed:
                 for sub in subs:
                     await sub.unsubscribe()
 
