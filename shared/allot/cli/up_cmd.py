@@ -79,6 +79,12 @@ def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
     return config
 
 
+def redis_export(redis_url: str) -> str:
+    """The line that points ``allot accounting`` at the stack's Redis (an embedded one is
+    not on the default port: without it, the command reads another server's counters)."""
+    return f"export ALLOT_REDIS_URL={redis_url}   # allot accounting"
+
+
 def run(args: argparse.Namespace) -> int:
     stack = Stack(config_from(args))
     stop = threading.Event()
@@ -109,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  export ALLOT_NATS_URL='{stack.url_for(team)}'   # as team {team}")
         else:
             print(f"  export ALLOT_NATS_URL={stack.servers.nats_url}")
+        print(f"  {redis_export(stack.servers.redis_url)}")
         print(
             "  try:   allot submit --alloc nlp --user ann --gpus 8 --min-runtime 1h "
             "--duration 10m;  allot queue;  allot share;  allot hosts;  allot owed",
