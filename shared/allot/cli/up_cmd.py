@@ -130,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             pass
         print("stopping...", flush=True)
+    killed = [name for name, code in stack.exit_codes.items() if code == -signal.SIGKILL]
+    if killed:  # a service that ignores SIGTERM would also hold up `docker stop`
+        print(f"stopped; killed after 10 s without stopping: {', '.join(killed)}")
+        return 1
     print("stopped.")
     return 0
 

@@ -162,6 +162,8 @@ class Stack(StartStop):
             ],
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.exit_codes: dict[str, int] = {}
+        """Each stopped process's exit status, set by ``stop``."""
         self._logs: dict[str, IO[bytes]] = {}
         self.budgets_path: Path | None = None
         self.dashboard_port: int | None = None
@@ -366,16 +368,19 @@ class Stack(StartStop):
         return None
 
     def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every process, SIGKILL those still running after ``timeout`` (10 s, as
+        ``docker stop``); ``exit_codes`` then holds each one's status (-9: killed)."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for proc in self.procs.values():
+        for name, proc in self.procs.items():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            self.exit_codes[name] = proc.returncode
         self.procs.clear()
         for log in self._logs.values():
             log.close()

@@ -471,6 +471,7 @@ class Accounting:
         self.handled = 0
         """Messages handled (acknowledged), for tests and logs."""
         self._consumer: asyncio.Task[None] | None = None
+        self._pull: JetStreamContext.PullSubscription | None = None
 
     async def on_started(self) -> None:
         js = self.broker.connection.jetstream()
@@ -494,12 +495,21 @@ class Accounting:
             config=config,
         )
         await _refilter(js, config, filters)
+        self._pull = pull
         self._consumer = asyncio.create_task(self._consume_forever(pull))
         log.info("accounting started", prefix=self.charger.prefix, slot_s=self.charger.slot_s)
 
     async def on_stopping(self) -> None:
         await stop_tasks([self._consumer])
         self._consumer = None
+        if self._pull is not None:
+            # nats-py's fetch takes messages off the subscription's queue without
+            # ``task_done()``, so the broker's drain at shutdown would wait on that queue
+            # until its 30 s drain timeout (a SIGTERMed accounting was SIGKILLed at 10 s).
+            # The durable consumer stays: only this subscription leaves.
+            with contextlib.suppress(nats.errors.Error, ValueError):
+                await self._pull.unsubscribe()
+            self._pull = None
         await self.redis.aclose()
 
     async def _consume_forever(self, pull: JetStreamContext.PullSubscription) -> None:
