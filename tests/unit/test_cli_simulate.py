@@ -132,6 +132,8 @@ def bad_inputs(scenario: Path, tmp: Path) -> dict[str, BadInput]:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows[:10])
+    latin1 = tmp / "latin1.csv"  # the decode error comes while the rows are read
+    latin1.write_bytes(b"job_id,submit_time_s,gpus,duration_s,user\n1,0,1,60,Ren\xe9\n")
     listed = tmp / "list.yaml"
     listed.write_text("- {prefix: node-, count: 2, gpus: 8}\n", encoding="utf-8")
     base = inputs(scenario)
@@ -147,6 +149,18 @@ def bad_inputs(scenario: Path, tmp: Path) -> dict[str, BadInput]:
             ["--cluster", listed, *base[2:]], (str(listed), "mapping")
         ),
         "no --cluster and no --philly": BadInput(base[2:], ("--cluster", "--philly")),
+        "--philly folder without the trace": BadInput(
+            ["--philly", tmp], ("--philly", str(tmp), "philly_pollux.csv", "README")
+        ),
+        "--trace that does not exist": BadInput(
+            [*base[:4], "--trace", tmp / "absent.csv"], (str(tmp / "absent.csv"), "no such file")
+        ),
+        "--trace that is a folder": BadInput([*base[:4], "--trace", tmp], (str(tmp), "directory")),
+        "--trace that is not UTF-8 after its header": BadInput(
+            [*base[:4], "--trace", latin1], (str(latin1), "not UTF-8")
+        ),
+        "--window 0": BadInput([*base, "--window", "0"], ("--window", "more than 0")),
+        "--half-life 0": BadInput([*base, "--half-life", "0s"], ("--half-life", "more than 0")),
     }
 
 
@@ -155,6 +169,12 @@ BAD_IDS = [
     "trace names an allocation the tree lacks",
     "cluster YAML is a list, not a mapping",
     "no --cluster and no --philly",
+    "--philly folder without the trace",
+    "--trace that does not exist",
+    "--trace that is a folder",
+    "--trace that is not UTF-8 after its header",
+    "--window 0",
+    "--half-life 0",
 ]
 
 

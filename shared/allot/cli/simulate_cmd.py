@@ -91,6 +91,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    # Checked here, not deep inside the core's first ranking, so the error names the flag.
+    for flag, value in (("--window", args.window), ("--half-life", args.half_life)):
+        if value is not None and value <= 0:
+            raise ValidationError(flag, f"must be more than 0 seconds, got {value:g}")
     cluster, tree, jobs = _load_inputs(args)
     policies = _policies(args)
     workers = max(1, min(args.jobs or os.cpu_count() or 1, len(policies)))
@@ -172,6 +176,13 @@ def _capacity(cluster: ClusterSpec) -> int:
 def _load_inputs(args: argparse.Namespace) -> tuple[ClusterSpec, BudgetTree, list[TraceJob]]:
     defaults = TraceDefaults(min_runtime_s=args.min_runtime, resumable=args.resumable)
     if args.philly is not None:
+        for name in (PHILLY_TRACE, PHILLY_VCS):
+            if not (args.philly / name).is_file():
+                raise ValidationError(
+                    "--philly",
+                    f"{args.philly} holds no {name} (where to get the Philly trace files: "
+                    "README, 'Data')",
+                )
         jobs = read_trace(args.philly / PHILLY_TRACE, defaults)
         teams = sorted({j.workload.allocation for j in jobs if j.workload.allocation})
         cluster_data = philly_cluster(args.philly / PHILLY_VCS, teams)

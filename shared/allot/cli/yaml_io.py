@@ -26,6 +26,7 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from allot.core.errors import ValidationError
+from allot.sim.input_files import unreadable
 
 NAME_KEYS = frozenset({"name", "parent"})
 """Keys whose plain scalar values are always loaded as text."""
@@ -81,14 +82,8 @@ def load_yaml(path: Path) -> object:
     where = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ValidationError(where, "no such file") from None
-    except IsADirectoryError:
-        raise ValidationError(where, "is a directory, not a YAML file") from None
-    except UnicodeDecodeError as exc:
-        raise ValidationError(where, f"not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise ValidationError(where, f"cannot read: {exc.strerror or exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise unreadable(where, exc) from None
     try:
         return yaml.load(text, Loader=NameKeepingLoader)
     except yaml.MarkedYAMLError as exc:

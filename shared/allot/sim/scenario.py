@@ -96,6 +96,7 @@ from pathlib import Path
 
 from allot.core.errors import ValidationError
 from allot.core.model import MAX_MIN_RUNTIME_S, Workload
+from allot.sim.input_files import csv_rows
 from allot.sim.trace import TraceJob
 
 HOUR = 3600
@@ -552,8 +553,7 @@ def _legacy_class(rng: random.Random, kind: str, high_fraction: float) -> str:
 def _vc_nodes(vc_csv: Path) -> dict[str, int]:
     """``vc,node num`` rows -> {vc: nodes}, in file order."""
     out: dict[str, int] = {}
-    with vc_csv.open(newline="", encoding="utf-8-sig") as handle:
-        reader = csv.reader(handle)
+    with csv_rows(vc_csv) as reader:
         header = [h.strip() for h in next(reader, [])]
         if header[:2] != ["vc", "node num"]:
             raise ValidationError(f"{vc_csv}:1", f"expected header 'vc,node num', got {header}")

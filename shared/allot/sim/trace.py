@@ -41,7 +41,6 @@ another row's values under a *different* job_id are fine (the Philly file has 65
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from allot.core.errors import ValidationError
 from allot.core.model import MAX_MIN_RUNTIME_S, Workload
+from allot.sim.input_files import csv_rows
 
 if TYPE_CHECKING:
     from _csv import Reader
@@ -91,8 +91,7 @@ def read_trace(path: Path, defaults: TraceDefaults = TraceDefaults()) -> list[Tr
             f"must be in [0, {MAX_MIN_RUNTIME_S}] (8 h), got {defaults.min_runtime_s}",
         )
     name = str(path)
-    with path.open(newline="", encoding="utf-8-sig") as handle:
-        reader = csv.reader(handle)
+    with csv_rows(path) as reader:
         try:
             header = next(reader)
         except StopIteration:
