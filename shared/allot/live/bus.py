@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import Token
 from dataclasses import dataclass, field
@@ -159,6 +160,29 @@ def _refuse_unnamed_events(name: str, info: StreamInfo) -> None:
         )
 
 
+ERROR_REPEAT_S = 10.0
+"""The same connection error is logged at most once per this many seconds (an unreachable
+server is retried every second or faster)."""
+
+
+def nats_error_logger(
+    connection: str, clock: Callable[[], float] = time.monotonic
+) -> Callable[[Exception], Awaitable[None]]:
+    """nats-py's ``error_cb`` for a service's connection: a warning naming the connection
+    and the error (a refused connection, a permissions violation, a slow consumer).
+    Without one, a service whose NATS is unreachable says nothing while it retries. The
+    URL is not logged: it may carry a password."""
+    last: dict[str, float] = {}
+
+    async def on_error(e: Exception) -> None:
+        key, now = repr(e), clock()
+        if now - last.get(key, -ERROR_REPEAT_S) >= ERROR_REPEAT_S:
+            last[key] = now
+            log.warning("nats error", connection=connection, error=key)
+
+    return on_error
+
+
 async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
     nc = await nats.connect(
         server_urls(url),
@@ -167,6 +191,7 @@ async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
         tls=client_tls(url),
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
+        error_cb=nats_error_logger(name),
     )
     return nc, nc.jetstream()
 

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from allot.live.auth_config import client_tls, inbox_prefix_for_url
-from allot.live.bus import server_urls
+from allot.live.bus import nats_error_logger, server_urls
 
 
 def wall_clock() -> float:
@@ -129,4 +129,5 @@ def make_broker(url: str, service: str, provider: TracerProvider | None = None) 
         log_level=logging.DEBUG,
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
+        error_cb=nats_error_logger(f"allot-{service}"),
     )
