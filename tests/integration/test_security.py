@@ -18,7 +18,7 @@ import re
 import shutil
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from allot.live.service_main import start, stop
 from allot.live.tls_certs import client_context, make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.sdk import Client, NoResponderError, PermissionDeniedError
 from allot.services.dispatch import DispatchService
 from allot.services.intake import Intake
 
@@ -312,6 +313,28 @@ async def test_the_team_sdk_watch_works_with_a_named_consumer_only(secure: Secur
     finally:
         await nlp.nc.close()
         await svc.nc.close()
+
+
+async def test_the_sdk_reports_a_refused_request_at_once_not_as_a_timeout(
+    secure: Secure,
+) -> None:
+    """nats-py tells only its error callback that the server refused a publish; the request
+    itself waited out its timeout, three times, and the user read "did not answer". The SDK
+    now raises ``PermissionDeniedError`` naming the subject as soon as the refusal comes."""
+    async with Client(secure.url("nlp"), timeout=30.0, retries=2) as c:
+        calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
+            (c.queue, s.QUERY_QUEUE),
+            (lambda: c.drain("h01", operator="nlp"), s.drain("h01")),
+            (lambda: c.submit(user="ann", gpus=1, allocation="vision"), s.submit("vision")),
+            (lambda: c.status("w1", scope="vision"), s.query_scoped(s.QUERY_STATUS, "vision")),
+        ]
+        for call, subject in calls:
+            with pytest.raises(PermissionDeniedError) as caught:
+                await asyncio.wait_for(call(), 20.0)  # the retries alone would take 90 s
+            assert caught.value.subject == subject
+        # Granted, with nobody answering: still "no responder", not a refusal.
+        with pytest.raises(NoResponderError):
+            await c.queue(scope="nlp")
 
 
 async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: Spy) -> None:

@@ -37,9 +37,17 @@ from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import BUDGET_ROOT
-from allot.sdk import Client, NoResponderError, RequestTimeoutError, SdkError, new_client_id
+from allot.sdk import (
+    Client,
+    NoResponderError,
+    PermissionDeniedError,
+    RequestTimeoutError,
+    SdkError,
+    new_client_id,
+)
 
 EXIT_UNAVAILABLE = 1
+EXIT_REFUSED = 2
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 MAX_ARRAY = 10_000
@@ -301,7 +309,8 @@ def _run(args: argparse.Namespace, work: Callable[[Client], Awaitable[int]]) -> 
         return asyncio.run(main())
     except SdkError as exc:
         print(f"allot {args.command}: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        # A refusal by NATS is an answer (exit 2, as a service's refusal), not an outage.
+        return EXIT_REFUSED if isinstance(exc, PermissionDeniedError) else EXIT_UNAVAILABLE
 
 
 def _print_reply(args: argparse.Namespace, msg: msgspec.Struct, text: str) -> int:

@@ -7,6 +7,7 @@ exit status 2 (``ValidationError``); nothing prints a traceback for a user's mis
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -49,7 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _QuietSslEof(logging.Filter):
+    """asyncio warns "returning true from eof_received() has no effect when using ssl"
+    each time nats-py's TLS connection closes (``allot up --secure``): noise on every
+    command, with nothing for the user to do."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("returning true from eof_received()")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _QuietSslEof) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_QuietSslEof())
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

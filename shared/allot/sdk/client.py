@@ -26,6 +26,7 @@ import contextlib
 import inspect
 import logging
 import math
+import re
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import TracebackType
@@ -50,6 +51,7 @@ from allot.sdk.errors import (
     CommandRejectedError,
     NoResponderError,
     NotConnectedError,
+    PermissionDeniedError,
     RequestTimeoutError,
     SdkError,
     SubmitRejectedError,
@@ -71,6 +73,8 @@ _BATCH_ROOM = codec.MAX_PAYLOAD - 256
 """Bytes of items per ``SubmitBatch`` body (the rest is room for its envelope)."""
 BATCHES_IN_FLIGHT = 8
 """``submit_batch`` requests outstanding at once."""
+_DENIED_PUBLISH = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
+"""How nats-server words a refused publish (reported to the error callback only)."""
 _COMMAND_REPLY = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
 NO_RESPONDER_PAUSE_S = 0.1
 """Between two asks while nobody listens after an unanswered attempt (see ``_request``)."""
@@ -151,6 +155,8 @@ class Client:
         self.retries = retries
         self.connect_timeout = connect_timeout
         self._nc: NatsClient | None = None
+        self._refusals: dict[str, list[asyncio.Future[None]]] = {}
+        """Requests in flight by lowercased subject, woken when the server refuses it."""
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -177,7 +183,13 @@ class Client:
             # nats-py prints every connection error to stderr by default; a CLI user gets
             # one clear line from us instead. A refused first connection fails fast.
             log.debug("nats error: %s", exc)
-            if self._nc is None:
+            denied = _DENIED_PUBLISH.search(str(exc))
+            if denied is not None:
+                # nats-py lowercases the server's error line, subject included.
+                for waiter in self._refusals.get(denied.group(1).lower(), ()):
+                    if not waiter.done():
+                        waiter.set_result(None)
+            elif self._nc is None:
                 errors.append(exc)
                 failed.set()
 
@@ -256,35 +268,64 @@ class Client:
         attempts = self.retries + 1
         loop = asyncio.get_running_loop()
         attempt, give_up_at = 0, None
-        while attempt < attempts:
-            try:
-                reply: Msg = await self.nc.request(subject, body, timeout=wait)
-            except nats.errors.NoRespondersError:
-                if give_up_at is None:  # no attempt reached anyone: certainly not done
-                    raise NoResponderError(subject, who) from None
-                # An earlier attempt reached a service that never answered (killed after
-                # acting, before replying): its outcome is unknown, so "nobody listens
-                # now" must not be reported as "not done". Ask again while the service
-                # restarts (the same bytes: idempotent), up to ``wait`` after that timeout;
-                # then the outcome stays unknown (``RequestTimeoutError``).
-                if loop.time() >= give_up_at:
-                    break
-                await asyncio.sleep(NO_RESPONDER_PAUSE_S)
-                continue
-            except nats.errors.TimeoutError:
-                attempt += 1
-                give_up_at = loop.time() + wait
-                log.debug("request on %s timed out (attempt %d)", subject, attempt)
-                continue
-            except nats.errors.ConnectionClosedError:
-                raise NotConnectedError(f"the connection to {self.nats_url} is closed") from None
-            try:
-                return decoder.decode(reply.data)
-            except (msgspec.DecodeError, RecursionError) as exc:
-                raise BadReplyError(
-                    f"{who} answered {subject} with an unexpected message: {exc}"
-                ) from None
-        raise RequestTimeoutError(subject, who, wait, attempts)
+        refused: asyncio.Future[None] = loop.create_future()
+        waiters = self._refusals.setdefault(subject.lower(), [])
+        waiters.append(refused)
+        try:
+            while attempt < attempts:
+                try:
+                    reply: Msg = await self._unless_refused(
+                        self.nc.request(subject, body, timeout=wait), refused, subject
+                    )
+                except nats.errors.NoRespondersError:
+                    if give_up_at is None:  # no attempt reached anyone: certainly not done
+                        raise NoResponderError(subject, who) from None
+                    # An earlier attempt reached a service that never answered (killed after
+                    # acting, before replying): its outcome is unknown, so "nobody listens
+                    # now" must not be reported as "not done". Ask again while the service
+                    # restarts (the same bytes: idempotent), up to ``wait`` after that timeout;
+                    # then the outcome stays unknown (``RequestTimeoutError``).
+                    if loop.time() >= give_up_at:
+                        break
+                    await asyncio.sleep(NO_RESPONDER_PAUSE_S)
+                    continue
+                except nats.errors.TimeoutError:
+                    attempt += 1
+                    give_up_at = loop.time() + wait
+                    log.debug("request on %s timed out (attempt %d)", subject, attempt)
+                    continue
+                except nats.errors.ConnectionClosedError:
+                    raise NotConnectedError(
+                        f"the connection to {self.nats_url} is closed"
+                    ) from None
+                try:
+                    return decoder.decode(reply.data)
+                except (msgspec.DecodeError, RecursionError) as exc:
+                    raise BadReplyError(
+                        f"{who} answered {subject} with an unexpected message: {exc}"
+                    ) from None
+            raise RequestTimeoutError(subject, who, wait, attempts)
+        finally:
+            waiters.remove(refused)
+            if not waiters:
+                del self._refusals[subject.lower()]
+
+    @staticmethod
+    async def _unless_refused(
+        request: Awaitable[Msg], refused: asyncio.Future[None], subject: str
+    ) -> Msg:
+        """``request``'s reply, or ``PermissionDeniedError`` as soon as the server refuses
+        the subject (nats-py reports that only to the error callback; the request itself
+        would wait for its timeout, three times)."""
+        task = asyncio.ensure_future(request)
+        either: set[asyncio.Future[Any]] = {task, refused}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise PermissionDeniedError(subject)
+        return task.result()
 
     async def _command(
         self, subject: str, kind: Kind, msg: msgspec.Struct, who: str, timeout: float | None

@@ -33,6 +33,19 @@ class RequestTimeoutError(SdkError):
         self.subject = subject
 
 
+class PermissionDeniedError(SdkError):
+    """The NATS server refused this user's publish to the request subject (a permissions
+    violation): the user's role does not allow the request, whoever would answer it."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(
+            f"NATS refused {subject} for this user (permissions violation): its role does "
+            "not allow it (teams: their own allocations, with --alloc; managers: budgets "
+            "in their subtree; operators: drain and undrain)"
+        )
+        self.subject = subject
+
+
 class BadReplyError(SdkError):
     """The reply was not one of the messages this request expects."""
 
