@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import shutil
 import time
 import uuid
 from collections import Counter
@@ -73,11 +72,10 @@ def run(args: argparse.Namespace) -> int:
         accrue_s=2.0,
         slot_s=2.0,
         fake_duration_s=120.0,
-    )
-    if args.nats_url is None:
         # A scripted scenario on a fresh cluster: the previous run's log must not answer
         # this run's submissions as duplicates (same client ids) of long-ended work.
-        shutil.rmtree(config.run_dir / "jetstream", ignore_errors=True)
+        fresh_store=True,
+    )
     print(f"== starting the stack (embedded servers unless given; logs in {config.run_dir}/logs)")
     t0 = time.monotonic()
     with Stack(config) as stack:

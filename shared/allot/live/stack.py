@@ -14,7 +14,9 @@ waits, then SIGKILLs stragglers, then stops the servers it started.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +135,35 @@ class StackConfig:
     otel_exporter: str = "none"
     log_level: str = "INFO"
     extra_env: dict[str, str] = field(default_factory=dict)
+    fresh_store: bool = False
+    """Start the embedded NATS on an empty JetStream store (``allot demo``: its scripted
+    client ids must not meet a previous run's log), removed once the run dir is locked."""
+
+
+LOCK_FILE = "allot.lock"
+
+
+def lock_run_dir(run_dir: Path) -> int:
+    """An exclusive lock on ``run_dir`` (its ``allot.lock`` holds the owner's pid), kept
+    until the returned descriptor is closed, by ``Stack.stop`` or the process's end. Found
+    on 2026-12-03: a second ``allot up`` in the same folder started a second nats-server
+    on the same JetStream store, and the first stack then lost a submission it had
+    acknowledged."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ValidationError(
+            "--run-dir",
+            f"{run_dir} is in use by another Allot stack (pid {holder}): stop it, or pass "
+            "another --run-dir",
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 class Stack(StartStop):
@@ -162,6 +193,7 @@ class Stack(StartStop):
             ],
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock_fd: int | None = None
         self.exit_codes: dict[str, int] = {}
         """Each stopped process's exit status, set by ``stop``."""
         self._logs: dict[str, IO[bytes]] = {}
@@ -307,6 +339,9 @@ class Stack(StartStop):
     # ------------------------------------------------------------------ lifecycle
     def start(self, ready_timeout: float = 60.0) -> Self:
         c = self.config
+        self._lock_fd = lock_run_dir(c.run_dir)
+        if c.fresh_store and c.nats_url is None:
+            shutil.rmtree(c.run_dir / "jetstream", ignore_errors=True)
         (c.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         if c.budgets is None:
             self.budgets_path = c.run_dir / "budgets.yaml"
@@ -386,6 +421,9 @@ class Stack(StartStop):
             log.close()
         self._logs.clear()
         self.servers.stop()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the run dir
+            self._lock_fd = None
 
 
 async def _wait_ready(
