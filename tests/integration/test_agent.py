@@ -354,6 +354,34 @@ async def test_cancel_stops_the_process_and_reports_cancelled(
     assert (cancelled.by, cancelled.reason, cancelled.attempt) == ("bob", "wrong config", 1)
 
 
+async def test_output_dir_holds_each_parts_stdout_and_stderr(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """``--output-dir``: one file per workload attempt and host (Slurm's slurm-%j.out),
+    stdout and stderr together; an output file that cannot be opened fails the part with a
+    reason instead of running it with its output lost."""
+    log = Log(js)
+    out = tmp_path / "out"
+    agent = await run_agent("h01", output_dir=out)
+    await log.host("h01", 4)
+    await log.leader(1)
+    say = "import os, sys; print('gpus', os.environ['CUDA_VISIBLE_DEVICES']); sys.exit('oops')"
+    await log.submit("w9", py(say), gpus=2)
+    await log.place("w9", {"h01": (1, 2)})
+    failed = await events.wait(m.WorkloadFailed, "w9")
+    assert failed.exit_code == 1
+    path = agent.output_path("w9", 1, "h01")
+    assert path == out / "w9.1.h01.out"
+    assert path.read_text().splitlines() == ["gpus 1,2", "oops"]  # stdout, then stderr
+
+    (out / "w10.1.h01.out").mkdir()  # not a file: cannot be opened for writing
+    await log.submit("w10", py(say))
+    await log.place("w10", {"h01": (0,)})
+    refused = await events.wait(m.WorkloadFailed, "w10")
+    assert refused.reason is not None and "cannot open its output file" in refused.reason
+    assert not events.of(m.WorkloadStarted, "w10")
+
+
 async def test_empty_command_fails_with_a_reason(
     js: JetStreamContext, events: Events, run_agent: AgentFactory
 ) -> None:
@@ -599,3 +627,14 @@ def test_batched_reports_are_for_fake_agents_only() -> None:
         AgentConfig(nats_url="nats://x", hosts=("h01",), batch_reports=True)
     assert e.value.field == "batch_reports"
     assert "fake mode" in e.value.reason
+
+
+def test_output_dir_is_for_real_agents_and_must_be_creatable(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError) as e:
+        AgentConfig(nats_url="nats://x", hosts=("h01",), fake=True, output_dir=tmp_path)
+    assert e.value.field == "output_dir" and "real mode" in e.value.reason
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValidationError) as e:
+        AgentConfig(nats_url="nats://x", hosts=("h01",), output_dir=blocker / "out")
+    assert e.value.field == "output_dir" and str(blocker / "out") in e.value.reason

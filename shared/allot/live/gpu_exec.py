@@ -21,7 +21,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import IO, Protocol
 
 Clock = Callable[[], float]
 
@@ -82,13 +82,20 @@ class ProcessPart:
 
     @classmethod
     async def spawn(
-        cls, command: Sequence[str], env: Mapping[str, str], clock: Clock
+        cls,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        clock: Clock,
+        output: IO[bytes] | None = None,
     ) -> ProcessPart:
-        """Raises ``OSError`` (e.g. ``FileNotFoundError``) when the program cannot start."""
+        """Raises ``OSError`` (e.g. ``FileNotFoundError``) when the program cannot start.
+        ``output``: where its stdout and stderr go (None: the agent's own)."""
         proc = await asyncio.create_subprocess_exec(
             *command,
             env=dict(env),
             stdin=asyncio.subprocess.DEVNULL,
+            stdout=output,
+            stderr=None if output is None else asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
         return cls(proc, clock)

@@ -41,6 +41,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -100,6 +101,10 @@ class AgentConfig:
     resync_s: float = 30.0
     batch_reports: bool = False
     """Send the reports of all hosts as ``PartReports`` (fake mode only; see the module)."""
+    output_dir: Path | None = None
+    """Real mode: each part's stdout and stderr go to
+    ``<output_dir>/<workload>.<attempt>.<host>.out`` (appended; Slurm's ``slurm-%j.out``),
+    instead of the agent's own output."""
 
     def __post_init__(self) -> None:
         if self.batch_reports and not self.fake:
@@ -108,6 +113,15 @@ class AgentConfig:
                 "is for fake mode: a real agent speaks for its own host, and the batch "
                 "subject is granted to service users only",
             )
+        if self.output_dir is not None:
+            if self.fake:
+                raise ValidationError("output_dir", "is for real mode: fake parts print nothing")
+            try:
+                self.output_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ValidationError(
+                    "output_dir", f"cannot create {self.output_dir}: {e}"
+                ) from None
         if not self.hosts:
             raise ValidationError("hosts", "name at least one host")
         for i, host in enumerate(self.hosts):
@@ -370,6 +384,12 @@ class Agent:
         finally:
             self._forget(run)
 
+    def output_path(self, workload_id: str, attempt: int, host: str) -> Path | None:
+        """Where a part's output goes (``AgentConfig.output_dir``); None: inherited."""
+        if self.config.output_dir is None:
+            return None
+        return self.config.output_dir / f"{workload_id}.{attempt}.{host}.out"
+
     async def _make_part(self, run: Run) -> Part | None:
         task = run.task
         if self.config.fake:
@@ -386,10 +406,19 @@ class Agent:
                 nats_url=self.config.nats_url,
                 host=run.host,
             )
+            output = self.output_path(task.workload_id, task.attempt, run.host)
             try:
-                return await ProcessPart.spawn(task.command, env, self._clock)
+                sink = None if output is None else output.open("ab")
             except OSError as e:
-                reason = f"cannot start {task.command[0]!r}: {e.strerror or e}"
+                reason = f"cannot open its output file {output}: {e.strerror or e}"
+            else:
+                try:
+                    return await ProcessPart.spawn(task.command, env, self._clock, sink)
+                except OSError as e:
+                    reason = f"cannot start {task.command[0]!r}: {e.strerror or e}"
+                finally:
+                    if sink is not None:
+                        sink.close()  # the child holds its own descriptor
         run.log.error("part not started", reason=reason)
         if task.primary:
             await self._report(run.host, task, "not-started", detail=reason or "")
@@ -535,6 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask dispatch for each host's whole work list this often (default %(default)s)",
     )
     ap.add_argument(
+        "--output-dir",
+        type=Path,
+        help="real mode: write each workload's stdout and stderr to "
+        "DIR/<workload>.<attempt>.<host>.out (default: this agent's own output)",
+    )
+    ap.add_argument(
         "--batch-reports",
         action="store_true",
         help="fake mode: send every host's reports in batches on allot.v1.hosts.report "
@@ -567,6 +602,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             stop_grace_s=args.stop_grace_s,
             resync_s=args.resync_s,
             batch_reports=args.batch_reports,
+            output_dir=args.output_dir,
         )
     except ValidationError as e:
         if e.field.startswith("hosts"):
