@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
-import threading
+import time
 from pathlib import Path
 
 from allot.core.errors import ValidationError
@@ -87,8 +87,12 @@ def redis_export(redis_url: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     stack = Stack(config_from(args))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # A plain flag, not a threading.Event: Event.set() in a signal handler deadlocks when
+    # the signal lands while this thread holds the Event's lock (inside Event.wait, or a
+    # first handler's set()): `kill` twice, or `timeout`'s forwarded TERM, hung allot up
+    # for good with its servers running (seen 2026-12-03).
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     print("starting the Allot stack (Ctrl-C stops it)...", flush=True)
     with stack:
         c = stack.config
@@ -122,13 +126,17 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
         try:
-            while not stop.wait(0.5):
+            while not stopping:
+                time.sleep(0.5)  # the flag is seen within half a second
                 dead = stack._dead()
                 if dead:
                     print(dead)
                     return 1
         except KeyboardInterrupt:
             pass
+        # A second Ctrl-C or TERM must not cut the stop short (servers left running).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("stopping...", flush=True)
     killed = [name for name, code in stack.exit_codes.items() if code == -signal.SIGKILL]
     if killed:  # a service that ignores SIGTERM would also hold up `docker stop`

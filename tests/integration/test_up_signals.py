@@ -1,0 +1,50 @@
+"""``allot up`` stops cleanly however many SIGTERMs it gets (``kill`` twice, ``timeout``
+forwarding its own): its handler once called ``threading.Event.set()``, which deadlocks
+when a second signal lands while the first handler holds the Event's lock, and the stack
+then hung with its servers running (2026-12-03)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_burst_of_sigterms_stops_allot_up_once_and_cleanly(
+    fresh_log: str, redis_url: str, tmp_path: Path
+) -> None:
+    argv = ["up", "--agents", "1", "--hosts", "1", "--run-dir", str(tmp_path / "run")]
+    argv += ["--nats-url", fresh_log, "--redis-url", redis_url]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "allot.cli.main",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,  # its process group: the stack, whatever happens here
+    )
+    assert proc.stdout is not None
+    seen = b""
+    try:
+        async with asyncio.timeout(90):
+            while b"try:" not in seen:  # the last line of the banner: the stack is ready
+                line = await proc.stdout.readline()
+                assert line, seen
+                seen += line
+        for _ in range(200):  # microseconds apart: some land inside the handler of another
+            proc.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:  # hung: take the stack down with it
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    assert proc.returncode == 0, seen + rest
+    assert rest.decode().splitlines()[-2:] == ["stopping...", "stopped."]
