@@ -25,6 +25,8 @@ class Probe(StartStop):
         return self
 
     def stop(self):
+        print("stopping", flush=True)
+        time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0)  # a slow stop
         with open(sys.argv[2], "w") as f:
             f.write("stopped")
 
@@ -89,3 +91,26 @@ def test_the_allot_program_unwinds_and_main_does_not() -> None:
         [sys.executable, "-c", check], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.split() == ["True", "False"]
+
+
+def test_a_second_sigterm_does_not_cut_the_unwinding_short(tmp_path: Path) -> None:
+    """``kill`` twice, or ``timeout`` forwarding its TERM to a program that got one: the
+    stop already under way still finishes."""
+    mark = tmp_path / "mark"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PROGRAM, "unwind", str(mark), "1.0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "up"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout.readline().strip() == "stopping"
+        proc.send_signal(signal.SIGTERM)  # during the slow stop
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert mark.read_text() == "stopped"

@@ -139,6 +139,9 @@ def unwind_on_sigterm() -> None:
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    # Once: a second TERM (``kill`` twice, ``timeout`` forwarding its own) raised again
+    # inside the unwinding would cut the servers' stop short and leave them running.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
