@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install allot with its dev tools
 
-run: $(STAMP) ## the main job: the live stack with no Docker, several teams, a preemption, a requeue (about a minute)
+run: $(STAMP) ## the main job: the live stack with no Docker, several teams, a preemption, a requeue (~30 s; the first run installs first)
 	$(BIN)/allot demo --run-dir $(OUT)/demo
 
 demo: run ## alias of run
