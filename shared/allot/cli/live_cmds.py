@@ -390,11 +390,12 @@ def run_cancel(args: argparse.Namespace) -> int:
     return _run(args, work)
 
 
-def _unknown_workload(workload: str, scope: str | None) -> ValidationError:
-    """What ``status`` and ``watch`` say of a workload the placement leader does not know
-    (worded as intake words a cancel of one): exit status 2, like other bad input."""
-    where = "" if scope is None else f" in allocation {scope!r}"
-    return ValidationError("WORKLOAD", f"no workload {workload!r}{where}")
+def _require_known(status: m.WorkloadStatus, workload: str, scope: str | None) -> None:
+    """``status`` and ``watch`` of a workload the placement leader does not know: one line
+    naming WORKLOAD (worded as intake words a cancel of one), exit status 2."""
+    if status.state == "unknown":
+        where = "" if scope is None else f" in allocation {scope!r}"
+        raise ValidationError("WORKLOAD", f"no workload {workload!r}{where}")
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -407,8 +408,7 @@ def run_status(args: argparse.Namespace) -> int:
             status = await c.status(args.workload, scope=scope)
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
-        if status.state == "unknown":
-            raise _unknown_workload(args.workload, scope)
+        _require_known(status, args.workload, scope)
         return _print_reply(args, status, fmt.status_text(status))
 
     return _run(args, work)
@@ -422,12 +422,8 @@ def run_watch(args: argparse.Namespace) -> int:
 
     async def work(c: Client) -> int:
         try:
-            try:
-                status = await c.status(args.workload, scope=scope)
-            except (NoResponderError, RequestTimeoutError):
-                status = None
-            if status is not None and status.state == "unknown":
-                raise _unknown_workload(args.workload, scope)
+            with contextlib.suppress(NoResponderError, RequestTimeoutError):  # no leader
+                _require_known(await c.status(args.workload, scope=scope), args.workload, scope)
             # Closed here, while the client is open, whatever ends the loop.
             async with contextlib.aclosing(c.watch(args.workload, args.alloc)) as events:
                 async for record in events:
