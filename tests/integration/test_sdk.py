@@ -265,8 +265,10 @@ async def test_a_request_rides_through_a_service_restart(
 async def test_no_responder_says_what_to_start(client: Client) -> None:
     with pytest.raises(NoResponderError) as err:
         await client.queue()
+    # The server asked is named (a shell without allot up's export asks the default).
     assert str(err.value) == (
-        "no placement leader answered allot.v1.query.queue: is the stack running? (allot up)"
+        f"no placement leader answered allot.v1.query.queue at {client.nats_url}: is the "
+        "stack running there? (allot up prints the ALLOT_NATS_URL to export)"
     )
 
 
@@ -601,8 +603,8 @@ async def test_cli_tables_and_commands(
     assert await cli(fresh_log, "queue") == 1  # nobody answers: one line, exit 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "allot queue: no placement leader answered allot.v1.query.queue: "
-        "is the stack running? (allot up)"
+        f"allot queue: no placement leader answered allot.v1.query.queue at {fresh_log}: "
+        "is the stack running there? (allot up prints the ALLOT_NATS_URL to export)"
     ]
 
 

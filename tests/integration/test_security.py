@@ -32,6 +32,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.nuid import NUID
 
 from allot.adapters.embedded import EmbeddedNats, find_nats_server
+from allot.cli import live_cmds
 from allot.core.budgets import parse_tree
 from allot.live import bus
 from allot.live.auth_config import GeneratedAuth, TlsFiles, generate
@@ -494,6 +495,18 @@ async def test_a_wrong_password_is_refused(secure: Secure) -> None:
     url = secure.url("nlp").replace(secure.auth.users["nlp"].password, "not-the-password")
     with pytest.raises(nats.errors.Error):
         await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+
+
+async def test_the_cli_says_a_wrong_password_was_refused_and_never_prints_it(
+    secure: Secure, capsys: pytest.CaptureFixture[str]
+) -> None:
+    password = secure.auth.users["nlp"].password
+    url = secure.url("nlp").replace(password, "not-the-password")
+    code = await asyncio.to_thread(live_cmds.main, ["queue", "--alloc", "nlp", "--nats-url", url])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == live_cmds.EXIT_REFUSED  # an answer about the credentials, not an outage
+    assert len(err) == 1 and "refused the login" in err[0] and "ALLOT_NATS_URL" in err[0]
+    assert "not-the-password" not in err[0] and ":***@" in err[0]
 
 
 async def test_tls_on_loopback(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -44,6 +45,11 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
         assert stack.servers.nats.staged_in_memory == [f"{ACCOUNT}/WORKLOADS"]
         url = stack.url_for("nlp")
         assert url.startswith("tls://nlp:")
+        # The agent connects as its own user, granted only its hosts (docs/security.md);
+        # the services as the service user. Until 2026-12-03 the agent had the service's.
+        users = {name: _nats_user(proc.pid) for name, proc in stack.procs.items()}
+        assert users.pop("agent-fake-a") == "agent-fake-a"
+        assert set(users.values()) == {stack.auth.first("service").user}
         monkeypatch.setenv("ALLOT_NATS_CA", str(stack.ca_file))
         async with Client(url, timeout=2.0, retries=0) as c:
             ok = await c.submit(
@@ -125,3 +131,10 @@ async def _dashboard_confines_each_team(stack: Stack, theirs: str, mine: str) ->
     assert (await asyncio.to_thread(get, f"/api/workload/{mine}", "nlp"))[0] == 200
     assert (await asyncio.to_thread(get, f"/api/workload/{theirs}", "admin"))[0] == 200
     assert (await asyncio.to_thread(get, "/metrics", "nlp"))[0] == 200
+
+
+def _nats_user(pid: int) -> str | None:
+    """The NATS user in a process's ALLOT_NATS_URL (from /proc: what it connects as)."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    url = next(v for v in environ if v.startswith(b"ALLOT_NATS_URL=")).decode()
+    return urlsplit(url.partition("=")[2]).username

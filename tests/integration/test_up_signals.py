@@ -1,7 +1,9 @@
 """``allot up`` stops cleanly however many SIGTERMs it gets (``kill`` twice, ``timeout``
 forwarding its own): its handler once called ``threading.Event.set()``, which deadlocks
 when a second signal lands while the first handler holds the Event's lock, and the stack
-then hung with its servers running (2026-12-03)."""
+then hung with its servers running (2026-12-03). And a TERM to its whole process group
+(``timeout``, systemd, a container runtime) stops it cleanly too: the services, which get
+that TERM as well and exit first, were once reported as dead (exit 1)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-async def test_a_burst_of_sigterms_stops_allot_up_once_and_cleanly(
-    fresh_log: str, redis_url: str, tmp_path: Path
+@pytest.mark.parametrize("to_group", [False, True], ids=["200-to-allot-up", "one-to-the-group"])
+async def test_sigterms_stop_allot_up_once_and_cleanly(
+    fresh_log: str, redis_url: str, tmp_path: Path, to_group: bool
 ) -> None:
     argv = ["up", "--agents", "1", "--hosts", "1", "--run-dir", str(tmp_path / "run")]
     argv += ["--nats-url", fresh_log, "--redis-url", redis_url]
@@ -39,8 +42,10 @@ async def test_a_burst_of_sigterms_stops_allot_up_once_and_cleanly(
                 line = await proc.stdout.readline()
                 assert line, seen
                 seen += line
-        for _ in range(200):  # microseconds apart: some land inside the handler of another
-            proc.send_signal(signal.SIGTERM)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for _ in range(0 if to_group else 200):  # microseconds apart: some land inside
+            proc.send_signal(signal.SIGTERM)  # the handler of another
         rest, _ = await asyncio.wait_for(proc.communicate(), 60)
     finally:
         if proc.returncode is None:  # hung: take the stack down with it

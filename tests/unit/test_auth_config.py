@@ -6,6 +6,7 @@ import argparse
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,12 +14,16 @@ from allot.adapters.embedded import find_nats_server
 from allot.cli import auth_cmd
 from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.errors import ValidationError
+from allot.live import bus
 from allot.live.auth_config import (
+    CA_ENV,
     UserSpec,
     add_nats_url_argument,
     budget_path,
+    client_tls,
     generate,
     inbox_prefix_for_url,
+    masked_url,
     nats_url_from_env,
     parse_roles,
     permissions,
@@ -331,3 +336,54 @@ def test_nats_url_help_never_shows_the_password(monkeypatch: pytest.MonkeyPatch)
     text = parser.format_help()
     assert "s3cr" not in text
     assert "nats://nlp:***@n1:4222,nats://nlp:***@n2:4222" in " ".join(text.split())
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+        ("tls://nlp:s3cret@127.0.0.1:4222", "tls://nlp:***@127.0.0.1:4222"),
+        ("nats://a:p1@h1:4222, nats://b:p2@h2:4222", "nats://a:***@h1:4222,nats://b:***@h2:4222"),
+        ("nats://token-only@h:4222", "nats://token-only@h:4222"),
+    ],
+)
+def test_masked_url_hides_every_password(url: str, shown: str) -> None:
+    assert masked_url(url) == shown
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda d: d / "missing.pem", "No such file or directory"),
+        (lambda d: d, "Is a directory"),
+        (
+            lambda d: (d / "junk.pem", (d / "junk.pem").write_text("not a cert"))[0],
+            "no certificate",
+        ),
+    ],
+)
+def test_an_unreadable_ca_file_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: Any, reason: str
+) -> None:
+    ca = make(tmp_path)
+    monkeypatch.setenv(CA_ENV, str(ca))
+    with pytest.raises(ValidationError) as err:
+        client_tls("tls://127.0.0.1:4222")
+    assert err.value.field == CA_ENV
+    assert str(ca) in err.value.reason and reason in err.value.reason
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:4222", "redis://u:pw@127.0.0.1:6379", "nats://a:4222,https://b:4222"],
+)
+def test_a_url_of_another_protocol_is_bad_input(url: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        bus.server_urls(url)
+    assert err.value.field == "nats_url" and "is no NATS URL" in err.value.reason
+    assert "pw" not in err.value.reason
+
+
+@pytest.mark.parametrize("url", ["nats://a:4222", "tls://a:4222", "127.0.0.1:4222", "wss://a"])
+def test_nats_urls_pass(url: str) -> None:
+    assert bus.server_urls(url) == [url]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from allot.cli.main import build_parser, main
-from allot.cli.up_cmd import redis_export
+from allot.cli.up_cmd import redis_export, wait_for_stop
 
 
 @pytest.mark.parametrize("command", [["accounting", "usage"], ["accounting", "rebuild"]])
@@ -39,3 +39,67 @@ def test_the_cli_drops_asyncios_ssl_eof_warning_only(
         asyncio_log.warning("returning true from eof_received() has no effect when using ssl")
         asyncio_log.warning("Executing <Task ...> took 0.2 seconds")
     assert [r.getMessage() for r in caplog.records] == ["Executing <Task ...> took 0.2 seconds"]
+
+
+def test_a_death_during_the_asked_stop_is_not_reported() -> None:
+    """A TERM to the whole process group reaches the services with allot up's own: they may
+    exit before the loop sees its flag, and that is the stop, not a death (exit 1)."""
+    stopping: list[int] = []
+
+    def dead() -> str | None:
+        stopping.append(15)  # the handler ran while the loop slept; the services are gone
+        return "service intake exited with 0"
+
+    assert wait_for_stop(dead, stopping, pause_s=0) is None
+
+
+def test_a_death_without_a_stop_is_reported() -> None:
+    deaths = iter([None, None, "service ranking exited with 2"])
+    assert wait_for_stop(lambda: next(deaths), [], pause_s=0) == "service ranking exited with 2"
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["--grace-s", "-4"], "--grace-s"),
+        (["--rank-every-s", "0"], "--rank-every-s"),
+        (["--rank-every-s", "inf"], "--rank-every-s"),
+        (["--nats-url", "http://127.0.0.1:4222"], "--nats-url"),
+        (["--redis-url", "http://127.0.0.1:6379"], "--redis-url"),
+        (["--run-dir", "/proc/allot-no-such/run"], "--run-dir"),
+    ],
+)
+def test_bad_stack_options_are_refused_before_anything_starts(
+    argv: list[str], field: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    if "--run-dir" not in argv:
+        argv = [*argv, "--run-dir", str(tmp_path / "run")]
+    assert main(["up", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"allot up: {field}: "), err
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("name: root\nchildren:\n  - {name: a, shares: -1}\n", "negative shares"),
+        ("name: [\n", "invalid YAML"),
+    ],
+)
+def test_a_bad_budget_file_is_refused_naming_the_option(
+    text: str, reason: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text(text, encoding="utf-8")
+    assert main(["up", "--budgets", str(budgets), "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("allot up: --budgets: ") and reason in err
+
+
+def test_a_run_dir_that_is_a_file_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "file"
+    run_dir.write_text("x", encoding="utf-8")
+    assert main(["demo", "--run-dir", str(run_dir)]) == 2
+    assert capsys.readouterr().err.strip() == f"allot demo: --run-dir: {run_dir} is not a directory"

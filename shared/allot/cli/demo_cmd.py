@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import sys
 import time
 import uuid
 from collections import Counter
@@ -33,8 +34,9 @@ from typing import TypeVar
 import redis.asyncio as redis_asyncio
 
 from allot.adapters.usage_store import RedisUsageStore
+from allot.core.errors import ValidationError
 from allot.core.usage import window_usage
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.live.stack import AgentSpec, Stack, StackConfig, StackError
 from allot.proto import messages as m
 from allot.sdk import Client
 
@@ -61,6 +63,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.linger_s < float("inf"):
+        raise ValidationError("--linger-s", f"must be >= 0, got {args.linger_s:g}")
+    try:
+        return _run(args)
+    except StackError as exc:
+        print(f"allot demo: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     config = StackConfig(
         run_dir=args.run_dir.resolve(),
         nats_url=args.nats_url,

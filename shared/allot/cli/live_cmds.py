@@ -39,6 +39,7 @@ from allot.proto import subjects as s
 from allot.proto.subjects import BUDGET_ROOT
 from allot.sdk import (
     Client,
+    LoginRefusedError,
     NoResponderError,
     PermissionDeniedError,
     RequestTimeoutError,
@@ -310,7 +311,8 @@ def _run(args: argparse.Namespace, work: Callable[[Client], Awaitable[int]]) -> 
     except SdkError as exc:
         print(f"allot {args.command}: {exc}", file=sys.stderr)
         # A refusal by NATS is an answer (exit 2, as a service's refusal), not an outage.
-        return EXIT_REFUSED if isinstance(exc, PermissionDeniedError) else EXIT_UNAVAILABLE
+        refused = isinstance(exc, (PermissionDeniedError, LoginRefusedError))
+        return EXIT_REFUSED if refused else EXIT_UNAVAILABLE
 
 
 def _print_reply(args: argparse.Namespace, msg: msgspec.Struct, text: str) -> int:

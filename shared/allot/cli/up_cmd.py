@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from allot.core.errors import ValidationError
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.live.auth_config import masked_url
+from allot.live.stack import AgentSpec, Stack, StackConfig, StackError
+from allot.proto import subjects as s
+from allot.services.ranking import load_tree_file
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,9 +99,17 @@ def run(args: argparse.Namespace) -> int:
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     print("starting the Allot stack (Ctrl-C stops it)...", flush=True)
+    try:
+        return _run_stack(stack, stopping)
+    except StackError as exc:
+        print(f"allot up: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run_stack(stack: Stack, stopping: list[int]) -> int:
     with stack:
         c = stack.config
-        print(f"  NATS   {stack.servers.nats_url}  ({_origin(stack, 'nats')})")
+        print(f"  NATS   {masked_url(stack.url_for())}  ({_origin(stack, 'nats')})")
         print(f"  Redis  {stack.servers.redis_url}  ({_origin(stack, 'redis')})")
         gpus = sum(a.host_count * a.gpus for a in c.agents)
         print(f"  hosts  {sum(a.host_count for a in c.agents)} fake hosts, {gpus} GPUs")
@@ -120,18 +133,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"  export ALLOT_NATS_URL={stack.servers.nats_url}")
         print(f"  {redis_export(stack.servers.redis_url)}")
-        print(
-            "  try:   allot submit --alloc nlp --user ann --gpus 8 --min-runtime 1h "
-            "--duration 10m;  allot queue;  allot share;  allot hosts;  allot owed",
-            flush=True,
-        )
+        print(f"  try:   {try_line(stack)}", flush=True)
         try:
-            while not stopping:
-                time.sleep(0.5)  # the flag is seen within half a second
-                dead = stack._dead()
-                if dead:
-                    print(dead)
-                    return 1
+            dead = wait_for_stop(stack._dead, stopping)
+            if dead:
+                print(f"allot up: {dead}", file=sys.stderr)
+                return 1
         except KeyboardInterrupt:
             pass
         # A second Ctrl-C or TERM must not cut the stop short (servers left running).
@@ -144,6 +151,47 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print("stopped.")
     return 0
+
+
+def wait_for_stop(
+    dead: Callable[[], str | None], stopping: Sequence[int], pause_s: float = 0.5
+) -> str | None:
+    """Wait until a stop is asked (``stopping`` gets a signal: None) or a process of the
+    stack dies (``dead``'s message)."""
+    while not stopping:
+        time.sleep(pause_s)  # the flag is seen within half a second
+        problem = dead()
+        # A TERM sent to the whole process group (`timeout`, systemd, a container runtime)
+        # reaches the services too, and they may exit before this loop sees the flag: that
+        # is the stop asked for, not a death to report.
+        if problem and not stopping:
+            return problem
+    return None
+
+
+def try_line(stack: Stack) -> str:
+    """Commands to try that the exported user may run: under ``--secure`` the first team
+    user, whose requests must name its own allocation (``--alloc``); otherwise the first
+    leaf of the budget tree."""
+    assert stack.budgets_path is not None
+    leaves = load_tree_file(stack.budgets_path).leaves()
+    alloc = leaves[0] if leaves else "nlp"
+    scope = ""
+    if stack.auth is not None:
+        team = next((u for u, cr in stack.auth.users.items() if cr.role == "team"), None)
+        submit = f"{s.PREFIX}.submit."  # the team's grants name its allocations
+        granted = [
+            g.removeprefix(submit)
+            for g in (stack.auth.grants[team].publish if team is not None else ())
+            if g.startswith(submit) and g != s.submit(None)
+        ]
+        if granted:
+            alloc = granted[0]
+        scope = f" --alloc {alloc}"
+    return (
+        f"allot submit --alloc {alloc} --user ann --gpus 8 --min-runtime 1h --duration 10m;  "
+        f"allot queue{scope};  allot share;  allot hosts;  allot owed"
+    )
 
 
 def _origin(stack: Stack, which: str) -> str:

@@ -100,7 +100,12 @@ def client_tls(url: str) -> ssl.SSLContext | None:
     system's CAs for other ``tls://`` URLs; None for plain ``nats://`` without a CA."""
     ca = os.environ.get(CA_ENV)
     if ca:
-        return ssl.create_default_context(cafile=ca)
+        try:
+            return ssl.create_default_context(cafile=ca)
+        except OSError as exc:  # ssl.SSLError too (a file that is no PEM certificate)
+            # A stale export from an earlier `allot up --secure` is the usual cause.
+            reason = exc.strerror or str(exc)
+            raise ValidationError(CA_ENV, f"cannot read CA file {ca!r}: {reason}") from None
     if urlsplit(url).scheme == "tls":
         return ssl.create_default_context()
     return None
@@ -136,13 +141,19 @@ def add_nats_url_argument(parser: argparse.ArgumentParser, default: str) -> None
     """``--nats-url``, defaulting to ``nats_url_from_env(os.environ, default)``. Its help
     shows the default with any password masked: ``--help`` must not print a secret."""
     url = nats_url_from_env(os.environ, default)
-    shown = ",".join(_masked(part) for part in url.split(","))
+    shown = masked_url(url)
     parser.add_argument(
         "--nats-url",
         default=url,
         help="NATS server (env ALLOT_NATS_URL, with ALLOT_NATS_USER and ALLOT_NATS_PASSWORD "
         f"when set; default {shown.replace('%', '%%')})",
     )
+
+
+def masked_url(url: str) -> str:
+    """``url`` (a comma-separated server list too) with every password shown as ``***``:
+    for error lines and help, which must never print a secret."""
+    return ",".join(_masked(part) for part in url.split(","))
 
 
 def _masked(url: str) -> str:

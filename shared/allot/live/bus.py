@@ -43,7 +43,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from allot.core.errors import ValidationError
-from allot.live.auth_config import client_tls, inbox_prefix_for_url
+from allot.live.auth_config import client_tls, inbox_prefix_for_url, masked_url
 from allot.live.tasks import stop_tasks
 from allot.proto import codec
 from allot.proto import messages as m
@@ -88,7 +88,19 @@ def server_urls(url: str) -> list[str]:
     urls = [u.strip() for u in url.split(",") if u.strip()]
     if not urls:
         raise ValidationError("nats_url", f"no server URL in {url!r}")
+    for u in urls:
+        # nats-py reads a bare host:port as nats://; any other scheme (http://, a Redis URL
+        # pasted in the wrong place) would only fail later as "cannot reach".
+        scheme = u.partition("://")[0].lower() if "://" in u else "nats"
+        if scheme not in NATS_SCHEMES:
+            shown = masked_url(u)
+            raise ValidationError(
+                "nats_url", f"{shown!r} is no NATS URL (schemes: {', '.join(NATS_SCHEMES)})"
+            )
     return urls
+
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
 def encode(record: msgspec.Struct) -> bytes:

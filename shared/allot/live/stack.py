@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,9 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Self
+from urllib.parse import urlsplit
 
 import msgspec
 import nats
+import redis
 
 from allot.adapters.batch_staging import DEFAULT_ACCOUNT
 from allot.adapters.embedded import Servers, StartStop, free_ports
@@ -43,6 +47,7 @@ from allot.live.auth_config import (
     client_tls,
     generate,
     inbox_prefix_for_url,
+    masked_url,
 )
 from allot.live.bus import ATOMIC_STREAMS, server_urls
 from allot.live.tls_certs import make_loopback_certs
@@ -166,8 +171,94 @@ def lock_run_dir(run_dir: Path) -> int:
     return fd
 
 
+def _host_names(agent: AgentSpec) -> list[str]:
+    """The hosts an agent process speaks for (a fake one names its hosts as below)."""
+    if agent.fake:
+        return [f"{agent.prefix}-{i:04d}" for i in range(agent.hosts)]
+    return [agent.prefix]
+
+
+class StackError(RuntimeError):
+    """The stack could not start, or one of its processes died: what ``allot up`` and
+    ``allot demo`` print as one message (exit 1), never as a traceback."""
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+DEAD_LOG_LINES = 5
+"""Lines of a dead service's log quoted when the stack stops because of it."""
+REACH_TIMEOUT_S = 3.0
+"""How long a given server (``--nats-url``, ``--redis-url``) may take to answer before
+``start`` gives up: nats-py and the services would otherwise retry it for minutes."""
+
+
+def check_config(config: StackConfig) -> None:
+    """Refuse, naming the option, what would otherwise fail inside a service after its
+    start (as a traceback in its log and a dead stack)."""
+    if config.grace_s < 0:
+        raise ValidationError("--grace-s", f"must be >= 0, got {config.grace_s}")
+    if not 0 < config.rank_every_s < math.inf:
+        raise ValidationError("--rank-every-s", f"must be > 0, got {config.rank_every_s:g}")
+    if config.budgets is not None:
+        try:
+            load_tree_file(config.budgets)
+        except ValidationError as exc:
+            text = str(exc) if str(config.budgets) in str(exc) else f"{config.budgets}: {exc}"
+            raise ValidationError("--budgets", text) from None
+    if config.nats_url is not None:
+        try:
+            server_urls(config.nats_url)
+        except ValidationError as exc:
+            raise ValidationError("--nats-url", exc.reason) from None
+    if config.redis_url is not None:
+        scheme = urlsplit(config.redis_url).scheme.lower()
+        if scheme not in REDIS_SCHEMES:
+            raise ValidationError(
+                "--redis-url",
+                f"{masked_url(config.redis_url)!r} is no Redis URL "
+                f"(schemes: {', '.join(REDIS_SCHEMES)})",
+            )
+    if config.run_dir.exists() and not config.run_dir.is_dir():
+        raise ValidationError("--run-dir", f"{config.run_dir} is not a directory")
+    try:
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValidationError(
+            "--run-dir", f"cannot create {config.run_dir}: {exc.strerror or exc}"
+        ) from None
+
+
+def check_reachable(nats_url: str, redis_url: str) -> None:
+    """Each given server answers within ``REACH_TIMEOUT_S``, or a ``StackError`` says
+    which does not (the URL's password masked)."""
+    errors: list[str] = []
+    for url in server_urls(nats_url):
+        pieces = urlsplit(url if "://" in url else f"nats://{url}")
+        try:
+            socket.create_connection(
+                (pieces.hostname or "127.0.0.1", pieces.port or 4222), REACH_TIMEOUT_S
+            ).close()
+            break  # one server of a cluster is enough to start
+        except OSError as exc:
+            errors.append(exc.strerror or str(exc) or type(exc).__name__)
+    else:
+        raise StackError(f"cannot reach NATS at {masked_url(nats_url)}: {'; '.join(errors)}")
+    client = redis.Redis.from_url(
+        redis_url, socket_connect_timeout=REACH_TIMEOUT_S, socket_timeout=REACH_TIMEOUT_S
+    )
+    try:
+        client.ping()
+    except redis.RedisError as exc:  # refused, timed out, or not Redis at all
+        reason = str(exc)
+        if "b'INFO {" in reason:  # what a NATS server says first: the two URLs swapped?
+            reason = "it answers as a NATS server, not Redis"
+        raise StackError(f"cannot reach Redis at {masked_url(redis_url)}: {reason}") from None
+    finally:
+        client.close()
+
+
 class Stack(StartStop):
     def __init__(self, config: StackConfig) -> None:
+        check_config(config)
         self.config = config
         self.auth: GeneratedAuth | None = None
         self.ca_file: Path | None = None
@@ -306,12 +397,9 @@ class Stack(StartStop):
             {"name": "allot-services", "role": "service"},
         ]
         for agent in self.config.agents:
-            hosts = (
-                [f"{agent.prefix}-{i:04d}" for i in range(agent.hosts)]
-                if agent.fake
-                else [agent.prefix]
+            users.append(
+                {"name": f"agent-{agent.prefix}", "role": "agent", "hosts": _host_names(agent)}
             )
-            users.append({"name": f"agent-{agent.prefix}", "role": "agent", "hosts": hosts})
         return {"users": users}
 
     def url_for(self, user: str | None = None) -> str:
@@ -322,12 +410,30 @@ class Stack(StartStop):
             user = self.auth.first("service").user
         return self.auth.url(user, self._server_url)
 
-    def env(self) -> dict[str, str]:
+    def user_for(self, name: str) -> str | None:
+        """The NATS user process ``name`` connects as under ``secure``: an agent as the
+        agent user granted its hosts (``agent-<prefix>`` by default), every service as the
+        service user (None). An agent that no user of the roles file covers is refused."""
+        if self.auth is None or not name.startswith("agent-"):
+            return None
+        spec = next(a for a in self.config.agents if f"agent-{a.prefix}" == name)
+        if name in self.auth.users and self.auth.users[name].role == "agent":
+            return name
+        hosts = _host_names(spec)
+        beats = {s.heartbeat(h) for h in hosts}
+        for user, cred in self.auth.users.items():
+            if cred.role == "agent" and beats <= set(self.auth.grants[user].publish):
+                return user
+        raise ValidationError(
+            "--roles", f"no agent user is granted the hosts of {name} ({', '.join(hosts)})"
+        )
+
+    def env(self, user: str | None = None) -> dict[str, str]:
         env = dict(os.environ)
         if self.ca_file is not None:
             env[CA_ENV] = str(self.ca_file)
         env.update(
-            ALLOT_NATS_URL=self.url_for(),
+            ALLOT_NATS_URL=self.url_for(user),
             ALLOT_REDIS_URL=self.servers.redis_url,
             ALLOT_OTEL_EXPORTER=self.config.otel_exporter,
             ALLOT_LOG_LEVEL=self.config.log_level,
@@ -350,6 +456,7 @@ class Stack(StartStop):
             self.budgets_path = c.budgets
         self.servers.start()
         try:
+            check_reachable(self.servers.nats_url, self.servers.redis_url)
             for name in self.commands():
                 self.spawn(name)
             self.wait_ready(ready_timeout)
@@ -366,7 +473,8 @@ class Stack(StartStop):
             log = self._logs[name] = open(  # noqa: SIM115 - kept open for the process's life
                 self.config.run_dir / "logs" / f"{name}.log", "ab"
             )
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env())
+        env = self.env(self.user_for(name))
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs[name] = proc
         return proc
 
@@ -398,8 +506,9 @@ class Stack(StartStop):
         for name, proc in self.procs.items():
             if proc.poll() is not None:
                 log = self.config.run_dir / "logs" / f"{name}.log"
-                tail = log.read_text(encoding="utf-8", errors="replace")[-2000:]
-                return f"service {name} exited with {proc.returncode}; log tail:\n{tail}"
+                lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+                tail = "\n".join(f"  {line}" for line in lines[-DEAD_LOG_LINES:])
+                return f"service {name} exited with {proc.returncode}; the end of {log}:\n{tail}"
         return None
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -444,7 +553,7 @@ async def _wait_ready(
         while time.monotonic() < deadline:
             problem = dead()
             if problem:
-                raise RuntimeError(problem)
+                raise StackError(problem)
             try:
                 reply = await nc.request(s.QUERY_HOSTS, b"{}", timeout=1.0)
                 seen = len(decode_hosts.decode(reply.data).hosts)
@@ -461,7 +570,7 @@ async def _wait_ready(
             except Exception as e:  # no responders yet, timeouts while starting
                 last = f"{type(e).__name__}: {e}"
             await asyncio.sleep(0.2)
-        raise TimeoutError(f"stack not ready after {timeout:.0f} s: {last}")
+        raise StackError(f"stack not ready after {timeout:.0f} s: {last}")
     finally:
         await nc.close()
 

@@ -5,6 +5,7 @@ from allot.sdk.client import DEFAULT_NATS_URL, Client, PreemptionSubscription, n
 from allot.sdk.errors import (
     BadReplyError,
     CommandRejectedError,
+    LoginRefusedError,
     NoResponderError,
     NotConnectedError,
     PermissionDeniedError,
@@ -18,6 +19,7 @@ __all__ = [
     "BadReplyError",
     "Client",
     "CommandRejectedError",
+    "LoginRefusedError",
     "NoResponderError",
     "NotConnectedError",
     "PermissionDeniedError",

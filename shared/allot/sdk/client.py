@@ -41,7 +41,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from allot.core.errors import ValidationError
-from allot.live.auth_config import client_tls, inbox_prefix_for_url
+from allot.live.auth_config import client_tls, inbox_prefix_for_url, masked_url
 from allot.live.bus import confirm_subscriptions, decode_record, server_urls
 from allot.proto import codec, subjects
 from allot.proto import messages as m
@@ -49,6 +49,7 @@ from allot.proto.subjects import Kind
 from allot.sdk.errors import (
     BadReplyError,
     CommandRejectedError,
+    LoginRefusedError,
     NoResponderError,
     NotConnectedError,
     PermissionDeniedError,
@@ -75,6 +76,8 @@ BATCHES_IN_FLIGHT = 8
 """``submit_batch`` requests outstanding at once."""
 _DENIED_PUBLISH = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 """How nats-server words a refused publish (reported to the error callback only)."""
+_LOGIN_REFUSED = "authorization violation"
+"""How nats-server words a refused login (wrong user or password)."""
 _COMMAND_REPLY = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
 NO_RESPONDER_PAUSE_S = 0.1
 """Between two asks while nobody listens after an unanswered attempt (see ``_request``)."""
@@ -226,8 +229,14 @@ class Client:
         with contextlib.suppress(Exception):
             await nc.close()
         detail = (str(errors[-1]) or type(errors[-1]).__name__) if errors else "timed out"
+        where = masked_url(self.nats_url)
+        if _LOGIN_REFUSED in detail.lower():
+            raise LoginRefusedError(
+                f"NATS at {where} refused the login ({detail}): check the user and password "
+                "in ALLOT_NATS_URL (or ALLOT_NATS_USER and ALLOT_NATS_PASSWORD)"
+            )
         raise NotConnectedError(
-            f"cannot reach NATS at {self.nats_url}: is the stack running? (allot up) [{detail}]"
+            f"cannot reach NATS at {where}: is the stack running? (allot up) [{detail}]"
         )
 
     async def close(self) -> None:
@@ -279,7 +288,7 @@ class Client:
                     )
                 except nats.errors.NoRespondersError:
                     if give_up_at is None:  # no attempt reached anyone: certainly not done
-                        raise NoResponderError(subject, who) from None
+                        raise NoResponderError(subject, who, masked_url(self.nats_url)) from None
                     # An earlier attempt reached a service that never answered (killed after
                     # acting, before replying): its outcome is unknown, so "nobody listens
                     # now" must not be reported as "not done". Ask again while the service
@@ -296,7 +305,7 @@ class Client:
                     continue
                 except nats.errors.ConnectionClosedError:
                     raise NotConnectedError(
-                        f"the connection to {self.nats_url} is closed"
+                        f"the connection to {masked_url(self.nats_url)} is closed"
                     ) from None
                 try:
                     return decoder.decode(reply.data)
