@@ -488,8 +488,10 @@ def test_usage_command_prints_window_gpu_hours(
     try:
         args = cli(["usage", "--redis-url", redis_url, "--prefix", prefix, "--json"])
         assert accounting_cmd.run(args) == 0
-        out = json.loads(capsys.readouterr().out)
-        want = window_usage(reference(*charges), out["at"], 7 * 86_400)
+        printed = json.loads(capsys.readouterr().out)
+        assert printed.keys() == {"kind", "at", "data"}  # every listing's envelope
+        out = printed["data"]
+        want = window_usage(reference(*charges), printed["at"], 7 * 86_400)
         assert out["window_s"] == 7 * 86_400
         assert out["gpu_hours"] == pytest.approx({a: v / HOUR_S for a, v in want.items()})
         assert out["gpu_hours"]["nlp"] == pytest.approx(4.0)
@@ -514,6 +516,30 @@ def test_usage_command_reports_an_unreachable_server(capsys: pytest.CaptureFixtu
     assert accounting_cmd.run(args) == accounting_cmd.EXIT_UNREACHABLE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("allot accounting usage: cannot reach")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("command", ["usage", "rebuild"])
+def test_the_nats_url_given_as_redis_url_is_one_line(
+    fresh_log: str, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The two URLs swapped: redis-py met NATS's INFO line and raised a protocol error.
+    args = cli([command, "--redis-url", fresh_log.replace("nats://", "redis://")])
+    assert accounting_cmd.run(args) == accounting_cmd.EXIT_UNREACHABLE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"allot accounting {command}: cannot reach the server: "
+        "it answers as a NATS server, not Redis"
+    ]
+
+
+@pytest.mark.parametrize("url", ["notaurl", "http://127.0.0.1:6379", "nats://u:pw@h:4222"])
+@pytest.mark.parametrize("command", ["usage", "rebuild"])
+def test_a_url_that_is_no_redis_url_is_bad_input(url: str, command: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        accounting_cmd.run(cli([command, "--redis-url", url]))
+    assert err.value.field == "--redis-url" and "is no Redis URL" in err.value.reason
+    assert "pw" not in err.value.reason
 
 
 @pytest.mark.parametrize(

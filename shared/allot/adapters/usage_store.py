@@ -34,15 +34,39 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from typing import Final, Protocol
+from urllib.parse import urlsplit
 
 import redis.asyncio as redis_asyncio
 from redis.asyncio.client import Pipeline
 
 from allot.core.errors import ValidationError
 from allot.core.usage import HOUR_S, split_into_hours
+from allot.live.auth_config import masked_url
 
 RETENTION_HOURS: Final = 8 * 24
 KEY_TTL_S: Final = RETENTION_HOURS * HOUR_S
+
+
+REDIS_SCHEMES: Final = ("redis", "rediss", "unix")
+
+
+def check_redis_url(url: str, field: str) -> None:
+    """Refuse a URL redis-py cannot use (an http:// or a NATS URL pasted in the wrong
+    place), naming ``field`` (the option the user typed); the password masked."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in REDIS_SCHEMES:
+        raise ValidationError(
+            field, f"{masked_url(url)!r} is no Redis URL (schemes: {', '.join(REDIS_SCHEMES)})"
+        )
+
+
+def redis_failure(exc: BaseException) -> str:
+    """Why a Redis request failed, in words: a server that speaks NATS (the two URLs
+    swapped) answers with its INFO line, which redis-py reports as a protocol error."""
+    text = str(exc) or type(exc).__name__
+    if "b'INFO {" in text:
+        return "it answers as a NATS server, not Redis"
+    return text
 
 
 class UsageStore(Protocol):

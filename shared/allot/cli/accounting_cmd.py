@@ -6,7 +6,8 @@ charged up to the wall clock. Stop the accounting service while it runs.
 
 ``usage`` prints each allocation's GPU-hours inside the window ``--window-s`` (default 7 days)
 ending now, as the ranking service computes them (``allot.core.usage.window_usage`` over the
-store's hour buckets); ``--json`` prints ``{"at", "window_s", "gpu_hours": {allocation: x}}``.
+store's hour buckets); ``--json`` prints the listings' envelope ``{"kind": "AccountingUsage",
+"at", "data": {"window_s", "gpu_hours": {allocation: x}}}``.
 
 Bad options are usage errors (exit 2); an unreachable server is one line on stderr, exit 1.
 """
@@ -94,9 +95,11 @@ def run(args: argparse.Namespace) -> int:
 def run_rebuild(args: argparse.Namespace) -> int:
     # Imported here, not at the top: the service module pulls in FastStream (~0.3 s), which
     # every other ``allot`` command would otherwise pay for at start-up.
+    from allot.adapters.usage_store import check_redis_url  # noqa: PLC0415
     from allot.live.runtime import configure_logging  # noqa: PLC0415
     from allot.services.accounting import rebuild  # noqa: PLC0415
 
+    check_redis_url(args.redis_url, "--redis-url")
     configure_logging("accounting-rebuild")
     try:
         done = asyncio.run(
@@ -109,12 +112,16 @@ def run_rebuild(args: argparse.Namespace) -> int:
 
 
 def run_usage(args: argparse.Namespace) -> int:
+    from allot.adapters.usage_store import check_redis_url  # noqa: PLC0415 - see run_rebuild
+
+    check_redis_url(args.redis_url, "--redis-url")
     try:
         at, gpu_hours = asyncio.run(usage(args.redis_url, args.prefix, args.window_s))
     except _unreachable_errors() as e:
         return _unreachable("usage", e)
-    if args.json:
-        print(json.dumps({"at": at, "window_s": args.window_s, "gpu_hours": gpu_hours}))
+    if args.json:  # the envelope every --json listing prints
+        data = {"window_s": args.window_s, "gpu_hours": gpu_hours}
+        print(json.dumps({"kind": "AccountingUsage", "at": at, "data": data}))
         return 0
     width = max([len("allocation"), *map(len, gpu_hours)])
     print(f"{'allocation':<{width}}  {'gpu_hours':>12}")
@@ -148,7 +155,12 @@ async def usage(
 
 
 def _unreachable(action: str, error: BaseException) -> int:
-    print(f"allot accounting {action}: cannot reach the server: {error}", file=sys.stderr)
+    from allot.adapters.usage_store import redis_failure  # noqa: PLC0415 - see run_rebuild
+
+    print(
+        f"allot accounting {action}: cannot reach the server: {redis_failure(error)}",
+        file=sys.stderr,
+    )
     return EXIT_UNREACHABLE
 
 
@@ -156,4 +168,5 @@ def _unreachable_errors() -> tuple[type[BaseException], ...]:
     import nats.errors  # noqa: PLC0415 - see run_rebuild
     import redis.exceptions  # noqa: PLC0415
 
-    return (OSError, TimeoutError, redis.exceptions.ConnectionError, nats.errors.NoServersError)
+    # RedisError: also a server that is not Redis (a protocol error), e.g. the NATS port.
+    return (OSError, TimeoutError, redis.exceptions.RedisError, nats.errors.NoServersError)

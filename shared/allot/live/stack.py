@@ -37,6 +37,7 @@ import redis
 
 from allot.adapters.batch_staging import DEFAULT_ACCOUNT
 from allot.adapters.embedded import Servers, StartStop, free_ports
+from allot.adapters.usage_store import check_redis_url, redis_failure
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
@@ -183,7 +184,6 @@ class StackError(RuntimeError):
     ``allot demo`` print as one message (exit 1), never as a traceback."""
 
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
 DEAD_LOG_LINES = 5
 """Lines of a dead service's log quoted when the stack stops because of it."""
 REACH_TIMEOUT_S = 3.0
@@ -210,13 +210,7 @@ def check_config(config: StackConfig) -> None:
         except ValidationError as exc:
             raise ValidationError("--nats-url", exc.reason) from None
     if config.redis_url is not None:
-        scheme = urlsplit(config.redis_url).scheme.lower()
-        if scheme not in REDIS_SCHEMES:
-            raise ValidationError(
-                "--redis-url",
-                f"{masked_url(config.redis_url)!r} is no Redis URL "
-                f"(schemes: {', '.join(REDIS_SCHEMES)})",
-            )
+        check_redis_url(config.redis_url, "--redis-url")
     if config.run_dir.exists() and not config.run_dir.is_dir():
         raise ValidationError("--run-dir", f"{config.run_dir} is not a directory")
     try:
@@ -248,9 +242,7 @@ def check_reachable(nats_url: str, redis_url: str) -> None:
     try:
         client.ping()
     except redis.RedisError as exc:  # refused, timed out, or not Redis at all
-        reason = str(exc)
-        if "b'INFO {" in reason:  # what a NATS server says first: the two URLs swapped?
-            reason = "it answers as a NATS server, not Redis"
+        reason = redis_failure(exc)
         raise StackError(f"cannot reach Redis at {masked_url(redis_url)}: {reason}") from None
     finally:
         client.close()
