@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 import time
@@ -183,6 +184,15 @@ async def test_bad_values_fail_locally_naming_the_field(
     with pytest.raises(ValidationError) as err:
         await client.submit(client_id="j", user="ann", gpus=1, allocation="n.lp")
     assert err.value.field == "allocation"
+    # msgspec writes NaN as null: it was sent and read as "no duration".
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValidationError) as err:
+            await client.submit(client_id="j", user="ann", gpus=1, allocation="nlp", duration_s=bad)
+        assert err.value.field == "duration_s" and "finite" in err.value.reason
+    item = m.SubmitWorkload(client_id="j", user="ann", gpus=1, duration_s=math.nan)
+    with pytest.raises(ValidationError) as err:
+        await client.submit_batch([item])
+    assert err.value.field == "workloads[0].duration_s"
     assert responders.seen == []
 
 
@@ -265,10 +275,8 @@ async def test_a_request_rides_through_a_service_restart(
 async def test_no_responder_says_what_to_start(client: Client) -> None:
     with pytest.raises(NoResponderError) as err:
         await client.queue()
-    # The server asked is named (a shell without allot up's export asks the default).
     assert str(err.value) == (
-        f"no placement leader answered allot.v1.query.queue at {client.nats_url}: is the "
-        "stack running there? (allot up prints the ALLOT_NATS_URL to export)"
+        "no placement leader answered allot.v1.query.queue: is the stack running? (allot up)"
     )
 
 
@@ -602,9 +610,10 @@ async def test_cli_tables_and_commands(
 
     assert await cli(fresh_log, "queue") == 1  # nobody answers: one line, exit 1
     err = capsys.readouterr().err.strip().splitlines()
+    # The CLI names the server asked (a shell without allot up's export asks the default).
     assert err == [
-        f"allot queue: no placement leader answered allot.v1.query.queue at {fresh_log}: "
-        "is the stack running there? (allot up prints the ALLOT_NATS_URL to export)"
+        "allot queue: no placement leader answered allot.v1.query.queue: is the stack "
+        f"running? (allot up) [asked {fresh_log}; allot up prints the URL to export]"
     ]
 
 
@@ -687,3 +696,69 @@ async def test_cli_watch_into_a_closed_pipe_stops_quietly(
     os.close(write)
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert (proc.returncode, err.decode()) == (141, "")
+
+
+async def test_cli_a_mistyped_allocation_filter_is_an_error_not_an_empty_table(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As ``allot submit`` says of an unknown allocation; a listing of a real allocation
+    with nothing pending stays an empty table, exit 0."""
+    rows = tuple(
+        m.AllocationRow(allocation=a, effective_share=0.5, entitlement_gpus=4)
+        for a in ("nlp", "vision")
+    )
+    await responders.answer(
+        subjects.QUERY_ALLOCATIONS, lambda msg: m.AllocationsSnapshot(at=NOW, rows=rows)
+    )
+    for alloc in ("nlp", "nlpp"):
+        await responders.answer(
+            subjects.query_scoped(subjects.QUERY_QUEUE, alloc),
+            lambda msg: m.QueueSnapshot(at=NOW),
+        )
+        await responders.answer(
+            subjects.query_scoped(subjects.QUERY_PRIO, alloc), lambda msg: m.PrioSnapshot(at=NOW)
+        )
+        await responders.answer(
+            subjects.query_scoped(subjects.QUERY_STATUS, alloc),
+            lambda msg: m.WorkloadStatus(workload_id="wl-x", state="unknown"),
+        )
+    unknown = "--alloc: unknown allocation 'nlpp' (allocations: nlp, vision)"
+    for command in (("queue",), ("prio",), ("status", "wl-x")):
+        assert await cli(fresh_log, *command, "--alloc", "nlpp") == 2, command
+        assert capsys.readouterr().err.strip() == f"allot {command[0]}: {unknown}"
+    assert await cli(fresh_log, "queue", "--alloc", "nlp") == 0
+    assert "0 pending" in capsys.readouterr().out
+
+
+async def test_cli_tilde_names_unallocated_work_in_submit_and_cancel(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The listings print and take ``~`` for unallocated work; submit and cancel take it
+    too (it was refused as a name)."""
+    await responders.answer(
+        subjects.cancel(None, "wl-u"), lambda msg: m.CommandAccepted(at=NOW, detail="pending")
+    )
+    assert await cli(fresh_log, "cancel", "wl-u", "--alloc", "~", "--user", "ann") == 0
+    assert responders.bodies(Kind.CANCEL)[-1].allocation is None
+    await responders.answer(
+        subjects.submit(None),
+        lambda msg: m.WorkloadAccepted(at=NOW, client_id="c-u", workload_id="wl-u2"),
+    )
+    argv = ("submit", "--alloc", "~", "--user", "ann", "--gpus", "1", "--client-id", "c-u")
+    assert await cli(fresh_log, *argv, "--", "true") == 0
+    assert capsys.readouterr().out.split()[-1] == "wl-u2"
+
+
+async def test_cli_submit_says_when_an_allocation_alone_leaves_work_unallocated(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await responders.answer(
+        subjects.submit("nlp"),
+        lambda msg: m.WorkloadAccepted(at=NOW, client_id="c-n", workload_id="wl-n"),
+    )
+    argv = ("submit", "--alloc", "nlp", "--user", "ann", "--gpus", "1", "--client-id", "c-n")
+    for extra, note in (((), True), (("--min-runtime", "30m"), False)):
+        assert await cli(fresh_log, *argv, *extra, "--", "true") == 0
+        out = capsys.readouterr()
+        assert out.out.strip() == "wl-n"  # stdout stays the id alone (scripts read it)
+        assert ("--min-runtime 0: this work runs unallocated" in out.err) is note, out.err

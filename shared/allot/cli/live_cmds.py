@@ -32,7 +32,7 @@ import msgspec
 from allot.cli import live_format as fmt
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
-from allot.live.auth_config import add_nats_url_argument
+from allot.live.auth_config import add_nats_url_argument, masked_url
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -154,6 +154,12 @@ def parse_scope(text: str | None) -> str | None:
         raise ValidationError("--alloc", exc.reason) from None
 
 
+def _allocation(text: str | None) -> str | None:
+    """``--alloc`` of submit and cancel: ``~`` names unallocated work, as the listings
+    print it and take it, and as omitting the option does."""
+    return None if text == s.UNALLOCATED else text
+
+
 def parse_timeout(text: str) -> float:
     try:
         value = float(text)
@@ -210,7 +216,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--alloc", help="allocation (budget leaf); omitted = unallocated")
     p.add_argument("--user", required=True)
     p.add_argument("--gpus", required=True)
-    p.add_argument("--min-runtime", default="0", help="protected window: 30s, 15m, 2h (at most 8h)")
+    p.add_argument(
+        "--min-runtime",
+        default="0",
+        help="protected window: 30s, 15m, 2h (at most 8h); the default 0 makes the work "
+        "unallocated even with --alloc (free, never charged, preemptible at any moment)",
+    )
     p.add_argument("--kind", default="training")
     p.add_argument("--priority", default="0", help="user priority inside the allocation")
     p.add_argument("--not-resumable", action="store_true", help="do not requeue if preempted")
@@ -309,7 +320,12 @@ def _run(args: argparse.Namespace, work: Callable[[Client], Awaitable[int]]) -> 
     try:
         return asyncio.run(main())
     except SdkError as exc:
-        print(f"allot {args.command}: {exc}", file=sys.stderr)
+        text = str(exc)
+        if isinstance(exc, NoResponderError):
+            # Name the server asked: the usual slip is a shell without allot up's export,
+            # asking the default 127.0.0.1:4222 while the stack runs elsewhere.
+            text += f" [asked {masked_url(args.nats_url)}; allot up prints the URL to export]"
+        print(f"allot {args.command}: {text}", file=sys.stderr)
         # A refusal by NATS is an answer (exit 2, as a service's refusal), not an outage.
         refused = isinstance(exc, (PermissionDeniedError, LoginRefusedError))
         return EXIT_REFUSED if refused else EXIT_UNAVAILABLE
@@ -331,7 +347,7 @@ def run_submit(args: argparse.Namespace) -> int:
     fields = {
         "user": args.user,
         "gpus": gpus,
-        "allocation": args.alloc,
+        "allocation": _allocation(args.alloc),
         "min_runtime_s": min_runtime,
         "resumable": not args.not_resumable,
         "kind": args.kind,
@@ -348,9 +364,22 @@ def run_submit(args: argparse.Namespace) -> int:
         except ValidationError as exc:
             raise renamed(exc, SUBMIT_OPTIONS) from None
         text = reply.workload_id + (" (duplicate)" if reply.duplicate else "")
+        _note_if_unallocated(args.alloc, min_runtime)
         return _print_reply(args, reply, text)
 
     return _run(args, work)
+
+
+def _note_if_unallocated(alloc: str | None, min_runtime: object) -> None:
+    """The contract's rule, easy to miss: an allocation alone does not make work allocated;
+    said on stderr once the work is accepted (stdout keeps the ids scripts read)."""
+    if min_runtime == 0 and _allocation(alloc) is not None:
+        print(
+            f"allot submit: note: --min-runtime 0: this work runs unallocated (free, "
+            f"preemptible at any moment, not charged to {alloc}); give --min-runtime "
+            "to have it protected and charged",
+            file=sys.stderr,
+        )
 
 
 def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -> int:
@@ -365,6 +394,8 @@ def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -
             raise renamed(
                 ValidationError(codec.item_field(exc.field), exc.reason), SUBMIT_OPTIONS
             ) from None
+        if any(isinstance(r, m.WorkloadAccepted) for r in results):
+            _note_if_unallocated(args.alloc, fields["min_runtime_s"])
         lines = [
             r.workload_id + (" (duplicate)" if r.duplicate else "")
             if isinstance(r, m.WorkloadAccepted)
@@ -383,7 +414,10 @@ def run_cancel(args: argparse.Namespace) -> int:
     async def work(c: Client) -> int:
         try:
             reply = await c.cancel(
-                args.workload, allocation=args.alloc, user=args.user, reason=args.reason
+                args.workload,
+                allocation=_allocation(args.alloc),
+                user=args.user,
+                reason=args.reason,
             )
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
@@ -410,6 +444,8 @@ def run_status(args: argparse.Namespace) -> int:
             status = await c.status(args.workload, scope=scope)
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
+        if status.state == "unknown":
+            await _require_allocation(c, scope)
         _require_known(status, args.workload, scope)
         return _print_reply(args, status, fmt.status_text(status))
 
@@ -425,7 +461,10 @@ def run_watch(args: argparse.Namespace) -> int:
     async def work(c: Client) -> int:
         try:
             with contextlib.suppress(NoResponderError, RequestTimeoutError):  # no leader
-                _require_known(await c.status(args.workload, scope=scope), args.workload, scope)
+                status = await c.status(args.workload, scope=scope)
+                if status.state == "unknown":
+                    await _require_allocation(c, scope)
+                _require_known(status, args.workload, scope)
             # Closed here, while the client is open, whatever ends the loop.
             async with contextlib.aclosing(c.watch(args.workload, args.alloc)) as events:
                 async for record in events:
@@ -440,11 +479,30 @@ def run_watch(args: argparse.Namespace) -> int:
     return _run(args, work)
 
 
+async def _require_allocation(c: Client, scope: str | None) -> None:
+    """A listing filtered by an allocation the budget tree does not have (a typo) is an
+    error naming ``--alloc``, worded as intake words a submit to one, not an empty table.
+    Asked only once an answer came back empty; without the leader's allocations (a team
+    under ``--secure`` is not granted them) there is nothing to check against."""
+    if scope is None or scope == s.UNALLOCATED:
+        return
+    try:
+        known = [row.allocation for row in (await c.allocations()).rows]
+    except SdkError:
+        return
+    if known and scope not in known:
+        raise ValidationError(
+            "--alloc", f"unknown allocation {scope!r} (allocations: {', '.join(known[:20])})"
+        )
+
+
 def run_prio(args: argparse.Namespace) -> int:
     scope = parse_scope(args.scope)
 
     async def work(c: Client) -> int:
         snapshot = await c.prio(scope=scope)
+        if not snapshot.rows:
+            await _require_allocation(c, scope)
         return _print_reply(args, snapshot, fmt.prio_table(snapshot))
 
     return _run(args, work)
@@ -455,6 +513,8 @@ def run_queue(args: argparse.Namespace) -> int:
 
     async def work(c: Client) -> int:
         snapshot = await c.queue(scope=scope)
+        if not snapshot.rows:
+            await _require_allocation(c, scope)
         return _print_reply(args, snapshot, fmt.queue_table(snapshot, long=args.long))
 
     return _run(args, work)

@@ -50,7 +50,7 @@ Sources and formulas:
   exactly as placement computes them (``ClusterState.held``; effective share of the budget
   tree; entitlement = effective share x GPUs on healthy hosts).
 * per allocation, WINDOW: ``window_usage_gpu_seconds`` (RankRow.raw_usage),
-  ``fairshare_ratio`` (the Fair Tree factor, 1 = best) and ``fairtree_rank`` (1 = best)
+  ``fairshare_ratio`` (the Fair Tree factor, 1 = best) and ``fairtree_rank`` (highest = best)
   from the leaves of ``RankingUpdated``.
 * ``allot_allocation_sort_key`` = tier + (1 - fair-share factor), smaller served first;
   tier 0 when held < entitlement, else 1. Taken from the queue snapshot's rows when the
@@ -295,7 +295,7 @@ def _allocation_window(inputs: MetricsInputs) -> Iterator[Metric]:
     )
     rank = _gauge(
         "allot_allocation_fairtree_rank",
-        "WINDOW: Fair Tree rank among allocations (1 = best ranked).",
+        "WINDOW: Fair Tree rank among allocations (highest = best; 1 = worst, as Slurm).",
         ["allocation"],
     )
     for row in sorted((r for r in inputs.ranking.nodes if r.leaf), key=lambda r: r.name):

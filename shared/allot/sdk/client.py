@@ -109,9 +109,23 @@ def new_client_id() -> str:
 def _checked(kind: Kind, msg: msgspec.Struct) -> bytes:
     """The JSON of ``msg``, validated as the service will (msgspec checks constraints on
     decode only): raises ``ValidationError`` naming the field."""
+    _require_finite(msg, "")
     data = codec.encode(msg)
     codec.decode(kind, data)
     return data
+
+
+def _require_finite(value: object, path: str) -> None:
+    """msgspec writes NaN and infinity as JSON null, which the service then reads as "not
+    given" (a NaN duration became no duration): refuse them here, naming the field."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValidationError(path, f"must be a finite number, got {value!r}")
+    if isinstance(value, msgspec.Struct):
+        for name in value.__struct_fields__:
+            _require_finite(getattr(value, name), f"{path}.{name}" if path else name)
+    elif isinstance(value, tuple | list):
+        for i, item in enumerate(value):
+            _require_finite(item, f"{path}[{i}]")
 
 
 def _scoped(query: str, scope: str | None) -> str:
@@ -288,7 +302,7 @@ class Client:
                     )
                 except nats.errors.NoRespondersError:
                     if give_up_at is None:  # no attempt reached anyone: certainly not done
-                        raise NoResponderError(subject, who, masked_url(self.nats_url)) from None
+                        raise NoResponderError(subject, who) from None
                     # An earlier attempt reached a service that never answered (killed after
                     # acting, before replying): its outcome is unknown, so "nobody listens
                     # now" must not be reported as "not done". Ask again while the service

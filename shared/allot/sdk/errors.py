@@ -22,14 +22,8 @@ class LoginRefusedError(NotConnectedError):
 class NoResponderError(SdkError):
     """Nobody subscribes to the request subject: the service is not running."""
 
-    def __init__(self, subject: str, who: str, server: str = "") -> None:
-        # Naming the server catches the usual slip: a shell without `allot up`'s export,
-        # asking the default 127.0.0.1:4222 while the stack runs elsewhere.
-        at = f" at {server}" if server else ""
-        super().__init__(
-            f"no {who} answered {subject}{at}: is the stack running there? "
-            "(allot up prints the ALLOT_NATS_URL to export)"
-        )
+    def __init__(self, subject: str, who: str) -> None:
+        super().__init__(f"no {who} answered {subject}: is the stack running? (allot up)")
         self.subject = subject
 
 
