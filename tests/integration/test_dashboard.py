@@ -149,6 +149,11 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
         assert "its allocation used 2.0 GPU-h in the window and Fair Tree rank 2" in page
         assert "allocation nlp used 0.5 GPU-h in the window and Fair Tree rank 1" in page
         assert 'href="/workload/req"' in page
+        # Its JSON twin: an assignment is a list of JSON objects, not Python reprs.
+        status, body, _ = await _get(http, base + "/api/workload/vic")
+        events = json.loads(body)["data"]["events"]
+        (placed,) = [e for e in events if e["kind"] == "placed"]
+        assert placed["detail"]["assignment"] == [{"host": "h1", "gpus": [0, 1, 2, 3]}]
         # No placement leader here: the page says so and still shows the log's history.
         assert "data-error" in page and "placement leader" in page
         assert "default-src 'none'" in headers["Content-Security-Policy"]

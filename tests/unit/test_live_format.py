@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import msgspec
 import pytest
 
 from allot.cli import live_cmds
@@ -405,6 +406,69 @@ def test_status_text_skips_empty_fields() -> None:
     assert "state:" in text and "running" in text
     assert "assignment:      h01:0,1,2,3" in text
     assert "preempt at" not in text and "position" not in text
+
+
+def test_status_text_of_an_ended_workload_shows_its_run_and_its_end() -> None:
+    """Like sacct: where it ran, when it started and ended, its exit code and why."""
+    status = m.WorkloadStatus(
+        workload_id="wl-a",
+        state="failed",
+        allocation="nlp",
+        user="ann",
+        gpus=4,
+        attempt=2,
+        started_at=T0,
+        assignment=(m.HostGpus(host="h01", gpus=(0, 1, 2, 3)),),
+        ended_at=T0 + 3600,
+        exit_code=137,
+        reason="killed by signal 9",
+    )
+    lines = dict(line.split(":", 1) for line in fmt.status_text(status).splitlines())
+    assert lines["started"].strip() == "2027-01-15T08:00:00Z"
+    assert lines["assignment"].strip() == "h01:0,1,2,3"
+    assert lines["ended"].strip() == "2027-01-15T09:00:00Z"
+    assert lines["exit code"].strip() == "137"
+    assert lines["reason"].strip() == "killed by signal 9"
+    assert "cancelled by" not in lines
+    cancelled = msgspec.structs.replace(
+        status, state="cancelled", exit_code=None, reason="not needed", cancelled_by="ann"
+    )
+    text = fmt.status_text(cancelled)
+    assert "cancelled by:    ann" in text and "exit code" not in text
+
+
+def test_hosts_table_shows_each_drain_like_sinfo_r() -> None:
+    snap = m.HostsSnapshot(
+        at=T0,
+        hosts=(
+            m.HostRow(host="h01", state="healthy", gpus=8, free_gpus=8),
+            m.HostRow(
+                host="h02",
+                state="drained",
+                gpus=8,
+                free_gpus=8,
+                drain_reason="bad fan",
+                drain_by="ops",
+                drain_at=T0,
+            ),
+            m.HostRow(
+                host="h03",
+                state="draining",
+                gpus=8,
+                free_gpus=0,
+                drain_reason="missed heartbeats for 12.0 s",
+                drain_at=T0 + 60,
+            ),
+        ),
+    )
+    lines = fmt.hosts_table(snap).splitlines()
+    assert lines[5] == ""
+    assert lines[6].split() == ["HOST", "STATE", "SINCE", "BY", "REASON"]
+    assert lines[8].split() == ["h02", "drained", "2027-01-15T08:00:00Z", "ops", "bad", "fan"]
+    assert lines[9].split()[:4] == ["h03", "draining", "2027-01-15T08:01:00Z", "-"]
+    assert lines[9].endswith("missed heartbeats for 12.0 s") and len(lines) == 10
+    healthy = m.HostsSnapshot(at=T0, hosts=snap.hosts[:1])
+    assert len(fmt.hosts_table(healthy).splitlines()) == 3  # no drains, no second table
 
 
 def test_event_line_shows_non_default_fields() -> None:

