@@ -21,6 +21,7 @@ from nats.js.api import DeliverPolicy
 
 from allot.core.errors import ValidationError
 from allot.live import bus, service_main
+from allot.live.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects
 from allot.services.agent import NO_COMMAND, RESTART_LOST, Agent, AgentConfig
@@ -436,6 +437,137 @@ async def test_restart_reports_lost_processes_and_starts_unstarted_placements(
     assert failed.started_at == placed.at
     await events.wait(m.WorkloadCompleted, "waiting")
     assert out.read_text().startswith("1|waiting|")
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie holds nothing, GPUs included)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZXx"
+
+
+def _session(sid: int) -> list[int]:
+    """The running processes of session ``sid`` (a part's launcher and what it forked)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[3]) == sid and fields[0] not in "ZXx":
+            out.append(int(name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+async def test_a_restarted_agent_kills_what_its_killed_predecessor_left_before_freeing_gpus(
+    js: JetStreamContext,
+    events: Events,
+    run_agent: AgentFactory,  # also starts dispatch, which the first agent needs too
+    fresh_log: str,
+    tmp_path: Path,
+) -> None:
+    """slurmd's rule: ``kill -9`` of the agent leaves its part running (its own session);
+    the restarted agent must end it, launcher and children, before the log frees its GPUs,
+    or the GPUs would be handed to other work while the old run still holds them."""
+    log = Log(js)
+    await log.host("h01", 2)
+    await log.leader(1)
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "allot.services.agent",
+        "--host",
+        "h01",
+        "--gpus",
+        "2",
+        "--nats-url",
+        fresh_log,
+        "--heartbeat-s",
+        "0.2",
+        env={**os.environ, "ALLOT_OTEL_EXPORTER": "none"},
+        stdout=(tmp_path / "agent.log").open("wb"),
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        # A launcher with a child of its own, as a training script with data loaders.
+        await log.submit("old", ("sh", "-c", "sleep 300 & exec sleep 301"), gpus=2)
+        await log.place("old", {"h01": (0, 1)})
+        started = await events.wait(m.WorkloadStarted, "old", timeout=20.0)
+        assert started.pid is not None
+        members = await _members(started.pid, 2)
+    finally:
+        agent.kill()  # SIGKILL: no chance to stop its parts
+        await agent.wait()
+    await asyncio.sleep(0.3)
+    assert all(_running(pid) for pid in members), "the part outlives a kill -9 of its agent"
+
+    await run_agent("h01", gpus=2)
+    failed = await events.wait(m.WorkloadFailed, "old")
+
+    # The log frees the GPUs only now, and nothing of the old attempt runs any more.
+    assert failed.reason == RESTART_LOST
+    assert [pid for pid in members if _running(pid)] == []
+    assert _session(started.pid) == []
+
+
+async def _members(sid: int, n: int, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while len(found := _session(sid)) < n:
+        assert time.monotonic() < deadline, f"session {sid} has {found}"
+        await asyncio.sleep(0.02)
+    return found
+
+
+async def test_an_agent_stop_requeues_what_it_stopped_and_keeps_what_ended_on_its_own(
+    js: JetStreamContext, events: Events, dispatch: DispatchService, tmp_path: Path, fresh_log: str
+) -> None:
+    """A planned host shutdown (SIGTERM to the agent) is a drain: the part it stops is
+    preempted, so its resumable work is requeued, not failed; a part that had already
+    exited keeps its own outcome."""
+    log = Log(js)
+    agent = Agent(
+        AgentConfig(nats_url=fresh_log, hosts=("h01",), gpus=4, heartbeat_s=0.2, stop_grace_s=2.0)
+    )
+    await service_main.start(agent)
+    stopped = False
+    try:
+        await log.host("h01", 4)
+        await log.leader(1)
+        marker, ready = tmp_path / "term", tmp_path / "ready"
+        await log.submit("train", py(ON_TERM, marker, ready))
+        await log.place("train", {"h01": (0,)})
+        await log.submit("broken", py("raise SystemExit(3)"))
+        await log.place("broken", {"h01": (1,)})
+        await events.wait(m.WorkloadStarted, "train")
+        await wait_file(ready)
+        failed = await events.wait(m.WorkloadFailed, "broken")
+
+        await service_main.stop(agent)
+        stopped = True
+
+        preempted = await events.wait(m.WorkloadPreempted, "train")
+        assert marker.read_text() == "term"  # it had its SIGTERM (time to checkpoint)
+        assert (preempted.reason, preempted.attempt) == ("host-drain", 1)
+        assert not events.of(m.WorkloadFailed, "train")
+        assert not events.of(m.WorkloadCompleted, "train")
+        assert (failed.exit_code, failed.reason) == (3, "exited with code 3")
+        # The log's own view: the resumable run is pending again (placement requeues it).
+        fold = LogFold()
+        fold.apply(m.HostRegistered(host="h01", gpus=4, at=time.time()))
+        fold.apply(m.LeaderElected(epoch=1, leader="test", at=time.time()))
+        for record in events.records:
+            fold.apply(record)
+        assert fold.records["train"].status == "pending"
+        assert "train" in fold.queue
+    finally:
+        if not stopped:
+            await service_main.stop(agent)
 
 
 async def test_gang_primary_reports_and_secondary_stops_when_the_log_ends_it(

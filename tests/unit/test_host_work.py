@@ -121,7 +121,9 @@ def test_notice_cancel_start_and_end_change_the_list() -> None:
     [
         ("exited", 0, False, False, m.WorkloadCompleted, None),
         ("exited", 3, False, False, m.WorkloadFailed, "exited with code 3"),
-        ("exited", 0, True, False, m.WorkloadFailed, "agent stopped"),
+        # Ended by its agent's stop (a planned host shutdown): a drain's preemption.
+        ("exited", 0, True, False, m.WorkloadPreempted, "host-drain"),
+        ("exited", -15, True, False, m.WorkloadPreempted, "host-drain"),
         ("lost", None, False, False, m.WorkloadFailed, RESTART_LOST),
         ("not-started", None, False, False, m.WorkloadFailed, "no command"),
         ("exited", 0, False, True, m.WorkloadCancelled, "wrong config"),
@@ -160,6 +162,33 @@ def test_the_terminal_record_follows_the_logs_view(  # noqa: PLR0917 (one table 
     assert record.gpu_seconds == pytest.approx(2 * 6)  # type: ignore[attr-defined]
     if reason is not None:
         assert reason in record.reason  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("stopping", "exit_code", "expected", "requeued"),
+    [
+        (True, -15, m.WorkloadPreempted, True),  # the agent's stop ended it: run it again
+        (False, 3, m.WorkloadFailed, False),  # it had failed on its own: that stands
+        (False, 0, m.WorkloadCompleted, False),  # it had finished on its own: that stands
+    ],
+    ids=["stopped-by-agent", "failed-on-its-own", "completed-on-its-own"],
+)
+def test_a_host_shutdown_requeues_what_it_stopped_and_keeps_what_ended_on_its_own(
+    stopping: bool, exit_code: int, expected: type[msgspec.Struct], requeued: bool
+) -> None:
+    book = _book("h01")
+    _submit(book, "w", gpus=1)  # resumable (the default)
+    _place(book, "w", {"h01": (0,)})
+    record = book.record_for(
+        "h01", _report("h01", "w", "exited", exit_code=exit_code, stopping=stopping)
+    )
+    assert type(record) is expected
+    assert record is not None
+    book.apply(record)
+    rec = book.fold.records["w"]
+    assert (rec.status == "pending") is requeued
+    assert ("w" in book.fold.queue) is requeued
+    assert book.tasks("h01") == ()
 
 
 @pytest.mark.parametrize(

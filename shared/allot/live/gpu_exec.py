@@ -12,6 +12,17 @@ Real parts are started with ``start_new_session=True``: the workload's launcher 
 process it forks share one process group, and signals go to the whole group, so a training
 script's data-loader workers do not outlive it. No shell is involved: ``command`` is the
 argument vector itself.
+
+The environment of a part (``workload_env``) is the agent's own *minus every ``ALLOT_*``
+variable* (the agent's NATS user and password, its Redis URL, its inbox prefix: a workload
+must not log in as the host's agent; its user brings their own credentials), plus what
+the workload needs to know: ``ALLOT_NATS_URL`` without any user or password,
+``CUDA_VISIBLE_DEVICES``, ``ALLOT_WORKLOAD_ID``, ``ALLOT_ALLOCATION``, ``ALLOT_ATTEMPT``,
+``ALLOT_HOST`` and, when the agent knows the assignment's hosts, ``ALLOT_HOSTS``,
+``ALLOT_HOST_RANK`` and ``ALLOT_NUM_HOSTS``. ``ALLOT_NATS_CA`` (a CA certificate's path,
+not a secret) is passed on so the workload can reach a TLS server.
+
+``LeftoverSweep`` ends what an earlier agent process left running (see its docstring).
 """
 
 from __future__ import annotations
@@ -21,7 +32,10 @@ import contextlib
 import os
 import signal
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 Clock = Callable[[], float]
 
@@ -36,6 +50,31 @@ class Part(Protocol):
 
     def kill(self) -> None: ...
 
+    @property
+    def stopped(self) -> bool:
+        """``terminate`` or ``kill`` reached the part while it still ran: its end is the
+        stopper's doing, not the workload's own."""
+        ...
+
+
+PASSED_ON = frozenset({"ALLOT_NATS_CA"})
+"""The agent's only ``ALLOT_*`` variables a workload inherits (not secrets)."""
+PART_MARKERS = ("ALLOT_WORKLOAD_ID", "ALLOT_ATTEMPT", "ALLOT_HOST")
+"""Together, they name the part a process belongs to (``LeftoverSweep`` reads them)."""
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` (comma-separated servers) with every ``user:password@`` (or token) removed."""
+    out = []
+    for part in url.split(","):
+        pieces = urlsplit(part.strip())
+        if pieces.username is None and pieces.password is None:
+            out.append(part.strip())
+        else:
+            host = pieces.netloc.rpartition("@")[2]
+            out.append(urlunsplit(pieces._replace(netloc=host)))
+    return ",".join(out)
+
 
 def workload_env(
     base: Mapping[str, str],
@@ -46,18 +85,26 @@ def workload_env(
     attempt: int,
     nats_url: str,
     host: str,
+    hosts: Sequence[str] = (),
 ) -> dict[str, str]:
-    """The environment of one part: the agent's own plus what the workload needs to know.
-    ``ALLOT_ALLOCATION`` is empty for unallocated work."""
-    env = dict(base)
+    """The environment of one part (see the module docstring). ``ALLOT_ALLOCATION`` is empty
+    for unallocated work. ``hosts``: the assignment's hosts, primary first (empty: unknown,
+    the three gang variables are not set)."""
+    env = {k: v for k, v in base.items() if not k.startswith("ALLOT_") or k in PASSED_ON}
     env.update(
         CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpus),
         ALLOT_WORKLOAD_ID=workload_id,
         ALLOT_ALLOCATION=allocation or "",
         ALLOT_ATTEMPT=str(attempt),
-        ALLOT_NATS_URL=nats_url,
+        ALLOT_NATS_URL=without_userinfo(nats_url),
         ALLOT_HOST=host,
     )
+    if hosts:
+        env.update(
+            ALLOT_HOSTS=",".join(hosts),
+            ALLOT_HOST_RANK=str(list(hosts).index(host)),
+            ALLOT_NUM_HOSTS=str(len(hosts)),
+        )
     return env
 
 
@@ -79,6 +126,7 @@ class ProcessPart:
         self._clock = clock
         self._kill_at: float | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
+        self._stopped = False
 
     @classmethod
     async def spawn(
@@ -112,9 +160,14 @@ class ProcessPart:
         self._signal(signal.SIGKILL)
         return code
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
     def terminate(self, kill_at: float) -> None:
         if self._proc.returncode is not None:
             return
+        self._note_stop()
         if self._kill_at is not None and self._kill_at <= kill_at:
             self._signal(signal.SIGTERM)  # a repeated request: the earlier deadline stands
             return
@@ -127,7 +180,21 @@ class ProcessPart:
 
     def kill(self) -> None:
         if self._proc.returncode is None:
+            self._note_stop()
             self._signal(signal.SIGKILL)
+
+    def _note_stop(self) -> None:
+        """Remember whether this stop reached a running launcher. ``returncode`` is set a
+        moment after the child exits (the child watcher reaps it, then tells the loop), so
+        ask the kernel without reaping (``WNOWAIT``): a launcher that has exited, reaped or
+        not, ended on its own."""
+        if self._stopped:
+            return
+        try:
+            ended = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # already reaped
+            return
+        self._stopped = ended is None
 
     def _signal(self, sig: signal.Signals) -> None:
         # The group may already be empty (ProcessLookupError) or, in theory, not ours any
@@ -142,24 +209,150 @@ class FakePart:
 
     def __init__(self, duration_s: float) -> None:
         self._duration_s = duration_s
-        self._stopped = asyncio.Event()
+        self._stop = asyncio.Event()
         self._code = -int(signal.SIGTERM)
+        self._finished = False
 
     @property
     def pid(self) -> int | None:
         return None
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set() and not self._finished
+
     async def wait(self) -> int:
         try:
-            await asyncio.wait_for(self._stopped.wait(), self._duration_s)
+            await asyncio.wait_for(self._stop.wait(), self._duration_s)
         except TimeoutError:
+            self._finished = True
             return 0
         return self._code
 
     def terminate(self, kill_at: float) -> None:
-        self._stopped.set()
+        self._stop.set()
 
     def kill(self) -> None:
-        if not self._stopped.is_set():
+        if not self._stop.is_set():
             self._code = -int(signal.SIGKILL)
-        self._stopped.set()
+        self._stop.set()
+
+
+# ---------------------------------------------------------------------- leftovers
+_PROC = Path("/proc")
+_GONE = frozenset("ZXx")
+"""``/proc/<pid>/stat`` states of a process that has exited (a zombie holds no GPU)."""
+_STARTTIME = 19
+"""Index of ``starttime`` (clock ticks after boot) after the ``(comm)`` field of ``stat``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Proc:
+    pid: int
+    sid: int
+    started: int
+
+
+def _read_stat(pid: int) -> _Proc | None:
+    """None: gone, exited (a zombie) or unreadable."""
+    try:
+        text = (_PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: split after its last ")".
+    fields = text[text.rfind(")") + 2 :].split()
+    if len(fields) <= _STARTTIME or fields[0] in _GONE:
+        return None
+    return _Proc(pid=pid, sid=int(fields[3]), started=int(fields[_STARTTIME]))
+
+
+def _part_of(pid: int) -> tuple[str, int, str] | None:
+    """The part the process was started as (``PART_MARKERS`` of its environment)."""
+    try:
+        raw = (_PROC / str(pid) / "environ").read_bytes()
+    except OSError:  # gone, or another user's process: not one of ours
+        return None
+    env: dict[bytes, bytes] = {}
+    for item in raw.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq:
+            env[key] = value
+    try:
+        wid, attempt, host = (env[k.encode()].decode() for k in PART_MARKERS)
+        return (wid, int(attempt), host)
+    except (KeyError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _kill_if_same(proc: _Proc) -> bool:
+    """SIGKILL ``proc`` if its pid still names the process read (same start time); True
+    when signalled. A pidfd pins the process between the check and the signal, so a pid
+    reused in between is never hit."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return False
+    except OSError:  # no pidfd (Linux < 5.3): check, then signal by pid (a tiny window)
+        again = _read_stat(proc.pid)
+        if again is None or again.started != proc.started:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(proc.pid, signal.SIGKILL)
+            return True
+        return False
+    try:
+        again = _read_stat(proc.pid)
+        if again is None or again.started != proc.started:
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        os.close(fd)
+
+
+class LeftoverSweep:
+    """Finds and SIGKILLs the processes of parts an earlier agent process started (they run
+    in sessions of their own, so they outlive a ``kill -9`` of the agent). Linux only
+    (``/proc``); elsewhere ``supported`` is False and a sweep finds nothing.
+
+    Which processes, and why this way (the work list carries no pid, and a pid alone may
+    have been reused by an unrelated process since the earlier agent logged it):
+
+    1. every live process whose environment names a part ``is_leftover`` accepts
+       (``PART_MARKERS``, set by ``workload_env``: a reused pid belongs to a process with
+       another environment, so it never matches);
+    2. every process in the session of such a process that leads its session (the part's
+       launcher: ``start_new_session``), even with an environment of its own (``env -i``),
+       and in such a session found by an earlier call of this sweep. The kernel keeps a
+       session id allocated while any process is in that session, so every member is a
+       descendant of the launcher; a session is forgotten once a call finds it empty.
+
+    Each is signalled through a pidfd after checking its start time again
+    (``_kill_if_same``). ``__call__`` returns how many live processes it signalled: call it
+    until it returns 0 (all gone: the part's GPUs are free)."""
+
+    def __init__(self, is_leftover: Callable[[str, int, str], bool]) -> None:
+        self._is_leftover = is_leftover
+        self._sessions: set[int] = set()
+        self.supported = _PROC.joinpath("self", "stat").exists()
+
+    def __call__(self) -> int:
+        if not self.supported:
+            return 0
+        me, own_session = os.getpid(), os.getsid(0)
+        procs = [p for name in os.listdir(_PROC) if name.isdigit() and (p := _read_stat(int(name)))]
+        marked: list[_Proc] = []
+        for p in procs:
+            part = _part_of(p.pid)
+            if part is not None and self._is_leftover(*part):
+                marked.append(p)
+        self._sessions |= {p.sid for p in marked if p.sid == p.pid}
+        self._sessions.discard(own_session)
+        doomed = {p.pid: p for p in marked}
+        doomed.update((p.pid, p) for p in procs if p.sid in self._sessions)
+        self._sessions &= {p.sid for p in procs}
+        doomed.pop(me, None)
+        doomed.pop(1, None)
+        return sum(_kill_if_same(p) for p in doomed.values())

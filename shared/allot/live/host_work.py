@@ -25,6 +25,8 @@ from allot.proto.subjects import check_host
 LIVE = frozenset({"running", "noticed"})
 RESTART_LOST = "agent restarted; the process was lost"
 STOPPED_BEFORE_START = "stopped before start"
+HOST_SHUTDOWN: PreemptReason = "host-drain"
+"""The reason of a preemption by the agent's own stop: a planned host shutdown is a drain."""
 _ENDS = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadPreempted, m.WorkloadCancelled)
 
 
@@ -165,8 +167,9 @@ class DispatchBook:
     def _terminal(
         self, rec: WorkloadRecord, report: m.PartReport, started: tuple[int, float] | None
     ) -> msgspec.Struct:
-        """Chosen from the log's view now: cancel requested -> cancelled, under notice ->
-        preempted, a clean exit -> completed, anything else -> failed."""
+        """Chosen from the log's view now: cancel requested -> cancelled, under notice or
+        ended by its agent's stop -> preempted, a clean exit -> completed, anything else ->
+        failed."""
         w = rec.workload
         at = report.at
         # The charge runs from the agent's own start report, the same start accounting
@@ -193,19 +196,25 @@ class DispatchBook:
                 started_at=started_at,
                 allocated=w.allocated,
             )
-        if rec.status == "noticed":
+        # A part its agent's own stop ended (a planned host shutdown, ``stopping``) is
+        # preempted as a drain would have it, so resumable work is requeued; one that had
+        # exited on its own is reported without ``stopping`` and keeps its outcome.
+        shutdown = report.stopping and report.event == "exited"
+        if rec.status == "noticed" or shutdown:
             return m.WorkloadPreempted(
                 workload_id=w.id,
                 allocation=w.allocation,
                 at=at,
-                reason=self.notice_reasons.get(w.id, "better-ranked"),
+                reason=self.notice_reasons.get(w.id, "better-ranked")
+                if rec.status == "noticed"
+                else HOST_SHUTDOWN,
                 gpu_seconds=gpu_seconds,
                 attempt=report.attempt,
                 gpus=w.gpus,
                 started_at=started_at,
                 allocated=w.allocated,
             )
-        if report.event == "exited" and report.exit_code == 0 and not report.stopping:
+        if report.event == "exited" and report.exit_code == 0:
             return m.WorkloadCompleted(
                 workload_id=w.id,
                 allocation=w.allocation,
@@ -220,8 +229,6 @@ class DispatchBook:
             reason = RESTART_LOST
         else:
             reason = report.detail or ("failed" if report.event == "exited" else report.event)
-            if report.stopping and report.exit_code is not None:
-                reason = f"agent stopped; the process was terminated ({reason})"
         return m.WorkloadFailed(
             workload_id=w.id,
             allocation=w.allocation,

@@ -28,8 +28,17 @@ see ``allot.live.auth_config``); it never reads the log. What it does, and why t
   request on ``allot.v1.hosts.report`` (``allot.live.report_batch``): at 500 runs a second
   that is about 20 requests a second instead of 1,000.
 * **Restarts.** A listed part that the log shows started but this process does not run ran
-  under an earlier agent process: it is reported ``lost`` so the GPUs are freed (we cannot
-  reattach). One placed but never started (placed while the agent was down) starts now.
+  under an earlier agent process (we cannot reattach). Its processes may still run: parts
+  live in sessions of their own, so a ``kill -9`` of the agent leaves them behind. As
+  slurmd does on restart, a real agent first SIGKILLs every process an earlier agent
+  started on its hosts (``gpu_exec.LeftoverSweep``: found by the part named in their
+  environment, never by a pid that may have been reused), and reports such a part ``lost``
+  only once none of its processes is left, so its GPUs are never handed out while it still
+  holds them. One placed but never started (placed while the agent was down) starts now.
+* **Stopping** (SIGTERM to the agent): every part gets SIGTERM, SIGKILL after
+  ``--stop-grace-s``; a part the stop ended is reported with ``stopping`` set, which
+  dispatch records as a preemption (``host-drain``: a planned host shutdown), so resumable
+  work is requeued. A part that had exited on its own keeps its own outcome.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from allot.live import bus
 from allot.live.gpu_exec import (
     Clock,
     FakePart,
+    LeftoverSweep,
     Part,
     ProcessPart,
     describe_exit,
@@ -77,6 +87,10 @@ MAX_FAKE_HOSTS = 100_000
 MAX_RUNNING_IN_HEARTBEAT = 1024
 NO_COMMAND = "the workload has no command (submit it with command=[program, args...])"
 REQUEST_TIMEOUT_S = 5.0
+LEFTOVER_WAIT_S = 10.0
+"""How long a starting agent waits for an earlier agent's processes to die before it goes
+on (a part still holding on is reported lost only once it is gone, however long)."""
+LEFTOVER_WARN_S = 30.0
 DONE_TTL_S = 600.0
 """How long a finished part is remembered, so a list sent before its end cannot start it
 again (lists are ordered by log position, but a part's own report is not)."""
@@ -152,6 +166,8 @@ class Run:
     """The log already ended this attempt: stop quietly, report nothing."""
     started_at: float | None = None
     """When this agent reported the start (the terminal report repeats it)."""
+    shutdown: bool = False
+    """Stopped because the agent is stopping (a planned host shutdown)."""
 
     @property
     def workload_id(self) -> str:
@@ -197,6 +213,12 @@ class Agent:
 
     # ------------------------------------------------------------------ service protocol
     async def on_started(self) -> None:
+        if not self.config.fake:
+            # Before any work is taken: whatever runs as a part of these hosts now was
+            # started by an earlier agent process (see the module docstring, "Restarts").
+            await self._end_leftovers(
+                LeftoverSweep(lambda _w, _a, host: host in self._hosts), LEFTOVER_WAIT_S
+            )
         url = self.config.nats_url
         self._nc, _ = await bus.connect(url, f"allot-agent-{self.config.hosts[0]}")
         if self.config.batch_reports:
@@ -215,6 +237,7 @@ class Agent:
         await stop_tasks(self._loops)
         deadline = self._clock() + self.config.stop_grace_s
         for run in list(self._runs.values()):
+            run.shutdown = True
             self._stop_run(run, deadline)
         pending = set(self._tasks)
         if pending:
@@ -312,11 +335,7 @@ class Agent:
             workload=task.workload_id, allocation=task.allocation, attempt=task.attempt, host=host
         )
         if task.started:
-            if task.primary:
-                bound.warning("process lost in a restart")
-                self._spawn(self._report(host, task, "lost"))
-            else:
-                bound.warning("gang part lost in a restart; the primary host reports")
+            self._spawn(self._lost(host, task, bound))
             return
         if task.stop is not None:
             # Stopped before it started (placed while the agent was down): nothing to run.
@@ -327,6 +346,44 @@ class Agent:
         self._runs[run.key] = run
         self._by_host.setdefault(host, {})[run.key] = run
         self._spawn(self._supervise(run))
+
+    async def _lost(self, host: str, task: m.HostTask, bound: Any) -> None:
+        """A part an earlier agent process ran: end what is left of it, then (primary)
+        report it lost, which frees its GPUs in the log."""
+        if task.primary:
+            bound.warning("process lost in a restart")
+        else:
+            bound.warning("gang part lost in a restart; the primary host reports")
+        if not self.config.fake:
+            key = (task.workload_id, task.attempt, host)
+            await self._end_leftovers(LeftoverSweep(lambda *part: part == key), None, bound)
+        if task.primary:
+            await self._report(host, task, "lost")
+
+    async def _end_leftovers(
+        self, sweep: LeftoverSweep, timeout: float | None, bound: Any = None
+    ) -> None:
+        """Call ``sweep`` until it finds nothing alive (or ``timeout`` seconds passed)."""
+        logger = bound or self.log
+        if not sweep.supported:
+            logger.warning("no /proc: processes of an earlier agent process are not ended")
+            return
+        loop = asyncio.get_running_loop()
+        start = warned = loop.time()
+        delay, first = 0.02, True
+        while killed := await asyncio.to_thread(sweep):
+            now = loop.time()
+            if first:
+                logger.warning("killing processes an earlier agent process left", count=killed)
+                first = False
+            elif timeout is not None and now - start >= timeout:
+                logger.error("processes of an earlier agent process survive SIGKILL", count=killed)
+                return
+            elif now - warned >= LEFTOVER_WARN_S:
+                warned = now
+                logger.error("processes of an earlier agent process still alive", count=killed)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     def _forget_done(self) -> None:
         """Drop parts finished over ``DONE_TTL_S`` ago (insertion order is end order, so
@@ -380,6 +437,8 @@ class Agent:
                     exit_code=max(-255, min(255, code)),
                     detail=describe_exit(code),
                     run=run,
+                    # Ended by the agent's own stop, not on its own (dispatch requeues it).
+                    stopping=run.shutdown and part.stopped,
                 )
         finally:
             self._forget(run)
@@ -435,6 +494,7 @@ class Agent:
         exit_code: int | None = None,
         detail: str = "",
         run: Run | None = None,
+        stopping: bool = False,
     ) -> None:
         """Sent until dispatch answers; a refusal is final (logged and counted). Given up
         only when the agent is stopping and NATS keeps failing."""
@@ -449,7 +509,7 @@ class Agent:
             pid=pid,
             exit_code=exit_code,
             detail=detail[: m.MAX_TEXT_LEN],
-            stopping=self._stopping,
+            stopping=stopping,
         )
         self._detail(log, "reporting", workload=task.workload_id, part_event=event, host=host)
         body = codec.encode(report)

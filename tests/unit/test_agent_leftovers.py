@@ -1,0 +1,146 @@
+"""``allot.live.gpu_exec.LeftoverSweep`` and ``Part.stopped`` with real processes: what a
+restarted agent kills (an earlier agent's parts, all of their session) and what it never
+touches (another part, another host, a process whose pid was reused)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from allot.live import gpu_exec
+from allot.live.gpu_exec import FakePart, LeftoverSweep, ProcessPart, workload_env
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has let go of everything, its GPUs too)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZXx"
+
+
+def _session(sid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if int(fields[3]) == sid and fields[0] not in "ZXx":
+                out.append(int(name))
+    return out
+
+
+@pytest.fixture
+def spawn() -> Iterator[object]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(wid: str, attempt: int, host: str, command: list[str]) -> subprocess.Popen[bytes]:
+        env = workload_env(
+            os.environ,
+            gpus=(0,),
+            workload_id=wid,
+            allocation="nlp",
+            attempt=attempt,
+            nats_url="nats://127.0.0.1:4222",
+            host=host,
+        )
+        proc = subprocess.Popen(command, env=env, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        for pid in _session(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+
+
+def _until_gone(sweep: LeftoverSweep) -> int:
+    rounds = 0
+    while sweep():
+        rounds += 1
+        assert rounds < 200, "still alive after 200 sweeps"
+        time.sleep(0.02)
+    return rounds
+
+
+def _wait_members(sid: int, n: int) -> list[int]:
+    deadline = time.monotonic() + 5.0
+    while len(members := _session(sid)) < n:
+        assert time.monotonic() < deadline, f"session {sid}: {members}"
+        time.sleep(0.02)
+    return members
+
+
+def test_a_sweep_kills_an_earlier_agents_part_with_its_whole_session(spawn) -> None:  # type: ignore[no-untyped-def]
+    # The launcher forks a child that drops the environment (env -i): found by its session.
+    old = spawn("w1", 1, "h01", ["sh", "-c", "env -i sleep 300 & exec sleep 301"])
+    other_part = spawn("w2", 1, "h01", ["sleep", "302"])
+    other_host = spawn("w1", 1, "h02", ["sleep", "303"])
+    members = _wait_members(old.pid, 2)
+
+    sweep = LeftoverSweep(lambda wid, attempt, host: (wid, attempt, host) == ("w1", 1, "h01"))
+    assert _until_gone(sweep) >= 1
+    old.wait(timeout=5)
+    assert not [pid for pid in members if _running(pid)]
+    assert _running(other_part.pid) and _running(other_host.pid)
+    assert sweep() == 0
+
+
+def test_a_sweep_never_signals_a_process_whose_pid_now_names_another(spawn) -> None:  # type: ignore[no-untyped-def]
+    proc = spawn("w1", 1, "h01", ["sleep", "300"])
+    stat = gpu_exec._read_stat(proc.pid)
+    assert stat is not None
+    # The same pid, started at another time: another process (the pid was reused).
+    reused = gpu_exec._Proc(pid=proc.pid, sid=stat.sid, started=stat.started + 1)
+    assert not gpu_exec._kill_if_same(reused)
+    assert _running(proc.pid)
+    assert gpu_exec._kill_if_same(stat)
+    proc.wait(timeout=5)
+
+
+def test_the_agent_and_unmarked_processes_are_left_alone(spawn) -> None:  # type: ignore[no-untyped-def]
+    plain = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert LeftoverSweep(lambda *_: True)() == 0  # nothing marked runs
+        assert _running(plain.pid) and _running(os.getpid())
+    finally:
+        plain.kill()
+        plain.wait()
+
+
+async def test_stopped_tells_an_end_the_stopper_caused_from_one_of_its_own() -> None:
+    env = dict(os.environ)
+    part = await ProcessPart.spawn(["sleep", "30"], env, time.time)
+    part.terminate(time.time() + 5)
+    assert await part.wait() == -signal.SIGTERM
+    assert part.stopped
+
+    done = await ProcessPart.spawn(["true"], env, time.time)
+    await asyncio.sleep(0.3)  # it has exited (the loop may not know yet)
+    done.terminate(time.time() + 5)
+    assert await done.wait() == 0
+    assert not done.stopped
+
+    fake = FakePart(0.01)
+    assert await fake.wait() == 0
+    fake.terminate(0.0)
+    assert not fake.stopped
+    fake = FakePart(30.0)
+    fake.terminate(0.0)
+    assert await fake.wait() == -signal.SIGTERM
+    assert fake.stopped
