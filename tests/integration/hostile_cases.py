@@ -55,6 +55,10 @@ CLUSTER_GPUS = 16
 ALLOCATION = "nlp"
 HOST = "h1"
 OTHER_HOST = "h2"
+OWNER = "ann"
+"""Who submits the test's workloads (the templates' ``user``): only they may cancel them."""
+PLACED_CLIENT_ID = "keep"
+"""The ``client_id`` of the test's running workload (16 GPUs, 8 h minimum runtime)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ def submit_template(client_id: str = "hostile") -> dict[str, Any]:
     return {
         "type": "SubmitWorkload",
         "client_id": client_id,
-        "user": "ann",
+        "user": OWNER,
         "gpus": 2,
         "allocation": ALLOCATION,
         "min_runtime_s": 60,
@@ -117,7 +121,7 @@ def cancel_template(workload_id: str) -> dict[str, Any]:
     return {
         "type": "CancelWorkload",
         "workload_id": workload_id,
-        "user": "ann",
+        "user": OWNER,
         "allocation": ALLOCATION,
         "reason": "no longer needed",
     }
@@ -180,9 +184,10 @@ def splice(body: bytes, key: str, raw_value: bytes) -> bytes:
 # == the hand-written table ====================================================================
 
 
-def hand_cases(placed: str, cancelled: str) -> list[Case]:
-    """``placed``: a running workload of ``nlp`` (must not be touched); ``cancelled``: an
-    unallocated workload already cancelled (its cancel is replayed)."""
+def hand_cases(placed: str) -> list[Case]:
+    """``placed``: a running workload of ``nlp`` (must not be touched). A replay that
+    must be *accepted* (the same submission, a cancel of a cancelled workload) is sent by
+    the test itself, not listed here."""
     sub = s.submit(ALLOCATION)
     unalloc = s.submit(None)
     can = s.cancel(ALLOCATION, placed)
@@ -615,11 +620,19 @@ def hand_cases(placed: str, cancelled: str) -> list[Case]:
         # -- replays ----------------------------------------------------------------------
         Case(
             REPLAY,
+            SUBMIT,
+            sub,
+            submit(client_id=PLACED_CLIENT_ID),
+            "client_id",
+            note="client_id of the running workload reused with other values",
+        ),
+        Case(
+            MISMATCH,
             CANCEL,
-            s.cancel(None, cancelled),
-            dumps({**cancel_template(cancelled), "allocation": None}),
-            "workload_id",
-            note="cancel of a workload already cancelled",
+            can,
+            dumps({**cancel_template(placed), "user": "mallory"}),
+            "user",
+            note="not the workload's owner",
         ),
     ]
     # -- an agent's report of its part (dispatch) -------------------------------------

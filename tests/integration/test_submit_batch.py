@@ -118,6 +118,38 @@ async def test_a_repeated_batch_is_answered_with_the_first_answers(intake_url: s
     ]
 
 
+async def test_a_client_id_reused_with_other_values_is_refused_inside_and_across_batches(
+    intake_url: str,
+) -> None:
+    items = [_item("a", allocation="nlp"), _item("b", allocation="nlp", gpus=2)]
+    first = await _send(intake_url, "nlp", [*items, _item("a", allocation="nlp", gpus=3)])
+    again = await _send(
+        intake_url, "nlp", [items[0], _item("b", allocation="nlp", gpus=2, user="bob")]
+    )
+    assert isinstance(first, m.SubmitBatchAnswered) and isinstance(again, m.SubmitBatchAnswered)
+    # Inside one batch: the two "a" race; whichever is logged, the other is refused.
+    (logged_a,) = [r for r in await _submitted(intake_url) if r.client_id == "a"]
+    loser = 2 if logged_a.gpus == 1 else 0
+    refused = first.results[loser]
+    assert isinstance(refused, m.WorkloadRejected), first.results
+    assert refused.field == f"workloads[{loser}].client_id" and refused.client_id == "a"
+    assert refused.reason == (
+        "client_id 'a' was already used for a different submission "
+        + ("(gpus 1, not 3)" if loser == 2 else "(gpus 3, not 1)")
+    )
+    # Across batches: a retry of "a" is a duplicate (if its first value won), "b" with
+    # another user is refused.
+    retry, other_user = again.results
+    if loser == 2:
+        assert isinstance(retry, m.WorkloadAccepted) and retry.duplicate
+    else:
+        assert isinstance(retry, m.WorkloadRejected) and retry.field == "workloads[0].client_id"
+    assert isinstance(other_user, m.WorkloadRejected)
+    assert other_user.field == "workloads[1].client_id"
+    assert other_user.reason.endswith("(user 'ada', not 'bob')")
+    assert sorted(r.client_id for r in await _submitted(intake_url)) == ["a", "b"]
+
+
 async def test_a_body_that_does_not_decode_is_one_rejection_naming_the_item(
     intake_url: str,
 ) -> None:

@@ -104,7 +104,8 @@ class _Message(_Wire, frozen=True, kw_only=True, tag=True):
 
 class SubmitWorkload(_Message, frozen=True, kw_only=True):
     """Ask for GPUs. ``client_id`` is the idempotency key (as ``armadactl``'s): submitting
-    again with the same id returns the first answer and never queues a second workload.
+    again with the same id and the same values returns the first answer and never queues a
+    second workload; the same id with other values is refused, naming ``client_id``.
     ``allocation`` absent means unallocated (free, preemptible at any moment)."""
 
     client_id: Name

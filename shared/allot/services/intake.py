@@ -16,19 +16,45 @@ by the same steps:
    ``Nats-Expected-Last-Subject-Sequence: 0``, so JetStream stores it only if that subject
    holds nothing yet (the check and the write are one atomic step in the stream's leader),
    and with ``Nats-Msg-Id = submitted:<id>`` for a retry inside the duplicate window. A
-   repeat, now or months later, is refused by the stream and answered with the first
-   submission's time and ``duplicate=True`` (so is, rarely, a first submission whose
-   append was acknowledged only on its second try: ``allot.live.bus.PUBLISH_ATTEMPTS``).
+   repeat, now or months later, is refused by the stream; intake then reads the first
+   submission (the subject's first record) and compares what the submitter chose: every
+   field of ``SubmitWorkload`` (user, gpus, min_runtime_s, resumable, kind, priority,
+   command, duration_s; client_id and allocation are equal by construction), not the
+   server's time or trace context. The same values are a retry, answered with the first
+   submission's time and ``duplicate=True`` (so is, rarely, a first submission whose append
+   was acknowledged only on its second try: ``allot.live.bus.PUBLISH_ATTEMPTS``); other
+   values are refused naming ``client_id`` and each field that differs, the first
+   submission's value first ("gpus 1, not 2"), as Stripe refuses an idempotency key reused
+   with other parameters. A first submission only appends, so this costs nothing until a
+   client_id comes again.
    The log is the only record: no key can stand for a workload the log lacks.
    Appends go through ``allot.live.group_commit``: a backlog of submissions (a
    ``SubmitBatch``, many clients at once) is committed as atomic batches, with the same
    conditions and msg ids, and each submission keeps its own answer.
 
-``allot.v1.cancel.<allocation>.<workload>`` (``CancelWorkload``): the workload must exist
-under that allocation (``allot.v1.events.<allocation>.<workload>.*`` has records) and not
-have ended (the last of them); intake appends
-``CancelRequested`` and answers ``CommandAccepted``; placement drops pending work, the agent
-stops running work.
+``allot.v1.cancel.<allocation>.<workload>`` (``CancelWorkload``), answered with
+``CommandAccepted`` or ``CommandRejected(field, reason)``; the workload's submission and
+its latest record are read at once, then:
+
+1. the workload must exist under that allocation (its ``submitted`` record), else
+   ``workload_id`` is refused;
+2. ``user`` must be the submission's ``user``: only the owner cancels a workload, as only
+   the owner (or an operator) may ``scancel`` a Slurm job. The names are claims (without
+   ``--secure`` anyone may claim any name; under it NATS lets only the allocation's team
+   publish here), so this guards against mistakes, not against a team member who claims a
+   colleague's name. ``CancelWorkload`` has no field to act for the team or as an
+   operator: such a path needs a wire change;
+3. idempotent, like the submission: a workload that ended cancelled (its latest record is
+   ``WorkloadCancelled``) is answered accepted, with "already cancelled" in ``detail`` and
+   nothing logged; one that ended otherwise (``WorkloadCompleted``, ``WorkloadFailed``) is
+   refused ("has already ended");
+4. ``CancelRequested`` is appended on the same condition as a submission: its subject
+   ``...<id>.cancel_requested`` must hold no record yet (and ``Nats-Msg-Id =
+   cancel:<id>``). A cancel already requested (a retry of one whose answer was lost, two
+   at once) is refused by the stream and answered accepted with "already requested" in
+   ``detail``: once logged, a cancel of live work always takes effect (the fold stops it
+   or drops it), so a second record would add nothing. Placement drops pending work, the
+   agent stops running work.
 
 Intake's own state is the HOSTS stream and the budget tree, folded with ``LogFold``.
 """
@@ -61,8 +87,13 @@ EXPECT_NEW_SUBJECT = {"Nats-Expected-Last-Subject-Sequence": "0"}
 """The append's condition: the workload's subject holds no record yet."""
 WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream's error codes for a failed ``Nats-Expected-Last-Subject-Sequence`` check."""
-_TERMINAL_TYPES = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadCancelled)
+_ENDED_OTHERWISE = (m.WorkloadCompleted, m.WorkloadFailed)
+"""Ends a cancel cannot follow (an end by cancelling answers a cancel as accepted)."""
 _FIRST_RECORD = msgspec.json.Decoder(m.WorkloadSubmitted)
+CHOSEN_FIELDS: tuple[str, ...] = m.SubmitWorkload.__struct_fields__
+"""What a submitter chooses, compared when a ``client_id`` comes again (module docstring,
+step 4); ``WorkloadSubmitted`` carries each of them, plus the server's ``at``."""
+_SHOWN_LEN = 60
 
 log = structlog.get_logger("allot.intake")
 
@@ -185,23 +216,11 @@ class Intake:
             )
 
     async def _accept(self, cmd: m.SubmitWorkload, now: float) -> m.WorkloadAccepted:
-        """One conditional append (see the module docstring, step 4)."""
+        """One conditional append (see the module docstring, step 4); raises
+        ``ValidationError`` for a ``client_id`` already used with other values."""
         assert self.appends is not None
         wid = workload_id(cmd.allocation, cmd.client_id)
-        record = m.WorkloadSubmitted(
-            workload_id=wid,
-            client_id=cmd.client_id,
-            user=cmd.user,
-            gpus=cmd.gpus,
-            allocation=cmd.allocation,
-            min_runtime_s=cmd.min_runtime_s,
-            resumable=cmd.resumable,
-            kind=cmd.kind,
-            priority=cmd.priority,
-            command=cmd.command,
-            duration_s=cmd.duration_s,
-            at=now,
-        )
+        record = submitted_record(cmd, wid, now)
         subject = bus.event_subject(cmd.allocation, record)
         try:
             ack = await self.appends.append(subject, record, f"submitted:{wid}", EXPECT_NEW_SUBJECT)
@@ -211,20 +230,30 @@ class Intake:
                 raise
             appended = False
         if not appended:  # a repeat: refused by the subject check, or by the msg id
+            first = await self._first_submission(subject)
+            if first is None:  # not readable (never seen): a duplicate, uncompared
+                log.warning("first submission not readable", workload=wid)
+            elif differences := differing_choices(first, cmd):
+                raise ValidationError(
+                    "client_id",
+                    f"client_id {cmd.client_id!r} was already used for a different "
+                    f"submission ({'; '.join(differences)})",
+                )
             self.duplicates += 1
-            return self._accepted(cmd, wid, await self._first_submission(subject, now), True)
+            return self._accepted(cmd, wid, now if first is None else first.at, True)
         self.accepted += 1
         log.debug("accepted", workload=wid, allocation=cmd.allocation, gpus=cmd.gpus)
         return self._accepted(cmd, wid, now, False)
 
-    async def _first_submission(self, subject: str, now: float) -> float:
-        """The time of the workload's first acceptance: its subject's first record."""
+    async def _first_submission(self, subject: str) -> m.WorkloadSubmitted | None:
+        """The workload's first accepted submission: its ``submitted`` subject's first
+        record (None if there is none, or it does not decode)."""
         assert self.js is not None
         try:
             first = await self.js.get_msg("WORKLOADS", seq=1, subject=subject, next=True)
-            return _FIRST_RECORD.decode(first.data or b"").at
+            return _FIRST_RECORD.decode(first.data or b"")
         except (NotFoundError, msgspec.DecodeError):
-            return now
+            return None
 
     @staticmethod
     def _accepted(
@@ -268,43 +297,102 @@ class Intake:
                     "allocation",
                     f"{cmd.allocation!r} does not match the subject's allocation {token!r}",
                 )
-            await self._check_cancellable(cmd)
+            detail = await self._cancel(cmd, now)
         except ValidationError as e:
             self.rejected += 1
             return codec.encode(
                 m.CommandRejected(at=now, field=e.field[:1024], reason=e.reason[:1024])
             )
-        assert self.js is not None
-        record = m.CancelRequested(
-            workload_id=cmd.workload_id,
-            allocation=cmd.allocation,
-            by=cmd.user,
-            reason=cmd.reason,
-            at=now,
-        )
-        await bus.publish(self.js, bus.event_subject(cmd.allocation, record), record)
-        log.info("cancel requested", workload=cmd.workload_id, allocation=cmd.allocation)
-        return codec.encode(m.CommandAccepted(at=now, detail=f"cancel of {cmd.workload_id} logged"))
+        return codec.encode(m.CommandAccepted(at=now, detail=detail))
 
-    async def _check_cancellable(self, cmd: m.CancelWorkload) -> None:
+    async def _cancel(self, cmd: m.CancelWorkload, now: float) -> str:
+        """The cancel's steps (module docstring); the accepted answer's ``detail``, or
+        ``ValidationError``."""
+        assert self.js is not None
+        wid = cmd.workload_id
+        submitted = s.events(cmd.allocation, wid, m.EVENT_NAME[m.WorkloadSubmitted])
+        first, last = await asyncio.gather(
+            self._first_submission(submitted), self._last_record(cmd)
+        )
+        if first is None:
+            raise ValidationError(
+                "workload_id",
+                f"no workload {wid!r} in allocation {s.allocation_token(cmd.allocation)!r}",
+            )
+        if cmd.user != first.user:
+            raise ValidationError(
+                "user",
+                f"{cmd.user!r} may not cancel {wid!r}: it was submitted by {first.user!r}, "
+                "and only its owner cancels it",
+            )
+        if isinstance(last, m.WorkloadCancelled):
+            by = f" by {last.by!r}" if last.by else ""
+            return f"{wid} was already cancelled{by}; nothing new logged"
+        # A preempted workload may have been requeued: the fold decides (it ignores a
+        # cancel of work that has ended).
+        if isinstance(last, _ENDED_OTHERWISE):
+            ended = m.EVENT_NAME[type(last)]
+            raise ValidationError("workload_id", f"{wid!r} has already ended ({ended})")
+        record = m.CancelRequested(
+            workload_id=wid, allocation=cmd.allocation, by=cmd.user, reason=cmd.reason, at=now
+        )
+        subject = bus.event_subject(cmd.allocation, record)
+        headers = bus.record_headers(f"cancel:{wid}", EXPECT_NEW_SUBJECT)
+        try:
+            logged = not (
+                await bus.send_record(self.js, subject, bus.encode(record), headers)
+            ).duplicate
+        except APIError as e:
+            if e.err_code not in WRONG_LAST_SEQUENCE:
+                raise
+            logged = False
+        if not logged:
+            return f"cancel of {wid} already requested; nothing new logged"
+        log.info("cancel requested", workload=wid, allocation=cmd.allocation)
+        return f"cancel of {wid} logged"
+
+    async def _last_record(self, cmd: m.CancelWorkload) -> msgspec.Struct | None:
+        """The workload's latest record (None: none, or one that does not decode)."""
         assert self.js is not None
         subject = s.workload_events(cmd.allocation, cmd.workload_id)
         try:
             last = await self.js.get_last_msg("WORKLOADS", subject)
-        except NotFoundError:
-            raise ValidationError(
-                "workload_id",
-                f"no workload {cmd.workload_id!r} in allocation "
-                f"{s.allocation_token(cmd.allocation)!r}",
-            ) from None
-        try:
-            record = bus.decode_record(last.subject or "", last.data or b"")
-        except ValidationError:
-            return
-        # A preempted workload may have been requeued: the fold decides (it ignores a
-        # cancel of work that has ended).
-        if isinstance(record, _TERMINAL_TYPES):
-            raise ValidationError("workload_id", f"{cmd.workload_id!r} has already ended")
+            return bus.decode_record(last.subject or "", last.data or b"")
+        except (NotFoundError, ValidationError):
+            return None
+
+
+def submitted_record(cmd: m.SubmitWorkload, wid: str, now: float) -> m.WorkloadSubmitted:
+    """The log record of ``cmd``'s acceptance at ``now``."""
+    return m.WorkloadSubmitted(
+        workload_id=wid,
+        client_id=cmd.client_id,
+        user=cmd.user,
+        gpus=cmd.gpus,
+        allocation=cmd.allocation,
+        min_runtime_s=cmd.min_runtime_s,
+        resumable=cmd.resumable,
+        kind=cmd.kind,
+        priority=cmd.priority,
+        command=cmd.command,
+        duration_s=cmd.duration_s,
+        at=now,
+    )
+
+
+def differing_choices(first: m.WorkloadSubmitted, cmd: m.SubmitWorkload) -> list[str]:
+    """Each chosen field (``CHOSEN_FIELDS``) where ``cmd`` differs from the first
+    submission, worded ``"gpus 1, not 2"`` (the first's value first); empty for a retry."""
+    return [
+        f"{name} {_shown(getattr(first, name))}, not {_shown(getattr(cmd, name))}"
+        for name in CHOSEN_FIELDS
+        if getattr(first, name) != getattr(cmd, name)
+    ]
+
+
+def _shown(value: object) -> str:
+    text = "unset" if value is None else repr(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) <= _SHOWN_LEN else text[: _SHOWN_LEN - 3] + "..."
 
 
 def build_parser() -> argparse.ArgumentParser:
