@@ -161,6 +161,37 @@ def bad_inputs(scenario: Path, tmp: Path) -> dict[str, BadInput]:
         ),
         "--window 0": BadInput([*base, "--window", "0"], ("--window", "more than 0")),
         "--half-life 0": BadInput([*base, "--half-life", "0s"], ("--half-life", "more than 0")),
+        "--rank-every 0 (an interval)": BadInput(
+            [*base, "--rank-every", "0"], ("--rank-every", "more than 0")
+        ),
+        "--jobs 0 (would read as the CPU count)": BadInput(
+            [*base, "--jobs", "0"], ("--jobs", "at least 1")
+        ),
+        "--jobs -1": BadInput([*base, "--jobs", "-1"], ("--jobs", "at least 1")),
+        "--min-runtime above the 8 h contract": BadInput(
+            [*base, "--min-runtime", "9h"], ("--min-runtime", "8.0h", "9.0h")
+        ),
+        "--compare with no policy at all": BadInput([*base, "--compare", ","], ("--compare",)),
+        "--compare that is empty": BadInput([*base, "--compare", ""], ("--compare",)),
+        "--compare with an empty name": BadInput(
+            [*base, "--compare", "fifo,,partitioned"], ("--compare", "fifo,,partitioned")
+        ),
+        "--compare naming a policy twice": BadInput(
+            [*base, "--compare", "fifo,fifo"], ("--compare", "twice")
+        ),
+        "--policy with --compare": BadInput(
+            [*base, "--policy", "fifo", "--compare", "fifo,partitioned"],
+            ("--compare", "not allowed with", "--policy"),
+        ),
+        "--philly with --cluster": BadInput(
+            ["--philly", tmp, *base[:2]], ("--philly", "not allowed with", "--cluster")
+        ),
+        "--philly with --budgets": BadInput(
+            ["--philly", tmp, *base[2:4]], ("--philly", "not allowed with", "--budgets")
+        ),
+        "--philly with --trace": BadInput(
+            ["--philly", tmp, *base[4:]], ("--philly", "not allowed with", "--trace")
+        ),
     }
 
 
@@ -175,6 +206,18 @@ BAD_IDS = [
     "--trace that is not UTF-8 after its header",
     "--window 0",
     "--half-life 0",
+    "--rank-every 0 (an interval)",
+    "--jobs 0 (would read as the CPU count)",
+    "--jobs -1",
+    "--min-runtime above the 8 h contract",
+    "--compare with no policy at all",
+    "--compare that is empty",
+    "--compare with an empty name",
+    "--compare naming a policy twice",
+    "--policy with --compare",
+    "--philly with --cluster",
+    "--philly with --budgets",
+    "--philly with --trace",
 ]
 
 
@@ -193,3 +236,44 @@ def test_bad_input_is_exit_2_and_one_line_naming_the_field(
         assert name in lines[0], f"{name!r} not in {lines[0]!r}"
     assert "Traceback" not in done.stderr
     assert not (out / "report.json").exists()
+
+
+def bad_outs(tmp: Path) -> dict[str, tuple[Path, str, tuple[str, ...]]]:
+    """Each case: the --out to pass, the --compare list, and what the stderr line names."""
+    a_file = tmp / "existing.yaml"
+    a_file.write_text("not a folder\n", encoding="utf-8")
+    taken = tmp / "taken"
+    taken.mkdir(exist_ok=True)
+    (taken / "partitioned").write_text("", encoding="utf-8")
+    return {
+        "--out that is a regular file": (a_file, "fifo", (str(a_file), "a file, not a folder")),
+        "--out under a regular file": (a_file / "sub", "fifo", (str(a_file / "sub"), "is a file")),
+        "--out where nothing can be created": (Path("/proc/x"), "fifo", ("/proc/x", "cannot")),
+        "--compare folder that is a regular file": (
+            taken,
+            "fifo,partitioned",
+            (str(taken / "partitioned"), "a file, not a folder"),
+        ),
+    }
+
+
+OUT_IDS = [
+    "--out that is a regular file",
+    "--out under a regular file",
+    "--out where nothing can be created",
+    "--compare folder that is a regular file",
+]
+
+
+@pytest.mark.parametrize("case", OUT_IDS)
+def test_unwritable_out_is_exit_2_and_one_line_naming_out(
+    case: str, scenario: Path, tmp_path: Path
+) -> None:
+    out, compare, names = bad_outs(tmp_path)[case]
+    done = allot("simulate", *inputs(scenario), "--compare", compare, "--out", out, "--quiet")
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("allot simulate: --out: ")
+    for name in names:
+        assert name in lines[0], f"{name!r} not in {lines[0]!r}"

@@ -183,6 +183,8 @@ def test_budgets_yaml_quotes_names_and_writes_leaves_on_one_line() -> None:
     [
         pytest.param({"days": 0}, "knobs.days", id="no-days"),
         pytest.param({"demand_factor": 0.0}, "knobs.demand_factor", id="no-demand"),
+        pytest.param({"demand_factor": float("inf")}, "knobs.demand_factor", id="demand-never-met"),
+        pytest.param({"demand_factor": float("nan")}, "knobs.demand_factor", id="nan-demand"),
         pytest.param({"filler_fraction": 1.5}, "knobs.filler_fraction", id="fraction-above-one"),
         pytest.param(
             {"filler_fraction": 0.5, "eval_fraction": 0.5}, "knobs", id="no-room-for-training"

@@ -1,12 +1,16 @@
 """``allot scenario ai2 --seed N --out DIR``: write an Ai2-like month (cluster.yaml,
-budgets.yaml, trace.csv). The mix and its knobs: ``allot.sim.scenario`` and the README."""
+budgets.yaml, trace.csv). The mix and its knobs: ``allot.sim.scenario`` and the README.
+Host failures (4 by default) are capped at ``--hosts``; a bad flag is named as typed."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from allot.core.errors import ValidationError
+from allot.sim.output_files import make_out_dir, writing_to
 from allot.sim.scenario import Ai2Knobs, generate_ai2, write_scenario
 
 
@@ -23,16 +27,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+# The knobs the flags set, so an error names the flag the user typed, not the field.
+_FLAG_OF_KNOB = {
+    "knobs.days": "--days",
+    "knobs.demand_factor": "--demand",
+    "knobs.hosts": "--hosts",
+}
+
+
 def run(args: argparse.Namespace) -> int:
-    knobs = Ai2Knobs()
-    if args.days is not None:
-        knobs = replace(knobs, days=args.days)
-    if args.demand is not None:
-        knobs = replace(knobs, demand_factor=args.demand)
-    if args.hosts is not None:
-        knobs = replace(knobs, hosts=args.hosts)
+    knobs = _knobs(args)
+    make_out_dir(args.out, "--out")
     scenario = generate_ai2(args.seed, knobs)
-    write_scenario(scenario, args.out)
+    with writing_to("--out"):
+        write_scenario(scenario, args.out)
     capacity = knobs.capacity_gpu_h
     print(
         f"wrote {args.out}/cluster.yaml, budgets.yaml, trace.csv: {len(scenario.jobs)} jobs, "
@@ -40,3 +48,20 @@ def run(args: argparse.Namespace) -> int:
         f"{scenario.requested_gpu_h / capacity:.2f} x capacity"
     )
     return 0
+
+
+def _knobs(args: argparse.Namespace) -> Ai2Knobs:
+    default = Ai2Knobs()
+    flags = {"days": args.days, "demand_factor": args.demand, "hosts": args.hosts}
+    changes: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    if args.hosts is not None:
+        # No flag sets the failures, so they follow --hosts: a cluster smaller than the
+        # default failure count loses every host once instead of being refused.
+        changes["host_failures"] = max(0, min(default.host_failures, args.hosts))
+    try:
+        return replace(default, **changes)
+    except ValidationError as exc:
+        flag = _FLAG_OF_KNOB.get(exc.field)
+        if flag is None:
+            raise
+        raise ValidationError(flag, exc.reason) from None

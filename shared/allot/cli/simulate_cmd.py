@@ -1,9 +1,13 @@
 """``allot simulate``: replay a trace through the core and report, for one or several policies.
 
-    allot simulate --cluster C.yaml --budgets B.yaml --trace T.csv --policy fairshare --out DIR
+    allot simulate --cluster C.yaml --budgets B.yaml --trace T.csv --out DIR
+                   [--policy fairshare | --compare priority,fairshare]
                    [--seed N] [--window 7d] [--half-life 3d] [--min-runtime 2h]
-                   [--resumable/--no-resumable] [--grace 300] [--compare priority,fairshare]
+                   [--resumable/--no-resumable] [--grace 300] [--rank-every 300] [--jobs N]
     allot simulate --philly TRACES_DIR --compare partitioned,fairshare --out DIR
+
+``--philly`` replaces ``--cluster``, ``--budgets`` and ``--trace``, and ``--compare``
+replaces ``--policy``: giving both of a pair is refused, not resolved silently.
 
 ``--philly`` reads ``philly_pollux.csv`` and ``philly_vc_nodes_heliosartifact.csv`` from the
 folder and builds the pooled cluster (352 hosts x 8 GPUs, partitions = the VC node counts)
@@ -30,16 +34,18 @@ from allot.cli.durations import parse_duration
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.errors import ValidationError
-from allot.core.model import DEFAULT_GRACE_S
+from allot.core.model import DEFAULT_GRACE_S, MAX_MIN_RUNTIME_S
 from allot.sim.cluster import ClusterSpec, load_cluster
 from allot.sim.duration_text import format_duration
 from allot.sim.engine import POLICY_NAMES, SimConfig, make_policy, simulate
+from allot.sim.output_files import make_out_dir, writing_to
 from allot.sim.report import build_report, write_report
 from allot.sim.scenario import dump_budgets_yaml, dump_cluster_yaml, philly_budgets, philly_cluster
 from allot.sim.trace import TraceDefaults, TraceJob, read_trace
 
 PHILLY_TRACE = "philly_pollux.csv"
 PHILLY_VCS = "philly_vc_nodes_heliosartifact.csv"
+DEFAULT_POLICY = "fairshare"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,7 +60,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--philly", type=Path, metavar="DIR", help="use the Philly trace and VC sizes in DIR"
     )
-    parser.add_argument("--policy", default="fairshare", choices=POLICY_NAMES)
+    # No default here: None tells "--policy not given" apart, so it can clash with --compare.
+    parser.add_argument(
+        "--policy", choices=POLICY_NAMES, help=f"policy to simulate (default {DEFAULT_POLICY})"
+    )
     parser.add_argument("--compare", help="comma-separated policies to run side by side")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--seed", type=int, default=0, help="recorded in the report")
@@ -91,36 +100,86 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    # Checked here, not deep inside the core's first ranking, so the error names the flag.
-    for flag, value in (("--window", args.window), ("--half-life", args.half_life)):
-        if value is not None and value <= 0:
-            raise ValidationError(flag, f"must be more than 0 seconds, got {value:g}")
-    cluster, tree, jobs = _load_inputs(args)
+    _check_flags(args)
     policies = _policies(args)
-    workers = max(1, min(args.jobs or os.cpu_count() or 1, len(policies)))
-    reports: dict[str, dict[str, Any]] = {}
-    if workers == 1:
-        for name in policies:
-            reports[name] = _run_one(
-                args, cluster, tree, jobs, name, per_policy_folder=len(policies) > 1
+    # Before reading the trace and simulating (minutes), so a bad --out fails at once.
+    make_out_dir(args.out, "--out")
+    for name in policies if len(policies) > 1 else ():
+        make_out_dir(args.out / name, "--out")
+    cluster, tree, jobs = _load_inputs(args)
+    workers = min(args.jobs or os.cpu_count() or 1, len(policies))
+    with writing_to("--out"):
+        reports = _run_all(args, cluster, tree, jobs, policies=policies, workers=workers)
+        if len(policies) > 1:
+            (args.out / "compare.json").write_text(
+                json.dumps({n: _summary(r) for n, r in reports.items()}, sort_keys=True, indent=2)
+                + "\n"
             )
-    else:
-        # One process per policy: each run is deterministic on its own, so running them
-        # side by side changes nothing in the reports, only the wall time.
-        args.quiet = True
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {
-                name: pool.submit(_run_one, args, cluster, tree, jobs, name, per_policy_folder=True)
-                for name in policies
-            }
-            reports = {name: futures[name].result() for name in policies}
-    if len(policies) > 1:
-        (args.out / "compare.json").write_text(
-            json.dumps({n: _summary(r) for n, r in reports.items()}, sort_keys=True, indent=2)
-            + "\n"
-        )
     print(render_summary(reports))
     return 0
+
+
+# Flags that the other flag makes meaningless: silently ignoring one would simulate
+# something other than what the user asked for.
+_CONFLICTS: Sequence[tuple[str, str]] = (
+    ("--philly", "--cluster"),
+    ("--philly", "--budgets"),
+    ("--philly", "--trace"),
+    ("--compare", "--policy"),
+)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse flag values the run cannot honour. Checked here, not deep inside the core
+    (the first ranking, the trace reader), so the error names the flag the user typed."""
+    for flag, other in _CONFLICTS:
+        if _given(args, flag) and _given(args, other):
+            raise ValidationError(flag, f"not allowed with {other}")
+    for flag, value in (
+        ("--window", args.window),
+        ("--half-life", args.half_life),
+        ("--rank-every", args.rank_every),
+    ):
+        if value is not None and value <= 0:
+            raise ValidationError(flag, f"must be more than 0 seconds, got {value:g}")
+    if args.min_runtime > MAX_MIN_RUNTIME_S:
+        raise ValidationError(
+            "--min-runtime",
+            f"must be at most {format_duration(MAX_MIN_RUNTIME_S)}, "
+            f"got {format_duration(args.min_runtime)}",
+        )
+    # 0 would read as "not given" (the CPU count) and a negative count means nothing.
+    if args.jobs is not None and args.jobs < 1:
+        raise ValidationError("--jobs", f"must be at least 1, got {args.jobs}")
+
+
+def _given(args: argparse.Namespace, flag: str) -> bool:
+    return getattr(args, flag.removeprefix("--").replace("-", "_")) is not None
+
+
+def _run_all(
+    args: argparse.Namespace,
+    cluster: ClusterSpec,
+    tree: BudgetTree,
+    jobs: list[TraceJob],
+    *,
+    policies: list[str],
+    workers: int,
+) -> dict[str, dict[str, Any]]:
+    if workers == 1:
+        return {
+            name: _run_one(args, cluster, tree, jobs, name, per_policy_folder=len(policies) > 1)
+            for name in policies
+        }
+    # One process per policy: each run is deterministic on its own, so running them
+    # side by side changes nothing in the reports, only the wall time.
+    args.quiet = True
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {
+            name: pool.submit(_run_one, args, cluster, tree, jobs, name, per_policy_folder=True)
+            for name in policies
+        }
+        return {name: futures[name].result() for name in policies}
 
 
 def _run_one(
@@ -158,14 +217,20 @@ def _run_one(
 
 
 def _policies(args: argparse.Namespace) -> list[str]:
-    if not args.compare:
-        return [args.policy]
-    names = [n.strip() for n in args.compare.split(",") if n.strip()]
+    if args.compare is None:
+        return [args.policy or DEFAULT_POLICY]
+    names = [n.strip() for n in args.compare.split(",")]
+    choices = f"choose from {', '.join(POLICY_NAMES)}"
+    if "" in names:
+        raise ValidationError(
+            "--compare", f"{args.compare!r} is not a comma-separated list of policies ({choices})"
+        )
     for name in names:
         if name not in POLICY_NAMES:
-            raise ValidationError(
-                "--compare", f"unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})"
-            )
+            raise ValidationError("--compare", f"unknown policy {name!r} ({choices})")
+    if len(set(names)) < len(names):
+        # Two runs of one policy would write the same folder and show one column.
+        raise ValidationError("--compare", f"names a policy twice in {args.compare!r}")
     return names
 
 
@@ -187,9 +252,9 @@ def _load_inputs(args: argparse.Namespace) -> tuple[ClusterSpec, BudgetTree, lis
         teams = sorted({j.workload.allocation for j in jobs if j.workload.allocation})
         cluster_data = philly_cluster(args.philly / PHILLY_VCS, teams)
         budgets_data = philly_budgets(args.philly / PHILLY_VCS, teams)
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "cluster.yaml").write_text(dump_cluster_yaml(cluster_data))
-        (args.out / "budgets.yaml").write_text(dump_budgets_yaml(budgets_data))
+        with writing_to("--out"):
+            (args.out / "cluster.yaml").write_text(dump_cluster_yaml(cluster_data))
+            (args.out / "budgets.yaml").write_text(dump_budgets_yaml(budgets_data))
         return load_cluster(cluster_data), parse_tree(budgets_data), jobs
     for flag in ("cluster", "budgets", "trace"):
         if getattr(args, flag) is None:

@@ -164,8 +164,11 @@ class Ai2Knobs:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValidationError(f"knobs.{name}", f"must be a positive integer, got {value}")
-        if not self.demand_factor > 0:
-            raise ValidationError("knobs.demand_factor", f"must be > 0, got {self.demand_factor}")
+        # Infinite demand would draw jobs forever (and NaN compares false to everything).
+        if not 0 < self.demand_factor < math.inf:
+            raise ValidationError(
+                "knobs.demand_factor", f"must be > 0 and finite, got {self.demand_factor}"
+            )
         fractions = ("debug_fraction", "interactive_fraction", "eval_fraction", "filler_fraction")
         for name in (*fractions, "gang_fraction", "quiet_level", "legacy_high_fraction"):
             value = getattr(self, name)
