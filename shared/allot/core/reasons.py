@@ -322,10 +322,10 @@ class _Explainer:
         key = (pool, w.gpus)
         fits = self._fits.get(key)
         if fits is None:
-            fits = self._fits[key] = _fits_empty(info.healthy, w.gpus)
+            fits = self._fits[key] = fits_empty(info.healthy, w.gpus)
         if fits:
             return None
-        if _fits_empty(info.healthy + info.down, w.gpus):
+        if fits_empty(info.healthy + info.down, w.gpus):
             return _why(
                 PendingReason.HOSTS_DRAINING,
                 requested=w.gpus,
@@ -450,7 +450,7 @@ class _Explainer:
         return self.st.next_protection_end(self.now)
 
 
-def _fits_empty(sizes: list[int], gpus: int) -> bool:
+def fits_empty(sizes: list[int], gpus: int) -> bool:
     """Whether hosts of these sizes, all empty, hold a request of ``gpus`` in the placement
     shape: one host when gpus <= the largest G, else gpus // G hosts of size G plus one more
     host for the remainder."""

@@ -74,6 +74,7 @@ from nats.js.errors import APIError, NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
+from allot.core.reasons import fits_empty
 from allot.live import bus, group_commit
 from allot.live.logfold import LogFold
 from allot.live.request_server import RequestServer
@@ -123,7 +124,7 @@ class Intake:
         self.appends: group_commit.GroupCommit | None = None
         """Submissions: a backlog of them is stored as atomic batches."""
         self.follower: bus.LogFollower | None = None
-        self._total_gpus: int | None = None
+        self._host_sizes: list[int] | None = None
         self.accepted = 0
         self.rejected = 0
         self.duplicates = 0
@@ -147,14 +148,14 @@ class Intake:
 
     def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
         if self.fold.apply(record).changed and isinstance(record, m.HostRegistered):
-            self._total_gpus = None
+            self._host_sizes = None
 
-    def _cluster_gpus(self) -> int:
-        """GPUs of every registered host (hosts only join), summed once per change."""
-        if self._total_gpus is None:
+    def _sizes(self) -> list[int]:
+        """GPUs of each registered host (hosts only join), read once per change."""
+        if self._host_sizes is None:
             st = self.fold.state
-            self._total_gpus = sum(st.host(h).gpus for h in st.host_ids)
-        return self._total_gpus
+            self._host_sizes = [st.host(h).gpus for h in st.host_ids]
+        return self._host_sizes
 
     async def on_stopping(self) -> None:
         if self.submits is not None:
@@ -209,10 +210,27 @@ class Intake:
                 raise ValidationError(
                     "allocation", f"unknown allocation {cmd.allocation!r} (allocations: {known})"
                 )
-        total = self._cluster_gpus()
+        sizes = self._sizes()
+        total = sum(sizes)
         if cmd.gpus > total:
             raise ValidationError(
                 "gpus", f"asks for {cmd.gpus} GPUs; the cluster has {total} registered"
+            )
+        if not fits_empty(sizes, cmd.gpus):
+            # The placement shape (one host, or whole hosts of the largest size plus one for
+            # the rest) fits no set of the registered hosts even empty: it would wait for
+            # ever as `too-large`, so it is refused now, as Slurm refuses a job no node
+            # configuration can satisfy.
+            largest = max(sizes)
+            whole, rest = divmod(cmd.gpus, largest)
+            shape = f"{whole} whole hosts of {largest} GPUs" + (
+                f" plus {rest} on one more" * bool(rest)
+            )
+            raise ValidationError(
+                "gpus",
+                f"asks for {cmd.gpus} GPUs: its placement shape ({shape}) fits no set of the "
+                f"registered hosts ({sizes.count(largest)} of {largest} GPUs, "
+                f"{len(sizes) - sizes.count(largest)} smaller)",
             )
 
     async def _accept(self, cmd: m.SubmitWorkload, now: float) -> m.WorkloadAccepted:
