@@ -545,11 +545,11 @@ def test_a_url_that_is_no_redis_url_is_bad_input(url: str, command: str) -> None
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["rebuild", "--slot-s", "0"], "slot_s"),
-        (["rebuild", "--slot-s", "7200"], "slot_s"),
-        (["rebuild", "--prefix", "{x}"], "prefix"),
-        (["usage", "--prefix", "{x}"], "prefix"),
-        (["usage", "--window-s", "0"], "window_s"),
+        (["rebuild", "--slot-s", "0"], "--slot-s"),
+        (["rebuild", "--slot-s", "7200"], "--slot-s"),
+        (["rebuild", "--prefix", "{x}"], "--prefix"),
+        (["usage", "--prefix", "{x}"], "--prefix"),
+        (["usage", "--window-s", "0"], "--window-s"),
     ],
 )
 def test_bad_options_name_the_field(argv: list[str], field: str) -> None:

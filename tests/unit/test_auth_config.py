@@ -387,3 +387,18 @@ def test_a_url_of_another_protocol_is_bad_input(url: str) -> None:
 @pytest.mark.parametrize("url", ["nats://a:4222", "tls://a:4222", "127.0.0.1:4222", "wss://a"])
 def test_nats_urls_pass(url: str) -> None:
     assert bus.server_urls(url) == [url]
+
+
+def test_cli_an_out_folder_that_cannot_be_made_names_out() -> None:
+    deploy = Path(__file__).resolve().parents[2] / "deploy"
+    args = _parser().parse_args(
+        [
+            "auth", "gen",
+            "--budgets", str(deploy / "budgets.example.yaml"),
+            "--roles", str(deploy / "roles.example.yaml"),
+            "--out", "/proc/allot-no-such/out",
+        ]
+    )  # fmt: skip
+    with pytest.raises(ValidationError) as exc:
+        args.func(args)
+    assert exc.value.field == "--out" and "cannot create" in exc.value.reason

@@ -699,4 +699,7 @@ def test_prio_table_lists_the_inputs_of_each_position() -> None:
     assert first.split()[:9] == ["1", "w1", "nlp", "ann", "8", "under-entitlement", "4", "9.6", "2"]
     assert second.split()[2] == fmt.alloc_cell(None)
     assert second.split()[6:11] == ["0", "0.0", fmt.NONE, fmt.NONE, fmt.NONE]
-    assert footer.startswith("2 pending")
+    assert footer.startswith("2 pending (at ")
+    # A capped answer says so, as allot queue's does (2,584 pending, 2,000 rows).
+    capped = fmt.prio_table(msgspec.structs.replace(snap, total=2584)).splitlines()[-1]
+    assert capped.startswith("2584 pending (first 2 shown) (at ")

@@ -107,6 +107,8 @@ def run_rebuild(args: argparse.Namespace) -> int:
         )
     except _unreachable_errors() as e:
         return _unreachable("rebuild", e)
+    except ValidationError as exc:  # the service's field names the option the user typed
+        raise ValidationError(_OPTION.get(exc.field, exc.field), exc.reason) from None
     print(f"replayed {done.records} records, applied {done.charges} charges")
     return 0
 
@@ -119,6 +121,8 @@ def run_usage(args: argparse.Namespace) -> int:
         at, gpu_hours = asyncio.run(usage(args.redis_url, args.prefix, args.window_s))
     except _unreachable_errors() as e:
         return _unreachable("usage", e)
+    except ValidationError as exc:
+        raise ValidationError(_OPTION.get(exc.field, exc.field), exc.reason) from None
     if args.json:  # the envelope every --json listing prints
         data = {"window_s": args.window_s, "gpu_hours": gpu_hours}
         print(json.dumps({"kind": "AccountingUsage", "at": at, "data": data}))
@@ -152,6 +156,10 @@ async def usage(
         await client.aclose()
     seconds = window_usage(buckets, at, window_s)
     return at, {name: seconds[name] / HOUR_S for name in sorted(seconds)}
+
+
+_OPTION = {"window_s": "--window-s", "slot_s": "--slot-s", "prefix": "--prefix"}
+"""The accounting functions' field names -> the options that set them."""
 
 
 def _unreachable(action: str, error: BaseException) -> int:

@@ -71,6 +71,10 @@ def run_gen(args: argparse.Namespace) -> int:
     tree = load_tree(args.budgets)
     roles_data = load_yaml(args.roles)
     users = parse_roles(roles_data, tree)  # errors before anything is written
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValidationError("--out", f"cannot create {args.out}: {exc.strerror or exc}") from None
     tls: TlsFiles | None = None
     server = args.server
     if args.tls:

@@ -160,8 +160,10 @@ def prio_table(snapshot: m.PrioSnapshot) -> str:
         )
         for r in snapshot.rows
     ]
-    footer = f"{max(snapshot.total, len(snapshot.rows))} pending (at {timestamp(snapshot.at)})"
-    return f"{render_table(PRIO_COLUMNS, rows)}\n{footer}"
+    footer = f"{max(snapshot.total, len(snapshot.rows))} pending" + (
+        f" (first {len(snapshot.rows)} shown)" if snapshot.total > len(snapshot.rows) else ""
+    )
+    return f"{render_table(PRIO_COLUMNS, rows)}\n{footer} (at {timestamp(snapshot.at)})"
 
 
 def est_start_cell(est: float | None, at: float) -> str:
