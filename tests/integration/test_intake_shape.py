@@ -4,6 +4,7 @@ can satisfy; a shape that fits is accepted, even when it needs every host."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -52,3 +53,27 @@ async def test_a_shape_no_hosts_can_hold_is_refused_at_submit(
     if refused:
         assert answer.field == "gpus"
         assert gpus > 22 or "fits no set of the registered hosts" in answer.reason
+
+
+async def test_a_host_that_joins_makes_a_refused_shape_fit(fresh_log: str) -> None:
+    """Intake remembers each size's answer until the hosts change."""
+    nc = await nats.connect(fresh_log)
+    await seed(nc.jetstream(), HOSTS)
+    intake = Intake(fresh_log, tracing=False)
+    await service_main.start(intake)
+
+    async def submit(client_id: str) -> Any:
+        body = {"type": "SubmitWorkload", "client_id": client_id, "user": "ann", "gpus": 22}
+        reply = await nc.request(s.submit(None), json.dumps(body).encode(), timeout=5)
+        return msgspec.json.decode(reply.data, type=m.WorkloadAccepted | m.WorkloadRejected)
+
+    try:
+        assert isinstance(await submit("before"), m.WorkloadRejected)
+        await seed(nc.jetstream(), {"h5": 8})  # 3 x 8 now hold 22 (two whole 8s plus 6)
+        deadline = asyncio.get_running_loop().time() + 5
+        while isinstance(answer := await submit("after"), m.WorkloadRejected):
+            assert asyncio.get_running_loop().time() < deadline, answer
+            await asyncio.sleep(0.05)
+    finally:
+        await service_main.stop(intake)
+        await nc.close()

@@ -124,7 +124,9 @@ class Intake:
         self.appends: group_commit.GroupCommit | None = None
         """Submissions: a backlog of them is stored as atomic batches."""
         self.follower: bus.LogFollower | None = None
-        self._host_sizes: list[int] | None = None
+        self._host_sizes: tuple[list[int], int] | None = None
+        self._fits: dict[int, bool] = {}
+        """GPUs asked -> whether the registered hosts hold that shape (``fits_empty``)."""
         self.accepted = 0
         self.rejected = 0
         self.duplicates = 0
@@ -149,12 +151,15 @@ class Intake:
     def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
         if self.fold.apply(record).changed and isinstance(record, m.HostRegistered):
             self._host_sizes = None
+            self._fits.clear()
 
-    def _sizes(self) -> list[int]:
-        """GPUs of each registered host (hosts only join), read once per change."""
+    def _sizes(self) -> tuple[list[int], int]:
+        """GPUs of each registered host and their sum (hosts only join), read once per
+        change."""
         if self._host_sizes is None:
             st = self.fold.state
-            self._host_sizes = [st.host(h).gpus for h in st.host_ids]
+            sizes = [st.host(h).gpus for h in st.host_ids]
+            self._host_sizes = (sizes, sum(sizes))
         return self._host_sizes
 
     async def on_stopping(self) -> None:
@@ -210,13 +215,15 @@ class Intake:
                 raise ValidationError(
                     "allocation", f"unknown allocation {cmd.allocation!r} (allocations: {known})"
                 )
-        sizes = self._sizes()
-        total = sum(sizes)
+        sizes, total = self._sizes()
         if cmd.gpus > total:
             raise ValidationError(
                 "gpus", f"asks for {cmd.gpus} GPUs; the cluster has {total} registered"
             )
-        if not fits_empty(sizes, cmd.gpus):
+        fits = self._fits.get(cmd.gpus)
+        if fits is None:  # O(hosts) each: asked once per size until the hosts change
+            fits = self._fits[cmd.gpus] = fits_empty(sizes, cmd.gpus)
+        if not fits:
             # The placement shape (one host, or whole hosts of the largest size plus one for
             # the rest) fits no set of the registered hosts even empty: it would wait for
             # ever as `too-large`, so it is refused now, as Slurm refuses a job no node
