@@ -24,7 +24,7 @@ from allot.live import bus, service_main
 from allot.live.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects
-from allot.services.agent import NO_COMMAND, RESTART_LOST, Agent, AgentConfig
+from allot.services.agent import NO_COMMAND, Agent, AgentConfig
 from allot.services.dispatch import DispatchService
 
 pytestmark = pytest.mark.integration
@@ -432,9 +432,11 @@ async def test_restart_reports_lost_processes_and_starts_unstarted_placements(
 
     await run_agent("h01")
 
-    failed = await events.wait(m.WorkloadFailed, "lost")
-    assert failed.reason == RESTART_LOST
-    assert failed.started_at == placed.at
+    # Lost in a restart (a node failure): preempted as a drain, so it is requeued.
+    lost = await events.wait(m.WorkloadPreempted, "lost")
+    assert lost.reason == "host-drain"
+    assert lost.started_at == placed.at
+    assert not events.of(m.WorkloadFailed, "lost")
     await events.wait(m.WorkloadCompleted, "waiting")
     assert out.read_text().startswith("1|waiting|")
 
@@ -508,10 +510,10 @@ async def test_a_restarted_agent_kills_what_its_killed_predecessor_left_before_f
     assert all(_running(pid) for pid in members), "the part outlives a kill -9 of its agent"
 
     await run_agent("h01", gpus=2)
-    failed = await events.wait(m.WorkloadFailed, "old")
+    lost = await events.wait(m.WorkloadPreempted, "old")
 
     # The log frees the GPUs only now, and nothing of the old attempt runs any more.
-    assert failed.reason == RESTART_LOST
+    assert lost.reason == "host-drain"
     assert [pid for pid in members if _running(pid)] == []
     assert _session(started.pid) == []
 
@@ -604,6 +606,32 @@ async def test_gang_primary_reports_and_secondary_stops_when_the_log_ends_it(
     await asyncio.sleep(0.2)  # a second (wrong) report by the secondary would land by now
     assert len(events.of(m.WorkloadCompleted, "g1")) == 1
     assert not events.of(m.WorkloadFailed, "g1")
+
+
+async def test_a_gangs_parts_see_the_same_hosts_and_their_own_ranks(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """The rendezvous variables of a 2-host gang: the same ``ALLOT_HOSTS`` (primary first)
+    on both parts, ranks 0 (the primary) and 1, ``ALLOT_NUM_HOSTS`` 2."""
+    log = Log(js)
+    await run_agent("h01")
+    await run_agent("h02")
+    for host in ("h01", "h02"):
+        await log.host(host, 4)
+    await log.leader(1)
+    gang = (
+        "import os, pathlib, sys, time\n"
+        "d = pathlib.Path(sys.argv[1]); host = os.environ['ALLOT_HOST']\n"
+        "keys = ('ALLOT_HOSTS', 'ALLOT_HOST_RANK', 'ALLOT_NUM_HOSTS')\n"
+        "(d / host).write_text('|'.join(os.environ.get(k, '-') for k in keys))\n"
+        "while not all((d / h).exists() for h in ('h01', 'h02')): time.sleep(0.02)\n"
+    )
+    await log.submit("g2", py(gang, tmp_path), gpus=4)
+    await log.place("g2", {"h02": (0, 1), "h01": (2, 3)})
+
+    await events.wait(m.WorkloadCompleted, "g2")
+    assert (tmp_path / "h01").read_text() == "h01,h02|0|2"
+    assert (tmp_path / "h02").read_text() == "h01,h02|1|2"
 
 
 async def test_fake_hosts_heartbeat_and_complete_a_fake_run(

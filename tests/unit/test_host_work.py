@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
-from allot.live.host_work import RESTART_LOST, DispatchBook
+from allot.live.host_work import DispatchBook
 from allot.proto import messages as m
 
 T0 = 1_000_000.0
@@ -124,7 +124,8 @@ def test_notice_cancel_start_and_end_change_the_list() -> None:
         # Ended by its agent's stop (a planned host shutdown): a drain's preemption.
         ("exited", 0, True, False, m.WorkloadPreempted, "host-drain"),
         ("exited", -15, True, False, m.WorkloadPreempted, "host-drain"),
-        ("lost", None, False, False, m.WorkloadFailed, RESTART_LOST),
+        # Lost in an agent restart (a node failure): preempted as a drain, so requeued.
+        ("lost", None, False, False, m.WorkloadPreempted, "host-drain"),
         ("not-started", None, False, False, m.WorkloadFailed, "no command"),
         ("exited", 0, False, True, m.WorkloadCancelled, "wrong config"),
     ],
@@ -241,3 +242,17 @@ def test_every_running_part_is_listed_on_exactly_its_hosts(picks: list[tuple[str
         assert listed == running
         gpus = [g for _, gs in listed for g in gs]
         assert len(gpus) == len(set(gpus))  # no GPU listed twice
+
+
+def test_a_gangs_parts_are_listed_with_the_assignments_hosts_primary_first() -> None:
+    """``ALLOT_HOSTS`` / ``ALLOT_HOST_RANK``: every part gets the same hosts, the primary
+    (the first sorted) at rank 0, then the others in assignment order."""
+    book = _book("h01", "h02", "h03")
+    _submit(book, "g", gpus=3)
+    _place(book, "g", {"h03": (0,), "h01": (1,), "h02": (2,)})
+    lists = {host: book.tasks(host)[0] for host in ("h01", "h02", "h03")}
+    assert {t.hosts for t in lists.values()} == {("h01", "h03", "h02")}
+    assert [h for h, t in lists.items() if t.primary] == ["h01"]
+    _submit(book, "solo")
+    _place(book, "solo", {"h02": (3,)})
+    assert next(t for t in book.tasks("h02") if t.workload_id == "solo").hosts == ("h02",)

@@ -88,8 +88,8 @@ def workload_env(
     hosts: Sequence[str] = (),
 ) -> dict[str, str]:
     """The environment of one part (see the module docstring). ``ALLOT_ALLOCATION`` is empty
-    for unallocated work. ``hosts``: the assignment's hosts, primary first (empty: unknown,
-    the three gang variables are not set)."""
+    for unallocated work. ``hosts``: the assignment's hosts, primary first (empty, or
+    without ``host``: unknown, the three gang variables are not set)."""
     env = {k: v for k, v in base.items() if not k.startswith("ALLOT_") or k in PASSED_ON}
     env.update(
         CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpus),
@@ -99,7 +99,7 @@ def workload_env(
         ALLOT_NATS_URL=without_userinfo(nats_url),
         ALLOT_HOST=host,
     )
-    if hosts:
+    if host in hosts:
         env.update(
             ALLOT_HOSTS=",".join(hosts),
             ALLOT_HOST_RANK=str(list(hosts).index(host)),

@@ -8,10 +8,28 @@ log, so an agent learns only its own hosts' work and can speak only for them.
 Why level-triggered (the whole host's list every time, not deltas): a lost or reordered core
 NATS message costs nothing but a delay. The next list, or the agent's own periodic
 ``HostSync``, says everything again, and a part that is no longer listed simply stops.
+
+**Runs lost with their host** (Slurm: a node not responding is set DOWN and its jobs are
+requeued or failed). An agent that dies (``kill -9``, a crashed host) reports nothing, so
+the health service drains its host for missed heartbeats, placement notices every run on it
+(``host-drain``) and nobody reports the end. ``lost_run`` decides, from values only (no
+clock: ``now`` is an argument), when dispatch records such a run as lost in the agent's
+place: its primary host (the reporting one) was drained for missed heartbeats and has not
+been healthy since, its notice's grace deadline passed ``LOST_AFTER_S`` ago, and dispatch
+has heard nothing from that host (no report, no work-list sync) for ``LOST_AFTER_S``. The
+record is the one the agent's own ``lost`` report would cause (``_terminal``): under
+notice, a preemption with the notice's reason, so resumable work is requeued and the rest
+ends preempted, and the GPUs are free in the log. The host stays draining or drained
+(nothing lands there) until an operator undrains it or its agent comes back; a returning
+agent kills what its predecessor left (``LeftoverSweep``) before it takes work. An agent
+that was only slow and reports after that is answered "already in the log": the fold
+ignores an end of an attempt that no longer runs, and both use the msg id
+``ended:<workload>:<attempt>``, so the stream keeps the first of the two.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -24,6 +42,18 @@ from allot.proto.subjects import check_host
 
 LIVE = frozenset({"running", "noticed"})
 RESTART_LOST = "agent restarted; the process was lost"
+"""What the agent logs of a run lost in its restart (the run is recorded preempted)."""
+MISSED_HEARTBEATS = "missed heartbeats"
+"""Start of the reason of the health service's drain of a silent host (how a reader of the
+log tells that the host's agent stopped answering from any other drain)."""
+LOST_AFTER_S = 30.0
+"""How long after a notice's grace deadline, and after the last word from its host, a run
+on a host silent for missed heartbeats is recorded lost: three of the health service's
+default 10 s heartbeat timeouts. A live agent SIGKILLs the part at the deadline and reports
+its end within a second; this leaves room for one that was paused or cut off for a while
+(its report retries back off up to 5 s), and it is at least the agent's default 30 s
+``--resync-s``, so an agent still syncing its work list with dispatch is not declared
+dead. Waiting longer only keeps the GPUs idle (held in the log, nothing runs there)."""
 STOPPED_BEFORE_START = "stopped before start"
 HOST_SHUTDOWN: PreemptReason = "host-drain"
 """The reason of a preemption by the agent's own stop: a planned host shutdown is a drain."""
@@ -33,6 +63,35 @@ _ENDS = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadPreempted, m.WorkloadC
 def primary_host(rec: WorkloadRecord) -> str:
     """The host whose agent reports for the attempt: the first of the assignment, sorted."""
     return min(host for host, _ in rec.assignment)
+
+
+def assignment_hosts(rec: WorkloadRecord) -> tuple[str, ...]:
+    """The attempt's hosts, primary first, then the others in assignment order (what a
+    gang's parts get as ``ALLOT_HOSTS``; a part's index in it is its ``ALLOT_HOST_RANK``)."""
+    primary = primary_host(rec)
+    return (primary, *(host for host, _ in rec.assignment if host != primary))
+
+
+def lost_run(
+    *,
+    silent_since: float | None,
+    deadline: float | None,
+    now: float,
+    last_heard: float | None,
+    margin_s: float = LOST_AFTER_S,
+) -> bool:
+    """Whether a run nobody reports any more is lost with its host (see the module).
+
+    ``silent_since``: when the health service drained the run's primary host for missed
+    heartbeats (None: healthy since, or never missed). ``deadline``: the grace deadline of
+    the run's notice (None: not under notice: its agent may still end it on its own).
+    ``last_heard``: the last report or work-list sync dispatch had from that host (None:
+    none since dispatch started). All on the wall clock, in seconds."""
+    if silent_since is None or deadline is None:
+        return False
+    if now < deadline + margin_s:
+        return False
+    return last_heard is None or now - last_heard >= margin_s
 
 
 @dataclass(slots=True)
@@ -47,10 +106,21 @@ class DispatchBook:
     notice_reasons: dict[str, PreemptReason] = field(default_factory=dict)
     cancels: dict[str, m.CancelRequested] = field(default_factory=dict)
     listed_on: dict[str, frozenset[str]] = field(default_factory=dict)
+    silent_since: dict[str, float] = field(default_factory=dict)
+    """host -> time of the health service's first drain for missed heartbeats since the host
+    was last healthy (an operator's drain on top of it does not make it answer again)."""
 
     def apply(self, record: msgspec.Struct) -> set[str]:
         """Fold ``record``; return the hosts whose list of work it changed."""
         result = self.fold.apply(record)
+        if isinstance(record, m.HostDraining):
+            missed = record.by is None and record.reason.startswith(MISSED_HEARTBEATS)
+            if missed and record.host in self.fold.state:
+                self.silent_since.setdefault(record.host, record.at)
+            return set()
+        if isinstance(record, m.HostHealthy):
+            self.silent_since.pop(record.host, None)
+            return set()
         wid: str | None = getattr(record, "workload_id", None)
         if wid is None:
             return set()
@@ -111,6 +181,7 @@ class DispatchBook:
                     attempt=rec.attempt,
                     gpus=tuple(gpus),
                     primary=primary_host(rec) == host,
+                    hosts=assignment_hosts(rec),
                     command=rec.command,
                     duration_s=rec.duration_s,
                     started=started is not None and started[0] == rec.attempt,
@@ -122,6 +193,39 @@ class DispatchBook:
 
     def work(self, host: str, seq: int, at: float) -> m.HostWork:
         return m.HostWork(host=host, seq=seq, at=at, tasks=self.tasks(host))
+
+    def lost(
+        self, now: float, last_heard: Mapping[str, float], margin_s: float = LOST_AFTER_S
+    ) -> list[msgspec.Struct]:
+        """The end records of runs lost with their silent hosts at ``now`` (``lost_run``),
+        each what its agent's ``lost`` report would have caused, at its grace deadline (the
+        run should have ended then: the wait for a report is not charged). ``last_heard``:
+        host -> the last report or sync dispatch had from it."""
+        out: list[msgspec.Struct] = []
+        for host, since in sorted(self.silent_since.items()):
+            for wid in sorted(self.fold.workload_on(host)):
+                rec = self.fold.records.get(wid)
+                if rec is None or rec.status != "noticed" or primary_host(rec) != host:
+                    continue
+                deadline = rec.preempt_at
+                if deadline is None or not lost_run(
+                    silent_since=since,
+                    deadline=deadline,
+                    now=now,
+                    last_heard=last_heard.get(host),
+                    margin_s=margin_s,
+                ):
+                    continue
+                report = m.PartReport(
+                    host=host,
+                    workload_id=wid,
+                    attempt=rec.attempt,
+                    event="lost",
+                    at=min(deadline, now),
+                    detail=f"{MISSED_HEARTBEATS} of {host}: lost with its host",
+                )
+                out.append(self._terminal(rec, report, self.started.get(wid)))
+        return out
 
     def record_for(self, subject_host: str, report: m.PartReport) -> msgspec.Struct | None:
         """The log record ``report`` causes, or None when the log already ended that attempt
@@ -167,9 +271,9 @@ class DispatchBook:
     def _terminal(
         self, rec: WorkloadRecord, report: m.PartReport, started: tuple[int, float] | None
     ) -> msgspec.Struct:
-        """Chosen from the log's view now: cancel requested -> cancelled, under notice or
-        ended by its agent's stop -> preempted, a clean exit -> completed, anything else ->
-        failed."""
+        """Chosen from the log's view now: cancel requested -> cancelled, under notice,
+        ended by its agent's stop or lost (its agent died) -> preempted, a clean exit ->
+        completed, anything else -> failed."""
         w = rec.workload
         at = report.at
         # The charge runs from the agent's own start report, the same start accounting
@@ -199,7 +303,9 @@ class DispatchBook:
         # A part its agent's own stop ended (a planned host shutdown, ``stopping``) is
         # preempted as a drain would have it, so resumable work is requeued; one that had
         # exited on its own is reported without ``stopping`` and keeps its outcome.
-        shutdown = report.stopping and report.event == "exited"
+        # A part lost with its agent (killed, or its host crashed) is a node failure, which
+        # Slurm requeues when the job may be requeued: preempted as a drain, like a stop.
+        shutdown = (report.stopping and report.event == "exited") or report.event == "lost"
         if rec.status == "noticed" or shutdown:
             return m.WorkloadPreempted(
                 workload_id=w.id,
@@ -225,10 +331,7 @@ class DispatchBook:
                 started_at=started_at,
                 allocated=w.allocated,
             )
-        if report.event == "lost":
-            reason = RESTART_LOST
-        else:
-            reason = report.detail or ("failed" if report.event == "exited" else report.event)
+        reason = report.detail or ("failed" if report.event == "exited" else report.event)
         return m.WorkloadFailed(
             workload_id=w.id,
             allocation=w.allocation,

@@ -206,6 +206,10 @@ class HostTask(_Wire, frozen=True, kw_only=True):
     started: bool = False
     stop: PartStop | None = None
     kill_at: Timestamp | None = None
+    hosts: Annotated[tuple[Name, ...], msgspec.Meta(max_length=1024)] = ()
+    """The attempt's hosts, primary first, then the others in assignment order: the part
+    gets them as ``ALLOT_HOSTS``, its index as ``ALLOT_HOST_RANK`` (empty: not sent, as by
+    a dispatch service older than this field)."""
 
 
 class HostWork(_Message, frozen=True, kw_only=True):

@@ -15,7 +15,8 @@ see ``allot.live.auth_config``); it never reads the log. What it does, and why t
   for it (``...<host>.sync``) when it starts and every ``--resync-s``, so a lost message only
   delays. A list older (by log position) than one already applied is ignored. The agent
   reconciles: a listed part it does not run starts (real: the task's command, no shell, in
-  its own process group, ``CUDA_VISIBLE_DEVICES`` = the host's GPUs); a part listed with a
+  its own process group, ``CUDA_VISIBLE_DEVICES`` = the host's GPUs, ``ALLOT_HOSTS`` and
+  ``ALLOT_HOST_RANK`` from the task's hosts); a part listed with a
   stop gets SIGTERM now and SIGKILL at the grace deadline (notice) or after
   ``--kill-after-s`` (cancel); a part no longer listed has ended in the log and stops
   quietly (a gang's other hosts after the primary's report).
@@ -34,7 +35,13 @@ see ``allot.live.auth_config``); it never reads the log. What it does, and why t
   started on its hosts (``gpu_exec.LeftoverSweep``: found by the part named in their
   environment, never by a pid that may have been reused), and reports such a part ``lost``
   only once none of its processes is left, so its GPUs are never handed out while it still
-  holds them. One placed but never started (placed while the agent was down) starts now.
+  holds them. Dispatch records a lost part as preempted (``host-drain``: a node failure,
+  which Slurm requeues), so resumable work is requeued. One placed but never started
+  (placed while the agent was down) starts now. An agent that stays dead does not hold
+  its runs forever: once health has drained its host for missed heartbeats and a run's
+  notice deadline is well past, dispatch records the run lost in its place
+  (``allot.live.host_work.lost_run``); the sweep above ends what is left of it when the
+  agent comes back.
 * **Stopping** (SIGTERM to the agent): every part gets SIGTERM, SIGKILL after
   ``--stop-grace-s``; a part the stop ended is reported with ``stopping`` set, which
   dispatch records as a preemption (``host-drain``: a planned host shutdown), so resumable
@@ -464,6 +471,7 @@ class Agent:
                 attempt=task.attempt,
                 nats_url=self.config.nats_url,
                 host=run.host,
+                hosts=task.hosts,
             )
             output = self.output_path(task.workload_id, task.attempt, run.host)
             try:

@@ -22,14 +22,30 @@ service stands between them and it:
   may send it): each item is judged as if it came alone on its host's subject, and the
   answer (``PartReportsAnswered``) lists each item's answer in order.
 
+* **Runs lost with their host.** An agent killed for good (``kill -9``, a dead machine)
+  reports nothing: health drains its host for missed heartbeats, placement notices its runs
+  (``host-drain``), and nobody would ever end them. Every ``LOST_CHECK_S`` this service
+  asks ``DispatchBook.lost`` (``allot.live.host_work.lost_run``: the host drained for
+  missed heartbeats and not healthy since, the notice deadline ``--lost-after-s`` past,
+  nothing heard from the host, report or sync, for as long) and appends, in the agent's
+  place, the record its ``lost`` report would cause: preempted with the notice's reason,
+  so the fold frees the GPUs and requeues resumable work. Its msg id is the agent's own
+  (``ended:<wid>:<attempt>``), so an agent that reports after all, or another dispatch
+  instance deciding the same, adds nothing; a late report is answered "already in the
+  log". The host stays draining or drained until an operator undrains it or its agent
+  returns (which first kills what its predecessor left running).
+
 Several instances may run (reports are shared in the queue group ``dispatch``); each
-publishes the same lists, which agents take once by ``seq``.
+publishes the same lists, which agents take once by ``seq``. Each knows only the syncs and
+reports it answered itself, so with several instances "nothing heard" rests mostly on
+health's drain.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -42,9 +58,9 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
 from allot.live import bus, group_commit, runtime
-from allot.live.host_work import DispatchBook
+from allot.live.host_work import LOST_AFTER_S, DispatchBook, primary_host
 from allot.live.request_server import Handler, RequestServer
-from allot.live.service_main import base_parser, run_main
+from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.live.tasks import stop_tasks
 from allot.proto import codec, subjects
 from allot.proto import messages as m
@@ -59,6 +75,8 @@ REPORT_BATCH_WORKERS = 16
 """``PartReports`` handled at once (each holds up to ``m.MAX_REPORTS`` reports)."""
 SYNC_WORKERS = 64
 """``HostSync`` requests answered at once (an answer is a fold read: no wait inside)."""
+LOST_CHECK_S = 1.0
+"""How often to look for runs lost with their silent hosts (a scan of those hosts' runs)."""
 REPORT_BATCH_THRESHOLD = 1
 REPORT_BATCH_LINGER_S = 0.25
 """While one report's append is in flight, the next wait up to 250 ms to be committed
@@ -96,9 +114,22 @@ class DispatchService:
         *,
         provider: TracerProvider | None = None,
         clock: Callable[[], float] = runtime.wall_clock,
+        lost_after_s: float = LOST_AFTER_S,
+        lost_check_s: float = LOST_CHECK_S,
     ) -> None:
+        if lost_after_s <= 0:
+            raise ValidationError("lost_after_s", f"must be positive, got {lost_after_s!r}")
+        if lost_check_s <= 0:
+            raise ValidationError("lost_check_s", f"must be positive, got {lost_check_s!r}")
         self.clock = clock
+        self.lost_after_s = lost_after_s
+        self.lost_check_s = lost_check_s
         self.book = DispatchBook()
+        self.heard: dict[str, float] = {}
+        """Host -> wall-clock time of its agent's last report or sync this instance had."""
+        self.lost_recorded = 0
+        """Runs recorded lost with their silent hosts so far."""
+        self._lost_sent: set[tuple[str, int]] = set()
         self.rejected: dict[str, int] = {}
         """Field named by a rejected report -> how many (the security tests read it)."""
         self.published = 0
@@ -111,6 +142,7 @@ class DispatchService:
         self._js: JetStreamContext | None = None
         self._follower: bus.LogFollower | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._lost_checker: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
         self._provider = provider
@@ -152,6 +184,7 @@ class DispatchService:
         self._dirty.update(self.book.fold.state.host_ids)
         self._wake.set()
         self._flusher = asyncio.create_task(self._flush_loop())
+        self._lost_checker = asyncio.create_task(self._lost_loop())
         log.info(
             "started",
             hosts=len(self._dirty),
@@ -178,8 +211,8 @@ class DispatchService:
         self._reports = self._report_batches = self._syncs = None
         self._closing.set()
         self._wake.set()
-        await stop_tasks([self._flusher], timeout=2.0)
-        self._flusher = None
+        await stop_tasks([self._flusher, self._lost_checker], timeout=2.0)
+        self._flusher = self._lost_checker = None
         if self._follower is not None:
             await self._follower.stop()
             self._follower = None
@@ -226,6 +259,7 @@ class DispatchService:
             subjects.check_host(req.host, host)
         except ValidationError as e:
             return codec.encode(self._reject(subject, e))
+        self.heard[host] = self.clock()
         return codec.encode(self.book.work(host, self.seq, self.clock()))
 
     # -- reports -------------------------------------------------------------------------
@@ -283,6 +317,7 @@ class DispatchService:
         """``report`` from ``host`` (its subject's, or a batch item's own): append the record
         it causes and answer once stored. ``where`` prefixes a refused field's name (the
         item of a batch)."""
+        self.heard[host] = self.clock()
         try:
             try:
                 record = self.book.record_for(host, report)
@@ -314,6 +349,57 @@ class DispatchService:
         )
         return m.CommandAccepted(at=self.clock(), detail=type(record).__name__)
 
+    # -- runs lost with their hosts ------------------------------------------------------
+
+    async def _lost_loop(self) -> None:
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.lost_check_s)
+            if self._closing.is_set():
+                return
+            try:
+                await self.record_lost()
+            except Exception:  # a failed append must not end the checks: retry next tick
+                log.exception("lost runs not recorded")
+
+    async def record_lost(self) -> int:
+        """Append the end of every run lost with its silent host now; return how many."""
+        assert self._appends is not None
+        now = self.clock()
+        records = self.book.lost(now, self.heard, margin_s=self.lost_after_s)
+        appended = 0
+        for record in records:
+            wid: str = getattr(record, "workload_id", "")
+            attempt: int = getattr(record, "attempt", 0)
+            if (wid, attempt) in self._lost_sent:
+                continue  # appended; its echo has not reached the fold yet
+            allocation = getattr(record, "allocation", None)
+            await self._appends.append(
+                bus.event_subject(allocation, record), record, f"ended:{wid}:{attempt}"
+            )
+            self._lost_sent.add((wid, attempt))
+            appended += 1
+            self.lost_recorded += 1
+            log.warning(
+                "run lost with its host",
+                workload=wid,
+                allocation=allocation,
+                attempt=attempt,
+                record=type(record).__name__,
+                host=self._host_of(wid),  # the primary, silent since its drain
+            )
+        if len(self._lost_sent) > 4096:
+            self._lost_sent = {k for k in self._lost_sent if self._still_live(*k)}
+        return appended
+
+    def _host_of(self, wid: str) -> str:
+        rec = self.book.fold.records.get(wid)
+        return primary_host(rec) if rec is not None and rec.assignment else ""
+
+    def _still_live(self, wid: str, attempt: int) -> bool:
+        rec = self.book.fold.records.get(wid)
+        return rec is not None and rec.attempt == attempt and rec.status in ("running", "noticed")
+
     async def _catch_up(self) -> None:
         assert self._js is not None and self._follower is not None
         info = await self._js.stream_info("WORKLOADS")
@@ -328,11 +414,23 @@ class DispatchService:
 
 def build(args: argparse.Namespace) -> DispatchService:
     runtime.configure_logging(SERVICE)
-    return DispatchService(args.nats_url, provider=runtime.tracer_provider(SERVICE))
+    return DispatchService(
+        args.nats_url,
+        provider=runtime.tracer_provider(SERVICE),
+        lost_after_s=args.lost_after_s,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
-    return base_parser("python -m allot.services.dispatch", __doc__.splitlines()[0])
+    ap = base_parser("python -m allot.services.dispatch", __doc__.splitlines()[0])
+    ap.add_argument(
+        "--lost-after-s",
+        type=positive_seconds,
+        default=LOST_AFTER_S,
+        help="record a run lost this long after its notice deadline when its host is drained "
+        "for missed heartbeats and silent (seconds; default %(default)s)",
+    )
+    return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:

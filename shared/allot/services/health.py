@@ -22,6 +22,10 @@ What started a drain is kept with the state, because it decides what may end it:
 
 Heartbeat receipt times live in memory only (they are not in the log), so after a restart
 every known host gets one full timeout before it can be declared missing.
+
+A drain for missed heartbeats is also what lets dispatch end the runs of a host whose agent
+died: once their notices' deadlines are well past, it records them lost in the agent's place
+(``allot.live.host_work.lost_run``), so their GPUs are freed and resumable work requeued.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
 from allot.live import bus, runtime
+from allot.live.host_work import MISSED_HEARTBEATS
 from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.live.tasks import stop_tasks
@@ -54,8 +59,9 @@ from allot.proto.subjects import Kind
 SERVICE = "health"
 ECHO_TIMEOUT_S = 5.0
 """Longest wait for one of our records to come back from the HOSTS stream."""
-MISSED_PREFIX = "missed heartbeats"
-"""Start of the reason of a drain for missed heartbeats (how a replay tells the cause)."""
+MISSED_PREFIX = MISSED_HEARTBEATS
+"""Start of the reason of a drain for missed heartbeats (how a replay tells the cause, and
+how dispatch tells a host whose runs nobody will report: ``allot.live.host_work``)."""
 
 log = structlog.get_logger("allot.health", service=SERVICE)  # lazy: configured in main
 
