@@ -504,7 +504,7 @@ async def test_the_cli_says_a_wrong_password_was_refused_and_never_prints_it(
     url = secure.url("nlp").replace(password, "not-the-password")
     code = await asyncio.to_thread(live_cmds.main, ["queue", "--alloc", "nlp", "--nats-url", url])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == live_cmds.EXIT_REFUSED  # an answer about the credentials, not an outage
+    assert code == live_cmds.EXIT_REFUSED, err  # an answer about the credentials, not an outage
     assert len(err) == 1 and "refused the login" in err[0] and "ALLOT_NATS_URL" in err[0]
     assert "not-the-password" not in err[0] and ":***@" in err[0]
 

@@ -237,16 +237,22 @@ class Client:
         if connecting.done() and connecting.exception() is None:
             self._nc = nc
             return
+        if connecting.done() and not connecting.cancelled():
+            errors.append(connecting.exception() or RuntimeError("no connection"))
         connecting.cancel()
         with contextlib.suppress(BaseException):
             await connecting
         with contextlib.suppress(Exception):
             await nc.close()
-        detail = (str(errors[-1]) or type(errors[-1]).__name__) if errors else "timed out"
+        texts = [str(e) or type(e).__name__ for e in errors]
+        detail = texts[-1] if texts else "timed out"
         where = masked_url(self.nats_url)
-        if _LOGIN_REFUSED in detail.lower():
+        # A refused login may be followed by the server closing the socket (an EOF error
+        # after it): any error saying so is the answer.
+        refusal = next((t for t in texts if _LOGIN_REFUSED in t.lower()), None)
+        if refusal is not None:
             raise LoginRefusedError(
-                f"NATS at {where} refused the login ({detail}): check the user and password "
+                f"NATS at {where} refused the login ({refusal}): check the user and password "
                 "in ALLOT_NATS_URL (or ALLOT_NATS_USER and ALLOT_NATS_PASSWORD)"
             )
         raise NotConnectedError(
