@@ -26,6 +26,7 @@ from allot.proto import messages as m
 from allot.proto import subjects
 from allot.services.agent import NO_COMMAND, Agent, AgentConfig
 from allot.services.dispatch import DispatchService
+from process_probe import running, session
 
 pytestmark = pytest.mark.integration
 
@@ -441,31 +442,6 @@ async def test_restart_reports_lost_processes_and_starts_unstarted_placements(
     assert out.read_text().startswith("1|waiting|")
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie holds nothing, GPUs included)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZXx"
-
-
-def _session(sid: int) -> list[int]:
-    """The running processes of session ``sid`` (a part's launcher and what it forked)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[3]) == sid and fields[0] not in "ZXx":
-            out.append(int(name))
-    return out
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 async def test_a_restarted_agent_kills_what_its_killed_predecessor_left_before_freeing_gpus(
     js: JetStreamContext,
@@ -507,20 +483,20 @@ async def test_a_restarted_agent_kills_what_its_killed_predecessor_left_before_f
         agent.kill()  # SIGKILL: no chance to stop its parts
         await agent.wait()
     await asyncio.sleep(0.3)
-    assert all(_running(pid) for pid in members), "the part outlives a kill -9 of its agent"
+    assert all(running(pid) for pid in members), "the part outlives a kill -9 of its agent"
 
     await run_agent("h01", gpus=2)
     lost = await events.wait(m.WorkloadPreempted, "old")
 
     # The log frees the GPUs only now, and nothing of the old attempt runs any more.
     assert lost.reason == "host-drain"
-    assert [pid for pid in members if _running(pid)] == []
-    assert _session(started.pid) == []
+    assert [pid for pid in members if running(pid)] == []
+    assert session(started.pid) == []
 
 
 async def _members(sid: int, n: int, timeout: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout
-    while len(found := _session(sid)) < n:
+    while len(found := session(sid)) < n:
         assert time.monotonic() < deadline, f"session {sid} has {found}"
         await asyncio.sleep(0.02)
     return found

@@ -16,31 +16,9 @@ import pytest
 
 from allot.live import gpu_exec
 from allot.live.gpu_exec import FakePart, LeftoverSweep, ProcessPart, workload_env
+from process_probe import running, session
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie has let go of everything, its GPUs too)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] not in "ZXx"
-
-
-def _session(sid: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if int(fields[3]) == sid and fields[0] not in "ZXx":
-                out.append(int(name))
-    return out
 
 
 @pytest.fixture
@@ -63,7 +41,7 @@ def spawn() -> Iterator[object]:
 
     yield start
     for proc in procs:
-        for pid in _session(proc.pid):
+        for pid in session(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
@@ -80,13 +58,13 @@ def _until_gone(sweep: LeftoverSweep) -> int:
 
 def _wait_members(sid: int, n: int) -> list[int]:
     deadline = time.monotonic() + 5.0
-    while len(members := _session(sid)) < n:
+    while len(members := session(sid)) < n:
         assert time.monotonic() < deadline, f"session {sid}: {members}"
         time.sleep(0.02)
     return members
 
 
-def test_a_sweep_kills_an_earlier_agents_part_with_its_whole_session(spawn) -> None:  # type: ignore[no-untyped-def]
+def test_a_sweep_kills_an_earlier_agents_part_with_its_wholesession(spawn) -> None:  # type: ignore[no-untyped-def]
     # The launcher forks a child that drops the environment (env -i): found by its session.
     old = spawn("w1", 1, "h01", ["sh", "-c", "env -i sleep 300 & exec sleep 301"])
     other_part = spawn("w2", 1, "h01", ["sleep", "302"])
@@ -96,8 +74,8 @@ def test_a_sweep_kills_an_earlier_agents_part_with_its_whole_session(spawn) -> N
     sweep = LeftoverSweep(lambda wid, attempt, host: (wid, attempt, host) == ("w1", 1, "h01"))
     assert _until_gone(sweep) >= 1
     old.wait(timeout=5)
-    assert not [pid for pid in members if _running(pid)]
-    assert _running(other_part.pid) and _running(other_host.pid)
+    assert not [pid for pid in members if running(pid)]
+    assert running(other_part.pid) and running(other_host.pid)
     assert sweep() == 0
 
 
@@ -108,7 +86,7 @@ def test_a_sweep_never_signals_a_process_whose_pid_now_names_another(spawn) -> N
     # The same pid, started at another time: another process (the pid was reused).
     reused = gpu_exec._Proc(pid=proc.pid, sid=stat.sid, started=stat.started + 1)
     assert not gpu_exec._kill_if_same(reused)
-    assert _running(proc.pid)
+    assert running(proc.pid)
     assert gpu_exec._kill_if_same(stat)
     proc.wait(timeout=5)
 
@@ -117,7 +95,7 @@ def test_the_agent_and_unmarked_processes_are_left_alone(spawn) -> None:  # type
     plain = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         assert LeftoverSweep(lambda *_: True)() == 0  # nothing marked runs
-        assert _running(plain.pid) and _running(os.getpid())
+        assert running(plain.pid) and running(os.getpid())
     finally:
         plain.kill()
         plain.wait()
