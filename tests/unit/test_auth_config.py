@@ -401,4 +401,4 @@ def test_cli_an_out_folder_that_cannot_be_made_names_out() -> None:
     )  # fmt: skip
     with pytest.raises(ValidationError) as exc:
         args.func(args)
-    assert exc.value.field == "--out" and "cannot create" in exc.value.reason
+    assert exc.value.field == "--out" and "cannot write" in exc.value.reason

@@ -102,4 +102,7 @@ def test_a_run_dir_that_is_a_file_is_refused(
     run_dir = tmp_path / "file"
     run_dir.write_text("x", encoding="utf-8")
     assert main(["demo", "--run-dir", str(run_dir)]) == 2
-    assert capsys.readouterr().err.strip() == f"allot demo: --run-dir: {run_dir} is not a directory"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"allot demo: --run-dir: {run_dir} is a file, not a folder"
+    )

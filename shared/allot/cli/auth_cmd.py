@@ -25,6 +25,7 @@ from allot.live.auth_config import (
     generate,
     parse_roles,
 )
+from allot.sim.output_files import make_out_dir
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,10 +72,7 @@ def run_gen(args: argparse.Namespace) -> int:
     tree = load_tree(args.budgets)
     roles_data = load_yaml(args.roles)
     users = parse_roles(roles_data, tree)  # errors before anything is written
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValidationError("--out", f"cannot create {args.out}: {exc.strerror or exc}") from None
+    make_out_dir(args.out, "--out")
     tls: TlsFiles | None = None
     server = args.server
     if args.tls:

@@ -55,6 +55,7 @@ from allot.live.tls_certs import make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.ranking import load_tree_file
+from allot.sim.output_files import make_out_dir
 
 DEFAULT_BUDGETS = """\
 # Allot's embedded default budget tree: two programs, five teams (GPU-time weights).
@@ -211,14 +212,7 @@ def check_config(config: StackConfig) -> None:
             raise ValidationError("--nats-url", exc.reason) from None
     if config.redis_url is not None:
         check_redis_url(config.redis_url, "--redis-url")
-    if config.run_dir.exists() and not config.run_dir.is_dir():
-        raise ValidationError("--run-dir", f"{config.run_dir} is not a directory")
-    try:
-        config.run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValidationError(
-            "--run-dir", f"cannot create {config.run_dir}: {exc.strerror or exc}"
-        ) from None
+    make_out_dir(config.run_dir, "--run-dir")
 
 
 def check_reachable(nats_url: str, redis_url: str) -> None:

@@ -84,6 +84,7 @@ from allot.live.service_main import base_parser, run_main
 from allot.live.tasks import stop_tasks
 from allot.proto import codec, subjects
 from allot.proto import messages as m
+from allot.sim.output_files import make_out_dir
 
 log = structlog.get_logger("allot.agent", service="agent")
 
@@ -137,12 +138,7 @@ class AgentConfig:
         if self.output_dir is not None:
             if self.fake:
                 raise ValidationError("output_dir", "is for real mode: fake parts print nothing")
-            try:
-                self.output_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise ValidationError(
-                    "output_dir", f"cannot create {self.output_dir}: {e}"
-                ) from None
+            make_out_dir(self.output_dir, "output_dir")
         if not self.hosts:
             raise ValidationError("hosts", "name at least one host")
         for i, host in enumerate(self.hosts):
