@@ -14,18 +14,33 @@ from pathlib import Path
 
 import pytest
 
+from allot.core.errors import ValidationError
 from allot.live import gpu_exec
 from allot.live.gpu_exec import FakePart, LeftoverSweep, ProcessPart, workload_env
+from allot.services import agent as agent_module
 from process_probe import running, session
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 
 
 @pytest.fixture
-def spawn() -> Iterator[object]:
+def dead_agent() -> str:
+    """The marker of an agent process that has exited (a killed agent's)."""
+    agent = subprocess.Popen(["sleep", "30"])
+    marker = gpu_exec.agent_marker(agent.pid)
+    agent.kill()
+    agent.wait()
+    assert marker
+    return marker
+
+
+@pytest.fixture
+def spawn(dead_agent: str) -> Iterator[object]:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(wid: str, attempt: int, host: str, command: list[str]) -> subprocess.Popen[bytes]:
+    def start(
+        wid: str, attempt: int, host: str, command: list[str], agent: str = dead_agent
+    ) -> subprocess.Popen[bytes]:
         env = workload_env(
             os.environ,
             gpus=(0,),
@@ -34,6 +49,7 @@ def spawn() -> Iterator[object]:
             attempt=attempt,
             nats_url="nats://127.0.0.1:4222",
             host=host,
+            agent=agent,
         )
         proc = subprocess.Popen(command, env=env, start_new_session=True)
         procs.append(proc)
@@ -101,6 +117,18 @@ def test_the_agent_and_unmarked_processes_are_left_alone(spawn) -> None:  # type
         plain.wait()
 
 
+def test_a_live_agents_parts_and_parts_without_an_agent_are_never_leftovers(spawn) -> None:  # type: ignore[no-untyped-def]
+    """A second agent started for a host name in use, or another cluster's agent with the
+    same host names, must not kill the parts of an agent that still runs (found
+    2026-12-03: the sweep matched on the host marker alone and failed live work)."""
+    live = spawn("w1", 1, "h01", ["sleep", "300"], agent=gpu_exec.agent_marker())
+    foreign = spawn("w9", 1, "h01", ["sleep", "301"], agent="")  # no agent marker at all
+    left = spawn("w2", 1, "h01", ["sleep", "302"])  # its agent is gone
+    assert _until_gone(LeftoverSweep(lambda *_: True)) >= 1
+    left.wait(timeout=5)
+    assert running(live.pid) and running(foreign.pid)
+
+
 async def test_stopped_tells_an_end_the_stopper_caused_from_one_of_its_own() -> None:
     env = dict(os.environ)
     part = await ProcessPart.spawn(["sleep", "30"], env, time.time)
@@ -122,3 +150,22 @@ async def test_stopped_tells_an_end_the_stopper_caused_from_one_of_its_own() -> 
     fake.terminate(0.0)
     assert await fake.wait() == -signal.SIGTERM
     assert fake.stopped
+
+
+def test_a_second_real_agent_for_a_host_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """It would start the host's work list again: two copies of each run on its GPUs."""
+    monkeypatch.setattr(agent_module, "HOST_LOCKS", tmp_path)
+    config = agent_module.AgentConfig(nats_url="nats://127.0.0.1:1", hosts=("h01",))
+    first = agent_module.Agent(config)
+    first._lock_hosts()
+    second = agent_module.Agent(config)
+    with pytest.raises(ValidationError) as err:
+        second._lock_hosts()
+    assert err.value.field == "--host" and f"(pid {os.getpid()})" in err.value.reason
+    for fd in first._host_locks:  # the first stops: the host is free again
+        os.close(fd)
+    second._lock_hosts()
+    assert len(second._host_locks) == 1
+    os.close(second._host_locks[0])

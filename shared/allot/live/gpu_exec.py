@@ -61,6 +61,10 @@ PASSED_ON = frozenset({"ALLOT_NATS_CA"})
 """The agent's only ``ALLOT_*`` variables a workload inherits (not secrets)."""
 PART_MARKERS = ("ALLOT_WORKLOAD_ID", "ALLOT_ATTEMPT", "ALLOT_HOST")
 """Together, they name the part a process belongs to (``LeftoverSweep`` reads them)."""
+AGENT_MARKER = "ALLOT_AGENT"
+"""``<pid>:<start time>`` of the agent process that started a part (``agent_marker``): a
+part is a leftover only once that process is gone, so a sweep never kills the work of a
+live agent (a second agent started for the same host name, another cluster's agent)."""
 
 
 def without_userinfo(url: str) -> str:
@@ -86,6 +90,7 @@ def workload_env(
     nats_url: str,
     host: str,
     hosts: Sequence[str] = (),
+    agent: str = "",
 ) -> dict[str, str]:
     """The environment of one part (see the module docstring). ``ALLOT_ALLOCATION`` is empty
     for unallocated work. ``hosts``: the assignment's hosts, primary first (empty, or
@@ -99,6 +104,8 @@ def workload_env(
         ALLOT_NATS_URL=without_userinfo(nats_url),
         ALLOT_HOST=host,
     )
+    if agent:
+        env[AGENT_MARKER] = agent
     if host in hosts:
         env.update(
             ALLOT_HOSTS=",".join(hosts),
@@ -266,8 +273,28 @@ def _read_stat(pid: int) -> _Proc | None:
     return _Proc(pid=pid, sid=int(fields[3]), started=int(fields[_STARTTIME]))
 
 
+def agent_marker(pid: int | None = None) -> str:
+    """``AGENT_MARKER``'s value for process ``pid`` (default: this one): its pid and start
+    time, which together never name another process (a pid may be reused; not with the
+    same start time)."""
+    proc = _read_stat(os.getpid() if pid is None else pid)
+    return "" if proc is None else f"{proc.pid}:{proc.started}"
+
+
+def _alive(marker: str) -> bool:
+    """Whether the agent named by ``marker`` still runs (a malformed one counts as alive:
+    a process whose agent cannot be told is never killed)."""
+    pid, _, started = marker.partition(":")
+    if not (pid.isdigit() and started.isdigit()):
+        return True
+    proc = _read_stat(int(pid))
+    return proc is not None and proc.started == int(started)
+
+
 def _part_of(pid: int) -> tuple[str, int, str] | None:
-    """The part the process was started as (``PART_MARKERS`` of its environment)."""
+    """The part the process was started as (``PART_MARKERS`` of its environment), if the
+    agent that started it (``AGENT_MARKER``) is gone; None for any other process: one with
+    no markers (not a part), or whose agent still runs (not left over)."""
     try:
         raw = (_PROC / str(pid) / "environ").read_bytes()
     except OSError:  # gone, or another user's process: not one of ours
@@ -278,10 +305,13 @@ def _part_of(pid: int) -> tuple[str, int, str] | None:
         if eq:
             env[key] = value
     try:
-        wid, attempt, host = (env[k.encode()].decode() for k in PART_MARKERS)
-        return (wid, int(attempt), host)
+        wid, attempt, host, agent = (
+            env[k.encode()].decode() for k in (*PART_MARKERS, AGENT_MARKER)
+        )
+        part = (wid, int(attempt), host)
     except (KeyError, UnicodeDecodeError, ValueError):
         return None
+    return None if _alive(agent) else part
 
 
 def _kill_if_same(proc: _Proc) -> bool:
@@ -322,7 +352,9 @@ class LeftoverSweep:
 
     1. every live process whose environment names a part ``is_leftover`` accepts
        (``PART_MARKERS``, set by ``workload_env``: a reused pid belongs to a process with
-       another environment, so it never matches);
+       another environment, so it never matches) and whose starting agent
+       (``AGENT_MARKER``) is gone: a live agent's parts, this agent's included, and
+       processes without the marker are never touched;
     2. every process in the session of such a process that leads its session (the part's
        launcher: ``start_new_session``), even with an environment of its own (``env -i``),
        and in such a session found by an earlier call of this sweep. The kernel keeps a

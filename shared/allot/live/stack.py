@@ -14,7 +14,6 @@ waits, then SIGKILLs stragglers, then stops the servers it started.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import math
 import os
 import shutil
@@ -41,6 +40,7 @@ from allot.adapters.usage_store import check_redis_url, redis_failure
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
+from allot.live import pid_lock
 from allot.live.auth_config import (
     ACCOUNT,
     CA_ENV,
@@ -156,21 +156,14 @@ def lock_run_dir(run_dir: Path) -> int:
     on 2026-12-03: a second ``allot up`` in the same folder started a second nats-server
     on the same JetStream store, and the first stack then lost a submission it had
     acknowledged."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
+        return pid_lock.acquire(run_dir / LOCK_FILE)
+    except pid_lock.LockHeldError as held:
         raise ValidationError(
             "--run-dir",
-            f"{run_dir} is in use by another Allot stack (pid {holder}): stop it, or pass "
-            "another --run-dir",
+            f"{run_dir} is in use by another Allot stack (pid {held.holder}): stop it, or "
+            "pass another --run-dir",
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 def _host_names(agent: AgentSpec) -> list[str]:

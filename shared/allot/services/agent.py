@@ -54,6 +54,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -67,13 +68,14 @@ from nats.aio.client import Client as NatsClient
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
-from allot.live import bus
+from allot.live import bus, pid_lock
 from allot.live.gpu_exec import (
     Clock,
     FakePart,
     LeftoverSweep,
     Part,
     ProcessPart,
+    agent_marker,
     describe_exit,
     workload_env,
 )
@@ -95,6 +97,8 @@ MAX_FAKE_HOSTS = 100_000
 MAX_RUNNING_IN_HEARTBEAT = 1024
 NO_COMMAND = "the workload has no command (submit it with command=[program, args...])"
 REQUEST_TIMEOUT_S = 5.0
+HOST_LOCKS = Path(tempfile.gettempdir()) / "allot-agents"
+"""Where real agents lock their hosts (``_lock_hosts``)."""
 LEFTOVER_WAIT_S = 10.0
 """How long a starting agent waits for an earlier agent's processes to die before it goes
 on (a part still holding on is reported lost only once it is gone, however long)."""
@@ -212,13 +216,18 @@ class Agent:
         self._loops: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._marker = agent_marker()
+        """This process as the parts it starts name it (``gpu_exec.AGENT_MARKER``)."""
+        self._host_locks: list[int] = []
         self.log = log.bind(hosts=len(config.hosts), fake=config.fake)
 
     # ------------------------------------------------------------------ service protocol
     async def on_started(self) -> None:
         if not self.config.fake:
-            # Before any work is taken: whatever runs as a part of these hosts now was
-            # started by an earlier agent process (see the module docstring, "Restarts").
+            self._lock_hosts()
+            # Before any work is taken: whatever runs as a part of these hosts now, started
+            # by an agent process that is gone, is left over from it (see the module
+            # docstring, "Restarts").
             await self._end_leftovers(
                 LeftoverSweep(lambda _w, _a, host: host in self._hosts), LEFTOVER_WAIT_S
             )
@@ -258,7 +267,28 @@ class Agent:
         if self._nc is not None:
             with contextlib.suppress(*_PUBLISH_ERRORS):
                 await self._nc.close()
+        for fd in self._host_locks:
+            os.close(fd)
+        self._host_locks.clear()
         self.log.info("agent stopped")
+
+    def _lock_hosts(self) -> None:
+        """One real agent per host on a machine: a second one would start the host's work
+        list again (two copies of each run on the same GPUs). The locks live in the
+        system's temporary folder, so they hold across clusters too: two clusters' hosts
+        of one name on one machine would share its GPUs."""
+        for host in self.config.hosts:
+            try:
+                self._host_locks.append(pid_lock.acquire(HOST_LOCKS / f"{host}.lock"))
+            except pid_lock.LockHeldError as held:
+                for fd in self._host_locks:
+                    os.close(fd)
+                self._host_locks.clear()
+                raise ValidationError(
+                    "--host",
+                    f"another agent runs for host {host} on this machine (pid {held.holder}): "
+                    "two would start its work twice",
+                ) from None
 
     # ------------------------------------------------------------------ work lists
     async def _sync_all(self) -> None:
@@ -468,6 +498,7 @@ class Agent:
                 nats_url=self.config.nats_url,
                 host=run.host,
                 hosts=task.hosts,
+                agent=self._marker,
             )
             output = self.output_path(task.workload_id, task.attempt, run.host)
             try:
