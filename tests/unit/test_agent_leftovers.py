@@ -169,3 +169,18 @@ def test_a_second_real_agent_for_a_host_is_refused(
     second._lock_hosts()
     assert len(second._host_locks) == 1
     os.close(second._host_locks[0])
+
+
+async def test_a_stop_asked_again_sends_no_second_sigterm(tmp_path: Path) -> None:
+    """The agent asks again each time a work list is re-applied during the grace period."""
+    seen = tmp_path / "terms"
+    script = f"trap 'echo term >> {seen}' TERM; while :; do sleep 0.05; done"
+    part = await ProcessPart.spawn(["sh", "-c", script], dict(os.environ), time.time)
+    await asyncio.sleep(0.3)  # the trap is set
+    part.terminate(time.time() + 30)
+    for _ in range(3):
+        await asyncio.sleep(0.2)
+        part.terminate(time.time() + 30)  # the same stop, asked again: nothing sent
+    part.terminate(time.time() + 0.5)  # an earlier deadline (a cancel): SIGKILL sooner only
+    assert await asyncio.wait_for(part.wait(), 5) == -signal.SIGKILL
+    assert seen.read_text().splitlines() == ["term"]

@@ -176,9 +176,12 @@ class ProcessPart:
             return
         self._note_stop()
         if self._kill_at is not None and self._kill_at <= kill_at:
-            self._signal(signal.SIGTERM)  # a repeated request: the earlier deadline stands
-            return
-        self._signal(signal.SIGTERM)
+            return  # a repeated request (each work list re-applied): the earlier deadline stands
+        if self._kill_at is None:
+            # Once per stop, as the contract says and Slurm does: a training loop may take a
+            # second SIGTERM as "quit now" and abort the checkpoint it is writing. A later,
+            # earlier deadline (a cancel during a notice) moves the SIGKILL only.
+            self._signal(signal.SIGTERM)
         if self._kill_timer is not None:
             self._kill_timer.cancel()
         self._kill_at = kill_at
