@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from allot.adapters.embedded import free_ports
 from allot.core.errors import ValidationError
+from allot.live import stack
 from allot.live.stack import LOCK_FILE, Stack, StackConfig, lock_run_dir
 
 HOLD = (
@@ -57,3 +60,17 @@ def test_a_stack_in_a_locked_run_dir_starts_nothing(tmp_path: Path) -> None:
     finally:
         stack.stop()  # stops whatever a broken lock would have let start
         os.close(fd)
+
+
+def test_a_restarted_stack_takes_its_last_ports_again_when_free(tmp_path: Path) -> None:
+    """Agents, SDK clients and exported URLs of the last stack find the next one."""
+    port = free_ports(1)[0]
+    stack.remember_ports(tmp_path, nats=port, dashboard=None)
+    assert stack.remembered_port(tmp_path, "nats") == port
+    with socket.socket() as taken:  # someone else holds it now: another free port
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        assert stack.remembered_port(tmp_path, "nats") != port
+    assert stack.remembered_port(tmp_path, "dashboard") > 0  # never seen: a free one
+    (tmp_path / stack.PORTS_FILE).write_text("not json", encoding="utf-8")
+    assert stack.remembered_port(tmp_path, "nats") > 0

@@ -14,6 +14,7 @@ waits, then SIGKILLs stragglers, then stops the servers it started.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import shutil
@@ -166,6 +167,40 @@ def lock_run_dir(run_dir: Path) -> int:
         ) from None
 
 
+PORTS_FILE = "ports.json"
+"""The ports a stack in this run dir listened on: the next ``allot up`` there takes them
+again when free, so agents, SDK clients and exported URLs reconnect after a restart
+(found 2026-12-03: every restart moved NATS to a new port and nothing found it again)."""
+
+
+def remembered_port(run_dir: Path, name: str) -> int:
+    """The port ``name`` had in the last stack of ``run_dir`` if it is free now, else a
+    free one."""
+    try:
+        port = json.loads((run_dir / PORTS_FILE).read_text(encoding="utf-8")).get(name)
+    except (OSError, ValueError, AttributeError):
+        port = None
+    if isinstance(port, int) and 0 < port < 65536 and _bindable(port):
+        return port
+    return free_ports(1)[0]
+
+
+def remember_ports(run_dir: Path, **ports: int | None) -> None:
+    known = {name: port for name, port in ports.items() if port is not None}
+    (run_dir / PORTS_FILE).write_text(json.dumps(known) + "\n", encoding="utf-8")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        # As the servers bind: a port in TIME_WAIT after the last stack's stop is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _host_names(agent: AgentSpec) -> list[str]:
     """The hosts an agent process speaks for (a fake one names its hosts as below)."""
     if agent.fake:
@@ -244,10 +279,12 @@ class Stack(StartStop):
         self._server_url: str | None = None
         nats_config: Path | None = None
         port: int | None = None
+        if config.nats_url is None:
+            port = remembered_port(config.run_dir, "nats")
         if config.secure:
             if config.nats_url is not None:
                 raise ValidationError("--secure", "runs its own NATS: do not give --nats-url")
-            port = free_ports(1)[0]
+            assert port is not None
             self._server_url = f"tls://127.0.0.1:{port}"
             nats_config = self._write_auth(port)
         self.servers = Servers(
@@ -270,7 +307,9 @@ class Stack(StartStop):
         self.budgets_path: Path | None = None
         self.dashboard_port: int | None = None
         if config.dashboard:
-            self.dashboard_port = config.dashboard_port or free_ports(1)[0]
+            self.dashboard_port = config.dashboard_port or remembered_port(
+                config.run_dir, "dashboard"
+            )
 
     @property
     def dashboard_url(self) -> str | None:
@@ -436,6 +475,11 @@ class Stack(StartStop):
         self.servers.start()
         try:
             check_reachable(self.servers.nats_url, self.servers.redis_url)
+            remember_ports(
+                c.run_dir,
+                nats=self.servers.nats.port if self.servers.nats else None,
+                dashboard=self.dashboard_port,
+            )
             for name in self.commands():
                 self.spawn(name)
             self.wait_ready(ready_timeout)
