@@ -22,6 +22,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from allot.adapters.embedded import EmbeddedNats
 from allot.cli import live_cmds
 from allot.core.errors import ValidationError
 from allot.live import bus
@@ -33,6 +34,7 @@ from allot.sdk import (
     Client,
     CommandRejectedError,
     NoResponderError,
+    NotConnectedError,
     RequestTimeoutError,
     SubmitRejectedError,
 )
@@ -577,7 +579,9 @@ async def test_cli_rejection_is_one_line_naming_the_option(
         subjects.submit("nlp"),
         lambda msg: m.WorkloadRejected(at=NOW, field="gpus", reason="more than the cluster's 64"),
     )
-    code = await cli(fresh_log, "submit", "--alloc", "nlp", "--user", "ann", "--gpus", "100")
+    code = await cli(
+        fresh_log, "submit", "--alloc", "nlp", "--user", "ann", "--gpus", "100", "--", "true"
+    )
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["allot submit: --gpus: more than the cluster's 64"]
@@ -762,3 +766,57 @@ async def test_cli_submit_says_when_an_allocation_alone_leaves_work_unallocated(
         out = capsys.readouterr()
         assert out.out.strip() == "wl-n"  # stdout stays the id alone (scripts read it)
         assert ("--min-runtime 0: this work runs unallocated" in out.err) is note, out.err
+
+
+async def test_an_empty_allocation_from_the_agents_environment_means_unallocated(
+    responders: Responders, client: Client
+) -> None:
+    """``ALLOT_ALLOCATION`` is empty for unallocated work; a training loop passes it on."""
+    got: list[m.PreemptionNotice] = []
+    await client.on_preemption(got.append, allocation="", workload_id="wl-u")
+    every: list[m.PreemptionNotice] = []
+    await client.on_preemption(every.append, allocation="")
+    n = m.PreemptionNotice(
+        workload_id="wl-u",
+        at=NOW,
+        reason="displaced-unallocated",
+        grace_deadline=NOW + 30,
+        requeue=True,
+        gpus=1,
+    )
+    await responders.nc.publish(subjects.preempt(None, "wl-u"), codec.encode(n))
+    await wait_for(lambda: got == [n] and every == [n])
+
+
+async def test_a_request_while_nats_is_down_says_so_not_that_the_service_is_silent() -> None:
+    server = EmbeddedNats().start()
+    try:
+        c = await Client.connect(server.url, timeout=0.5, retries=0)
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        server.stop()
+        with pytest.raises(NotConnectedError, match=r"unreachable \(reconnecting\)"):
+            await c.queue()
+    finally:
+        await c.close()
+
+
+async def test_cli_watch_without_alloc_finds_the_workloads_allocation(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user who forgot --alloc was told the workload did not exist ('in allocation ~')."""
+    await bus.ensure_streams(responders.nc.jetstream())
+    story = _story("wl-f", "nlp", requeue=False)
+    await _publish(responders.nc.jetstream(), story)
+
+    def status(msg: Msg) -> m.WorkloadStatus:
+        wid = msgspec.json.decode(msg.data, type=m.StatusQuery).workload_id
+        return m.WorkloadStatus(workload_id=wid, state="completed", allocation="nlp")
+
+    for subject in (subjects.QUERY_STATUS, subjects.query_scoped(subjects.QUERY_STATUS, "nlp")):
+        await responders.answer(subject, status)
+    assert await cli(fresh_log, "watch", "wl-f") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines] == [type(r).__name__ for _, r in story]

@@ -191,8 +191,10 @@ async def test_sdk_submit_batch_refuses_a_bad_item_before_sending(intake_url: st
 
 
 async def _cli(url: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    """``allot submit ARGV`` as a user runs it (its own process: its output alone)."""
-    cmd = [sys.executable, "-m", "allot.cli.main", "submit", "--nats-url", url, *argv]
+    """``allot submit ARGV`` as a user runs it (its own process: its output alone), as fake
+    runs (``--duration``: the CLI refuses work with neither a command nor a duration)."""
+    cmd = [sys.executable, "-m", "allot.cli.main", "submit", "--nats-url", url]
+    cmd += ["--duration", "60s", *argv]
     return await asyncio.to_thread(
         subprocess.run, cmd, capture_output=True, text=True, timeout=60, check=False
     )

@@ -577,6 +577,7 @@ def test_shares() -> None:
         (["submit", "--user", "u", "--gpus", "1", "--priority", "5000"], "--priority"),
         (["submit", "--user", "u", "--gpus", "1", "--min-runtime", "soon"], "--min-runtime"),
         (["submit", "--user", "u", "--gpus", "1", "--duration", "0"], "--duration"),
+        (["submit", "--user", "u", "--gpus", "1"], "CMD"),  # nothing to run, no fake duration
         (["queue", "--timeout", "0"], "--timeout"),
         (["budgets", "set", "root", "3", "--by", "me"], "PATH"),
         (["budgets", "set", "root/nlp", "lots", "--by", "me"], "SHARES"),

@@ -343,6 +343,12 @@ def run_submit(args: argparse.Namespace) -> int:
     duration = None if args.duration is None else parse_duration_option("--duration", args.duration)
     if duration is not None and duration <= 0:
         raise ValidationError("--duration", "must be more than 0 seconds")
+    if not args.cmd and duration is None:
+        # A real agent fails such work at once, after it may have preempted others; only
+        # fake agents run without a command (for --duration).
+        raise ValidationError(
+            "CMD", "give the command to run after --, or --duration for a fake run"
+        )
 
     fields = {
         "user": args.user,
@@ -456,17 +462,27 @@ def run_watch(args: argparse.Namespace) -> int:
     """Asks the leader first, so a mistyped id or ``--alloc`` is an error at once instead of
     a wait for records that will never come. The log alone serves the watch: without a
     leader's answer it goes on (``Client.watch`` then waits for the workload's records)."""
-    scope = parse_scope(args.alloc) or s.UNALLOCATED
+    given = parse_scope(args.alloc)
 
     async def work(c: Client) -> int:
+        scope = given or s.UNALLOCATED
         try:
             with contextlib.suppress(NoResponderError, RequestTimeoutError):  # no leader
+                if given is None:
+                    # Without --alloc, the leader says where the workload is (a user who
+                    # forgot --alloc was told it did not exist); a team under --secure may
+                    # not ask cluster-wide, and then it is looked for as unallocated work.
+                    with contextlib.suppress(PermissionDeniedError):
+                        found = await c.status(args.workload)
+                        if found.state != "unknown":
+                            scope = found.allocation or s.UNALLOCATED
                 status = await c.status(args.workload, scope=scope)
                 if status.state == "unknown":
                     await _require_allocation(c, scope)
                 _require_known(status, args.workload, scope)
+            allocation = None if scope == s.UNALLOCATED else scope
             # Closed here, while the client is open, whatever ends the loop.
-            async with contextlib.aclosing(c.watch(args.workload, args.alloc)) as events:
+            async with contextlib.aclosing(c.watch(args.workload, allocation)) as events:
                 async for record in events:
                     if args.json:
                         print(fmt.envelope_json(record, time.time(), indent=None), flush=True)

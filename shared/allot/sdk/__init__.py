@@ -1,6 +1,7 @@
 """Allot's Python SDK: ``Client`` submits, cancels, queries and follows workloads over
 NATS. Errors: ``allot.sdk.errors`` (a refusal is a ``ValidationError`` naming the field)."""
 
+from allot.proto.messages import SubmitWorkload
 from allot.sdk.client import DEFAULT_NATS_URL, Client, PreemptionSubscription, new_client_id
 from allot.sdk.errors import (
     BadReplyError,
@@ -27,5 +28,6 @@ __all__ = [
     "RequestTimeoutError",
     "SdkError",
     "SubmitRejectedError",
+    "SubmitWorkload",
     "new_client_id",
 ]

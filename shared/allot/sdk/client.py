@@ -333,6 +333,14 @@ class Client:
                     raise BadReplyError(
                         f"{who} answered {subject} with an unexpected message: {exc}"
                     ) from None
+            if not self.nc.is_connected:
+                # The server is gone, not the service: say so (found 2026-12-03: a NATS
+                # outage read as "placement leader did not answer"). Like a timeout, the
+                # outcome is unknown: a request sent before the outage may have been done.
+                raise NotConnectedError(
+                    f"NATS at {masked_url(self.nats_url)} is unreachable (reconnecting): no "
+                    f"answer on {subject} from the {who}; whether it was done is unknown"
+                )
             raise RequestTimeoutError(subject, who, wait, attempts)
         finally:
             waiters.remove(refused)
@@ -382,7 +390,12 @@ class Client:
         """Submit a workload; raises ``SubmitRejectedError`` (a ``ValidationError``) when intake
         refuses it. Retrying with the same ``client_id`` never queues a second workload
         (the reply then says ``duplicate=True``); without one, a fresh id is used for this
-        call (and its retries)."""
+        call (and its retries).
+
+        The scheduling contract: work is *allocated* (protected for ``min_runtime_s``,
+        charged to ``allocation``) only with an ``allocation`` AND ``min_runtime_s > 0``.
+        With the default ``min_runtime_s=0`` it is unallocated even when ``allocation``
+        is given: free, never charged, preemptible at any moment."""
         msg = m.SubmitWorkload(
             client_id=new_client_id() if client_id is None else client_id,
             user=user,
@@ -565,7 +578,9 @@ class Client:
         """Every record of one workload (lifecycle events and preemption notices) from the
         beginning of the log, then live; stops after a terminal one (see
         ``allot.sdk.lifecycle``). ``allocation`` None means unallocated. ``idle_timeout``:
-        raise ``RequestTimeoutError`` when nothing arrives for that long (default: wait)."""
+        raise ``RequestTimeoutError`` when nothing arrives for that long (default: wait).
+        An empty ``allocation`` (``ALLOT_ALLOCATION`` of unallocated work) is None."""
+        allocation = allocation or None
         events = subjects.workload_events(allocation, workload_id)
         notices = subjects.preempt(allocation, workload_id)
         js = self.nc.jetstream()
@@ -625,7 +640,11 @@ class Client:
         from now on: of one workload (``workload_id``; with ``allocation`` when known, any
         allocation otherwise), of one allocation's workloads (``allocation`` only; pass
         ``subjects.UNALLOCATED`` for unallocated work), or of all (neither). An exception
-        in the callback is logged; later notices still arrive."""
+        in the callback is logged; later notices still arrive. An empty ``allocation``
+        (``ALLOT_ALLOCATION`` of unallocated work, as the agent sets it) means unallocated,
+        as ``subjects.UNALLOCATED`` does."""
+        if allocation == "":
+            allocation = None if workload_id is not None else subjects.UNALLOCATED
         if workload_id is not None:
             if allocation is None:
                 token = subjects.validate_token(workload_id, "workload_id")
