@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from allot.core.budgets import parse_tree
+from allot.core.cycle import Snapshot, run_cycle
+from allot.core.policy import Policy
 from allot.live.budget_wire import spec_from_tree
-from allot.live.logfold import Drain, LogFold
+from allot.live.logfold import CANCEL_LEAVES_S, Drain, LogFold
 from allot.proto import messages as m
 
 T = 1000.0
@@ -221,3 +223,21 @@ def test_a_drain_keeps_its_reason_operator_and_time_until_the_host_is_healthy() 
     assert "h9" not in f.drains
     f.apply(m.HostHealthy(host="h1", at=T + 4))
     assert not f.drains
+
+
+def test_a_running_cancel_shows_its_gpus_leaving_so_nothing_else_is_preempted_for_them() -> None:
+    """Found 2026-12-03: during a cancelled run's checkpoint, a request that needed its
+    GPUs preempted another run; they were free seconds later."""
+    f = fold_with_host()
+    for wid, gpus in (("a", (0, 1, 2, 3)), ("b", (4, 5, 6, 7))):  # free work fills h1
+        f.apply(submitted(wid, alloc=None, runtime=0))
+        f.apply(placed(wid, gpus))
+    assert f.apply(m.CancelRequested(workload_id="b", by="u", at=T + 2)).changed
+    assert f.state.running["b"].preempt_at == T + 2 + CANCEL_LEAVES_S
+    f.apply(submitted("c"))  # allocated, 4 GPUs: b's are enough
+    snapshot = Snapshot(f.state, f.queue, f.shares(), {})
+    result = run_cycle(snapshot, Policy(), T + 3)
+    assert result.preemptions == ()
+    assert dict(result.waiting_on) == {"c": ("b",)}
+    assert f.apply(m.WorkloadCancelled(workload_id="b", at=T + 4, attempt=1)).changed
+    assert "b" not in f.state.noticed

@@ -108,6 +108,9 @@ _IGNORED_STALE = Applied(False, "stale epoch")
 _INFO = Applied(False, "informational")
 
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "preempted"})
+CANCEL_LEAVES_S = 10.0
+"""How long a cancelled run takes to leave at most: the agents' default ``kill_after_s``
+(SIGTERM at the cancel, SIGKILL that long after)."""
 KEPT_REASON_LEN = 200
 """Characters of an end reason an ended workload keeps (the log has the whole text)."""
 SHARED_ASSIGNMENTS = 65_536
@@ -183,6 +186,12 @@ class LogFold:
             rec.ended_by = _kept(r.by)
             return Applied(True)
         rec.cancel_requested = True  # running: its agent stops it and reports
+        if rec.status == "running":
+            # Its GPUs are leaving: shown to the core as under notice until the agent's
+            # SIGKILL, so a request that needs them waits for them instead of preempting
+            # other work (found 2026-12-03: a cancel during a checkpoint, and a third
+            # job was preempted for GPUs that were freed seconds later).
+            self.state.notice(rec.workload.id, r.at + CANCEL_LEAVES_S)
         return Applied(True)
 
     def _leader(self, r: m.LeaderElected) -> Applied:
