@@ -3,8 +3,9 @@
 ``at``), so they are unit-tested directly.
 
 The ``--json`` envelope is stable: ``{"kind": <wire type>, "at": <seconds since the
-epoch>, "data": <the message's fields, without its type tag>}``; ``watch --json`` and
-``share -l --json`` print one envelope per line.
+epoch>, "data": <the message's fields, without its type tag>}``. A command that prints
+one envelope prints it indented; one that prints several (``watch``, ``share -l``,
+``owed``: the day, then the week) prints them as JSON Lines, one compact envelope each.
 """
 
 from __future__ import annotations
