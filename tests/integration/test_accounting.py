@@ -47,12 +47,14 @@ from allot.services.accounting import (
     DURABLE,
     Accounting,
     Charger,
+    Marker,
     Slot,
     charged_filters,
     complete_until,
     grid_slots,
     parser,
     rebuild,
+    rebuild_reason,
 )
 
 HOUR_EDGE = 472_223 * HOUR_S  # 1_700_002_800: an hour boundary in the past
@@ -459,6 +461,165 @@ async def test_rebuild_of_an_empty_log_leaves_an_empty_store(
     done = await rebuild(fresh_log, redis_url, prefix=prefix, now=HOUR_EDGE)
     assert (done.records, done.charges) == (0, 0)
     assert await store.allocations() == []
+
+
+# -- the store follows the log ------------------------------------------------------------------
+
+RUNS = [  # (workload, allocation, start, end, gpus): ended runs, and one still running
+    ("a1", "nlp", HOUR_EDGE - 7200.5, HOUR_EDGE + 10.25, 8),
+    ("a2", "nlp", HOUR_EDGE - 30.0, HOUR_EDGE + 4000.0, 1),
+    ("v2", "vision", HOUR_EDGE + 1.5, HOUR_EDGE + 2.0, 16),
+]
+RUNNING = ("v1", "vision", HOUR_EDGE - 100.0, 2)
+NOW = HOUR_EDGE + 5000.25
+
+
+async def charge_runs(js: JetStreamContext, runs: list[tuple[str, str, float, float, int]]) -> None:
+    for wid, alloc, s, e, gpus in runs:
+        await publish(js, started(wid, alloc, s, gpus))
+        await publish(js, completed(wid, alloc, s, e, gpus))
+
+
+def expected_usage(runs: list[tuple[str, str, float, float, int]]) -> Buckets:
+    """The runs, plus RUNNING's complete slots at NOW (the live window's share)."""
+    _, alloc, s, gpus = RUNNING
+    return reference(
+        *[(a, s, e, g) for _, a, s, e, g in runs], (alloc, s, complete_until(NOW, 60.0), gpus)
+    )
+
+
+async def usage_becomes(store: RedisUsageStore, want: Buckets) -> Buckets:
+    deadline = time.monotonic() + DEADLINE_S
+    while (got := await all_buckets(store, NOW)) != want:
+        assert time.monotonic() < deadline, f"{got} != {want}"
+        await asyncio.sleep(0.05)
+    return got
+
+
+async def forget_everything(client: redis_asyncio.Redis, prefix: str) -> None:
+    """What a Redis that keeps nothing on disk does on restart, for this test's keys (the
+    shared server is not flushed: other tests use it)."""
+    keys = [k async for k in client.scan_iter(match=f"{prefix}:*")]
+    assert keys
+    await client.delete(*keys)
+
+
+async def charged_and_stopped(
+    service: ServiceFactory, js: JetStreamContext, store: RedisUsageStore
+) -> Buckets:
+    """Charge RUNS and RUNNING's live window with a service, stop it: the usage before."""
+    await charge_runs(js, RUNS)
+    wid, alloc, s, gpus = RUNNING
+    await publish(js, started(wid, alloc, s, gpus))
+    svc = await service(clock=frozen(NOW), accrue_s=0.05)
+    await drained(js)
+    before = await usage_becomes(store, expected_usage(RUNS))
+    await service_main.stop(svc)
+    assert svc.rebuilds == []  # a first start over an empty store: nothing acknowledged yet
+    return before
+
+
+@pytest.mark.integration
+async def test_a_store_that_lost_its_data_is_rebuilt_from_the_log_at_start(
+    service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    # `allot up` restarted on the same run dir: the log is on disk, the embedded Redis kept
+    # nothing, and the consumer's acknowledged position says it was all charged.
+    store = RedisUsageStore(redis_client, prefix)
+    before = await charged_and_stopped(service, js, store)
+    await forget_everything(redis_client, prefix)
+    assert await all_buckets(store, NOW) == {}
+
+    svc = await service(clock=frozen(NOW), accrue_s=0.05)
+    await usage_becomes(store, before)  # exactly: nothing lost, nothing twice
+    await asyncio.wait_for(svc.store_checked.wait(), DEADLINE_S)
+    assert len(svc.rebuilds) == 1 and "no marker" in svc.rebuilds[0]
+    assert await all_buckets(store, NOW) == before
+    # Charging goes on from the rebuilt store: a new run is charged once, the old ones
+    # not again, and a second restart finds the store intact.
+    more = [("n9", "nlp", HOUR_EDGE + 60.0, HOUR_EDGE + 130.5, 3)]
+    await charge_runs(js, more)
+    await drained(js)
+    await usage_becomes(store, expected_usage(RUNS + more))
+    await service_main.stop(svc)
+    again = await service(clock=frozen(NOW), accrue_s=0.05)
+    await asyncio.wait_for(again.store_checked.wait(), DEADLINE_S)
+    assert again.rebuilds == []
+    assert await all_buckets(store, NOW) == expected_usage(RUNS + more)
+
+
+@pytest.mark.integration
+async def test_a_restart_with_an_intact_store_does_not_rebuild(
+    *,
+    service: ServiceFactory,
+    js: JetStreamContext,
+    fresh_log: str,
+    redis_url: str,
+    redis_client: redis_asyncio.Redis,
+    prefix: str,
+) -> None:
+    store = RedisUsageStore(redis_client, prefix)
+    before = await charged_and_stopped(service, js, store)
+    # A charge no record explains: a rebuild would drop it, so it shows there was none.
+    await store.charge("not-in-the-log", "sentinel", HOUR_EDGE, HOUR_EDGE + 10.0, 1)
+    with_sentinel = await all_buckets(store, NOW)
+    assert with_sentinel == before | {"sentinel": {HOUR_EDGE // HOUR_S: 10.0}}
+
+    svc = await service(clock=frozen(NOW), accrue_s=0.05)
+    await asyncio.wait_for(svc.store_checked.wait(), DEADLINE_S)
+    await asyncio.sleep(0.3)  # a few accruals: the periodic check finds the marker too
+    assert svc.rebuilds == []
+    assert await all_buckets(store, NOW) == with_sentinel
+    await service_main.stop(svc)
+
+    # `allot accounting rebuild` writes the marker as well: the next start trusts it.
+    done = await rebuild(fresh_log, redis_url, prefix=prefix, now=NOW)
+    assert done.last_seq == (await js.stream_info("WORKLOADS")).state.last_seq
+    assert await all_buckets(store, NOW) == before
+    svc = await service(clock=frozen(NOW), accrue_s=0.05)
+    await asyncio.wait_for(svc.store_checked.wait(), DEADLINE_S)
+    assert svc.rebuilds == []
+
+
+@pytest.mark.integration
+async def test_a_store_wiped_while_the_service_runs_is_rebuilt_without_a_restart(
+    service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    store = RedisUsageStore(redis_client, prefix)
+    await charge_runs(js, RUNS)
+    wid, alloc, s, gpus = RUNNING
+    await publish(js, started(wid, alloc, s, gpus))
+    svc = await service(clock=frozen(NOW), accrue_s=0.05)
+    await drained(js)
+    before = await usage_becomes(store, expected_usage(RUNS))
+
+    # Quiet: the periodic check (at each accrual) notices.
+    await forget_everything(redis_client, prefix)
+    assert await usage_becomes(store, before) == before
+    assert len(svc.rebuilds) == 1
+    # Busy: the batch after the wipe finds no marker to advance.
+    await forget_everything(redis_client, prefix)
+    more = [("n9", "nlp", HOUR_EDGE + 60.0, HOUR_EDGE + 130.5, 3)]
+    await charge_runs(js, more)
+    await drained(js)
+    await usage_becomes(store, expected_usage(RUNS + more))
+    assert len(svc.rebuilds) == 2
+
+
+@pytest.mark.parametrize(
+    ("marker", "acked", "rebuilt"),
+    [
+        pytest.param(None, 0, False, id="first-start-nothing-acknowledged"),
+        pytest.param(None, 7, True, id="store-lost-its-data"),
+        pytest.param(Marker("WORKLOADS t0", 7), 7, False, id="store-holds-what-was-acked"),
+        pytest.param(Marker("WORKLOADS t0", 9), 7, False, id="store-ahead-acks-not-yet-seen"),
+        pytest.param(Marker("WORKLOADS t0", 5), 7, True, id="store-older-than-the-acks"),
+        pytest.param(Marker("WORKLOADS t1", 9), 7, True, id="marker-of-another-log"),
+        pytest.param(Marker("WORKLOADS t1", 9), 0, False, id="new-log-nothing-acknowledged"),
+    ],
+)
+def test_rebuild_reason(marker: Marker | None, acked: int, rebuilt: bool) -> None:
+    assert (rebuild_reason(marker, "WORKLOADS t0", acked) is not None) == rebuilt
 
 
 # -- the command line ---------------------------------------------------------------------------

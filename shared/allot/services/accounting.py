@@ -34,6 +34,26 @@ compare-and-set of the accrual cursor). Events are pulled in batches
 at most every ``FETCH_EVERY_S`` and charged a batch at a time (``Charger.apply_many``); the
 live window is accrued between two batches, only once the consumer has no backlog, so a
 backlog (after a restart) is not charged up to now before the ends in it are read.
+
+The store follows the log (``Accounting._check_store``). The durable consumer keeps its
+acknowledged position in JetStream, but Redis may lose its data (a server that keeps
+nothing on disk restarted, as ``allot up``'s embedded one; a failover to a replica that
+lagged): the acknowledged charges would then never come back. So the store carries a
+marker, the hash ``{prefix}:applied`` = {log: the WORKLOADS stream's name and creation
+time, seq: the highest stream sequence whose batch was charged}, advanced (never created)
+after each charged batch, before its acks, and written by ``rebuild``. The service rebuilds
+the store from the log (``rebuild``'s replay, in the consumer task, before it pulls again)
+when the marker is missing or names another log while the consumer has acknowledged
+something, or when its ``seq`` is below the consumer's ack floor: at start, after a batch
+whose advance found no marker, and at each accrual when the marker is gone. A store that
+has lost data keeps no marker (it went with the data: one Redis, one replication stream,
+the marker written after the charges it covers), and the replay is idempotent, so a
+needless rebuild costs time, never a double charge. Limits: on Redis Cluster the marker is
+one key in one slot, so a shard that loses its data while the marker's shard keeps it is
+not noticed; two instances that notice at once both rebuild (each wipe is followed by its
+full replay, but one instance's wipe can drop running entries the other's replay had
+already written, which the next accrual does not charge until their end: a rebuild with
+the service stopped is exact).
 """
 
 from __future__ import annotations
@@ -177,6 +197,53 @@ _Entry = _Running | _Ended
 _DECODE_ENTRY: Final = msgspec.json.Decoder(_Entry)
 _ENCODE: Final = msgspec.json.Encoder()
 
+# The marker (module docstring): advance ``seq`` to ARGV[2] if higher, only while the marker
+# exists and names this log (ARGV[1]); 0 otherwise: the store lost it, or another log's.
+# One key, so legal on Redis Cluster in any slot.
+_ADVANCE_LUA: Final = """
+if redis.call('HGET', KEYS[1], 'log') ~= ARGV[1] then
+  return 0
+end
+if tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'seq', ARGV[2])
+end
+return 1
+"""
+
+
+class Marker(NamedTuple):
+    """What the store says it holds: the charges of ``log`` up to stream sequence ``seq``."""
+
+    log: str
+    seq: int
+
+
+def rebuild_reason(marker: Marker | None, log_id: str, acked: int) -> str | None:
+    """Why the store must be rebuilt from the log before consuming, or None. ``acked`` is
+    the durable consumer's ack floor (stream sequence): every event up to it was charged
+    and will not be delivered again. A consumer that acknowledged nothing will deliver the
+    whole log, so any store does then (the marker is just written anew)."""
+    if acked <= 0:
+        return None
+    if marker is None:
+        return f"the store has no marker but the consumer has acknowledged up to seq {acked}"
+    if marker.log != log_id:
+        return f"the store's marker is for another log ({marker.log!r}, now {log_id!r})"
+    if marker.seq < acked:
+        return (
+            f"the store holds charges up to seq {marker.seq} but the consumer has "
+            f"acknowledged up to seq {acked}"
+        )
+    return None
+
+
+async def log_identity(js: JetStreamContext) -> str:
+    """The WORKLOADS stream as the marker names it: a stream deleted and made again (a
+    new run dir with the same Redis) restarts its sequences, so its creation time counts."""
+    info = await js.stream_info("WORKLOADS")
+    return f"WORKLOADS {info.created}"
+
+
 # Compare-and-set of one field: the accrual cursor must never overwrite a tombstone written
 # by an end event in the meantime.
 _CAS_LUA: Final = """
@@ -202,7 +269,26 @@ class Charger:
         self.slot_s = check_slot_s(self.slot_s)
         self.store = RedisUsageStore(self.client, self.prefix)
         self.running_key = f"{self.prefix}:running"
+        self.marker_key = f"{self.prefix}:applied"
         self._cas = self.client.register_script(_CAS_LUA)
+        self._advance = self.client.register_script(_ADVANCE_LUA)
+
+    async def marker(self) -> Marker | None:
+        """The store's marker (module docstring), None when missing or unreadable."""
+        raw = await self.client.hmget(self.marker_key, ["log", "seq"])
+        log_id, seq = raw[0], raw[1]
+        if log_id is None or seq is None or not _text(seq).isdigit():
+            return None
+        return Marker(_text(log_id), int(_text(seq)))
+
+    async def set_marker(self, log_id: str, seq: int) -> None:
+        """Say the store holds the charges of ``log_id`` up to ``seq`` (after a rebuild)."""
+        await self.client.hset(self.marker_key, mapping={"log": log_id, "seq": seq})
+
+    async def advance_marker(self, log_id: str, seq: int) -> bool:
+        """Raise the marker's ``seq`` to ``seq``; False (and no write) when the marker is
+        missing or names another log: the store lost what it had."""
+        return bool(await self._advance(keys=[self.marker_key], args=[log_id, seq]))
 
     async def apply(self, record: msgspec.Struct) -> int:
         """Apply one WORKLOADS record (``apply_many`` of one)."""
@@ -336,7 +422,9 @@ class Charger:
         return applied
 
     async def wipe(self) -> None:
-        """Forget every bucket, charge id and running entry of this prefix."""
+        """Forget the marker, every bucket, charge id and running entry of this prefix (the
+        marker first: a wipe cut short leaves a store that says it holds nothing)."""
+        await self.client.delete(self.marker_key)
         await self.store.wipe()
         await self.client.delete(self.running_key)
 
@@ -470,8 +558,17 @@ class Accounting:
         self.max_deliver = max_deliver
         self.handled = 0
         """Messages handled (acknowledged), for tests and logs."""
+        self.rebuilds: list[str] = []
+        """Why each rebuild of the store this instance made was needed, for tests and logs."""
+        self.store_checked = asyncio.Event()
+        """Set once the store was first checked against the log (and rebuilt if needed)."""
         self._consumer: asyncio.Task[None] | None = None
         self._pull: JetStreamContext.PullSubscription | None = None
+        self._js: JetStreamContext | None = None
+        self._log_id = ""
+        self._store_lost = False
+        self._acked_seq = 0
+        """The highest stream sequence this instance acknowledged (the ack floor lags)."""
 
     async def on_started(self) -> None:
         js = self.broker.connection.jetstream()
@@ -495,6 +592,7 @@ class Accounting:
             config=config,
         )
         await _refilter(js, config, filters)
+        self._js = js
         self._pull = pull
         self._consumer = asyncio.create_task(self._consume_forever(pull))
         log.info("accounting started", prefix=self.charger.prefix, slot_s=self.charger.slot_s)
@@ -529,7 +627,12 @@ class Accounting:
         accrued_at = -math.inf
         wait_s = min(1.0, max(FETCH_EVERY_S, self.accrue_s))
         batch: list[Msg] = []
+        # Unchecked (Redis or NATS not answering yet), events are still pulled: their
+        # charges fail and are retried later, as before, and the check is made again first.
+        self._store_lost = not await self._check_store()
         while True:
+            if self._store_lost:  # unchecked yet, or a batch's charges found no marker
+                await self._check_store()
             await asyncio.sleep(pull_delay(len(batch), pulled_at, loop.time()))
             pulled_at = loop.time()
             try:
@@ -544,7 +647,47 @@ class Accounting:
                 await self._handle(batch)
             if len(batch) < BATCH and loop.time() >= accrued_at + self.accrue_s:
                 accrued_at = loop.time()
+                with contextlib.suppress(Exception):  # the accrual below logs Redis down
+                    if not await self.redis.exists(self.charger.marker_key):
+                        self._store_lost = True
+                        continue  # checked (and rebuilt) before anything is accrued
                 await self._accrue()
+
+    async def _check_store(self) -> bool:
+        """Rebuild the store from the log when it does not hold what the consumer has
+        acknowledged (``rebuild_reason``), else make sure it has this log's marker. False
+        when Redis or NATS did not answer (checked again later)."""
+        assert self._js is not None
+        try:
+            self._log_id = await log_identity(self._js)
+            info = await self._js.consumer_info("WORKLOADS", DURABLE)
+            acked = max(info.ack_floor.stream_seq if info.ack_floor else 0, self._acked_seq)
+            marker = await self.charger.marker()
+            reason = rebuild_reason(marker, self._log_id, acked)
+            if reason is None:
+                if marker is None or marker.log != self._log_id:
+                    await self.charger.set_marker(self._log_id, 0)
+                self._store_lost = False
+                self.store_checked.set()
+                return True
+            log.warning("usage store behind the log: rebuilding it from the log", reason=reason)
+            began = asyncio.get_running_loop().time()
+            done = await _replay(self._js, self.charger, self.clock())
+        except Exception as e:  # Redis or NATS down: the next check tries again
+            log.warning("usage store not checked against the log", error=repr(e))
+            return False
+        self.rebuilds.append(reason)
+        self._store_lost = False
+        self.store_checked.set()
+        log.warning(
+            "usage store rebuilt from the log",
+            reason=reason,
+            records=done.records,
+            charges=done.charges,
+            last_seq=done.last_seq,
+            seconds=round(asyncio.get_running_loop().time() - began, 3),
+        )
+        return True
 
     async def _handle(self, batch: Sequence[Msg]) -> None:
         chargeable: list[tuple[Msg, msgspec.Struct]] = []
@@ -560,6 +703,10 @@ class Accounting:
                 done.append(raw)
         try:
             await self.charger.apply_many([record for _, record in chargeable])
+            # Before the acks: a marker past an event is only ever written after its charges.
+            seq = max(raw.metadata.sequence.stream for raw in batch)
+            if not await self.charger.advance_marker(self._log_id, seq):
+                self._store_lost = True  # rebuilt before the next pull (it replays these)
         except Exception as e:  # Redis unreachable: retry later, not in a tight loop
             for raw, _ in chargeable:
                 await self._retry_later(raw, e)
@@ -568,6 +715,7 @@ class Accounting:
         for raw in done:
             with contextlib.suppress(nats.errors.Error):  # redelivered if unacked
                 await raw.ack()
+                self._acked_seq = max(self._acked_seq, raw.metadata.sequence.stream)
         self.handled += len(done)
 
     async def _retry_later(self, raw: Msg, error: Exception) -> None:
@@ -602,6 +750,8 @@ class Accounting:
 class Rebuilt:
     records: int
     charges: int
+    last_seq: int = 0
+    """The stream sequence of the last record replayed (the marker's ``seq``)."""
 
 
 async def rebuild(
@@ -622,37 +772,60 @@ async def rebuild(
     js = nc.jetstream()
     client = redis_asyncio.Redis.from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S)
     try:
-        charger = Charger(client, prefix, slot_s)
         await bus.ensure_streams(js)
-        await charger.wipe()
-        records = 0
-        charges = 0
-        failure: list[BaseException] = []
-
-        async def on_record(_: str, record: msgspec.Struct) -> None:
-            nonlocal records, charges
-            if failure:
-                return
-            records += 1
-            try:
-                charges += await charger.apply(record)
-            except ValidationError as e:
-                log.warning("record not chargeable", field=e.field, reason=e.reason)
-            except Exception as e:  # reported after the replay stops
-                failure.append(e)
-
-        follower = bus.LogFollower(js, on_record, streams=("WORKLOADS",))
-        try:
-            await follower.start()
-        finally:
-            await follower.stop()
-        if failure:
-            raise failure[0]
-        charges += await charger.accrue(wall_clock() if now is None else now)
-        return Rebuilt(records, charges)
+        return await _replay(
+            js, Charger(client, prefix, slot_s), wall_clock() if now is None else now
+        )
     finally:
         await nc.close()
         await client.aclose()
+
+
+REPLAY_BATCH: Final = 1000
+"""Records charged together during a replay (``Charger.apply_many``, as the live batches)."""
+
+
+async def _replay(js: JetStreamContext, charger: Charger, now: float) -> Rebuilt:
+    """``rebuild`` on open connections: wipe (the marker first), replay, accrue up to
+    ``now``, then write the marker of the replayed log."""
+    log_id = await log_identity(js)
+    await charger.wipe()
+    records = 0
+    charges = 0
+    pending: list[msgspec.Struct] = []
+    failure: list[BaseException] = []
+
+    async def flush() -> None:
+        nonlocal charges
+        batch = pending.copy()
+        pending.clear()
+        try:
+            charges += await charger.apply_many(batch)
+        except Exception as e:  # reported after the replay stops
+            failure.append(e)
+
+    async def on_record(_: str, record: msgspec.Struct) -> None:
+        nonlocal records
+        if failure:
+            return
+        records += 1
+        pending.append(record)
+        if len(pending) >= REPLAY_BATCH:
+            await flush()
+
+    follower = bus.LogFollower(js, on_record, streams=("WORKLOADS",))
+    try:
+        await follower.start()
+    finally:
+        await follower.stop()
+    if pending and not failure:
+        await flush()
+    if failure:
+        raise failure[0]
+    charges += await charger.accrue(now)
+    last_seq = follower.last_seq.get("WORKLOADS", 0)
+    await charger.set_marker(log_id, last_seq)
+    return Rebuilt(records, charges, last_seq)
 
 
 async def _connect_once(url: str) -> NatsClient:
