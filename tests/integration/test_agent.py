@@ -722,7 +722,7 @@ async def test_dispatch_answers_each_report_of_a_batch_on_its_own(
         assert kinds == ["CommandAccepted", "CommandRejected", "CommandRejected", "CommandAccepted"]
         refused = [a for a in answer.answers if isinstance(a, m.CommandRejected)]
         assert [r.field for r in refused] == ["reports[1].host", "reports[2].workload_id"]
-        assert "not the primary host" in refused[0].reason
+        assert "has no part of" in refused[0].reason
         assert (await events.wait(m.WorkloadStarted, "g1")).host == "h01"
         assert (await events.wait(m.WorkloadStarted, "g2")).host == "h02"
 
@@ -774,3 +774,90 @@ def test_output_dir_is_for_real_agents_and_must_be_creatable(tmp_path: Path) -> 
     with pytest.raises(ValidationError) as e:
         AgentConfig(nats_url="nats://x", hosts=("h01",), output_dir=blocker / "out")
     assert e.value.field == "output_dir" and str(blocker / "out") in e.value.reason
+
+
+GANG_WAITS = (
+    "import os, pathlib, signal, sys, time\n"
+    "d = pathlib.Path(sys.argv[1]); host = os.environ['ALLOT_HOST']\n"
+    "def on_term(*_):\n"
+    "    (d / (host + '.term')).write_text('term'); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "(d / host).write_text(os.environ['ALLOT_ATTEMPT'])\n"
+    "if host == 'h02' and len(sys.argv) > 2:\n"
+    "    while not (d / 'h01').exists(): time.sleep(0.02)\n"
+    "    raise SystemExit(int(sys.argv[2]))\n"
+    "while True: time.sleep(0.05)\n"
+)
+"""A gang part that runs until SIGTERM (writing ``<host>.term``); the secondary (h02)
+exits with ``argv[2]``, when given, once the primary's part runs."""
+
+
+async def test_a_gangs_secondary_part_that_fails_fails_the_workload_and_stops_the_primary(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    log = Log(js)
+    await run_agent("h01")
+    await run_agent("h02")
+    for host in ("h01", "h02"):
+        await log.host(host, 4)
+    await log.leader(1)
+    await log.submit("g3", py(GANG_WAITS, tmp_path, "7"), gpus=4)
+    await log.place("g3", {"h02": (0, 1), "h01": (2, 3)})
+
+    failed = await events.wait(m.WorkloadFailed, "g3")
+    assert (failed.exit_code, failed.gpus) == (7, 4)
+    # The primary's part is stopped by its agent: the log no longer lists it.
+    assert await wait_file(tmp_path / "h01.term") == "term"
+    await asyncio.sleep(0.3)  # the primary's part ended quietly: no second end
+    assert len(events.of(m.WorkloadFailed, "g3")) == 1
+    assert not events.of(m.WorkloadCompleted, "g3")
+    assert not events.of(m.WorkloadPreempted, "g3")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+async def test_a_gangs_secondary_part_lost_in_a_restart_requeues_the_attempt(
+    js: JetStreamContext,
+    events: Events,
+    run_agent: AgentFactory,
+    fresh_log: str,
+    tmp_path: Path,
+) -> None:
+    log = Log(js)
+    await run_agent("h01")
+    for host in ("h01", "h02"):
+        await log.host(host, 4)
+    await log.leader(1)
+    secondary = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "allot.services.agent", "--host", "h02", "--gpus", "4"),
+        *("--nats-url", fresh_log, "--heartbeat-s", "0.2"),
+        env={**os.environ, "ALLOT_OTEL_EXPORTER": "none"},
+        stdout=(tmp_path / "agent.log").open("wb"),
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        # Up and in step with the log before the placement (else its part is "lost").
+        deadline = time.monotonic() + 20.0
+        while b"agent started" not in (tmp_path / "agent.log").read_bytes():
+            assert time.monotonic() < deadline, "the agent of h02 did not start"
+            await asyncio.sleep(0.05)
+        await log.submit("g4", py(GANG_WAITS, tmp_path), gpus=4)
+        await log.place("g4", {"h02": (0, 1), "h01": (2, 3)})
+        await events.wait(m.WorkloadStarted, "g4", timeout=20.0)
+        assert await wait_file(tmp_path / "h02", timeout=20.0) == "1"
+    finally:
+        secondary.kill()  # SIGKILL: its part is left behind
+        await secondary.wait()
+
+    await run_agent("h02")  # kills what is left, reports the part lost
+    lost = await events.wait(m.WorkloadPreempted, "g4")
+    assert (lost.reason, lost.attempt, lost.gpus) == ("host-drain", 1, 4)
+    assert await wait_file(tmp_path / "h01.term") == "term"  # the primary's part stopped
+    fold = LogFold()
+    fold.apply(m.LeaderElected(epoch=1, leader="test", at=time.time()))
+    for host in ("h01", "h02"):
+        fold.apply(m.HostRegistered(host=host, gpus=4, at=time.time()))
+    for record in events.records:
+        fold.apply(record)
+    assert fold.records["g4"].status == "pending"  # resumable: requeued, GPUs free
+    assert fold.workload_on("h01") == fold.workload_on("h02") == set()

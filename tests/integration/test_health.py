@@ -16,6 +16,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from allot.live import service_main
+from allot.live.host_work import AGENT_STOPPING
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -235,6 +236,33 @@ async def test_health_reports_drain_and_heal(fresh_log: str, nc: Client) -> None
             return bool(of(await host_records(js), m.HostHealthy, "h01"))
 
         await until(healthy, "HostHealthy after a healthy report")
+
+
+async def test_a_stopping_agents_report_drains_until_its_next_heartbeat(
+    fresh_log: str, nc: Client
+) -> None:
+    """``agent stopping``: out of service at once (not after the heartbeat timeout), back
+    with the agent's return."""
+    js = nc.jetstream()
+    async with running(fresh_log, timeout_s=30.0) as service:
+        await beat(nc, "h01")
+        await beats_handled(service, 1)
+        stop = m.HealthReport(host="h01", sent_at=time.time(), healthy=False, detail=AGENT_STOPPING)
+        await nc.publish(subjects.health("h01"), codec.encode(stop))
+
+        async def draining() -> bool:
+            return bool(of(await host_records(js), m.HostDraining, "h01"))
+
+        await until(draining, "HostDraining after the agent's stop")
+        (record,) = of(await host_records(js), m.HostDraining, "h01")
+        assert (record.reason, record.by) == (AGENT_STOPPING, None)
+
+        await beat(nc, "h01")  # the agent is back
+
+        async def healthy() -> bool:
+            return bool(of(await host_records(js), m.HostHealthy, "h01"))
+
+        await until(healthy, "HostHealthy after the returning agent's heartbeat")
 
 
 async def test_restart_rebuilds_hosts_and_drain_causes_from_the_log(

@@ -195,8 +195,10 @@ def test_a_host_shutdown_requeues_what_it_stopped_and_keeps_what_ended_on_its_ow
 @pytest.mark.parametrize(
     ("subject_host", "report", "field"),
     [
-        ("h02", _report("h02", "g", "exited"), "host"),  # a secondary of the gang
+        ("h02", _report("h02", "g", "started"), "host"),  # a secondary reports no start
         ("h03", _report("h03", "g", "exited"), "host"),  # not in the assignment at all
+        ("h03", _report("h03", "g", "lost"), "host"),  # no part of it: cannot end it
+        ("h02", _report("h01", "g", "lost"), "host"),  # a secondary speaking for the primary
         ("h01", _report("h02", "g", "exited"), "host"),  # the payload names another host
         ("h01", _report("h01", "ghost", "exited"), "workload_id"),
         (
@@ -256,3 +258,45 @@ def test_a_gangs_parts_are_listed_with_the_assignments_hosts_primary_first() -> 
     _submit(book, "solo")
     _place(book, "solo", {"h02": (3,)})
     assert next(t for t in book.tasks("h02") if t.workload_id == "solo").hosts == ("h02",)
+
+
+@pytest.mark.parametrize(
+    ("event", "exit_code", "resumable", "expected", "status"),
+    [
+        ("lost", None, True, m.WorkloadPreempted, "pending"),  # lost in a restart: requeued
+        ("lost", None, False, m.WorkloadPreempted, "preempted"),
+        ("exited", 3, True, m.WorkloadFailed, "failed"),  # failed on its own: all of it fails
+        ("not-started", None, True, m.WorkloadFailed, "failed"),
+    ],
+    ids=["lost-resumable", "lost-not-resumable", "failed", "not-started"],
+)
+def test_a_gangs_secondary_part_ending_ends_the_attempt_and_the_primary_is_told(
+    event: m.PartEvent,
+    exit_code: int | None,
+    resumable: bool,
+    expected: type[msgspec.Struct],
+    status: str,
+) -> None:
+    book = _book("h01", "h02", "h03")
+    _submit(book, "g", gpus=4, command=("train",), resumable=resumable)
+    _place(book, "g", {"h02": (0, 1), "h01": (2, 3)})  # primary h01
+    started = m.WorkloadStarted(workload_id="g", allocation="nlp", at=T0 + 2, host="h01", gpus=4)
+    book.apply(started)
+    end = book.record_for("h02", _report("h02", "g", event, exit_code=exit_code))
+    assert type(end) is expected
+    assert end is not None
+    if isinstance(end, m.WorkloadPreempted):
+        assert end.reason == "host-drain"
+    if isinstance(end, m.WorkloadFailed) and exit_code is not None:
+        assert end.exit_code == exit_code
+    assert isinstance(end, (m.WorkloadPreempted, m.WorkloadFailed))
+    assert end.gpu_seconds == pytest.approx(4 * (T0 + 10 - (T0 + 2)))
+    # The primary (h01) still runs its part: it is the host told, not the reporter.
+    assert book.apply(end) == {"h01"}
+    assert book.tasks("h01") == book.tasks("h02") == ()
+    rec = book.fold.records["g"]
+    assert rec.status == status
+    assert book.fold.workload_on("h01") == book.fold.workload_on("h02") == set()
+    assert book.reported_by == {}
+    # The primary's own report, late, adds nothing.
+    assert book.record_for("h01", _report("h01", "g", "exited", exit_code=-15)) is None

@@ -1,57 +1,54 @@
 """Runs lost with their host (``allot.live.host_work.lost_run`` and ``DispatchBook.lost``):
-a dead agent's runs are ended in its place once its host is drained for missed heartbeats
-and their notices' deadlines are well past, as Slurm requeues the jobs of a DOWN node."""
+a dead agent's runs are ended in its place once its host has been drained for missed
+heartbeats for the margin, noticed or not (a silent host's runs are not protected), as
+Slurm requeues the jobs of a DOWN node."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from allot.live.host_work import LOST_AFTER_S, MISSED_HEARTBEATS, DispatchBook, lost_run
+from allot.live.host_work import (
+    AGENT_STOPPING,
+    LOST_AFTER_S,
+    MISSED_HEARTBEATS,
+    DispatchBook,
+    lost_run,
+)
 from allot.proto import messages as m
 
 T0 = 1_000_000.0
+SILENT = T0 + 50
 DEADLINE = T0 + 100.0
 M = LOST_AFTER_S
 
 
 @pytest.mark.parametrize(
-    ("silent_since", "deadline", "now", "last_heard", "lost"),
+    ("silent_since", "now", "last_heard", "lost"),
     [
-        (T0 + 50, DEADLINE, DEADLINE + M, None, True),
-        (T0 + 50, DEADLINE, DEADLINE + M + 3600, T0, True),
-        (T0 + 50, DEADLINE, DEADLINE + M - 0.1, None, False),  # the margin is not over
-        (T0 + 50, DEADLINE, DEADLINE + 1, None, False),  # just past the deadline
-        (T0 + 50, DEADLINE, DEADLINE - 10, None, False),  # still in its grace period
-        (None, DEADLINE, DEADLINE + 10 * M, None, False),  # host answers heartbeats
-        (T0 + 50, None, DEADLINE + 10 * M, None, False),  # no notice: nothing to wait for
+        (SILENT, SILENT + M, None, True),
+        (SILENT, SILENT + M + 3600, T0, True),
+        (SILENT, SILENT + M - 0.1, None, False),  # the margin is not over
+        (SILENT, SILENT + 1, None, False),  # just drained
+        (None, SILENT + 10 * M, None, False),  # host answers heartbeats
         # Dispatch heard the host lately (a slow agent still syncing): not yet.
-        (T0 + 50, DEADLINE, DEADLINE + 2 * M, DEADLINE + M + 1, False),
-        (T0 + 50, DEADLINE, DEADLINE + 2 * M, DEADLINE + M, True),  # heard, but long ago
+        (SILENT, SILENT + 2 * M, SILENT + M + 1, False),
+        (SILENT, SILENT + 2 * M, SILENT + M, True),  # heard, but long ago
     ],
     ids=[
-        "silent-host-deadline-plus-margin",
+        "silent-host-margin-over",
         "silent-host-long-after-last-word",
         "margin-not-over",
-        "just-past-deadline",
-        "within-grace",
+        "just-drained",
         "host-not-silent",
-        "not-under-notice",
         "heard-within-margin",
         "heard-exactly-margin-ago",
     ],
 )
 def test_lost_run_table(
-    silent_since: float | None,
-    deadline: float | None,
-    now: float,
-    last_heard: float | None,
-    lost: bool,
+    silent_since: float | None, now: float, last_heard: float | None, lost: bool
 ) -> None:
-    assert (
-        lost_run(silent_since=silent_since, deadline=deadline, now=now, last_heard=last_heard)
-        is lost
-    )
+    assert lost_run(silent_since=silent_since, now=now, last_heard=last_heard) is lost
 
 
 def _book(*hosts: str) -> DispatchBook:
@@ -63,7 +60,12 @@ def _book(*hosts: str) -> DispatchBook:
 
 
 def _run(
-    book: DispatchBook, wid: str, parts: dict[str, tuple[int, ...]], *, resumable: bool = True
+    book: DispatchBook,
+    wid: str,
+    parts: dict[str, tuple[int, ...]],
+    *,
+    resumable: bool = True,
+    min_runtime_s: int = 60,
 ) -> None:
     gpus = sum(len(g) for g in parts.values())
     book.apply(
@@ -73,7 +75,7 @@ def _run(
             user="u",
             gpus=gpus,
             allocation="nlp",
-            min_runtime_s=60,
+            min_runtime_s=min_runtime_s,
             at=T0,
             resumable=resumable,
         )
@@ -115,6 +117,8 @@ def _missed(host: str, at: float = T0 + 50) -> m.HostDraining:
 
 
 LATE = DEADLINE + LOST_AFTER_S + 1
+SOON = SILENT + LOST_AFTER_S + 1
+"""The margin after the drain is over, the notice's grace deadline is not."""
 
 
 @pytest.mark.parametrize(
@@ -129,11 +133,11 @@ def test_a_silent_hosts_noticed_run_is_ended_as_its_agents_lost_report_would(
     _run(book, "w", {"h01": (0, 1)}, resumable=resumable)
     book.apply(_missed("h01"))
     _notice(book, "w", gpus=2)
-    assert book.lost(DEADLINE + 1, {}) == []
+    assert book.lost(SILENT + LOST_AFTER_S - 1, {}) == []
     [record] = book.lost(LATE, {})
     assert isinstance(record, m.WorkloadPreempted)
-    assert (record.reason, record.attempt, record.at) == ("host-drain", 1, DEADLINE)
-    assert record.gpu_seconds == pytest.approx(2 * (DEADLINE - (T0 + 2)))  # to the deadline
+    assert (record.reason, record.attempt, record.at) == ("host-drain", 1, SILENT)
+    assert record.gpu_seconds == pytest.approx(2 * (SILENT - (T0 + 2)))  # to the drain
     book.apply(record)
     rec = book.fold.records["w"]
     assert (rec.status, "w" in book.fold.queue) == (status, in_queue)
@@ -191,3 +195,62 @@ def test_a_cancelled_run_lost_with_its_host_ends_cancelled() -> None:
     _notice(book, "w")
     [record] = book.lost(LATE, {})
     assert isinstance(record, m.WorkloadCancelled) and record.by == "bob"
+
+
+@pytest.mark.parametrize(
+    ("notice", "now", "at"),
+    [
+        (None, SOON, SILENT),  # never noticed (its protection has hours to run)
+        (None, SILENT + LOST_AFTER_S - 0.1, None),  # the margin is not over
+        (DEADLINE, SOON, SILENT),  # noticed on the drain: its deadline not reached yet
+        (SILENT - 20, SOON, SILENT - 20),  # noticed before the drain: to its deadline
+    ],
+    ids=["running-unprotected", "running-margin-not-over", "noticed-in-grace", "noticed-early"],
+)
+def test_a_silent_hosts_run_is_lost_after_the_margin_noticed_or_not(
+    notice: float | None, now: float, at: float | None
+) -> None:
+    book = _book("h01", "h02")
+    _run(book, "w", {"h01": (0, 1)}, min_runtime_s=8 * 3600)
+    if notice is not None:
+        book.apply(
+            m.PreemptionNotice(
+                workload_id="w",
+                allocation="nlp",
+                at=T0 + 10,
+                reason="better-ranked",
+                grace_deadline=notice,
+                requeue=True,
+                gpus=2,
+                epoch=1,
+            )
+        )
+    book.apply(_missed("h01"))
+    records = book.lost(now, {})
+    if at is None:
+        assert records == []
+        return
+    [record] = records
+    assert isinstance(record, m.WorkloadPreempted)
+    reason = "host-drain" if notice is None else "better-ranked"
+    assert (record.reason, record.attempt, record.at) == (reason, 1, at)
+    # The fold of placement (and of every reader) takes the end of a running run: the
+    # GPUs are free and the resumable run is pending again.
+    assert book.fold.apply(record).requeued
+    assert book.fold.records["w"].status == "pending"
+    assert "w" in book.fold.queue
+    assert book.fold.workload_on("h01") == set()
+
+
+def test_a_run_a_stopped_agent_left_unreported_is_lost_after_the_margin() -> None:
+    """A stopping agent drains its host (``agent stopping``) and reports what it stopped;
+    a report it could not deliver leaves a run that nobody will end but dispatch."""
+    book = _book("h01")
+    _run(book, "w", {"h01": (0,)})
+    book.apply(m.HostDraining(host="h01", at=SILENT, reason=AGENT_STOPPING))
+    assert book.lost(SILENT + LOST_AFTER_S - 1, {}) == []
+    assert book.lost(SOON, {"h01": SILENT + 5}) == []  # its last report came later
+    [record] = book.lost(SOON, {})
+    assert isinstance(record, m.WorkloadPreempted) and record.reason == "host-drain"
+    book.apply(m.HostHealthy(host="h01", at=SILENT + 2))  # the agent came back
+    assert book.lost(SOON + 100, {}) == []

@@ -10,21 +10,36 @@ NATS message costs nothing but a delay. The next list, or the agent's own period
 ``HostSync``, says everything again, and a part that is no longer listed simply stops.
 
 **Runs lost with their host** (Slurm: a node not responding is set DOWN and its jobs are
-requeued or failed). An agent that dies (``kill -9``, a crashed host) reports nothing, so
-the health service drains its host for missed heartbeats, placement notices every run on it
-(``host-drain``) and nobody reports the end. ``lost_run`` decides, from values only (no
-clock: ``now`` is an argument), when dispatch records such a run as lost in the agent's
-place: its primary host (the reporting one) was drained for missed heartbeats and has not
-been healthy since, its notice's grace deadline passed ``LOST_AFTER_S`` ago, and dispatch
+requeued or failed at once). An agent that dies (``kill -9``, a crashed host) reports
+nothing, so the health service drains its host for missed heartbeats and nobody reports the
+end. Placement notices a drained host's runs only when their minimum-runtime protection
+ends (up to 8 h: the core's rule, right for a live host an operator drains), but a silent
+host runs nothing anyone can protect. ``lost_run`` decides, from values only (no clock:
+``now`` is an argument), when dispatch records such a run as lost in the agent's place,
+running or noticed alike: its primary host (the reporting one) was drained for missed
+heartbeats at T and has not been healthy since, T is ``LOST_AFTER_S`` ago, and dispatch
 has heard nothing from that host (no report, no work-list sync) for ``LOST_AFTER_S``. The
-record is the one the agent's own ``lost`` report would cause (``_terminal``): under
-notice, a preemption with the notice's reason, so resumable work is requeued and the rest
-ends preempted, and the GPUs are free in the log. The host stays draining or drained
-(nothing lands there) until an operator undrains it or its agent comes back; a returning
-agent kills what its predecessor left (``LeftoverSweep``) before it takes work. An agent
-that was only slow and reports after that is answered "already in the log": the fold
-ignores an end of an attempt that no longer runs, and both use the msg id
+record is the one the agent's own ``lost`` report would cause (``_terminal``): a
+preemption (the notice's reason, or ``host-drain`` for a run not noticed yet), so
+resumable work is requeued and the rest ends preempted, and the GPUs are free in the log.
+It is dated when the run should have ended: the drain (T) for a running run, its notice's
+deadline if earlier (the wait for a report is not charged). The host stays draining or
+drained (nothing lands there) until an operator undrains it or its agent comes back; a
+returning agent kills what its predecessor left (``LeftoverSweep``) before it takes work.
+An agent that was only slow and reports after that is answered "already in the log": the
+fold ignores an end of an attempt that no longer runs, and both use the msg id
 ``ended:<workload>:<attempt>``, so the stream keeps the first of the two.
+
+**A gang's other parts.** The primary host reports the attempt's start and, normally, its
+end. A secondary host may report only the end of its own part, which ends the whole
+attempt (a gang with a part missing runs nothing useful and holds every GPU): ``lost``
+(its agent restarted and killed what the old one left) is a preemption (``host-drain``),
+so resumable work is requeued; an exit that failed (the agent does not report a
+secondary's clean exit: the primary reports the end) fails the workload with the part's
+exit code. The rule cannot be abused: an agent speaks only for its own host (the report's
+subject), and only of an attempt it has a part of (its host in the assignment); a
+secondary cannot report a start. The other parts, the primary's included, are then no
+longer listed, so their agents stop them.
 """
 
 from __future__ import annotations
@@ -46,14 +61,19 @@ RESTART_LOST = "agent restarted; the process was lost"
 MISSED_HEARTBEATS = "missed heartbeats"
 """Start of the reason of the health service's drain of a silent host (how a reader of the
 log tells that the host's agent stopped answering from any other drain)."""
+AGENT_STOPPING = "agent stopping"
+"""The detail of the unhealthy ``HealthReport`` a stopping agent sends for each of its hosts
+before it reports the runs it stopped, and so the reason of the health service's drain: the
+requeued runs must not be placed straight back on a host that no agent serves. Like a drain
+for missed heartbeats, the agent's next heartbeat (its return) ends it, and nothing heard
+from the host for ``LOST_AFTER_S`` after it makes dispatch record what it left lost."""
 LOST_AFTER_S = 30.0
-"""How long after a notice's grace deadline, and after the last word from its host, a run
-on a host silent for missed heartbeats is recorded lost: three of the health service's
-default 10 s heartbeat timeouts. A live agent SIGKILLs the part at the deadline and reports
-its end within a second; this leaves room for one that was paused or cut off for a while
-(its report retries back off up to 5 s), and it is at least the agent's default 30 s
-``--resync-s``, so an agent still syncing its work list with dispatch is not declared
-dead. Waiting longer only keeps the GPUs idle (held in the log, nothing runs there)."""
+"""How long after the drain of a host silent for missed heartbeats, and after the last word
+from it, its runs are recorded lost: three of the health service's default 10 s heartbeat
+timeouts. This leaves room for an agent that was paused or cut off for a while (its report
+retries back off up to 5 s), and it is at least the agent's default 30 s ``--resync-s``,
+so an agent still syncing its work list with dispatch is not declared dead. Waiting longer
+only keeps the GPUs idle (held in the log, nothing runs there)."""
 STOPPED_BEFORE_START = "stopped before start"
 HOST_SHUTDOWN: PreemptReason = "host-drain"
 """The reason of a preemption by the agent's own stop: a planned host shutdown is a drain."""
@@ -75,21 +95,18 @@ def assignment_hosts(rec: WorkloadRecord) -> tuple[str, ...]:
 def lost_run(
     *,
     silent_since: float | None,
-    deadline: float | None,
     now: float,
     last_heard: float | None,
     margin_s: float = LOST_AFTER_S,
 ) -> bool:
-    """Whether a run nobody reports any more is lost with its host (see the module).
+    """Whether a run nobody reports any more is lost with its host (see the module), under
+    notice or not: a silent host's runs are not protected.
 
     ``silent_since``: when the health service drained the run's primary host for missed
-    heartbeats (None: healthy since, or never missed). ``deadline``: the grace deadline of
-    the run's notice (None: not under notice: its agent may still end it on its own).
-    ``last_heard``: the last report or work-list sync dispatch had from that host (None:
-    none since dispatch started). All on the wall clock, in seconds."""
-    if silent_since is None or deadline is None:
-        return False
-    if now < deadline + margin_s:
+    heartbeats (None: healthy since, or never missed). ``last_heard``: the last report or
+    work-list sync dispatch had from that host (None: none since dispatch started). All on
+    the wall clock, in seconds."""
+    if silent_since is None or now < silent_since + margin_s:
         return False
     return last_heard is None or now - last_heard >= margin_s
 
@@ -106,15 +123,23 @@ class DispatchBook:
     notice_reasons: dict[str, PreemptReason] = field(default_factory=dict)
     cancels: dict[str, m.CancelRequested] = field(default_factory=dict)
     listed_on: dict[str, frozenset[str]] = field(default_factory=dict)
+    reported_by: dict[tuple[str, int], str] = field(default_factory=dict)
+    """(workload, attempt) -> the host whose report ``record_for`` turned into the
+    attempt's end, until that end is folded (its agent has stopped its part already; the
+    others must be told). Absent (another dispatch instance judged it, or a lost run):
+    the primary, as the end of listed work usually is."""
     silent_since: dict[str, float] = field(default_factory=dict)
-    """host -> time of the health service's first drain for missed heartbeats since the host
-    was last healthy (an operator's drain on top of it does not make it answer again)."""
+    """host -> time of the health service's first drain for missed heartbeats (or for its
+    agent's stop) since the host was last healthy (an operator's drain on top of it does not
+    make it answer again)."""
 
     def apply(self, record: msgspec.Struct) -> set[str]:
         """Fold ``record``; return the hosts whose list of work it changed."""
         result = self.fold.apply(record)
         if isinstance(record, m.HostDraining):
-            missed = record.by is None and record.reason.startswith(MISSED_HEARTBEATS)
+            missed = record.by is None and record.reason.startswith(
+                (MISSED_HEARTBEATS, AGENT_STOPPING)
+            )
             if missed and record.host in self.fold.state:
                 self.silent_since.setdefault(record.host, record.at)
             return set()
@@ -150,11 +175,14 @@ class DispatchBook:
             self.started.pop(wid, None)
             self.notice_reasons.pop(wid, None)
             self.cancels.pop(wid, None)
-            if before and isinstance(record, _ENDS):
-                # Every end of listed work is the record of its primary host's own report
-                # (``record_for``): that agent has stopped the part and remembers it, so a
-                # list would change nothing there. A gang's other hosts must stop theirs.
-                return set(before) - {min(before)}
+            if isinstance(record, _ENDS):
+                reporter = self.reported_by.pop((wid, record.attempt), None)
+                if before:
+                    # An end of listed work is the record of one host's own report
+                    # (``record_for``), the primary's unless we know better: that agent
+                    # has stopped its part and remembers it, so a list would change
+                    # nothing there. A gang's other hosts must stop theirs.
+                    return set(before) - {reporter or min(before)}
         return set(before | now)
 
     def tasks(self, host: str) -> tuple[m.HostTask, ...]:
@@ -198,30 +226,27 @@ class DispatchBook:
         self, now: float, last_heard: Mapping[str, float], margin_s: float = LOST_AFTER_S
     ) -> list[msgspec.Struct]:
         """The end records of runs lost with their silent hosts at ``now`` (``lost_run``),
-        each what its agent's ``lost`` report would have caused, at its grace deadline (the
-        run should have ended then: the wait for a report is not charged). ``last_heard``:
-        host -> the last report or sync dispatch had from it."""
+        each what its agent's ``lost`` report would have caused, dated at the host's drain
+        or its notice's deadline if earlier (the run should have ended then: the wait for a
+        report is not charged). ``last_heard``: host -> the last report or sync dispatch
+        had from it."""
         out: list[msgspec.Struct] = []
         for host, since in sorted(self.silent_since.items()):
+            if not lost_run(
+                silent_since=since, now=now, last_heard=last_heard.get(host), margin_s=margin_s
+            ):
+                continue
             for wid in sorted(self.fold.workload_on(host)):
                 rec = self.fold.records.get(wid)
-                if rec is None or rec.status != "noticed" or primary_host(rec) != host:
+                if rec is None or rec.status not in LIVE or primary_host(rec) != host:
                     continue
-                deadline = rec.preempt_at
-                if deadline is None or not lost_run(
-                    silent_since=since,
-                    deadline=deadline,
-                    now=now,
-                    last_heard=last_heard.get(host),
-                    margin_s=margin_s,
-                ):
-                    continue
+                ended = since if rec.preempt_at is None else min(since, rec.preempt_at)
                 report = m.PartReport(
                     host=host,
                     workload_id=wid,
                     attempt=rec.attempt,
                     event="lost",
-                    at=min(deadline, now),
+                    at=min(ended, now),
                     detail=f"{MISSED_HEARTBEATS} of {host}: lost with its host",
                 )
                 out.append(self._terminal(rec, report, self.started.get(wid)))
@@ -232,8 +257,9 @@ class DispatchBook:
         (a retried report, or one overtaken by events: nothing more to record).
 
         Raises ``ValidationError`` naming the field when the report is not this host's to
-        make: another host in the payload, an unknown workload or attempt, a host that is not
-        the attempt's primary one."""
+        make: another host in the payload, an unknown workload or attempt, a host that has
+        no part of the attempt, a start reported by a host that is not the primary one (a
+        secondary host may report only the end of its own part: see the module)."""
         check_host(report.host, subject_host)
         rec = self.fold.records.get(report.workload_id)
         if rec is None:
@@ -246,11 +272,18 @@ class DispatchBook:
             return None
         primary = primary_host(rec)
         if subject_host != primary:
-            raise ValidationError(
-                "host",
-                f"{subject_host!r} is not the primary host of {report.workload_id} "
-                f"attempt {report.attempt} (its reports come from {primary!r})",
-            )
+            if all(host != subject_host for host, _ in rec.assignment):
+                raise ValidationError(
+                    "host",
+                    f"{subject_host!r} has no part of {report.workload_id} "
+                    f"attempt {report.attempt}",
+                )
+            if report.event == "started":
+                raise ValidationError(
+                    "host",
+                    f"{subject_host!r} is not the primary host of {report.workload_id} "
+                    f"attempt {report.attempt} (its start comes from {primary!r})",
+                )
         w = rec.workload
         started = self.started.get(report.workload_id)
         if report.event == "started":
@@ -266,7 +299,10 @@ class DispatchBook:
                 gpus=w.gpus,
                 allocated=w.allocated,
             )
-        return self._terminal(rec, report, started)
+        end = self._terminal(rec, report, started)
+        if subject_host != primary:
+            self.reported_by[(w.id, report.attempt)] = subject_host
+        return end
 
     def _terminal(
         self, rec: WorkloadRecord, report: m.PartReport, started: tuple[int, float] | None

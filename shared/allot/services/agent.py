@@ -19,15 +19,18 @@ see ``allot.live.auth_config``); it never reads the log. What it does, and why t
   ``ALLOT_HOST_RANK`` from the task's hosts); a part listed with a
   stop gets SIGTERM now and SIGKILL at the grace deadline (notice) or after
   ``--kill-after-s`` (cancel); a part no longer listed has ended in the log and stops
-  quietly (a gang's other hosts after the primary's report).
+  quietly (a gang's other hosts after the end's report).
 * **Reports.** The *primary* host (the first of the assignment's hosts, sorted) reports the
   start and how the process ended (``PartReport`` on ``...<host>.report``); dispatch checks
   the host and appends the log record, choosing it from the log's view (cancelled,
-  preempted, completed or failed). A report is retried until answered. With
-  ``--batch-reports`` (fake mode, connected as a service user or to a server without
-  users) the reports of every simulated host within 50 ms go as one ``PartReports``
-  request on ``allot.v1.hosts.report`` (``allot.live.report_batch``): at 500 runs a second
-  that is about 20 requests a second instead of 1,000.
+  preempted, completed or failed). A gang's other hosts report only an end of their own
+  part that ends the whole attempt: one lost in a restart, one that failed (exited
+  non-zero) or that the agent's own stop ended; a clean exit is left to the primary.
+  Dispatch then stops the attempt's other parts, the primary's included. A report is
+  retried until answered. With ``--batch-reports`` (fake mode, connected as a service
+  user or to a server without users) the reports of every simulated host within 50 ms go
+  as one ``PartReports`` request on ``allot.v1.hosts.report`` (``allot.live.report_batch``):
+  at 500 runs a second that is about 20 requests a second instead of 1,000.
 * **Restarts.** A listed part that the log shows started but this process does not run ran
   under an earlier agent process (we cannot reattach). Its processes may still run: parts
   live in sessions of their own, so a ``kill -9`` of the agent leaves them behind. As
@@ -38,11 +41,15 @@ see ``allot.live.auth_config``); it never reads the log. What it does, and why t
   holds them. Dispatch records a lost part as preempted (``host-drain``: a node failure,
   which Slurm requeues), so resumable work is requeued. One placed but never started
   (placed while the agent was down) starts now. An agent that stays dead does not hold
-  its runs forever: once health has drained its host for missed heartbeats and a run's
-  notice deadline is well past, dispatch records the run lost in its place
+  its runs forever: once health has drained its host for missed heartbeats and the host
+  stayed silent for ``--lost-after-s``, dispatch records its runs lost in its place
   (``allot.live.host_work.lost_run``); the sweep above ends what is left of it when the
   agent comes back.
-* **Stopping** (SIGTERM to the agent): every part gets SIGTERM, SIGKILL after
+* **Stopping** (SIGTERM to the agent): a real agent first takes its hosts out of service
+  (an unhealthy ``HealthReport``, detail ``agent stopping``, which the health service
+  turns into a drain that the agent's next heartbeat ends) and holds its reports for
+  ``STOP_SETTLE_S``, so the runs they requeue are not placed straight back on a host no
+  agent serves. Then every part gets SIGTERM, SIGKILL after
   ``--stop-grace-s``; a part the stop ended is reported with ``stopping`` set, which
   dispatch records as a preemption (``host-drain``: a planned host shutdown), so resumable
   work is requeued. A part that had exited on its own keeps its own outcome.
@@ -79,7 +86,7 @@ from allot.live.gpu_exec import (
     describe_exit,
     workload_env,
 )
-from allot.live.host_work import RESTART_LOST, STOPPED_BEFORE_START
+from allot.live.host_work import AGENT_STOPPING, RESTART_LOST, STOPPED_BEFORE_START
 from allot.live.report_batch import ReportBatcher
 from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, run_main
@@ -97,6 +104,10 @@ MAX_FAKE_HOSTS = 100_000
 MAX_RUNNING_IN_HEARTBEAT = 1024
 NO_COMMAND = "the workload has no command (submit it with command=[program, args...])"
 REQUEST_TIMEOUT_S = 5.0
+STOP_SETTLE_S = 0.5
+"""How long a stopping real agent holds the reports of the runs it stops after asking health
+to take its hosts out of service (a core NATS publish, then a HOSTS record that placement
+must read before the requeued runs are placed again); the parts get SIGTERM meanwhile."""
 HOST_LOCKS = Path(tempfile.gettempdir()) / "allot-agents"
 """Where real agents lock their hosts (``_lock_hosts``)."""
 LEFTOVER_WAIT_S = 10.0
@@ -219,6 +230,8 @@ class Agent:
         self._marker = agent_marker()
         """This process as the parts it starts name it (``gpu_exec.AGENT_MARKER``)."""
         self._host_locks: list[int] = []
+        self._hold_reports_until = 0.0
+        """Monotonic time before which a stopping agent's reports wait (``STOP_SETTLE_S``)."""
         self.log = log.bind(hosts=len(config.hosts), fake=config.fake)
 
     # ------------------------------------------------------------------ service protocol
@@ -247,6 +260,8 @@ class Agent:
     async def on_stopping(self) -> None:
         self._stopping = True
         await stop_tasks(self._loops)
+        if not self.config.fake:
+            await self._out_of_service()
         deadline = self._clock() + self.config.stop_grace_s
         for run in list(self._runs.values()):
             run.shutdown = True
@@ -271,6 +286,28 @@ class Agent:
             os.close(fd)
         self._host_locks.clear()
         self.log.info("agent stopped")
+
+    async def _out_of_service(self) -> None:
+        """Ask health to drain every host (no heartbeat follows) before any stopped run is
+        reported: its requeued attempt must not land back here, where nothing will run it."""
+        if self._nc is None:
+            return
+        self._hold_reports_until = time.monotonic() + STOP_SETTLE_S
+        try:
+            for host in self.config.hosts:
+                report = m.HealthReport(
+                    host=host, sent_at=self._clock(), healthy=False, detail=AGENT_STOPPING
+                )
+                await self._nc.publish(subjects.health(host), codec.encode(report))
+            await self._nc.flush(timeout=int(REQUEST_TIMEOUT_S))
+        except _PUBLISH_ERRORS as e:
+            self.log.warning("hosts not taken out of service", error=repr(e))
+            return
+        self.log.info(
+            "hosts taken out of service before reporting the runs the stop ends",
+            reason=AGENT_STOPPING,
+            running=len(self._runs),
+        )
 
     def _lock_hosts(self) -> None:
         """One real agent per host on a machine: a second one would start the host's work
@@ -381,17 +418,16 @@ class Agent:
         self._spawn(self._supervise(run))
 
     async def _lost(self, host: str, task: m.HostTask, bound: Any) -> None:
-        """A part an earlier agent process ran: end what is left of it, then (primary)
-        report it lost, which frees its GPUs in the log."""
+        """A part an earlier agent process ran: end what is left of it, then report it lost,
+        which ends the attempt (a gang's too) and frees its GPUs in the log."""
         if task.primary:
             bound.warning("process lost in a restart")
         else:
-            bound.warning("gang part lost in a restart; the primary host reports")
+            bound.warning("gang part lost in a restart; reporting it ends the attempt")
         if not self.config.fake:
             key = (task.workload_id, task.attempt, host)
             await self._end_leftovers(LeftoverSweep(lambda *part: part == key), None, bound)
-        if task.primary:
-            await self._report(host, task, "lost")
+        await self._report(host, task, "lost")
 
     async def _end_leftovers(
         self, sweep: LeftoverSweep, timeout: float | None, bound: Any = None
@@ -462,7 +498,10 @@ class Agent:
                 await self._report(run.host, run.task, "started", pid=part.pid, run=run)
             code = await part.wait()
             self._detail(run.log, "part ended", exit=describe_exit(code))
-            if run.task.primary and not run.silent:
+            stopping = run.shutdown and part.stopped
+            # A gang's other part reports only an end that ends the attempt (see the
+            # module): a clean exit is the primary's to report.
+            if not run.silent and (run.task.primary or code != 0 or stopping):
                 await self._report(
                     run.host,
                     run.task,
@@ -471,7 +510,7 @@ class Agent:
                     detail=describe_exit(code),
                     run=run,
                     # Ended by the agent's own stop, not on its own (dispatch requeues it).
-                    stopping=run.shutdown and part.stopped,
+                    stopping=stopping,
                 )
         finally:
             self._forget(run)
@@ -514,8 +553,8 @@ class Agent:
                     if sink is not None:
                         sink.close()  # the child holds its own descriptor
         run.log.error("part not started", reason=reason)
-        if task.primary:
-            await self._report(run.host, task, "not-started", detail=reason or "")
+        # A gang's other part too: the attempt cannot run without it.
+        await self._report(run.host, task, "not-started", detail=reason or "")
         return None
 
     # ------------------------------------------------------------------ reports
@@ -548,6 +587,9 @@ class Agent:
         )
         self._detail(log, "reporting", workload=task.workload_id, part_event=event, host=host)
         body = codec.encode(report)
+        hold = self._hold_reports_until - time.monotonic()
+        if hold > 0:  # a stopping agent's hosts are being taken out of service first
+            await asyncio.sleep(hold)
         delay, tries = 0.2, 0
         while True:
             tries += 1

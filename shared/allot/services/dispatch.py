@@ -13,23 +13,26 @@ service stands between them and it:
   ``allot.v1.host.<host>.sync`` when it starts and every few seconds after.
 * **Reports.** ``allot.v1.host.<host>.report`` (``PartReport``, request/reply): the host is
   the subject's fourth token (what NATS lets the agent publish), and only the primary host
-  of the workload's current attempt may report it. The report becomes ``WorkloadStarted``
-  or the terminal record, appended with the ``Nats-Msg-Id`` the agents used before
-  (``started:<wid>:<attempt>``, ``ended:<wid>:<attempt>``), and answered once stored;
-  a backlog of them is committed as atomic batches (``allot.live.group_commit``).
+  of the workload's current attempt may report its start; a gang's other host may report
+  only the end of its own part, which ends the attempt (``allot.live.host_work``). The
+  report becomes ``WorkloadStarted`` or the terminal record, appended with the
+  ``Nats-Msg-Id`` the agents used before (``started:<wid>:<attempt>``,
+  ``ended:<wid>:<attempt>``), and answered once stored; a backlog of them is committed as
+  atomic batches (``allot.live.group_commit``).
   ``allot.v1.hosts.report`` (``PartReports``) carries many hosts' reports at once, from an
   agent that speaks for every host (a fake agent simulating a cluster; only service users
   may send it): each item is judged as if it came alone on its host's subject, and the
   answer (``PartReportsAnswered``) lists each item's answer in order.
 
 * **Runs lost with their host.** An agent killed for good (``kill -9``, a dead machine)
-  reports nothing: health drains its host for missed heartbeats, placement notices its runs
-  (``host-drain``), and nobody would ever end them. Every ``LOST_CHECK_S`` this service
-  asks ``DispatchBook.lost`` (``allot.live.host_work.lost_run``: the host drained for
-  missed heartbeats and not healthy since, the notice deadline ``--lost-after-s`` past,
-  nothing heard from the host, report or sync, for as long) and appends, in the agent's
-  place, the record its ``lost`` report would cause: preempted with the notice's reason,
-  so the fold frees the GPUs and requeues resumable work. Its msg id is the agent's own
+  reports nothing: health drains its host for missed heartbeats, and nobody would ever end
+  its runs (placement notices them only when their minimum runtime ends, up to 8 h). Every
+  ``LOST_CHECK_S`` this service asks ``DispatchBook.lost``
+  (``allot.live.host_work.lost_run``: the host drained for missed heartbeats
+  ``--lost-after-s`` ago and not healthy since, nothing heard from the host, report or
+  sync, for as long; noticed or not) and appends, in the agent's place, the record its
+  ``lost`` report would cause: preempted (the notice's reason, else ``host-drain``), so the
+  fold frees the GPUs and requeues resumable work. Its msg id is the agent's own
   (``ended:<wid>:<attempt>``), so an agent that reports after all, or another dispatch
   instance deciding the same, adds nothing; a late report is answered "already in the
   log". The host stays draining or drained until an operator undrains it or its agent
@@ -427,8 +430,8 @@ def parser() -> argparse.ArgumentParser:
         "--lost-after-s",
         type=positive_seconds,
         default=LOST_AFTER_S,
-        help="record a run lost this long after its notice deadline when its host is drained "
-        "for missed heartbeats and silent (seconds; default %(default)s)",
+        help="record a run lost this long after its host was drained for missed heartbeats "
+        "when nothing was heard from the host since (seconds; default %(default)s)",
     )
     return ap
 

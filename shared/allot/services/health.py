@@ -17,14 +17,16 @@ that stream (replayed at start, then followed, so ``HostDrained`` from placement
 What started a drain is kept with the state, because it decides what may end it:
 
 * ``operator`` (``HostDraining.by`` set): only an undrain ends it;
-* ``heartbeat`` (a reason starting with ``missed heartbeats``): a heartbeat ends it;
+* ``heartbeat`` (a reason starting with ``missed heartbeats``, or ``agent stopping``: the
+  unhealthy report a stopping agent sends, so its requeued runs do not land back on a host
+  nobody serves): a heartbeat ends it;
 * ``health`` (any other drain by this service): a healthy report ends it.
 
 Heartbeat receipt times live in memory only (they are not in the log), so after a restart
 every known host gets one full timeout before it can be declared missing.
 
 A drain for missed heartbeats is also what lets dispatch end the runs of a host whose agent
-died: once their notices' deadlines are well past, it records them lost in the agent's place
+died: once the host has stayed silent a while, it records them lost in the agent's place
 (``allot.live.host_work.lost_run``), so their GPUs are freed and resumable work requeued.
 """
 
@@ -48,7 +50,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from allot.core.errors import ValidationError
 from allot.live import bus, runtime
-from allot.live.host_work import MISSED_HEARTBEATS
+from allot.live.host_work import AGENT_STOPPING, MISSED_HEARTBEATS
 from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, positive_seconds, run_main
 from allot.live.tasks import stop_tasks
@@ -107,8 +109,8 @@ class HostBook:
 def cause_of(record: m.HostDraining) -> Cause:
     if record.by is not None:
         return "operator"
-    if record.reason.startswith(MISSED_PREFIX):
-        return "heartbeat"
+    if record.reason.startswith((MISSED_PREFIX, AGENT_STOPPING)):
+        return "heartbeat"  # the agent's return (its heartbeat) ends it
     return "health"
 
 
