@@ -20,6 +20,7 @@ from nats.js.errors import NotFoundError
 from allot.adapters.embedded import EmbeddedNats
 from allot.core.errors import ValidationError
 from allot.live import bus, service_main
+from allot.live.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import STREAMS
@@ -307,3 +308,28 @@ async def test_placement_group_commits_a_cycle_that_places_many(batching_nats_ur
     )
     gpus = [(hg.host, g) for p in placed for hg in p.assignment for g in hg.gpus]
     assert len(gpus) == len(set(gpus)) == 100
+
+
+async def test_a_batch_keeps_its_order_in_the_queue(intake_url: str) -> None:
+    """Items shared one submit time, and the queue broke the tie by workload id: a job
+    array's tasks queued in hash order. Each item is now stamped a microsecond after the
+    one before it, and the fold's queue holds them in the batch's order."""
+    items = [_item(f"arr-{i}", allocation="nlp") for i in range(20)]
+    await _send(intake_url, "nlp", items)
+    fold = LogFold()
+    nc = await nats.connect(intake_url)
+    try:
+        for record in await records(nc.jetstream()):
+            fold.apply(record)
+    finally:
+        await nc.close()
+    ids = [workload_id("nlp", f"arr-{i}") for i in range(20)]
+    assert [w.id for w in fold.queue if w.id in ids] == ids
+
+
+async def test_cli_array_tells_each_task_its_index_through_percent_a(intake_url: str) -> None:
+    argv = ["--alloc", "nlp", "--user", "ann", "--gpus", "1", "--array", "3"]
+    done = await _cli(intake_url, *argv, "--client-id", "seeds", "--", "train", "--seed=%a")
+    assert done.returncode == 0, done.stderr
+    got = {r.client_id: r.command for r in await _submitted(intake_url)}
+    assert got == {f"seeds-{i}": ("train", f"--seed={i}") for i in range(3)}

@@ -229,8 +229,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--duration", help="fake agents only: how long to pretend to run")
     p.add_argument(
         "--array",
-        help="N copies in one request, like Slurm's --array (client ids ID-0 .. ID-(N-1); "
-        f"at most {MAX_ARRAY}); prints one id per line",
+        help="N tasks in one request, like Slurm's --array (client ids ID-0 .. ID-(N-1); "
+        f"at most {MAX_ARRAY}); %%a in the command becomes the task's index (0 .. N-1), as "
+        "Slurm's %%a; prints one id per line",
     )
     p.add_argument("cmd", nargs="*", metavar="CMD", help="the command to run (after --)")
     p.set_defaults(func=run_submit)
@@ -376,6 +377,15 @@ def run_submit(args: argparse.Namespace) -> int:
     return _run(args, work)
 
 
+def array_command(command: Sequence[str], index: int) -> tuple[str, ...]:
+    """Task ``index``'s command: each ``%a`` replaced by the index (Slurm's filename
+    pattern for the array index; a task has no other way to know which it is)."""
+    return tuple(arg.replace(ARRAY_INDEX, str(index)) for arg in command)
+
+
+ARRAY_INDEX = "%a"
+
+
 def _note_if_unallocated(alloc: str | None, min_runtime: object) -> None:
     """The contract's rule, easy to miss: an allocation alone does not make work allocated;
     said on stderr once the work is accepted (stdout keeps the ids scripts read)."""
@@ -391,7 +401,13 @@ def _note_if_unallocated(alloc: str | None, min_runtime: object) -> None:
 def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -> int:
     """``--array N``: N workloads sent as batches; exit status 2 if any was refused."""
     base = args.client_id or new_client_id()
-    items = [m.SubmitWorkload(client_id=f"{base}-{i}", **fields) for i in range(n)]  # type: ignore[arg-type]
+    task = m.SubmitWorkload(client_id=base, **fields)  # type: ignore[arg-type]
+    items = [
+        msgspec.structs.replace(
+            task, client_id=f"{base}-{i}", command=array_command(task.command, i)
+        )
+        for i in range(n)
+    ]
 
     async def work(c: Client) -> int:
         try:

@@ -99,6 +99,10 @@ _SHOWN_LEN = 60
 log = structlog.get_logger("allot.intake")
 
 
+BATCH_ITEM_STEP_S = 1e-6
+"""Submit-time step between the items of one ``SubmitBatch`` (see ``on_submit``)."""
+
+
 def workload_id(allocation: str | None, client_id: str) -> str:
     """Deterministic: the same (allocation, client_id) is always the same workload."""
     digest = hashlib.blake2b(f"{allocation or s.UNALLOCATED}\0{client_id}".encode(), digest_size=8)
@@ -181,9 +185,12 @@ class Intake:
         if isinstance(cmd, m.SubmitBatch):
             # Each item on its own (its appends run concurrently: their acks overlap),
             # answered in order; a field is named as in the body, ``workloads[3].gpus``.
+            # Item i is stamped now + i µs: the queue breaks ties of submit time by id,
+            # which put a job array's tasks in hash order (found 2026-12-03); this keeps
+            # the batch's order, as Slurm queues array tasks by index.
             results = await asyncio.gather(
                 *(
-                    self._submit(item, token, now, f"workloads[{i}].")
+                    self._submit(item, token, now + i * BATCH_ITEM_STEP_S, f"workloads[{i}].")
                     for i, item in enumerate(cmd.workloads)
                 )
             )
