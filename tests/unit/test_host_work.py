@@ -196,6 +196,9 @@ def test_a_host_shutdown_requeues_what_it_stopped_and_keeps_what_ended_on_its_ow
     ("subject_host", "report", "field"),
     [
         ("h02", _report("h02", "g", "started"), "host"),  # a secondary reports no start
+        # A secondary's clean exit completes nothing (found by the hostile-input suite: any
+        # one part could complete the gang).
+        ("h02", _report("h02", "g", "exited", exit_code=0), "host"),
         ("h03", _report("h03", "g", "exited"), "host"),  # not in the assignment at all
         ("h03", _report("h03", "g", "lost"), "host"),  # no part of it: cannot end it
         ("h02", _report("h01", "g", "lost"), "host"),  # a secondary speaking for the primary

@@ -284,6 +284,15 @@ class DispatchBook:
                     f"{subject_host!r} is not the primary host of {report.workload_id} "
                     f"attempt {report.attempt} (its start comes from {primary!r})",
                 )
+            if report.event == "exited" and report.exit_code == 0 and not report.stopping:
+                # A part that finished is not the workload finishing: only the primary
+                # reports a completion (else any one part could complete the gang).
+                raise ValidationError(
+                    "host",
+                    f"{subject_host!r} is not the primary host of {report.workload_id} "
+                    f"attempt {report.attempt}: a clean exit of its part ends nothing "
+                    f"(the end comes from {primary!r})",
+                )
         w = rec.workload
         started = self.started.get(report.workload_id)
         if report.event == "started":
