@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from allot.live.tasks import stop_tasks
+from allot.live.tasks import every, stop_tasks
 
 
 async def _swallows_one_cancellation(seen: list[str]) -> None:
@@ -56,3 +56,18 @@ async def test_failed_and_finished_tasks_are_collected_quietly() -> None:
     await asyncio.sleep(0.01)
     await stop_tasks([failing, finished])
     assert failing.done() and finished.done()
+
+
+async def test_every_survives_a_failing_tick_and_stops_when_closing() -> None:
+    closing = asyncio.Event()
+    ticks: list[int] = []
+
+    async def tick() -> None:
+        ticks.append(len(ticks))
+        if len(ticks) == 1:
+            raise RuntimeError("a failed publish")
+        if len(ticks) == 3:
+            closing.set()
+
+    await asyncio.wait_for(every(0.01, closing, tick, "tick failed"), 5)
+    assert ticks == [0, 1, 2]  # the failure did not end the loop; closing did

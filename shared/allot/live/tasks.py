@@ -1,4 +1,4 @@
-"""Stopping background tasks for sure.
+"""Background tasks: stopping them for sure, and running a periodic check.
 
 nats-py swallows a cancellation that lands inside its flush (and some awaits of other
 clients do too), so a loop cancelled at that moment never sees it and runs on: awaiting it
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
 
@@ -44,3 +44,23 @@ async def stop_tasks(
                 timeout_s=timeout,
             )
             return
+
+
+async def every(
+    period_s: float,
+    closing: asyncio.Event,
+    action: Callable[[], Awaitable[object]],
+    failure: str,
+) -> None:
+    """Await ``action`` every ``period_s`` until ``closing`` is set (at once when it is).
+    An exception is logged as ``failure`` and the next tick tries again: a failed publish
+    or append must not end a periodic check for the rest of the service's life."""
+    while not closing.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(closing.wait(), period_s)
+        if closing.is_set():
+            return
+        try:
+            await action()
+        except Exception:
+            log.exception(failure)

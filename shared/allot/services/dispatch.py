@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -64,7 +63,7 @@ from allot.live import bus, group_commit, runtime
 from allot.live.host_work import LOST_AFTER_S, DispatchBook, primary_host
 from allot.live.request_server import Handler, RequestServer
 from allot.live.service_main import base_parser, positive_seconds, run_main
-from allot.live.tasks import stop_tasks
+from allot.live.tasks import every, stop_tasks
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -355,15 +354,7 @@ class DispatchService:
     # -- runs lost with their hosts ------------------------------------------------------
 
     async def _lost_loop(self) -> None:
-        while not self._closing.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self.lost_check_s)
-            if self._closing.is_set():
-                return
-            try:
-                await self.record_lost()
-            except Exception:  # a failed append must not end the checks: retry next tick
-                log.exception("lost runs not recorded")
+        await every(self.lost_check_s, self._closing, self.record_lost, "lost runs not recorded")
 
     async def record_lost(self) -> int:
         """Append the end of every run lost with its silent host now; return how many."""

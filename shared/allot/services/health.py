@@ -53,7 +53,7 @@ from allot.live import bus, runtime
 from allot.live.host_work import AGENT_STOPPING, MISSED_HEARTBEATS
 from allot.live.runtime import Delivery
 from allot.live.service_main import base_parser, positive_seconds, run_main
-from allot.live.tasks import stop_tasks
+from allot.live.tasks import every, stop_tasks
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -322,15 +322,7 @@ class HealthService:
     # -- missed heartbeats -------------------------------------------------------------
 
     async def _check_loop(self) -> None:
-        while not self._closing.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self.check_s)
-            if self._closing.is_set():
-                return
-            try:
-                await self.check_missing()
-            except Exception:  # a failed publish must not end the checks: retry next tick
-                log.exception("heartbeat check failed")
+        await every(self.check_s, self._closing, self.check_missing, "heartbeat check failed")
 
     async def check_missing(self) -> None:
         now = time.monotonic()
