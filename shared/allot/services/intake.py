@@ -254,14 +254,8 @@ class Intake:
         wid = workload_id(cmd.allocation, cmd.client_id)
         record = submitted_record(cmd, wid, now)
         subject = bus.event_subject(cmd.allocation, record)
-        try:
-            ack = await self.appends.append(subject, record, f"submitted:{wid}", EXPECT_NEW_SUBJECT)
-            appended = not ack.duplicate
-        except APIError as e:
-            if e.err_code not in WRONG_LAST_SEQUENCE:
-                raise
-            appended = False
-        if not appended:  # a repeat: refused by the subject check, or by the msg id
+        if not await self._append_new(subject, record, f"submitted:{wid}"):
+            # a repeat: refused by the subject check, or by the msg id
             first = await self._first_submission(subject)
             if first is None:  # not readable (never seen): a duplicate, uncompared
                 log.warning("first submission not readable", workload=wid)
@@ -276,6 +270,18 @@ class Intake:
         self.accepted += 1
         log.debug("accepted", workload=wid, allocation=cmd.allocation, gpus=cmd.gpus)
         return self._accepted(cmd, wid, now, False)
+
+    async def _append_new(self, subject: str, record: msgspec.Struct, msg_id: str) -> bool:
+        """Append ``record`` only if ``subject`` holds no record yet (module docstring, step
+        4); False when it already did, or the stream knew ``msg_id``: a repeat."""
+        assert self.appends is not None
+        try:
+            ack = await self.appends.append(subject, record, msg_id, EXPECT_NEW_SUBJECT)
+        except APIError as e:
+            if e.err_code not in WRONG_LAST_SEQUENCE:
+                raise
+            return False
+        return not ack.duplicate
 
     async def _first_submission(self, subject: str) -> m.WorkloadSubmitted | None:
         """The workload's first accepted submission: its ``submitted`` subject's first
@@ -369,16 +375,7 @@ class Intake:
             workload_id=wid, allocation=cmd.allocation, by=cmd.user, reason=cmd.reason, at=now
         )
         subject = bus.event_subject(cmd.allocation, record)
-        headers = bus.record_headers(f"cancel:{wid}", EXPECT_NEW_SUBJECT)
-        try:
-            logged = not (
-                await bus.send_record(self.js, subject, bus.encode(record), headers)
-            ).duplicate
-        except APIError as e:
-            if e.err_code not in WRONG_LAST_SEQUENCE:
-                raise
-            logged = False
-        if not logged:
+        if not await self._append_new(subject, record, f"cancel:{wid}"):
             return f"cancel of {wid} already requested; nothing new logged"
         log.info("cancel requested", workload=wid, allocation=cmd.allocation)
         return f"cancel of {wid} logged"
