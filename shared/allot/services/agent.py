@@ -282,9 +282,7 @@ class Agent:
         if self._nc is not None:
             with contextlib.suppress(*_PUBLISH_ERRORS):
                 await self._nc.close()
-        for fd in self._host_locks:
-            os.close(fd)
-        self._host_locks.clear()
+        self._unlock_hosts()
         self.log.info("agent stopped")
 
     async def _out_of_service(self) -> None:
@@ -309,6 +307,11 @@ class Agent:
             running=len(self._runs),
         )
 
+    def _unlock_hosts(self) -> None:
+        for fd in self._host_locks:
+            os.close(fd)
+        self._host_locks.clear()
+
     def _lock_hosts(self) -> None:
         """One real agent per host on a machine: a second one would start the host's work
         list again (two copies of each run on the same GPUs). The locks live in the
@@ -318,9 +321,7 @@ class Agent:
             try:
                 self._host_locks.append(pid_lock.acquire(HOST_LOCKS / f"{host}.lock"))
             except pid_lock.LockHeldError as held:
-                for fd in self._host_locks:
-                    os.close(fd)
-                self._host_locks.clear()
+                self._unlock_hosts()
                 raise ValidationError(
                     "--host",
                     f"another agent runs for host {host} on this machine (pid {held.holder}): "
