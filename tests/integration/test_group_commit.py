@@ -108,6 +108,23 @@ async def test_appends_one_at_a_time_are_never_batched(
     assert await _stored(js) == 20
 
 
+async def test_appends_together_are_one_commit_without_a_backlog(
+    log: tuple[GroupCommit, JetStreamContext],
+) -> None:
+    appends, js = log
+    n = 5  # fewer than the threshold: without ``together`` each would go alone
+    assert n < appends.threshold
+    acks = await asyncio.gather(
+        *(appends.append(_subject(i), _record(i), f"rq:{i}", together=True) for i in range(n))
+    )
+    assert (appends.commits, appends.batched, appends.refused) == (1, n, 0)
+    assert [a.seq for a in acks] == list(range(1, n + 1))
+    for i, ack in enumerate(acks):
+        assert (await js.get_msg("WORKLOADS", ack.seq)).subject == _subject(i)
+    alone = await appends.append(_subject(n), _record(n), f"rq:{n}")
+    assert (alone.seq, appends.commits) == (n + 1, 1)  # not together: sent on its own
+
+
 async def _bursts(appends: GroupCommit, bursts: int, size: int, every_s: float) -> list[PubAck]:
     """``size`` appends at once, every ``every_s``: a steady load of small groups (as an
     agent's reports arrive), not one large backlog."""

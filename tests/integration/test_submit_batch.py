@@ -276,10 +276,14 @@ async def test_a_large_batch_is_group_committed_and_each_item_keeps_its_answer(
     assert {r.workload_id for r in submitted} == {workload_id("nlp", f"c{i}") for i in range(250)}
 
 
-async def test_placement_group_commits_a_cycle_that_places_many(batching_nats_url: str) -> None:
-    """100 pending workloads and a host with room for all: placement's first cycle places
-    them at once and stores its decisions as atomic batches, one placement each, no GPU
-    twice."""
+@pytest.mark.parametrize("n", [4, 100])
+async def test_placement_group_commits_a_cycle_that_places_many(
+    batching_nats_url: str, n: int
+) -> None:
+    """``n`` pending workloads and a host with room for all: placement's first cycle places
+    them at once and stores its decisions as one atomic batch (4 is fewer than the group
+    commit's threshold: a cycle's placements are one commit even without a backlog), one
+    placement each, no GPU twice."""
     nc = await nats.connect(batching_nats_url)
     js = nc.jetstream()
     for name in STREAMS:  # this module's server is shared: start from an empty log
@@ -288,26 +292,26 @@ async def test_placement_group_commits_a_cycle_that_places_many(batching_nats_ur
     try:
         async with _running_intake(batching_nats_url):
             answer = await _send(
-                batching_nats_url, "nlp", [_item(f"p{i}", allocation="nlp") for i in range(100)]
+                batching_nats_url, "nlp", [_item(f"p{i}", allocation="nlp") for i in range(n)]
             )
         assert isinstance(answer, m.SubmitBatchAnswered)
         await bus.publish(js, s.host_state("big"), m.HostRegistered(host="big", gpus=100, at=1.0))
         placement = PlacementService(batching_nats_url, lease_ttl_s=1.0, name="pg", tracing=False)
         await service_main.start(placement)
         try:
-            placed = await eventually(lambda: placements(js), lambda p: len(p) >= 100, timeout=30.0)
+            placed = await eventually(lambda: placements(js), lambda p: len(p) >= n, timeout=30.0)
             appends = placement._appends
         finally:
             await service_main.stop(placement)
     finally:
         await nc.close()
     assert appends is not None and appends.atomic
-    assert appends.commits >= 1 and appends.batched >= 2
+    assert (appends.commits, appends.batched, appends.refused) == (1, n, 0)
     assert sorted(p.workload_id for p in placed) == sorted(
-        workload_id("nlp", f"p{i}") for i in range(100)
+        workload_id("nlp", f"p{i}") for i in range(n)
     )
     gpus = [(hg.host, g) for p in placed for hg in p.assignment for g in hg.gpus]
-    assert len(gpus) == len(set(gpus)) == 100
+    assert len(gpus) == len(set(gpus)) == n
 
 
 async def test_a_batch_keeps_its_order_in_the_queue(intake_url: str) -> None:

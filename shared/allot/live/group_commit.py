@@ -18,6 +18,8 @@ in the store and is answered in 1-3 ms. So:
   ``max_batch``, one commit at a time; what arrives during a commit is the next batch. The
   larger the backlog, the fewer fsyncs per record: the load the serial fsyncs could not
   keep up with is what gets batched;
+* appends marked ``together`` (several records of one moment, awaited together) queue
+  at once, whatever the backlog, and so become one commit;
 * with ``linger_s`` (Kafka's ``linger.ms``), the writer waits that long before each commit
   so that more appends join it: for appends whose answer nobody waits on closely (an
   agent's report) under a steady load, where batches of 2-3 would cost more fsyncs (4 a
@@ -114,12 +116,19 @@ class GroupCommit:
         record: msgspec.Struct,
         msg_id: str,
         conditions: dict[str, str] | None = None,
+        *,
+        together: bool = False,
     ) -> PubAck:
         """Store ``record`` under ``msg_id`` (and ``Nats-Expected-*`` ``conditions``); its
-        ``PubAck``, or the ``APIError`` of a failed condition."""
+        ``PubAck``, or the ``APIError`` of a failed condition. ``together``: join the next
+        batch even without a backlog, for records written at one moment whose answers are
+        awaited together (a placement cycle's decisions): appends started in the same
+        event-loop turn become one commit, one fsync instead of one each."""
         headers = bus.record_headers(msg_id, conditions or {})  # in the caller's trace
         data = bus.encode(record)
-        if not self.atomic or (self._in_flight < self.threshold and not self._queue):
+        if not self.atomic or (
+            not together and self._in_flight < self.threshold and not self._queue
+        ):
             return await self._single(subject, data, headers)
         done: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(subject, data, headers, done))

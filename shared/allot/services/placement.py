@@ -299,11 +299,14 @@ class PlacementService:
                     f"cancelled:{rec.workload.id}",
                 )
 
-    async def _append(self, allocation: str | None, record: msgspec.Struct, msg_id: str) -> int:
-        """Append a decision (group-committed under a backlog); its stream sequence."""
+    async def _append(
+        self, allocation: str | None, record: msgspec.Struct, msg_id: str, *, together: bool
+    ) -> int:
+        """Append a decision; its stream sequence. ``together``: one of several placements of
+        a cycle, committed as one atomic batch (``GroupCommit.append``)."""
         assert self._appends is not None
         subject = bus.event_subject(allocation, record)
-        return (await self._appends.append(subject, record, msg_id)).seq
+        return (await self._appends.append(subject, record, msg_id, together=together)).seq
 
     def _spawn_publish(self, allocation: str | None, record: msgspec.Struct, msg_id: str) -> None:
         assert self.js is not None
@@ -510,6 +513,12 @@ class PlacementService:
                     f"notice:{p.workload_id}:{rec.attempt}:{epoch}",
                 )
             )
+        # A cycle's placements go to the log as one atomic batch: one fsync for the cycle
+        # instead of one each, so the stream's one writer is free sooner for the
+        # submissions queued behind it. Measured with `bench/bench_live.py --rates 500
+        # --no-write`, ten pairs taken in turn on a slow spell (2026-12-03 15:11-15:27):
+        # p50 lower in 8 of 10 (median 16.4 against 24 ms), p99 in 8 of 10 (97 against 120).
+        together = len(result.placements) > 1
         for placement in result.placements:
             w = placement.workload
             attempt = self.fold.records[w.id].attempt + 1
@@ -536,6 +545,7 @@ class PlacementService:
                             epoch=epoch,
                         ),
                         f"placed:{w.id}:{attempt}",
+                        together=together,
                     )
                 )
             publishes.append(publish)
