@@ -17,6 +17,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from allot.proto import messages as m
 from allot.proto import subjects as s
 
 # Categories of issue 5 (the names printed with the counts).
@@ -423,6 +424,14 @@ def hand_cases(placed: str) -> list[Case]:
         Case(ABSURD, SUBMIT, sub, submit(gpus=16_385), "gpus"),
         Case(ABSURD, SUBMIT, sub, submit(min_runtime_s=-1), "min_runtime_s"),
         Case(ABSURD, SUBMIT, sub, submit(min_runtime_s=8 * 3600 + 1), "min_runtime_s"),
+        Case(ABSURD, SUBMIT, sub, submit(env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}), "env"),
+        Case(ABSURD, SUBMIT, sub, submit(env={"ALLOT_WORKLOAD_ID": "someone-else"}), "env"),
+        Case(BAD_NAME, SUBMIT, sub, submit(env={"1BAD": "x"}), "env"),
+        Case(BAD_NAME, SUBMIT, sub, submit(env={"A=B": "x"}), "env"),
+        Case(WRONG_TYPE, SUBMIT, sub, submit(env={"A": 1}), "env"),
+        Case(WRONG_TYPE, SUBMIT, sub, submit(env=["A=1"]), "env"),
+        Case(ABSURD, SUBMIT, sub, submit(env={"A": "x\u0000y"}), "env"),
+        Case(ABSURD, SUBMIT, sub, submit(env={f"V{i}": "x" for i in range(65)}), "env"),
         Case(ABSURD, SUBMIT, sub, submit(duration_s=0), "duration_s"),
         Case(ABSURD, SUBMIT, sub, submit(duration_s=-30.0), "duration_s"),
         Case(ABSURD, SUBMIT, sub, submit(duration_s=1e300), "duration_s"),
@@ -715,6 +724,24 @@ _bad_command = st.one_of(
     st.lists(st.just("x"), min_size=257, max_size=260),
     st.lists(st.text(alphabet="x", min_size=4097, max_size=4100), min_size=1, max_size=1),
 )
+_ENV_CHARS = string.ascii_letters + "_"
+_bad_env_names = st.one_of(
+    st.just(""),
+    st.text(alphabet=string.digits, min_size=1, max_size=3),  # a digit first
+    st.text(alphabet=_ENV_CHARS, min_size=129, max_size=140),
+    st.builds(
+        lambda a, c, b: a + c + b,
+        st.text(alphabet=_ENV_CHARS, min_size=1, max_size=5),
+        st.sampled_from(["-", ".", "=", " ", "\n", "\x00", "é", "$"]),
+        st.text(alphabet=_ENV_CHARS, max_size=5),
+    ),
+)
+_bad_env = st.one_of(
+    _not_str.filter(lambda v: not isinstance(v, (dict, str))),
+    st.dictionaries(_bad_env_names, st.just("x"), min_size=1, max_size=2),
+    st.dictionaries(st.just("A"), _not_str, min_size=1),
+    st.sampled_from(sorted(m.RESERVED_ENV)).map(lambda n: {n: "x"}),
+)
 _bad_duration = st.one_of(
     st.floats(max_value=0.0, allow_nan=False, allow_infinity=False),
     st.floats(min_value=1.01e11, allow_nan=False, allow_infinity=False),
@@ -739,6 +766,7 @@ FIELD_STRATEGIES: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "priority": _int_outside(-1000, 1000),
         "resumable": _not_bool,
         "command": _bad_command,
+        "env": _bad_env,
         "duration_s": _bad_duration,
     },
     "CancelWorkload": {

@@ -89,6 +89,7 @@ class Log:
         allocation: str | None = "nlp",
         min_runtime_s: int = 60,
         duration_s: float | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         rec = m.WorkloadSubmitted(
             workload_id=wid,
@@ -98,6 +99,7 @@ class Log:
             allocation=allocation,
             min_runtime_s=min_runtime_s,
             command=command,
+            env=env or {},
             duration_s=duration_s,
             at=time.time(),
         )
@@ -218,8 +220,8 @@ def alive(pid: int) -> bool:
 WRITE_ENV = (
     "import os, sys\n"
     "keys = ('CUDA_VISIBLE_DEVICES', 'ALLOT_WORKLOAD_ID', 'ALLOT_ALLOCATION', 'ALLOT_ATTEMPT',"
-    " 'ALLOT_NATS_URL')\n"
-    "open(sys.argv[1], 'w').write('|'.join(os.environ[k] for k in keys))\n"
+    " 'ALLOT_NATS_URL', 'TEAM_TAG')\n"
+    "open(sys.argv[1], 'w').write('|'.join(os.environ.get(k, '-') for k in keys))\n"
 )
 
 ON_TERM = (
@@ -250,7 +252,7 @@ async def test_runs_a_placed_command_and_reports_completion(
     await log.host("h01", 4)
     await log.leader(1)
     out = tmp_path / "env.txt"
-    await log.submit("w1", py(WRITE_ENV, out), gpus=2)
+    await log.submit("w1", py(WRITE_ENV, out), gpus=2, env={"TEAM_TAG": "t=42 x"})
     placed = await log.place("w1", {"h01": (2, 3)})
 
     started = await events.wait(m.WorkloadStarted, "w1")
@@ -263,7 +265,7 @@ async def test_runs_a_placed_command_and_reports_completion(
     # Charged from the agent's own start (what accounting charges from), not the placement.
     assert done.started_at == started.at >= placed.at
     assert done.gpu_seconds == pytest.approx(2 * (done.at - started.at))
-    assert out.read_text() == f"2,3|w1|nlp|1|{fresh_log}"
+    assert out.read_text() == f"2,3|w1|nlp|1|{fresh_log}|t=42 x"  # the submission's env too
     assert not events.of(m.WorkloadFailed, "w1")
 
 

@@ -331,9 +331,40 @@ async def test_a_batch_keeps_its_order_in_the_queue(intake_url: str) -> None:
     assert [w.id for w in fold.queue if w.id in ids] == ids
 
 
-async def test_cli_array_tells_each_task_its_index_through_percent_a(intake_url: str) -> None:
+async def test_cli_array_tells_each_task_its_index_through_percent_a_and_env(
+    intake_url: str,
+) -> None:
     argv = ["--alloc", "nlp", "--user", "ann", "--gpus", "1", "--array", "3"]
+    argv += ["--env", "RUN=a=b", "--env", "EMPTY="]
     done = await _cli(intake_url, *argv, "--client-id", "seeds", "--", "train", "--seed=%a")
     assert done.returncode == 0, done.stderr
-    got = {r.client_id: r.command for r in await _submitted(intake_url)}
-    assert got == {f"seeds-{i}": ("train", f"--seed={i}") for i in range(3)}
+    got = {r.client_id: (r.command, r.env) for r in await _submitted(intake_url)}
+    assert got == {
+        f"seeds-{i}": (
+            ("train", f"--seed={i}"),
+            {
+                "RUN": "a=b",
+                "EMPTY": "",
+                "ALLOT_ARRAY_TASK_ID": str(i),
+                "ALLOT_ARRAY_TASK_COUNT": "3",
+            },
+        )
+        for i in range(3)
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ("NOEQUALS", "'NOEQUALS' is not NAME=VALUE"),
+        ("=x", "'=x' is not NAME=VALUE"),
+        ("1A=x", "not starting with a digit"),
+        ("CUDA_VISIBLE_DEVICES=0", "set by the agent"),
+    ],
+)
+async def test_cli_env_refused_naming_the_option(intake_url: str, env: str, words: str) -> None:
+    argv = ["--alloc", "nlp", "--user", "ann", "--gpus", "1", "--min-runtime", "1m"]
+    done = await _cli(intake_url, *argv, "--env", env, "--", "train")
+    assert done.returncode == 2
+    assert "--env" in done.stderr and words in done.stderr, done.stderr
+    assert await _submitted(intake_url) == []

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from allot.live.gpu_exec import without_userinfo, workload_env
+from allot.proto import messages as m
 
 AGENT_ENV = {
     "PATH": "/usr/bin",
@@ -93,3 +94,27 @@ def test_every_part_of_a_gang_learns_its_hosts_and_rank(
 def test_without_the_assignment_no_gang_variable_is_guessed() -> None:
     env = _env()
     assert not {"ALLOT_HOSTS", "ALLOT_HOST_RANK", "ALLOT_NUM_HOSTS"} & env.keys()
+
+
+def test_the_submissions_env_is_added_and_what_the_agent_sets_wins() -> None:
+    env = _env(extra={"TEAM_TAG": "t1", "PATH": "/opt/venv/bin", "CUDA_VISIBLE_DEVICES": "0-7"})
+    assert env["TEAM_TAG"] == "t1"
+    assert env["PATH"] == "/opt/venv/bin"  # over the agent's own environment
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"  # never over what the agent sets
+
+
+def test_the_reserved_names_are_exactly_what_the_agent_sets() -> None:
+    """Intake refuses ``RESERVED_ENV`` in a submission; that list must follow
+    ``workload_env`` (every variable it sets, whatever the agent's own environment)."""
+    env = workload_env(
+        {"ALLOT_NATS_CA": "/ca.pem"},
+        gpus=(0,),
+        workload_id="w1",
+        allocation="nlp",
+        attempt=1,
+        nats_url="nats://n:4222",
+        host="h1",
+        hosts=("h1", "h2"),
+        agent="1:2",
+    )
+    assert set(env) == set(m.RESERVED_ENV)

@@ -14,7 +14,15 @@ from allot.core.errors import ValidationError
 from allot.core.model import MAX_MIN_RUNTIME_S
 from allot.proto import messages as m
 from allot.proto import subjects as s
-from allot.proto.codec import MAX_PAYLOAD, TYPES, decode, decode_as, encode, item_field
+from allot.proto.codec import (
+    MAX_PAYLOAD,
+    PATTERN_WORDS,
+    TYPES,
+    decode,
+    decode_as,
+    encode,
+    item_field,
+)
 from allot.proto.schema import drift, generated, main
 from allot.proto.subjects import Kind
 
@@ -606,7 +614,24 @@ def test_a_bad_name_is_explained_in_words_not_as_a_regex(body: dict[str, Any], f
     assert "letters, digits, '_' and '-' only" in caught.value.reason
 
 
-def test_the_name_pattern_is_the_only_pattern_of_the_wire_types() -> None:
-    """The codec words exactly one pattern (``NAME_PATTERN``); a new one needs words too."""
+def test_every_pattern_of_the_wire_types_is_worded_by_the_codec() -> None:
+    """The codec words each pattern (``PATTERN_WORDS``); a new one needs words too."""
     _, components = msgspec.json.schema_components(tuple(TYPES.values()))
-    assert _patterns(components) == {m.NAME_PATTERN}
+    assert _patterns(components) == set(PATTERN_WORDS)
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"1A": "x"}, "not starting with a digit (a key)"),
+        ({"A-B": "x"}, "not starting with a digit (a key)"),
+        ({"A": "x\x00y"}, "without NUL"),
+    ],
+)
+def test_a_bad_env_entry_is_explained_in_words_naming_env(env: dict[str, str], words: str) -> None:
+    body = {"type": "SubmitWorkload", "client_id": "c", "user": "ann", "gpus": 1, "env": env}
+    with pytest.raises(ValidationError) as caught:
+        decode(Kind.SUBMIT, raw(body))
+    assert caught.value.field.startswith("env")
+    assert "regex" not in caught.value.reason
+    assert words in caught.value.reason

@@ -1,7 +1,8 @@
 """The live ``allot`` commands, talking to a running stack through ``allot.sdk.Client``:
 
     allot submit --alloc A --user U --gpus N --min-runtime 2h [--kind K] [--priority P]
-                 [--not-resumable] [--client-id ID] [--duration 90s] [--array N] -- CMD ARGS...
+                 [--not-resumable] [--client-id ID] [--env NAME=VALUE] [--duration 90s] [--array N]
+                 -- CMD ARGS...
     allot cancel WORKLOAD [--alloc A] --user U [--reason R]
     allot status WORKLOAD
     allot watch WORKLOAD [--alloc A]
@@ -64,6 +65,7 @@ SUBMIT_OPTIONS = {
     "priority": "--priority",
     "duration_s": "--duration",
     "command": "CMD",
+    "env": "--env",
 }
 """Wire field -> the option that set it, so an error names what the user typed."""
 
@@ -228,10 +230,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--client-id", help="idempotency key (default: a fresh one)")
     p.add_argument("--duration", help="fake agents only: how long to pretend to run")
     p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the workload's processes, as sbatch's --export "
+        "(repeat it for more; the names the agent sets, such as CUDA_VISIBLE_DEVICES and "
+        "ALLOT_WORKLOAD_ID, are refused)",
+    )
+    p.add_argument(
         "--array",
         help="N tasks in one request, like Slurm's --array (client ids ID-0 .. ID-(N-1); "
-        f"at most {MAX_ARRAY}); %%a in the command becomes the task's index (0 .. N-1), as "
-        "Slurm's %%a; prints one id per line",
+        f"at most {MAX_ARRAY}); each task gets {ARRAY_TASK_ID} (0 .. N-1) and "
+        f"{ARRAY_TASK_COUNT} (N) in its environment, as Slurm's SLURM_ARRAY_TASK_ID and "
+        "_COUNT, and %%a in the command becomes its index, as Slurm's %%a; prints one id "
+        "per line",
     )
     p.add_argument("cmd", nargs="*", metavar="CMD", help="the command to run (after --)")
     p.set_defaults(func=run_submit)
@@ -360,6 +373,7 @@ def run_submit(args: argparse.Namespace) -> int:
         "kind": args.kind,
         "priority": priority,
         "command": tuple(args.cmd),
+        "env": parse_env_options(args.env),
         "duration_s": None if duration is None else float(duration),
     }
     if args.array is not None:
@@ -377,9 +391,25 @@ def run_submit(args: argparse.Namespace) -> int:
     return _run(args, work)
 
 
+def parse_env_options(values: Sequence[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` options as a dict (the value may hold ``=``; the last of a name
+    wins, as in a shell); names are checked by intake and the SDK (``messages.EnvName``)."""
+    env: dict[str, str] = {}
+    for value in values:
+        name, eq, rest = value.partition("=")
+        if not eq or not name:
+            raise ValidationError("--env", f"{value!r} is not NAME=VALUE")
+        env[name] = rest
+    return env
+
+
+ARRAY_TASK_ID = "ALLOT_ARRAY_TASK_ID"
+ARRAY_TASK_COUNT = "ALLOT_ARRAY_TASK_COUNT"
+
+
 def array_command(command: Sequence[str], index: int) -> tuple[str, ...]:
     """Task ``index``'s command: each ``%a`` replaced by the index (Slurm's filename
-    pattern for the array index; a task has no other way to know which it is)."""
+    pattern for the array index; the task also finds it in ``ARRAY_TASK_ID``)."""
     return tuple(arg.replace(ARRAY_INDEX, str(index)) for arg in command)
 
 
@@ -404,7 +434,10 @@ def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -
     task = m.SubmitWorkload(client_id=base, **fields)  # type: ignore[arg-type]
     items = [
         msgspec.structs.replace(
-            task, client_id=f"{base}-{i}", command=array_command(task.command, i)
+            task,
+            client_id=f"{base}-{i}",
+            command=array_command(task.command, i),
+            env={**task.env, ARRAY_TASK_ID: str(i), ARRAY_TASK_COUNT: str(n)},
         )
         for i in range(n)
     ]

@@ -20,7 +20,10 @@ the workload needs to know: ``ALLOT_NATS_URL`` without any user or password,
 ``CUDA_VISIBLE_DEVICES``, ``ALLOT_WORKLOAD_ID``, ``ALLOT_ALLOCATION``, ``ALLOT_ATTEMPT``,
 ``ALLOT_HOST`` and, when the agent knows the assignment's hosts, ``ALLOT_HOSTS``,
 ``ALLOT_HOST_RANK`` and ``ALLOT_NUM_HOSTS``. ``ALLOT_NATS_CA`` (a CA certificate's path,
-not a secret) is passed on so the workload can reach a TLS server.
+not a secret) is passed on so the workload can reach a TLS server. The submission's own
+``env`` (sbatch's ``--export NAME=VALUE``) comes between the two: over the agent's
+environment, under what the agent sets (``messages.RESERVED_ENV``, which intake refuses in
+a submission anyway).
 
 ``LeftoverSweep`` ends what an earlier agent process left running (see its docstring).
 """
@@ -91,11 +94,14 @@ def workload_env(
     host: str,
     hosts: Sequence[str] = (),
     agent: str = "",
+    extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment of one part (see the module docstring). ``ALLOT_ALLOCATION`` is empty
     for unallocated work. ``hosts``: the assignment's hosts, primary first (empty, or
-    without ``host``: unknown, the three gang variables are not set)."""
+    without ``host``: unknown, the three gang variables are not set). ``extra``: the
+    submission's own ``env``, over the agent's; what the agent sets comes last and wins."""
     env = {k: v for k, v in base.items() if not k.startswith("ALLOT_") or k in PASSED_ON}
+    env.update(extra or {})
     env.update(
         CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpus),
         ALLOT_WORKLOAD_ID=workload_id,

@@ -211,6 +211,7 @@ class DispatchBook:
                     primary=primary_host(rec) == host,
                     hosts=assignment_hosts(rec),
                     command=rec.command,
+                    env=rec.env,
                     duration_s=rec.duration_s,
                     started=started is not None and started[0] == rec.attempt,
                     stop=stop,

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
@@ -68,6 +68,7 @@ class WorkloadRecord:
     client_id: str
     command: tuple[str, ...]
     duration_s: float | None
+    env: dict[str, str] = field(default_factory=dict)
     status: Status = "pending"
     attempt: int = 0
     started_at: float | None = None  # the last attempt's placement time
@@ -170,7 +171,7 @@ class LogFold:
             priority=r.priority,
             submit_time=r.at,
         )
-        self.records[w.id] = WorkloadRecord(w, r.client_id, r.command, r.duration_s)
+        self.records[w.id] = WorkloadRecord(w, r.client_id, r.command, r.duration_s, r.env)
         self.queue.add(w)
         return Applied(True)
 

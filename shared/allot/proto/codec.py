@@ -74,13 +74,17 @@ _BATCH_DECODER: Final = msgspec.json.Decoder(m.SubmitBatch)
 _ENCODER: Final = msgspec.json.Encoder()
 
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_AT_KEY = re.compile(r" - at `key` in `\$(?P<path>[^`]*)`$")
+"""A mapping's key at fault (``env``'s names): the field is the mapping's."""
 _NAMED = re.compile(r"(?:unknown|missing required) field `(?P<name>[\s\S]+)`$")
 _BYTE = re.compile(r"\(byte (?P<pos>\d+)\)")
-_NAME_WORDS: Final = (
-    f"Expected `str` matching regex {m.NAME_PATTERN!r}",
-    "Expected a name of letters, digits, '_' and '-' only (a NATS subject token)",
-)
-"""msgspec quotes the pattern; a user reads what it allows instead (the only pattern)."""
+PATTERN_WORDS: Final = {
+    m.NAME_PATTERN: "Expected a name of letters, digits, '_' and '-' only (a NATS subject token)",
+    m.ENV_NAME_PATTERN: "Expected a variable name of letters, digits and '_', not starting "
+    "with a digit",
+    m.ENV_VALUE_PATTERN: "Expected a value without NUL",
+}
+"""msgspec quotes a pattern; a user reads what it allows instead."""
 _PLAIN_KEY = re.compile(rb'"([^"]*)"\s*:')  # a key token when the body has no backslash
 _KEY = re.compile(rb'"((?:[^"\\]|\\.){1,200})"\s*:')
 
@@ -161,11 +165,12 @@ def encode(msg: msgspec.Struct) -> bytes:
 
 def _schema_error(text: str) -> ValidationError:
     path = ""
-    at = _AT.search(text)
+    at = _AT_KEY.search(text) or _AT.search(text)
     if at is not None:
         path = at.group("path")
-        text = text[: at.start()]
-    text = text.replace(*_NAME_WORDS)
+        text = text[: at.start()] + (" (a key)" if at.re is _AT_KEY else "")
+    for pattern, words in PATTERN_WORDS.items():
+        text = text.replace(f"Expected `str` matching regex {pattern!r}", words)
     named = _NAMED.search(text)
     if named is not None:
         path = f"{path}.{named.group('name')}"

@@ -71,6 +71,47 @@ Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)]
 Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
 Arg = Annotated[str, msgspec.Meta(max_length=4096)]
+MAX_ENV = 64
+"""Variables one workload may set (``env``)."""
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(?!\n)$"
+EnvName = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=128,
+        pattern=ENV_NAME_PATTERN,
+        description="a POSIX environment variable name: letters, digits, '_', not a digit first",
+    ),
+]
+ENV_VALUE_PATTERN = r"^[^\x00]*$"
+EnvValue = Annotated[
+    str, msgspec.Meta(max_length=4096, pattern=ENV_VALUE_PATTERN, description="no NUL byte")
+]
+Env = Annotated[
+    dict[EnvName, EnvValue],
+    msgspec.Meta(
+        max_length=MAX_ENV,
+        description="environment variables the workload's processes get, as sbatch --export "
+        "NAME=VALUE (names the agent sets, RESERVED_ENV, are refused)",
+    ),
+]
+RESERVED_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "ALLOT_WORKLOAD_ID",
+        "ALLOT_ALLOCATION",
+        "ALLOT_ATTEMPT",
+        "ALLOT_NATS_URL",
+        "ALLOT_NATS_CA",
+        "ALLOT_HOST",
+        "ALLOT_HOSTS",
+        "ALLOT_HOST_RANK",
+        "ALLOT_NUM_HOSTS",
+        "ALLOT_AGENT",
+    }
+)
+"""What the agent sets itself (``allot.live.gpu_exec.workload_env``): a workload's ``env``
+may not name them (intake refuses it, naming ``env``), and the agent's values win anyway."""
 Attempt = Annotated[int, msgspec.Meta(ge=1, le=1_000_000, description="1 for the first run")]
 Epoch = Annotated[
     int, msgspec.Meta(ge=0, le=2**63 - 1, description="placement leader's term (fencing token)")
@@ -117,6 +158,8 @@ class SubmitWorkload(_Message, frozen=True, kw_only=True):
     kind: Name = "training"
     priority: Priority = 0
     command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    env: Env = {}
+    """Environment variables for the workload's processes (``RESERVED_ENV`` excepted)."""
     duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
     """Fake agents only: how long to pretend to run."""
 
@@ -202,6 +245,8 @@ class HostTask(_Wire, frozen=True, kw_only=True):
     """The part that reports (the first host of the assignment, sorted); the others of a
     gang only run and stop."""
     command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    env: Env = {}
+    """The submission's ``env``."""
     duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
     started: bool = False
     stop: PartStop | None = None
@@ -326,6 +371,7 @@ class WorkloadSubmitted(_Message, frozen=True, kw_only=True):
     kind: Name = "training"
     priority: Priority = 0
     command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    env: Env = {}
     duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
     at: Timestamp
 

@@ -28,7 +28,7 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -384,6 +384,7 @@ class Client:
         kind: str = "training",
         priority: int = 0,
         command: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
         duration_s: float | None = None,
         timeout: float | None = None,
     ) -> m.WorkloadAccepted:
@@ -395,7 +396,11 @@ class Client:
         The scheduling contract: work is *allocated* (protected for ``min_runtime_s``,
         charged to ``allocation``) only with an ``allocation`` AND ``min_runtime_s > 0``.
         With the default ``min_runtime_s=0`` it is unallocated even when ``allocation``
-        is given: free, never charged, preemptible at any moment."""
+        is given: free, never charged, preemptible at any moment.
+
+        ``env``: environment variables for the workload's processes (sbatch's ``--export
+        NAME=VALUE``); the names the agent sets itself (``messages.RESERVED_ENV``:
+        ``CUDA_VISIBLE_DEVICES``, ``ALLOT_WORKLOAD_ID``, ...) are refused."""
         msg = m.SubmitWorkload(
             client_id=new_client_id() if client_id is None else client_id,
             user=user,
@@ -406,6 +411,7 @@ class Client:
             kind=kind,
             priority=priority,
             command=tuple(command),
+            env=dict(env or {}),
             duration_s=duration_s,
         )
         subject = subjects.submit(allocation)

@@ -539,6 +539,7 @@ class Agent:
                 host=run.host,
                 hosts=task.hosts,
                 agent=self._marker,
+                extra=task.env,
             )
             output = self.output_path(task.workload_id, task.attempt, run.host)
             try:

@@ -222,6 +222,12 @@ class Intake:
                 raise ValidationError(
                     "allocation", f"unknown allocation {cmd.allocation!r} (allocations: {known})"
                 )
+        reserved = sorted(m.RESERVED_ENV.intersection(cmd.env))
+        if reserved:
+            raise ValidationError(
+                "env",
+                f"{', '.join(reserved)}: set by the agent for every workload, not by a submission",
+            )
         sizes, total = self._sizes()
         if cmd.gpus > total:
             raise ValidationError(
@@ -404,6 +410,7 @@ def submitted_record(cmd: m.SubmitWorkload, wid: str, now: float) -> m.WorkloadS
         kind=cmd.kind,
         priority=cmd.priority,
         command=cmd.command,
+        env=cmd.env,
         duration_s=cmd.duration_s,
         at=now,
     )
