@@ -69,9 +69,12 @@ async def _submit(url: str, **changes: Any) -> Any:
     return await _ask(url, s.submit(body["allocation"]), body)
 
 
-async def _cancel(url: str, wid: str, user: str = "ann", allocation: str = "nlp") -> Any:
+async def _cancel(
+    url: str, wid: str, user: str = "ann", allocation: str = "nlp", *, operator: bool = False
+) -> Any:
     body = {"type": "CancelWorkload", "workload_id": wid, "user": user, "allocation": allocation}
-    return await _ask(url, s.cancel(allocation, wid), body)
+    subject = (s.operator_cancel if operator else s.cancel)(allocation, wid)
+    return await _ask(url, subject, body)
 
 
 async def _log(url: str) -> list[msgspec.Struct]:
@@ -230,11 +233,28 @@ async def test_only_the_owner_cancels(log_url: str) -> None:
     assert isinstance(mallory, m.CommandRejected) and mallory.field == "user", mallory
     assert mallory.reason == (
         f"'mallory' may not cancel {wid!r}: it was submitted by 'ann', and only its owner "
-        "cancels it"
+        "cancels it (or an operator: allot cancel --operator)"
     )
     assert isinstance(ann, m.CommandAccepted), ann
     assert isinstance(mallory_again, m.CommandRejected) and mallory_again.field == "user"
     assert [(r.workload_id, r.by) for r in await _cancel_records(log_url)] == [(wid, "ann")]
+
+
+async def test_an_operator_cancels_anyones_workload_on_the_operators_subject(
+    log_url: str,
+) -> None:
+    """``scancel`` as root: the operators' subject (granted only to operators under ``allot
+    auth gen``) skips the owner check; the cancel is logged as the operator's."""
+    async with _intake(log_url):
+        sub = await _submit(log_url)
+        wid = sub.workload_id
+        ops = await _cancel(log_url, wid, user="ops", operator=True)
+        again = await _cancel(log_url, wid, user="ops", operator=True)
+        unknown = await _cancel(log_url, "w-none", user="ops", operator=True)
+    assert isinstance(ops, m.CommandAccepted) and ops.detail == f"cancel of {wid} logged", ops
+    assert isinstance(again, m.CommandAccepted) and "already requested" in again.detail
+    assert isinstance(unknown, m.CommandRejected) and unknown.field == "workload_id", unknown
+    assert [(r.workload_id, r.by) for r in await _cancel_records(log_url)] == [(wid, "ops")]
 
 
 async def test_a_cancel_of_an_unknown_workload_names_it(log_url: str) -> None:

@@ -250,6 +250,7 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
         refused_pub = [
             s.submit("vision"),  # another team's allocation (payload says vision too)
             s.cancel("vision", "w1"),
+            s.operator_cancel("nlp", "w1"),  # an operator's: anyone's workload
             s.events("nlp", "wforged", "placed"),  # writing the log directly
             s.budget_set(["root", "research", "nlp"]),  # a manager's job
             s.drain("h01"),  # an operator's job
@@ -476,16 +477,22 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
         await svc.nc.close()
 
 
-async def test_an_operator_drains_but_submits_nothing(secure: Secure, spy: Spy) -> None:
+async def test_an_operator_drains_and_cancels_but_submits_nothing(secure: Secure, spy: Spy) -> None:
     ops = await connect_as(secure, "ops")
     try:
         await ops.nc.publish(s.drain("h07"), b"{}")
+        await ops.nc.publish(s.operator_cancel("nlp", "w7"), b"{}")
+        await ops.nc.publish(s.cancel("nlp", "w7"), b"{}")  # the owner's form: not granted
         await ops.nc.publish(s.submit("nlp"), b"{}")
         await ops.nc.publish(s.budget_set(["root", "research"]), b"{}")
         await ops.nc.flush()
         await ops.refused(s.submit("nlp"))
         await ops.refused(s.budget_set(["root", "research"]))
+        await ops.refused(s.cancel("nlp", "w7"))
         await eventually(lambda: _value(list(spy.seen)), lambda v: s.drain("h07") in v)
+        await eventually(
+            lambda: _value(list(spy.seen)), lambda v: s.operator_cancel("nlp", "w7") in v
+        )
         assert not spy.saw(s.submit("nlp"))
     finally:
         await ops.nc.close()

@@ -178,6 +178,7 @@ def test_agent_and_operator_grants(tree: BudgetTree) -> None:
     assert set(ops.publish) == {
         "allot.v1.host.*.drain",
         "allot.v1.host.*.undrain",
+        "allot.v1.cancel.*.*.operator",
         "allot.v1.query.>",
     }
     assert permissions(UserSpec("s", "service"), tree).publish == (">",)

@@ -3,7 +3,7 @@
     allot submit --alloc A --user U --gpus N --min-runtime 2h [--kind K] [--priority P]
                  [--not-resumable] [--client-id ID] [--env NAME=VALUE] [--duration 90s] [--array N]
                  -- CMD ARGS...
-    allot cancel WORKLOAD [--alloc A] --user U [--reason R]
+    allot cancel WORKLOAD [--alloc A] (--user U | --operator NAME) [--reason R]
     allot status WORKLOAD
     allot watch WORKLOAD [--alloc A]
     allot queue [-l] | allot prio | allot share [-l] | allot hosts
@@ -76,6 +76,7 @@ CANCEL_OPTIONS = {
     "user": "--user",
     "reason": "--reason",
 }
+OPERATOR_CANCEL_OPTIONS = {**CANCEL_OPTIONS, "user": "--operator"}
 HOST_OPTIONS = {"host": "HOST", "operator": "--operator", "reason": "--reason"}
 BUDGET_OPTIONS = {"path": "PATH", "shares": "SHARES", "set_by": "--by"}
 
@@ -249,10 +250,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("cmd", nargs="*", metavar="CMD", help="the command to run (after --)")
     p.set_defaults(func=run_submit)
 
-    p = subparsers.add_parser("cancel", parents=common, help="cancel a workload")
+    p = subparsers.add_parser(
+        "cancel",
+        parents=common,
+        help="cancel a workload",
+        description="Cancel a pending or running workload: its owner (--user), or an "
+        "operator (--operator NAME) cancelling anyone's, as scancel run by root.",
+    )
     p.add_argument("workload", metavar="WORKLOAD")
     p.add_argument("--alloc", help="its allocation; omitted = unallocated")
-    p.add_argument("--user", required=True)
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--user", help="the owner (the submission's --user)")
+    who.add_argument(
+        "--operator",
+        metavar="NAME",
+        help="cancel as this operator, whoever owns it (a subject only operators are "
+        "granted under allot auth gen); logged as cancelled by NAME",
+    )
     p.add_argument("--reason", default="")
     p.set_defaults(func=run_cancel)
 
@@ -471,11 +485,13 @@ def run_cancel(args: argparse.Namespace) -> int:
             reply = await c.cancel(
                 args.workload,
                 allocation=_allocation(args.alloc),
-                user=args.user,
+                user=args.operator or args.user,
                 reason=args.reason,
+                as_operator=args.operator is not None,
             )
         except ValidationError as exc:
-            raise renamed(exc, CANCEL_OPTIONS) from None
+            options = CANCEL_OPTIONS if args.operator is None else OPERATOR_CANCEL_OPTIONS
+            raise renamed(exc, options) from None
         return _print_reply(args, reply, _accepted_text(f"cancel {args.workload}", reply))
 
     return _run(args, work)

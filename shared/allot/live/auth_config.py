@@ -20,7 +20,9 @@ Roles (one per user, see ``deploy/roles.example.yaml``):
   never granted to a team.
 * ``manager``: ``node: <name>`` in the budget tree. Publishes
   ``budget.set.root.<path to node>.>``: every node strictly below it, never the node itself.
-* ``operator``: ``allot.v1.host.*.drain`` / ``.undrain`` (cordoning is a drain here).
+* ``operator``: ``allot.v1.host.*.drain`` / ``.undrain`` (cordoning is a drain here) and
+  ``allot.v1.cancel.*.*.operator``: cancelling anyone's workload, as ``scancel`` run by
+  root (a team's ``cancel.<a>.*`` covers only the owner's form, one token shorter).
 * ``agent``: ``hosts: [h, ...]``. Per host, the literal subjects ``host.<h>.heartbeat``,
   ``.health``, ``.report`` and ``.sync`` to publish and ``host.<h>.work`` to read; nothing of
   JetStream. The dispatch service reads the log for agents and appends a report only when
@@ -319,7 +321,7 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
         )
     if user.role == "operator":
         return Permissions(
-            publish=(s.ALL_DRAIN, s.ALL_UNDRAIN, f"{s.PREFIX}.query.>"),
+            publish=(s.ALL_DRAIN, s.ALL_UNDRAIN, s.ALL_OPERATOR_CANCEL, f"{s.PREFIX}.query.>"),
             subscribe=(inbox, s.ALL_HOST_STATE),
         )
     # agent: its own hosts' subjects only, all literal; no JetStream API at all (the dispatch

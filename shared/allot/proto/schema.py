@@ -45,6 +45,7 @@ REF_PREFIX = "#/components/schemas/"
 _ACTION: dict[Kind, str] = {
     Kind.SUBMIT: "send",
     Kind.CANCEL: "send",
+    Kind.OPERATOR_CANCEL: "send",
     Kind.BUDGET_SET: "send",
     Kind.HEARTBEAT: "send",
     Kind.HEALTH: "send",
@@ -67,6 +68,7 @@ _COMMAND_REPLY = (m.CommandAccepted, m.CommandRejected)
 _REPLIES: dict[Kind, tuple[type[msgspec.Struct], ...]] = {
     Kind.SUBMIT: (m.WorkloadAccepted, m.WorkloadRejected, m.SubmitBatchAnswered),
     Kind.CANCEL: _COMMAND_REPLY,
+    Kind.OPERATOR_CANCEL: _COMMAND_REPLY,
     Kind.BUDGET_SET: _COMMAND_REPLY,
     Kind.DRAIN: _COMMAND_REPLY,
     Kind.UNDRAIN: _COMMAND_REPLY,

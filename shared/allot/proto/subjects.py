@@ -13,6 +13,7 @@ subject                                          message(s)                    g
 ===============================================  ============================  =================
 allot.v1.submit.<allocation>                     SubmitWorkload (request)      ...submit.nlp
 allot.v1.cancel.<allocation>.<workload>          CancelWorkload (request)      ...cancel.nlp.*
+allot.v1.cancel.<a>.<workload>.operator          CancelWorkload (operator)     (operators only)
 allot.v1.budget.set.root.<a>...<node>            SetBudget (request)           ...set.root.nlp.>
 allot.v1.host.<host>.heartbeat                   Heartbeat (agent)             ...host.h01.heartbeat
 allot.v1.host.<host>.health                      HealthReport (agent)          ...host.h01.health
@@ -91,6 +92,7 @@ class Kind(StrEnum):
 
     SUBMIT = "submit"
     CANCEL = "cancel"
+    OPERATOR_CANCEL = "cancel.operator"
     BUDGET_SET = "budget.set"
     HEARTBEAT = "host.heartbeat"
     HEALTH = "host.health"
@@ -145,6 +147,15 @@ def submit(allocation: str | None) -> str:
 
 def cancel(allocation: str | None, workload: str) -> str:
     return f"{PREFIX}.cancel.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
+
+
+def operator_cancel(allocation: str | None, workload: str) -> str:
+    """An operator's cancel of anyone's workload (``scancel`` as root): a subject of its
+    own, one token longer than the owner's, so a team's ``cancel.<a>.*`` never grants it."""
+    return f"{cancel(allocation, workload)}.{OPERATOR}"
+
+
+OPERATOR = "operator"
 
 
 def budget_set(path: Sequence[str]) -> str:
@@ -323,6 +334,7 @@ QUERY_OWED = f"{PREFIX}.query.owed"
 
 ALL_SUBMIT = f"{PREFIX}.submit.*"
 ALL_CANCEL = f"{PREFIX}.cancel.*.*"
+ALL_OPERATOR_CANCEL = f"{PREFIX}.cancel.*.*.{OPERATOR}"
 ALL_BUDGET_SET = f"{PREFIX}.budget.set.>"
 ALL_HEARTBEATS = f"{PREFIX}.host.*.heartbeat"
 ALL_HEALTH = f"{PREFIX}.host.*.health"
@@ -357,6 +369,7 @@ def host_all(host: str) -> str:
 CHANNELS: dict[Kind, str] = {
     Kind.SUBMIT: f"{PREFIX}.submit.{{allocation}}",
     Kind.CANCEL: f"{PREFIX}.cancel.{{allocation}}.{{workload}}",
+    Kind.OPERATOR_CANCEL: f"{PREFIX}.cancel.{{allocation}}.{{workload}}.{OPERATOR}",
     Kind.BUDGET_SET: f"{PREFIX}.budget.set.{{path}}",
     Kind.HEARTBEAT: f"{PREFIX}.host.{{host}}.heartbeat",
     Kind.HEALTH: f"{PREFIX}.host.{{host}}.health",
@@ -396,6 +409,8 @@ def kind_of(subject: str) -> Kind:
         return Kind.SUBMIT
     if head == "cancel" and n == 3:
         return Kind.CANCEL
+    if head == "cancel" and n == 4 and rest[3] == OPERATOR:
+        return Kind.OPERATOR_CANCEL
     if head == "budget" and n >= 4 and rest[1] == "set":
         return Kind.BUDGET_SET
     if head == "host" and n == 3:

@@ -481,12 +481,19 @@ class Client:
         allocation: str | None,
         user: str,
         reason: str = "",
+        as_operator: bool = False,
         timeout: float | None = None,
     ) -> m.CommandAccepted:
-        """Cancel a pending or running workload; ``allocation`` None means unallocated."""
+        """Cancel a pending or running workload; ``allocation`` None means unallocated. Only
+        its owner may, unless ``as_operator``: then ``user`` names an operator, the request
+        goes to the operators' subject (``subjects.operator_cancel``, which ``allot auth
+        gen`` grants only to operators) and anyone's workload may be cancelled."""
         msg = m.CancelWorkload(
             workload_id=workload_id, user=user, allocation=allocation, reason=reason
         )
+        if as_operator:
+            subject = subjects.operator_cancel(allocation, workload_id)
+            return await self._command(subject, Kind.OPERATOR_CANCEL, msg, INTAKE, timeout)
         subject = subjects.cancel(allocation, workload_id)
         return await self._command(subject, Kind.CANCEL, msg, INTAKE, timeout)
 

@@ -122,6 +122,7 @@ class Intake:
         self.submits: RequestServer | None = None
         """Submissions skip FastStream's per-message path (``allot.live.request_server``)."""
         self.broker.subscriber(s.ALL_CANCEL, queue="intake")(self.on_cancel)
+        self.broker.subscriber(s.ALL_OPERATOR_CANCEL, queue="intake")(self.on_cancel)
         self.fold = LogFold()
         self.nc: NatsClient | None = None
         self.js: JetStreamContext | None = None
@@ -330,6 +331,7 @@ class Intake:
         try:
             parts = msg.raw_message.subject.split(".")
             token, wid = parts[3], parts[4]
+            operator = parts[5:] == [s.OPERATOR]  # only operators are granted it
             cmd = codec.decode(s.Kind.CANCEL, msg.body)
             assert isinstance(cmd, m.CancelWorkload)
             if cmd.workload_id != wid:
@@ -341,7 +343,7 @@ class Intake:
                     "allocation",
                     f"{cmd.allocation!r} does not match the subject's allocation {token!r}",
                 )
-            detail = await self._cancel(cmd, now)
+            detail = await self._cancel(cmd, now, operator=operator)
         except ValidationError as e:
             self.rejected += 1
             return codec.encode(
@@ -349,9 +351,10 @@ class Intake:
             )
         return codec.encode(m.CommandAccepted(at=now, detail=detail))
 
-    async def _cancel(self, cmd: m.CancelWorkload, now: float) -> str:
+    async def _cancel(self, cmd: m.CancelWorkload, now: float, *, operator: bool = False) -> str:
         """The cancel's steps (module docstring); the accepted answer's ``detail``, or
-        ``ValidationError``."""
+        ``ValidationError``. ``operator``: sent on the operators' subject, so not only the
+        owner may cancel."""
         assert self.js is not None
         wid = cmd.workload_id
         submitted = s.events(cmd.allocation, wid, m.EVENT_NAME[m.WorkloadSubmitted])
@@ -363,11 +366,11 @@ class Intake:
                 "workload_id",
                 f"no workload {wid!r} in allocation {s.allocation_token(cmd.allocation)!r}",
             )
-        if cmd.user != first.user:
+        if cmd.user != first.user and not operator:
             raise ValidationError(
                 "user",
                 f"{cmd.user!r} may not cancel {wid!r}: it was submitted by {first.user!r}, "
-                "and only its owner cancels it",
+                "and only its owner cancels it (or an operator: allot cancel --operator)",
             )
         if isinstance(last, m.WorkloadCancelled):
             by = f" by {last.by!r}" if last.by else ""
@@ -383,7 +386,13 @@ class Intake:
         subject = bus.event_subject(cmd.allocation, record)
         if not await self._append_new(subject, record, f"cancel:{wid}"):
             return f"cancel of {wid} already requested; nothing new logged"
-        log.info("cancel requested", workload=wid, allocation=cmd.allocation)
+        log.info(
+            "cancel requested",
+            workload=wid,
+            allocation=cmd.allocation,
+            by=cmd.user,
+            operator=operator,
+        )
         return f"cancel of {wid} logged"
 
     async def _last_record(self, cmd: m.CancelWorkload) -> msgspec.Struct | None:
