@@ -10,6 +10,7 @@ import json
 import msgspec
 import pytest
 
+from allot.cli.live_format import status_text
 from allot.core.budgets import parse_tree
 from allot.live.budget_wire import spec_from_tree
 from allot.live.dashboard_workload import workload_page
@@ -181,3 +182,28 @@ def test_the_workload_api_gives_an_assignment_as_json_objects() -> None:
     view = workload_page(T, "w", None, [event])
     doc = json.loads(json.dumps(view.data))
     assert doc["events"][0]["detail"]["assignment"] == [{"host": "real1", "gpus": [0, 1, 2, 3]}]
+
+
+def test_status_shows_the_command_and_the_env_names_not_their_values() -> None:
+    """As ``scontrol show job``'s ``Command``; an env value may be a token, so only the
+    names are shown."""
+    f = fold()
+    f.apply(
+        m.WorkloadSubmitted(
+            workload_id="w",
+            client_id="w",
+            user="ann",
+            gpus=1,
+            allocation="nlp",
+            command=("python", "train.py", "--run name"),
+            env={"WANDB_API_KEY": "secret-token", "HF_HOME": "/data/hf"},
+            at=T,
+        )
+    )
+    status = workload_status(f, f.records["w"], 1)
+    assert status.command == ("python", "train.py", "--run name")
+    assert status.env_names == ("HF_HOME", "WANDB_API_KEY")
+    text = status_text(status)
+    assert "command:         python train.py '--run name'" in text
+    assert "env:             HF_HOME WANDB_API_KEY" in text
+    assert "secret-token" not in text and "secret-token" not in msgspec.json.encode(status).decode()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -376,6 +377,8 @@ def status_text(status: m.WorkloadStatus) -> str:
         ("exit code", int_cell(status.exit_code)),
         ("reason", status.reason or NONE),
         ("cancelled by", status.cancelled_by or NONE),
+        ("command", shlex.join(status.command) if status.command else NONE),
+        ("env", " ".join(status.env_names) or NONE),
     ]
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k + ':':{width + 1}} {v}" for k, v in lines if v != NONE)

@@ -639,7 +639,9 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     ``started_at`` and ``assignment`` are the current attempt's while it runs and, once the
     workload has ended, its last attempt's (as ``sacct`` shows); ``ended_at``, ``exit_code``
     (0 for completed), ``reason`` (a failure's or a cancel's reason, a preemption's code)
-    and ``cancelled_by`` are set only once it has ended, as far as its end record says."""
+    and ``cancelled_by`` are set only once it has ended, as far as its end record says.
+    ``command`` is the submission's (as ``scontrol show job``'s ``Command``); ``env_names``
+    the names of its ``env``, not their values (a value may be a token)."""
 
     workload_id: Name
     state: Literal[
@@ -659,6 +661,8 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
     reason: Text = ""
     cancelled_by: Name | None = None
+    command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    env_names: Annotated[tuple[EnvName, ...], msgspec.Meta(max_length=MAX_ENV)] = ()
 
 
 class QueueRow(_Wire, frozen=True, kw_only=True):

@@ -882,6 +882,8 @@ def workload_status(fold: LogFold, rec: WorkloadRecord, position: int | None) ->
         exit_code=rec.exit_code if ended else None,
         reason=rec.end_reason if ended else "",
         cancelled_by=rec.ended_by if ended else None,
+        command=rec.command,
+        env_names=tuple(sorted(rec.env)),
     )
 
 
