@@ -19,6 +19,7 @@ FIRST = m.SubmitWorkload(
     kind="eval",
     priority=5,
     command=("python", "train.py"),
+    env={"HF_HOME": "/data/hf"},
     duration_s=30.0,
 )
 LOGGED = submitted_record(FIRST, "w1", now=1000.0)
@@ -52,6 +53,16 @@ def test_a_retry_differs_in_nothing_even_at_another_time() -> None:
             id="another command",
         ),
         pytest.param({"duration_s": None}, ["duration_s 30.0, not unset"], id="duration dropped"),
+        pytest.param(
+            {"env": {"HF_HOME": "/data/hf", "TOKEN": "s3cret"}},
+            ["env ['HF_HOME'], not ['HF_HOME', 'TOKEN']"],
+            id="another env: its names, never its values",
+        ),
+        pytest.param(
+            {"env": {"HF_HOME": "/scratch/s3cret"}},
+            ["env: other values"],
+            id="same env names, other values: not quoted",
+        ),
         pytest.param(
             {"gpus": 8, "user": "bob"},
             ["user 'ann', not 'bob'", "gpus 2, not 8"],

@@ -429,10 +429,19 @@ def differing_choices(first: m.WorkloadSubmitted, cmd: m.SubmitWorkload) -> list
     """Each chosen field (``CHOSEN_FIELDS``) where ``cmd`` differs from the first
     submission, worded ``"gpus 1, not 2"`` (the first's value first); empty for a retry."""
     return [
-        f"{name} {_shown(getattr(first, name))}, not {_shown(getattr(cmd, name))}"
+        f"{name} {_shown(_public(name, getattr(first, name)))}, "
+        f"not {_shown(_public(name, getattr(cmd, name)))}"
+        if name != "env" or set(first.env) != set(cmd.env)
+        else "env: other values"
         for name in CHOSEN_FIELDS
         if getattr(first, name) != getattr(cmd, name)
     ]
+
+
+def _public(name: str, value: object) -> object:
+    """What a refusal may quote of a field: of ``env`` only the names (a value may be a
+    token, and the refusal is logged)."""
+    return tuple(sorted(value)) if name == "env" and isinstance(value, dict) else value
 
 
 def _shown(value: object) -> str:
