@@ -269,6 +269,28 @@ async def test_runs_a_placed_command_and_reports_completion(
     assert not events.of(m.WorkloadFailed, "w1")
 
 
+async def test_a_work_list_larger_than_a_command_reaches_the_agent(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """Two parts whose commands and environments take ~45 KiB each: the host's work list
+    (~90 KiB) is over a command's 64 KiB limit. The agent refused it as "bad work list"
+    and ran neither (nor any later change to that host, cancels included)."""
+    log = Log(js)
+    await run_agent("h01", gpus=4)
+    await log.host("h01", 4)
+    await log.leader(1)
+    pad = tuple("x" * 4000 for _ in range(9))  # arguments the script ignores
+    env = {f"V{i}": "y" * 1000 for i in range(8)}
+    outs = [tmp_path / f"env{i}.txt" for i in range(2)]
+    for i, out in enumerate(outs):
+        await log.submit(f"big{i}", (*py(WRITE_ENV, out), *pad), env=env)
+    for i in range(2):
+        await log.place(f"big{i}", {"h01": (i,)})
+    for i in range(2):
+        await events.wait(m.WorkloadCompleted, f"big{i}")
+    assert [o.read_text().split("|")[1] for o in outs] == ["big0", "big1"]
+
+
 async def test_notice_sends_sigterm_and_reports_preempted(
     js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
 ) -> None:

@@ -772,6 +772,8 @@ async def test_cli_cancel_as_an_operator_goes_to_the_operators_subject(
         await cli(fresh_log, *both)
     assert caught.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+    assert await cli(fresh_log, "cancel", "wl-o", "--alloc", "nlp", "--operator", "") == 2
+    assert "--operator: must not be empty" in capsys.readouterr().err
 
 
 async def test_cli_submit_says_when_an_allocation_alone_leaves_work_unallocated(

@@ -435,6 +435,14 @@ def test_status_text_of_an_ended_workload_shows_its_run_and_its_end() -> None:
     )
     text = fmt.status_text(cancelled)
     assert "cancelled by:    ann" in text and "exit code" not in text
+    # A free-text reason or argument never breaks the one-line-per-field layout.
+    two_lines = msgspec.structs.replace(
+        cancelled, reason="line1\nline2", command=("sh", "-c", "a\tb\nc")
+    )
+    text = fmt.status_text(two_lines)
+    assert len(text.splitlines()) == len(fmt.status_text(cancelled).splitlines()) + 1
+    assert "reason:          line1\\nline2" in text
+    assert "command:         sh -c 'a\\tb\\nc'" in text
 
 
 def test_hosts_table_shows_each_drain_like_sinfo_r() -> None:

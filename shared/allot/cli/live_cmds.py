@@ -37,6 +37,7 @@ from allot.live.auth_config import add_nats_url_argument, masked_url
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.proto.env_vars import MAX_ENV_BYTES, MAX_VALUE_CHARS, check_env
 from allot.proto.subjects import BUDGET_ROOT
 from allot.sdk import (
     Client,
@@ -236,8 +237,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         metavar="NAME=VALUE",
         help="an environment variable for the workload's processes, as sbatch's --export "
-        "(repeat it for more; the names the agent sets, such as CUDA_VISIBLE_DEVICES and "
-        "ALLOT_WORKLOAD_ID, are refused)",
+        f"(repeat it for more: at most {m.MAX_ENV}, values of at most {MAX_VALUE_CHARS} "
+        f"characters, {MAX_ENV_BYTES // 1024} KiB in all; the names the agent sets, such as "
+        "CUDA_VISIBLE_DEVICES and ALLOT_WORKLOAD_ID, are refused; values are kept in the "
+        "log: no secrets)",
     )
     p.add_argument(
         "--array",
@@ -387,7 +390,7 @@ def run_submit(args: argparse.Namespace) -> int:
         "kind": args.kind,
         "priority": priority,
         "command": tuple(args.cmd),
-        "env": parse_env_options(args.env),
+        "env": parse_env_options(args.env, array=args.array is not None),
         "duration_s": None if duration is None else float(duration),
     }
     if args.array is not None:
@@ -405,16 +408,19 @@ def run_submit(args: argparse.Namespace) -> int:
     return _run(args, work)
 
 
-def parse_env_options(values: Sequence[str]) -> dict[str, str]:
+def parse_env_options(values: Sequence[str], *, array: bool = False) -> dict[str, str]:
     """``--env NAME=VALUE`` options as a dict (the value may hold ``=``; the last of a name
-    wins, as in a shell); names are checked by intake and the SDK (``messages.EnvName``)."""
+    wins, as in a shell), checked here as intake will (``env_vars.check_env``), so bad input
+    is refused before connecting. ``array``: two of the 64 variables are ``--array``'s."""
     env: dict[str, str] = {}
     for value in values:
         name, eq, rest = value.partition("=")
         if not eq or not name:
             raise ValidationError("--env", f"{value!r} is not NAME=VALUE")
+        if name in (ARRAY_TASK_ID, ARRAY_TASK_COUNT):
+            raise ValidationError("--env", f"{name} is set by --array, for each task")
         env[name] = rest
-    return env
+    return check_env(env, max_vars=m.MAX_ENV - 2 * array, field="--env")
 
 
 ARRAY_TASK_ID = "ALLOT_ARRAY_TASK_ID"
@@ -480,12 +486,15 @@ def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -
 
 
 def run_cancel(args: argparse.Namespace) -> int:
+    if args.operator == "":
+        raise ValidationError("--operator", "must not be empty: the operator's name")
+
     async def work(c: Client) -> int:
         try:
             reply = await c.cancel(
                 args.workload,
                 allocation=_allocation(args.alloc),
-                user=args.operator or args.user,
+                user=args.user if args.operator is None else args.operator,
                 reason=args.reason,
                 as_operator=args.operator is not None,
             )

@@ -357,6 +357,13 @@ def hosts_table(snapshot: m.HostsSnapshot) -> str:
     return out
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and tabs written as ``\\n``, ``\\r``, ``\\t``: a
+    free-text field (a cancel's reason, a command's argument) must not break a listing's
+    one-line-per-field layout."""
+    return text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
+
+
 def status_text(status: m.WorkloadStatus) -> str:
     """One ``key: value`` line per field that says something; an ended workload shows its
     last attempt's start and hosts, its end, exit code and reason (like ``sacct``)."""
@@ -375,9 +382,9 @@ def status_text(status: m.WorkloadStatus) -> str:
         ("assignment", assignment_text(status.assignment)),
         ("ended", timestamp(status.ended_at)),
         ("exit code", int_cell(status.exit_code)),
-        ("reason", status.reason or NONE),
+        ("reason", one_line(status.reason) or NONE),
         ("cancelled by", status.cancelled_by or NONE),
-        ("command", shlex.join(status.command) if status.command else NONE),
+        ("command", one_line(shlex.join(status.command)) if status.command else NONE),
         ("env", " ".join(status.env_names) or NONE),
     ]
     width = max(len(k) for k, _ in lines)

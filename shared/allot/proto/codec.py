@@ -101,7 +101,9 @@ def decode(kind: Kind | str, data: bytes, *, own: bool = False) -> msgspec.Struc
         k = Kind(kind)
     except ValueError:
         raise ValidationError("subject", f"unknown message kind {kind!r}") from None
-    limit = MAX_RECORD_PAYLOAD if k in _LARGE_KINDS else MAX_PAYLOAD
+    # What a service wrote may be larger than a command (a submission's record adds its id
+    # and time; a host's work list holds every part's command and environment).
+    limit = MAX_RECORD_PAYLOAD if own or k in _LARGE_KINDS else MAX_PAYLOAD
     try:
         return _decode_with(_DECODERS[k], data, limit, unique_keys=not own)
     except ValidationError as e:
@@ -121,7 +123,8 @@ def decode_as(cls: type[T], data: bytes, *, own: bool = False) -> T:
     decoder = _BY_TYPE.get(cls)
     if decoder is None:
         decoder = _BY_TYPE[cls] = msgspec.json.Decoder(cls)
-    msg = _decode_with(decoder, data, MAX_PAYLOAD, unique_keys=not own)
+    limit = MAX_RECORD_PAYLOAD if own else MAX_PAYLOAD
+    msg = _decode_with(decoder, data, limit, unique_keys=not own)
     assert isinstance(msg, cls)
     return msg
 

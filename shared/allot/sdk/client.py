@@ -45,6 +45,7 @@ from allot.live.auth_config import client_tls, inbox_prefix_for_url, masked_url
 from allot.live.bus import confirm_subscriptions, decode_record, server_urls
 from allot.proto import codec, subjects
 from allot.proto import messages as m
+from allot.proto.env_vars import check_env
 from allot.proto.subjects import Kind
 from allot.sdk.errors import (
     BadReplyError,
@@ -411,7 +412,7 @@ class Client:
             kind=kind,
             priority=priority,
             command=tuple(command),
-            env=dict(env or {}),
+            env=check_env({} if env is None else env),
             duration_s=duration_s,
         )
         subject = subjects.submit(allocation)

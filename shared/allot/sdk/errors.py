@@ -46,7 +46,7 @@ class PermissionDeniedError(SdkError):
         super().__init__(
             f"NATS refused {subject} for this user (permissions violation): its role does "
             "not allow it (teams: their own allocations, with --alloc; managers: budgets "
-            "in their subtree; operators: drain and undrain)"
+            "in their subtree; operators: drain, undrain and cancel --operator)"
         )
         self.subject = subject
 

@@ -83,6 +83,7 @@ from allot.live.service_main import base_parser, run_main
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.proto.env_vars import check_env
 
 EXPECT_NEW_SUBJECT = {"Nats-Expected-Last-Subject-Sequence": "0"}
 """The append's condition: the workload's subject holds no record yet."""
@@ -223,12 +224,7 @@ class Intake:
                 raise ValidationError(
                     "allocation", f"unknown allocation {cmd.allocation!r} (allocations: {known})"
                 )
-        reserved = sorted(m.RESERVED_ENV.intersection(cmd.env))
-        if reserved:
-            raise ValidationError(
-                "env",
-                f"{', '.join(reserved)}: set by the agent for every workload, not by a submission",
-            )
+        check_env(cmd.env)  # the names the agent sets, and the total size
         sizes, total = self._sizes()
         if cmd.gpus > total:
             raise ValidationError(
@@ -429,23 +425,28 @@ def differing_choices(first: m.WorkloadSubmitted, cmd: m.SubmitWorkload) -> list
     """Each chosen field (``CHOSEN_FIELDS``) where ``cmd`` differs from the first
     submission, worded ``"gpus 1, not 2"`` (the first's value first); empty for a retry."""
     return [
-        f"{name} {_shown(_public(name, getattr(first, name)))}, "
-        f"not {_shown(_public(name, getattr(cmd, name)))}"
-        if name != "env" or set(first.env) != set(cmd.env)
-        else "env: other values"
+        f"{name} {_shown(getattr(first, name))}, not {_shown(getattr(cmd, name))}"
+        if name != "env"
+        else _env_differs(first.env, cmd.env)
         for name in CHOSEN_FIELDS
         if getattr(first, name) != getattr(cmd, name)
     ]
 
 
-def _public(name: str, value: object) -> object:
-    """What a refusal may quote of a field: of ``env`` only the names (a value may be a
-    token, and the refusal is logged)."""
-    return tuple(sorted(value)) if name == "env" and isinstance(value, dict) else value
+def _env_differs(first: dict[str, str], again: dict[str, str]) -> str:
+    """The variables whose values differ (or that one of the two lacks), never a value: a
+    value may be a token, and the refusal is logged."""
+    names = sorted(n for n in first.keys() | again.keys() if first.get(n) != again.get(n))
+    return _shown_text("env differs in " + ", ".join(names))
 
 
 def _shown(value: object) -> str:
-    text = "unset" if value is None else repr(list(value) if isinstance(value, tuple) else value)
+    return _shown_text(
+        "unset" if value is None else repr(list(value) if isinstance(value, tuple) else value)
+    )
+
+
+def _shown_text(text: str) -> str:
     return text if len(text) <= _SHOWN_LEN else text[: _SHOWN_LEN - 3] + "..."
 
 
