@@ -626,8 +626,8 @@ def test_every_pattern_of_the_wire_types_is_worded_by_the_codec() -> None:
 @pytest.mark.parametrize(
     ("env", "words"),
     [
-        ({"1A": "x"}, "not starting with a digit (a key)"),
-        ({"A-B": "x"}, "not starting with a digit (a key)"),
+        ({"1A": "x"}, "not starting with a digit (one of its names)"),
+        ({"A-B": "x"}, "not starting with a digit (one of its names)"),
         ({"A": "x\x00y"}, "without NUL"),
     ],
 )

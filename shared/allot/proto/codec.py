@@ -172,7 +172,7 @@ def _schema_error(text: str) -> ValidationError:
     at = _AT_KEY.search(text) or _AT.search(text)
     if at is not None:
         path = at.group("path")
-        text = text[: at.start()] + (" (a key)" if at.re is _AT_KEY else "")
+        text = text[: at.start()] + (" (one of its names)" if at.re is _AT_KEY else "")
     for pattern, words in PATTERN_WORDS.items():
         text = text.replace(f"Expected `str` matching regex {pattern!r}", words)
     named = _NAMED.search(text)
