@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
 
-MAX_VALUE_CHARS = 4096
-MAX_NAME_CHARS = 128
+MAX_VALUE_CHARS = m.MAX_ENV_VALUE_CHARS
+MAX_NAME_CHARS = m.MAX_ENV_NAME_CHARS
 MAX_ENV_BYTES = 16 * 1024
 """Names and values of one workload together (UTF-8): a host's work list carries every
 part's environment in one NATS message."""

@@ -73,19 +73,24 @@ Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
 Arg = Annotated[str, msgspec.Meta(max_length=4096)]
 MAX_ENV = 64
 """Variables one workload may set (``env``)."""
+MAX_ENV_NAME_CHARS = 128
+MAX_ENV_VALUE_CHARS = 4096
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(?!\n)$"
 EnvName = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
-        max_length=128,
+        max_length=MAX_ENV_NAME_CHARS,
         pattern=ENV_NAME_PATTERN,
         description="a POSIX environment variable name: letters, digits, '_', not a digit first",
     ),
 ]
 ENV_VALUE_PATTERN = r"^[^\x00]*$"
 EnvValue = Annotated[
-    str, msgspec.Meta(max_length=4096, pattern=ENV_VALUE_PATTERN, description="no NUL byte")
+    str,
+    msgspec.Meta(
+        max_length=MAX_ENV_VALUE_CHARS, pattern=ENV_VALUE_PATTERN, description="no NUL byte"
+    ),
 ]
 Env = Annotated[
     dict[EnvName, EnvValue],

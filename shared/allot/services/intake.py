@@ -403,22 +403,10 @@ class Intake:
 
 
 def submitted_record(cmd: m.SubmitWorkload, wid: str, now: float) -> m.WorkloadSubmitted:
-    """The log record of ``cmd``'s acceptance at ``now``."""
-    return m.WorkloadSubmitted(
-        workload_id=wid,
-        client_id=cmd.client_id,
-        user=cmd.user,
-        gpus=cmd.gpus,
-        allocation=cmd.allocation,
-        min_runtime_s=cmd.min_runtime_s,
-        resumable=cmd.resumable,
-        kind=cmd.kind,
-        priority=cmd.priority,
-        command=cmd.command,
-        env=cmd.env,
-        duration_s=cmd.duration_s,
-        at=now,
-    )
+    """The log record of ``cmd``'s acceptance at ``now``: every chosen field as given
+    (``CHOSEN_FIELDS``, so a field added to the submission is logged with it), plus the
+    workload's id and the time."""
+    return m.WorkloadSubmitted(workload_id=wid, at=now, **msgspec.structs.asdict(cmd))
 
 
 def differing_choices(first: m.WorkloadSubmitted, cmd: m.SubmitWorkload) -> list[str]:
