@@ -1,10 +1,12 @@
-"""Helpers for the live-system tests: seed the log, read it back, poll with a deadline."""
+"""Helpers for the live-system tests: seed the log, read it back, poll with a deadline, run
+an intake."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import msgspec
@@ -12,10 +14,11 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 from allot.core.budgets import parse_tree
-from allot.live import bus
+from allot.live import bus, service_main
 from allot.live.budget_wire import spec_from_tree
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.services.intake import Intake
 
 T = TypeVar("T")
 
@@ -84,3 +87,14 @@ def of_type(items: list[msgspec.Struct], cls: type[T]) -> list[T]:
 async def placements(js: JetStreamContext) -> list[m.WorkloadPlaced]:
     """Every ``WorkloadPlaced`` in WORKLOADS, in order."""
     return of_type(await records(js), m.WorkloadPlaced)
+
+
+@contextlib.asynccontextmanager
+async def running_intake(url: str) -> AsyncIterator[Intake]:
+    """An intake (no tracing) on the log at ``url`` for the block's duration."""
+    intake = Intake(url, tracing=False)
+    await service_main.start(intake)
+    try:
+        yield intake
+    finally:
+        await service_main.stop(intake)

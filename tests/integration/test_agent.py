@@ -572,15 +572,25 @@ async def test_an_agent_stop_requeues_what_it_stopped_and_keeps_what_ended_on_it
             await service_main.stop(agent)
 
 
-async def test_gang_primary_reports_and_secondary_stops_when_the_log_ends_it(
-    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
-) -> None:
+GANG = {"h02": (0, 1), "h01": (2, 3)}
+"""A 4-GPU gang's assignment: h01 (sorted first) is the primary, though listed second."""
+
+
+async def _gang_hosts(js: JetStreamContext, run_agent: AgentFactory) -> Log:
+    """Agents for h01 and h02 (4 GPUs each), both hosts registered, a leader elected."""
     log = Log(js)
     await run_agent("h01")
     await run_agent("h02")
     for host in ("h01", "h02"):
         await log.host(host, 4)
     await log.leader(1)
+    return log
+
+
+async def test_gang_primary_reports_and_secondary_stops_when_the_log_ends_it(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
+) -> None:
+    log = await _gang_hosts(js, run_agent)
     # Each part writes its GPUs; the primary (h01) finishes, the secondary would run forever.
     gang = (
         "import os, pathlib, signal, sys, time\n"
@@ -595,7 +605,7 @@ async def test_gang_primary_reports_and_secondary_stops_when_the_log_ends_it(
         "while True: time.sleep(0.05)\n"
     )
     await log.submit("g1", py(gang, tmp_path), gpus=4)
-    await log.place("g1", {"h02": (0, 1), "h01": (2, 3)})
+    await log.place("g1", GANG)
 
     done = await events.wait(m.WorkloadCompleted, "g1")
     assert await wait_file(tmp_path / "h02.term") == "term"
@@ -613,12 +623,7 @@ async def test_a_gangs_parts_see_the_same_hosts_and_their_own_ranks(
 ) -> None:
     """The rendezvous variables of a 2-host gang: the same ``ALLOT_HOSTS`` (primary first)
     on both parts, ranks 0 (the primary) and 1, ``ALLOT_NUM_HOSTS`` 2."""
-    log = Log(js)
-    await run_agent("h01")
-    await run_agent("h02")
-    for host in ("h01", "h02"):
-        await log.host(host, 4)
-    await log.leader(1)
+    log = await _gang_hosts(js, run_agent)
     gang = (
         "import os, pathlib, sys, time\n"
         "d = pathlib.Path(sys.argv[1]); host = os.environ['ALLOT_HOST']\n"
@@ -627,7 +632,7 @@ async def test_a_gangs_parts_see_the_same_hosts_and_their_own_ranks(
         "while not all((d / h).exists() for h in ('h01', 'h02')): time.sleep(0.02)\n"
     )
     await log.submit("g2", py(gang, tmp_path), gpus=4)
-    await log.place("g2", {"h02": (0, 1), "h01": (2, 3)})
+    await log.place("g2", GANG)
 
     await events.wait(m.WorkloadCompleted, "g2")
     assert (tmp_path / "h01").read_text() == "h01,h02|0|2"
@@ -819,14 +824,9 @@ exits with ``argv[2]``, when given, once the primary's part runs."""
 async def test_a_gangs_secondary_part_that_fails_fails_the_workload_and_stops_the_primary(
     js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
 ) -> None:
-    log = Log(js)
-    await run_agent("h01")
-    await run_agent("h02")
-    for host in ("h01", "h02"):
-        await log.host(host, 4)
-    await log.leader(1)
+    log = await _gang_hosts(js, run_agent)
     await log.submit("g3", py(GANG_WAITS, tmp_path, "7"), gpus=4)
-    await log.place("g3", {"h02": (0, 1), "h01": (2, 3)})
+    await log.place("g3", GANG)
 
     failed = await events.wait(m.WorkloadFailed, "g3")
     assert (failed.exit_code, failed.gpus) == (7, 4)
@@ -866,7 +866,7 @@ async def test_a_gangs_secondary_part_lost_in_a_restart_requeues_the_attempt(
             assert time.monotonic() < deadline, "the agent of h02 did not start"
             await asyncio.sleep(0.05)
         await log.submit("g4", py(GANG_WAITS, tmp_path), gpus=4)
-        await log.place("g4", {"h02": (0, 1), "h01": (2, 3)})
+        await log.place("g4", GANG)
         await events.wait(m.WorkloadStarted, "g4", timeout=20.0)
         assert await wait_file(tmp_path / "h02", timeout=20.0) == "1"
     finally:

@@ -12,14 +12,12 @@ from pathlib import Path
 import msgspec
 import nats
 import pytest
-from live_harness import of_type, records, seed
+from live_harness import of_type, records, running_intake, seed
 from nats.js import JetStreamContext
 
-from allot.live import service_main
 from allot.live.stack import Stack, StackConfig
 from allot.proto import messages as m
 from allot.proto import subjects as s
-from allot.services.intake import Intake
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +29,10 @@ async def intake_nc(fresh_log: str) -> AsyncIterator[nats.NATS]:
     """A running intake on a fresh log with one 8-GPU host; yields a plain client."""
     nc = await nats.connect(fresh_log)
     await seed(nc.jetstream(), {"h1": 8})
-    intake = Intake(fresh_log, tracing=False)
-    await service_main.start(intake)
     try:
-        yield nc
+        async with running_intake(fresh_log):
+            yield nc
     finally:
-        await service_main.stop(intake)
         await nc.close()
 
 

@@ -6,7 +6,6 @@ is accepted again and logs nothing new; only a workload's owner cancels it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,12 +13,12 @@ from typing import Any
 import msgspec
 import nats
 import pytest
-from live_harness import of_type, records, seed
+from live_harness import of_type, records, running_intake, seed
 
-from allot.live import bus, service_main
+from allot.live import bus
 from allot.proto import messages as m
 from allot.proto import subjects as s
-from allot.services.intake import Intake, workload_id
+from allot.services.intake import workload_id
 
 pytestmark = pytest.mark.integration
 
@@ -35,16 +34,6 @@ SUBMIT: dict[str, Any] = {
     "min_runtime_s": 600,
     "command": ["python", "train.py"],
 }
-
-
-@contextlib.asynccontextmanager
-async def _intake(url: str) -> AsyncIterator[Intake]:
-    intake = Intake(url, tracing=False)
-    await service_main.start(intake)
-    try:
-        yield intake
-    finally:
-        await service_main.stop(intake)
 
 
 @pytest.fixture
@@ -116,7 +105,7 @@ REUSES = [
 async def test_a_client_id_reused_with_other_values_is_refused_naming_the_field(
     log_url: str, change: dict[str, Any], differs: str
 ) -> None:
-    async with _intake(log_url):
+    async with running_intake(log_url):
         first = await _submit(log_url)
         assert isinstance(first, m.WorkloadAccepted) and not first.duplicate
         other = await _submit(log_url, **change)
@@ -134,7 +123,7 @@ async def test_a_client_id_reused_with_other_values_is_refused_naming_the_field(
 async def test_the_refusal_holds_after_an_intake_restart_and_beyond_the_duplicate_window(
     log_url: str,
 ) -> None:
-    async with _intake(log_url):
+    async with running_intake(log_url):
         first = await _submit(log_url, gpus=4)
     assert isinstance(first, m.WorkloadAccepted) and not first.duplicate
     nc = await nats.connect(log_url)  # only the subject check is left to catch a repeat
@@ -144,7 +133,7 @@ async def test_the_refusal_holds_after_an_intake_restart_and_beyond_the_duplicat
     await js.update_stream(info.config)
     await nc.close()
     await asyncio.sleep(1.0)
-    async with _intake(log_url):  # a new process: nothing in memory
+    async with running_intake(log_url):  # a new process: nothing in memory
         other = await _submit(log_url, gpus=8, user="bob")
         retry = await _submit(log_url, gpus=4)
     assert isinstance(other, m.WorkloadRejected) and other.field == "client_id", other
@@ -155,7 +144,7 @@ async def test_the_refusal_holds_after_an_intake_restart_and_beyond_the_duplicat
 
 
 async def test_concurrent_reuses_one_wins_the_others_are_refused_or_retries(log_url: str) -> None:
-    async with _intake(log_url):
+    async with running_intake(log_url):
         answers = await asyncio.gather(*(_submit(log_url, gpus=1 + i % 2) for i in range(10)))
     accepted = [a for a in answers if isinstance(a, m.WorkloadAccepted)]
     refused = [a for a in answers if isinstance(a, m.WorkloadRejected)]
@@ -174,7 +163,7 @@ async def _cancel_records(url: str) -> list[m.CancelRequested]:
 
 
 async def test_a_repeated_cancel_is_accepted_and_logs_nothing_new(log_url: str) -> None:
-    async with _intake(log_url):
+    async with running_intake(log_url):
         sub = await _submit(log_url)
         assert isinstance(sub, m.WorkloadAccepted)
         wid = sub.workload_id
@@ -195,7 +184,7 @@ async def test_a_repeated_cancel_is_accepted_and_logs_nothing_new(log_url: str) 
 
 
 async def test_concurrent_first_cancels_log_one_request(log_url: str) -> None:
-    async with _intake(log_url):
+    async with running_intake(log_url):
         sub = await _submit(log_url)
         answers = await asyncio.gather(*(_cancel(log_url, sub.workload_id) for _ in range(8)))
     assert all(isinstance(a, m.CommandAccepted) for a in answers), answers
@@ -213,7 +202,7 @@ async def test_concurrent_first_cancels_log_one_request(log_url: str) -> None:
 async def test_a_cancel_of_work_that_ended_otherwise_is_refused(
     log_url: str, end: type[m.WorkloadCompleted] | type[m.WorkloadFailed]
 ) -> None:
-    async with _intake(log_url):
+    async with running_intake(log_url):
         sub = await _submit(log_url)
         await _append(log_url, end(workload_id=sub.workload_id, allocation="nlp", at=1.0))
         answer = await _cancel(log_url, sub.workload_id)
@@ -223,7 +212,7 @@ async def test_a_cancel_of_work_that_ended_otherwise_is_refused(
 
 
 async def test_only_the_owner_cancels(log_url: str) -> None:
-    async with _intake(log_url):
+    async with running_intake(log_url):
         sub = await _submit(log_url)
         wid = sub.workload_id
         mallory = await _cancel(log_url, wid, user="mallory")
@@ -245,7 +234,7 @@ async def test_an_operator_cancels_anyones_workload_on_the_operators_subject(
 ) -> None:
     """``scancel`` as root: the operators' subject (granted only to operators under ``allot
     auth gen``) skips the owner check; the cancel is logged as the operator's."""
-    async with _intake(log_url):
+    async with running_intake(log_url):
         sub = await _submit(log_url)
         wid = sub.workload_id
         ops = await _cancel(log_url, wid, user="ops", operator=True)
@@ -258,7 +247,7 @@ async def test_an_operator_cancels_anyones_workload_on_the_operators_subject(
 
 
 async def test_a_cancel_of_an_unknown_workload_names_it(log_url: str) -> None:
-    async with _intake(log_url):
+    async with running_intake(log_url):
         answer = await _cancel(log_url, workload_id("nlp", "never"))
     assert isinstance(answer, m.CommandRejected) and answer.field == "workload_id", answer
     assert answer.reason.startswith("no workload ")

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import msgspec
 import nats
 import pytest
-from live_harness import eventually, of_type, placements, records, seed
+from live_harness import eventually, of_type, placements, records, running_intake, seed
 from nats.js.errors import NotFoundError
 
 from allot.adapters.embedded import EmbeddedNats
@@ -40,12 +40,8 @@ async def _running_intake(url: str) -> AsyncIterator[Intake]:
     nc = await nats.connect(url)
     await seed(nc.jetstream(), {"h1": 8})
     await nc.close()
-    intake = Intake(url, tracing=False)
-    await service_main.start(intake)
-    try:
+    async with running_intake(url) as intake:
         yield intake
-    finally:
-        await service_main.stop(intake)
 
 
 @pytest.fixture
