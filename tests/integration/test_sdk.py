@@ -37,6 +37,7 @@ from allot.sdk import (
     NotConnectedError,
     RequestTimeoutError,
     SubmitRejectedError,
+    UnknownWorkloadError,
 )
 from allot.sdk.client import confirm_subscriptions
 
@@ -478,6 +479,39 @@ async def test_watch_with_nothing_to_say_times_out_when_asked(
     with pytest.raises(RequestTimeoutError):
         async for _ in client.watch("wl-none", "nlp", idle_timeout=0.2):
             pass
+
+
+async def test_watch_of_a_workload_neither_the_log_nor_the_leader_knows_is_an_error(
+    responders: Responders, client: Client
+) -> None:
+    """A mistyped id or allocation is refused naming workload_id instead of waited for
+    forever. A workload the leader knows, an allocation no leader answers for, or records
+    in the log keep the watch on the log."""
+    js = responders.nc.jetstream()
+    await bus.ensure_streams(js)
+
+    def status(msg: Msg) -> m.WorkloadStatus:
+        wid = msgspec.json.decode(msg.data, type=m.StatusQuery).workload_id
+        return m.WorkloadStatus(workload_id=wid, state="pending" if wid == "wl-k" else "unknown")
+
+    await responders.answer(subjects.query_scoped(subjects.QUERY_STATUS, "nlp"), status)
+    began = time.monotonic()
+    with pytest.raises(UnknownWorkloadError) as refused:
+        async for _ in client.watch("wl-x", "nlp", missing_after=0.3, idle_timeout=10.0):
+            pass
+    assert (refused.value.field, refused.value.reason) == (
+        "workload_id",
+        "no workload 'wl-x' in allocation 'nlp' (the log has no record)",
+    )
+    assert time.monotonic() - began < 5.0
+    for wid, allocation in (("wl-k", "nlp"), ("wl-x", None)):  # known; nobody to ask
+        with pytest.raises(RequestTimeoutError):
+            async for _ in client.watch(wid, allocation, missing_after=0.2, idle_timeout=1.0):
+                pass
+    story = _story("wl-y", "nlp", requeue=False)  # the leader says unknown; the log has it
+    await _publish(js, story)
+    seen = [r async for r in client.watch("wl-y", "nlp", missing_after=0.2, idle_timeout=5.0)]
+    assert seen == [r for _, r in story]
 
 
 async def test_on_preemption_calls_back_sync_and_async(

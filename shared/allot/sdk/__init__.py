@@ -13,6 +13,7 @@ from allot.sdk.errors import (
     RequestTimeoutError,
     SdkError,
     SubmitRejectedError,
+    UnknownWorkloadError,
 )
 
 __all__ = [
@@ -29,5 +30,6 @@ __all__ = [
     "SdkError",
     "SubmitRejectedError",
     "SubmitWorkload",
+    "UnknownWorkloadError",
     "new_client_id",
 ]

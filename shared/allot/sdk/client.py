@@ -57,6 +57,7 @@ from allot.sdk.errors import (
     RequestTimeoutError,
     SdkError,
     SubmitRejectedError,
+    UnknownWorkloadError,
 )
 from allot.sdk.lifecycle import Ending
 
@@ -83,6 +84,10 @@ _COMMAND_REPLY = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
 NO_RESPONDER_PAUSE_S = 0.1
 """Between two asks while nobody listens after an unanswered attempt (see ``_request``)."""
 _STATUS_REPLY = msgspec.json.Decoder(m.WorkloadStatus)
+MISSING_AFTER_S = 2.0
+"""``Client.watch``: when the log has shown nothing of the workload for this long, the
+placement leader is asked whether it exists."""
+MISSING_ASK_TIMEOUT_S = 2.0
 _QUEUE_REPLY = msgspec.json.Decoder(m.QueueSnapshot)
 _PRIO_REPLY = msgspec.json.Decoder(m.PrioSnapshot)
 _HOSTS_REPLY = msgspec.json.Decoder(m.HostsSnapshot)
@@ -588,12 +593,21 @@ class Client:
         allocation: str | None,
         *,
         idle_timeout: float | None = None,
+        missing_after: float | None = MISSING_AFTER_S,
     ) -> AsyncGenerator[msgspec.Struct, None]:
         """Every record of one workload (lifecycle events and preemption notices) from the
         beginning of the log, then live; stops after a terminal one (see
         ``allot.sdk.lifecycle``). ``allocation`` None means unallocated. ``idle_timeout``:
         raise ``RequestTimeoutError`` when nothing arrives for that long (default: wait).
-        An empty ``allocation`` (``ALLOT_ALLOCATION`` of unallocated work) is None."""
+        An empty ``allocation`` (``ALLOT_ALLOCATION`` of unallocated work) is None.
+
+        A workload the log has no record of would be waited for forever: when nothing of it
+        has come after ``missing_after`` seconds (None: never ask), the placement leader is
+        asked, and if it does not know the workload under ``allocation`` either,
+        ``UnknownWorkloadError`` (a ``ValidationError`` of ``workload_id``) is raised. Both
+        must miss it: the log is read first, so a workload whose submission was answered is
+        never called unknown because the leader had not read it yet. Without a leader's
+        answer the watch goes on waiting."""
         allocation = allocation or None
         events = subjects.workload_events(allocation, workload_id)
         notices = subjects.preempt(allocation, workload_id)
@@ -623,9 +637,19 @@ class Client:
             ) from None
         ending = Ending()
         merged = _Merged(subs[0], subs[1])
+        ask = missing_after is not None and (idle_timeout is None or missing_after < idle_timeout)
         try:
+            if ask:
+                assert missing_after is not None
+                msg = await merged.next(missing_after)
+                if msg is None:
+                    await self._require_workload(workload_id, allocation)
+                    left = None if idle_timeout is None else idle_timeout - missing_after
+                    msg = await merged.next(left)
             while True:
-                msg = await merged.next(idle_timeout)
+                if not ask:
+                    msg = await merged.next(idle_timeout)
+                ask = False
                 if msg is None:
                     raise RequestTimeoutError(events, "the log", idle_timeout or 0.0, 1)
                 try:
@@ -642,6 +666,20 @@ class Client:
             if self._nc is not None and not self._nc.is_closed:
                 for sub in subs:
                     await sub.unsubscribe()
+
+    async def _require_workload(self, workload_id: str, allocation: str | None) -> None:
+        """``watch``'s check once the log has shown nothing of ``workload_id``: raise
+        ``UnknownWorkloadError`` if the leader does not know it either (see ``watch``)."""
+        scope = allocation or subjects.UNALLOCATED
+        try:
+            status = await self.status(workload_id, scope=scope, timeout=MISSING_ASK_TIMEOUT_S)
+        except (NoResponderError, RequestTimeoutError, PermissionDeniedError, BadReplyError):
+            return  # nobody to ask: the log alone serves the watch
+        if status.state == "unknown":
+            where = "unallocated work" if allocation is None else f"allocation {allocation!r}"
+            raise UnknownWorkloadError(
+                "workload_id", f"no workload {workload_id!r} in {where} (the log has no record)"
+            )
 
     async def on_preemption(
         self,

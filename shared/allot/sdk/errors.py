@@ -59,6 +59,11 @@ class CommandRejectedError(ValidationError):
     """A service refused a command (``CommandRejected``): ``field`` says what was wrong."""
 
 
+class UnknownWorkloadError(ValidationError):
+    """``Client.watch`` of a workload the log has no record of under that allocation (a
+    mistyped id, or the wrong allocation), as the placement leader confirmed."""
+
+
 class SubmitRejectedError(CommandRejectedError):
     """Intake refused a submission (``WorkloadRejected``)."""
 
