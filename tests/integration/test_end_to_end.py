@@ -90,6 +90,9 @@ async def test_preempted_subprocess_is_requeued_completes_and_is_charged_exactly
                 lambda: asyncio.sleep(0, (tmp_path / "victim.1.env").exists()), bool
             )
             assert (tmp_path / "victim.1.env").read_text() == "0,1,2,3,4,5,6,7"
+            # The real agent's start report reaches `allot status` (placed is not running).
+            shown = await eventually(lambda: c.status(wid), lambda s: s.run_started_at is not None)
+            assert shown.started_at is not None and shown.run_started_at >= shown.started_at
             # ads holds nothing and is owed GPUs; it arrives while the victim is protected.
             ads = await c.submit(
                 client_id="ads-1",

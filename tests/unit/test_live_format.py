@@ -406,6 +406,12 @@ def test_status_text_skips_empty_fields() -> None:
     assert "state:" in text and "running" in text
     assert "assignment:      h01:0,1,2,3" in text
     assert "preempt at" not in text and "position" not in text
+    # Placed is not running until its host reports the start.
+    lines = dict(line.split(":", 1) for line in text.splitlines())
+    assert lines["run started"].strip() == "not yet (placed; its host has not reported it)"
+    reported = msgspec.structs.replace(status, run_started_at=T0 + 2)
+    lines = dict(line.split(":", 1) for line in fmt.status_text(reported).splitlines())
+    assert lines["run started"].strip() == "2027-01-15T08:00:02Z"
 
 
 def test_status_text_of_an_ended_workload_shows_its_run_and_its_end() -> None:

@@ -147,6 +147,34 @@ def test_requeued_work_shows_no_old_run_and_finished_work_its_last_attempt() -> 
     assert done.assignment == (m.HostGpus(host="h2", gpus=(4, 5)),)
 
 
+def test_placed_is_not_running_until_its_host_reports_the_start() -> None:
+    """Slurm's start is the allocation; the process starts later, when the agent says so.
+    A start report of another attempt, or after the end, changes nothing; a new attempt
+    starts unreported again."""
+    f = fold()
+    run(f, "w", (0, 1))
+    assert workload_status(f, f.records["w"], None).run_started_at is None
+    stale = m.WorkloadStarted(workload_id="w", allocation="nlp", at=T + 11, host="h1", attempt=2)
+    f.apply(stale)
+    assert workload_status(f, f.records["w"], None).run_started_at is None
+    f.apply(m.WorkloadStarted(workload_id="w", allocation="nlp", at=T + 12, host="h1"))
+    running = workload_status(f, f.records["w"], None)
+    assert (running.state, running.started_at, running.run_started_at) == (
+        "running",
+        T + 10,
+        T + 12,
+    )
+    f.apply(m.WorkloadPreempted(workload_id="w", at=T + 15, reason="better-ranked"))
+    assert workload_status(f, f.records["w"], 1).run_started_at is None  # pending again
+    run(f, "w", (4, 5), attempt=2, host="h2")
+    assert workload_status(f, f.records["w"], None).run_started_at is None
+    f.apply(m.WorkloadStarted(workload_id="w", allocation="nlp", at=T + 22, host="h2", attempt=2))
+    f.apply(m.WorkloadCompleted(workload_id="w", at=END, attempt=2))
+    f.apply(m.WorkloadStarted(workload_id="w", allocation="nlp", at=END + 1, host="h2", attempt=2))
+    done = workload_status(f, f.records["w"], None)
+    assert (done.state, done.run_started_at) == ("completed", T + 22)  # like sacct, kept
+
+
 def test_a_drained_host_shows_its_drain_and_a_healthy_one_none() -> None:
     f = fold()
     f.apply(m.HostDraining(host="h1", at=T + 5, reason="bad fan", by="ops"))

@@ -24,6 +24,8 @@ from allot.proto import messages as m
 from allot.proto.subjects import UNALLOCATED
 
 NONE = "-"
+LIVE = frozenset({"running", "noticed"})
+"""States of a workload holding its GPUs (``allot status``)."""
 """What an empty cell shows."""
 
 
@@ -364,6 +366,14 @@ def one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")
 
 
+def _run_started(status: m.WorkloadStatus) -> str:
+    """When the host reported the process started; for a placed run whose host has not yet,
+    says so (placed is not running: the agent may still be starting it)."""
+    if status.run_started_at is not None:
+        return timestamp(status.run_started_at)
+    return "not yet (placed; its host has not reported it)" if status.state in LIVE else NONE
+
+
 def status_text(status: m.WorkloadStatus) -> str:
     """One ``key: value`` line per field that says something; an ended workload shows its
     last attempt's start and hosts, its end, exit code and reason (like ``sacct``)."""
@@ -377,6 +387,7 @@ def status_text(status: m.WorkloadStatus) -> str:
         ("position", int_cell(status.position)),
         ("submitted", timestamp(status.submitted_at)),
         ("started", timestamp(status.started_at)),
+        ("run started", _run_started(status)),
         ("protected until", timestamp(status.protected_until)),
         ("preempt at", timestamp(status.preempt_at)),
         ("assignment", assignment_text(status.assignment)),

@@ -72,6 +72,9 @@ class WorkloadRecord:
     status: Status = "pending"
     attempt: int = 0
     started_at: float | None = None  # the last attempt's placement time
+    run_started_at: float | None = None
+    """When the last attempt's primary host reported its run started (``WorkloadStarted``);
+    None until then: placed is not yet running."""
     preempt_at: float | None = None
     assignment: Assignment = ()
     """The last attempt's hosts and GPUs: kept after it ends (what ``allot status`` shows of
@@ -225,6 +228,7 @@ class LogFold:
         rec.status = "running"
         rec.attempt = r.attempt
         rec.started_at = r.at
+        rec.run_started_at = None
         rec.preempt_at = None
         rec.assignment = assignment
         return Applied(True)
@@ -281,6 +285,8 @@ class LogFold:
         rec = self._current(r.workload_id, r.attempt)
         if rec is None or rec.status not in ("running", "noticed"):
             return Applied(False, "not running")
+        # What ``allot status`` shows; nothing the scheduler decides on changes (no cycle).
+        rec.run_started_at = r.at
         return _INFO
 
     def _current(self, workload_id: str, attempt: int) -> WorkloadRecord | None:

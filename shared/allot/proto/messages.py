@@ -641,8 +641,10 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     """``state``: pending, running, noticed (under preemption notice), completed, failed,
     cancelled, preempted (ended by preemption, not resumable), unknown.
 
-    ``started_at`` and ``assignment`` are the current attempt's while it runs and, once the
-    workload has ended, its last attempt's (as ``sacct`` shows); ``ended_at``, ``exit_code``
+    ``started_at`` (its placement, Slurm's job start) and ``assignment`` are the current
+    attempt's while it runs and, once the workload has ended, its last attempt's (as
+    ``sacct`` shows); ``run_started_at`` is when that attempt's host reported its process
+    started, None until it has (placed, not yet running there); ``ended_at``, ``exit_code``
     (0 for completed), ``reason`` (a failure's or a cancel's reason, a preemption's code)
     and ``cancelled_by`` are set only once it has ended, as far as its end record says.
     ``command`` is the submission's (as ``scontrol show job``'s ``Command``); ``env_names``
@@ -658,6 +660,7 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     attempt: GpuCount = 0
     submitted_at: Timestamp | None = None
     started_at: Timestamp | None = None
+    run_started_at: Timestamp | None = None
     protected_until: Timestamp | None = None
     preempt_at: Timestamp | None = None
     assignment: tuple[HostGpus, ...] = ()
