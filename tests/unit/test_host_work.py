@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
 from allot.live.host_work import DispatchBook
+from allot.proto import codec
 from allot.proto import messages as m
+from allot.proto.subjects import Kind
 
 T0 = 1_000_000.0
 
@@ -303,3 +305,57 @@ def test_a_gangs_secondary_part_ending_ends_the_attempt_and_the_primary_is_told(
     assert book.reported_by == {}
     # The primary's own report, late, adds nothing.
     assert book.record_for("h01", _report("h01", "g", "exited", exit_code=-15)) is None
+
+
+def _started(wid: str, host: str = "h01") -> m.WorkloadStarted:
+    return m.WorkloadStarted(workload_id=wid, allocation="nlp", at=T0 + 2, host=host, gpus=1)
+
+
+def test_only_parts_still_to_start_carry_their_command_env_and_hosts() -> None:
+    """The agent reads them only to start a part: a started or stopping one goes bare."""
+    book = _book("h01", "h02")
+    for wid in ("a", "b", "c"):
+        gpus = 2 if wid == "b" else 1
+        _submit(book, wid, gpus, command=("python", "train.py"), env={"SEED": "1"})
+    _place(book, "a", {"h01": (0,)})
+    _place(book, "b", {"h01": (1,), "h02": (0,)})
+    _place(book, "c", {"h01": (2,)})
+    book.apply(_started("a"))
+    book.apply(m.CancelRequested(workload_id="c", allocation="nlp", by="u", at=T0 + 3))
+    a, b, c = book.tasks("h01")
+    assert (a.started, a.command, a.env, a.hosts) == (True, (), {}, ())
+    assert (c.stop, c.command, c.env, c.hosts) == ("cancel", (), {}, ())
+    assert (b.command, b.env, b.hosts) == (("python", "train.py"), {"SEED": "1"}, ("h01", "h02"))
+
+
+def test_a_list_too_large_for_one_message_holds_back_parts_still_to_start() -> None:
+    """A host with many runs of large commands: its list stays within the limit (NATS's
+    1 MiB in service), holding back only primary parts not started yet, the last first;
+    a start makes room, and the host's list is sent again with more of them."""
+    book = DispatchBook()
+    book.apply(m.HostRegistered(host="big", gpus=32, at=T0))
+    book.apply(m.HostRegistered(host="a01", gpus=4, at=T0))
+    book.apply(m.LeaderElected(epoch=1, leader="p1", at=T0))
+    arg = "x" * 3000
+    wids = [f"w{i:02d}" for i in range(32)]
+    for i, wid in enumerate(wids):
+        gang = wid == "w31"  # its primary is a01 (the first host, sorted)
+        _submit(book, wid, 2 if gang else 1, command=("python", arg))
+        _place(book, wid, {"big": (i,), "a01": (0,)} if gang else {"big": (i,)})
+    limit = 40_000  # about a dozen of these parts
+    assert len(codec.encode(book.work("big", 1, T0))) > limit  # as a whole, too large
+    data = book.encoded_work("big", 1, T0, limit=limit)
+    sent = codec.decode(Kind.HOST_WORK, data, own=True)
+    assert isinstance(sent, m.HostWork) and len(data) <= limit
+    listed = [t.workload_id for t in sent.tasks]
+    assert "w31" in listed  # a gang's other part is never held back
+    assert listed[:-1] == wids[: len(listed) - 1]  # the first ones, in order
+    assert len(listed) < 32 and book.held_back == {"big"}
+    # The first listed part starts: its command is no longer sent, and the host is named.
+    assert book.apply(_started("w00", host="big")) == {"big"}
+    again = codec.decode(Kind.HOST_WORK, book.encoded_work("big", 2, T0, limit=limit), own=True)
+    assert isinstance(again, m.HostWork) and len(again.tasks) > len(sent.tasks)
+    for wid in wids[:-1]:  # every part starts in turn: all of them end up listed
+        book.apply(_started(wid, host="big"))
+    done = codec.decode(Kind.HOST_WORK, book.encoded_work("big", 3, T0, limit=limit), own=True)
+    assert isinstance(done, m.HostWork) and len(done.tasks) == 32 and book.held_back == set()

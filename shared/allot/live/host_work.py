@@ -51,6 +51,7 @@ import msgspec
 
 from allot.core.errors import ValidationError
 from allot.live.logfold import LogFold, WorkloadRecord
+from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto.messages import PreemptReason
 from allot.proto.subjects import check_host
@@ -75,6 +76,9 @@ retries back off up to 5 s), and it is at least the agent's default 30 s ``--res
 so an agent still syncing its work list with dispatch is not declared dead. Waiting longer
 only keeps the GPUs idle (held in the log, nothing runs there)."""
 STOPPED_BEFORE_START = "stopped before start"
+WORK_LIST_LIMIT = codec.MAX_RECORD_PAYLOAD - 64 * 1024
+"""Largest encoded work list (``DispatchBook.encoded_work``): NATS's 1 MiB message, less
+room for the subject and headers."""
 HOST_SHUTDOWN: PreemptReason = "host-drain"
 """The reason of a preemption by the agent's own stop: a planned host shutdown is a drain."""
 _ENDS = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadPreempted, m.WorkloadCancelled)
@@ -132,6 +136,8 @@ class DispatchBook:
     """host -> time of the health service's first drain for missed heartbeats (or for its
     agent's stop) since the host was last healthy (an operator's drain on top of it does not
     make it answer again)."""
+    held_back: set[str] = field(default_factory=set)
+    """Hosts whose last list held back parts that did not fit (``encoded_work``)."""
 
     def apply(self, record: msgspec.Struct) -> set[str]:
         """Fold ``record``; return the hosts whose list of work it changed."""
@@ -153,8 +159,10 @@ class DispatchBook:
         if isinstance(record, m.WorkloadStarted):
             if rec is not None and rec.attempt == record.attempt and rec.status in LIVE:
                 self.started[wid] = (record.attempt, record.at)
-            # Nothing for the agent to do: it reported the start itself. The flag matters
-            # only to an agent that restarts, and it asks for its lists then.
+                # Nothing for the agent to do: it reported the start itself. The flag
+                # matters only to an agent that restarts, and it asks for its lists then;
+                # and to a host with parts held back (``encoded_work``): room was made.
+                return {h for h, _ in rec.assignment if h in self.held_back}
             return set()
         if not result.changed:
             return set()
@@ -202,6 +210,11 @@ class DispatchBook:
             elif rec.status == "noticed":
                 stop, kill_at = "notice", rec.preempt_at
             started = self.started.get(wid)
+            has_started = started is not None and started[0] == rec.attempt
+            # A started or stopping part is never started from its list (the agent runs
+            # it, stops it, or knows it lost), so it goes without what only a start reads:
+            # a host's list stays small however large its runs' commands and env are.
+            bare = has_started or stop is not None
             out.append(
                 m.HostTask(
                     workload_id=wid,
@@ -209,16 +222,43 @@ class DispatchBook:
                     attempt=rec.attempt,
                     gpus=tuple(gpus),
                     primary=primary_host(rec) == host,
-                    hosts=assignment_hosts(rec),
-                    command=rec.command,
-                    env=rec.env,
+                    hosts=() if bare else assignment_hosts(rec),
+                    command=() if bare else rec.command,
+                    env={} if bare else rec.env,
                     duration_s=rec.duration_s,
-                    started=started is not None and started[0] == rec.attempt,
+                    started=has_started,
                     stop=stop,
                     kill_at=kill_at,
                 )
             )
         return tuple(out[: m.MAX_HOST_TASKS])
+
+    def encoded_work(self, host: str, seq: int, at: float, limit: int = WORK_LIST_LIMIT) -> bytes:
+        """``work`` as sent, within ``limit`` bytes (a message over NATS's 1 MiB is refused,
+        and the agent would get no list at all). Only parts still to start carry a command
+        and env (``tasks``); should those not fit, the last of them are held back, and sent
+        once this host's earlier parts have started (``apply`` names the host again then;
+        the agent's periodic sync asks anyway). Only primary parts are held back: an unlisted
+        started or stopping part would stop, and a gang's other part listed after its
+        primary's start would count as lost."""
+        work = self.work(host, seq, at)
+        data = codec.encode(work)
+        if len(data) <= limit:
+            self.held_back.discard(host)
+            return data
+        tasks: list[m.HostTask | None] = list(work.tasks)
+        excess = len(data) - limit
+        for i in reversed(range(len(tasks))):
+            task = tasks[i]
+            if excess <= 0:
+                break
+            if task is not None and task.primary and task.command and not task.started:
+                excess -= len(codec.encode(task)) + 1  # and its comma
+                tasks[i] = None
+        self.held_back.add(host)
+        return codec.encode(
+            msgspec.structs.replace(work, tasks=tuple(t for t in tasks if t is not None))
+        )
 
     def work(self, host: str, seq: int, at: float) -> m.HostWork:
         return m.HostWork(host=host, seq=seq, at=at, tasks=self.tasks(host))

@@ -243,13 +243,13 @@ class DispatchService:
             await asyncio.sleep(0)
             hosts, self._dirty = self._dirty, set()
             at, seq = self.clock(), self.seq
-            try:
-                for host in sorted(hosts):
-                    work = self.book.work(host, seq, at)
-                    await nc.publish(subjects.host_work(host), codec.encode(work))
+            for host in sorted(hosts):
+                try:
+                    data = self.book.encoded_work(host, seq, at)
+                    await nc.publish(subjects.host_work(host), data)
                     self.published += 1
-            except _PUBLISH_ERRORS as e:  # the agents' periodic sync covers a lost list
-                log.warning("work list not sent", error=repr(e), hosts=len(hosts))
+                except _PUBLISH_ERRORS as e:  # the agent's periodic sync covers a lost list
+                    log.warning("work list not sent", error=repr(e), host=host)
 
     async def _sync_handler(self, subject: str, body: bytes) -> bytes:
         await self._ready.wait()  # the agent's request times out and is asked again
@@ -262,7 +262,7 @@ class DispatchService:
         except ValidationError as e:
             return codec.encode(self._reject(subject, e))
         self.heard[host] = self.clock()
-        return codec.encode(self.book.work(host, self.seq, self.clock()))
+        return self.book.encoded_work(host, self.seq, self.clock())
 
     # -- reports -------------------------------------------------------------------------
 
