@@ -59,11 +59,17 @@ async def _submit(url: str, **changes: Any) -> Any:
 
 
 async def _cancel(
-    url: str, wid: str, user: str = "ann", allocation: str = "nlp", *, operator: bool = False
+    url: str,
+    wid: str,
+    user: str = "ann",
+    allocation: str = "nlp",
+    *,
+    operator: bool = False,
+    manager: bool = False,
 ) -> Any:
     body = {"type": "CancelWorkload", "workload_id": wid, "user": user, "allocation": allocation}
-    subject = (s.operator_cancel if operator else s.cancel)(allocation, wid)
-    return await _ask(url, subject, body)
+    form = s.manager_cancel if manager else s.operator_cancel if operator else s.cancel
+    return await _ask(url, form(allocation, wid), body)
 
 
 async def _log(url: str) -> list[msgspec.Struct]:
@@ -222,7 +228,8 @@ async def test_only_the_owner_cancels(log_url: str) -> None:
     assert isinstance(mallory, m.CommandRejected) and mallory.field == "user", mallory
     assert mallory.reason == (
         f"'mallory' may not cancel {wid!r}: it was submitted by 'ann', and only its owner "
-        "cancels it (or an operator: allot cancel --operator)"
+        "cancels it (or an operator: allot cancel --operator, or a manager of its "
+        "allocation: allot cancel --manager)"
     )
     assert isinstance(ann, m.CommandAccepted), ann
     assert isinstance(mallory_again, m.CommandRejected) and mallory_again.field == "user"
@@ -244,6 +251,19 @@ async def test_an_operator_cancels_anyones_workload_on_the_operators_subject(
     assert isinstance(again, m.CommandAccepted) and "already requested" in again.detail
     assert isinstance(unknown, m.CommandRejected) and unknown.field == "workload_id", unknown
     assert [(r.workload_id, r.by) for r in await _cancel_records(log_url)] == [(wid, "ops")]
+
+
+async def test_a_manager_cancels_on_the_managers_subject(log_url: str) -> None:
+    """A Slurm account coordinator's ``scancel``: the managers' subject (granted under
+    ``allot auth gen`` only for the allocations of the manager's subtree) skips the owner
+    check; the cancel is logged as the manager's. The owner's subject still refuses them."""
+    async with running_intake(log_url):
+        wid = (await _submit(log_url)).workload_id
+        as_owner = await _cancel(log_url, wid, user="lead")
+        lead = await _cancel(log_url, wid, user="lead", manager=True)
+    assert isinstance(as_owner, m.CommandRejected) and as_owner.field == "user", as_owner
+    assert isinstance(lead, m.CommandAccepted) and lead.detail == f"cancel of {wid} logged", lead
+    assert [(r.workload_id, r.by) for r in await _cancel_records(log_url)] == [(wid, "lead")]
 
 
 async def test_a_cancel_of_an_unknown_workload_names_it(log_url: str) -> None:

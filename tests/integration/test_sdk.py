@@ -787,27 +787,38 @@ async def test_cli_tilde_names_unallocated_work_in_submit_and_cancel(
     assert capsys.readouterr().out.split()[-1] == "wl-u2"
 
 
-async def test_cli_cancel_as_an_operator_goes_to_the_operators_subject(
-    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+_ON_BEHALF: list[tuple[str, Callable[[str | None, str], str], Kind, str]] = [
+    ("--operator", subjects.operator_cancel, Kind.OPERATOR_CANCEL, "ops"),
+    ("--manager", subjects.manager_cancel, Kind.MANAGER_CANCEL, "lead"),
+]
+
+
+@pytest.mark.parametrize("role", _ON_BEHALF, ids=["operator", "manager"])
+async def test_cli_cancel_for_someone_else_goes_to_that_roles_subject(
+    fresh_log: str,
+    responders: Responders,
+    capsys: pytest.CaptureFixture[str],
+    role: tuple[str, Callable[[str | None, str], str], Kind, str],
 ) -> None:
+    option, form, kind, name = role
     await responders.answer(
-        subjects.operator_cancel("nlp", "wl-o"),
-        lambda msg: m.CommandAccepted(at=NOW, detail="cancel of wl-o logged"),
+        form("nlp", "wl-o"), lambda msg: m.CommandAccepted(at=NOW, detail="cancel of wl-o logged")
     )
-    argv = ("cancel", "wl-o", "--alloc", "nlp", "--operator", "ops", "--reason", "runaway")
+    argv = ("cancel", "wl-o", "--alloc", "nlp", option, name, "--reason", "runaway")
     assert await cli(fresh_log, *argv) == 0
-    assert responders.seen[-1][0] == subjects.operator_cancel("nlp", "wl-o")
-    assert responders.bodies(Kind.OPERATOR_CANCEL)[-1] == m.CancelWorkload(
-        workload_id="wl-o", user="ops", allocation="nlp", reason="runaway"
+    assert responders.seen[-1][0] == form("nlp", "wl-o")
+    assert responders.bodies(kind)[-1] == m.CancelWorkload(
+        workload_id="wl-o", user=name, allocation="nlp", reason="runaway"
     )
     assert "cancel of wl-o logged" in capsys.readouterr().out
-    both = ("cancel", "wl-o", "--alloc", "nlp", "--operator", "ops", "--user", "ann")
-    with pytest.raises(SystemExit) as caught:  # argparse: one of --user, --operator
-        await cli(fresh_log, *both)
-    assert caught.value.code == 2
-    assert "not allowed with argument" in capsys.readouterr().err
-    assert await cli(fresh_log, "cancel", "wl-o", "--alloc", "nlp", "--operator", "") == 2
-    assert "--operator: must not be empty" in capsys.readouterr().err
+    for other in ("--user", "--operator" if option == "--manager" else "--manager"):
+        both = ("cancel", "wl-o", "--alloc", "nlp", option, name, other, "ann")
+        with pytest.raises(SystemExit) as caught:  # argparse: one of --user, --operator, ...
+            await cli(fresh_log, *both)
+        assert caught.value.code == 2
+        assert "not allowed with argument" in capsys.readouterr().err
+    assert await cli(fresh_log, "cancel", "wl-o", "--alloc", "nlp", option, "") == 2
+    assert f"{option}: must not be empty" in capsys.readouterr().err
 
 
 async def test_cli_submit_says_when_an_allocation_alone_leaves_work_unallocated(

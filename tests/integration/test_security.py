@@ -352,6 +352,10 @@ async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: S
         await _no_answer(lead, allowed, body)  # no ranking service here: nobody answers...
         await eventually(lambda: _value(list(spy.seen)), lambda seen: allowed in seen)
         assert lead.errors == []  # ...but the server let it through
+        for cancel in (s.manager_cancel("nlp", "w1"), s.manager_cancel("vision", "w2")):
+            await _no_answer(lead, cancel, b"{}")  # its subtree's allocations: let through
+            await eventually(lambda: _value(list(spy.seen)), lambda seen: cancel in seen)  # noqa: B023
+        assert lead.errors == []
         spy.set_mark()
         refused = [
             s.budget_set(["root", "research"]),  # its own node: the parent's manager's job
@@ -359,6 +363,9 @@ async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: S
             s.budget_set(["root", "product"]),
             s.submit("nlp"),
             s.drain("h01"),
+            s.manager_cancel("search", "w1"),  # another subtree's allocation
+            s.cancel("nlp", "w1"),  # the owner's form
+            s.operator_cancel("nlp", "w1"),
         ]
         for subject in refused:
             await _no_answer(lead, subject, body)

@@ -28,6 +28,7 @@ from allot.live.auth_config import (
     parse_roles,
     permissions,
     render_config,
+    subtree_allocations,
 )
 
 TREE = {
@@ -154,6 +155,18 @@ def test_manager_grant_is_strictly_below_the_node(tree: BudgetTree) -> None:
     assert permissions(UserSpec("m", "manager", node="research"), tree).publish[0] == (
         "allot.v1.budget.set.root.research.>"
     )
+    # Cancels: the allocations of its subtree only (a leaf manager: its own allocation).
+    for node in ("research", "root", *tree.leaves()):
+        grants = permissions(UserSpec("m", "manager", node=node), tree).publish
+        cancels = {g for g in grants if g.startswith("allot.v1.cancel.")}
+        assert cancels == {
+            f"allot.v1.cancel.{a}.*.manager" for a in subtree_allocations(tree, node)
+        }, node
+    assert subtree_allocations(tree, "root") == tree.leaves()
+    research = set(subtree_allocations(tree, "research"))
+    assert research and research < set(tree.leaves())
+    assert all(tree.path(a).startswith(tree.path("research") + "/") for a in research)
+    assert subtree_allocations(tree, tree.leaves()[0]) == (tree.leaves()[0],)
     assert permissions(UserSpec("m", "manager", node="root"), tree).publish[0] == (
         "allot.v1.budget.set.root.>"
     )

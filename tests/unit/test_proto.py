@@ -453,6 +453,7 @@ def test_subject_builders() -> None:
         (s.submit("nlp"), Kind.SUBMIT),
         (s.cancel(None, "w"), Kind.CANCEL),
         (s.operator_cancel("nlp", "w"), Kind.OPERATOR_CANCEL),
+        (s.manager_cancel("nlp", "w"), Kind.MANAGER_CANCEL),
         (s.budget_set(["root", "a", "b", "c"]), Kind.BUDGET_SET),
         (s.heartbeat("h"), Kind.HEARTBEAT),
         (s.health("h"), Kind.HEALTH),
@@ -480,6 +481,7 @@ def test_kind_of_a_subject(subject: str, kind: Kind) -> None:
         "allot.v1.events.a.w.placed.again",
         "allot.v1.cancel.a.w.root",  # only the operators' suffix
         "allot.v1.cancel.a.w.operator.x",
+        "allot.v1.cancel.a.w.manager.x",
     ],
 )
 def test_kind_of_rejects_unknown_subjects(subject: str) -> None:

@@ -3,7 +3,7 @@
     allot submit --alloc A --user U --gpus N --min-runtime 2h [--kind K] [--priority P]
                  [--not-resumable] [--client-id ID] [--env NAME=VALUE] [--duration 90s] [--array N]
                  -- CMD ARGS...
-    allot cancel WORKLOAD [--alloc A] (--user U | --operator NAME) [--reason R]
+    allot cancel WORKLOAD [--alloc A] (--user U | --operator NAME | --manager NAME) [--reason R]
     allot status WORKLOAD
     allot watch WORKLOAD [--alloc A]
     allot queue [-l] | allot prio | allot share [-l] | allot hosts
@@ -78,6 +78,7 @@ CANCEL_OPTIONS = {
     "reason": "--reason",
 }
 OPERATOR_CANCEL_OPTIONS = {**CANCEL_OPTIONS, "user": "--operator"}
+MANAGER_CANCEL_OPTIONS = {**CANCEL_OPTIONS, "user": "--manager"}
 HOST_OPTIONS = {"host": "HOST", "operator": "--operator", "reason": "--reason"}
 BUDGET_OPTIONS = {"path": "PATH", "shares": "SHARES", "set_by": "--by"}
 
@@ -257,8 +258,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "cancel",
         parents=common,
         help="cancel a workload",
-        description="Cancel a pending or running workload: its owner (--user), or an "
-        "operator (--operator NAME) cancelling anyone's, as scancel run by root.",
+        description="Cancel a pending or running workload: its owner (--user), an "
+        "operator (--operator NAME) cancelling anyone's, as scancel run by root, or a budget "
+        "manager (--manager NAME) cancelling its subtree's, as a Slurm account coordinator.",
     )
     p.add_argument("workload", metavar="WORKLOAD")
     p.add_argument("--alloc", help="its allocation; omitted = unallocated")
@@ -269,6 +271,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="NAME",
         help="cancel as this operator, whoever owns it (a subject only operators are "
         "granted under allot auth gen); logged as cancelled by NAME",
+    )
+    who.add_argument(
+        "--manager",
+        metavar="NAME",
+        help="cancel as this budget manager, whoever owns it (a subject allot auth gen "
+        "grants a manager for the allocations of its subtree only); logged as cancelled by "
+        "NAME",
     )
     p.add_argument("--reason", default="")
     p.set_defaults(func=run_cancel)
@@ -488,18 +497,25 @@ def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -
 def run_cancel(args: argparse.Namespace) -> int:
     if args.operator == "":
         raise ValidationError("--operator", "must not be empty: the operator's name")
+    if args.manager == "":
+        raise ValidationError("--manager", "must not be empty: the manager's name")
+    options = CANCEL_OPTIONS
+    if args.operator is not None:
+        options = OPERATOR_CANCEL_OPTIONS
+    elif args.manager is not None:
+        options = MANAGER_CANCEL_OPTIONS
 
     async def work(c: Client) -> int:
         try:
             reply = await c.cancel(
                 args.workload,
                 allocation=_allocation(args.alloc),
-                user=args.user if args.operator is None else args.operator,
+                user=args.operator or args.manager or args.user,
                 reason=args.reason,
                 as_operator=args.operator is not None,
+                as_manager=args.manager is not None,
             )
         except ValidationError as exc:
-            options = CANCEL_OPTIONS if args.operator is None else OPERATOR_CANCEL_OPTIONS
             raise renamed(exc, options) from None
         return _print_reply(args, reply, _accepted_text(f"cancel {args.workload}", reply))
 

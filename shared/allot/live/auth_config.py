@@ -19,7 +19,11 @@ Roles (one per user, see ``deploy/roles.example.yaml``):
   records. The plain ``$JS.API.CONSUMER.CREATE.WORKLOADS`` (filter only in the body) is
   never granted to a team.
 * ``manager``: ``node: <name>`` in the budget tree. Publishes
-  ``budget.set.root.<path to node>.>``: every node strictly below it, never the node itself.
+  ``budget.set.root.<path to node>.>``: every node strictly below it, never the node itself;
+  and ``allot.v1.cancel.<a>.*.manager`` for each allocation ``a`` in its subtree (the node
+  itself if it is one): cancelling the workloads charged there, as a Slurm account
+  coordinator may. Generated from the tree: an allocation added later needs ``auth gen``
+  again, as a team's grants do.
 * ``operator``: ``allot.v1.host.*.drain`` / ``.undrain`` (cordoning is a drain here) and
   ``allot.v1.cancel.*.*.operator``: cancelling anyone's workload, as ``scancel`` run by
   root (a team's ``cancel.<a>.*`` covers only the owner's form, one token shorter).
@@ -294,6 +298,12 @@ def budget_path(tree: BudgetTree, node: str) -> tuple[str, ...]:
     return (s.BUDGET_ROOT, *names[1:])
 
 
+def subtree_allocations(tree: BudgetTree, node: str) -> tuple[str, ...]:
+    """The allocations (leaves) at or below ``node``, in the tree's order."""
+    below = tree.path(node) + "/"
+    return tuple(a for a in tree.leaves() if a == node or tree.path(a).startswith(below))
+
+
 def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
     """What ``user`` may publish and subscribe to (allow lists; everything else is denied)."""
     inbox = f"{inbox_prefix(user.name)}.>"
@@ -315,8 +325,12 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
     if user.role == "manager":
         assert user.node is not None
         grant = s.budget_subtree(budget_path(tree, user.node))
+        cancels = tuple(
+            f"{s.PREFIX}.cancel.{s.allocation_token(a)}.*.{s.MANAGER}"
+            for a in subtree_allocations(tree, user.node)
+        )
         return Permissions(
-            publish=(grant, f"{s.PREFIX}.query.>"),
+            publish=(grant, *cancels, f"{s.PREFIX}.query.>"),
             subscribe=(inbox, s.RANKING, s.BUDGET_TREE),
         )
     if user.role == "operator":

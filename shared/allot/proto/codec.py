@@ -45,6 +45,7 @@ TYPES: Final[dict[Kind, Any]] = {
     Kind.SUBMIT: m.SubmitWorkload | m.SubmitBatch,
     Kind.CANCEL: m.CancelWorkload,
     Kind.OPERATOR_CANCEL: m.CancelWorkload,
+    Kind.MANAGER_CANCEL: m.CancelWorkload,
     Kind.BUDGET_SET: m.SetBudget,
     Kind.HEARTBEAT: m.Heartbeat,
     Kind.HEALTH: m.HealthReport,

@@ -187,7 +187,9 @@ class SubmitBatch(_Message, frozen=True, kw_only=True):
 class CancelWorkload(_Message, frozen=True, kw_only=True):
     """Cancel a pending or running workload. On ``allot.v1.cancel.<a>.<w>`` only its owner
     (``user`` = the submission's user) may; on ``allot.v1.cancel.<a>.<w>.operator`` (granted
-    to operators only) ``user`` names the operator, who may cancel anyone's."""
+    to operators only) ``user`` names the operator, who may cancel anyone's; on
+    ``allot.v1.cancel.<a>.<w>.manager`` (granted to the managers of allocation ``a``'s
+    subtrees) ``user`` names the manager, who may cancel the allocation's workloads."""
 
     workload_id: Name
     user: Name

@@ -14,6 +14,7 @@ subject                                          message(s)                    g
 allot.v1.submit.<allocation>                     SubmitWorkload (request)      ...submit.nlp
 allot.v1.cancel.<allocation>.<workload>          CancelWorkload (request)      ...cancel.nlp.*
 allot.v1.cancel.<a>.<workload>.operator          CancelWorkload (operator)     (operators only)
+allot.v1.cancel.<a>.<workload>.manager           CancelWorkload (manager)      ...nlp.*.manager
 allot.v1.budget.set.root.<a>...<node>            SetBudget (request)           ...set.root.nlp.>
 allot.v1.host.<host>.heartbeat                   Heartbeat (agent)             ...host.h01.heartbeat
 allot.v1.host.<host>.health                      HealthReport (agent)          ...host.h01.health
@@ -93,6 +94,7 @@ class Kind(StrEnum):
     SUBMIT = "submit"
     CANCEL = "cancel"
     OPERATOR_CANCEL = "cancel.operator"
+    MANAGER_CANCEL = "cancel.manager"
     BUDGET_SET = "budget.set"
     HEARTBEAT = "host.heartbeat"
     HEALTH = "host.health"
@@ -156,6 +158,17 @@ def operator_cancel(allocation: str | None, workload: str) -> str:
 
 
 OPERATOR = "operator"
+
+
+def manager_cancel(allocation: str | None, workload: str) -> str:
+    """A budget manager's cancel of a workload of an allocation in its subtree (as a Slurm
+    account coordinator's ``scancel``): ``allot auth gen`` grants it per allocation."""
+    return f"{cancel(allocation, workload)}.{MANAGER}"
+
+
+MANAGER = "manager"
+ON_BEHALF = (OPERATOR, MANAGER)
+"""The last token of a cancel sent for someone else's workload, by who may send it."""
 
 
 def budget_set(path: Sequence[str]) -> str:
@@ -335,6 +348,7 @@ QUERY_OWED = f"{PREFIX}.query.owed"
 ALL_SUBMIT = f"{PREFIX}.submit.*"
 ALL_CANCEL = f"{PREFIX}.cancel.*.*"
 ALL_OPERATOR_CANCEL = f"{PREFIX}.cancel.*.*.{OPERATOR}"
+ALL_MANAGER_CANCEL = f"{PREFIX}.cancel.*.*.{MANAGER}"
 ALL_BUDGET_SET = f"{PREFIX}.budget.set.>"
 ALL_HEARTBEATS = f"{PREFIX}.host.*.heartbeat"
 ALL_HEALTH = f"{PREFIX}.host.*.health"
@@ -370,6 +384,7 @@ CHANNELS: dict[Kind, str] = {
     Kind.SUBMIT: f"{PREFIX}.submit.{{allocation}}",
     Kind.CANCEL: f"{PREFIX}.cancel.{{allocation}}.{{workload}}",
     Kind.OPERATOR_CANCEL: f"{PREFIX}.cancel.{{allocation}}.{{workload}}.{OPERATOR}",
+    Kind.MANAGER_CANCEL: f"{PREFIX}.cancel.{{allocation}}.{{workload}}.{MANAGER}",
     Kind.BUDGET_SET: f"{PREFIX}.budget.set.{{path}}",
     Kind.HEARTBEAT: f"{PREFIX}.host.{{host}}.heartbeat",
     Kind.HEALTH: f"{PREFIX}.host.{{host}}.health",
@@ -411,6 +426,8 @@ def kind_of(subject: str) -> Kind:
         return Kind.CANCEL
     if head == "cancel" and n == 4 and rest[3] == OPERATOR:
         return Kind.OPERATOR_CANCEL
+    if head == "cancel" and n == 4 and rest[3] == MANAGER:
+        return Kind.MANAGER_CANCEL
     if head == "budget" and n >= 4 and rest[1] == "set":
         return Kind.BUDGET_SET
     if head == "host" and n == 3:

@@ -488,15 +488,23 @@ class Client:
         user: str,
         reason: str = "",
         as_operator: bool = False,
+        as_manager: bool = False,
         timeout: float | None = None,
     ) -> m.CommandAccepted:
         """Cancel a pending or running workload; ``allocation`` None means unallocated. Only
         its owner may, unless ``as_operator``: then ``user`` names an operator, the request
         goes to the operators' subject (``subjects.operator_cancel``, which ``allot auth
-        gen`` grants only to operators) and anyone's workload may be cancelled."""
+        gen`` grants only to operators) and anyone's workload may be cancelled; or unless
+        ``as_manager``: then ``user`` names a budget manager, and the managers' subject
+        (``subjects.manager_cancel``) is granted only for the allocations of its subtree."""
+        if as_operator and as_manager:
+            raise ValidationError("as_manager", "a cancel is sent as an operator or a manager")
         msg = m.CancelWorkload(
             workload_id=workload_id, user=user, allocation=allocation, reason=reason
         )
+        if as_manager:
+            subject = subjects.manager_cancel(allocation, workload_id)
+            return await self._command(subject, Kind.MANAGER_CANCEL, msg, INTAKE, timeout)
         if as_operator:
             subject = subjects.operator_cancel(allocation, workload_id)
             return await self._command(subject, Kind.OPERATOR_CANCEL, msg, INTAKE, timeout)

@@ -42,8 +42,9 @@ its latest record are read at once, then:
    the owner (or an operator) may ``scancel`` a Slurm job. The names are claims (without
    ``--secure`` anyone may claim any name; under it NATS lets only the allocation's team
    publish here), so this guards against mistakes, not against a team member who claims a
-   colleague's name. ``CancelWorkload`` has no field to act for the team or as an
-   operator: such a path needs a wire change;
+   colleague's name. On ``cancel.<a>.<w>.operator`` and ``cancel.<a>.<w>.manager``
+   (``subjects.ON_BEHALF``: ``allot auth gen`` grants the first to operators, the second to
+   the managers of ``a``'s subtree) this step is skipped and ``user`` names who cancels;
 3. idempotent, like the submission: a workload that ended cancelled (its latest record is
    ``WorkloadCancelled``) is answered accepted, with "already cancelled" in ``detail`` and
    nothing logged; one that ended otherwise (``WorkloadCompleted``, ``WorkloadFailed``) is
@@ -124,6 +125,7 @@ class Intake:
         """Submissions skip FastStream's per-message path (``allot.live.request_server``)."""
         self.broker.subscriber(s.ALL_CANCEL, queue="intake")(self.on_cancel)
         self.broker.subscriber(s.ALL_OPERATOR_CANCEL, queue="intake")(self.on_cancel)
+        self.broker.subscriber(s.ALL_MANAGER_CANCEL, queue="intake")(self.on_cancel)
         self.fold = LogFold()
         self.nc: NatsClient | None = None
         self.js: JetStreamContext | None = None
@@ -327,7 +329,9 @@ class Intake:
         try:
             parts = msg.raw_message.subject.split(".")
             token, wid = parts[3], parts[4]
-            operator = parts[5:] == [s.OPERATOR]  # only operators are granted it
+            # For someone else's workload: only operators, or the allocation's managers,
+            # are granted these subjects (``allot auth gen``).
+            on_behalf = parts[5] if parts[5:] and parts[5] in s.ON_BEHALF else None
             cmd = codec.decode(s.Kind.CANCEL, msg.body)
             assert isinstance(cmd, m.CancelWorkload)
             if cmd.workload_id != wid:
@@ -339,7 +343,7 @@ class Intake:
                     "allocation",
                     f"{cmd.allocation!r} does not match the subject's allocation {token!r}",
                 )
-            detail = await self._cancel(cmd, now, operator=operator)
+            detail = await self._cancel(cmd, now, on_behalf=on_behalf)
         except ValidationError as e:
             self.rejected += 1
             return codec.encode(
@@ -347,10 +351,12 @@ class Intake:
             )
         return codec.encode(m.CommandAccepted(at=now, detail=detail))
 
-    async def _cancel(self, cmd: m.CancelWorkload, now: float, *, operator: bool = False) -> str:
+    async def _cancel(
+        self, cmd: m.CancelWorkload, now: float, *, on_behalf: str | None = None
+    ) -> str:
         """The cancel's steps (module docstring); the accepted answer's ``detail``, or
-        ``ValidationError``. ``operator``: sent on the operators' subject, so not only the
-        owner may cancel."""
+        ``ValidationError``. ``on_behalf``: sent on the operators' or the managers' subject
+        (``subjects.ON_BEHALF``), so not only the owner may cancel."""
         assert self.js is not None
         wid = cmd.workload_id
         submitted = s.events(cmd.allocation, wid, m.EVENT_NAME[m.WorkloadSubmitted])
@@ -362,11 +368,12 @@ class Intake:
                 "workload_id",
                 f"no workload {wid!r} in allocation {s.allocation_token(cmd.allocation)!r}",
             )
-        if cmd.user != first.user and not operator:
+        if cmd.user != first.user and on_behalf is None:
             raise ValidationError(
                 "user",
                 f"{cmd.user!r} may not cancel {wid!r}: it was submitted by {first.user!r}, "
-                "and only its owner cancels it (or an operator: allot cancel --operator)",
+                "and only its owner cancels it (or an operator: allot cancel --operator, or "
+                "a manager of its allocation: allot cancel --manager)",
             )
         if isinstance(last, m.WorkloadCancelled):
             by = f" by {last.by!r}" if last.by else ""
@@ -387,7 +394,7 @@ class Intake:
             workload=wid,
             allocation=cmd.allocation,
             by=cmd.user,
-            operator=operator,
+            on_behalf=on_behalf,
         )
         return f"cancel of {wid} logged"
 
