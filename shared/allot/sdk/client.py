@@ -647,27 +647,23 @@ class Client:
         merged = _Merged(subs[0], subs[1])
         ask = missing_after is not None and (idle_timeout is None or missing_after < idle_timeout)
         try:
-            if ask:
-                assert missing_after is not None
-                msg = await merged.next(missing_after)
-                if msg is None:
-                    await self._require_workload(workload_id, allocation)
-                    left = None if idle_timeout is None else idle_timeout - missing_after
-                    msg = await merged.next(left)
-            while True:
-                if not ask:
-                    msg = await merged.next(idle_timeout)
-                ask = False
-                if msg is None:
-                    raise RequestTimeoutError(events, "the log", idle_timeout or 0.0, 1)
+            msg = await merged.next(missing_after if ask else idle_timeout)
+            if msg is None and missing_after is not None and ask:
+                await self._require_workload(workload_id, allocation)
+                msg = await merged.next(
+                    None if idle_timeout is None else idle_timeout - missing_after
+                )
+            while msg is not None:
                 try:
                     record = decode_record(msg.subject, msg.data)
                 except ValidationError as exc:
                     log.warning("record skipped on %s: %s", msg.subject, exc)
-                    continue
-                yield record
-                if ending.ends(record):
-                    return
+                else:
+                    yield record
+                    if ending.ends(record):
+                        return
+                msg = await merged.next(idle_timeout)
+            raise RequestTimeoutError(events, "the log", idle_timeout or 0.0, 1)
         finally:
             # Closed by the garbage collector after the client itself was closed: nothing
             # left to unsubscribe from.
