@@ -512,6 +512,40 @@ async def test_watch_of_a_workload_neither_the_log_nor_the_leader_knows_is_an_er
     await _publish(js, story)
     seen = [r async for r in client.watch("wl-y", "nlp", missing_after=0.2, idle_timeout=5.0)]
     assert seen == [r for _, r in story]
+    # Unallocated work, named "~" as on the subjects, is worded as such; bad arguments are
+    # refused naming them.
+    await responders.answer(subjects.query_scoped(subjects.QUERY_STATUS, None), status)
+    with pytest.raises(UnknownWorkloadError, match="no workload 'wl-x' in unallocated work"):
+        async for _ in client.watch("wl-x", "~", missing_after=0.2, idle_timeout=10.0):
+            pass
+    for wid, after, field in (("w.x", 1.0, "workload_id"), ("wl-x", -1.0, "missing_after")):
+        with pytest.raises(ValidationError) as bad:
+            async for _ in client.watch(wid, "nlp", missing_after=after):
+                pass
+        assert bad.value.field == field
+
+
+async def test_watch_asks_the_leader_again_after_an_ask_that_got_no_answer(
+    fresh_log: str, responders: Responders
+) -> None:
+    """A failover while a mistyped id is watched: the first ask is not answered; the watch
+    asks again instead of waiting forever."""
+    await bus.ensure_streams(responders.nc.jetstream())
+    asked: list[str] = []
+
+    def status(msg: Msg) -> m.WorkloadStatus | None:
+        asked.append(msg.subject)
+        if len(asked) == 1:
+            return None  # no leader for a moment: this ask times out
+        wid = msgspec.json.decode(msg.data, type=m.StatusQuery).workload_id
+        return m.WorkloadStatus(workload_id=wid, state="unknown")
+
+    await responders.answer(subjects.query_scoped(subjects.QUERY_STATUS, "nlp"), status)
+    async with Client(fresh_log, name="test-sdk", timeout=2.0, retries=0) as c:
+        with pytest.raises(UnknownWorkloadError):
+            async for _ in c.watch("wl-x", "nlp", missing_after=0.3, idle_timeout=20.0):
+                pass
+    assert len(asked) == 2
 
 
 async def test_on_preemption_calls_back_sync_and_async(

@@ -333,7 +333,7 @@ def test_a_list_too_large_for_one_message_holds_back_parts_still_to_start() -> N
     1 MiB in service), holding back only primary parts not started yet, the last first;
     a start makes room, and the host's list is sent again with more of them."""
     book = DispatchBook()
-    book.apply(m.HostRegistered(host="big", gpus=32, at=T0))
+    book.apply(m.HostRegistered(host="big", gpus=34, at=T0))
     book.apply(m.HostRegistered(host="a01", gpus=4, at=T0))
     book.apply(m.LeaderElected(epoch=1, leader="p1", at=T0))
     arg = "x" * 3000
@@ -351,6 +351,15 @@ def test_a_list_too_large_for_one_message_holds_back_parts_still_to_start() -> N
     assert "w31" in listed  # a gang's other part is never held back
     assert listed[:-1] == wids[: len(listed) - 1]  # the first ones, in order
     assert len(listed) < 32 and book.held_back == {"big"}
+    # More arrive before any start is read: the agent may have started every part it was
+    # sent, so those stay listed whole; only parts never sent are held back, even those
+    # that sort first.
+    for gpu, wid in enumerate(("a1", "a2"), start=32):
+        _submit(book, wid, command=("python", arg))
+        _place(book, wid, {"big": (gpu,)})
+    later = codec.decode(Kind.HOST_WORK, book.encoded_work("big", 2, T0, limit=limit), own=True)
+    assert isinstance(later, m.HostWork)
+    assert [t.workload_id for t in later.tasks] == listed
     # The first listed part starts: its command is no longer sent, and the host is named.
     assert book.apply(_started("w00", host="big")) == {"big"}
     again = codec.decode(Kind.HOST_WORK, book.encoded_work("big", 2, T0, limit=limit), own=True)
@@ -358,4 +367,4 @@ def test_a_list_too_large_for_one_message_holds_back_parts_still_to_start() -> N
     for wid in wids[:-1]:  # every part starts in turn: all of them end up listed
         book.apply(_started(wid, host="big"))
     done = codec.decode(Kind.HOST_WORK, book.encoded_work("big", 3, T0, limit=limit), own=True)
-    assert isinstance(done, m.HostWork) and len(done.tasks) == 32 and book.held_back == set()
+    assert isinstance(done, m.HostWork) and len(done.tasks) == 34 and book.held_back == set()

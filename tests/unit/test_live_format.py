@@ -408,10 +408,11 @@ def test_status_text_skips_empty_fields() -> None:
     assert "preempt at" not in text and "position" not in text
     # Placed is not running until its host reports the start.
     lines = dict(line.split(":", 1) for line in text.splitlines())
-    assert lines["run started"].strip() == "not yet (placed; its host has not reported it)"
+    assert lines["started"].strip() == "not yet (placed; its host has not reported it)"
     reported = msgspec.structs.replace(status, run_started_at=T0 + 2)
     lines = dict(line.split(":", 1) for line in fmt.status_text(reported).splitlines())
-    assert lines["run started"].strip() == "2027-01-15T08:00:02Z"
+    assert lines["placed"].strip() == "2027-01-15T08:00:00Z"
+    assert lines["started"].strip() == "2027-01-15T08:00:02Z"
 
 
 def test_status_text_of_an_ended_workload_shows_its_run_and_its_end() -> None:
@@ -430,7 +431,8 @@ def test_status_text_of_an_ended_workload_shows_its_run_and_its_end() -> None:
         reason="killed by signal 9",
     )
     lines = dict(line.split(":", 1) for line in fmt.status_text(status).splitlines())
-    assert lines["started"].strip() == "2027-01-15T08:00:00Z"
+    assert lines["placed"].strip() == "2027-01-15T08:00:00Z"
+    assert "started" not in lines  # its host never reported a start
     assert lines["assignment"].strip() == "h01:0,1,2,3"
     assert lines["ended"].strip() == "2027-01-15T09:00:00Z"
     assert lines["exit code"].strip() == "137"

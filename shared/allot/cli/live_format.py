@@ -367,8 +367,10 @@ def one_line(text: str) -> str:
 
 
 def _run_started(status: m.WorkloadStatus) -> str:
-    """When the host reported the process started; for a placed run whose host has not yet,
-    says so (placed is not running: the agent may still be starting it)."""
+    """When the host reported the process started (the run's start, as the end events'
+    ``started_at`` says); for a placed run whose host has not yet, says so (placed is not
+    running: the agent may still be starting it). The placement (the wire's ``started_at``,
+    Slurm's job start) is the ``placed`` line."""
     if status.run_started_at is not None:
         return timestamp(status.run_started_at)
     return "not yet (placed; its host has not reported it)" if status.state in LIVE else NONE
@@ -376,7 +378,8 @@ def _run_started(status: m.WorkloadStatus) -> str:
 
 def status_text(status: m.WorkloadStatus) -> str:
     """One ``key: value`` line per field that says something; an ended workload shows its
-    last attempt's start and hosts, its end, exit code and reason (like ``sacct``)."""
+    last attempt's placement, start and hosts, its end, exit code and reason (like
+    ``sacct``)."""
     lines = [
         ("workload", status.workload_id),
         ("state", status.state),
@@ -386,8 +389,8 @@ def status_text(status: m.WorkloadStatus) -> str:
         ("attempt", str(status.attempt)),
         ("position", int_cell(status.position)),
         ("submitted", timestamp(status.submitted_at)),
-        ("started", timestamp(status.started_at)),
-        ("run started", _run_started(status)),
+        ("placed", timestamp(status.started_at)),
+        ("started", _run_started(status)),
         ("protected until", timestamp(status.protected_until)),
         ("preempt at", timestamp(status.preempt_at)),
         ("assignment", assignment_text(status.assignment)),

@@ -71,11 +71,11 @@ def workload_page(
         if status.submitted_at is not None:
             facts.append(("submitted", when(status.submitted_at, now)))
         if status.started_at is not None:
-            facts.append(("started", when(status.started_at, now)))
+            facts.append(("placed", when(status.started_at, now)))
         if status.run_started_at is not None:
-            facts.append(("run started", when(status.run_started_at, now)))
+            facts.append(("started", when(status.run_started_at, now)))
         elif status.state in ("running", "noticed"):
-            facts.append(("run started", "not yet (placed; its host has not reported it)"))
+            facts.append(("started", "not yet (placed; its host has not reported it)"))
         if status.protected_until is not None:
             facts.append(("protected until", when(status.protected_until, now)))
         if status.preempt_at is not None:

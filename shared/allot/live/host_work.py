@@ -138,6 +138,10 @@ class DispatchBook:
     make it answer again)."""
     held_back: set[str] = field(default_factory=set)
     """Hosts whose last list held back parts that did not fit (``encoded_work``)."""
+    sent: dict[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
+    """host -> the parts (workload, attempt) of the last list ``encoded_work`` made for it:
+    only a part never listed there may be held back (the agent may have started one it
+    was sent, and an unlisted part stops)."""
 
     def apply(self, record: msgspec.Struct) -> set[str]:
         """Fold ``record``; return the hosts whose list of work it changed."""
@@ -236,29 +240,42 @@ class DispatchBook:
     def encoded_work(self, host: str, seq: int, at: float, limit: int = WORK_LIST_LIMIT) -> bytes:
         """``work`` as sent, within ``limit`` bytes (a message over NATS's 1 MiB is refused,
         and the agent would get no list at all). Only parts still to start carry a command
-        and env (``tasks``); should those not fit, the last of them are held back, and sent
-        once this host's earlier parts have started (``apply`` names the host again then;
-        the agent's periodic sync asks anyway). Only primary parts are held back: an unlisted
-        started or stopping part would stop, and a gang's other part listed after its
-        primary's start would count as lost."""
+        and env (``tasks``); should those not fit, the last of them that this host was never
+        sent are held back, and sent once its earlier parts have started (``apply`` names
+        the host again then; the agent's periodic sync asks anyway). Never held back: a part
+        sent before (the agent may have started it, its start not read yet, and an unlisted
+        part stops) or a gang's other part (listed after its primary's start, it would count
+        as lost)."""
         work = self.work(host, seq, at)
         data = codec.encode(work)
-        if len(data) <= limit:
+        before = self.sent.get(host, frozenset())
+        if len(data) > limit:
+            # Only parts this host was never sent: one it was sent may be running already
+            # (its start not folded yet), and listed once, a part stays listed. What was
+            # sent fitted before, so the parts that stay fit again.
+            tasks: list[m.HostTask | None] = list(work.tasks)
+            excess = len(data) - limit
+            for i in reversed(range(len(tasks))):
+                task = tasks[i]
+                if excess <= 0:
+                    break
+                if (
+                    task is not None
+                    and task.primary
+                    and task.command
+                    and (task.workload_id, task.attempt) not in before
+                ):
+                    excess -= len(codec.encode(task)) + 1  # and its comma
+                    tasks[i] = None
+            work = msgspec.structs.replace(work, tasks=tuple(t for t in tasks if t is not None))
+            data = codec.encode(work)
+            self.held_back.add(host)
+        else:
             self.held_back.discard(host)
-            return data
-        tasks: list[m.HostTask | None] = list(work.tasks)
-        excess = len(data) - limit
-        for i in reversed(range(len(tasks))):
-            task = tasks[i]
-            if excess <= 0:
-                break
-            if task is not None and task.primary and task.command and not task.started:
-                excess -= len(codec.encode(task)) + 1  # and its comma
-                tasks[i] = None
-        self.held_back.add(host)
-        return codec.encode(
-            msgspec.structs.replace(work, tasks=tuple(t for t in tasks if t is not None))
-        )
+        listed = frozenset((t.workload_id, t.attempt) for t in work.tasks)
+        if listed != before:
+            self.sent[host] = listed
+        return data
 
     def work(self, host: str, seq: int, at: float) -> m.HostWork:
         return m.HostWork(host=host, seq=seq, at=at, tasks=self.tasks(host))

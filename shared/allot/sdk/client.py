@@ -609,14 +609,20 @@ class Client:
         raise ``RequestTimeoutError`` when nothing arrives for that long (default: wait).
         An empty ``allocation`` (``ALLOT_ALLOCATION`` of unallocated work) is None.
 
-        A workload the log has no record of would be waited for forever: when nothing of it
-        has come after ``missing_after`` seconds (None: never ask), the placement leader is
+        A workload the log has no record of would be waited for forever: while nothing of it
+        has come, every ``missing_after`` seconds (None: never ask) the placement leader is
         asked, and if it does not know the workload under ``allocation`` either,
         ``UnknownWorkloadError`` (a ``ValidationError`` of ``workload_id``) is raised. Both
         must miss it: the log is read first, so a workload whose submission was answered is
         never called unknown because the leader had not read it yet. Without a leader's
-        answer the watch goes on waiting."""
-        allocation = allocation or None
+        answer (none elected, a failover) the watch waits and asks again."""
+        allocation = None if allocation in ("", subjects.UNALLOCATED, None) else allocation
+        subjects.validate_token(workload_id, "workload_id")
+        if missing_after is not None and not (math.isfinite(missing_after) and missing_after > 0):
+            raise ValidationError(
+                "missing_after",
+                f"must be a positive number of seconds or None, got {missing_after!r}",
+            )
         events = subjects.workload_events(allocation, workload_id)
         notices = subjects.preempt(allocation, workload_id)
         js = self.nc.jetstream()
@@ -645,14 +651,20 @@ class Client:
             ) from None
         ending = Ending()
         merged = _Merged(subs[0], subs[1])
-        ask = missing_after is not None and (idle_timeout is None or missing_after < idle_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if idle_timeout is None else loop.time() + idle_timeout
         try:
-            msg = await merged.next(missing_after if ask else idle_timeout)
-            if msg is None and missing_after is not None and ask:
-                await self._require_workload(workload_id, allocation)
-                msg = await merged.next(
-                    None if idle_timeout is None else idle_timeout - missing_after
-                )
+            # Until the first record: the leader is asked every ``missing_after`` (one ask
+            # that got no answer, a failover, must not leave a typo waiting forever).
+            msg = None
+            while msg is None:
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    break
+                ask = missing_after is not None and (left is None or missing_after < left)
+                msg = await merged.next(missing_after if ask else left)
+                if msg is None and ask:
+                    await self._require_workload(workload_id, allocation)
             while msg is not None:
                 try:
                     record = decode_record(msg.subject, msg.data)
@@ -672,7 +684,7 @@ class Client:
                     await sub.unsubscribe()
 
     async def _require_workload(self, workload_id: str, allocation: str | None) -> None:
-        """``watch``'s check once the log has shown nothing of ``workload_id``: raise
+        """``watch``'s check while the log has shown nothing of ``workload_id``: raise
         ``UnknownWorkloadError`` if the leader does not know it either (see ``watch``)."""
         scope = allocation or subjects.UNALLOCATED
         try:
