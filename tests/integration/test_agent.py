@@ -291,6 +291,32 @@ async def test_a_work_list_larger_than_a_command_reaches_the_agent(
     assert [o.read_text().split("|")[1] for o in outs] == ["big0", "big1"]
 
 
+async def test_a_host_whose_parts_exceed_one_message_runs_them_all(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory
+) -> None:
+    """Forty parts of ~56 KiB each on one host: its whole list (~2.2 MiB) is over NATS's
+    1 MiB, which dispatch could not send at all (no part ran). Now parts never sent are
+    held back and sent as earlier ones start; every part runs and completes, none stopped
+    as held back (a part the agent may have started is never held back: the unit test
+    ``test_a_list_too_large_for_one_message_holds_back_parts_still_to_start``)."""
+    log = Log(js)
+    await run_agent("big", gpus=40, fake=True)
+    await log.host("big", 40)
+    await log.leader(1)
+    pad = tuple("x" * 4000 for _ in range(10))
+    env = {f"V{i}": "y" * 4000 for i in range(4)}
+    wids = [f"big{i:02d}" for i in range(40)]
+    for wid in wids:
+        await log.submit(wid, ("true", *pad), env=env, duration_s=1.0)
+    # Placed last first: each new part sorts before those already sent (the list's order).
+    for i, wid in reversed(list(enumerate(wids))):
+        await log.place(wid, {"big": (i,)})
+    for wid in wids:
+        await events.wait(m.WorkloadCompleted, wid, timeout=60.0)
+    ended_otherwise = (m.WorkloadFailed, m.WorkloadPreempted, m.WorkloadCancelled)
+    assert not [(k.__name__, w) for k in ended_otherwise for w in wids if events.of(k, w)]
+
+
 async def test_notice_sends_sigterm_and_reports_preempted(
     js: JetStreamContext, events: Events, run_agent: AgentFactory, tmp_path: Path
 ) -> None:
