@@ -20,13 +20,15 @@ from typing import Any, Literal
 
 import msgspec
 
+from allot.live.logfold import LIVE
 from allot.proto import messages as m
 from allot.proto.subjects import UNALLOCATED
 
 NONE = "-"
-LIVE = frozenset({"running", "noticed"})
-"""States of a workload holding its GPUs (``allot status``)."""
 """What an empty cell shows."""
+NOT_STARTED = "not yet (placed; its host has not reported it)"
+"""``allot status``'s and the dashboard's start of a placed run its host has not reported
+started (placed is not running: the agent may still be starting it)."""
 
 
 @dataclass(frozen=True)
@@ -373,7 +375,7 @@ def _run_started(status: m.WorkloadStatus) -> str:
     Slurm's job start) is the ``placed`` line."""
     if status.run_started_at is not None:
         return timestamp(status.run_started_at)
-    return "not yet (placed; its host has not reported it)" if status.state in LIVE else NONE
+    return NOT_STARTED if status.state in LIVE else NONE
 
 
 def status_text(status: m.WorkloadStatus) -> str:

@@ -20,6 +20,7 @@ from typing import Any, TypeGuard
 
 import msgspec
 
+from allot.cli.live_format import NOT_STARTED
 from allot.core.reasons import PREEMPT_TEXT as _CORE_TEXT
 from allot.live.dashboard_frame import (
     PageView,
@@ -29,6 +30,7 @@ from allot.live.dashboard_frame import (
     when,
     workload_link,
 )
+from allot.live.logfold import LIVE
 from allot.live.timeline import TimelineEvent
 from allot.proto import messages as m
 from allot.sim.duration_text import format_duration
@@ -74,8 +76,8 @@ def workload_page(
             facts.append(("placed", when(status.started_at, now)))
         if status.run_started_at is not None:
             facts.append(("started", when(status.run_started_at, now)))
-        elif status.state in ("running", "noticed"):
-            facts.append(("started", "not yet (placed; its host has not reported it)"))
+        elif status.state in LIVE:
+            facts.append(("started", NOT_STARTED))
         if status.protected_until is not None:
             facts.append(("protected until", when(status.protected_until, now)))
         if status.preempt_at is not None:

@@ -50,13 +50,12 @@ from dataclasses import dataclass, field
 import msgspec
 
 from allot.core.errors import ValidationError
-from allot.live.logfold import LogFold, WorkloadRecord
+from allot.live.logfold import LIVE, LogFold, WorkloadRecord
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto.messages import PreemptReason
 from allot.proto.subjects import check_host
 
-LIVE = frozenset({"running", "noticed"})
 RESTART_LOST = "agent restarted; the process was lost"
 """What the agent logs of a run lost in its restart (the run is recorded preempted)."""
 MISSED_HEARTBEATS = "missed heartbeats"
@@ -272,9 +271,7 @@ class DispatchBook:
             self.held_back.add(host)
         else:
             self.held_back.discard(host)
-        listed = frozenset((t.workload_id, t.attempt) for t in work.tasks)
-        if listed != before:
-            self.sent[host] = listed
+        self.sent[host] = frozenset((t.workload_id, t.attempt) for t in work.tasks)
         return data
 
     def work(self, host: str, seq: int, at: float) -> m.HostWork:

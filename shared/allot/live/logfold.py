@@ -112,6 +112,8 @@ _IGNORED_STALE = Applied(False, "stale epoch")
 _INFO = Applied(False, "informational")
 
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "preempted"})
+LIVE: frozenset[str] = frozenset({"running", "noticed"})
+"""A workload holding its GPUs (placed, maybe under notice)."""
 CANCEL_LEAVES_S = 10.0
 """How long a cancelled run takes to leave at most: the agents' default ``kill_after_s``
 (SIGTERM at the cancel, SIGKILL that long after)."""
@@ -283,7 +285,7 @@ class LogFold:
 
     def _started(self, r: m.WorkloadStarted) -> Applied:
         rec = self._current(r.workload_id, r.attempt)
-        if rec is None or rec.status not in ("running", "noticed"):
+        if rec is None or rec.status not in LIVE:
             return Applied(False, "not running")
         # What ``allot status`` shows; nothing the scheduler decides on changes (no cycle).
         rec.run_started_at = r.at

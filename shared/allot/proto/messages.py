@@ -71,6 +71,8 @@ Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)]
 Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
 Arg = Annotated[str, msgspec.Meta(max_length=4096)]
+Command = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)]
+"""A workload's command and arguments (the submission's, its record's, a host's task's)."""
 MAX_ENV = 64
 """Variables one workload may set (``env``)."""
 MAX_ENV_NAME_CHARS = 128
@@ -162,7 +164,7 @@ class SubmitWorkload(_Message, frozen=True, kw_only=True):
     resumable: bool = True
     kind: Name = "training"
     priority: Priority = 0
-    command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    command: Command = ()
     env: Env = {}
     """Environment variables for the workload's processes (``RESERVED_ENV`` excepted)."""
     duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
@@ -255,7 +257,7 @@ class HostTask(_Wire, frozen=True, kw_only=True):
     primary: bool
     """The part that reports (the first host of the assignment, sorted); the others of a
     gang only run and stop."""
-    command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    command: Command = ()
     env: Env = {}
     """The submission's ``env``."""
     duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
@@ -381,7 +383,7 @@ class WorkloadSubmitted(_Message, frozen=True, kw_only=True):
     resumable: bool = True
     kind: Name = "training"
     priority: Priority = 0
-    command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    command: Command = ()
     env: Env = {}
     duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
     at: Timestamp
@@ -671,7 +673,7 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
     reason: Text = ""
     cancelled_by: Name | None = None
-    command: Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)] = ()
+    command: Command = ()
     env_names: Annotated[tuple[EnvName, ...], msgspec.Meta(max_length=MAX_ENV)] = ()
 
 

@@ -88,6 +88,7 @@ MISSING_AFTER_S = 2.0
 """``Client.watch``: when the log has shown nothing of the workload for this long, the
 placement leader is asked whether it exists."""
 MISSING_ASK_TIMEOUT_S = 2.0
+"""How long that ask waits for the leader's answer (then the watch waits and asks again)."""
 _QUEUE_REPLY = msgspec.json.Decoder(m.QueueSnapshot)
 _PRIO_REPLY = msgspec.json.Decoder(m.PrioSnapshot)
 _HOSTS_REPLY = msgspec.json.Decoder(m.HostsSnapshot)
@@ -502,14 +503,12 @@ class Client:
         msg = m.CancelWorkload(
             workload_id=workload_id, user=user, allocation=allocation, reason=reason
         )
+        form, kind = (subjects.cancel, Kind.CANCEL)
         if as_manager:
-            subject = subjects.manager_cancel(allocation, workload_id)
-            return await self._command(subject, Kind.MANAGER_CANCEL, msg, INTAKE, timeout)
-        if as_operator:
-            subject = subjects.operator_cancel(allocation, workload_id)
-            return await self._command(subject, Kind.OPERATOR_CANCEL, msg, INTAKE, timeout)
-        subject = subjects.cancel(allocation, workload_id)
-        return await self._command(subject, Kind.CANCEL, msg, INTAKE, timeout)
+            form, kind = (subjects.manager_cancel, Kind.MANAGER_CANCEL)
+        elif as_operator:
+            form, kind = (subjects.operator_cancel, Kind.OPERATOR_CANCEL)
+        return await self._command(form(allocation, workload_id), kind, msg, INTAKE, timeout)
 
     async def status(
         self, workload_id: str, *, scope: str | None = None, timeout: float | None = None

@@ -46,7 +46,8 @@ class PermissionDeniedError(SdkError):
         super().__init__(
             f"NATS refused {subject} for this user (permissions violation): its role does "
             "not allow it (teams: their own allocations, with --alloc; managers: budgets "
-            "in their subtree; operators: drain, undrain and cancel --operator)"
+            "and cancel --manager in their subtree; operators: drain, undrain and cancel "
+            "--operator)"
         )
         self.subject = subject
 

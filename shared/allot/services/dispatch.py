@@ -243,13 +243,17 @@ class DispatchService:
             await asyncio.sleep(0)
             hosts, self._dirty = self._dirty, set()
             at, seq = self.clock(), self.seq
-            for host in sorted(hosts):
-                try:
+            try:
+                for host in sorted(hosts):
                     data = self.book.encoded_work(host, seq, at)
-                    await nc.publish(subjects.host_work(host), data)
+                    try:
+                        await nc.publish(subjects.host_work(host), data)
+                    except nats.errors.MaxPayloadError:  # this host's alone: the others go
+                        log.warning("work list too large to send", host=host, size=len(data))
+                        continue
                     self.published += 1
-                except _PUBLISH_ERRORS as e:  # the agent's periodic sync covers a lost list
-                    log.warning("work list not sent", error=repr(e), host=host)
+            except _PUBLISH_ERRORS as e:  # the agents' periodic sync covers a lost list
+                log.warning("work list not sent", error=repr(e), hosts=len(hosts))
 
     async def _sync_handler(self, subject: str, body: bytes) -> bytes:
         await self._ready.wait()  # the agent's request times out and is asked again
