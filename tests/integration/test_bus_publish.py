@@ -4,12 +4,15 @@ stream leader's hand-over can lose it), the same bytes and msg id each time; a
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import nats
 import nats.errors
 import pytest
 
 from allot.live import bus
+from allot.live.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects as s
 
@@ -100,6 +103,53 @@ async def test_a_follower_replays_then_follows_and_survives_a_failing_callback(
         await follower.stop()
         await nc.close()
     assert all(t is not None and t.done() for t in tasks)  # stop() ends the delivery task
+
+
+async def test_a_placement_waits_for_the_registration_of_its_host(fresh_log: str) -> None:
+    """HOSTS and WORKLOADS are delivered by two consumers, so a placement on a host
+    registered a moment before can reach a reader first: here it is appended first, saying
+    its writer had read HOSTS one record further. The follower hands it over only after the
+    host's registration, and the fold places the workload instead of ignoring it ("host
+    h2 is unknown"; dispatch then never listed the run to its agent)."""
+    nc, js = await bus.connect(fresh_log, "test-hosts-order")
+    await bus.ensure_streams(js)
+    await bus.publish(js, s.host_state("h1"), m.HostRegistered(host="h1", gpus=8, at=1.0))
+    await bus.publish(js, s.LEADER, m.LeaderElected(epoch=1, leader="p", at=1.0))
+    submitted = m.WorkloadSubmitted(
+        workload_id="w1", client_id="c1", user="ana", gpus=2, allocation="nlp", at=2.0
+    )
+    await bus.publish(js, s.events("nlp", "w1", "submitted"), submitted)
+    fold = LogFold()
+
+    def on_record(_subject: str, record: msgspec.Struct) -> None:
+        fold.apply(record)
+
+    follower = bus.LogFollower(js, on_record)
+    await follower.start()
+    try:
+        assert follower.last_seq["HOSTS"] == 1 and fold.records["w1"].status == "pending"
+        placed = m.WorkloadPlaced(
+            workload_id="w1",
+            allocation="nlp",
+            at=3.0,
+            gpus=2,
+            assignment=(m.HostGpus(host="h2", gpus=(0, 1)),),
+            epoch=1,
+        )
+        seq = await js.publish(
+            s.events("nlp", "w1", "placed"),
+            bus.encode(placed),
+            headers={bus.HOSTS_SEQ_HEADER: "2"},  # h2's registration, not yet appended
+        )
+        await asyncio.sleep(0.3)
+        assert follower.last_seq.get("WORKLOADS", 0) < seq.seq  # held back, not ignored
+        await bus.publish(js, s.host_state("h2"), m.HostRegistered(host="h2", gpus=4, at=3.0))
+        assert await follower.wait_for("WORKLOADS", seq.seq, timeout=5.0)
+        assert fold.records["w1"].status == "running"
+        assert fold.workload_on("h2") == {"w1"}
+    finally:
+        await follower.stop()
+        await nc.close()
 
 
 def _unnamed_workloads() -> nats.js.api.StreamConfig:

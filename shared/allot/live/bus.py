@@ -16,7 +16,9 @@ is stored once; folds ignore duplicates beyond it (see ``allot.live.logfold``).
 
 ``follow_log`` is how every reader rebuilds state: replay HOSTS to its end, then WORKLOADS
 to its end (ordered consumers from sequence 1), report "caught up", then keep delivering
-both live. Records are handed to one callback, one at a time, in that order.
+both live. Records are handed to one callback, one at a time, in that order. Live, the two
+streams' consumers deliver independently; a record that needs a host's registration says
+how far into HOSTS its writer had read (``HOSTS_SEQ_HEADER``) and waits for it.
 """
 
 from __future__ import annotations
@@ -298,6 +300,18 @@ def detach_trace(token: Token[otel_context.Context] | None) -> None:
 
 OnRecord = Callable[[str, msgspec.Struct], Awaitable[None] | None]
 
+HOSTS_SEQ_HEADER = "Allot-Hosts-Seq"
+"""On a record that names hosts (``WorkloadPlaced``): the HOSTS sequence its writer had
+read when it decided. A reader following both streams hands the record over only once it
+has read HOSTS that far (``LogFollower``): its two consumers deliver independently, so a
+placement on a host registered a moment before could otherwise arrive before the host's
+``HostRegistered`` and be ignored by that reader's fold ("host ... is unknown"; found
+2026-12-03: dispatch then never listed the run to its agent until it restarted)."""
+HOSTS_WAIT_S = 5.0
+"""Longest wait for HOSTS to reach a record's ``HOSTS_SEQ_HEADER``; past it the record is
+handed over anyway (logged), as it was before the header: HOSTS may have been deleted and
+made again, and a reader must not stop on that."""
+
 _ACK_V1_TOKENS = 9
 """``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``"""
 
@@ -359,6 +373,8 @@ class LogFollower:
     ) -> Callable[[Msg], Awaitable[None]]:
         async def receive(msg: Msg) -> None:
             seq, pending = stream_position(msg)
+            if stream != "HOSTS" and msg.headers and HOSTS_SEQ_HEADER in msg.headers:
+                await self._read_hosts_to(msg.headers[HOSTS_SEQ_HEADER], msg.subject)
             try:
                 await self._deliver(msg)
             except Exception:
@@ -392,6 +408,26 @@ class LogFollower:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), remaining)
         return True
+
+    async def _read_hosts_to(self, value: str, subject: str) -> None:
+        """Wait until HOSTS is read up to ``value`` (a ``HOSTS_SEQ_HEADER``), if this
+        follower reads HOSTS at all; the HOSTS records are handed over by their own task."""
+        if "HOSTS" not in self.streams:
+            return
+        try:
+            seq = int(value)
+        except ValueError:
+            log.warning("bad header ignored", header=HOSTS_SEQ_HEADER, value=value[:40])
+            return
+        if self.last_seq.get("HOSTS", 0) >= seq:
+            return
+        if not await self.wait_for("HOSTS", seq, HOSTS_WAIT_S):
+            log.warning(
+                "HOSTS not read as far as a record needs",
+                subject=subject,
+                needs=seq,
+                read=self.last_seq.get("HOSTS", 0),
+            )
 
     async def _deliver(self, msg: Msg) -> None:
         try:

@@ -119,7 +119,8 @@ class GroupCommit:
         *,
         together: bool = False,
     ) -> PubAck:
-        """Store ``record`` under ``msg_id`` (and ``Nats-Expected-*`` ``conditions``); its
+        """Store ``record`` under ``msg_id`` (and ``conditions``: more headers, such as
+        ``Nats-Expected-*`` conditions or ``bus.HOSTS_SEQ_HEADER``); its
         ``PubAck``, or the ``APIError`` of a failed condition. ``together``: join the next
         batch even without a backlog, for records written at one moment whose answers are
         awaited together (a placement cycle's decisions): appends started in the same

@@ -21,6 +21,8 @@ Rules that make the log safe to replay and hard to corrupt:
 * **Order across streams.** Every reader replays HOSTS to its end, then WORKLOADS, then
   follows both. Nothing in WORKLOADS depends on a host's *state*, only on it being
   registered (hosts are never removed), so that order gives every reader the same state.
+  Live, a placement waits in the reader until HOSTS is read as far as its writer had read
+  it (``allot.live.bus.HOSTS_SEQ_HEADER``), so its hosts are registered here too.
 
 What an ended workload keeps (``allot status``, like ``sacct``): its last attempt's
 placement time and assignment, its end time, exit code and reason, and who cancelled it.

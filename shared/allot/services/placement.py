@@ -304,9 +304,14 @@ class PlacementService:
     ) -> int:
         """Append a decision; its stream sequence. ``together``: one of several placements of
         a cycle, committed as one atomic batch (``GroupCommit.append``)."""
-        assert self._appends is not None
+        assert self._appends is not None and self.follower is not None
         subject = bus.event_subject(allocation, record)
-        return (await self._appends.append(subject, record, msg_id, together=together)).seq
+        # Every reader hands it over only once it has read HOSTS this far: the hosts it
+        # names are registered there (``bus.HOSTS_SEQ_HEADER``).
+        hosts_read = {bus.HOSTS_SEQ_HEADER: str(self.follower.last_seq.get("HOSTS", 0))}
+        return (
+            await self._appends.append(subject, record, msg_id, hosts_read, together=together)
+        ).seq
 
     def _spawn_publish(self, allocation: str | None, record: msgspec.Struct, msg_id: str) -> None:
         assert self.js is not None
