@@ -98,6 +98,37 @@ def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def fsync_reference_ms(directory: Path, writes: int = 200) -> tuple[float, float]:
+    """(p50, p90) ms of a 4 KiB write + ``fsync`` in ``directory`` (where nats-server
+    stores the log): how fast this VM's disk is right now. With fsync on every write, two
+    of them are on a submission's way to its placement (intake's append, placement's), and
+    this disk's speed drifts as much as its CPU's (the loop figure says nothing of it)."""
+    times: list[float] = []
+    path = directory / "fsync-reference"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        block = os.urandom(4096)
+        for i in range(writes):
+            t0 = time.perf_counter()
+            os.pwrite(fd, block, i * 4096)
+            os.fsync(fd)
+            times.append((time.perf_counter() - t0) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    times.sort()
+    return round(times[len(times) // 2], 2), round(times[len(times) * 9 // 10], 2)
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(all, steal) jiffies of every CPU so far, from ``/proc/stat`` ((0, 0) elsewhere)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
 def _cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """CPU seconds each process used between two ``_cpu_seconds`` readings."""
     return {n: after[n] - before[n] for n in after if n in before}
@@ -561,6 +592,21 @@ def _leader_per_s(
     return {k: round((after.get(k, 0) - before.get(k, 0)) / seconds, 3) for k in keys}
 
 
+def _disk_and_steal(result: dict[str, Any]) -> str:
+    """The machine line's disk speed and CPU steal, when measured (older results lack them)."""
+    text = ""
+    f = result.get("fsync_reference_ms")
+    if f:
+        text += (
+            f"; a 4 KiB write + fsync on its disk took p50 {f['before'][0]} / p90 "
+            f"{f['before'][1]} ms before and {f['after'][0]} / {f['after'][1]} ms after"
+        )
+    steal = result.get("cpu_steal_share")
+    if steal is not None:
+        text += f"; CPU time stolen by the hypervisor during the run: {steal:.1%}"
+    return text
+
+
 def render(result: dict[str, Any]) -> str:
     t = result["throughput"]
     ok = {True: "PASS", False: "FAIL"}
@@ -573,7 +619,7 @@ def render(result: dict[str, Any]) -> str:
         f"Machine: {result['machine']}; its speed: a 1M-iteration Python loop took "
         f"{result['reference_loop_ms'][0]} ms before the run and "
         f"{result['reference_loop_ms'][1]} ms after (this shared VM drifts: 20 to 93 ms "
-        "on 2026-12-02 alone; every figure below scales with it). "
+        "on 2026-12-02 alone; every figure below scales with it)" + _disk_and_steal(result) + ". "
         f"JetStream fsync: {fsync}; atomic batches staged {staging}. "
         "Stack: one fake agent process with "
         f"{result['hosts']} hosts x {result['gpus_per_host']} GPUs ({result['fill_hosts']} "
@@ -750,6 +796,8 @@ def main(argv: list[str] | None = None) -> int:
         dashboard=False,
     )
     reference_before = machine_reference_s()
+    fsync_before = fsync_reference_ms(run_dir)
+    ticks_before = _cpu_ticks()
     print(f"starting the stack ({args.hosts} fake hosts); logs in {run_dir}/logs", flush=True)
     with Stack(config) as stack:
         pids = {name: proc.pid for name, proc in stack.procs.items()}
@@ -763,6 +811,12 @@ def main(argv: list[str] | None = None) -> int:
         round(reference_before * 1000, 1),
         round(machine_reference_s() * 1000, 1),
     ]
+    ticks_after = _cpu_ticks()
+    result["fsync_reference_ms"] = {"before": fsync_before, "after": fsync_reference_ms(run_dir)}
+    ticks = ticks_after[0] - ticks_before[0]
+    result["cpu_steal_share"] = (
+        round((ticks_after[1] - ticks_before[1]) / ticks, 4) if ticks else None
+    )
     result["machine"] = (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
