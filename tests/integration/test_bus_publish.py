@@ -152,6 +152,47 @@ async def test_a_placement_waits_for_the_registration_of_its_host(fresh_log: str
         await nc.close()
 
 
+async def test_a_reader_does_not_stop_on_hosts_that_never_come(
+    fresh_log: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records naming HOSTS sequences that never come (HOSTS deleted and made again) are
+    handed over after one wait in vain, not one wait each."""
+    monkeypatch.setattr(bus, "HOSTS_WAIT_S", 0.3)
+    nc, js = await bus.connect(fresh_log, "test-hosts-gone")
+    await bus.ensure_streams(js)
+    await bus.publish(js, s.host_state("h1"), m.HostRegistered(host="h1", gpus=8, at=1.0))
+    subject = s.events("nlp", "w1", "requeued")
+    for i in range(1, 4):
+        await js.publish(
+            subject,
+            bus.encode(m.WorkloadRequeued(workload_id="w1", allocation="nlp", at=float(i))),
+            headers={bus.HOSTS_SEQ_HEADER: str(100 + i)},
+        )
+    seen: list[float] = []
+
+    def on_record(_subject: str, record: msgspec.Struct) -> None:
+        if isinstance(record, m.WorkloadRequeued):
+            seen.append(record.at)
+
+    follower = bus.LogFollower(js, on_record)
+    waits: list[int] = []
+    wait_for = follower.wait_for
+
+    async def counted(stream: str, seq: int, timeout: float) -> bool:
+        if stream == "HOSTS":
+            waits.append(seq)
+        return await wait_for(stream, seq, timeout)
+
+    monkeypatch.setattr(follower, "wait_for", counted)
+    try:
+        await follower.start()
+        assert seen == [1.0, 2.0, 3.0]
+        assert waits == [101]  # one wait in vain; HOSTS did not move on after it
+    finally:
+        await follower.stop()
+        await nc.close()
+
+
 def _unnamed_workloads() -> nats.js.api.StreamConfig:
     """WORKLOADS as created before lifecycle events were named in their subjects."""
     config = next(c for c in bus.stream_configs() if c.name == "WORKLOADS")

@@ -310,7 +310,8 @@ placement on a host registered a moment before could otherwise arrive before the
 HOSTS_WAIT_S = 5.0
 """Longest wait for HOSTS to reach a record's ``HOSTS_SEQ_HEADER``; past it the record is
 handed over anyway (logged), as it was before the header: HOSTS may have been deleted and
-made again, and a reader must not stop on that."""
+made again, and a reader must not stop on that. Nor wait that long for each record of a
+replay: after a wait in vain, records are not held again until HOSTS has moved on."""
 
 _ACK_V1_TOKENS = 9
 """``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``"""
@@ -343,6 +344,8 @@ class LogFollower:
     """Stream sequence of the last record handed over, per stream."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set after every record handed over (waiters clear it)."""
+    _hosts_waited_in_vain: int = -1
+    """HOSTS' last sequence read when a wait for it ran out (``HOSTS_WAIT_S``)."""
 
     async def start(self) -> None:
         """Returns once every stream has been replayed to the end it had when read."""
@@ -419,14 +422,16 @@ class LogFollower:
         except ValueError:
             log.warning("bad header ignored", header=HOSTS_SEQ_HEADER, value=value[:40])
             return
-        if self.last_seq.get("HOSTS", 0) >= seq:
+        read = self.last_seq.get("HOSTS", 0)
+        if read >= seq or read == self._hosts_waited_in_vain:
             return
         if not await self.wait_for("HOSTS", seq, HOSTS_WAIT_S):
+            self._hosts_waited_in_vain = self.last_seq.get("HOSTS", 0)
             log.warning(
                 "HOSTS not read as far as a record needs",
                 subject=subject,
                 needs=seq,
-                read=self.last_seq.get("HOSTS", 0),
+                read=self._hosts_waited_in_vain,
             )
 
     async def _deliver(self, msg: Msg) -> None:
