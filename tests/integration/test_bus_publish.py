@@ -193,6 +193,75 @@ async def test_a_reader_does_not_stop_on_hosts_that_never_come(
         await nc.close()
 
 
+async def test_a_filter_that_matches_nothing_yet_is_caught_up_at_once(fresh_log: str) -> None:
+    """USAGE holds a ranking but no budget tree: a reader of the tree alone (intake,
+    placement) starts at once, and then reads the tree when it comes; so does a reader
+    with several filters (which nats-server before 2.10 ignores: it delivers everything)."""
+    nc, js = await bus.connect(fresh_log, "test-filter-none")
+    await bus.ensure_streams(js)
+    await js.publish(s.RANKING, b"{}")
+    seen: list[str] = []
+
+    def on_record(subject: str, _record: msgspec.Struct) -> None:
+        seen.append(subject)
+
+    one = bus.LogFollower(
+        js, lambda _s, _r: None, streams=("USAGE",), subjects={"USAGE": s.BUDGET_TREE}
+    )
+    several = bus.LogFollower(
+        js,
+        on_record,
+        streams=("USAGE", "WORKLOADS"),
+        subjects={"WORKLOADS": (s.every_workload("placed"), s.LEADER)},
+    )
+    try:
+        await asyncio.wait_for(one.start(), 10.0)
+        await bus.publish(
+            js,
+            s.events("nlp", "w1", "requeued"),
+            m.WorkloadRequeued(workload_id="w1", allocation="nlp", at=1.0),
+        )
+        await asyncio.wait_for(several.start(), 10.0)
+        spec = m.BudgetNodeSpec(name="root", children=(m.BudgetNodeSpec(name="nlp"),))
+        tree = await bus.publish(js, s.BUDGET_TREE, m.BudgetTreeSet(at=2.0, by="t", tree=spec))
+        leader = await bus.publish(js, s.LEADER, m.LeaderElected(epoch=1, leader="p", at=3.0))
+        assert await one.wait_for("USAGE", tree, timeout=5.0)
+        assert one.last_seq["USAGE"] == tree
+        assert await several.wait_for("WORKLOADS", leader, timeout=5.0)
+        assert seen.count(s.BUDGET_TREE) == 1 and seen.count(s.LEADER) == 1
+        version = nc.connected_server_version
+        if (version.major, version.minor) >= (2, 10):  # an older server ignores filters
+            assert not any(x.endswith(".requeued") for x in seen)
+    finally:
+        await one.stop()
+        await several.stop()
+        await nc.close()
+
+
+async def test_usage_keeps_the_budget_tree_however_many_rankings_follow(
+    fresh_log: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing in USAGE ages out (a tree set once must outlive a quiet month, or every
+    allocation becomes unknown): each subject keeps its last messages, so rankings cannot
+    push the tree out either. Here each keeps 3."""
+    monkeypatch.setattr(bus, "USAGE_KEPT_PER_SUBJECT", 3)
+    nc, js = await bus.connect(fresh_log, "test-usage-kept")
+    try:
+        await bus.ensure_streams(js)
+        info = await js.stream_info("USAGE")
+        assert info.config.max_age in (0, None) and info.config.max_msgs_per_subject == 3
+        spec = m.BudgetNodeSpec(name="root", children=(m.BudgetNodeSpec(name="nlp"),))
+        tree = await bus.publish(js, s.BUDGET_TREE, m.BudgetTreeSet(at=1.0, by="t", tree=spec))
+        for i in range(5):
+            await js.publish(s.RANKING, f'{{"n":{i}}}'.encode())
+        info = await js.stream_info("USAGE")
+        assert info.state.messages == 4  # the tree and the last 3 rankings
+        assert (await js.get_last_msg("USAGE", s.BUDGET_TREE)).seq == tree
+        assert (await js.get_last_msg("USAGE", s.RANKING)).data == b'{"n":4}'
+    finally:
+        await nc.close()
+
+
 def _unnamed_workloads() -> nats.js.api.StreamConfig:
     """WORKLOADS as created before lifecycle events were named in their subjects."""
     config = next(c for c in bus.stream_configs() if c.name == "WORKLOADS")

@@ -7,8 +7,9 @@ Streams (``allot.proto.subjects.STREAMS``), file storage, one replica unless
   ``allow_atomic``, so intake and dispatch can group-commit a backlog of appends:
   ``allot.live.group_commit``);
 * ``HOSTS``: host registrations and state changes (kept);
-* ``USAGE``: the budget tree and ranking snapshots (kept 30 days; the current tree is the
-  last message on its subject).
+* ``USAGE``: the budget tree and ranking snapshots (the last ``USAGE_KEPT_PER_SUBJECT`` of
+  each subject, never aged out: the budget tree must outlive a quiet month; the current
+  tree is the last message on its subject).
 
 Every record is published with a ``Nats-Msg-Id`` derived from what it says (e.g.
 ``placed:<workload>:<attempt>``), so a retried publish inside the stream's duplicate window
@@ -39,7 +40,14 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, PubAck, StorageType, StreamConfig, StreamInfo
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    PubAck,
+    StorageType,
+    StreamConfig,
+    StreamInfo,
+)
 from nats.js.errors import NotFoundError
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -63,7 +71,12 @@ stores it once whatever the number of tries. A publish lost in a stream leader's
 hand-over (measured: a SIGTERMed node's in-flight publishes are never acked) then costs
 about 0.5 s, not 5; one without a msg id is sent once."""
 ORDERED_HEARTBEAT_S = 0.5
-USAGE_MAX_AGE_S = 30 * 86400.0
+USAGE_KEPT_PER_SUBJECT = 10_000
+"""USAGE keeps the last 10,000 messages of each subject: about 35 days of rankings (one
+every 300 s, more after budget changes) and the last 10,000 budget trees. Until
+2026-12-03 it kept everything 30 days instead, so a budget tree nobody had changed for a
+month aged out: ranking found no tree, intake and placement none either (every
+allocation unknown), and their start waited forever on a USAGE holding only rankings."""
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -123,7 +136,8 @@ def stream_configs(replicas: int = 1) -> list[StreamConfig]:
                 storage=StorageType.FILE,
                 num_replicas=replicas,
                 duplicate_window=DUPLICATE_WINDOW_S,
-                max_age=USAGE_MAX_AGE_S if name == "USAGE" else 0.0,
+                max_age=0.0,
+                max_msgs_per_subject=USAGE_KEPT_PER_SUBJECT if name == "USAGE" else -1,
                 # Group commit (``allot.live.group_commit``); a server older than 2.12
                 # ignores the field, and its appends go one by one.
                 allow_atomic=True if name in ATOMIC_STREAMS else None,
@@ -335,8 +349,10 @@ class LogFollower:
     js: JetStreamContext
     on_record: OnRecord
     streams: Sequence[str] = ("HOSTS", "WORKLOADS")
-    subjects: dict[str, str] = field(default_factory=dict)
-    """Optional filter subject per stream (default: everything in it)."""
+    subjects: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
+    """Optional filter per stream (default: everything in it): a subject, or several
+    (nats-server before 2.10 ignores several filters and delivers everything, so a reader
+    given several must take any record)."""
     _subs: list[Any] = field(default_factory=list)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     skipped: int = 0
@@ -358,8 +374,10 @@ class LogFollower:
             # ``asyncio.wait`` per message, which cost the busiest readers (placement,
             # dispatch) a tenth of their CPU under load. The callback runs in the
             # subscription's one task, so records are still handed over one at a time.
+            wanted = self.subjects.get(stream, ">")
+            several = isinstance(wanted, tuple) and len(wanted) > 1
             sub = await self.js.subscribe(
-                self.subjects.get(stream, ">"),
+                wanted if isinstance(wanted, str) else wanted[0],
                 stream=stream,
                 cb=self._receiver(stream, info.state.last_seq, caught_up),
                 ordered_consumer=True,
@@ -367,8 +385,17 @@ class LogFollower:
                 # A lost consumer (nats-server restarted) is noticed after two missed
                 # heartbeats and re-created from the last sequence: 1 s, not nats-py's 10 s.
                 idle_heartbeat=ORDERED_HEARTBEAT_S,
+                config=ConsumerConfig(filter_subjects=list(wanted)) if several else None,
             )
             self._subs.append(sub)
+            if not caught_up.is_set():
+                # A filter may match nothing in a stream that is not empty (USAGE holding
+                # rankings but no budget tree yet): no record comes to say "caught up", and
+                # until 2026-12-03 intake and placement waited here forever.
+                consumer = await sub.consumer_info()
+                delivered = consumer.delivered.consumer_seq if consumer.delivered else 0
+                if consumer.num_pending == 0 and not delivered:
+                    caught_up.set()
             await caught_up.wait()
 
     def _receiver(
