@@ -7,8 +7,10 @@ entitlement) and its cycle-duration histogram."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from typing import TypeVar
 
 import msgspec
@@ -18,9 +20,11 @@ import pytest
 from live_harness import eventually, of_type, placements, records, seed
 from nats.aio.msg import Msg
 
+from allot.adapters.embedded import EmbeddedNats
 from allot.live import bus, service_main
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.sdk import Client
 from allot.services.intake import Intake
 from allot.services.placement import PlacementService, encode_within
 
@@ -375,3 +379,56 @@ def test_a_listing_answer_fits_one_nats_message_and_keeps_its_total() -> None:
     assert [r.workload_id for r in got.rows] == [f"w{i}" for i in range(len(got.rows))]
     # Small answers are untouched.
     assert encode_within(build, 10, limit) == msgspec.json.encode(build(10))
+
+
+@pytest.fixture(scope="module")
+def filtering_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The wheel's nats-server (>= 2.10: consumers with several filters), whatever the
+    suite's own server is (this machine's is 2.9, which reads everything)."""
+    with EmbeddedNats(store_dir=tmp_path_factory.mktemp("filtering")) as server:
+        yield server.url
+
+
+async def test_status_reads_the_start_that_placement_does_not_follow(
+    filtering_server: str,
+) -> None:
+    """Placement's follower skips runs' starts (``DECISION_INPUTS``: they decide nothing
+    and come in bursts ahead of submissions); `allot status` still shows when a run
+    started, read from the log when asked, for a running workload and for one whose start
+    is read only after its end."""
+    nc = await nats.connect(filtering_server)
+    js = nc.jetstream()
+    for name in s.STREAMS:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await js.delete_stream(name)
+    await seed(js, {"h1": 8})
+    placement = PlacementService(filtering_server, lease_ttl_s=1.0, name="p1", tracing=False)
+    await service_main.start(placement)
+    try:
+        assert placement.follower is not None and not placement._reads_starts
+        for wid in ("run", "done"):
+            sub = m.WorkloadSubmitted(
+                workload_id=wid, client_id=wid, user="ann", gpus=2, allocation="nlp", at=1.0
+            )
+            await bus.publish(js, s.events("nlp", wid, "submitted"), sub)
+        placed = await eventually(lambda: placements(js), lambda p: len(p) == 2)
+        at = {p.workload_id: p.at for p in placed}
+        for wid in ("run", "done"):
+            started = m.WorkloadStarted(
+                workload_id=wid, allocation="nlp", at=at[wid] + 0.5, host="h1", attempt=1
+            )
+            await bus.publish(js, s.events("nlp", wid, "started"), started)
+        ended = m.WorkloadCompleted(workload_id="done", allocation="nlp", at=at["done"] + 9)
+        seq = await bus.publish(js, s.events("nlp", "done", "completed"), ended)
+        assert await placement.follower.wait_for("WORKLOADS", seq, timeout=5.0)
+        # Not followed: the fold has the end, not the starts before it.
+        assert placement.fold.records["done"].status == "completed"
+        assert all(placement.fold.records[w].run_started_at is None for w in ("run", "done"))
+        async with Client(filtering_server) as c:
+            running, done = await c.status("run"), await c.status("done")
+        assert running.state == "running" and running.run_started_at == at["run"] + 0.5
+        assert done.state == "completed" and done.run_started_at == at["done"] + 0.5
+        assert done.ended_at == at["done"] + 9
+    finally:
+        await service_main.stop(placement)
+        await nc.close()

@@ -149,8 +149,8 @@ def test_requeued_work_shows_no_old_run_and_finished_work_its_last_attempt() -> 
 
 def test_placed_is_not_running_until_its_host_reports_the_start() -> None:
     """Slurm's start is the allocation; the process starts later, when the agent says so.
-    A start report of another attempt, or after the end, changes nothing; a new attempt
-    starts unreported again."""
+    A start report of another attempt, or a second one, changes nothing; a new attempt
+    starts unreported again; a start read only after its attempt's end is shown."""
     f = fold()
     run(f, "w", (0, 1))
     assert workload_status(f, f.records["w"], None).run_started_at is None
@@ -173,6 +173,11 @@ def test_placed_is_not_running_until_its_host_reports_the_start() -> None:
     f.apply(m.WorkloadStarted(workload_id="w", allocation="nlp", at=END + 1, host="h2", attempt=2))
     done = workload_status(f, f.records["w"], None)
     assert (done.state, done.run_started_at) == ("completed", T + 22)  # like sacct, kept
+    run(f, "late", (0, 1))
+    f.apply(m.WorkloadCompleted(workload_id="late", at=END))
+    f.apply(m.WorkloadStarted(workload_id="late", allocation="nlp", at=T + 12, host="h1"))
+    late = workload_status(f, f.records["late"], None)
+    assert (late.state, late.run_started_at) == ("completed", T + 12)
 
 
 def test_a_drained_host_shows_its_drain_and_a_healthy_one_none() -> None:

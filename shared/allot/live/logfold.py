@@ -287,8 +287,12 @@ class LogFold:
 
     def _started(self, r: m.WorkloadStarted) -> Applied:
         rec = self._current(r.workload_id, r.attempt)
-        if rec is None or rec.status not in LIVE:
+        if rec is None or rec.status == "pending":
             return Applied(False, "not running")
+        if rec.run_started_at is not None:
+            return Applied(False, "start known")  # the first report of an attempt stands
+        # An ended attempt takes it too: its start may be read after its end (the
+        # placement service reads starts only when asked, ``DECISION_INPUTS``).
         # What ``allot status`` shows; nothing the scheduler decides on changes (no cycle).
         rec.run_started_at = r.at
         return _INFO
