@@ -432,3 +432,43 @@ async def test_status_reads_the_start_that_placement_does_not_follow(
     finally:
         await service_main.stop(placement)
         await nc.close()
+
+
+async def test_free_work_of_a_team_gets_its_notice_on_the_teams_subject(fresh_log: str) -> None:
+    """Work submitted to an allocation with no minimum runtime runs unallocated (charged to
+    nobody, preemptible at once); its notice is still filed under that allocation, as its
+    other events are, so the team's subscriber and `allot watch` see it."""
+    nc = await nats.connect(fresh_log)
+    js = nc.jetstream()
+    await seed(js, {"h1": 2})
+    placement = PlacementService(fresh_log, lease_ttl_s=1.0, name="p1", grace_s=1, tracing=False)
+    await service_main.start(placement)
+    notices: list[m.PreemptionNotice] = []
+    try:
+        async with Client(fresh_log) as c:
+            await c.on_preemption(notices.append, allocation="nlp")
+            free = m.WorkloadSubmitted(
+                workload_id="free", client_id="free", user="ann", gpus=2, allocation="nlp", at=1.0
+            )
+            await bus.publish(js, s.events("nlp", "free", "submitted"), free)
+            await eventually(lambda: placements(js), lambda p: len(p) == 1)
+            owed = m.WorkloadSubmitted(
+                workload_id="owed",
+                client_id="owed",
+                user="bo",
+                gpus=2,
+                allocation="vision",
+                min_runtime_s=600,
+                at=2.0,
+            )
+            await bus.publish(js, s.events("vision", "owed", "submitted"), owed)
+            await eventually(lambda: asyncio.sleep(0, notices), bool)
+        assert [(n.workload_id, n.allocation, n.preemptor) for n in notices] == [
+            ("free", "nlp", "owed")
+        ]
+        assert notices[0].victim_held_gpus == 0  # charged to nobody
+        logged = of_type(await records(js), m.PreemptionNotice)
+        assert [n.allocation for n in logged] == ["nlp"]
+    finally:
+        await service_main.stop(placement)
+        await nc.close()

@@ -39,7 +39,9 @@ allot.v1.query.{queue,prio,hosts,share,...}      queries (request/reply)       a
 Rules behind the shape:
 
 1. **Unallocated work** uses the token ``~`` (``UNALLOCATED``) in place of the allocation.
-   ``~`` is outside the budget-name alphabet, so no allocation can collide with it.
+   ``~`` is outside the budget-name alphabet, so no allocation can collide with it. Work
+   submitted to an allocation with ``min_runtime_s`` 0 runs unallocated (charged to nobody)
+   but every subject of it, its preemption notices included, keeps that allocation's token.
 2. **Budgets**: the subject carries the *full path from the root* to the node whose shares
    change, one token per level (``allot.v1.budget.set.root.nlp.pretrain`` sets the shares
    of ``pretrain`` under ``nlp``). The manager of ``nlp`` is granted

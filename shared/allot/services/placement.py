@@ -517,13 +517,18 @@ class PlacementService:
         epoch = self.epoch
         for p in result.preemptions:
             rec = self.fold.records[p.workload_id]
+            # Filed, like every other event of the workload, under the allocation it was
+            # submitted to, also when it runs unallocated (``min_runtime_s`` 0: charged to
+            # nobody, ``p.allocation`` None); until 2026-12-03 such a notice went to
+            # ``preempt.~.<w>`` and neither its team's subscribers nor `allot watch` saw it.
+            filed = rec.workload.allocation
             publishes.append(
                 bus.publish(
                     self.js,
-                    s.preempt(p.allocation, p.workload_id),
+                    s.preempt(filed, p.workload_id),
                     m.PreemptionNotice(
                         workload_id=p.workload_id,
-                        allocation=p.allocation,
+                        allocation=filed,
                         at=now,
                         reason=p.reason.value,
                         grace_deadline=p.preempt_at,
