@@ -200,6 +200,24 @@ def test_victims_free_what_is_needed_on_one_host(
     assert result.placements == ()
 
 
+def test_a_gangs_remainder_preempts_no_more_unallocated_work_than_it_needs() -> None:
+    """12 GPUs on 8-GPU hosts: one host cleared whole (h3: the least work lost), then 4
+    more. h1 and h2 both hold 8 GPUs of unallocated work, but on h1 it is one 8-GPU run
+    and on h2 two 4-GPU runs: the remainder takes one run of h2 (12 GPUs preempted in
+    all), not h1's run for its lower index (16; found by a user trial, 2026-12-03)."""
+    state = cluster(
+        hosts(3),
+        u("u8", 8, "h1", start=NOW - 63),
+        u("sp", 4, "h2", start=NOW - 160),
+        u("z1", 4, "h2", start=NOW - 37),
+        u("z2", 4, "h3", start=NOW - 37),
+        u("z3", 4, "h3", start=NOW - 37),
+    )
+    result = decide(state, workload("a1", 12), shares=A_UNDER, now=NOW)
+    assert set(preempted(result)) == {"z1", "z2", "z3"}
+    assert sum(p.gpus for p in result.preemptions) == 12
+
+
 def test_the_free_gpus_beside_the_victims_are_reserved_for_the_requester() -> None:
     # h1: b1 on 4, 4 free. h2: b2 on 2, 6 free. a1 (8) preempts b2, the cheaper victim, and
     # waits for h2's 6 free GPUs too. a2 (5) would fit on h2's free GPUs, but they are

@@ -16,6 +16,9 @@ Rules (rule 8 of the design):
    what the request needs on one host, not GPUs scattered over many.
 5. Gangs (g > G): g // G hosts of size G are cleared whole (the cheapest ones by the same
    cost, free hosts costing nothing), and the remainder is planned as in 4 on another host.
+
+When only cheap victims are needed (unallocated work, unclaimed notices), the hosts come
+from an index by cheap room, and rule 4 compares the first ``CHEAP_CANDIDATES`` that fit.
 """
 
 from __future__ import annotations
@@ -123,6 +126,11 @@ def _plan_cheap(view: ClusterView, pool: str, gpus: int, largest: int) -> Plan |
     return _plan(chosen, view)
 
 
+CHEAP_CANDIDATES = 16
+"""Hosts a cheap plan compares for one request (rule 4's cost), taken from the smallest
+cheap room that fits upward: bounded, so a cycle on a thousand hosts stays cheap."""
+
+
 def _cheap_host(
     view: ClusterView,
     buckets: list[set[int]],
@@ -132,12 +140,21 @@ def _cheap_host(
     *,
     exclude: set[int],
 ) -> _HostPlan | None:
+    """The cheapest of the first ``CHEAP_CANDIDATES`` hosts by cheap room that fit
+    ``gpus``. Room alone does not say what a host frees: a host with one 8-GPU victim and
+    one with two 4-GPU victims both have room 8, and a 4-GPU request needs a notice for 4
+    GPUs on the second, 8 on the first (found 2026-12-03: a 12-GPU gang's remainder took
+    the first, the lowest index, and 4 GPUs were preempted for nothing)."""
+    candidates: list[int] = []
     for room in range(gpus, len(buckets)):
         options = buckets[room] - exclude if exclude else buckets[room]
-        if options:
-            host = view.st.host_ids[min(options)]
-            return _best_host(view, [host], gpus, rule, held, exclude=set())
-    return None
+        candidates.extend(sorted(options)[: CHEAP_CANDIDATES - len(candidates)])
+        if len(candidates) >= CHEAP_CANDIDATES:
+            break
+    if not candidates:
+        return None
+    hosts = [view.st.host_ids[i] for i in sorted(candidates)]
+    return _best_host(view, hosts, gpus, rule, held, exclude=set())
 
 
 class _NoNewVictims:
