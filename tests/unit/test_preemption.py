@@ -312,6 +312,46 @@ def test_work_under_notice_is_claimed_first_and_causes_no_new_notice(
     assert result.placements == ()
 
 
+def test_work_under_notice_for_a_pending_request_stays_its_own_from_cycle_to_cycle() -> None:
+    """ads (12) and search (8) arrive together; 20 GPUs of unallocated work get notices,
+    each for one of them. As the victims leave one by one, a cycle runs after each: no
+    cycle may give one request's noticed GPUs to the other (ads, first in order, took
+    search's 8-GPU host and search preempted one more run; found by a user trial)."""
+    protected = [on(workload(f"n{h}", 8, "nlp"), h, start=NOW) for h in ("h2", "h3", "h4")]
+    state = cluster(
+        hosts(8),
+        u("u8", 8, "h1", start=NOW - 63),
+        *protected,
+        u("sp", 4, "h5", start=NOW - 160),
+        u("z1", 4, "h5", start=NOW - 37),
+        on(workload("n6", 8, "nlp"), "h6", start=NOW),
+        on(workload("n7", 8, "nlp"), "h7", start=NOW),
+        u("z2", 4, "h8", start=NOW - 37),
+        u("z3", 4, "h8", start=NOW - 37),
+    )
+    queue = PendingQueue()
+    queue.add(workload("ads", 12, "ads", submit=NOW))
+    queue.add(workload("search", 8, "search", submit=NOW))
+    shares = {"nlp": 0.25, "ads": 0.25, "search": 0.25, "vision": 0.25}
+    policy = Policy(grace_s=10)
+    result = run_cycle(Snapshot(state, queue, shares, {}), policy, NOW)
+    apply_result(state, queue, result, NOW)
+    first = {p.workload_id: p.preemptor for p in result.preemptions}
+    assert first == {"z1": "ads", "z2": "ads", "z3": "ads", "u8": "search"}
+    notices, placed_ = dict(first), {}
+    now = NOW
+    for victim in ("z1", "z2", "z3", "u8"):  # search's victim leaves last
+        now += 1
+        end_workload(state, queue, victim, preempted=True)
+        result = run_cycle(Snapshot(state, queue, shares, {}), policy, now)
+        apply_result(state, queue, result, now)
+        notices.update((p.workload_id, p.preemptor) for p in result.preemptions)
+        placed_.update(placed(result))
+    assert notices == first  # nobody else preempted
+    assert set(placed_) == {"ads", "search"}
+    assert sum(len(g) for _, g in placed_["ads"]) == 12
+
+
 # -- who may reclaim from whom --------------------------------------------------------------
 
 # Two 8-GPU hosts (16 GPUs); a1 asks for 4.

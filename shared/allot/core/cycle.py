@@ -20,7 +20,9 @@ A cycle, in order:
    a minimal set of unprotected victims on the best host(s); the notices take effect after
    the grace period, the GPUs they free (and the free GPUs beside them) are reserved for
    the requester for the rest of the cycle. GPUs already under notice are claimed first,
-   so a requester waiting out a grace period does not cause new preemptions. A request
+   so a requester waiting out a grace period does not cause new preemptions; work under
+   notice for a request still pending stays that request's in later cycles (the notice
+   names it: ``ClusterState.noticed_for``), so no other request takes it. A request
    *reclaims* (may take any over-entitlement allocation's unprotected work) when its
    allocation holds less than its entitlement and at least half of the request is owed
    room (held + gpus / 2 <= entitlement); otherwise it may take only worse-ranked
@@ -119,6 +121,7 @@ class _Cycle:
         self.earmarked_for: set[str] = set()  # allocations that earmarked GPUs this cycle
         self._due_earmarks: list[tuple[Workload, str, VictimRule]] = []  # not planned yet
         self._room_base: tuple[float, dict[str, int], dict[str | None, int]] | None = None
+        self._own_victims: dict[str, list[Running]] = {}  # see ``_hold_own_victims``
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CycleResult:
@@ -126,6 +129,7 @@ class _Cycle:
         if len(self.queue):
             if self.policy.mode is Mode.PRIORITY:
                 self._count_shielded()
+            self._hold_own_victims()
             self._schedule()
         if self.blocked_allocated and self.policy.preempts:
             t = self.st.next_protection_end(self.now)
@@ -310,11 +314,30 @@ class _Cycle:
             return w.allocation
         return DEFAULT_POOL
 
+    def _hold_own_victims(self) -> None:
+        """Work under notice for a request still pending is that request's, from one cycle
+        to the next: claimed for it before the walk, given back to it when its turn comes
+        (``_consider``). Without this each cycle plans afresh, and an earlier request could
+        take the GPUs a later one's notices freed, which then preempted more (found
+        2026-12-03: a 12-GPU and an 8-GPU request, 20 GPUs noticed, then one more 4-GPU run
+        preempted when the first victim left)."""
+        own: dict[str, list[Running]] = {}
+        for wid, for_id in sorted(self.st.noticed_for.items()):
+            run = self.st.running.get(wid)
+            if run is not None and for_id in self.queue:
+                own.setdefault(for_id, []).append(run)
+        if own:
+            self.view.reserve([r for runs in own.values() for r in runs], ())
+        self._own_victims = own
+
     def _consider(self, w: Workload) -> None:
         """Place ``w``, or plan room for it by preemption, or record why neither."""
         pool = self._pool(w) if self._partitioned else DEFAULT_POOL
         gpus = w.gpus
         may_preempt = self._preempts and (w.allocated or not self._fairshare)
+        own = self._own_victims.pop(w.id, None)
+        if own:
+            self.view.unclaim(own)
         if gpus < self.place_bound.get(pool, math.inf):
             self._plan_due_earmarks()
             assignment = self.view.find_fit(pool, gpus)
@@ -332,7 +355,9 @@ class _Cycle:
             self.blocked_allocated |= w.allocated
             return
         bound_key = self._bound_key(w)
-        if gpus >= self.preempt_bound.get(bound_key, math.inf):
+        # The bound assumes victim sets only shrink down the order; a request's own work
+        # under notice adds to its set alone.
+        if not own and gpus >= self.preempt_bound.get(bound_key, math.inf):
             self.blocked_allocated |= w.allocated
             return
         room = self._room_upper_bound(w)

@@ -18,7 +18,7 @@ def apply_result(state: ClusterState, queue: PendingQueue, result: CycleResult, 
     for transition in result.transitions:
         state.set_host_state(transition.host, transition.state)
     for preemption in result.preemptions:
-        state.notice(preemption.workload_id, preemption.preempt_at)
+        state.notice(preemption.workload_id, preemption.preempt_at, preemption.preemptor)
     for placement in result.placements:
         queue.remove(placement.workload.id)
         state.start(placement.workload, placement.assignment, now, shielded=placement.shielded)

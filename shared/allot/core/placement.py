@@ -227,6 +227,15 @@ class ClusterView:
         self.take(free)
         self.touched({h for r in victims for h, _ in r.assignment})
 
+    def unclaim(self, victims: Iterable[Running]) -> None:
+        """Undo ``reserve`` of these victims (not of free GPUs): others may plan with them."""
+        victims = [r for r in victims if r.workload.id in self.claimed]
+        self.claimed.difference_update(r.workload.id for r in victims)
+        for run in victims:
+            if self.terminating(run):
+                self._count_noticed(run, +1)
+        self.touched({h for r in victims for h, _ in r.assignment})
+
     def earmark(self, victims: Iterable[Running], free: Assignment) -> None:
         """Hold back ``free`` from allocated work until ``release_earmarks``; the victims
         stay put (they are protected) but no other request may plan with them."""

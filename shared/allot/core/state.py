@@ -60,6 +60,9 @@ class ClusterState:
         self.healthy_gpus = 0
         self.draining: set[str] = set()
         self.noticed: set[str] = set()  # running workloads under a preemption notice
+        self.noticed_for: dict[str, str] = {}
+        """Noticed workload -> the request its notice made room for (``Preemption.preemptor``):
+        the request keeps those GPUs from one cycle to the next (``allot.core.cycle``)."""
         self._protect_heap: list[tuple[float, str]] = []
         for host in ordered:
             self._index_host(host.id, add=True)
@@ -167,12 +170,15 @@ class ClusterState:
             heapq.heappush(self._protect_heap, (run.protected_until, workload.id))
         return run
 
-    def notice(self, workload_id: str, preempt_at: float) -> Running:
-        """A preemption notice: the GPUs stay held until the workload has ended."""
+    def notice(self, workload_id: str, preempt_at: float, for_id: str | None = None) -> Running:
+        """A preemption notice: the GPUs stay held until the workload has ended. ``for_id``:
+        the request it makes room for (none for a drain or a cancel)."""
         run = self._running(workload_id)
         noticed = Running(run.workload, run.start_time, run.assignment, preempt_at, run.shielded)
         self.running[workload_id] = noticed
         self.noticed.add(workload_id)
+        if for_id is not None:
+            self.noticed_for[workload_id] = for_id
         return noticed
 
     def finish(self, workload_id: str) -> Running:
@@ -181,6 +187,7 @@ class ClusterState:
         del self.running[workload_id]
         self.running_gpus -= run.workload.gpus
         self.noticed.discard(workload_id)
+        self.noticed_for.pop(workload_id, None)
         for host_id, gpus in run.assignment:
             self._give(host_id, gpus)
             self.on_host[host_id].discard(workload_id)

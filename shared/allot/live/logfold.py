@@ -254,7 +254,7 @@ class LogFold:
         rec = self._current(r.workload_id, r.attempt)
         if rec is None or rec.status != "running":
             return Applied(False, "not running")
-        self.state.notice(rec.workload.id, r.grace_deadline)
+        self.state.notice(rec.workload.id, r.grace_deadline, r.preemptor)
         rec.status = "noticed"
         rec.preempt_at = r.grace_deadline
         return Applied(True)
