@@ -180,6 +180,27 @@ def test_placed_is_not_running_until_its_host_reports_the_start() -> None:
     assert (late.state, late.run_started_at) == ("completed", T + 12)
 
 
+def test_a_requeued_workload_says_when_and_why_its_last_attempt_ended() -> None:
+    """Pending again after a preemption: like Slurm's restart count and requeue reason, its
+    status says attempt 1 ended at T + 15, preempted for a better-ranked request; once
+    placed again, or never run, nothing of the kind is shown."""
+    f = fold()
+    run(f, "w", (0, 1))
+    f.apply(m.WorkloadSubmitted(workload_id="new", client_id="new", user="ann", gpus=1, at=T))
+    f.apply(m.WorkloadPreempted(workload_id="w", at=T + 15, reason="better-ranked"))
+    pending = workload_status(f, f.records["w"], 1)
+    assert (pending.state, pending.attempt) == ("pending", 1)
+    assert (pending.requeued_at, pending.requeue_reason) == (T + 15, "better-ranked")
+    assert pending.ended_at is None and pending.reason == ""  # it has not ended
+    page = workload_page(T + 20, "w", pending, []).html
+    assert '<th class="l">requeued</th>' in page and "attempt 1 (better-ranked)" in page
+    never = workload_status(f, f.records["new"], 2)
+    assert (never.requeued_at, never.requeue_reason) == (None, "")
+    run(f, "w", (4, 5), attempt=2, host="h2")
+    again = workload_status(f, f.records["w"], None)
+    assert (again.state, again.requeued_at, again.requeue_reason) == ("running", None, "")
+
+
 def test_a_drained_host_shows_its_drain_and_a_healthy_one_none() -> None:
     f = fold()
     f.apply(m.HostDraining(host="h1", at=T + 5, reason="bad fan", by="ops"))

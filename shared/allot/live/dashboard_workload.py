@@ -91,6 +91,11 @@ def workload_page(
             )
         if status.position is not None:
             facts.append(("queue position", str(status.position)))
+        if status.requeued_at is not None:
+            why = f" ({escape(status.requeue_reason)})" if status.requeue_reason else ""
+            facts.append(
+                ("requeued", f"{when(status.requeued_at, now)}: attempt {status.attempt}{why}")
+            )
         if status.ended_at is not None:
             facts.append(("ended", when(status.ended_at, now)))
         if status.exit_code is not None:

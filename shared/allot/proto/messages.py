@@ -651,8 +651,11 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     started, None until it has (placed, not yet running there); ``ended_at``, ``exit_code``
     (0 for completed), ``reason`` (a failure's or a cancel's reason, a preemption's code)
     and ``cancelled_by`` are set only once it has ended, as far as its end record says.
-    ``command`` is the submission's (as ``scontrol show job``'s ``Command``); ``env_names``
-    the names of its ``env``, not their values (a value may be a token)."""
+    ``requeued_at`` and ``requeue_reason`` (a preemption's code), only while it is pending
+    again: when and why its last attempt (``attempt``) ended and sent it back to the queue
+    (Slurm's ``Restarts`` and requeue reason). ``command`` is the submission's (as
+    ``scontrol show job``'s ``Command``); ``env_names`` the names of its ``env``, not their
+    values (a value may be a token)."""
 
     workload_id: Name
     state: Literal[
@@ -673,6 +676,8 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
     reason: Text = ""
     cancelled_by: Name | None = None
+    requeued_at: Timestamp | None = None
+    requeue_reason: Text = ""
     command: Command = ()
     env_names: Annotated[tuple[EnvName, ...], msgspec.Meta(max_length=MAX_ENV)] = ()
 

@@ -914,6 +914,7 @@ def workload_status(fold: LogFold, rec: WorkloadRecord, position: int | None) ->
     run = fold.state.running.get(rec.workload.id)
     ended = rec.status in TERMINAL
     shown = run is not None or ended  # a requeued workload's last run is not its present
+    requeued = rec.status == "pending" and rec.attempt > 0
     return m.WorkloadStatus(
         workload_id=rec.workload.id,
         state=rec.status,
@@ -932,6 +933,8 @@ def workload_status(fold: LogFold, rec: WorkloadRecord, position: int | None) ->
         exit_code=rec.exit_code if ended else None,
         reason=rec.end_reason if ended else "",
         cancelled_by=rec.ended_by if ended else None,
+        requeued_at=rec.requeued_at if requeued else None,
+        requeue_reason=rec.requeue_reason if requeued else "",
         command=rec.command,
         env_names=tuple(sorted(rec.env)),
     )
