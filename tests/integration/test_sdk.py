@@ -289,6 +289,53 @@ async def test_an_unexpected_reply_is_a_bad_reply(responders: Responders, client
         await client.hosts()
 
 
+async def _watch_unlogged(c: Client) -> None:
+    """A watch of a workload the log has no record of: it asks the leader about it."""
+    async for _ in c.watch("wl-x", "nlp", missing_after=0.2, idle_timeout=2.0):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("subject", "call", "field"),
+    [
+        pytest.param(
+            subjects.QUERY_STATUS,
+            lambda c: c.status("wl-a"),
+            "workload_id",
+            id="status: the leader refuses the id",
+        ),
+        pytest.param(
+            subjects.query_scoped(subjects.QUERY_STATUS, "nlp"),
+            _watch_unlogged,
+            "workload_id",
+            id="watch: the leader refuses the id it is asked about",
+        ),
+        pytest.param(
+            subjects.QUERY_SHARE, lambda c: c.share(), "ranking", id="share before any ranking"
+        ),
+        pytest.param(
+            subjects.QUERY_QUEUE, lambda c: c.queue(), "body", id="queue: any query may be refused"
+        ),
+    ],
+)
+async def test_a_refused_query_is_a_validation_error_naming_the_field(
+    responders: Responders,
+    client: Client,
+    subject: str,
+    call: Callable[[Client], Any],
+    field: str,
+) -> None:
+    """It was a ``BadReplyError`` ("unexpected message"), and a watch took it for a leader
+    with nothing to say and waited out its idle timeout."""
+    await bus.ensure_streams(responders.nc.jetstream())
+    await responders.answer(
+        subject, lambda msg: m.CommandRejected(at=NOW, field=field, reason="refused here")
+    )
+    with pytest.raises(CommandRejectedError) as refused:
+        await call(client)
+    assert (refused.value.field, refused.value.reason) == (field, "refused here")
+
+
 async def test_cancel_accepted_and_rejected(responders: Responders, client: Client) -> None:
     await responders.answer(
         subjects.cancel("nlp", "wl-a"), lambda msg: m.CommandAccepted(at=NOW, detail="pending")

@@ -69,7 +69,6 @@ WORKLOADS_STREAM = "WORKLOADS"
 
 T = TypeVar("T")
 
-_ENCODER = msgspec.json.Encoder()
 _SUBMIT_REPLY = msgspec.json.Decoder(m.WorkloadAccepted | m.WorkloadRejected)
 _BATCH_REPLY = msgspec.json.Decoder(m.SubmitBatchAnswered | m.WorkloadRejected)
 _BATCH_ROOM = codec.MAX_PAYLOAD - 256
@@ -83,18 +82,21 @@ _LOGIN_REFUSED = "authorization violation"
 _COMMAND_REPLY = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
 NO_RESPONDER_PAUSE_S = 0.1
 """Between two asks while nobody listens after an unanswered attempt (see ``_request``)."""
-_STATUS_REPLY = msgspec.json.Decoder(m.WorkloadStatus)
 MISSING_AFTER_S = 2.0
 """``Client.watch``: when the log has shown nothing of the workload for this long, the
 placement leader is asked whether it exists."""
 MISSING_ASK_TIMEOUT_S = 2.0
 """How long that ask waits for the leader's answer (then the watch waits and asks again)."""
-_QUEUE_REPLY = msgspec.json.Decoder(m.QueueSnapshot)
-_PRIO_REPLY = msgspec.json.Decoder(m.PrioSnapshot)
-_HOSTS_REPLY = msgspec.json.Decoder(m.HostsSnapshot)
-_SHARE_REPLY = msgspec.json.Decoder(m.RankingUpdated)
-_ALLOCATIONS_REPLY = msgspec.json.Decoder(m.AllocationsSnapshot)
-_PLACEMENT_STATS_REPLY = msgspec.json.Decoder(m.PlacementStats)
+# Every query's reply may be a refusal: a service answers a body it cannot take (a status
+# query's id, the owed window) or a question it cannot answer yet (the ranking service
+# before its first ranking) with ``CommandRejected``.
+_STATUS_REPLY = msgspec.json.Decoder(m.WorkloadStatus | m.CommandRejected)
+_QUEUE_REPLY = msgspec.json.Decoder(m.QueueSnapshot | m.CommandRejected)
+_PRIO_REPLY = msgspec.json.Decoder(m.PrioSnapshot | m.CommandRejected)
+_HOSTS_REPLY = msgspec.json.Decoder(m.HostsSnapshot | m.CommandRejected)
+_SHARE_REPLY = msgspec.json.Decoder(m.RankingUpdated | m.CommandRejected)
+_ALLOCATIONS_REPLY = msgspec.json.Decoder(m.AllocationsSnapshot | m.CommandRejected)
+_PLACEMENT_STATS_REPLY = msgspec.json.Decoder(m.PlacementStats | m.CommandRejected)
 _OWED_REPLY = msgspec.json.Decoder(m.OwedSnapshot | m.CommandRejected)
 
 # Who answers what: named in the "no responder" and timeout errors.
@@ -113,13 +115,69 @@ def new_client_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def _checked(kind: Kind, msg: msgspec.Struct) -> bytes:
+def _checked(msg: msgspec.Struct) -> bytes:
     """The JSON of ``msg``, validated as the service will (msgspec checks constraints on
     decode only): raises ``ValidationError`` naming the field."""
     _require_finite(msg, "")
     data = codec.encode(msg)
-    codec.decode(kind, data)
+    codec.decode_as(type(msg), data)
     return data
+
+
+def _submission(msg: m.SubmitWorkload) -> bytes:
+    """``_checked`` for a ``submit_batch`` item, with ``submit``'s checks of what the wire
+    types cannot say: a reserved or oversized ``env`` (intake refuses it) and a ``command``
+    no host can run. An item is built by the caller, and msgspec checks nothing then."""
+    checked = msgspec.structs.replace(msg, command=_argv(msg.command), env=check_env(msg.env))
+    return _checked(checked)
+
+
+def _argv(command: object) -> tuple[str, ...]:
+    """``command`` as an argument vector. A string is a ``Sequence[str]`` too, and was sent
+    one character per argument; there is no shell on the host to split it. A NUL cannot
+    be passed to ``exec`` and an empty program name cannot be run: both were accepted by
+    intake and only failed on the host, after the work may have preempted others. (An
+    empty command stays allowed here, unlike the CLI's ``CMD``: fake agents run it for
+    ``duration_s`` or their own default, as the demo and the tests do.)"""
+    if isinstance(command, str | bytes | bytearray):
+        raise ValidationError(
+            "command",
+            f"must be a list of strings, not one string ({command!r}): no shell splits it, "
+            "so pass the program and each argument as its own item",
+        )
+    if not isinstance(command, Sequence):
+        raise ValidationError("command", f"must be a list of strings, got {type(command).__name__}")
+    for i, arg in enumerate(command):
+        if isinstance(arg, str) and "\x00" in arg:
+            raise ValidationError(f"command[{i}]", "holds a NUL character (exec refuses it)")
+    if command and command[0] == "":
+        raise ValidationError("command[0]", "must not be empty: it names the program to run")
+    return tuple(command)
+
+
+_NAME = re.compile(m.NAME_PATTERN)
+
+
+def _require_name(name: str, field: str) -> str:
+    """``name`` if the wire takes it as a name or id (``messages.Name``). ``validate_token``
+    alone lets through what a service then refuses (``'ünï'`` is a NATS token, not a
+    name): a status query got a ``CommandRejected``, a subscription waited for nothing."""
+    subjects.validate_token(name, field)
+    if _NAME.match(name) is None:
+        raise ValidationError(field, f"{codec.PATTERN_WORDS[m.NAME_PATTERN]}, got {name!r}")
+    return name
+
+
+def _require_seconds(field: str, value: float | None) -> None:
+    """Refuse ``value`` unless it is a usable wait (None passes: the caller's default). NaN
+    made a deadline no clock reaches (a watch hung forever), and zero or less timed out
+    at once, reported as a silent service."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(field, f"must be a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValidationError(field, f"must be a positive number of seconds, got {value!r}")
 
 
 def _require_finite(value: object, path: str) -> None:
@@ -139,9 +197,7 @@ def _scoped(query: str, scope: str | None) -> str:
     """The cluster-wide query subject, or its per-allocation form for ``scope``."""
     if scope is None:
         return query
-    allocation = None if scope == subjects.UNALLOCATED else scope
-    if allocation is not None:
-        subjects.validate_token(allocation, "scope")
+    allocation = None if scope == subjects.UNALLOCATED else _require_name(scope, "scope")
     return subjects.query_scoped(query, allocation)
 
 
@@ -171,8 +227,8 @@ class Client:
     ) -> None:
         if retries < 0:
             raise ValidationError("retries", f"must be >= 0, got {retries}")
-        if timeout <= 0:
-            raise ValidationError("timeout", f"must be > 0 seconds, got {timeout}")
+        _require_seconds("timeout", timeout)
+        _require_seconds("connect_timeout", connect_timeout)
         self.nats_url = nats_url
         self.name = name
         self.timeout = timeout
@@ -300,6 +356,7 @@ class Client:
         who: str,
         timeout: float | None,
     ) -> T:
+        _require_seconds("timeout", timeout)
         wait = self.timeout if timeout is None else timeout
         attempts = self.retries + 1
         loop = asyncio.get_running_loop()
@@ -372,9 +429,21 @@ class Client:
         return task.result()
 
     async def _command(
-        self, subject: str, kind: Kind, msg: msgspec.Struct, who: str, timeout: float | None
+        self, subject: str, msg: msgspec.Struct, who: str, timeout: float | None
     ) -> m.CommandAccepted:
-        reply = await self._request(subject, _checked(kind, msg), _COMMAND_REPLY, who, timeout)
+        return await self._ask(subject, _checked(msg), _COMMAND_REPLY, who, timeout)
+
+    async def _ask(
+        self,
+        subject: str,
+        body: bytes,
+        decoder: msgspec.json.Decoder[T | m.CommandRejected],
+        who: str,
+        timeout: float | None,
+    ) -> T:
+        """``_request`` whose ``CommandRejected`` answer is raised as the refusal it is,
+        naming the field (it was a ``BadReplyError`` for the queries: "unexpected message")."""
+        reply = await self._request(subject, body, decoder, who, timeout)
         if isinstance(reply, m.CommandRejected):
             raise CommandRejectedError(reply.field, reply.reason)
         return reply
@@ -417,12 +486,12 @@ class Client:
             resumable=resumable,
             kind=kind,
             priority=priority,
-            command=tuple(command),
+            command=_argv(command),
             env=check_env({} if env is None else env),
             duration_s=duration_s,
         )
+        body = _checked(msg)
         subject = subjects.submit(allocation)
-        body = _checked(Kind.SUBMIT, msg)
         reply = await self._request(subject, body, _SUBMIT_REPLY, INTAKE, timeout)
         if isinstance(reply, m.WorkloadRejected):
             raise SubmitRejectedError(reply.field, reply.reason, reply.client_id)
@@ -438,8 +507,12 @@ class Client:
         locally (``ValidationError`` naming ``workloads[i]...``) before anything is sent."""
         groups: dict[str | None, list[tuple[int, bytes]]] = {}
         for i, item in enumerate(workloads):
+            if not isinstance(item, m.SubmitWorkload):
+                raise ValidationError(
+                    f"workloads[{i}]", f"must be a SubmitWorkload, got {type(item).__name__}"
+                )
             try:
-                body = _checked(Kind.SUBMIT, item)
+                body = _submission(item)
             except ValidationError as e:
                 raise ValidationError(f"workloads[{i}].{e.field}", e.reason) from None
             groups.setdefault(item.allocation, []).append((i, body))
@@ -503,12 +576,13 @@ class Client:
         msg = m.CancelWorkload(
             workload_id=workload_id, user=user, allocation=allocation, reason=reason
         )
-        form, kind = (subjects.cancel, Kind.CANCEL)
+        form = subjects.cancel
         if as_manager:
-            form, kind = (subjects.manager_cancel, Kind.MANAGER_CANCEL)
+            form = subjects.manager_cancel
         elif as_operator:
-            form, kind = (subjects.operator_cancel, Kind.OPERATOR_CANCEL)
-        return await self._command(form(allocation, workload_id), kind, msg, INTAKE, timeout)
+            form = subjects.operator_cancel
+        body = _checked(msg)  # first: the subject would name a bad id "workload", not "workload_id"
+        return await self._ask(form(allocation, workload_id), body, _COMMAND_REPLY, INTAKE, timeout)
 
     async def status(
         self, workload_id: str, *, scope: str | None = None, timeout: float | None = None
@@ -516,10 +590,10 @@ class Client:
         """One workload's state. ``scope`` (an allocation, ``~`` for unallocated work) asks
         the per-allocation subject a team is granted: another allocation's workload is
         then ``unknown``. Without it, the cluster-wide subject (operators, managers)."""
-        subjects.validate_token(workload_id, "workload_id")
-        body = _ENCODER.encode(m.StatusQuery(workload_id=workload_id))
+        _require_name(workload_id, "workload_id")  # worded as watch and on_preemption word it
+        body = _checked(m.StatusQuery(workload_id=workload_id))
         subject = _scoped(subjects.QUERY_STATUS, scope)
-        return await self._request(subject, body, _STATUS_REPLY, PLACEMENT, timeout)
+        return await self._ask(subject, body, _STATUS_REPLY, PLACEMENT, timeout)
 
     async def queue(
         self, *, scope: str | None = None, timeout: float | None = None
@@ -527,7 +601,7 @@ class Client:
         """Pending work in service order; with ``scope``, that allocation's rows only (their
         positions stay cluster-wide)."""
         subject = _scoped(subjects.QUERY_QUEUE, scope)
-        return await self._request(subject, b"{}", _QUEUE_REPLY, PLACEMENT, timeout)
+        return await self._ask(subject, b"{}", _QUEUE_REPLY, PLACEMENT, timeout)
 
     async def prio(
         self, *, scope: str | None = None, timeout: float | None = None
@@ -535,23 +609,23 @@ class Client:
         """``allot prio``: each pending workload's position broken into its inputs; with
         ``scope``, that allocation's rows only."""
         subject = _scoped(subjects.QUERY_PRIO, scope)
-        return await self._request(subject, b"{}", _PRIO_REPLY, PLACEMENT, timeout)
+        return await self._ask(subject, b"{}", _PRIO_REPLY, PLACEMENT, timeout)
 
     async def hosts(self, *, timeout: float | None = None) -> m.HostsSnapshot:
-        return await self._request(subjects.QUERY_HOSTS, b"{}", _HOSTS_REPLY, PLACEMENT, timeout)
+        return await self._ask(subjects.QUERY_HOSTS, b"{}", _HOSTS_REPLY, PLACEMENT, timeout)
 
     async def share(self, *, timeout: float | None = None) -> m.RankingUpdated:
-        return await self._request(subjects.QUERY_SHARE, b"{}", _SHARE_REPLY, RANKING, timeout)
+        return await self._ask(subjects.QUERY_SHARE, b"{}", _SHARE_REPLY, RANKING, timeout)
 
     async def allocations(self, *, timeout: float | None = None) -> m.AllocationsSnapshot:
         """Held GPUs vs entitlement per allocation, now (placement leader)."""
-        return await self._request(
+        return await self._ask(
             subjects.QUERY_ALLOCATIONS, b"{}", _ALLOCATIONS_REPLY, PLACEMENT, timeout
         )
 
     async def placement_stats(self, *, timeout: float | None = None) -> m.PlacementStats:
         """The leader's scheduling-cycle duration histogram."""
-        return await self._request(
+        return await self._ask(
             subjects.QUERY_PLACEMENT_STATS, b"{}", _PLACEMENT_STATS_REPLY, PLACEMENT, timeout
         )
 
@@ -560,23 +634,20 @@ class Client:
     ) -> m.OwedSnapshot:
         """Owed vs delivered GPU-hours per allocation over the last ``window_s`` (dashboard
         service; computed from the log as the simulator computes it)."""
-        body = codec.encode(m.OwedQuery(window_s=window_s, bucket_s=bucket_s))
-        reply = await self._request(subjects.QUERY_OWED, body, _OWED_REPLY, DASHBOARD, timeout)
-        if isinstance(reply, m.CommandRejected):
-            raise CommandRejectedError(reply.field, reply.reason)
-        return reply
+        body = _checked(m.OwedQuery(window_s=window_s, bucket_s=bucket_s))
+        return await self._ask(subjects.QUERY_OWED, body, _OWED_REPLY, DASHBOARD, timeout)
 
     async def drain(
         self, host: str, *, operator: str, reason: str = "", timeout: float | None = None
     ) -> m.CommandAccepted:
         msg = m.DrainHost(host=host, operator=operator, reason=reason)
-        return await self._command(subjects.drain(host), Kind.DRAIN, msg, HEALTH, timeout)
+        return await self._command(subjects.drain(host), msg, HEALTH, timeout)
 
     async def undrain(
         self, host: str, *, operator: str, timeout: float | None = None
     ) -> m.CommandAccepted:
         msg = m.UndrainHost(host=host, operator=operator)
-        return await self._command(subjects.undrain(host), Kind.UNDRAIN, msg, HEALTH, timeout)
+        return await self._command(subjects.undrain(host), msg, HEALTH, timeout)
 
     async def set_budget(
         self,
@@ -590,7 +661,7 @@ class Client:
         ``shares`` None is Slurm's ``parent``."""
         subject = subjects.budget_set(path)
         msg = m.SetBudget(path=tuple(path), shares=shares, set_by=set_by)
-        return await self._command(subject, Kind.BUDGET_SET, msg, BUDGETS, timeout)
+        return await self._command(subject, msg, BUDGETS, timeout)
 
     # -- following -----------------------------------------------------------------------------
 
@@ -616,12 +687,11 @@ class Client:
         never called unknown because the leader had not read it yet. Without a leader's
         answer (none elected, a failover) the watch waits and asks again."""
         allocation = None if allocation in ("", subjects.UNALLOCATED, None) else allocation
-        subjects.validate_token(workload_id, "workload_id")
-        if missing_after is not None and not (math.isfinite(missing_after) and missing_after > 0):
-            raise ValidationError(
-                "missing_after",
-                f"must be a positive number of seconds or None, got {missing_after!r}",
-            )
+        _require_name(workload_id, "workload_id")
+        if allocation is not None:
+            _require_name(allocation, "allocation")
+        _require_seconds("idle_timeout", idle_timeout)
+        _require_seconds("missing_after", missing_after)
         events = subjects.workload_events(allocation, workload_id)
         notices = subjects.preempt(allocation, workload_id)
         js = self.nc.jetstream()
@@ -712,6 +782,12 @@ class Client:
         as ``subjects.UNALLOCATED`` does."""
         if allocation == "":
             allocation = None if workload_id is not None else subjects.UNALLOCATED
+        # Checked as names, not only as tokens: a subscription to a subject no service
+        # ever publishes on waits silently for notices that never come.
+        if workload_id is not None:
+            _require_name(workload_id, "workload_id")
+        if allocation is not None and allocation != subjects.UNALLOCATED:
+            _require_name(allocation, "allocation")
         if workload_id is not None:
             if allocation is None:
                 token = subjects.validate_token(workload_id, "workload_id")
