@@ -431,6 +431,7 @@ def hand_cases(placed: str) -> list[Case]:
         Case(WRONG_TYPE, SUBMIT, sub, submit(env={"A": 1}), "env"),
         Case(WRONG_TYPE, SUBMIT, sub, submit(env=["A=1"]), "env"),
         Case(ABSURD, SUBMIT, sub, submit(env={"A": "x\u0000y"}), "env"),
+        Case(ABSURD, SUBMIT, sub, submit(command=["python", "x\u0000y"]), "command[1]"),
         Case(ABSURD, SUBMIT, sub, submit(env={f"V{i}": "x" for i in range(65)}), "env"),
         Case(ABSURD, SUBMIT, sub, submit(duration_s=0), "duration_s"),
         Case(ABSURD, SUBMIT, sub, submit(duration_s=-30.0), "duration_s"),

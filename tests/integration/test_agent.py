@@ -450,24 +450,6 @@ async def test_empty_command_fails_with_a_reason(
     assert not events.of(m.WorkloadStarted, "w5")
 
 
-async def test_a_command_exec_refuses_fails_with_a_reason(
-    js: JetStreamContext, events: Events, run_agent: AgentFactory
-) -> None:
-    """A NUL in an argument (the wire takes it; exec does not): the agent reports the part
-    not started instead of dropping it unreported (Python raises ValueError, not OSError)."""
-    log = Log(js)
-    await run_agent("h01")
-    await log.host("h01", 4)
-    await log.leader(1)
-    await log.submit("w7", (sys.executable, "-c", "pass\x00"))
-    await log.place("w7", {"h01": (0,)})
-
-    failed = await events.wait(m.WorkloadFailed, "w7")
-    assert failed.reason is not None and "cannot start" in failed.reason
-    assert "null" in failed.reason
-    assert not events.of(m.WorkloadStarted, "w7")
-
-
 async def test_nonzero_exit_is_reported_failed_with_its_code(
     js: JetStreamContext, events: Events, run_agent: AgentFactory
 ) -> None:

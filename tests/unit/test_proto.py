@@ -625,6 +625,17 @@ def test_every_pattern_of_the_wire_types_is_worded_by_the_codec() -> None:
     assert _patterns(components) == set(PATTERN_WORDS)
 
 
+def test_a_nul_in_a_command_argument_is_refused_naming_it() -> None:
+    """exec cannot pass it: refused at intake, not after the run was placed."""
+    body = {"type": "SubmitWorkload", "client_id": "c", "user": "u", "gpus": 1}
+    with pytest.raises(ValidationError) as caught:
+        decode(Kind.SUBMIT, raw({**body, "command": ["python", "a\x00"]}))
+    assert (caught.value.field, caught.value.reason) == (
+        "command[1]",
+        "Expected a value without NUL",
+    )
+
+
 @pytest.mark.parametrize(
     ("env", "words"),
     [

@@ -70,7 +70,12 @@ Timestamp = Annotated[
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)]
 Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
-Arg = Annotated[str, msgspec.Meta(max_length=4096)]
+NO_NUL_PATTERN = r"^[^\x00]*$"
+"""A command's argument or a variable's value: exec cannot pass a NUL byte (the host would
+fail to start the run only after the work was placed, maybe preempting others for it)."""
+Arg = Annotated[
+    str, msgspec.Meta(max_length=4096, pattern=NO_NUL_PATTERN, description="no NUL byte")
+]
 Command = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=256)]
 """A workload's command and arguments (the submission's, its record's, a host's task's)."""
 MAX_ENV = 64
@@ -87,7 +92,7 @@ EnvName = Annotated[
         description="a POSIX environment variable name: letters, digits, '_', not a digit first",
     ),
 ]
-ENV_VALUE_PATTERN = r"^[^\x00]*$"
+ENV_VALUE_PATTERN = NO_NUL_PATTERN
 EnvValue = Annotated[
     str,
     msgspec.Meta(

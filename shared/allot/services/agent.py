@@ -551,8 +551,6 @@ class Agent:
                     return await ProcessPart.spawn(task.command, env, self._clock, sink)
                 except OSError as e:
                     reason = f"cannot start {task.command[0]!r}: {e.strerror or e}"
-                except ValueError as e:  # a NUL in an argument or a variable: exec refuses it
-                    reason = f"cannot start {task.command[0]!r}: {e}"
                 finally:
                     if sink is not None:
                         sink.close()  # the child holds its own descriptor
