@@ -917,6 +917,48 @@ async def test_cli_submit_says_when_an_allocation_alone_leaves_work_unallocated(
         assert ("--min-runtime 0: this work runs unallocated" in out.err) is note, out.err
 
 
+async def test_cli_submit_says_when_a_min_runtime_without_allocation_protects_nothing(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await responders.answer(
+        subjects.submit(None),
+        lambda msg: m.WorkloadAccepted(at=NOW, client_id="c-u", workload_id="wl-u"),
+    )
+    argv = ("submit", "--user", "ann", "--gpus", "1", "--client-id", "c-u")
+    for extra, note in ((("--min-runtime", "1h"), True), ((), False)):
+        assert await cli(fresh_log, *argv, *extra, "--", "true") == 0
+        out = capsys.readouterr()
+        assert out.out.strip() == "wl-u"
+        assert (
+            "--min-runtime 1h protects nothing without an allocation (--alloc)" in out.err
+        ) is note, out.err
+    # The wire takes it (intake accepts a minimum runtime on unallocated work, unused).
+    assert [b.min_runtime_s for b in responders.bodies(Kind.SUBMIT)] == [3600, 0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (("submit", "--user", "", "--gpus", "1", "--", "true"), "--user"),
+        (("submit", "--user", "ann", "--kind", "", "--gpus", "1", "--", "true"), "--kind"),
+        (("submit", "--user", "", "--gpus", "1", "--array", "2", "--", "true"), "--user"),
+        (("drain", "h1", "--operator", ""), "--operator"),
+        (("undrain", "h1", "--operator", ""), "--operator"),
+        (("cancel", "wl-o", "--user", ""), "--user"),
+        (("budgets", "set", "root/nlp", "3", "--by", ""), "--by"),
+    ],
+    ids=["user", "kind", "array-user", "drain", "undrain", "cancel-user", "budgets-by"],
+)
+async def test_cli_an_empty_name_is_one_plain_line_naming_the_option(
+    fresh_log: str, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], option: str
+) -> None:
+    assert await cli(fresh_log, *argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"allot {argv[0]}: {option}: must not be empty (a name of letters, digits, '_' and '-')"
+    ]
+
+
 async def test_an_empty_allocation_from_the_agents_environment_means_unallocated(
     responders: Responders, client: Client
 ) -> None:

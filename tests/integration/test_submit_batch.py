@@ -212,8 +212,15 @@ async def test_cli_array_submits_n_copies_once(intake_url: str) -> None:
     ]
     done = await _cli(intake_url, *argv)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [workload_id("nlp", f"sweep-{i}") for i in range(300)]
-    done = await _cli(intake_url, *argv, "--json")  # again: every one a duplicate
+    assert done.stdout.splitlines() == [
+        f"sweep-{i}: {workload_id('nlp', f'sweep-{i}')}" for i in range(300)
+    ]
+    done = await _cli(intake_url, *argv)  # again: every one a duplicate, exit status 0
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"sweep-{i}: {workload_id('nlp', f'sweep-{i}')} (duplicate)" for i in range(300)
+    ]
+    done = await _cli(intake_url, *argv, "--json")
     assert done.returncode == 0, done.stderr
     env = json.loads(done.stdout)
     assert env["kind"] == "SubmitBatchAnswered" and len(env["data"]["results"]) == 300
@@ -226,13 +233,28 @@ async def test_cli_array_refusals_name_the_option(intake_url: str) -> None:
     done = await _cli(intake_url, *too_big)  # refused by intake: 8 GPUs in the cluster
     assert done.returncode == 2
     assert done.stdout.splitlines() == [
-        f"x-{i}: refused: gpus: asks for 9 GPUs; the cluster has 8 registered" for i in range(2)
+        f"x-{i}: refused: --gpus: asks for 9 GPUs; the cluster has 8 registered" for i in range(2)
     ]
     done = await _cli(intake_url, "--user", "ann", "--gpus", "1", "--array", "0")
     assert done.returncode == 2 and "--array" in done.stderr
     done = await _cli(intake_url, "--user", "ann", "--gpus", "0", "--array", "3")
     assert done.returncode == 2 and "--gpus" in done.stderr
     assert await _submitted(intake_url) == []
+
+
+async def test_cli_array_sent_again_larger_labels_each_task_and_fails_for_the_refused(
+    intake_url: str,
+) -> None:
+    # Found by a user trial: the first three tasks differ from the first run's (their
+    # task count), the fourth is new and was printed as a bare id under three refusals.
+    argv = ["--alloc", "nlp", "--user", "ann", "--gpus", "1", "--client-id", "arr"]
+    assert (await _cli(intake_url, *argv, "--array", "3")).returncode == 0
+    done = await _cli(intake_url, *argv, "--array", "4")
+    assert done.returncode == 2
+    lines = done.stdout.splitlines()
+    assert [line.split(": ")[0] for line in lines] == [f"arr-{i}" for i in range(4)]
+    assert all(": refused: --client-id: " in line for line in lines[:3]), lines
+    assert lines[3] == f"arr-3: {workload_id('nlp', 'arr-3')}"
 
 
 @pytest.fixture(scope="module")

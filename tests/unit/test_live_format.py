@@ -10,7 +10,9 @@ import pytest
 
 from allot.cli import live_cmds
 from allot.cli import live_format as fmt
+from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
+from allot.proto import codec
 from allot.proto import messages as m
 from allot.sdk.lifecycle import Ending
 
@@ -555,6 +557,100 @@ def test_bad_duration_names_the_option() -> None:
     assert err.value.field == "--min-runtime" and "8 h" in err.value.reason
 
 
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("0.5m", 30), ("1.5h", 5400), ("0.1h", 360), ("2h", 7200), ("1.0s", 1)],
+    ids=["half-a-minute", "hour-and-a-half", "a-tenth-of-an-hour-exactly", "hours", "1.0s"],
+)
+def test_min_runtime_in_whole_seconds(text: str, seconds: int) -> None:
+    assert live_cmds.parse_min_runtime(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["0.4s", "0.9s", "1.5", "0.0001m"],
+    ids=["was-rounded-to-0", "was-rounded-to-1", "plain-seconds", "a-minute-fraction"],
+)
+def test_a_fractional_second_is_refused_not_rounded(text: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        live_cmds.parse_min_runtime(text)
+    assert err.value.field == "--min-runtime"
+    assert "whole number of seconds" in err.value.reason and repr(text) in err.value.reason
+    with pytest.raises(ValidationError) as err:
+        live_cmds.parse_duration_option("--duration", text)
+    assert err.value.field == "--duration"
+
+
+def test_the_simulators_durations_refuse_a_fractional_second_naming_the_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = argparse.ArgumentParser(prog="allot")
+    parser.add_argument("--grace", type=parse_duration)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--grace", "0.4s"])
+    assert "argument --grace: '0.4s' is 0.4 s: give a whole" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("alloc", "min_runtime_s", "words"),
+    [
+        (None, 3600, "--min-runtime 1h protects nothing without an allocation (--alloc)"),
+        ("~", 3600, "--min-runtime 1h protects nothing without an allocation (--alloc)"),
+        ("nlp", 0, "--min-runtime 0: this work runs unallocated"),
+        ("nlp", 3600, None),
+        (None, 0, None),
+    ],
+    ids=[
+        "min-runtime-without-alloc",
+        "min-runtime-with-alloc-tilde",
+        "alloc-without-min-runtime",
+        "allocated-no-note",
+        "plainly-unallocated-no-note",
+    ],
+)
+def test_a_submission_half_allocated_gets_a_note(
+    alloc: str | None, min_runtime_s: int, words: str | None
+) -> None:
+    note = live_cmds.unallocated_note(alloc, min_runtime_s, "1h" if min_runtime_s else "0")
+    if words is None:
+        assert note is None
+    else:
+        assert note is not None and note.startswith("allot submit: note: ") and words in note
+
+
+def _accepted(client_id: str, duplicate: bool = False) -> m.WorkloadAccepted:
+    return m.WorkloadAccepted(
+        workload_id=f"w-{client_id}", client_id=client_id, at=T0, duplicate=duplicate
+    )
+
+
+def test_every_line_of_an_array_names_its_task() -> None:
+    # A re-submission with --array 4 after --array 3: three tasks differ (their task
+    # count), the fourth is new; the refusal's client_id is left out, as intake may.
+    conflict = m.WorkloadRejected(
+        at=T0, field="workloads[1].client_id", reason="client_id 'arr-1' was already used"
+    )
+    results: list[m.WorkloadAccepted | m.WorkloadRejected] = [
+        _accepted("arr-0", duplicate=True),
+        conflict,
+        msgspec.structs.replace(conflict, field="gpus", reason="asks for 9 GPUs"),
+        _accepted("arr-3"),
+    ]
+    assert live_cmds.array_lines([f"arr-{i}" for i in range(4)], results) == [
+        "arr-0: w-arr-0 (duplicate)",
+        "arr-1: refused: --client-id: client_id 'arr-1' was already used",
+        "arr-2: refused: --gpus: asks for 9 GPUs",
+        "arr-3: w-arr-3",
+    ]
+
+
+def test_the_array_help_states_the_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["submit", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "exit status 0 when every task is accepted or a duplicate, 2 when any" in help_text
+
+
 def test_budget_path() -> None:
     assert live_cmds.parse_budget_path("root/nlp/pretrain") == ("root", "nlp", "pretrain")
     assert live_cmds.parse_budget_path("nlp/pretrain") == ("root", "nlp", "pretrain")
@@ -619,6 +715,37 @@ def test_renamed_maps_wire_fields_to_options() -> None:
     assert (exc.field, exc.reason) == ("--min-runtime", "too long")
     same = ValidationError("body", "bad")
     assert live_cmds.renamed(same, live_cmds.SUBMIT_OPTIONS) is same
+
+
+@pytest.mark.parametrize(
+    ("msg", "options", "option"),
+    [
+        (m.SubmitWorkload(client_id="c", user="", gpus=1), live_cmds.SUBMIT_OPTIONS, "--user"),
+        (
+            m.SubmitWorkload(client_id="c", user="u", gpus=1, kind=""),
+            live_cmds.SUBMIT_OPTIONS,
+            "--kind",
+        ),
+        (m.DrainHost(host="h1", operator=""), live_cmds.HOST_OPTIONS, "--operator"),
+        (m.UndrainHost(host="h1", operator=""), live_cmds.HOST_OPTIONS, "--operator"),
+        (
+            m.CancelWorkload(workload_id="w", user=""),
+            live_cmds.OPERATOR_CANCEL_OPTIONS,
+            "--operator",
+        ),
+        (m.SetBudget(path=("root", "nlp"), shares=1, set_by=""), live_cmds.BUDGET_OPTIONS, "--by"),
+    ],
+    ids=["submit-user", "submit-kind", "drain-operator", "undrain-operator", "cancel", "by"],
+)
+def test_an_empty_name_is_refused_in_plain_words_naming_the_option(
+    msg: msgspec.Struct, options: dict[str, str], option: str
+) -> None:
+    # The SDK checks a message by decoding it as intake does: msgspec's own wording comes
+    # back, and the CLI must not show it.
+    with pytest.raises(ValidationError) as wire:
+        codec.decode_as(type(msg), codec.encode(msg))
+    exc = live_cmds.renamed(wire.value, options)
+    assert str(exc) == f"{option}: must not be empty (a name of letters, digits, '_' and '-')"
 
 
 def test_unreachable_stack_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:

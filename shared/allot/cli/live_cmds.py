@@ -175,13 +175,23 @@ def parse_timeout(text: str) -> float:
     return value
 
 
+PLAIN_REASONS = {
+    "Expected `str` of length >= 1": "must not be empty (a name of letters, digits, '_' and '-')",
+}
+"""msgspec's wording of a wire constraint -> what a user reads instead. The SDK checks a
+message as intake will (``allot.proto.codec``), so an empty ``--user``, ``--kind``,
+``--operator`` or ``--by`` comes back in msgspec's words; every wire name is ``m.Name``."""
+
+
 def renamed(exc: ValidationError, options: dict[str, str]) -> ValidationError:
-    """``exc`` with its wire field replaced by the option that carries it, when known."""
+    """``exc`` with its wire field replaced by the option that carries it, when known, and
+    msgspec's wording replaced by ``PLAIN_REASONS``."""
     head = exc.field.split(".")[0].split("[")[0]
     option = options.get(head)
-    if option is None:
+    reason = PLAIN_REASONS.get(exc.reason, exc.reason)
+    if option is None and reason == exc.reason:
         return exc
-    return ValidationError(option, exc.reason)
+    return ValidationError(option or exc.field, reason)
 
 
 # -- registration ------------------------------------------------------------------------------
@@ -224,8 +234,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--min-runtime",
         default="0",
-        help="protected window: 30s, 15m, 2h (at most 8h); the default 0 makes the work "
-        "unallocated even with --alloc (free, never charged, preemptible at any moment)",
+        help="protected window, whole seconds: 30s, 15m, 2h (at most 8h); it protects only "
+        "work with --alloc, and the default 0 makes the work unallocated even with --alloc "
+        "(free, never charged, preemptible at any moment)",
     )
     p.add_argument("--kind", default="training")
     p.add_argument("--priority", default="0", help="user priority inside the allocation")
@@ -248,8 +259,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="N tasks in one request, like Slurm's --array (client ids ID-0 .. ID-(N-1); "
         f"at most {MAX_ARRAY}); each task gets {ARRAY_TASK_ID} (0 .. N-1) and "
         f"{ARRAY_TASK_COUNT} (N) in its environment, as Slurm's SLURM_ARRAY_TASK_ID and "
-        "_COUNT, and %%a in the command becomes its index, as Slurm's %%a; prints one id "
-        "per line",
+        "_COUNT, and %%a in the command becomes its index, as Slurm's %%a; prints one line "
+        "per task, labelled with its client id: 'ID-i: WORKLOAD', 'ID-i: WORKLOAD "
+        "(duplicate)' (sent before with the same values: nothing queued again) or 'ID-i: "
+        "refused: OPTION: REASON'; exit status 0 when every task is accepted or a "
+        "duplicate, 2 when any is refused (the others stay queued)",
     )
     p.add_argument("cmd", nargs="*", metavar="CMD", help="the command to run (after --)")
     p.set_defaults(func=run_submit)
@@ -411,7 +425,7 @@ def run_submit(args: argparse.Namespace) -> int:
         except ValidationError as exc:
             raise renamed(exc, SUBMIT_OPTIONS) from None
         text = reply.workload_id + (" (duplicate)" if reply.duplicate else "")
-        _note_if_unallocated(args.alloc, min_runtime)
+        _print_note(unallocated_note(args.alloc, min_runtime, args.min_runtime))
         return _print_reply(args, reply, text)
 
     return _run(args, work)
@@ -445,20 +459,38 @@ def array_command(command: Sequence[str], index: int) -> tuple[str, ...]:
 ARRAY_INDEX = "%a"
 
 
-def _note_if_unallocated(alloc: str | None, min_runtime: object) -> None:
-    """The contract's rule, easy to miss: an allocation alone does not make work allocated;
-    said on stderr once the work is accepted (stdout keeps the ids scripts read)."""
-    if min_runtime == 0 and _allocation(alloc) is not None:
-        print(
+def unallocated_note(alloc: str | None, min_runtime_s: int, typed: str) -> str | None:
+    """The contract's rule, easy to miss: work is allocated (protected, charged) only with
+    an allocation AND a minimum runtime; one without the other runs unallocated. Intake
+    accepts either half alone (the SDK's default min_runtime_s is 0, and a minimum runtime
+    without an allocation is simply unused), so this is a note, not a refusal. ``typed``:
+    ``--min-runtime`` as the user wrote it."""
+    allocation = _allocation(alloc)
+    if min_runtime_s == 0 and allocation is not None:
+        return (
             f"allot submit: note: --min-runtime 0: this work runs unallocated (free, "
             f"preemptible at any moment, not charged to {alloc}); give --min-runtime "
-            "to have it protected and charged",
-            file=sys.stderr,
+            "to have it protected and charged"
         )
+    if min_runtime_s > 0 and allocation is None:
+        return (
+            f"allot submit: note: --min-runtime {typed} protects nothing without an "
+            "allocation (--alloc): this work runs unallocated (free, preemptible at any "
+            "moment, charged to no one); give --alloc to have it protected and charged"
+        )
+    return None
+
+
+def _print_note(note: str | None) -> None:
+    """On stderr once the work is accepted: stdout keeps the ids scripts read."""
+    if note is not None:
+        print(note, file=sys.stderr)
 
 
 def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -> int:
-    """``--array N``: N workloads sent as batches; exit status 2 if any was refused."""
+    """``--array N``: N workloads sent as batches; ``array_lines`` print the answers; exit
+    status 2 if any was refused, as one submission refused, else 0 (a duplicate is the
+    first answer again, as for one submission)."""
     base = args.client_id or new_client_id()
     task = m.SubmitWorkload(client_id=base, **fields)  # type: ignore[arg-type]
     items = [
@@ -479,19 +511,30 @@ def _submit_array(args: argparse.Namespace, n: int, fields: dict[str, object]) -
                 ValidationError(codec.item_field(exc.field), exc.reason), SUBMIT_OPTIONS
             ) from None
         if any(isinstance(r, m.WorkloadAccepted) for r in results):
-            _note_if_unallocated(args.alloc, fields["min_runtime_s"])
-        lines = [
-            r.workload_id + (" (duplicate)" if r.duplicate else "")
-            if isinstance(r, m.WorkloadAccepted)
-            else f"{r.client_id}: refused: {codec.item_field(r.field)}: {r.reason}"
-            for r in results
-        ]
+            _print_note(unallocated_note(args.alloc, task.min_runtime_s, args.min_runtime))
+        lines = array_lines([item.client_id for item in items], results)
         _print_reply(
             args, m.SubmitBatchAnswered(at=time.time(), results=tuple(results)), "\n".join(lines)
         )
-        return 2 if any(isinstance(r, m.WorkloadRejected) for r in results) else 0
+        return EXIT_REFUSED if any(isinstance(r, m.WorkloadRejected) for r in results) else 0
 
     return _run(args, work)
+
+
+def array_lines(
+    client_ids: Sequence[str], results: Sequence[m.WorkloadAccepted | m.WorkloadRejected]
+) -> list[str]:
+    """One line per task, each labelled with the task's client id (``results`` in the order
+    of ``client_ids``): a re-submission mixing duplicates, refusals and new tasks must say
+    which line is which task. A refusal names the option, as one submission's does."""
+    lines = []
+    for client_id, r in zip(client_ids, results, strict=True):
+        if isinstance(r, m.WorkloadAccepted):
+            lines.append(f"{client_id}: {r.workload_id}" + (" (duplicate)" if r.duplicate else ""))
+        else:
+            exc = renamed(ValidationError(codec.item_field(r.field), r.reason), SUBMIT_OPTIONS)
+            lines.append(f"{client_id}: refused: {exc}")
+    return lines
 
 
 def run_cancel(args: argparse.Namespace) -> int:
