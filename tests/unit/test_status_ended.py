@@ -192,6 +192,8 @@ def test_a_requeued_workload_says_when_and_why_its_last_attempt_ended() -> None:
     assert (pending.state, pending.attempt) == ("pending", 1)
     assert (pending.requeued_at, pending.requeue_reason) == (T + 15, "better-ranked")
     assert pending.ended_at is None and pending.reason == ""  # it has not ended
+    text = status_text(pending)
+    assert "requeued:" in text and "after attempt 1 (better-ranked)" in text
     page = workload_page(T + 20, "w", pending, []).html
     assert '<th class="l">requeued</th>' in page and "attempt 1 (better-ranked)" in page
     never = workload_status(f, f.records["new"], 2)

@@ -378,6 +378,15 @@ def _run_started(status: m.WorkloadStatus) -> str:
     return NOT_STARTED if status.state in LIVE else NONE
 
 
+def _requeued(status: m.WorkloadStatus) -> str:
+    """A workload pending again: when its last attempt ended and why (Slurm's restart count
+    and requeue reason)."""
+    if status.requeued_at is None:
+        return NONE
+    why = f" ({one_line(status.requeue_reason)})" if status.requeue_reason else ""
+    return f"{timestamp(status.requeued_at)}, after attempt {status.attempt}{why}"
+
+
 def status_text(status: m.WorkloadStatus) -> str:
     """One ``key: value`` line per field that says something; an ended workload shows its
     last attempt's placement, start and hosts, its end, exit code and reason (like
@@ -390,6 +399,7 @@ def status_text(status: m.WorkloadStatus) -> str:
         ("gpus", str(status.gpus)),
         ("attempt", str(status.attempt)),
         ("position", int_cell(status.position)),
+        ("requeued", _requeued(status)),
         ("submitted", timestamp(status.submitted_at)),
         ("placed", timestamp(status.started_at)),
         ("started", _run_started(status)),
