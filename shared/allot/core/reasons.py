@@ -539,8 +539,9 @@ _TEXT: dict[PendingReason, Callable[[Mapping[str, Number]], str]] = {
     ),
     PendingReason.OVER_ENTITLEMENT: lambda n: (
         f"{n['allocation']} holds {n['held']} of {_num(n['entitlement'])} entitled GPUs "
-        f"(owed {_num(n['owed'])}, asks {n['requested']}): it may take only work of "
-        "worse-ranked allocations over their entitlement, and none is running"
+        f"(owed {_num(n['owed'])}, asks {n['requested']}): it may take only unprotected "
+        "work of allocations ranked below it and over their entitlement, and none runs "
+        "any (work of allocations ranked as well or better is never its victim)"
     ),
     PendingReason.NO_HOST_LARGE_ENOUGH: lambda n: (
         f"needs {n['requested']} GPUs, {n['free_gpus']} free (largest block "
