@@ -67,6 +67,9 @@ def test_a_death_without_a_stop_is_reported() -> None:
         (["--nats-url", "http://127.0.0.1:4222"], "--nats-url"),
         (["--redis-url", "http://127.0.0.1:6379"], "--redis-url"),
         (["--run-dir", "/proc/allot-no-such/run"], "--run-dir"),
+        (["--restart-limit", "-1"], "--restart-limit"),
+        (["--restart-window-s", "0"], "--restart-window-s"),
+        (["--restart-backoff-s", "nan"], "--restart-backoff-s"),
     ],
 )
 def test_bad_stack_options_are_refused_before_anything_starts(

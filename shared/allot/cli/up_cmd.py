@@ -22,9 +22,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run the live stack (NATS, Redis, services, fake agents) with no Docker",
         description="Run NATS with JetStream and a Redis-protocol server from the wheels "
         "(or existing ones by URL), the six services, the web dashboard and fake agents; "
-        "Ctrl-C stops all.",
+        "a service or agent process that exits is restarted (--restart-limit); Ctrl-C "
+        "stops all: the agents first, then the services, then the servers.",
     )
     add_stack_options(p)
+    add_restart_options(p)
     p.set_defaults(func=run)
 
 
@@ -52,6 +54,30 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_restart_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--restart-limit",
+        type=int,
+        default=5,
+        help="restart a service or agent process that exits, at most this many times "
+        "within --restart-window-s; its next exit stops the stack (exit 1). 0: the first "
+        "exit does (default 5)",
+    )
+    p.add_argument(
+        "--restart-window-s",
+        type=float,
+        default=60.0,
+        help="the window of --restart-limit (default 60)",
+    )
+    p.add_argument(
+        "--restart-backoff-s",
+        type=float,
+        default=0.5,
+        help="wait before a restart, doubled for each earlier restart of the same process "
+        "within the window, at most 30 s (default 0.5)",
+    )
+
+
 def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
     for name in ("agents", "hosts", "gpus"):
         if getattr(args, name) < 1:
@@ -76,6 +102,9 @@ def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
         secure=getattr(args, "secure", False),
         roles=getattr(args, "roles", None),
         dashboard_port=dashboard_port,
+        restart_limit=args.restart_limit,
+        restart_window_s=args.restart_window_s,
+        restart_backoff_s=args.restart_backoff_s,
     )
     if config.roles is not None and not config.secure:
         raise ValidationError("--roles", "only makes sense with --secure")
@@ -98,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
     # for good with its servers running (seen 2026-12-03).
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    # A closed terminal's HUP now reaches allot up alone (the stack's processes have
+    # process groups of their own): without a handler it died and left them all running.
+    signal.signal(signal.SIGHUP, lambda signum, _frame: stopping.append(signum))
     print("starting the Allot stack (Ctrl-C stops it)...", flush=True)
     try:
         return _run_stack(stack, stopping)
@@ -135,7 +167,7 @@ def _run_stack(stack: Stack, stopping: list[int]) -> int:
         print(f"  {redis_export(stack.servers.redis_url)}")
         print(f"  try:   {try_line(stack)}", flush=True)
         try:
-            dead = wait_for_stop(stack._dead, stopping)
+            dead = wait_for_stop(lambda: _supervise(stack), stopping)
             if dead:
                 print(f"allot up: {dead}", file=sys.stderr)
                 return 1
@@ -144,8 +176,9 @@ def _run_stack(stack: Stack, stopping: list[int]) -> int:
         # A second Ctrl-C or TERM must not cut the stop short (servers left running).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         print("stopping...", flush=True)
-    killed = [name for name, code in stack.exit_codes.items() if code == -signal.SIGKILL]
+    killed = stack.killed
     if killed:  # a service that ignores SIGTERM would also hold up `docker stop`
         print(f"stopped; killed after 10 s without stopping: {', '.join(killed)}")
         return 1
@@ -153,11 +186,22 @@ def _run_stack(stack: Stack, stopping: list[int]) -> int:
     return 0
 
 
+def _supervise(stack: Stack) -> str | None:
+    # Ctrl-C's KeyboardInterrupt held off meanwhile: raised between a restart's fork and
+    # its entry in ``stack.procs``, it would leave that process out of the stop, and in a
+    # process group of its own no later Ctrl-C reaches it.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return stack.supervise(lambda line: print(f"allot up: {line}", file=sys.stderr, flush=True))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def wait_for_stop(
     dead: Callable[[], str | None], stopping: Sequence[int], pause_s: float = 0.5
 ) -> str | None:
-    """Wait until a stop is asked (``stopping`` gets a signal: None) or a process of the
-    stack dies (``dead``'s message)."""
+    """Wait until a stop is asked (``stopping`` gets a signal: None) or ``dead`` (the
+    stack's supervision, which restarts what it can) says why the stack must stop."""
     while not stopping:
         time.sleep(pause_s)  # the flag is seen within half a second
         problem = dead()

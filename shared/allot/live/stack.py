@@ -7,13 +7,29 @@ compose: intake, accounting, ranking, two placement instances (one leads, one st
 health, dispatch (the agents' view of the log), the dashboard (web pages, ``allot owed``
 and ``/metrics`` on a free loopback port: ``Stack.dashboard_url``) and the agents (fake ones
 by default). Logs go to
-``<run_dir>/logs/<name>.log`` (JSON lines). ``stop()`` sends SIGTERM to every service,
-waits, then SIGKILLs stragglers, then stops the servers it started.
+``<run_dir>/logs/<name>.log`` (JSON lines).
+
+``supervise()``, which ``allot up`` calls every half second once the stack is ready,
+restarts a service or agent process that exited (same command line), after a backoff and
+within a budget per process (``restart_limit`` restarts within ``restart_window_s``);
+past the budget, or when an embedded server exits, it returns why and the caller stops
+the stack. The embedded servers are not restarted: every service needs them, and a new
+one would have to come back on the same port (the services' URLs) and, for NATS, on the
+same store with its staging links (``allot.adapters.batch_staging``); the embedded Redis
+would come back empty (accounting does rebuild a store that lost its marker). Not done:
+the stack stops, as it did before supervision.
+
+``stop()`` stops in dependency order, each step SIGTERM then SIGKILL after ``timeout``:
+the agents first, while dispatch and health still answer the reports of the runs their
+stop ends (stopped together with NATS, those reports were lost, and the next start
+recorded every run lost then, charging the downtime); then the services; then the
+servers it started.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -24,7 +40,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +163,14 @@ class StackConfig:
     fresh_store: bool = False
     """Start the embedded NATS on an empty JetStream store (``allot demo``: its scripted
     client ids must not meet a previous run's log), removed once the run dir is locked."""
+    restart_limit: int = 5
+    """Restarts of one process ``supervise`` makes within ``restart_window_s``; the next
+    exit stops the stack (0: the first exit does, as before supervision)."""
+    restart_window_s: float = 60.0
+    restart_backoff_s: float = 0.5
+    """The wait before a restart, doubled for each restart of the same process still in
+    the window (0.5, 1, 2, 4, 8 s by default; at most ``MAX_BACKOFF_S``): a process that
+    crashes at once does not spin, one that stayed up a window long restarts quickly."""
 
 
 LOCK_FILE = "allot.lock"
@@ -215,6 +240,8 @@ class StackError(RuntimeError):
 
 DEAD_LOG_LINES = 5
 """Lines of a dead service's log quoted when the stack stops because of it."""
+MAX_BACKOFF_S = 30.0
+"""The longest wait before a restart, however many came before it in the window."""
 REACH_TIMEOUT_S = 3.0
 """How long a given server (``--nats-url``, ``--redis-url``) may take to answer before
 ``start`` gives up: nats-py and the services would otherwise retry it for minutes."""
@@ -240,6 +267,14 @@ def check_config(config: StackConfig) -> None:
             raise ValidationError("--nats-url", exc.reason) from None
     if config.redis_url is not None:
         check_redis_url(config.redis_url, "--redis-url")
+    if config.restart_limit < 0:
+        raise ValidationError("--restart-limit", f"must be >= 0, got {config.restart_limit}")
+    if not 0 < config.restart_window_s < math.inf:
+        raise ValidationError("--restart-window-s", f"must be > 0, got {config.restart_window_s:g}")
+    if not 0 <= config.restart_backoff_s < math.inf:
+        raise ValidationError(
+            "--restart-backoff-s", f"must be >= 0, got {config.restart_backoff_s:g}"
+        )
     make_out_dir(config.run_dir, "--run-dir")
 
 
@@ -303,6 +338,14 @@ class Stack(StartStop):
         self._lock_fd: int | None = None
         self.exit_codes: dict[str, int] = {}
         """Each stopped process's exit status, set by ``stop``."""
+        self.killed: list[str] = []
+        """The processes ``stop`` SIGKILLed: still running ``timeout`` after its SIGTERM."""
+        self.restarts: dict[str, int] = {}
+        """How many times ``supervise`` restarted each process (all time)."""
+        self._recent: dict[str, deque[float]] = {}
+        """Each process's restarts within the window (monotonic times of their decisions)."""
+        self._due: dict[str, float] = {}
+        """A dead process -> when its restart is due (monotonic)."""
         self._logs: dict[str, IO[bytes]] = {}
         self.budgets_path: Path | None = None
         self.dashboard_port: int | None = None
@@ -497,7 +540,13 @@ class Stack(StartStop):
                 self.config.run_dir / "logs" / f"{name}.log", "ab"
             )
         env = self.env(self.user_for(name))
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # Its own process group, as the embedded NATS has its own session: Ctrl-C in a
+        # terminal signals the whole foreground group at once, which stopped the agents
+        # together with dispatch, and their runs' ends were lost. Only ``stop`` ends them,
+        # in order.
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0
+        )
         self.procs[name] = proc
         return proc
 
@@ -526,29 +575,62 @@ class Stack(StartStop):
             pool.submit(wait).result()
 
     def _dead(self) -> str | None:
+        """While starting: the first process that exited (a start does not restart)."""
         for name, proc in self.procs.items():
             if proc.poll() is not None:
-                log = self.config.run_dir / "logs" / f"{name}.log"
-                lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-                tail = "\n".join(f"  {line}" for line in lines[-DEAD_LOG_LINES:])
-                return f"service {name} exited with {proc.returncode}; the end of {log}:\n{tail}"
+                return self._death(name, proc.returncode)
+        return None
+
+    def _death(self, name: str, code: int, why: str = "") -> str:
+        log = self.config.run_dir / "logs" / f"{name}.log"
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        tail = "\n".join(f"  {line}" for line in lines[-DEAD_LOG_LINES:])
+        return f"service {name} exited with {_status(code)}{why}; the end of {log}:\n{tail}"
+
+    def supervise(self, say: Callable[[str], None] = print, now: float | None = None) -> str | None:
+        """One round of supervision (``allot up`` runs one every half second): restart the
+        processes whose backoff is over, schedule a restart of each one that exited since
+        the last round, and say so (process, exit status, restart count). Returns why the
+        stack must stop: an embedded server exited, or a process exited once more after
+        ``restart_limit`` restarts within ``restart_window_s``. ``now``: monotonic."""
+        c = self.config
+        for label, server in (("NATS", self.servers.nats), ("Redis", self.servers.redis)):
+            if server is not None and not server.running():
+                return f"the embedded {label} server exited: every service needs it"
+        now = time.monotonic() if now is None else now
+        for name, due in list(self._due.items()):
+            if due <= now:
+                del self._due[name]
+                proc = self.spawn(name)
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                say(f"restarted {name}: pid {proc.pid}")
+        for name, proc in self.procs.items():
+            if name in self._due or proc.poll() is None:
+                continue
+            recent = self._recent.setdefault(name, deque())
+            while recent and recent[0] <= now - c.restart_window_s:
+                recent.popleft()
+            if len(recent) >= c.restart_limit:
+                restarts = f"{len(recent)} restart{'s' if len(recent) > 1 else ''}"
+                why = f" after {restarts} within {c.restart_window_s:g} s" if recent else ""
+                return self._death(name, proc.returncode, why)
+            delay = min(c.restart_backoff_s * 2 ** len(recent), MAX_BACKOFF_S)
+            recent.append(now)
+            self._due[name] = now + delay
+            say(
+                f"{name} exited with {_status(proc.returncode)}; restarting it in {delay:g} s "
+                f"(restart {len(recent)} of {c.restart_limit} within {c.restart_window_s:g} s)"
+            )
         return None
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM every process, SIGKILL those still running after ``timeout`` (10 s, as
-        ``docker stop``); ``exit_codes`` then holds each one's status (-9: killed)."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for name, proc in self.procs.items():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            self.exit_codes[name] = proc.returncode
-        self.procs.clear()
+        """Stop the agents, then the services (each step: SIGTERM, SIGKILL of those still
+        running after ``timeout``, 10 s as ``docker stop``), then the servers it started;
+        ``exit_codes`` then holds each process's status (-9: killed)."""
+        self._due.clear()  # a restart not made yet is not made now
+        agents = [name for name in self.procs if name.startswith("agent-")]
+        self._stop_group(agents, timeout)
+        self._stop_group(list(self.procs), timeout)
         for log in self._logs.values():
             log.close()
         self._logs.clear()
@@ -556,6 +638,29 @@ class Stack(StartStop):
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the run dir
             self._lock_fd = None
+
+    def _stop_group(self, names: list[str], timeout: float) -> None:
+        for name in names:
+            if self.procs[name].poll() is None:
+                self.procs[name].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for name in names:
+            proc = self.procs.pop(name)
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                self.killed.append(name)
+            self.exit_codes[name] = proc.returncode
+
+
+def _status(code: int) -> str:
+    """``-9 (SIGKILL)`` for a signal, the number for an exit code."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} ({signal.Signals(-code).name})"
+    return str(code)
 
 
 async def _wait_ready(
