@@ -4,6 +4,8 @@ on the first one's JetStream store. The lock dies with its process, even SIGKILL
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import socket
@@ -16,7 +18,8 @@ import pytest
 from allot.adapters.embedded import free_ports
 from allot.core.errors import ValidationError
 from allot.live import stack
-from allot.live.stack import LOCK_FILE, Stack, StackConfig, lock_run_dir
+from allot.live.run_dir import LOCK_FILE, PORTS_FILE, running_stack_url
+from allot.live.stack import Stack, StackConfig, lock_run_dir
 
 HOLD = (
     "import sys, time\n"
@@ -72,5 +75,58 @@ def test_a_restarted_stack_takes_its_last_ports_again_when_free(tmp_path: Path) 
         taken.listen()
         assert stack.remembered_port(tmp_path, "nats") != port
     assert stack.remembered_port(tmp_path, "dashboard") > 0  # never seen: a free one
-    (tmp_path / stack.PORTS_FILE).write_text("not json", encoding="utf-8")
+    (tmp_path / PORTS_FILE).write_text("not json", encoding="utf-8")
     assert stack.remembered_port(tmp_path, "nats") > 0
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize(
+    ("lock", "ports", "secure", "url"),
+    [
+        pytest.param("self", {"nats": 4567}, False, "nats://127.0.0.1:4567", id="running"),
+        pytest.param("dead", {"nats": 4567}, False, None, id="its-allot-up-has-exited"),
+        pytest.param(None, {"nats": 4567}, False, None, id="never-locked"),
+        pytest.param("self", {"dashboard": 8080}, False, None, id="nats-given-by-url"),
+        pytest.param("self", {"nats": 4567}, True, None, id="secure-needs-credentials"),
+        pytest.param("self", None, False, None, id="no-ports-file"),
+    ],
+)
+def test_the_cli_finds_the_stack_running_in_its_run_dir(
+    tmp_path: Path, lock: str | None, ports: dict[str, int] | None, secure: bool, url: str | None
+) -> None:
+    """What ``allot submit`` and friends use when no ALLOT_NATS_URL names a server: the
+    stack of ./.allot if one runs there, not whatever answers on :4222."""
+    if lock is not None:
+        pid = os.getpid() if lock == "self" else _dead_pid()
+        (tmp_path / LOCK_FILE).write_text(f"{pid}\n", encoding="utf-8")
+    if ports is not None:
+        (tmp_path / PORTS_FILE).write_text(json.dumps(ports), encoding="utf-8")
+    if secure:
+        (tmp_path / "auth").mkdir()
+    assert running_stack_url(tmp_path) == url
+
+
+def test_live_commands_default_to_the_stack_of_dot_allot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from allot.cli import live_cmds
+
+    def parsed(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser(prog="allot")
+        live_cmds.register(parser.add_subparsers(dest="command", required=True))
+        return parser.parse_args(list(argv))
+
+    run_dir = tmp_path / ".allot"
+    run_dir.mkdir()
+    (run_dir / LOCK_FILE).write_text(f"{os.getpid()}\n", encoding="utf-8")
+    (run_dir / PORTS_FILE).write_text('{"nats": 4567}', encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ALLOT_NATS_URL", raising=False)
+    assert parsed("hosts").nats_url == "nats://127.0.0.1:4567"
+    monkeypatch.setenv("ALLOT_NATS_URL", "nats://elsewhere:4222")
+    assert parsed("hosts").nats_url == "nats://elsewhere:4222"

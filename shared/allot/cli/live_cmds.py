@@ -34,6 +34,7 @@ from allot.cli import live_format as fmt
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
 from allot.live.auth_config import add_nats_url_argument, masked_url
+from allot.live.run_dir import running_stack_url
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -199,7 +200,9 @@ def renamed(exc: ValidationError, options: dict[str, str]) -> ValidationError:
 
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    add_nats_url_argument(common, DEFAULT_NATS_URL)
+    # ``allot up``'s stack in ./.allot when one runs there (and no ALLOT_NATS_URL says
+    # otherwise): the server the user just started, not whatever answers on :4222.
+    add_nats_url_argument(common, running_stack_url() or DEFAULT_NATS_URL)
     common.add_argument(
         "--timeout", default="5", help="seconds to wait for each answer (default %(default)s)"
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from allot.core.errors import ValidationError
 from allot.live.auth_config import masked_url
+from allot.live.run_dir import DEFAULT_RUN_DIR
 from allot.live.stack import AgentSpec, Stack, StackConfig, StackError
 from allot.proto import subjects as s
 from allot.services.ranking import load_tree_file
@@ -34,7 +35,7 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats-url", help="use this NATS server instead of an embedded one")
     p.add_argument("--redis-url", help="use this Redis server instead of an embedded one")
     p.add_argument("--budgets", type=Path, help="budget tree YAML (default: a built-in example)")
-    p.add_argument("--run-dir", type=Path, default=Path(".allot"), help="logs and JetStream data")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="logs and JetStream data")
     p.add_argument("--agents", type=int, default=2, help="fake agent processes (default 2)")
     p.add_argument("--hosts", type=int, default=4, help="hosts per fake agent (default 4)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs per host (default 8)")

@@ -69,6 +69,7 @@ from allot.live.auth_config import (
     masked_url,
 )
 from allot.live.bus import ATOMIC_STREAMS, server_urls
+from allot.live.run_dir import LOCK_FILE, PORTS_FILE
 from allot.live.tls_certs import make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -173,9 +174,6 @@ class StackConfig:
     crashes at once does not spin, one that stayed up a window long restarts quickly."""
 
 
-LOCK_FILE = "allot.lock"
-
-
 def lock_run_dir(run_dir: Path) -> int:
     """An exclusive lock on ``run_dir`` (its ``allot.lock`` holds the owner's pid), kept
     until the returned descriptor is closed, by ``Stack.stop`` or the process's end. Found
@@ -190,12 +188,6 @@ def lock_run_dir(run_dir: Path) -> int:
             f"{run_dir} is in use by another Allot stack (pid {held.holder}): stop it, or "
             "pass another --run-dir",
         ) from None
-
-
-PORTS_FILE = "ports.json"
-"""The ports a stack in this run dir listened on: the next ``allot up`` there takes them
-again when free, so agents, SDK clients and exported URLs reconnect after a restart
-(found 2026-12-03: every restart moved NATS to a new port and nothing found it again)."""
 
 
 def remembered_port(run_dir: Path, name: str) -> int:
