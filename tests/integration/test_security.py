@@ -339,6 +339,25 @@ async def test_the_sdk_reports_a_refused_request_at_once_not_as_a_timeout(
             await c.queue(scope="nlp")
 
 
+async def test_a_watch_by_a_user_who_may_not_read_the_log_is_refused_at_once(
+    secure: Secure,
+) -> None:
+    """Operators and managers may not read the log: their watch is a refusal naming the
+    consumer's subject, not nats-py's TimeoutError after 5 s (a traceback in `allot watch`,
+    found by a user trial)."""
+    svc = await connect_as(secure, "svc")
+    await bus.ensure_streams(svc.nc.jetstream())
+    try:
+        for user in ("ops", "research-lead"):
+            async with Client(secure.url(user), timeout=30.0) as c:
+                with pytest.raises(PermissionDeniedError) as caught:
+                    await asyncio.wait_for(anext(c.watch("w1", "nlp")), 20.0)
+                assert caught.value.subject.startswith("$JS.API.CONSUMER.CREATE.WORKLOADS.")
+                assert caught.value.subject.endswith(s.workload_events("nlp", "w1"))
+    finally:
+        await svc.nc.close()
+
+
 async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: Spy) -> None:
     svc = await connect_as(secure, "svc")
     js = svc.nc.jetstream()

@@ -411,6 +411,32 @@ class Client:
             if not waiters:
                 del self._refusals[subject.lower()]
 
+    async def _consumer(self, create: Awaitable[T], subject: str) -> T:
+        """``create`` (a JetStream subscription), or ``PermissionDeniedError`` as soon as the
+        server refuses its create ``subject`` (operators and managers may not read the
+        log: found by a user trial, 2026-12-03, as a traceback after nats-py's 5 s
+        timeout), or ``RequestTimeoutError`` when JetStream does not answer."""
+        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._refusals.setdefault(subject.lower(), [])
+        waiters.append(refused)
+        try:
+            task = asyncio.ensure_future(create)
+            either: set[asyncio.Future[Any]] = {task, refused}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                raise PermissionDeniedError(subject)
+            try:
+                return task.result()
+            except nats.errors.TimeoutError:
+                raise RequestTimeoutError(subject, "JetStream", self.timeout, 1) from None
+        finally:
+            waiters.remove(refused)
+            if not waiters:
+                del self._refusals[subject.lower()]
+
     @staticmethod
     async def _unless_refused(
         request: Awaitable[Msg], refused: asyncio.Future[None], subject: str
@@ -700,16 +726,20 @@ class Client:
             # Two ordered consumers (nats-server 2.9 has no multi-subject filter), merged by
             # stream sequence so notices come in log order with the events.
             for subject in (events, notices):
+                name = f"watch-{uuid.uuid4().hex[:12]}"
                 subs.append(
-                    await js.subscribe(
-                        subject,
-                        stream=WORKLOADS_STREAM,
-                        ordered_consumer=True,
-                        deliver_policy=DeliverPolicy.ALL,
-                        idle_heartbeat=0.5,  # notice a restarted server within a second
-                        # A named consumer makes nats-py use the create subject that carries
-                        # the filter, the only one a team user is granted (allot auth gen).
-                        config=ConsumerConfig(name=f"watch-{uuid.uuid4().hex[:12]}"),
+                    await self._consumer(
+                        js.subscribe(
+                            subject,
+                            stream=WORKLOADS_STREAM,
+                            ordered_consumer=True,
+                            deliver_policy=DeliverPolicy.ALL,
+                            idle_heartbeat=0.5,  # notice a restarted server within a second
+                            # A named consumer makes nats-py use the create subject that
+                            # carries the filter, the only one a team user is granted.
+                            config=ConsumerConfig(name=name),
+                        ),
+                        f"$JS.API.CONSUMER.CREATE.{WORKLOADS_STREAM}.{name}.{subject}",
                     )
                 )
         except NotFoundError:

@@ -45,9 +45,10 @@ class PermissionDeniedError(SdkError):
     def __init__(self, subject: str) -> None:
         super().__init__(
             f"NATS refused {subject} for this user (permissions violation): its role does "
-            "not allow it (teams: their own allocations, with --alloc; managers: budgets "
-            "and cancel --manager in their subtree; operators: drain, undrain and cancel "
-            "--operator)"
+            "not allow it (teams: their own allocations, with --alloc, and work without "
+            "one with --alloc '~'; managers: budgets and cancel --manager in their subtree; "
+            "operators: drain, undrain and cancel --operator; only teams read the log, "
+            "as allot watch does)"
         )
         self.subject = subject
 
