@@ -450,6 +450,23 @@ async def test_empty_command_fails_with_a_reason(
     assert not events.of(m.WorkloadStarted, "w5")
 
 
+async def test_a_command_less_run_with_a_duration_holds_its_gpus_then_completes(
+    js: JetStreamContext, events: Events, run_agent: AgentFactory
+) -> None:
+    """As on a fake host (and as ``salloc --time``): no command, a duration of 0.5 s."""
+    log = Log(js)
+    await run_agent("h01")
+    await log.host("h01", 4)
+    await log.leader(1)
+    await log.submit("w8", (), duration_s=0.5)
+    await log.place("w8", {"h01": (0,)})
+
+    done = await events.wait(m.WorkloadCompleted, "w8")
+    started = events.of(m.WorkloadStarted, "w8")
+    assert started and done.at - started[0].at >= 0.45
+    assert not events.of(m.WorkloadFailed, "w8")
+
+
 async def test_nonzero_exit_is_reported_failed_with_its_code(
     js: JetStreamContext, events: Events, run_agent: AgentFactory
 ) -> None:

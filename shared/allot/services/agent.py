@@ -16,7 +16,9 @@ see ``allot.live.auth_config``); it never reads the log. What it does, and why t
   delays. A list older (by log position) than one already applied is ignored. The agent
   reconciles: a listed part it does not run starts (real: the task's command, no shell, in
   its own process group, ``CUDA_VISIBLE_DEVICES`` = the host's GPUs, ``ALLOT_HOSTS`` and
-  ``ALLOT_HOST_RANK`` from the task's hosts); a part listed with a
+  ``ALLOT_HOST_RANK`` from the task's hosts; a part with no command but a
+  ``duration_s`` holds its GPUs that long and completes, as ``salloc --time`` does, and
+  one with neither fails); a part listed with a
   stop gets SIGTERM now and SIGKILL at the grace deadline (notice) or after
   ``--kill-after-s`` (cancel); a part no longer listed has ended in the log and stops
   quietly (a gang's other hosts after the end's report).
@@ -526,6 +528,12 @@ class Agent:
         task = run.task
         if self.config.fake:
             return FakePart(task.duration_s or self.config.fake_duration_s)
+        if not task.command and task.duration_s:
+            # No command, a duration: its GPUs are held that long and the run completes, as
+            # on a fake host and as Slurm's ``salloc --time`` holds an allocation. It failed
+            # here before, right after placement, when it may have preempted others (found
+            # by a user trial, 2026-12-03).
+            return FakePart(task.duration_s)
         if not task.command:
             reason: str | None = NO_COMMAND
         else:
