@@ -358,6 +358,23 @@ async def test_a_watch_by_a_user_who_may_not_read_the_log_is_refused_at_once(
         await svc.nc.close()
 
 
+async def test_a_preemption_subscription_the_role_does_not_allow_is_refused(
+    secure: Secure,
+) -> None:
+    """nats-server refuses the subscription but keeps it, and nothing ever reaches it: the
+    SDK says so (an operator subscribing to a team's notices was left waiting, found by a
+    user trial); a team's own allocation is allowed."""
+    got: list[m.PreemptionNotice] = []
+    for user, allocation in (("ops", "nlp"), ("nlp", "vision")):
+        async with Client(secure.url(user)) as c:
+            with pytest.raises(PermissionDeniedError) as caught:
+                await c.on_preemption(got.append, allocation=allocation)
+            assert caught.value.subject == s.allocation_preempt(allocation)
+    async with Client(secure.url("nlp")) as c:
+        sub = await c.on_preemption(got.append, allocation="nlp")
+        await sub.unsubscribe()
+
+
 async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: Spy) -> None:
     svc = await connect_as(secure, "svc")
     js = svc.nc.jetstream()

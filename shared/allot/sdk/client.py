@@ -77,6 +77,10 @@ BATCHES_IN_FLIGHT = 8
 """``submit_batch`` requests outstanding at once."""
 _DENIED_PUBLISH = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 """How nats-server words a refused publish (reported to the error callback only)."""
+_DENIED_SUBSCRIBE = re.compile(
+    r'permissions violation for subscription to "([^"]+)"', re.IGNORECASE
+)
+"""And a refused subscription: the subscription stays, and nothing ever reaches it."""
 _LOGIN_REFUSED = "authorization violation"
 """How nats-server words a refused login (wrong user or password)."""
 _COMMAND_REPLY = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
@@ -263,7 +267,7 @@ class Client:
             # nats-py prints every connection error to stderr by default; a CLI user gets
             # one clear line from us instead. A refused first connection fails fast.
             log.debug("nats error: %s", exc)
-            denied = _DENIED_PUBLISH.search(str(exc))
+            denied = _DENIED_PUBLISH.search(str(exc)) or _DENIED_SUBSCRIBE.search(str(exc))
             if denied is not None:
                 # nats-py lowercases the server's error line, subject included.
                 for waiter in self._refusals.get(denied.group(1).lower(), ()):
@@ -843,8 +847,26 @@ class Client:
             except Exception:
                 log.exception("preemption callback failed for %s", notice.workload_id)
 
-        sub = await self.nc.subscribe(subject, cb=handle)
-        await confirm_subscriptions(self.nc)  # a notice right after we return is not lost
+        if not callable(callback):
+            raise ValidationError("callback", f"must be callable, got {type(callback).__name__}")
+        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._refusals.setdefault(subject.lower(), [])
+        waiters.append(refused)
+        try:
+            sub = await self.nc.subscribe(subject, cb=handle)
+            # A notice right after we return is not lost; and the server's refusal of the
+            # subscription, if any, has come before the round trip ends (nats-py hands it
+            # to the error callback in order): a user whose role does not allow these
+            # notices is told so, not left waiting for notices that never come (found by
+            # a user trial, 2026-12-03).
+            await confirm_subscriptions(self.nc)
+        finally:
+            waiters.remove(refused)
+            if not waiters:
+                del self._refusals[subject.lower()]
+        if refused.done():
+            await sub.unsubscribe()
+            raise PermissionDeniedError(subject)
         return PreemptionSubscription(sub, subject)
 
 
