@@ -113,10 +113,11 @@ DECISION_INPUTS: tuple[str, ...] = (
 """What of WORKLOADS the placement follower reads: everything but runs' starts, which
 decide nothing (protection counts from the placement) and come in bursts (an agent's
 reports, group-committed every 250 ms: ~125 at a time at 500 runs/s), ahead of the
-submissions placement waits for in the same stream. ``bench/bench_live.py --rates 500``
-on 2026-12-03, pairs taken in turn: p99 35-43 ms reading without the starts, 46-63 ms
-with them; p50 the same. ``allot status`` reads a run's start when asked
-(``_read_start``)."""
+submissions placement waits for in the same stream. ``bench/bench_live.py --rates 500``,
+pairs taken in turn, reading without the starts / with them: p99 35-43 / 46-63 ms on a
+slow spell (2026-12-03 17:xx, a throwaway switch), 18.8 / 26.4, 19.2 / 25.9, 22.9 / 21.9,
+22.9 / 27.0, 21.4 / 27.5 ms on a fast one (22:00-22:45); p50 the same. ``allot status``
+reads a run's start when asked (``_read_start``)."""
 
 _ENC = msgspec.json.Encoder()
 _RANKING = msgspec.json.Decoder(m.RankingUpdated)
