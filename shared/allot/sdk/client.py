@@ -365,9 +365,7 @@ class Client:
         attempts = self.retries + 1
         loop = asyncio.get_running_loop()
         attempt, give_up_at = 0, None
-        refused: asyncio.Future[None] = loop.create_future()
-        waiters = self._refusals.setdefault(subject.lower(), [])
-        waiters.append(refused)
+        refused = self._watch_refusal(subject)
         try:
             while attempt < attempts:
                 try:
@@ -411,40 +409,38 @@ class Client:
                 )
             raise RequestTimeoutError(subject, who, wait, attempts)
         finally:
-            waiters.remove(refused)
-            if not waiters:
-                del self._refusals[subject.lower()]
+            self._unwatch_refusal(subject, refused)
+
+    def _watch_refusal(self, subject: str) -> asyncio.Future[None]:
+        """A future the error callback completes if nats-server refuses ``subject`` for this
+        user (a publish or a subscription); give it back with ``_unwatch_refusal``."""
+        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._refusals.setdefault(subject.lower(), []).append(refused)
+        return refused
+
+    def _unwatch_refusal(self, subject: str, refused: asyncio.Future[None]) -> None:
+        waiters = self._refusals[subject.lower()]
+        waiters.remove(refused)
+        if not waiters:
+            del self._refusals[subject.lower()]
 
     async def _consumer(self, create: Awaitable[T], subject: str) -> T:
         """``create`` (a JetStream subscription), or ``PermissionDeniedError`` as soon as the
         server refuses its create ``subject`` (operators and managers may not read the
         log: found by a user trial, 2026-12-03, as a traceback after nats-py's 5 s
         timeout), or ``RequestTimeoutError`` when JetStream does not answer."""
-        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._refusals.setdefault(subject.lower(), [])
-        waiters.append(refused)
+        refused = self._watch_refusal(subject)
         try:
-            task = asyncio.ensure_future(create)
-            either: set[asyncio.Future[Any]] = {task, refused}
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-                raise PermissionDeniedError(subject)
-            try:
-                return task.result()
-            except nats.errors.TimeoutError:
-                raise RequestTimeoutError(subject, "JetStream", self.timeout, 1) from None
+            return await self._unless_refused(create, refused, subject)
+        except nats.errors.TimeoutError:
+            raise RequestTimeoutError(subject, "JetStream", self.timeout, 1) from None
         finally:
-            waiters.remove(refused)
-            if not waiters:
-                del self._refusals[subject.lower()]
+            self._unwatch_refusal(subject, refused)
 
     @staticmethod
     async def _unless_refused(
-        request: Awaitable[Msg], refused: asyncio.Future[None], subject: str
-    ) -> Msg:
+        request: Awaitable[T], refused: asyncio.Future[None], subject: str
+    ) -> T:
         """``request``'s reply, or ``PermissionDeniedError`` as soon as the server refuses
         the subject (nats-py reports that only to the error callback; the request itself
         would wait for its timeout, three times)."""
@@ -849,9 +845,7 @@ class Client:
 
         if not callable(callback):
             raise ValidationError("callback", f"must be callable, got {type(callback).__name__}")
-        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._refusals.setdefault(subject.lower(), [])
-        waiters.append(refused)
+        refused = self._watch_refusal(subject)
         try:
             sub = await self.nc.subscribe(subject, cb=handle)
             # A notice right after we return is not lost; and the server's refusal of the
@@ -861,9 +855,7 @@ class Client:
             # a user trial, 2026-12-03).
             await confirm_subscriptions(self.nc)
         finally:
-            waiters.remove(refused)
-            if not waiters:
-                del self._refusals[subject.lower()]
+            self._unwatch_refusal(subject, refused)
         if refused.done():
             await sub.unsubscribe()
             raise PermissionDeniedError(subject)
