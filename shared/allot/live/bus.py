@@ -38,6 +38,7 @@ import nats
 import nats.errors
 import structlog
 from nats.aio.client import Client as NatsClient
+from nats.aio.client import ServerVersion
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -313,6 +314,13 @@ def detach_trace(token: Token[otel_context.Context] | None) -> None:
 
 
 OnRecord = Callable[[str, msgspec.Struct], Awaitable[None] | None]
+
+
+def takes_several_filters(server: ServerVersion) -> bool:
+    """Whether ``server`` honours a consumer with several filter subjects (nats-server
+    >= 2.10); an older one ignores them and delivers everything."""
+    return (server.major, server.minor) >= (2, 10)
+
 
 HOSTS_SEQ_HEADER = "Allot-Hosts-Seq"
 """On a record that names hosts (``WorkloadPlaced``): the HOSTS sequence its writer had

@@ -505,7 +505,7 @@ def charged_filters(server: ServerVersion) -> list[str]:
     parse and ack, the submissions and placements (half of the log under load). A consumer
     with several filters needs nats-server >= 2.10; an older one delivers every event and
     ``_may_charge`` skips what cannot charge, as before."""
-    if (server.major, server.minor) >= (2, 10):
+    if bus.takes_several_filters(server):
         return [s.every_workload(event) for event in s.CHARGED_EVENTS]
     return [ALL_EVENTS]
 

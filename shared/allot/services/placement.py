@@ -242,8 +242,7 @@ class PlacementService:
         self._appends = await group_commit.for_stream(self.nc, self.js, "WORKLOADS")
         await self._load_ranking()
         self._ranking_sub = await self.nc.subscribe(s.RANKING, cb=self._on_ranking)
-        version = self.nc.connected_server_version
-        self._reads_starts = (version.major, version.minor) < (2, 10)
+        self._reads_starts = not bus.takes_several_filters(self.nc.connected_server_version)
         self.follower = bus.LogFollower(
             self.js,
             self._on_record,
