@@ -26,6 +26,7 @@ from allot.adapters.embedded import EmbeddedNats
 from allot.cli import live_cmds
 from allot.core.errors import ValidationError
 from allot.live import bus
+from allot.live.log_watch import LogWatchServer
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -71,8 +72,13 @@ class Responders:
 
 @pytest.fixture
 async def responders(fresh_log: str) -> AsyncIterator[Responders]:
+    """The stand-ins, and the real watch server (intake's), which a watch asks for its
+    consumers."""
     nc = await nats.connect(fresh_log)
+    watches = LogWatchServer(nc, nc.jetstream(), time.time)
+    await watches.start()
     yield Responders(nc)
+    await watches.stop()
     await nc.close()
 
 

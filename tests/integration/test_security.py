@@ -28,8 +28,6 @@ import nats.errors
 import pytest
 from live_harness import eventually, records, seed
 from nats.aio.client import Client as NatsClient
-from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.nuid import NUID
 
 from allot.adapters.embedded import EmbeddedNats, find_nats_server
 from allot.cli import live_cmds
@@ -226,16 +224,10 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
         # Allowed: submit to its own allocation, answered by intake through its own inbox.
         reply = await nlp.nc.request(s.submit("nlp"), _submit("nlp"), timeout=5)
         accepted = msgspec.json.decode(reply.data, type=m.WorkloadAccepted)
-        # Allowed: read its own workload's records from the log (filtered consumer).
-        sub = await nlp.nc.jetstream().subscribe(
-            s.workload_events("nlp", accepted.workload_id),
-            stream="WORKLOADS",
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-            config=ConsumerConfig(name=NUID().next().decode()),
-        )
-        first = await sub.next_msg(timeout=5)
-        assert isinstance(bus.decode_record(first.subject, first.data), m.WorkloadSubmitted)
+        # Allowed: read its own workload's records from the log, through intake's watch.
+        async with Client(secure.url("nlp")) as c:
+            first = await asyncio.wait_for(anext(c.watch(accepted.workload_id, "nlp")), 10)
+        assert isinstance(first, m.WorkloadSubmitted)
         await nlp.nc.subscribe(s.allocation_preempt("nlp"))
         # Allowed: its own allocation's queue, priorities and statuses, and cluster figures.
         for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS):
@@ -300,23 +292,6 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
         await svc.nc.close()
 
 
-async def test_the_team_sdk_watch_works_with_a_named_consumer_only(secure: Secure) -> None:
-    """nats-py's ordered consumer without a name uses the unfiltered create subject, which a
-    team is never granted: the SDK must name its consumers (see docs/security.md)."""
-    svc = await connect_as(secure, "svc")
-    await bus.ensure_streams(svc.nc.jetstream())
-    nlp = await connect_as(secure, "nlp")
-    try:
-        with pytest.raises(nats.errors.TimeoutError):
-            await nlp.nc.jetstream(timeout=REFUSED_WAIT_S).subscribe(
-                s.allocation_events("nlp"), stream="WORKLOADS", ordered_consumer=True
-            )
-        await nlp.refused("$JS.API.CONSUMER.CREATE.WORKLOADS")
-    finally:
-        await nlp.nc.close()
-        await svc.nc.close()
-
-
 async def test_the_sdk_reports_a_refused_request_at_once_not_as_a_timeout(
     secure: Secure,
 ) -> None:
@@ -342,8 +317,8 @@ async def test_the_sdk_reports_a_refused_request_at_once_not_as_a_timeout(
 async def test_a_watch_by_a_user_who_may_not_read_the_log_is_refused_at_once(
     secure: Secure,
 ) -> None:
-    """Operators and managers may not read the log: their watch is a refusal naming the
-    consumer's subject, not nats-py's TimeoutError after 5 s (a traceback in `allot watch`,
+    """Operators and managers may not read a team's records: their watch is a refusal naming
+    the subject, not nats-py's TimeoutError after 5 s (a traceback in `allot watch`,
     found by a user trial)."""
     svc = await connect_as(secure, "svc")
     await bus.ensure_streams(svc.nc.jetstream())
@@ -352,8 +327,8 @@ async def test_a_watch_by_a_user_who_may_not_read_the_log_is_refused_at_once(
             async with Client(secure.url(user), timeout=30.0) as c:
                 with pytest.raises(PermissionDeniedError) as caught:
                     await asyncio.wait_for(anext(c.watch("w1", "nlp")), 20.0)
-                assert caught.value.subject.startswith("$JS.API.CONSUMER.CREATE.WORKLOADS.")
-                assert caught.value.subject.endswith(s.workload_events("nlp", "w1"))
+                # the first step, the subscription to the watch's delivery subject
+                assert caught.value.subject.startswith(s.allocation_watched("nlp")[:-1])
     finally:
         await svc.nc.close()
 

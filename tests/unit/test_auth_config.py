@@ -119,8 +119,7 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
     assert set(p.publish) == {
         "allot.v1.submit.nlp",
         "allot.v1.cancel.nlp.*",
-        "$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.events.nlp.>",
-        "$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.preempt.nlp.*",
+        "allot.v1.watch.nlp",
         "allot.v1.query.queue.nlp",
         "allot.v1.query.prio.nlp",
         "allot.v1.query.status.nlp",
@@ -129,7 +128,6 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
         "allot.v1.query.owed",
         "allot.v1.query.hosts",
         "allot.v1.query.placement_stats",
-        "$JS.FC.WORKLOADS.>",
     }
     # never another allocation's queue or a status of any workload by id alone
     assert not any(x.startswith("allot.v1.query.") and x.endswith(">") for x in p.publish)
@@ -138,12 +136,35 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
         "_INBOX_nlp.>",
         "allot.v1.events.nlp.>",
         "allot.v1.preempt.nlp.*",
+        "allot.v1.watched.nlp.*",
         "allot.v1.ranking",
         "allot.v1.budget.tree",
     }
-    # never the unfiltered consumer create, the default inbox, or any stream read API
-    assert not any(x in {"$JS.API.CONSUMER.CREATE.WORKLOADS", "$JS.API.>"} for x in p.publish)
+    # nothing of JetStream: the log is read through the services' watches
+    assert not any(x.startswith("$") for x in p.publish + p.subscribe)
     assert "_INBOX.>" not in p.subscribe
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        UserSpec("nlp", "team", allocations=("nlp",), unallocated=True),
+        UserSpec("lead", "manager", node="research"),
+        UserSpec("ops", "operator"),
+        UserSpec("agent-1", "agent", hosts=("h01",)),
+    ],
+)
+def test_every_user_but_the_services_is_denied_jetstream_and_the_service_durables(
+    tree: BudgetTree, user: UserSpec
+) -> None:
+    """Consumers are the creator's choice of name, filter and delivery subject: a team that
+    may create one can re-point accounting's durable or have the server publish anywhere."""
+    p = permissions(user, tree)
+    assert {"$JS.>", "$KV.>", "$SYS.>"} <= set(p.deny_publish)
+    assert "$JS.API.CONSUMER.*.*.accounting" in p.deny_publish
+    assert "$JS.API.CONSUMER.DURABLE.CREATE.*.accounting" in p.deny_publish
+    assert not any(x.startswith("$") for x in p.publish)
+    assert permissions(UserSpec("svc", "service"), tree).deny_publish == ()
 
 
 def test_unallocated_team_uses_the_tilde_token(tree: BudgetTree) -> None:
@@ -205,7 +226,7 @@ def test_render_quotes_dollar_subjects_and_hashes(tree: BudgetTree) -> None:
     grants = {u.name: permissions(u, tree) for u in users}
     text = render_config(users, grants, {"nlp": "$2a$04$x", "svc": "$2a$04$y"})
     assert 'password: "$2a$04$x"' in text
-    assert '"$JS.API.CONSUMER.CREATE.WORKLOADS.*.allot.v1.events.nlp.>"' in text
+    assert 'deny: ["$JS.>", "$KV.>"' in text
     assert "jetstream: enabled" in text and "tls {" not in text
 
 

@@ -12,12 +12,9 @@ Roles (one per user, see ``deploy/roles.example.yaml``):
 * ``team``: ``allocations: [leaf, ...]`` (optionally ``unallocated: true``). Publishes
   ``submit.<a>``, ``cancel.<a>.*``, ``query.{queue,prio,status}.<a>`` and the
   cluster-wide ``TEAM_QUERIES``; subscribes ``events.<a>.>``,
-  ``preempt.<a>.*``, ``ranking`` and ``budget.tree``; reads the log only through JetStream
-  consumers whose *filter is in the API subject* (``$JS.API.CONSUMER.CREATE.WORKLOADS.
-  <name>.allot.v1.events.<a>.>``, the form nats-server >= 2.9 checks against the
-  consumer's ``filter_subject``), so it cannot create a consumer over another team's
-  records. The plain ``$JS.API.CONSUMER.CREATE.WORKLOADS`` (filter only in the body) is
-  never granted to a team.
+  ``preempt.<a>.*``, ``watched.<a>.*``, ``ranking`` and ``budget.tree``; reads the log
+  only through watches the intake service opens for it (``watch.<a>``,
+  ``allot.live.log_watch``), never through the JetStream API.
 * ``manager``: ``node: <name>`` in the budget tree. Publishes
   ``budget.set.root.<path to node>.>``: every node strictly below it, never the node itself;
   and ``allot.v1.cancel.<a>.*.manager`` for each allocation ``a`` in its subtree (the node
@@ -32,6 +29,9 @@ Roles (one per user, see ``deploy/roles.example.yaml``):
   JetStream. The dispatch service reads the log for agents and appends a report only when
   the subject's host is the primary host of that workload's current attempt.
 * ``service``: everything (``>``).
+
+No user but the services may publish anything of JetStream (``NOT_SERVICES``: the API,
+acks, flow control) nor touch a service durable by name.
 
 Every non-service user receives replies only on its own inbox prefix ``_INBOX_<user>``
 (``inbox_prefix`` of ``nats.connect``): the default ``_INBOX.>`` is never granted, so one
@@ -78,8 +78,6 @@ _USER_FIELDS: dict[Role, tuple[str, ...]] = {
     "service": ("name", "role"),
 }
 _JS_API = "$JS.API"
-# Flow-control replies of push consumers go to $JS.FC.<stream>.<consumer>.<token>.
-_JS_FC = "$JS.FC"
 TEAM_QUERIES: tuple[str, ...] = (
     s.QUERY_SHARE,
     s.QUERY_ALLOCATIONS,
@@ -285,10 +283,33 @@ def _kind(value: object) -> str:
 # -- grants ----------------------------------------------------------------------------------
 
 
+NOT_SERVICES: tuple[str, ...] = (
+    "$JS.>",
+    "$KV.>",
+    "$O.>",
+    "$SYS.>",
+    *(
+        pattern
+        for durable in s.SERVICE_DURABLES
+        for pattern in (
+            f"{_JS_API}.CONSUMER.*.*.{durable}",
+            f"{_JS_API}.CONSUMER.*.*.{durable}.>",
+            f"{_JS_API}.CONSUMER.DURABLE.CREATE.*.{durable}",
+        )
+    ),
+)
+"""Denied to every user but the services, whatever their allow list says: the JetStream
+API (a consumer's name, filter and delivery subject are the creator's choice: a team could
+re-point a service's durable or have the server publish anywhere), acks and flow control,
+KV, object store and system subjects. Each service durable is also named, so a grant
+widened by hand still cannot touch it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    deny_publish: tuple[str, ...] = ()
 
 
 def budget_path(tree: BudgetTree, node: str) -> tuple[str, ...]:
@@ -316,12 +337,11 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
         for a in tokens:
             pub += [f"{s.PREFIX}.submit.{a}", f"{s.PREFIX}.cancel.{a}.*"]
             pub += [s.query_scoped(q, a) for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS)]
-            for own in (s.allocation_events(a), s.allocation_preempt(a)):
-                sub.append(own)
-                # Filtered create only: the server refuses a body whose filter differs.
-                pub.append(f"{_JS_API}.CONSUMER.CREATE.WORKLOADS.*.{own}")
-        pub += [*TEAM_QUERIES, f"{_JS_FC}.WORKLOADS.>"]
-        return Permissions(publish=tuple(pub), subscribe=tuple(sub))
+            # The log through the services' watches only (``allot.live.log_watch``).
+            pub.append(s.watch(a))
+            sub += [s.allocation_events(a), s.allocation_preempt(a), s.allocation_watched(a)]
+        pub += [*TEAM_QUERIES]
+        return Permissions(publish=tuple(pub), subscribe=tuple(sub), deny_publish=NOT_SERVICES)
     if user.role == "manager":
         assert user.node is not None
         grant = s.budget_subtree(budget_path(tree, user.node))
@@ -332,11 +352,13 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
         return Permissions(
             publish=(grant, *cancels, f"{s.PREFIX}.query.>"),
             subscribe=(inbox, s.RANKING, s.BUDGET_TREE),
+            deny_publish=NOT_SERVICES,
         )
     if user.role == "operator":
         return Permissions(
             publish=(s.ALL_DRAIN, s.ALL_UNDRAIN, s.ALL_OPERATOR_CANCEL, f"{s.PREFIX}.query.>"),
             subscribe=(inbox, s.ALL_HOST_STATE),
+            deny_publish=NOT_SERVICES,
         )
     # agent: its own hosts' subjects only, all literal; no JetStream API at all (the dispatch
     # service reads the log for it and checks each report's host).
@@ -345,7 +367,9 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
     for h in user.hosts:
         agent_pub += [s.heartbeat(h), s.health(h), s.host_report(h), s.host_sync(h)]
         agent_sub.append(s.host_work(h))
-    return Permissions(publish=tuple(agent_pub), subscribe=tuple(agent_sub))
+    return Permissions(
+        publish=tuple(agent_pub), subscribe=tuple(agent_sub), deny_publish=NOT_SERVICES
+    )
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -398,7 +422,9 @@ def render_config(
             f"        user: {_q(user.name)}",
             f"        password: {_q(password_hashes[user.name])}",
             "        permissions: {",
-            f"          publish: {{ allow: [{', '.join(_q(x) for x in p.publish)}] }}",
+            f"          publish: {{ allow: [{', '.join(_q(x) for x in p.publish)}]"
+            + (f", deny: [{', '.join(_q(x) for x in p.deny_publish)}]" if p.deny_publish else "")
+            + " }",
             f"          subscribe: {{ allow: [{', '.join(_q(x) for x in p.subscribe)}] }}",
             "        }",
             "      }",

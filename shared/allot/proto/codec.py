@@ -62,6 +62,8 @@ TYPES: Final[dict[Kind, Any]] = {
     Kind.RANKING: m.RankingUpdated,
     Kind.LEADER: m.LeaderElected,
     Kind.BUDGET_TREE: m.BudgetTreeSet,
+    Kind.WATCH: m.WatchLog,
+    Kind.WATCHED: m.WorkloadEvent | m.PreemptionNotice,
 }
 """What each subject kind carries: one Struct, or a union told apart by ``type``."""
 

@@ -333,6 +333,21 @@ class PartReports(_Message, frozen=True, kw_only=True):
     reports: Annotated[tuple[PartReport, ...], msgspec.Meta(min_length=1, max_length=MAX_REPORTS)]
 
 
+class WatchLog(_Message, frozen=True, kw_only=True):
+    """``allot.v1.watch.<allocation>`` (request): read one workload's records of the log.
+    The service answering it creates a JetStream consumer over that allocation's workload
+    (``records``: its lifecycle ``events`` or its preemption ``notices``) from stream
+    sequence ``start_seq`` (0: from the beginning) and delivers them, with idle heartbeats,
+    on ``allot.v1.watched.<allocation>.<deliver>``; subscribe there before asking. Answered
+    ``WatchStarted`` or ``CommandRejected``. Teams never create consumers themselves."""
+
+    workload_id: Name
+    records: Literal["events", "notices"]
+    deliver: Name
+    """A token of the watcher's choosing (random): the last token of the delivery subject."""
+    start_seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
 # == workload events ===========================================================================
 
 
@@ -602,6 +617,18 @@ class CommandRejected(_Message, frozen=True, kw_only=True):
     at: Timestamp
     field: Text
     reason: Text
+
+
+class WatchStarted(_Message, frozen=True, kw_only=True):
+    """A watch's consumer exists: records arrive on ``subject`` (as JetStream deliveries
+    from ``consumer``, with a ``Status: 100`` idle heartbeat every ``heartbeat_s``). The
+    consumer is removed once nobody has listened on ``subject`` for ``inactive_s``."""
+
+    at: Timestamp
+    consumer: Name
+    subject: Text
+    heartbeat_s: Seconds
+    inactive_s: Seconds
 
 
 class PartReportsAnswered(_Message, frozen=True, kw_only=True):
@@ -896,6 +923,7 @@ COMMANDS: tuple[type[msgspec.Struct], ...] = (
     PartReport,
     PartReports,
     HostSync,
+    WatchLog,
 )
 EVENTS: tuple[type[msgspec.Struct], ...] = (
     WorkloadSubmitted,
@@ -934,5 +962,6 @@ REPLIES: tuple[type[msgspec.Struct], ...] = (
     PlacementStats,
     OwedQuery,
     OwedSnapshot,
+    WatchStarted,
 )
 MESSAGES = COMMANDS + EVENTS + REPLIES

@@ -63,6 +63,8 @@ _ACTION: dict[Kind, str] = {
     Kind.RANKING: "receive",
     Kind.LEADER: "receive",
     Kind.BUDGET_TREE: "receive",
+    Kind.WATCH: "send",
+    Kind.WATCHED: "receive",
 }
 
 _COMMAND_REPLY = (m.CommandAccepted, m.CommandRejected)
@@ -77,19 +79,35 @@ _REPLIES: dict[Kind, tuple[type[msgspec.Struct], ...]] = {
     Kind.HOST_REPORT: _COMMAND_REPLY,
     Kind.HOST_SYNC: (m.HostWork,),
     Kind.HOSTS_REPORT: (m.PartReportsAnswered, m.CommandRejected),
+    Kind.WATCH: (m.WatchStarted, m.CommandRejected),
 }
 """What the service answers to each request (commands are core-NATS requests)."""
 
 _QUERIES: dict[
     str, tuple[str, tuple[type[msgspec.Struct], ...], tuple[type[msgspec.Struct], ...]]
 ] = {
-    "query_queue": (QUERY_QUEUE, (), (m.QueueSnapshot,)),
-    "query_prio": (QUERY_PRIO, (), (m.PrioSnapshot,)),
-    "query_hosts": (QUERY_HOSTS, (), (m.HostsSnapshot,)),
+    "query_queue": (QUERY_QUEUE, (), (m.QueueSnapshot, m.CommandRejected)),
+    "query_queue_allocation": (
+        f"{QUERY_QUEUE}.{{allocation}}",
+        (),
+        (m.QueueSnapshot, m.CommandRejected),
+    ),
+    "query_prio": (QUERY_PRIO, (), (m.PrioSnapshot, m.CommandRejected)),
+    "query_prio_allocation": (
+        f"{QUERY_PRIO}.{{allocation}}",
+        (),
+        (m.PrioSnapshot, m.CommandRejected),
+    ),
+    "query_hosts": (QUERY_HOSTS, (), (m.HostsSnapshot, m.CommandRejected)),
     "query_status": (QUERY_STATUS, (m.StatusQuery,), (m.WorkloadStatus, m.CommandRejected)),
-    "query_share": (QUERY_SHARE, (), (m.RankingUpdated,)),
-    "query_allocations": (QUERY_ALLOCATIONS, (), (m.AllocationsSnapshot,)),
-    "query_placement_stats": (QUERY_PLACEMENT_STATS, (), (m.PlacementStats,)),
+    "query_status_allocation": (
+        f"{QUERY_STATUS}.{{allocation}}",
+        (m.StatusQuery,),
+        (m.WorkloadStatus, m.CommandRejected),
+    ),
+    "query_share": (QUERY_SHARE, (), (m.RankingUpdated, m.CommandRejected)),
+    "query_allocations": (QUERY_ALLOCATIONS, (), (m.AllocationsSnapshot, m.CommandRejected)),
+    "query_placement_stats": (QUERY_PLACEMENT_STATS, (), (m.PlacementStats, m.CommandRejected)),
     "query_owed": (QUERY_OWED, (m.OwedQuery,), (m.OwedSnapshot, m.CommandRejected)),
 }
 """Query channels: address, request message (none: an empty body), reply messages."""
@@ -100,6 +118,7 @@ _PARAMS: dict[str, str] = {
     "event": "what happened (the record's type, see EVENT_NAME): " + ", ".join(EVENT_NAMES),
     "host": "host id",
     "path": "budget path from 'root' down to the node, one token per level",
+    "deliver": "the watcher's own token, chosen in its WatchLog",
 }
 
 
@@ -158,9 +177,19 @@ def asyncapi() -> dict[str, Any]:
         names = [c.__name__ for c in requests]
         channels[cid] = {
             "address": address,
-            "description": "core NATS request/reply (an empty body unless a message is listed)",
+            "description": (
+                "core NATS request/reply (an empty body unless a message is listed)"
+                + (
+                    "; one allocation's rows only (the form a team is granted under auth)"
+                    if "{allocation}" in address
+                    else ""
+                )
+            ),
             "messages": {n: {"$ref": f"#/components/messages/{n}"} for n in names},
         }
+        query_params = {p: {"description": d} for p, d in _PARAMS.items() if f"{{{p}}}" in address}
+        if query_params:
+            channels[cid]["parameters"] = query_params
         operations[f"send_{cid}"] = {
             "action": "send",
             "channel": {"$ref": f"#/channels/{cid}"},

@@ -28,6 +28,8 @@ allot.v1.host.<host>.state                       HostDraining/Drained/Healthy  .
 allot.v1.events.<allocation>.<workload>.<event>  Workload* lifecycle events    ...events.nlp.>
 allot.v1.preempt.<allocation>.<workload>         PreemptionNotice              ...preempt.nlp.*
 allot.v1.queued.<allocation>.<workload>          WorkloadQueued (not logged)   ...queued.nlp.*
+allot.v1.watch.<allocation>                      WatchLog (request)            ...watch.nlp
+allot.v1.watched.<allocation>.<deliver>          records of a watch            ...watched.nlp.*
 allot.v1.ranking                                 RankingUpdated                allot.v1.ranking
 allot.v1.leader                                  LeaderElected                 (services only)
 allot.v1.budget.tree                             BudgetTreeSet (current tree)  allot.v1.budget.tree
@@ -66,7 +68,11 @@ Rules behind the shape:
    ``...events.nlp.>`` an allocation's. Each record type has one name
    (``allot.proto.messages.EVENT_NAME``), and readers refuse a record filed under another
    (``allot.live.bus.decode_record``), so a filtered reader never misses one.
-5. Commands are core-NATS requests answered by the service (no stream captures them, so a
+5. **Reading the log**: only services use the JetStream API. A team asks on
+   ``allot.v1.watch.<allocation>`` and the service creates the consumer (filter: that
+   allocation's workload; delivery: ``allot.v1.watched.<allocation>.<deliver>``, which only
+   that allocation's team may read); see ``allot.live.log_watch``.
+6. Commands are core-NATS requests answered by the service (no stream captures them, so a
    JetStream ack never races the service's reply); events go to the streams in ``STREAMS``.
 """
 
@@ -113,6 +119,8 @@ class Kind(StrEnum):
     RANKING = "ranking"
     LEADER = "leader"
     BUDGET_TREE = "budget.tree"
+    WATCH = "watch"
+    WATCHED = "watched"
 
 
 def validate_token(name: str, field: str) -> str:
@@ -309,6 +317,21 @@ def preempt(allocation: str | None, workload: str) -> str:
     return f"{PREFIX}.preempt.{allocation_token(allocation)}.{validate_token(workload, 'workload')}"
 
 
+def watch(allocation: str | None) -> str:
+    """Where a team asks the services to read the log for it (``WatchLog``)."""
+    return f"{PREFIX}.watch.{allocation_token(allocation)}"
+
+
+def watched(allocation: str | None, deliver: str) -> str:
+    """Where the records of one watch are delivered: ``deliver`` is the watcher's own token."""
+    return f"{PREFIX}.watched.{allocation_token(allocation)}.{validate_token(deliver, 'deliver')}"
+
+
+def allocation_watched(allocation: str | None) -> str:
+    """Every watch delivery of one allocation: what its team is granted to read."""
+    return f"{PREFIX}.watched.{allocation_token(allocation)}.*"
+
+
 def query_scoped(query: str, allocation: str | None) -> str:
     """``QUERY_QUEUE``, ``QUERY_PRIO`` or ``QUERY_STATUS`` for one allocation's work only
     (``~``: unallocated work): ``allot.v1.query.queue.nlp``."""
@@ -365,6 +388,7 @@ ALL_HOST_STATE = f"{PREFIX}.host.*.state"
 ALL_EVENTS = f"{PREFIX}.events.*.*.*"
 ALL_PREEMPT = f"{PREFIX}.preempt.*.*"
 ALL_QUEUED = f"{PREFIX}.queued.*.*"
+ALL_WATCH = f"{PREFIX}.watch.*"
 
 
 def allocation_events(allocation: str | None) -> str:
@@ -403,6 +427,8 @@ CHANNELS: dict[Kind, str] = {
     Kind.RANKING: RANKING,
     Kind.LEADER: LEADER,
     Kind.BUDGET_TREE: BUDGET_TREE,
+    Kind.WATCH: f"{PREFIX}.watch.{{allocation}}",
+    Kind.WATCHED: f"{PREFIX}.watched.{{allocation}}.{{deliver}}",
 }
 """Subject templates per kind (AsyncAPI channel addresses)."""
 
@@ -413,6 +439,13 @@ STREAMS: dict[str, tuple[str, ...]] = {
 }
 """JetStream streams, one per concern, and the subjects each captures. Commands and
 heartbeats are not captured: services answer them and append what they decide."""
+
+
+ACCOUNTING_DURABLE = "accounting"
+"""The accounting service's durable consumer on WORKLOADS."""
+SERVICE_DURABLES: tuple[str, ...] = (ACCOUNTING_DURABLE,)
+"""Every durable consumer the services own (``allot auth gen`` denies them to everyone
+else by name, beside the whole JetStream API)."""
 
 
 def kind_of(subject: str) -> Kind:
@@ -445,6 +478,10 @@ def kind_of(subject: str) -> Kind:
         return Kind.PREEMPT
     if head == "queued" and n == 3:
         return Kind.QUEUED
+    if head == "watch" and n == 2:
+        return Kind.WATCH
+    if head == "watched" and n == 3:
+        return Kind.WATCHED
     if head == "ranking" and n == 1:
         return Kind.RANKING
     if head == "leader" and n == 1:

@@ -14,7 +14,8 @@ A body is checked locally before it is sent (encoded, then decoded by the same
 ``allot.proto.codec`` the services use), so a bad value fails with a ``ValidationError``
 naming the field without a round trip.
 
-``watch`` reads the log (stream ``WORKLOADS``) with an ordered consumer from the start;
+``watch`` reads the log (stream ``WORKLOADS``) from the start through a watch the intake
+service opens for it (``allot.v1.watch.<allocation>``: users never create consumers);
 ``on_preemption`` is a plain subscription, live only: a training loop uses it to
 checkpoint before ``grace_deadline``.
 """
@@ -37,8 +38,6 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
 
 from allot.core.errors import ValidationError
 from allot.live.auth_config import client_tls, inbox_prefix_for_url, masked_url
@@ -424,19 +423,6 @@ class Client:
         if not waiters:
             del self._refusals[subject.lower()]
 
-    async def _consumer(self, create: Awaitable[T], subject: str) -> T:
-        """``create`` (a JetStream subscription), or ``PermissionDeniedError`` as soon as the
-        server refuses its create ``subject`` (operators and managers may not read the
-        log: found by a user trial, 2026-12-03, as a traceback after nats-py's 5 s
-        timeout), or ``RequestTimeoutError`` when JetStream does not answer."""
-        refused = self._watch_refusal(subject)
-        try:
-            return await self._unless_refused(create, refused, subject)
-        except nats.errors.TimeoutError:
-            raise RequestTimeoutError(subject, "JetStream", self.timeout, 1) from None
-        finally:
-            self._unwatch_refusal(subject, refused)
-
     @staticmethod
     async def _unless_refused(
         request: Awaitable[T], refused: asyncio.Future[None], subject: str
@@ -719,35 +705,23 @@ class Client:
         _require_seconds("idle_timeout", idle_timeout)
         _require_seconds("missing_after", missing_after)
         events = subjects.workload_events(allocation, workload_id)
-        notices = subjects.preempt(allocation, workload_id)
-        js = self.nc.jetstream()
-        subs = []
+        feeds = [_LogFeed(self, allocation, workload_id, r) for r in ("events", "notices")]
         try:
-            # Two ordered consumers (nats-server 2.9 has no multi-subject filter), merged by
-            # stream sequence so notices come in log order with the events.
-            for subject in (events, notices):
-                name = f"watch-{uuid.uuid4().hex[:12]}"
-                subs.append(
-                    await self._consumer(
-                        js.subscribe(
-                            subject,
-                            stream=WORKLOADS_STREAM,
-                            ordered_consumer=True,
-                            deliver_policy=DeliverPolicy.ALL,
-                            idle_heartbeat=0.5,  # notice a restarted server within a second
-                            # A named consumer makes nats-py use the create subject that
-                            # carries the filter, the only one a team user is granted.
-                            config=ConsumerConfig(name=name),
-                        ),
-                        f"$JS.API.CONSUMER.CREATE.{WORKLOADS_STREAM}.{name}.{subject}",
-                    )
-                )
-        except NotFoundError:
-            for sub in subs:
-                await sub.unsubscribe()
-            raise SdkError(
-                f"stream {WORKLOADS_STREAM} not found: is the stack running? (allot up)"
-            ) from None
+            # Two watches (one filter each: nats-server 2.9 has no multi-subject filter),
+            # merged by stream sequence so notices come in log order with the events.
+            for feed in feeds:
+                await feed.open()
+        except CommandRejectedError as exc:
+            for feed in feeds:
+                await feed.close()
+            if exc.field == "stream":
+                raise SdkError(f"{exc.reason}: is the stack running? (allot up)") from None
+            raise
+        except BaseException:
+            for feed in feeds:
+                await feed.close()
+            raise
+        subs = feeds
         ending = Ending()
         merged = _Merged(subs[0], subs[1])
         loop = asyncio.get_running_loop()
@@ -780,7 +754,7 @@ class Client:
             # left to unsubscribe from.
             if self._nc is not None and not self._nc.is_closed:
                 for sub in subs:
-                    await sub.unsubscribe()
+                    await sub.close()
 
     async def _require_workload(self, workload_id: str, allocation: str | None) -> None:
         """``watch``'s check while the log has shown nothing of ``workload_id``: raise
@@ -862,8 +836,114 @@ class Client:
         return PreemptionSubscription(sub, subject)
 
 
+_WATCH_REPLY = msgspec.json.Decoder(m.WatchStarted | m.CommandRejected)
+_HEARTBEAT_STATUS = "100"
+SILENT_HEARTBEATS = 3
+"""A watch that hears neither a record nor a heartbeat for this many heartbeats is asked
+for again from where it stopped (the server restarted, the consumer expired)."""
+
+
+class _LogFeed:
+    """One workload's events or notices, read through a consumer the services create for
+    the asker (``WatchLog``; ``allot.live.log_watch``): teams never touch the JetStream API.
+    Like nats-py's ordered consumer, a gap in the consumer's sequence, or silence past
+    ``SILENT_HEARTBEATS`` heartbeats, opens a new watch after the last record seen."""
+
+    def __init__(
+        self, client: Client, allocation: str | None, workload_id: str, records: str
+    ) -> None:
+        self.client = client
+        self.allocation = allocation
+        self.workload_id = workload_id
+        self.records = records
+        self.sub: Subscription | None = None
+        self.consumer = ""
+        self.last_stream = 0
+        self.last_consumer = 0
+        self.silence_s = 3.0
+        self.heard = 0.0
+
+    async def open(self) -> None:
+        """Ask for a watch from the record after the last one seen (raises what the ask
+        raises: ``PermissionDeniedError``, ``NoResponderError``, ``CommandRejectedError``)."""
+        await self.close()
+        nc = self.client.nc
+        deliver = uuid.uuid4().hex
+        subject = subjects.watched(self.allocation, deliver)
+        refused = self.client._watch_refusal(subject)
+        try:
+            sub = await nc.subscribe(subject)
+            await confirm_subscriptions(nc)  # the first record must find us
+        finally:
+            self.client._unwatch_refusal(subject, refused)
+        if refused.done():
+            await sub.unsubscribe()
+            raise PermissionDeniedError(subject)
+        body = _checked(
+            m.WatchLog(
+                workload_id=self.workload_id,
+                records="events" if self.records == "events" else "notices",
+                deliver=deliver,
+                start_seq=self.last_stream + 1 if self.last_stream else 0,
+            )
+        )
+        try:
+            started = await self.client._ask(
+                subjects.watch(self.allocation), body, _WATCH_REPLY, INTAKE, None
+            )
+        except BaseException:
+            await sub.unsubscribe()
+            raise
+        self.sub, self.consumer, self.last_consumer = sub, started.consumer, 0
+        self.silence_s = SILENT_HEARTBEATS * started.heartbeat_s
+        self.heard = asyncio.get_running_loop().time()
+
+    async def close(self) -> None:
+        if self.sub is not None:
+            sub, self.sub = self.sub, None
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+
+    async def _reopen(self, why: str) -> None:
+        log.debug("watch of %s %s asked again: %s", self.workload_id, self.records, why)
+        try:
+            await self.open()
+        except (SdkError, nats.errors.Error) as exc:  # nobody answers now: try again later
+            log.debug("watch not reopened: %s", exc)
+            self.heard = asyncio.get_running_loop().time()
+
+    async def next_msg(self, timeout: float) -> Msg:
+        """The next record, or ``nats.errors.TimeoutError`` after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if loop.time() - self.heard > self.silence_s:
+                await self._reopen("silent")
+            left = deadline - loop.time()
+            if left <= 0 or self.sub is None:
+                raise nats.errors.TimeoutError
+            msg = await self.sub.next_msg(timeout=min(left, self.silence_s))
+            self.heard = loop.time()
+            if msg.headers and msg.headers.get("Status") == _HEARTBEAT_STATUS:
+                last = int(msg.headers.get("Nats-Last-Consumer", "0") or 0)
+                if last > self.last_consumer:  # records were sent that never came
+                    await self._reopen("gap at a heartbeat")
+                continue
+            if not msg.reply:
+                continue
+            meta = msg.metadata
+            if meta.consumer != self.consumer or meta.sequence.stream <= self.last_stream:
+                continue  # another watch's delivery, or one seen already
+            if meta.sequence.consumer != self.last_consumer + 1:
+                await self._reopen("gap")
+                continue
+            self.last_consumer = meta.sequence.consumer
+            self.last_stream = meta.sequence.stream
+            return msg
+
+
 class _Merged:
-    """Two ordered JetStream subscriptions of one stream read as one, by stream sequence.
+    """Two watches (``_LogFeed``) of one stream read as one, by stream sequence.
     A record is handed out once the other side has had ``settle_s`` to show an earlier
     one (records of one workload are milliseconds apart at most when both exist)."""
 

@@ -95,7 +95,7 @@ log = structlog.get_logger("allot.accounting")
 DEFAULT_SLOT_S: Final = 60.0
 DEFAULT_ACCRUE_S: Final = 30.0
 DEFAULT_PREFIX: Final = "allot"
-DURABLE: Final = "accounting"
+DURABLE: Final = s.ACCOUNTING_DURABLE
 MAX_DELIVER: Final = 50
 """Deliveries of an event whose charging failed (Redis down) before it is given up: with
 the retry delays doubling from 0.5 s up to ``MAX_RETRY_DELAY_S``, about 22 minutes."""

@@ -77,6 +77,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from allot.core.errors import ValidationError
 from allot.core.reasons import fits_empty
 from allot.live import bus, group_commit
+from allot.live.log_watch import LogWatchServer
 from allot.live.logfold import LogFold
 from allot.live.request_server import RequestServer
 from allot.live.runtime import Delivery, configure_logging, make_broker, tracer_provider, wall_clock
@@ -132,6 +133,8 @@ class Intake:
         self.appends: group_commit.GroupCommit | None = None
         """Submissions: a backlog of them is stored as atomic batches."""
         self.follower: bus.LogFollower | None = None
+        self.watches: LogWatchServer | None = None
+        """Reads the log for teams (``allot.live.log_watch``): they never create consumers."""
         self._host_sizes: tuple[list[int], int] | None = None
         self._fits: dict[int, bool] = {}
         """GPUs asked -> whether the registered hosts hold that shape (``fits_empty``)."""
@@ -154,6 +157,8 @@ class Intake:
         )
         await self.follower.start()
         await self.submits.start()  # once the hosts and the budget tree are known
+        self.watches = LogWatchServer(self.nc, self.js, wall_clock)
+        await self.watches.start()
         log.info("intake ready", hosts=len(self.fold.state.host_ids))
 
     def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
@@ -171,6 +176,8 @@ class Intake:
         return self._host_sizes
 
     async def on_stopping(self) -> None:
+        if self.watches is not None:
+            await self.watches.stop()
         if self.submits is not None:
             await self.submits.stop()
         if self.follower is not None:
