@@ -593,17 +593,26 @@ async def test_a_store_wiped_while_the_service_runs_is_rebuilt_without_a_restart
     await drained(js)
     before = await usage_becomes(store, expected_usage(RUNS))
 
-    # Quiet: the periodic check (at each accrual) notices.
+    # Quiet: the periodic check (at each accrual) notices. The usage is whole again before
+    # the rebuild is recorded as done, so the count is waited for, not read at once.
     await forget_everything(redis_client, prefix)
     assert await usage_becomes(store, before) == before
-    assert len(svc.rebuilds) == 1
+    await rebuilds_become(svc.rebuilds, 1)
     # Busy: the batch after the wipe finds no marker to advance.
     await forget_everything(redis_client, prefix)
     more = [("n9", "nlp", HOUR_EDGE + 60.0, HOUR_EDGE + 130.5, 3)]
     await charge_runs(js, more)
     await drained(js)
     await usage_becomes(store, expected_usage(RUNS + more))
-    assert len(svc.rebuilds) == 2
+    await rebuilds_become(svc.rebuilds, 2)
+
+
+async def rebuilds_become(rebuilds: list[str], n: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while len(rebuilds) < n:
+        assert time.monotonic() < deadline, f"{len(rebuilds)} rebuilds, not {n}: {rebuilds}"
+        await asyncio.sleep(0.05)
+    assert len(rebuilds) == n, rebuilds
 
 
 @pytest.mark.parametrize(
