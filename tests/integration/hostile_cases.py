@@ -162,6 +162,15 @@ def health_template() -> dict[str, Any]:
     return {"type": "HealthReport", "host": HOST, "sent_at": 1.7e9, "healthy": False}
 
 
+def typeless(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "type"}
+
+
+def untyped(body: dict[str, Any]) -> bytes:
+    """``body`` without its ``type``: a client that leaves the message's name out."""
+    return dumps(typeless(body))
+
+
 def submit(**changes: Any) -> bytes:
     body = submit_template()
     body.update(changes)
@@ -251,7 +260,14 @@ def hand_cases(placed: str) -> list[Case]:
         ),
         # -- nesting 1000 deep ----------------------------------------------------------
         Case(DEEP_NESTING, SUBMIT, sub, deep_array(1000), BODY),
-        Case(DEEP_NESTING, SUBMIT, sub, deep_object(1000), "a"),
+        Case(
+            DEEP_NESTING,
+            SUBMIT,
+            sub,
+            deep_object(1000),
+            BODY,
+            note="a submit is a union: its type is sought first, through the nesting",
+        ),
         Case(
             DEEP_NESTING,
             SUBMIT,
@@ -627,6 +643,29 @@ def hand_cases(placed: str) -> list[Case]:
             note="shares has no default: null (parent) must be explicit",
         ),
         Case(MISSING, STATUS, s.QUERY_STATUS, b"{}", "workload_id"),
+        # ``type`` is required everywhere (proto/schema.json), a batch's items included.
+        Case(MISSING, SUBMIT, sub, untyped(submit_template()), "type"),
+        Case(
+            MISSING,
+            SUBMIT,
+            sub,
+            dumps(batch([submit_template("b0"), typeless(submit_template("b1"))])),
+            "workloads[1].type",
+        ),
+        Case(MISSING, CANCEL, can, untyped(cancel_template(placed)), "type"),
+        Case(
+            MISSING,
+            CANCEL,
+            can + ".operator",
+            untyped({**cancel_template(placed), "user": "op"}),
+            "type",
+        ),
+        Case(MISSING, BUDGET, budget, untyped(budget_template()), "type"),
+        Case(MISSING, DRAIN, drain, untyped(drain_template()), "type"),
+        Case(MISSING, UNDRAIN, undrain, dumps({"host": HOST, "operator": "op"}), "type"),
+        Case(MISSING, STATUS, s.QUERY_STATUS, untyped(status_template(placed)), "type"),
+        Case(MISSING, HEARTBEAT, hb, untyped(heartbeat_template()), "type"),
+        Case(MISSING, HEALTH, hr, untyped(health_template()), "type"),
         # -- replays ----------------------------------------------------------------------
         Case(
             REPLAY,
@@ -662,6 +701,22 @@ def hand_cases(placed: str) -> list[Case]:
         Case(ABSURD, REPORT, rep, report(at=-1.0), "at"),
         Case(NAN_HUGE, REPORT, rep, report(at=1e300), "at"),
         Case(MALFORMED, REPORT, rep, dumps(heartbeat_template()), "type"),
+        Case(MISSING, REPORT, rep, untyped(report_template(placed)), "type"),
+        Case(
+            MISSING,
+            REPORT,
+            s.HOSTS_REPORT,
+            dumps({"reports": [report_template(placed)]}),
+            "type",
+            note="PartReports",
+        ),
+        Case(
+            MISSING,
+            REPORT,
+            s.HOSTS_REPORT,
+            dumps({"type": "PartReports", "reports": [typeless(report_template(placed))]}),
+            "reports[0].type",
+        ),
     ]
     return cases
 
@@ -800,12 +855,12 @@ FIELD_STRATEGIES: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     },
 }
 REQUIRED = {
-    "SubmitWorkload": ("client_id", "user", "gpus"),
-    "CancelWorkload": ("workload_id", "user"),
-    "SetBudget": ("path", "shares", "set_by"),
-    "DrainHost": ("host", "operator"),
-    "StatusQuery": ("workload_id",),
-    "PartReport": ("host", "workload_id", "attempt", "event", "at"),
+    "SubmitWorkload": ("type", "client_id", "user", "gpus"),
+    "CancelWorkload": ("type", "workload_id", "user"),
+    "SetBudget": ("type", "path", "shares", "set_by"),
+    "DrainHost": ("type", "host", "operator"),
+    "StatusQuery": ("type", "workload_id"),
+    "PartReport": ("type", "host", "workload_id", "attempt", "event", "at"),
 }
 _OTHER_TYPES = [
     "SubmitWorkload",

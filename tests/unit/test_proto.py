@@ -217,16 +217,92 @@ def test_a_batch_answer_round_trips_with_both_kinds_of_result() -> None:
     assert decode_as(m.SubmitBatchAnswered, encode(answer)) == answer
 
 
-def test_a_submit_is_a_workload_unless_its_type_says_batch() -> None:
-    plain = b'{"client_id":"c","user":"u","gpus":1}'  # no type: a workload, as always
-    assert decode(Kind.SUBMIT, plain) == m.SubmitWorkload(client_id="c", user="u", gpus=1)
+def test_a_submit_is_a_workload_or_a_batch_as_its_type_says() -> None:
+    plain = raw(submit())
+    assert isinstance(decode(Kind.SUBMIT, plain), m.SubmitWorkload)
     batch = b'{"type":"SubmitBatch","workloads":[' + plain + b"]}"
     assert decode(Kind.SUBMIT, batch) == m.SubmitBatch(
-        workloads=(m.SubmitWorkload(client_id="c", user="u", gpus=1),)
+        workloads=(decode_as(m.SubmitWorkload, plain),)
     )
-    with pytest.raises(ValidationError) as caught:  # neither: the workload's error
-        decode(Kind.SUBMIT, b'{"type":"SubmitPizza","client_id":"c","user":"u","gpus":1}')
+    with pytest.raises(ValidationError) as caught:
+        decode(Kind.SUBMIT, raw(submit(type="SubmitPizza")))
     assert caught.value.field == "type"
+    assert "'SubmitWorkload' or 'SubmitBatch'" in caught.value.reason
+
+
+def without_type(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "type"}
+
+
+AGENT_REPORT = m.PartReport(host="h01", workload_id="w", attempt=1, event="exited", at=T0)
+AGENT_REQUESTS: list[msgspec.Struct] = [
+    AGENT_REPORT,
+    m.HostSync(host="h01"),
+    m.PartReports(reports=(AGENT_REPORT,)),
+]
+"""The request subjects' messages that ``samples()`` leaves out."""
+
+
+@pytest.mark.parametrize("msg", samples() + AGENT_REQUESTS, ids=lambda x: type(x).__name__)
+def test_a_message_without_its_type_is_refused_naming_type(msg: msgspec.Struct) -> None:
+    """proto/schema.json requires ``type`` in every message; msgspec alone accepts a tagged
+    Struct without it when it is decoded outside a union (every command subject)."""
+    body = without_type(json.loads(encode(msg)))
+    for own in (False, True):
+        with pytest.raises(ValidationError) as caught:
+            decode(kind_of(msg), raw(body), own=own)
+        assert caught.value.field == "type", caught.value
+        assert repr(type(msg).__name__) in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("cls", "body"),
+    [(m.StatusQuery, {"workload_id": "w-1"}), (m.OwedQuery, {})],
+    ids=["StatusQuery", "OwedQuery"],
+)
+def test_a_query_without_its_type_is_refused_naming_type(
+    cls: type[msgspec.Struct], body: dict[str, Any]
+) -> None:
+    assert decode_as(cls, raw({"type": cls.__name__, **body})) == cls(**body)
+    for bad in (body, {"type": "Bogus", **body}):
+        with pytest.raises(ValidationError) as caught:
+            decode_as(cls, raw(bad))
+        assert caught.value.field == "type", caught.value
+        assert repr(cls.__name__) in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "field"),
+    [
+        (
+            Kind.SUBMIT,
+            {"type": "SubmitBatch", "workloads": [submit(), without_type(submit())]},
+            "workloads[1].type",
+        ),
+        (
+            Kind.HOSTS_REPORT,
+            {"type": "PartReports", "reports": [without_type(json.loads(encode(AGENT_REPORT)))]},
+            "reports[0].type",
+        ),
+    ],
+    ids=["SubmitBatch", "PartReports"],
+)
+def test_a_batch_item_without_its_type_is_refused_naming_it(
+    kind: Kind, body: dict[str, Any], field: str
+) -> None:
+    for own in (False, True):
+        with pytest.raises(ValidationError) as caught:
+            decode(kind, raw(body), own=own)
+        assert caught.value.field == field, caught.value
+        assert "missing required field `type`" in caught.value.reason
+
+
+def test_type_may_come_anywhere_in_the_object() -> None:
+    """Services write it first (the check's fast path); a client need not."""
+    last = raw(without_type(submit()) | {"type": "SubmitWorkload"})
+    spaced = b' { "type" : "CancelWorkload", "workload_id": "w", "user": "u"}'
+    assert decode(Kind.SUBMIT, last) == decode(Kind.SUBMIT, raw(submit()))
+    assert decode(Kind.CANCEL, spaced) == m.CancelWorkload(workload_id="w", user="u")
 
 
 @pytest.mark.parametrize(
@@ -264,9 +340,7 @@ BAD: list[tuple[str, Kind, bytes, str]] = [
     (
         "batch over 256 workloads",
         Kind.SUBMIT,
-        raw(
-            {"type": "SubmitBatch", "workloads": [{"client_id": "c", "user": "u", "gpus": 1}] * 257}
-        ),
+        raw({"type": "SubmitBatch", "workloads": [submit()] * 257}),
         "workloads",
     ),
     (
@@ -307,7 +381,12 @@ BAD: list[tuple[str, Kind, bytes, str]] = [
     ),
     ("min_runtime negative", Kind.SUBMIT, raw(submit(min_runtime_s=-1)), "min_runtime_s"),
     ("unknown top-level field", Kind.SUBMIT, raw(submit(gpu=8)), "gpu"),
-    ("missing required field", Kind.SUBMIT, raw({"client_id": "c", "gpus": 1}), "user"),
+    (
+        "missing required field",
+        Kind.SUBMIT,
+        raw({"type": "SubmitWorkload", "client_id": "c", "gpus": 1}),
+        "user",
+    ),
     ("allocation with a dot", Kind.SUBMIT, raw(submit(allocation="nlp.pretrain")), "allocation"),
     ("allocation with a star", Kind.SUBMIT, raw(submit(allocation="nlp*")), "allocation"),
     ("allocation with a >", Kind.SUBMIT, raw(submit(allocation="nlp>")), "allocation"),
@@ -318,7 +397,12 @@ BAD: list[tuple[str, Kind, bytes, str]] = [
     ("nesting 1000 deep in an unknown field", Kind.EVENTS, NESTED, "x"),
     ("nesting 1000 deep at the top", Kind.SUBMIT, b"[" * 1000 + b"]" * 1000, "body"),
     ("nesting 5000 deep before the tag", Kind.EVENTS, DEEP_UNION, "body"),
-    ("invalid UTF-8 inside a string", Kind.SUBMIT, b'{"client_id":"c","user":"a\xff"}', "user"),
+    (
+        "invalid UTF-8 inside a string",
+        Kind.SUBMIT,
+        b'{"type":"SubmitWorkload","client_id":"c","user":"a\xff"}',
+        "user",
+    ),
     ("invalid UTF-8 outside any key", Kind.SUBMIT, b"\xff\xfe", "body"),
     ("oversized payload", Kind.SUBMIT, raw(submit(pad="x" * MAX_PAYLOAD)), "body"),
     (

@@ -6,7 +6,9 @@ the bytes are. ``field`` names what was wrong:
 
 * a schema error at msgspec path ``$.assignment[0].gpus`` gives ``assignment[0].gpus``;
 * an unknown field ``foo`` (at ``$``) gives ``foo``; a missing required field its name;
-* a wrong ``type`` tag gives ``type``;
+* a missing or wrong ``type`` tag gives ``type`` (``workloads[3].type`` in a batch's item),
+  with the names expected there: every message carries its name, as ``proto/schema.json``
+  requires (msgspec alone accepts a tagged Struct without its tag outside a union);
 * malformed JSON and invalid UTF-8 give the last key opened before the error's byte offset
   when there is one (``{"gpus": NaN}`` gives ``gpus``), else ``body``;
 * a payload over ``MAX_PAYLOAD`` bytes, truncated input and
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NamedTuple, TypeVar
 
 import msgspec
 
@@ -67,14 +69,48 @@ TYPES: Final[dict[Kind, Any]] = {
 }
 """What each subject kind carries: one Struct, or a union told apart by ``type``."""
 
-_DECODERS: Final[dict[Kind, msgspec.json.Decoder[Any]]] = {
-    kind: msgspec.json.Decoder(t) for kind, t in TYPES.items()
-}
-# A submit's ``type`` may be left out (plain JSON clients always could), which a tagged
-# union does not allow: a submit is decoded as ``SubmitWorkload`` and, only if its ``type``
-# says otherwise, again as ``SubmitBatch``.
-_DECODERS[Kind.SUBMIT] = msgspec.json.Decoder(m.SubmitWorkload)
-_BATCH_DECODER: Final = msgspec.json.Decoder(m.SubmitBatch)
+
+class _Typed(msgspec.Struct):
+    """What the tag check reads of an object: only that it has a ``type`` (its value is
+    the message decoder's to check); every other key is skipped unread."""
+
+    type: Any
+
+
+class _Reader(NamedTuple):
+    """How to decode one Struct or union, and check that every message in it is tagged."""
+
+    decoder: msgspec.json.Decoder[Any]
+    types: tuple[str, ...]
+    """The ``type`` values accepted at the top."""
+    items: dict[str, str]
+    """Fields holding messages (a batch's items) -> the items' ``type``."""
+    tags: msgspec.json.Decoder[Any]
+    """Fails, naming ``type`` where it is missing, at the top or in an item."""
+
+
+def _reader(t: Any) -> _Reader:
+    """msgspec requires ``type`` only where it tells a union apart: ``tags`` requires it of
+    the top object and of each item of a field holding messages (items hold none)."""
+    classes = getattr(t, "__args__", None) or (t,)
+    types = tuple(str(c.__struct_config__.tag) for c in classes)
+    assert "None" not in types, f"{t} is not a message"
+    items: dict[str, str] = {}
+    for c in classes:
+        info = msgspec.inspect.type_info(c)
+        assert isinstance(info, msgspec.inspect.StructType)
+        for f in info.fields:
+            inner = f.type.type if isinstance(f.type, msgspec.inspect.Metadata) else f.type
+            item = getattr(inner, "item_type", None)
+            if isinstance(item, msgspec.inspect.StructType) and item.tag is not None:
+                items[f.name] = str(item.tag)
+    view = msgspec.defstruct(
+        "_TypedView", [("type", Any), *((n, tuple[_Typed, ...], ()) for n in items)]
+    )
+    return _Reader(msgspec.json.Decoder(t), types, items, msgspec.json.Decoder(view))
+
+
+_READERS: Final[dict[Kind, _Reader]] = {kind: _reader(t) for kind, t in TYPES.items()}
 _ENCODER: Final = msgspec.json.Encoder()
 
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
@@ -107,33 +143,25 @@ def decode(kind: Kind | str, data: bytes, *, own: bool = False) -> msgspec.Struc
     # What a service wrote may be larger than a command (a submission's record adds its id
     # and time; a host's work list holds every part's command and environment).
     limit = MAX_RECORD_PAYLOAD if own or k in _LARGE_KINDS else MAX_PAYLOAD
-    try:
-        return _decode_with(_DECODERS[k], data, limit, unique_keys=not own)
-    except ValidationError as e:
-        if k is not Kind.SUBMIT or e.field != "type":
-            raise
-        try:
-            return _decode_with(_BATCH_DECODER, data, limit)
-        except ValidationError as batch_error:
-            raise (e if batch_error.field == "type" else batch_error) from None
+    return _decode_with(_READERS[k], data, limit, unique_keys=not own)
 
 
-_BY_TYPE: dict[type, msgspec.json.Decoder[Any]] = {}
+_BY_TYPE: dict[type, _Reader] = {}
 
 
 def decode_as(cls: type[T], data: bytes, *, own: bool = False) -> T:
     """Decode ``data`` as one given message type, with ``decode``'s errors and ``own``."""
-    decoder = _BY_TYPE.get(cls)
-    if decoder is None:
-        decoder = _BY_TYPE[cls] = msgspec.json.Decoder(cls)
+    reader = _BY_TYPE.get(cls)
+    if reader is None:
+        reader = _BY_TYPE[cls] = _reader(cls)
     limit = MAX_RECORD_PAYLOAD if own else MAX_PAYLOAD
-    msg = _decode_with(decoder, data, limit, unique_keys=not own)
+    msg = _decode_with(reader, data, limit, unique_keys=not own)
     assert isinstance(msg, cls)
     return msg
 
 
 def _decode_with(
-    decoder: msgspec.json.Decoder[Any], data: bytes, limit: int, *, unique_keys: bool = True
+    reader: _Reader, data: bytes, limit: int, *, unique_keys: bool = True
 ) -> msgspec.Struct:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise ValidationError(BODY, f"must be bytes, got {type(data).__name__}")
@@ -143,9 +171,13 @@ def _decode_with(
             f"payload is {len(data)} bytes; at most {limit} ({limit // 1024} KiB) are accepted",
         )
     try:
-        msg: msgspec.Struct = decoder.decode(data)
+        msg: msgspec.Struct = reader.decoder.decode(data)
+        # msgspec writes the tag first: what a service or the SDK encoded needs no second
+        # pass, unless it holds items.
+        if reader.items or bytes(data[:8]) != b'{"type":':
+            reader.tags.decode(data)
     except msgspec.ValidationError as e:
-        raise _schema_error(str(e)) from None
+        raise _about_type(reader, _schema_error(str(e))) from None
     except msgspec.DecodeError as e:
         if "UTF-8" in str(e):  # msgspec 0.23 reports no offset for it: find it ourselves
             raise _bad_utf8(bytes(data)) from None
@@ -157,6 +189,20 @@ def _decode_with(
     if unique_keys:
         _reject_duplicate_keys(bytes(data))
     return msg
+
+
+def _about_type(reader: _Reader, e: ValidationError) -> ValidationError:
+    """A missing or wrong ``type`` says what the place takes."""
+    holder = e.field.split("[", 1)[0]
+    if e.field == "type":
+        names = reader.types
+    elif e.field.endswith("].type") and holder in reader.items:
+        names = (reader.items[holder],)
+    else:
+        return e
+    return ValidationError(
+        e.field, f"{e.reason} (the message's name: {' or '.join(map(repr, names))})"
+    )
 
 
 def item_field(field: str) -> str:

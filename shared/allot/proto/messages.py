@@ -1,7 +1,8 @@
 """Wire messages, version 1: one frozen, tagged ``msgspec.Struct`` per command and event.
 
 Commands are imperative (``SubmitWorkload``), events past tense (``WorkloadPlaced``). Every
-message is JSON with a ``"type"`` field holding the class name (msgspec's ``tag=True``), and
+message is JSON with a ``"type"`` field holding the class name (msgspec's ``tag=True``;
+required: ``codec`` refuses a message without it, a batch's items included), and
 unknown fields are rejected (``forbid_unknown_fields=True``), so a typo is an error rather
 than a silently dropped setting.
 
@@ -183,8 +184,8 @@ MAX_BATCH = 256
 class SubmitBatch(_Message, frozen=True, kw_only=True):
     """Many submissions in one request, as Armada's job-set submit or a Slurm job array.
     Each item is validated, deduplicated by its own ``client_id`` and answered on its own,
-    in order (``SubmitBatchAnswered``); every item names the subject's allocation. Items
-    may omit ``type``."""
+    in order (``SubmitBatchAnswered``); every item names the subject's allocation and, as
+    every message, its ``type``."""
 
     workloads: Annotated[
         tuple[SubmitWorkload, ...], msgspec.Meta(min_length=1, max_length=MAX_BATCH)
