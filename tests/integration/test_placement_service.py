@@ -21,10 +21,12 @@ from live_harness import eventually, of_type, placements, records, seed
 from nats.aio.msg import Msg
 
 from allot.adapters.embedded import EmbeddedNats
+from allot.cli import live_cmds
 from allot.live import bus, service_main
+from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
-from allot.sdk import Client
+from allot.sdk import Client, CommandRejectedError
 from allot.services.intake import Intake
 from allot.services.placement import PlacementService, encode_within
 
@@ -32,6 +34,14 @@ pytestmark = pytest.mark.integration
 T = TypeVar("T")
 
 _REPLY = msgspec.json.Decoder(m.WorkloadAccepted | m.WorkloadRejected)
+ACCOUNT_TREE: dict[str, object] = {
+    "name": "root",
+    "children": [
+        {"name": "research", "shares": 1, "children": [{"name": "nlp", "shares": 1}]},
+        {"name": "vision", "shares": 1},
+    ],
+}
+"""A budget tree with an account (``research``) above the allocation ``nlp``."""
 
 
 def submit_body(**fields: object) -> bytes:
@@ -344,6 +354,61 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
     finally:
         await service_main.stop(placement)
         await service_main.stop(intake)
+        await nc.close()
+
+
+async def test_a_query_of_an_allocation_the_budget_tree_lacks_is_refused_naming_it(
+    fresh_log: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``allot.v1.query.{queue,prio,status}.<alloc>`` of a name the budget tree lacks, or of
+    one of its accounts, is refused naming ``allocation``, not answered as an empty queue
+    (a typo looked like an allocation with nothing pending). ``~`` and a known allocation
+    without work still answer empty; the SDK raises the refusal and ``allot queue`` prints
+    it on one line."""
+    nc = await nats.connect(fresh_log)
+    await seed(nc.jetstream(), {"h1": 8}, ACCOUNT_TREE)
+    placement = PlacementService(fresh_log, lease_ttl_s=1.0, name="p1", tracing=False)
+    await service_main.start(placement)
+    status = codec.encode(m.StatusQuery(workload_id="w-x"))
+    answers = msgspec.json.Decoder(
+        m.QueueSnapshot | m.PrioSnapshot | m.WorkloadStatus | m.CommandRejected
+    )
+
+    async def ask(query: str, allocation: str | None) -> msgspec.Struct:
+        body = status if query == s.QUERY_STATUS else b"{}"
+        reply = await nc.request(s.query_scoped(query, allocation), body, timeout=5)
+        return answers.decode(reply.data)  # type: ignore[no-any-return]
+
+    known = "(allocations: nlp, vision)"
+    try:
+        await eventually(lambda: asyncio.sleep(0, placement.leader), bool)
+        for query in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS):
+            for allocation, reason in (
+                ("nosuch", f"no allocation 'nosuch' in the budget tree {known}"),
+                ("research", f"'research' is an account, not an allocation {known}"),
+            ):
+                got = await ask(query, allocation)
+                assert isinstance(got, m.CommandRejected), (query, allocation, got)
+                assert (got.field, got.reason) == ("allocation", reason)
+            for nothing_pending in ("nlp", None):
+                got = await ask(query, nothing_pending)
+                if isinstance(got, m.WorkloadStatus):
+                    assert got.state == "unknown", (query, nothing_pending, got)
+                else:
+                    assert isinstance(got, m.QueueSnapshot | m.PrioSnapshot), (query, got)
+                    assert (got.rows, got.total) == ((), 0), (query, nothing_pending, got)
+
+        async with Client(fresh_log, timeout=5) as client:
+            with pytest.raises(CommandRejectedError) as caught:
+                await client.queue(scope="nosuch")
+        assert caught.value.field == "allocation"
+        capsys.readouterr()
+        argv = ["queue", "--nats-url", fresh_log, "--alloc", "nosuch"]
+        assert await asyncio.to_thread(live_cmds.main, argv) == 2
+        err = f"allot queue: --alloc: no allocation 'nosuch' in the budget tree {known}\n"
+        assert capsys.readouterr().err == err
+    finally:
+        await service_main.stop(placement)
         await nc.close()
 
 

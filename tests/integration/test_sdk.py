@@ -826,31 +826,19 @@ async def test_cli_watch_into_a_closed_pipe_stops_quietly(
 async def test_cli_a_mistyped_allocation_filter_is_an_error_not_an_empty_table(
     fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """As ``allot submit`` says of an unknown allocation; a listing of a real allocation
-    with nothing pending stays an empty table, exit 0."""
-    rows = tuple(
-        m.AllocationRow(allocation=a, effective_share=0.5, entitlement_gpus=4)
-        for a in ("nlp", "vision")
-    )
+    """The leader refuses a per-allocation query of an allocation the budget tree lacks
+    (``placement.query_scope``): one line naming ``--alloc``, exit 2. A listing of a real
+    allocation with nothing pending stays an empty table, exit 0."""
+    reason = "no allocation 'nlpp' in the budget tree (allocations: nlp, vision)"
+    refused = m.CommandRejected(at=NOW, field="allocation", reason=reason)
+    for query in (subjects.QUERY_QUEUE, subjects.QUERY_PRIO, subjects.QUERY_STATUS):
+        await responders.answer(subjects.query_scoped(query, "nlpp"), lambda msg: refused)
     await responders.answer(
-        subjects.QUERY_ALLOCATIONS, lambda msg: m.AllocationsSnapshot(at=NOW, rows=rows)
+        subjects.query_scoped(subjects.QUERY_QUEUE, "nlp"), lambda msg: m.QueueSnapshot(at=NOW)
     )
-    for alloc in ("nlp", "nlpp"):
-        await responders.answer(
-            subjects.query_scoped(subjects.QUERY_QUEUE, alloc),
-            lambda msg: m.QueueSnapshot(at=NOW),
-        )
-        await responders.answer(
-            subjects.query_scoped(subjects.QUERY_PRIO, alloc), lambda msg: m.PrioSnapshot(at=NOW)
-        )
-        await responders.answer(
-            subjects.query_scoped(subjects.QUERY_STATUS, alloc),
-            lambda msg: m.WorkloadStatus(workload_id="wl-x", state="unknown"),
-        )
-    unknown = "--alloc: unknown allocation 'nlpp' (allocations: nlp, vision)"
-    for command in (("queue",), ("prio",), ("status", "wl-x")):
+    for command in (("queue",), ("prio",), ("status", "wl-x"), ("watch", "wl-x")):
         assert await cli(fresh_log, *command, "--alloc", "nlpp") == 2, command
-        assert capsys.readouterr().err.strip() == f"allot {command[0]}: {unknown}"
+        assert capsys.readouterr().err.strip() == f"allot {command[0]}: --alloc: {reason}"
     assert await cli(fresh_log, "queue", "--alloc", "nlp") == 0
     assert "0 pending" in capsys.readouterr().out
 

@@ -80,6 +80,7 @@ CANCEL_OPTIONS = {
 }
 OPERATOR_CANCEL_OPTIONS = {**CANCEL_OPTIONS, "user": "--operator"}
 MANAGER_CANCEL_OPTIONS = {**CANCEL_OPTIONS, "user": "--manager"}
+SCOPE_OPTIONS = {"allocation": "--alloc"}
 HOST_OPTIONS = {"host": "HOST", "operator": "--operator", "reason": "--reason"}
 BUDGET_OPTIONS = {"path": "PATH", "shares": "SHARES", "set_by": "--by"}
 
@@ -586,8 +587,6 @@ def run_status(args: argparse.Namespace) -> int:
             status = await c.status(args.workload, scope=scope)
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
-        if status.state == "unknown":
-            await _require_allocation(c, scope)
         _require_known(status, args.workload, scope)
         return _print_reply(args, status, fmt.status_text(status))
 
@@ -613,8 +612,6 @@ def run_watch(args: argparse.Namespace) -> int:
                         if found.state != "unknown":
                             scope = found.allocation or s.UNALLOCATED
                 status = await c.status(args.workload, scope=scope)
-                if status.state == "unknown":
-                    await _require_allocation(c, scope)
                 _require_known(status, args.workload, scope)
             allocation = None if scope == s.UNALLOCATED else scope
             # Closed here, while the client is open, whatever ends the loop.
@@ -631,30 +628,14 @@ def run_watch(args: argparse.Namespace) -> int:
     return _run(args, work)
 
 
-async def _require_allocation(c: Client, scope: str | None) -> None:
-    """A listing filtered by an allocation the budget tree does not have (a typo) is an
-    error naming ``--alloc``, worded as intake words a submit to one, not an empty table.
-    Asked only once an answer came back empty; without the leader's allocations (a team
-    under ``--secure`` is not granted them) there is nothing to check against."""
-    if scope is None or scope == s.UNALLOCATED:
-        return
-    try:
-        known = [row.allocation for row in (await c.allocations()).rows]
-    except SdkError:
-        return
-    if known and scope not in known:
-        raise ValidationError(
-            "--alloc", f"unknown allocation {scope!r} (allocations: {', '.join(known[:20])})"
-        )
-
-
 def run_prio(args: argparse.Namespace) -> int:
     scope = parse_scope(args.scope)
 
     async def work(c: Client) -> int:
-        snapshot = await c.prio(scope=scope)
-        if not snapshot.rows:
-            await _require_allocation(c, scope)
+        try:
+            snapshot = await c.prio(scope=scope)
+        except ValidationError as exc:  # an allocation the budget tree lacks
+            raise renamed(exc, SCOPE_OPTIONS) from None
         return _print_reply(args, snapshot, fmt.prio_table(snapshot))
 
     return _run(args, work)
@@ -664,9 +645,10 @@ def run_queue(args: argparse.Namespace) -> int:
     scope = parse_scope(args.scope)
 
     async def work(c: Client) -> int:
-        snapshot = await c.queue(scope=scope)
-        if not snapshot.rows:
-            await _require_allocation(c, scope)
+        try:
+            snapshot = await c.queue(scope=scope)
+        except ValidationError as exc:  # an allocation the budget tree lacks
+            raise renamed(exc, SCOPE_OPTIONS) from None
         return _print_reply(args, snapshot, fmt.queue_table(snapshot, long=args.long))
 
     return _run(args, work)

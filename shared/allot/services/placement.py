@@ -26,7 +26,10 @@ Queries (core-NATS request/reply, answered by the leader only): ``allot.v1.query
 attempt and how it ended, like ``sacct``: ``workload_status``),
 ``allot.v1.query.allocations`` (``AllocationsSnapshot``: budget, entitlement and held GPUs
 per leaf) and ``allot.v1.query.placement_stats`` (``PlacementStats``: the cycle-duration
-histogram since this instance became leader).
+histogram since this instance became leader). The per-allocation forms
+``allot.v1.query.{queue,prio,status}.<alloc>`` answer that allocation's work only; an
+allocation the budget tree lacks is refused (``CommandRejected`` naming ``allocation``:
+``query_scope``), so a typo is not mistaken for an allocation with nothing pending.
 
 Why pending. Each ``QueueRow`` (and ``WorkloadQueued.why``) carries the core's reason
 (``allot.core.reasons``, ``docs/reasons.md``): ``explain_pending`` over a DRY
@@ -68,6 +71,7 @@ from nats.js.kv import KeyValue
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from allot.core.budgets import BudgetTree
 from allot.core.cycle import Snapshot, run_cycle
 from allot.core.decisions import CycleResult
 from allot.core.errors import ValidationError
@@ -717,10 +721,14 @@ class PlacementService:
         """The whole queue, or (``allot.v1.query.queue.<alloc>``) one allocation's rows with
         their cluster-wide positions, ``total`` counting that allocation's."""
         now = wall_clock()
+        try:
+            scope = query_scope(msg.subject, s.QUERY_QUEUE, self.fold.tree)
+        except ValidationError as e:
+            await _refuse(msg, now, e)
+            return
         explained = self._explain(now, stale_ok_s=STALE_OK_S)
         assert explained.entries is not None and explained.reasons is not None
         entries = explained.entries
-        scope = _scope(msg.subject, s.QUERY_QUEUE)
         if scope is not None:
             entries = [e for e in entries if s.allocation_token(e.workload.allocation) == scope]
         rows = tuple(
@@ -810,11 +818,15 @@ class PlacementService:
         """``allot prio``: each pending position broken into its inputs (the core's
         ``priority_breakdown`` over the same snapshot a cycle would read)."""
         now = wall_clock()
+        try:
+            scope = query_scope(msg.subject, s.QUERY_PRIO, self.fold.tree)
+        except ValidationError as e:
+            await _refuse(msg, now, e)
+            return
         snapshot = Snapshot(self.fold.state, self.fold.queue, self.fold.shares(), self.order)
         rows = priority_breakdown(
             snapshot, self.policy, now, fairshare=self.fairshare, rank=self.rank_of
         )
-        scope = _scope(msg.subject, s.QUERY_PRIO)
         if scope is not None:
             rows = [r for r in rows if s.allocation_token(r.allocation) == scope]
         wire = tuple(
@@ -855,13 +867,11 @@ class PlacementService:
         now = wall_clock()
         try:
             query = codec.decode_as(m.StatusQuery, msg.data)
+            scope = query_scope(msg.subject, s.QUERY_STATUS, self.fold.tree)
         except ValidationError as e:
-            await msg.respond(
-                _ENC.encode(m.CommandRejected(at=now, field=e.field, reason=e.reason))
-            )
+            await _refuse(msg, now, e)
             return
         rec = self.fold.records.get(query.workload_id)
-        scope = _scope(msg.subject, s.QUERY_STATUS)
         if rec is not None and scope is not None:
             # Another allocation's workload is "unknown": a team learns nothing of it.
             rec = rec if s.allocation_token(rec.workload.allocation) == scope else None
@@ -997,10 +1007,30 @@ def encode_within(build: Callable[[int], msgspec.Struct], n: int, limit: int) ->
         k = min(k - 1, int(k * limit / len(data) * 0.9))
 
 
-def _scope(subject: str, query: str) -> str | None:
+def query_scope(subject: str, query: str, tree: BudgetTree | None) -> str | None:
     """The allocation token of a per-allocation query subject (``<query>.<token>``), None
-    for the cluster-wide one."""
-    return subject[len(query) + 1 :] if subject.startswith(query + ".") else None
+    for the cluster-wide one. A token that is neither ``~`` (unallocated work) nor a leaf
+    of ``tree`` raises ``ValidationError`` naming ``allocation``: its answer would be
+    empty, as that of an allocation with nothing pending."""
+    if not subject.startswith(query + "."):
+        return None
+    token = subject[len(query) + 1 :]
+    if token == s.UNALLOCATED or (tree is not None and tree.is_leaf(token)):
+        return token
+    if tree is None:
+        raise ValidationError("allocation", f"no allocation {token!r}: no budget tree is set yet")
+    known = ", ".join(tree.leaves()[:20])
+    if token in tree.index.position:  # work is submitted to leaves only
+        raise ValidationError(
+            "allocation", f"{token!r} is an account, not an allocation (allocations: {known})"
+        )
+    raise ValidationError(
+        "allocation", f"no allocation {token!r} in the budget tree (allocations: {known})"
+    )
+
+
+async def _refuse(msg: Msg, now: float, e: ValidationError) -> None:
+    await msg.respond(_ENC.encode(m.CommandRejected(at=now, field=e.field, reason=e.reason)))
 
 
 def _log_failure(task: asyncio.Task[int]) -> None:
