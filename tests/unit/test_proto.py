@@ -533,6 +533,84 @@ def test_subject_builders() -> None:
     assert s.host_all("h01") == "allot.v1.host.h01.>"
 
 
+def test_identity_forms_carry_the_senders_login() -> None:
+    assert s.submit_as("nlp", "alice") == "allot.v1.submit.nlp.alice"
+    assert s.submit_as(None, "alice") == "allot.v1.submit.~.alice"
+    assert s.cancel_as("nlp", "w-1", "alice") == "allot.v1.cancel.nlp.w-1.user.alice"
+    assert s.cancel_as("nlp", "w-1", "ops", s.OPERATOR) == "allot.v1.cancel.nlp.w-1.operator.ops"
+    assert s.cancel_as("nlp", "w-1", "lead", s.MANAGER) == "allot.v1.cancel.nlp.w-1.manager.lead"
+    assert s.budget_set_as(["root", "nlp", "x"], "lead") == "allot.v1.budget.set.by.lead.root.nlp.x"
+    assert s.budget_subtree(["root", "nlp"], "lead") == "allot.v1.budget.set.by.lead.root.nlp.>"
+    assert s.drain_as("h01", "ops") == "allot.v1.host.h01.drain.ops"
+    assert s.undrain_as("h01", "ops") == "allot.v1.host.h01.undrain.ops"
+    for subject, login in [
+        (s.submit_as("nlp", "alice"), "alice"),
+        (s.cancel_as(None, "w", "bob"), "bob"),
+        (s.cancel_as("nlp", "w", "ops", s.OPERATOR), "ops"),
+        (s.cancel_as("nlp", "w", "lead", s.MANAGER), "lead"),
+        (s.budget_set_as(["root", "a", "b", "c"], "lead"), "lead"),
+        (s.drain_as("h", "ops"), "ops"),
+        (s.undrain_as("h", "ops"), "ops"),
+    ]:
+        assert s.login_of(subject) == login, subject
+    # Bare forms and other subjects name no login; nor does a subject of no known form.
+    for subject in [
+        s.submit("nlp"),
+        s.cancel("nlp", "w"),
+        s.operator_cancel("nlp", "w"),
+        s.budget_set(["root", "nlp"]),
+        s.drain("h"),
+        s.events("nlp", "w", "placed"),
+        "allot.v1.budget.set.by.lead",
+    ]:
+        assert s.login_of(subject) is None, subject
+    # The budget path is read from either form.
+    assert s.budget_path_of(s.budget_set_as(["root", "a", "b"], "lead")) == ("root", "a", "b")
+    assert s.budget_path_of(s.budget_set(["root", "a"])) == ("root", "a")
+
+
+def test_check_login_names_the_field_and_the_login() -> None:
+    s.check_login("user", "alice", "alice")
+    s.check_login("user", "bob", None)  # a bare form checks nothing
+    with pytest.raises(ValidationError) as caught:
+        s.check_login("set_by", "bob", "alice")
+    assert caught.value.field == "set_by"
+    assert caught.value.reason == "'bob' differs from the login 'alice'"
+
+
+def _grant_covers(grant: str, subject: str) -> bool:
+    """NATS's subject matching: ``*`` one token, a last ``>`` one or more."""
+    g, t = grant.split("."), subject.split(".")
+    if g[-1] == ">":
+        return len(t) >= len(g) and all(a in ("*", b) for a, b in zip(g[:-1], t, strict=False))
+    return len(g) == len(t) and all(a in ("*", b) for a, b in zip(g, t, strict=True))
+
+
+def test_a_logins_grant_covers_only_its_own_identity_forms() -> None:
+    """A grant ending with the login's literal token never covers another login's form, the
+    bare form, or (for a team) an operator's or manager's form."""
+    team_cancel = "allot.v1.cancel.nlp.*.user.alice"
+    assert _grant_covers(team_cancel, s.cancel_as("nlp", "w1", "alice"))
+    for other in (
+        s.cancel_as("nlp", "w1", "bob"),
+        s.cancel("nlp", "w1"),
+        s.cancel_as("nlp", "w1", "alice", s.OPERATOR),
+        s.cancel_as("vision", "w1", "alice"),
+    ):
+        assert not _grant_covers(team_cancel, other), other
+    budget = s.budget_subtree(["root", "nlp"], "lead")
+    assert _grant_covers(budget, s.budget_set_as(["root", "nlp", "x", "y"], "lead"))
+    for other in (
+        s.budget_set_as(["root", "nlp"], "lead"),  # its own node
+        s.budget_set_as(["root", "nlp", "x"], "eve"),
+        s.budget_set(["root", "nlp", "x"]),
+    ):
+        assert not _grant_covers(budget, other), other
+    assert _grant_covers("allot.v1.host.*.drain.ops", s.drain_as("h1", "ops"))
+    assert not _grant_covers("allot.v1.host.*.drain.ops", s.drain_as("h1", "eve"))
+    assert not _grant_covers("allot.v1.host.*.drain.ops", s.drain("h1"))
+
+
 @pytest.mark.parametrize(
     ("subject", "kind"),
     [
@@ -548,7 +626,16 @@ def test_subject_builders() -> None:
         (s.host_state("h"), Kind.HOST_STATE),
         (s.events("a", "w", "cancel_requested"), Kind.EVENTS),
         (s.preempt("a", "w"), Kind.PREEMPT),
+        (s.queued("a", "w"), Kind.QUEUED),
         (s.RANKING, Kind.RANKING),
+        (s.submit_as("nlp", "alice"), Kind.SUBMIT_AS),
+        (s.cancel_as(None, "w", "alice"), Kind.CANCEL_AS),
+        (s.cancel_as("nlp", "w", "ops", s.OPERATOR), Kind.OPERATOR_CANCEL_AS),
+        (s.cancel_as("nlp", "w", "lead", s.MANAGER), Kind.MANAGER_CANCEL_AS),
+        (s.budget_set_as(["root", "a"], "lead"), Kind.BUDGET_SET_AS),
+        (s.budget_set_as(["root", "by", "root"], "lead"), Kind.BUDGET_SET_AS),
+        (s.drain_as("h", "ops"), Kind.DRAIN_AS),
+        (s.undrain_as("h", "ops"), Kind.UNDRAIN_AS),
     ],
 )
 def test_kind_of_a_subject(subject: str, kind: Kind) -> None:
@@ -566,8 +653,14 @@ def test_kind_of_a_subject(subject: str, kind: Kind) -> None:
         "allot.v1.events.a.w.exploded",
         "allot.v1.events.a.w.placed.again",
         "allot.v1.cancel.a.w.root",  # only the operators' suffix
-        "allot.v1.cancel.a.w.operator.x",
-        "allot.v1.cancel.a.w.manager.x",
+        "allot.v1.cancel.a.w.user",  # the owner's form exists only with a login
+        "allot.v1.cancel.a.w.root.x",
+        "allot.v1.cancel.a.w.operator.x.y",
+        "allot.v1.submit.a.alice.x",
+        "allot.v1.host.h.drain.ops.x",
+        "allot.v1.host.h.heartbeat.x",  # an agent's subjects have no identity form
+        "allot.v1.budget.set.by.lead",
+        "allot.v1.budget.set.by.lead.nlp.x",  # a path not from the root
     ],
 )
 def test_kind_of_rejects_unknown_subjects(subject: str) -> None:
@@ -627,6 +720,12 @@ def test_validate_token_rejects(name: str, why: str) -> None:
         (lambda: s.budget_set(["nlp", "x"]), "path"),
         (lambda: s.budget_set(["root"]), "path"),
         (lambda: s.budget_set("root.nlp"), "path"),
+        (lambda: s.submit_as("nlp", "a.b"), "user"),
+        (lambda: s.cancel_as("nlp", "w", ""), "user"),
+        (lambda: s.cancel_as("nlp", "w", "ops", "root"), "form"),
+        (lambda: s.drain_as("h", "o*"), "user"),
+        (lambda: s.budget_set_as(["root", "nlp"], "l>"), "user"),
+        (lambda: s.budget_set_as(["nlp"], "lead"), "path"),
     ],
     ids=[
         "submit-dot",
@@ -641,6 +740,12 @@ def test_validate_token_rejects(name: str, why: str) -> None:
         "budget-not-from-root",
         "budget-root-itself",
         "budget-string",
+        "submit-as-dot",
+        "cancel-as-empty",
+        "cancel-as-unknown-form",
+        "drain-as-star",
+        "budget-as-gt",
+        "budget-as-not-from-root",
     ],
 )
 def test_subject_builders_reject_bad_tokens(build: Any, field: str) -> None:

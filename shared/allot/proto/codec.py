@@ -29,7 +29,7 @@ import msgspec
 
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
-from allot.proto.subjects import Kind
+from allot.proto.subjects import IDENTITY_FORMS, Kind
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -68,6 +68,8 @@ TYPES: Final[dict[Kind, Any]] = {
     Kind.WATCHED: m.WorkloadEvent | m.PreemptionNotice,
 }
 """What each subject kind carries: one Struct, or a union told apart by ``type``."""
+# An identity form (the sender's login in the subject) carries what its bare form does.
+TYPES.update({ident: TYPES[bare] for ident, bare in IDENTITY_FORMS.items()})
 
 
 class _Typed(msgspec.Struct):

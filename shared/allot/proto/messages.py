@@ -160,7 +160,8 @@ class SubmitWorkload(_Message, frozen=True, kw_only=True):
     """Ask for GPUs. ``client_id`` is the idempotency key (as ``armadactl``'s): submitting
     again with the same id and the same values returns the first answer and never queues a
     second workload; the same id with other values is refused, naming ``client_id``.
-    ``allocation`` absent means unallocated (free, preemptible at any moment)."""
+    ``allocation`` absent means unallocated (free, preemptible at any moment). ``user`` must
+    be the login in the subject (``allot.v1.submit.<allocation>.<login>``)."""
 
     client_id: Name
     user: Name
@@ -193,11 +194,13 @@ class SubmitBatch(_Message, frozen=True, kw_only=True):
 
 
 class CancelWorkload(_Message, frozen=True, kw_only=True):
-    """Cancel a pending or running workload. On ``allot.v1.cancel.<a>.<w>`` only its owner
-    (``user`` = the submission's user) may; on ``allot.v1.cancel.<a>.<w>.operator`` (granted
-    to operators only) ``user`` names the operator, who may cancel anyone's; on
-    ``allot.v1.cancel.<a>.<w>.manager`` (granted to the managers of allocation ``a``'s
-    subtrees) ``user`` names the manager, who may cancel the allocation's workloads."""
+    """Cancel a pending or running workload. On ``allot.v1.cancel.<a>.<w>.user.<login>``
+    only its owner (``user`` = the submission's user) may; on ``...<w>.operator.<login>``
+    (granted to operators only) ``user`` names the operator, who may cancel anyone's; on
+    ``...<w>.manager.<login>`` (granted to the managers of allocation ``a``'s subtrees)
+    ``user`` names the manager, who may cancel the allocation's workloads. ``user`` must be
+    the subject's login (the bare forms without one carry no check). ``allocation`` left
+    out means the subject's."""
 
     workload_id: Name
     user: Name
@@ -207,7 +210,8 @@ class CancelWorkload(_Message, frozen=True, kw_only=True):
 
 class SetBudget(_Message, frozen=True, kw_only=True):
     """Set the shares of the node at ``path`` (from ``root`` down, root excluded as a target).
-    ``shares`` null means Slurm's ``parent``."""
+    ``shares`` null means Slurm's ``parent``. ``set_by`` must be the login in the subject
+    (``allot.v1.budget.set.by.<login>.root...``)."""
 
     path: Annotated[tuple[Name, ...], msgspec.Meta(min_length=2, max_length=MAX_BUDGET_DEPTH + 1)]
     shares: Annotated[int, msgspec.Meta(ge=0, le=MAX_SHARES)] | None
@@ -215,6 +219,8 @@ class SetBudget(_Message, frozen=True, kw_only=True):
 
 
 class DrainHost(_Message, frozen=True, kw_only=True):
+    """``operator`` must be the login in the subject (``allot.v1.host.<h>.drain.<login>``)."""
+
     host: Name
     operator: Name
     reason: Text = ""

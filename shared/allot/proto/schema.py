@@ -24,6 +24,7 @@ from allot.proto.codec import MAX_PAYLOAD, TYPES
 from allot.proto.subjects import (
     CHANNELS,
     EVENT_NAMES,
+    IDENTITY_FORMS,
     PREFIX,
     QUERY_ALLOCATIONS,
     QUERY_HOSTS,
@@ -66,6 +67,7 @@ _ACTION: dict[Kind, str] = {
     Kind.WATCH: "send",
     Kind.WATCHED: "receive",
 }
+_ACTION.update({ident: _ACTION[bare] for ident, bare in IDENTITY_FORMS.items()})
 
 _COMMAND_REPLY = (m.CommandAccepted, m.CommandRejected)
 _REPLIES: dict[Kind, tuple[type[msgspec.Struct], ...]] = {
@@ -82,6 +84,7 @@ _REPLIES: dict[Kind, tuple[type[msgspec.Struct], ...]] = {
     Kind.WATCH: (m.WatchStarted, m.CommandRejected),
 }
 """What the service answers to each request (commands are core-NATS requests)."""
+_REPLIES.update({ident: _REPLIES[bare] for ident, bare in IDENTITY_FORMS.items()})
 
 _QUERIES: dict[
     str, tuple[str, tuple[type[msgspec.Struct], ...], tuple[type[msgspec.Struct], ...]]
@@ -119,6 +122,7 @@ _PARAMS: dict[str, str] = {
     "host": "host id",
     "path": "budget path from 'root' down to the node, one token per level",
     "deliver": "the watcher's own token, chosen in its WatchLog",
+    "login": "the sender's NATS login: the payload's user, set_by or operator must be it",
 }
 
 

@@ -8,35 +8,43 @@ restricts budget-tree names to ``[A-Za-z0-9_-]``.
 The scheme is shaped so that one wildcard grant in a NATS user's permissions means exactly
 one team, subtree or host:
 
-===============================================  ============================  =================
-subject                                          message(s)                    grant example
-===============================================  ============================  =================
-allot.v1.submit.<allocation>                     SubmitWorkload (request)      ...submit.nlp
-allot.v1.cancel.<allocation>.<workload>          CancelWorkload (request)      ...cancel.nlp.*
-allot.v1.cancel.<a>.<workload>.operator          CancelWorkload (operator)     (operators only)
-allot.v1.cancel.<a>.<workload>.manager           CancelWorkload (manager)      ...nlp.*.manager
-allot.v1.budget.set.root.<a>...<node>            SetBudget (request)           ...set.root.nlp.>
-allot.v1.host.<host>.heartbeat                   Heartbeat (agent)             ...host.h01.heartbeat
-allot.v1.host.<host>.health                      HealthReport (agent)          ...host.h01.health
-allot.v1.host.<host>.report                      PartReport (agent request)    ...host.h01.report
-allot.v1.host.<host>.sync                        HostSync (agent request)      ...host.h01.sync
-allot.v1.hosts.report                            PartReports (request)         (services only)
-allot.v1.host.<host>.work                        HostWork (agent subscribes)   ...host.h01.work
-allot.v1.host.<host>.drain                       DrainHost (operator)          ...host.*.drain
-allot.v1.host.<host>.undrain                     UndrainHost (operator)        ...host.*.undrain
-allot.v1.host.<host>.state                       HostDraining/Drained/Healthy  ...host.*.state
-allot.v1.events.<allocation>.<workload>.<event>  Workload* lifecycle events    ...events.nlp.>
-allot.v1.preempt.<allocation>.<workload>         PreemptionNotice              ...preempt.nlp.*
-allot.v1.queued.<allocation>.<workload>          WorkloadQueued (not logged)   ...queued.nlp.*
-allot.v1.watch.<allocation>                      WatchLog (request)            ...watch.nlp
-allot.v1.watched.<allocation>.<deliver>          records of a watch            ...watched.nlp.*
-allot.v1.ranking                                 RankingUpdated                allot.v1.ranking
-allot.v1.leader                                  LeaderElected                 (services only)
-allot.v1.budget.tree                             BudgetTreeSet (current tree)  allot.v1.budget.tree
-allot.v1.query.{queue,prio,hosts,share,...}      queries (request/reply)       allot.v1.query.*
-===============================================  ============================  =================
+==========================================  ============================  ==========================
+subject                                     message(s)                    grant example
+==========================================  ============================  ==========================
+...submit.<a>.<login>                       SubmitWorkload (request)      ...submit.nlp.alice
+...cancel.<a>.<w>.user.<login>              CancelWorkload (owner)        ...cancel.nlp.*.user.alice
+...cancel.<a>.<w>.operator.<login>          CancelWorkload (operator)     ...*.*.operator.ops
+...cancel.<a>.<w>.manager.<login>           CancelWorkload (manager)      ...nlp.*.manager.lead
+...budget.set.by.<login>.root.<a>...<node>  SetBudget (request)           ...by.lead.root.nlp.>
+...host.<host>.drain.<login>                DrainHost (operator)          ...host.*.drain.ops
+...host.<host>.undrain.<login>              UndrainHost (operator)        ...host.*.undrain.ops
+...submit.<a>                               SubmitWorkload (bare form)    (services only)
+...cancel.<a>.<w>                           CancelWorkload (bare form)    (services only)
+...cancel.<a>.<w>.operator                  CancelWorkload (bare form)    (services only)
+...cancel.<a>.<w>.manager                   CancelWorkload (bare form)    (services only)
+...budget.set.root.<a>...<node>             SetBudget (bare form)         (services only)
+...host.<host>.drain                        DrainHost (bare form)         (services only)
+...host.<host>.undrain                      UndrainHost (bare form)       (services only)
+...host.<host>.heartbeat                    Heartbeat (agent)             ...host.h01.heartbeat
+...host.<host>.health                       HealthReport (agent)          ...host.h01.health
+...host.<host>.report                       PartReport (agent request)    ...host.h01.report
+...host.<host>.sync                         HostSync (agent request)      ...host.h01.sync
+...hosts.report                             PartReports (request)         (services only)
+...host.<host>.work                         HostWork (agent subscribes)   ...host.h01.work
+...host.<host>.state                        HostDraining/Drained/Healthy  ...host.*.state
+...events.<a>.<w>.<event>                   Workload* lifecycle events    ...events.nlp.>
+...preempt.<a>.<w>                          PreemptionNotice              ...preempt.nlp.*
+...queued.<a>.<w>                           WorkloadQueued (not logged)   ...queued.nlp.*
+...watch.<a>                                WatchLog (request)            ...watch.nlp
+...watched.<a>.<deliver>                    records of a watch            ...watched.nlp.*
+...ranking                                  RankingUpdated                ...ranking
+...leader                                   LeaderElected                 (services only)
+...budget.tree                              BudgetTreeSet (current tree)  ...budget.tree
+...query.{queue,prio,hosts,share,...}       queries (request/reply)       ...query.*
+==========================================  ============================  ==========================
 
-(``...`` abbreviates ``allot.v1.``.)
+(``...`` abbreviates ``allot.v1.``; ``<a>`` is an allocation, ``<w>`` a workload id and
+``<login>`` the sender's NATS login.)
 
 Rules behind the shape:
 
@@ -46,16 +54,16 @@ Rules behind the shape:
    but every subject of it, its preemption notices included, keeps that allocation's token.
 2. **Budgets**: the subject carries the *full path from the root* to the node whose shares
    change, one token per level (``allot.v1.budget.set.root.nlp.pretrain`` sets the shares
-   of ``pretrain`` under ``nlp``). The manager of ``nlp`` is granted
-   ``allot.v1.budget.set.root.nlp.>``: NATS's ``>`` matches one or more tokens, so the
-   grant covers every node strictly below ``nlp`` and never ``nlp`` itself (a manager
-   cannot raise their own share; their parent's manager can). The payload repeats the
-   path; the service rejects a payload whose path differs from the subject's.
+   of ``pretrain`` under ``nlp``). The manager ``lead`` of ``nlp`` is granted
+   ``allot.v1.budget.set.by.lead.root.nlp.>`` (rule 6): NATS's ``>`` matches one or more
+   tokens, so the grant covers every node strictly below ``nlp`` and never ``nlp`` itself
+   (a manager cannot raise their own share; their parent's manager can). The payload
+   repeats the path; the service rejects a payload whose path differs from the subject's.
 3. **Hosts**: the host is the fourth token and the kind the fifth, so ``allot.v1.host.h01.>``
    is everything about host ``h01``. An agent is granted the *literal* subjects
    ``...h01.heartbeat``, ``...h01.health``, ``...h01.report`` and ``...h01.sync`` to
    publish and ``...h01.work`` to read (not ``h01.>``: that would include drain);
-   operators get ``allot.v1.host.*.drain`` and ``allot.v1.host.*.undrain``. Agents never
+   operator ``ops`` gets ``allot.v1.host.*.drain.ops`` and ``...undrain.ops``. Agents never
    read the log: the dispatch service tells each host what to run (``work``) and turns
    its primary part's reports into log records after checking the host is that part's.
 4. **Workloads**: events and notices are addressed ``<allocation>.<workload>``, so a team
@@ -74,6 +82,16 @@ Rules behind the shape:
    that allocation's team may read); see ``allot.live.log_watch``.
 6. Commands are core-NATS requests answered by the service (no stream captures them, so a
    JetStream ack never races the service's reply); events go to the streams in ``STREAMS``.
+6. **Identities come from logins.** Every command that records a person's name has an
+   *identity form* whose subject carries the sender's NATS login as a token (``<login>``
+   above; ``login_of`` reads it): the submission's and the cancel's ``user``, the budget
+   change's ``set_by``, the drain's ``operator``. The service refuses a payload whose name
+   differs from that token (``check_login``), and ``allot auth gen`` grants each login only
+   its own token, literally, so under auth the name in the log is the login that sent it.
+   The bare forms (no login token) stay for the no-auth stack and old clients; no person
+   is granted them. A budget change's login comes before the path (``by.<login>.root...``)
+   because the path has variable depth; a cancel's form (``user``, ``operator``,
+   ``manager``) before the login, so the bare on-behalf forms stay one token shorter.
 """
 
 from __future__ import annotations
@@ -121,6 +139,26 @@ class Kind(StrEnum):
     BUDGET_TREE = "budget.tree"
     WATCH = "watch"
     WATCHED = "watched"
+    SUBMIT_AS = "submit.as"
+    CANCEL_AS = "cancel.as"
+    OPERATOR_CANCEL_AS = "cancel.operator.as"
+    MANAGER_CANCEL_AS = "cancel.manager.as"
+    BUDGET_SET_AS = "budget.set.as"
+    DRAIN_AS = "host.drain.as"
+    UNDRAIN_AS = "host.undrain.as"
+
+
+IDENTITY_FORMS: dict[Kind, Kind] = {
+    Kind.SUBMIT_AS: Kind.SUBMIT,
+    Kind.CANCEL_AS: Kind.CANCEL,
+    Kind.OPERATOR_CANCEL_AS: Kind.OPERATOR_CANCEL,
+    Kind.MANAGER_CANCEL_AS: Kind.MANAGER_CANCEL,
+    Kind.BUDGET_SET_AS: Kind.BUDGET_SET,
+    Kind.DRAIN_AS: Kind.DRAIN,
+    Kind.UNDRAIN_AS: Kind.UNDRAIN,
+}
+"""Each identity form (the sender's login in the subject, rule 6) -> its bare form, which
+carries the same message."""
 
 
 def validate_token(name: str, field: str) -> str:
@@ -179,6 +217,29 @@ def manager_cancel(allocation: str | None, workload: str) -> str:
 MANAGER = "manager"
 ON_BEHALF = (OPERATOR, MANAGER)
 """The last token of a cancel sent for someone else's workload, by who may send it."""
+OWNER = "user"
+"""The form token of an owner's cancel in its identity form (``...<w>.user.<login>``)."""
+CANCEL_FORMS = (OWNER, *ON_BEHALF)
+
+
+def login_token(login: str) -> str:
+    """The subject token of a sender's login (``ValidationError("user")`` if it cannot be one)."""
+    return validate_token(login, "user")
+
+
+def submit_as(allocation: str | None, login: str) -> str:
+    """A submission sent as ``login``: the payload's ``user`` must be ``login`` (rule 6)."""
+    return f"{submit(allocation)}.{login_token(login)}"
+
+
+def cancel_as(allocation: str | None, workload: str, login: str, form: str = OWNER) -> str:
+    """A cancel sent as ``login``, in ``form`` (``OWNER``, ``OPERATOR`` or ``MANAGER``):
+    the payload's ``user`` must be ``login``. ``allot auth gen`` grants a team member
+    ``...cancel.<a>.*.user.<login>``, an operator ``...cancel.*.*.operator.<login>``, a
+    manager ``...cancel.<a>.*.manager.<login>`` per allocation of its subtree."""
+    if form not in CANCEL_FORMS:
+        raise ValidationError("form", f"must be one of {', '.join(CANCEL_FORMS)}, got {form!r}")
+    return f"{cancel(allocation, workload)}.{form}.{login_token(login)}"
 
 
 def budget_set(path: Sequence[str]) -> str:
@@ -196,12 +257,53 @@ def budget_set(path: Sequence[str]) -> str:
     return f"{PREFIX}.budget.set.{'.'.join(tokens)}"
 
 
-def budget_subtree(path: Sequence[str]) -> str:
-    """The grant for the manager of the node at ``path``: every node strictly below it."""
+BUDGET_BY = "by"
+"""The token before the login in a budget change's identity form."""
+_BUDGET_SET = f"{PREFIX}.budget.set."
+
+
+def budget_set_as(path: Sequence[str], login: str) -> str:
+    """A budget change sent as ``login``: ``allot.v1.budget.set.by.<login>.root...``; the
+    payload's ``set_by`` must be ``login``. The login comes first: the path's depth varies."""
+    bare = budget_set(path)
+    return f"{_BUDGET_SET}{BUDGET_BY}.{login_token(login)}.{bare.removeprefix(_BUDGET_SET)}"
+
+
+def budget_subtree(path: Sequence[str], login: str | None = None) -> str:
+    """The grant for the manager of the node at ``path``: every node strictly below it (in
+    the identity form of ``login`` when given)."""
     if isinstance(path, str) or not path or path[0] != BUDGET_ROOT:
         raise ValidationError("path", f"must start at {BUDGET_ROOT!r}")
     tokens = [validate_token(p, f"path[{i}]") for i, p in enumerate(path)]
-    return f"{PREFIX}.budget.set.{'.'.join(tokens)}.>"
+    by = "" if login is None else f"{BUDGET_BY}.{login_token(login)}."
+    return f"{_BUDGET_SET}{by}{'.'.join(tokens)}.>"
+
+
+def budget_path_of(subject: str) -> tuple[str, ...]:
+    """The budget path a budget change's subject names, in either form."""
+    tokens = subject.removeprefix(_BUDGET_SET).split(".")
+    return tuple(tokens[2:] if tokens[0] == BUDGET_BY else tokens)
+
+
+def login_of(subject: str) -> str | None:
+    """The sender's login in a command's identity form (rule 6); None in a bare form or any
+    other subject."""
+    try:
+        kind = kind_of(subject)
+    except ValidationError:
+        return None
+    if kind not in IDENTITY_FORMS:
+        return None
+    tokens = subject.split(".")
+    return tokens[5] if kind is Kind.BUDGET_SET_AS else tokens[-1]
+
+
+def check_login(field: str, name: str, login: str | None) -> None:
+    """Raise ``ValidationError(field)`` when a payload's name for its sender (a
+    submission's ``user``, ``set_by``, ``operator``) differs from the subject's login; a
+    bare form (``login`` None) checks nothing."""
+    if login is not None and name != login:
+        raise ValidationError(field, f"{name!r} differs from the login {login!r}")
 
 
 def _host_subject(host: str, kind: str) -> str:
@@ -249,6 +351,15 @@ def drain(host: str) -> str:
 
 def undrain(host: str) -> str:
     return _host_subject(host, "undrain")
+
+
+def drain_as(host: str, login: str) -> str:
+    """A drain sent as ``login``: the payload's ``operator`` must be ``login``."""
+    return f"{drain(host)}.{login_token(login)}"
+
+
+def undrain_as(host: str, login: str) -> str:
+    return f"{undrain(host)}.{login_token(login)}"
 
 
 # -- events -----------------------------------------------------------------------------------
@@ -375,6 +486,11 @@ ALL_CANCEL = f"{PREFIX}.cancel.*.*"
 ALL_OPERATOR_CANCEL = f"{PREFIX}.cancel.*.*.{OPERATOR}"
 ALL_MANAGER_CANCEL = f"{PREFIX}.cancel.*.*.{MANAGER}"
 ALL_BUDGET_SET = f"{PREFIX}.budget.set.>"
+"""Both forms of a budget change (the bare path, and ``by.<login>.`` before it)."""
+ALL_SUBMIT_AS = f"{PREFIX}.submit.*.*"
+ALL_CANCEL_AS = f"{PREFIX}.cancel.*.*.{OWNER}.*"
+ALL_OPERATOR_CANCEL_AS = f"{PREFIX}.cancel.*.*.{OPERATOR}.*"
+ALL_MANAGER_CANCEL_AS = f"{PREFIX}.cancel.*.*.{MANAGER}.*"
 ALL_HEARTBEATS = f"{PREFIX}.host.*.heartbeat"
 ALL_HEALTH = f"{PREFIX}.host.*.health"
 ALL_HOST_REPORT = f"{PREFIX}.host.*.report"
@@ -384,6 +500,8 @@ HOSTS_REPORT = f"{PREFIX}.hosts.report"
 only users granted every subject (services) may send it."""
 ALL_DRAIN = f"{PREFIX}.host.*.drain"
 ALL_UNDRAIN = f"{PREFIX}.host.*.undrain"
+ALL_DRAIN_AS = f"{PREFIX}.host.*.drain.*"
+ALL_UNDRAIN_AS = f"{PREFIX}.host.*.undrain.*"
 ALL_HOST_STATE = f"{PREFIX}.host.*.state"
 ALL_EVENTS = f"{PREFIX}.events.*.*.*"
 ALL_PREEMPT = f"{PREFIX}.preempt.*.*"
@@ -399,6 +517,11 @@ def allocation_events(allocation: str | None) -> str:
 def allocation_preempt(allocation: str | None) -> str:
     """Every preemption notice of one allocation's workloads."""
     return f"{PREFIX}.preempt.{allocation_token(allocation)}.*"
+
+
+def allocation_queued(allocation: str | None) -> str:
+    """Every queue position of one allocation's workloads."""
+    return f"{PREFIX}.queued.{allocation_token(allocation)}.*"
 
 
 def host_all(host: str) -> str:
@@ -429,6 +552,13 @@ CHANNELS: dict[Kind, str] = {
     Kind.BUDGET_TREE: BUDGET_TREE,
     Kind.WATCH: f"{PREFIX}.watch.{{allocation}}",
     Kind.WATCHED: f"{PREFIX}.watched.{{allocation}}.{{deliver}}",
+    Kind.SUBMIT_AS: f"{PREFIX}.submit.{{allocation}}.{{login}}",
+    Kind.CANCEL_AS: f"{PREFIX}.cancel.{{allocation}}.{{workload}}.{OWNER}.{{login}}",
+    Kind.OPERATOR_CANCEL_AS: f"{PREFIX}.cancel.{{allocation}}.{{workload}}.{OPERATOR}.{{login}}",
+    Kind.MANAGER_CANCEL_AS: f"{PREFIX}.cancel.{{allocation}}.{{workload}}.{MANAGER}.{{login}}",
+    Kind.BUDGET_SET_AS: f"{PREFIX}.budget.set.{BUDGET_BY}.{{login}}.{{path}}",
+    Kind.DRAIN_AS: f"{PREFIX}.host.{{host}}.drain.{{login}}",
+    Kind.UNDRAIN_AS: f"{PREFIX}.host.{{host}}.undrain.{{login}}",
 }
 """Subject templates per kind (AsyncAPI channel addresses)."""
 
@@ -446,6 +576,11 @@ ACCOUNTING_DURABLE = "accounting"
 SERVICE_DURABLES: tuple[str, ...] = (ACCOUNTING_DURABLE,)
 """Every durable consumer the services own (``allot auth gen`` denies them to everyone
 else by name, beside the whole JetStream API)."""
+_CANCEL_AS = {
+    OWNER: Kind.CANCEL_AS,
+    OPERATOR: Kind.OPERATOR_CANCEL_AS,
+    MANAGER: Kind.MANAGER_CANCEL_AS,
+}
 
 
 def kind_of(subject: str) -> Kind:
@@ -455,21 +590,25 @@ def kind_of(subject: str) -> Kind:
         raise ValidationError("subject", f"{subject!r} is not an {PREFIX} subject")
     rest = parts[2:]
     head, n = rest[0], len(rest)
-    if head == "submit" and n == 2:
-        return Kind.SUBMIT
+    if head == "submit" and n in (2, 3):
+        return Kind.SUBMIT if n == 2 else Kind.SUBMIT_AS
     if head == "cancel" and n == 3:
         return Kind.CANCEL
-    if head == "cancel" and n == 4 and rest[3] == OPERATOR:
-        return Kind.OPERATOR_CANCEL
-    if head == "cancel" and n == 4 and rest[3] == MANAGER:
-        return Kind.MANAGER_CANCEL
-    if head == "budget" and n >= 4 and rest[1] == "set":
+    if head == "cancel" and n == 4 and rest[3] in ON_BEHALF:
+        return Kind.OPERATOR_CANCEL if rest[3] == OPERATOR else Kind.MANAGER_CANCEL
+    if head == "cancel" and n == 5 and rest[3] in CANCEL_FORMS:
+        return _CANCEL_AS[rest[3]]
+    if head == "budget" and n >= 6 and rest[1:3] == ["set", BUDGET_BY] and rest[4] == BUDGET_ROOT:
+        return Kind.BUDGET_SET_AS
+    if head == "budget" and n >= 4 and rest[1] == "set" and rest[2] != BUDGET_BY:
         return Kind.BUDGET_SET
     if head == "host" and n == 3:
         try:
             return Kind(f"host.{rest[2]}")
         except ValueError:
             pass
+    if head == "host" and n == 4 and rest[2] in ("drain", "undrain"):
+        return Kind.DRAIN_AS if rest[2] == "drain" else Kind.UNDRAIN_AS
     if head == "hosts" and n == 2 and rest[1] == "report":
         return Kind.HOSTS_REPORT
     if head == "events" and n == 4 and rest[3] in EVENT_NAMES:
