@@ -189,6 +189,34 @@ async def test_bad_drain_requests_are_rejected_naming_the_field(
         )
 
 
+async def test_on_its_identity_subject_the_operator_must_be_the_login(
+    fresh_log: str, nc: Client
+) -> None:
+    """``host.<h>.drain.<login>``: a drain or undrain naming another operator is refused
+    naming ``operator`` and changes nothing; the login's own is recorded under it."""
+    js = nc.jetstream()
+    async with running(fresh_log, timeout_s=30.0) as service:
+        await beat(nc, "h01")
+        await beats_handled(service, 1)
+        forged = m.DrainHost(host="h01", operator="bob", reason="not mine to say")
+        reply = await request(nc, subjects.drain_as("h01", "alice"), codec.encode(forged))
+        assert isinstance(reply, m.CommandRejected), reply
+        assert (reply.field, reply.reason) == ("operator", "'bob' differs from the login 'alice'")
+        assert not of(await host_records(js), m.HostDraining, "h01")
+        own = m.DrainHost(host="h01", operator="alice", reason="bios update")
+        reply = await request(nc, subjects.drain_as("h01", "alice"), codec.encode(own))
+        assert isinstance(reply, m.CommandAccepted), reply
+        assert [d.by for d in of(await host_records(js), m.HostDraining, "h01")] == ["alice"]
+        undo = m.UndrainHost(host="h01", operator="bob")
+        reply = await request(nc, subjects.undrain_as("h01", "alice"), codec.encode(undo))
+        assert isinstance(reply, m.CommandRejected) and reply.field == "operator", reply
+        assert service.book.hosts["h01"].state == "draining"
+        undo = m.UndrainHost(host="h01", operator="alice")
+        reply = await request(nc, subjects.undrain_as("h01", "alice"), codec.encode(undo))
+        assert isinstance(reply, m.CommandAccepted), reply
+        assert service.book.hosts["h01"].state == "healthy"
+
+
 async def test_undrain_of_an_unknown_host_is_rejected(fresh_log: str, nc: Client) -> None:
     async with running(fresh_log, timeout_s=30.0):
         body = codec.encode(m.UndrainHost(host="ghost", operator="alice"))

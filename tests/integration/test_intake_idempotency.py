@@ -23,7 +23,11 @@ from allot.services.intake import workload_id
 pytestmark = pytest.mark.integration
 
 _REPLY: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
-    m.WorkloadAccepted | m.WorkloadRejected | m.CommandAccepted | m.CommandRejected
+    m.WorkloadAccepted
+    | m.WorkloadRejected
+    | m.CommandAccepted
+    | m.CommandRejected
+    | m.SubmitBatchAnswered
 )
 SUBMIT: dict[str, Any] = {
     "type": "SubmitWorkload",
@@ -271,3 +275,70 @@ async def test_a_cancel_of_an_unknown_workload_names_it(log_url: str) -> None:
         answer = await _cancel(log_url, workload_id("nlp", "never"))
     assert isinstance(answer, m.CommandRejected) and answer.field == "workload_id", answer
     assert answer.reason.startswith("no workload ")
+
+
+# -- names from logins ------------------------------------------------------------------------
+
+
+async def test_on_its_identity_subject_a_name_other_than_the_login_is_refused(
+    log_url: str,
+) -> None:
+    """The subject's last token is the sender's login (what ``allot auth gen`` grants): a
+    submission or cancel naming anyone else is refused naming ``user``, and nothing is
+    logged; the bare subjects (the no-auth stack, old clients) check no login."""
+    bob = {**SUBMIT, "user": "bob"}
+    async with running_intake(log_url):
+        forged = await _ask(log_url, s.submit_as("nlp", "alice"), bob)
+        batch = {
+            "type": "SubmitBatch",
+            "workloads": [{**SUBMIT, "client_id": "b-1", "user": "alice"}, bob],
+        }
+        mixed = await _ask(log_url, s.submit_as("nlp", "alice"), batch)
+        alice = await _ask(log_url, s.submit_as("nlp", "alice"), {**SUBMIT, "user": "alice"})
+        wid = alice.workload_id
+        cancels = {}
+        for form, login in ((s.OWNER, "bob"), (s.OPERATOR, "ops"), (s.MANAGER, "lead")):
+            body = {"type": "CancelWorkload", "workload_id": wid, "user": "alice"}
+            cancels[form] = await _ask(log_url, s.cancel_as("nlp", wid, login, form), body)
+        before = len(await _log(log_url))
+        ok = await _ask(
+            log_url,
+            s.cancel_as("nlp", wid, "alice"),
+            {"type": "CancelWorkload", "workload_id": wid, "user": "alice"},
+        )
+    assert isinstance(forged, m.WorkloadRejected), forged
+    assert (forged.field, forged.reason) == ("user", "'bob' differs from the login 'alice'")
+    assert isinstance(mixed, m.SubmitBatchAnswered)
+    assert isinstance(mixed.results[0], m.WorkloadAccepted)
+    assert isinstance(mixed.results[1], m.WorkloadRejected)
+    assert mixed.results[1].field == "workloads[1].user"
+    for form, answer in cancels.items():
+        assert isinstance(answer, m.CommandRejected) and answer.field == "user", (form, answer)
+        assert answer.reason.startswith("'alice' differs from the login ")
+    assert isinstance(ok, m.CommandAccepted), ok
+    log = await _log(log_url)
+    # the batch's item of alice's, and her own submission; nothing of bob's
+    assert [r.user for r in of_type(log, m.WorkloadSubmitted)] == ["alice", "alice"]
+    assert len(log) == before + 1
+    assert [(r.workload_id, r.by) for r in await _cancel_records(log_url)] == [(wid, "alice")]
+
+
+async def test_a_cancel_without_allocation_means_the_subjects_and_another_is_refused_in_words(
+    log_url: str,
+) -> None:
+    """The schema marks ``allocation`` optional: left out, it is the subject's (it was
+    refused as "None does not match..."). Another allocation is refused naming it."""
+    async with running_intake(log_url):
+        wid = (await _submit(log_url)).workload_id
+        body = {"type": "CancelWorkload", "workload_id": wid, "user": "ann"}
+        other = await _ask(log_url, s.cancel("nlp", wid), {**body, "allocation": "vision"})
+        unallocated = await _ask(log_url, s.cancel(None, wid), {**body, "allocation": "nlp"})
+        ok = await _ask(log_url, s.cancel("nlp", wid), body)
+    assert isinstance(other, m.CommandRejected) and other.field == "allocation", other
+    assert other.reason == "'vision' differs from the subject's allocation, 'nlp'"
+    assert isinstance(unallocated, m.CommandRejected), unallocated
+    assert (
+        unallocated.reason == "'nlp' differs from the subject's allocation, unallocated work ('~')"
+    )
+    assert isinstance(ok, m.CommandAccepted), ok
+    assert [(r.workload_id, r.allocation) for r in await _cancel_records(log_url)] == [(wid, "nlp")]

@@ -219,6 +219,30 @@ async def test_bad_budget_set_is_rejected_naming_the_field(
         assert record.by == "bootstrap"
 
 
+async def test_on_its_identity_subject_set_by_must_be_the_login(
+    fresh_log: str, redis_url: str, prefix: str, budgets: Path, nc: Client
+) -> None:
+    """``budget.set.by.<login>.<path>``: a change naming anyone else is refused naming
+    ``set_by`` and logs nothing; the login's own is applied and recorded under it."""
+    js = nc.jetstream()
+    async with running(fresh_log, redis_url, prefix, budgets_file=budgets):
+        forged = m.SetBudget(path=("root", "nlp", "idle"), shares=5, set_by="director")
+        reply = await request(nc, subjects.budget_set_as(forged.path, "lead"), codec.encode(forged))
+        assert isinstance(reply, m.CommandRejected), reply
+        assert (reply.field, reply.reason) == ("set_by", "'director' differs from the login 'lead'")
+        assert await tree_records(js) == 1  # only the bootstrap tree
+        # the path is read after the login: another path is still refused naming it
+        own = m.SetBudget(path=("root", "nlp", "idle"), shares=5, set_by="lead")
+        elsewhere = subjects.budget_set_as(("root", "nlp", "busy"), "lead")
+        reply = await request(nc, elsewhere, codec.encode(own))
+        assert isinstance(reply, m.CommandRejected) and reply.field == "path", reply
+        reply = await request(nc, subjects.budget_set_as(own.path, "lead"), codec.encode(own))
+        assert isinstance(reply, m.CommandAccepted), reply
+        record = await last_tree(js)
+        assert record is not None and record.by == "lead"
+        assert shares_of(record.tree, "idle") == 5
+
+
 async def test_ranking_puts_the_idle_allocation_above_the_busy_one(
     fresh_log: str, redis_url: str, prefix: str, budgets: Path, nc: Client
 ) -> None:

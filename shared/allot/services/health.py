@@ -5,11 +5,14 @@ Inputs (core NATS, not captured by any stream):
 
 * heartbeats ``allot.v1.host.<host>.heartbeat`` and health reports ``...<host>.health``,
   plain publishes from the agents;
-* operator requests ``...<host>.drain`` (``DrainHost``) and ``...<host>.undrain``
-  (``UndrainHost``), answered with ``CommandAccepted`` or ``CommandRejected``.
+* operator requests ``...<host>.drain.<login>`` (``DrainHost``) and
+  ``...<host>.undrain.<login>`` (``UndrainHost``), or their bare forms without the login,
+  answered with ``CommandAccepted`` or ``CommandRejected``.
 
 The host's identity is the subject's fourth token (what NATS permissions grant an agent);
-a payload naming another host is ignored (heartbeats, reports) or rejected (commands).
+a payload naming another host is ignored (heartbeats, reports) or rejected (commands). A
+command's ``operator`` must be the subject's login (``allot auth gen`` grants an operator
+only its own), else it is rejected naming ``operator``.
 
 Output: host records on ``allot.v1.host.<host>.state`` (HOSTS stream): ``HostRegistered`` on
 a host's first heartbeat, ``HostDraining`` and ``HostHealthy``. The host states are a fold of
@@ -164,8 +167,10 @@ class HealthService:
         # directly, in on_started: see allot.live.request_server for FastStream's cost.
         self._beats: Subscription | None = None
         self.broker.subscriber(subjects.ALL_HEALTH, no_reply=True)(self._report_handler)
-        self.broker.subscriber(subjects.ALL_DRAIN)(self._drain_handler)
-        self.broker.subscriber(subjects.ALL_UNDRAIN)(self._undrain_handler)
+        for drains in (subjects.ALL_DRAIN, subjects.ALL_DRAIN_AS):
+            self.broker.subscriber(drains)(self._drain_handler)
+        for undrains in (subjects.ALL_UNDRAIN, subjects.ALL_UNDRAIN_AS):
+            self.broker.subscriber(undrains)(self._undrain_handler)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -353,6 +358,7 @@ class HealthService:
         try:
             cmd = codec.decode(kind, body)
             assert isinstance(cmd, m.DrainHost | m.UndrainHost)
+            subjects.check_login("operator", cmd.operator, subjects.login_of(subject))
             subjects.check_host(cmd.host, subjects.host_of(subject))
             async with self._lock:
                 info = self.book.hosts.get(cmd.host)

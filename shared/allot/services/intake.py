@@ -1,13 +1,16 @@
 """Intake: validates submissions and cancels, dedupes by ``client_id``, appends to the log.
 
-``allot.v1.submit.<allocation>`` (request, ``SubmitWorkload``) is answered with
+``allot.v1.submit.<allocation>.<login>`` and ``allot.v1.submit.<allocation>`` (requests,
+``SubmitWorkload``) are answered with
 ``WorkloadAccepted`` or ``WorkloadRejected(field, reason)``; a ``SubmitBatch`` of up to 256
 is answered with ``SubmitBatchAnswered``, one of those per item in order, each item judged
 by the same steps:
 
 1. the body decodes (``allot.proto.codec``: types, ranges, unknown fields, duplicate keys,
-   size, nesting) and its ``allocation`` equals the subject's token (identity comes from
-   the subject, never from the payload alone);
+   size, nesting), its ``user`` is the sender's login on the identity form
+   ``allot.v1.submit.<allocation>.<login>`` (the only form ``allot auth gen`` grants a
+   person; the bare form carries no login and checks none), and its ``allocation`` equals
+   the subject's token (identity comes from the subject, never from the payload alone);
 2. the allocation is a leaf of the current budget tree;
 3. ``gpus`` is at most the GPUs registered in the cluster;
 4. dedupe, forever and in one round trip: the workload id is derived from (allocation,
@@ -32,19 +35,23 @@ by the same steps:
    ``SubmitBatch``, many clients at once) is committed as atomic batches, with the same
    conditions and msg ids, and each submission keeps its own answer.
 
-``allot.v1.cancel.<allocation>.<workload>`` (``CancelWorkload``), answered with
-``CommandAccepted`` or ``CommandRejected(field, reason)``; the workload's submission and
-its latest record are read at once, then:
+``allot.v1.cancel.<allocation>.<workload>.user.<login>`` (``CancelWorkload``; also the
+bare ``allot.v1.cancel.<allocation>.<workload>``), answered with ``CommandAccepted`` or
+``CommandRejected(field, reason)``. Its ``user`` must be the subject's login (identity
+forms), its ``workload_id`` the subject's, and its ``allocation`` the subject's (left out,
+it means the subject's). The workload's submission and its latest record are read at once,
+then:
 
 1. the workload must exist under that allocation (its ``submitted`` record), else
    ``workload_id`` is refused;
 2. ``user`` must be the submission's ``user``: only the owner cancels a workload, as only
-   the owner (or an operator) may ``scancel`` a Slurm job. The names are claims (without
-   ``--secure`` anyone may claim any name; under it NATS lets only the allocation's team
-   publish here), so this guards against mistakes, not against a team member who claims a
-   colleague's name. On ``cancel.<a>.<w>.operator`` and ``cancel.<a>.<w>.manager``
-   (``subjects.ON_BEHALF``: ``allot auth gen`` grants the first to operators, the second to
-   the managers of ``a``'s subtree) this step is skipped and ``user`` names who cancels;
+   the owner (or an operator) may ``scancel`` a Slurm job. Under ``allot auth gen``'s
+   credentials both names are logins (the submission's and the cancel's were checked
+   against their subjects), so only the login that submitted may cancel; without auth
+   they are what the senders wrote. On ``...<w>.operator.<login>`` and
+   ``...<w>.manager.<login>`` (``subjects.ON_BEHALF``: ``allot auth gen`` grants the
+   first to operators, the second to the managers of ``a``'s subtree) this step is
+   skipped and ``user`` names who cancels;
 3. idempotent, like the submission: a workload that ended cancelled (its latest record is
    ``WorkloadCancelled``) is answered accepted, with "already cancelled" in ``detail`` and
    nothing logged; one that ended otherwise (``WorkloadCompleted``, ``WorkloadFailed``) is
@@ -66,6 +73,7 @@ import argparse
 import asyncio
 import hashlib
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import msgspec
 import structlog
@@ -122,11 +130,18 @@ class Intake:
             provider = tracer_provider("intake")
         self.provider = provider
         self.broker = make_broker(nats_url, "intake", provider)
-        self.submits: RequestServer | None = None
-        """Submissions skip FastStream's per-message path (``allot.live.request_server``)."""
-        self.broker.subscriber(s.ALL_CANCEL, queue="intake")(self.on_cancel)
-        self.broker.subscriber(s.ALL_OPERATOR_CANCEL, queue="intake")(self.on_cancel)
-        self.broker.subscriber(s.ALL_MANAGER_CANCEL, queue="intake")(self.on_cancel)
+        self.submits: list[RequestServer] = []
+        """Submissions skip FastStream's per-message path (``allot.live.request_server``):
+        one server for the identity form, one for the bare form."""
+        for cancels in (
+            s.ALL_CANCEL,
+            s.ALL_OPERATOR_CANCEL,
+            s.ALL_MANAGER_CANCEL,
+            s.ALL_CANCEL_AS,
+            s.ALL_OPERATOR_CANCEL_AS,
+            s.ALL_MANAGER_CANCEL_AS,
+        ):
+            self.broker.subscriber(cancels, queue="intake")(self.on_cancel)
         self.fold = LogFold()
         self.nc: NatsClient | None = None
         self.js: JetStreamContext | None = None
@@ -146,9 +161,12 @@ class Intake:
         self.nc, self.js = await bus.connect(self.nats_url, "allot-intake-log")
         await bus.ensure_streams(self.js)
         self.appends = await group_commit.for_stream(self.nc, self.js, "WORKLOADS")
-        self.submits = RequestServer(
-            self.broker.connection, s.ALL_SUBMIT, "intake", self.on_submit, provider=self.provider
-        )
+        self.submits = [
+            RequestServer(
+                self.broker.connection, subject, "intake", self.on_submit, provider=self.provider
+            )
+            for subject in (s.ALL_SUBMIT_AS, s.ALL_SUBMIT)
+        ]
         self.follower = bus.LogFollower(
             self.js,
             self._on_record,
@@ -156,7 +174,8 @@ class Intake:
             subjects={"USAGE": s.BUDGET_TREE},
         )
         await self.follower.start()
-        await self.submits.start()  # once the hosts and the budget tree are known
+        for server in self.submits:  # once the hosts and the budget tree are known
+            await server.start()
         self.watches = LogWatchServer(self.nc, self.js, wall_clock)
         await self.watches.start()
         log.info("intake ready", hosts=len(self.fold.state.host_ids))
@@ -178,8 +197,8 @@ class Intake:
     async def on_stopping(self) -> None:
         if self.watches is not None:
             await self.watches.stop()
-        if self.submits is not None:
-            await self.submits.stop()
+        for server in self.submits:
+            await server.stop()
         if self.follower is not None:
             await self.follower.stop()
         if self.nc is not None:
@@ -189,10 +208,12 @@ class Intake:
     async def on_submit(self, subject: str, body: bytes) -> bytes:
         now = wall_clock()
         try:
-            token = subject.split(".")[3]
+            # submit.<allocation> or submit.<allocation>.<login> (the subscriptions' shapes)
+            _, _, _, token, *login = subject.split(".")
             cmd = codec.decode(s.Kind.SUBMIT, body)
         except ValidationError as e:
             return codec.encode(self._reject(now, None, None, e.field, e.reason))
+        ident = Identity(token, login[0] if login else None)
         if isinstance(cmd, m.SubmitBatch):
             # Each item on its own (its appends run concurrently: their acks overlap),
             # answered in order; a field is named as in the body, ``workloads[3].gpus``.
@@ -201,29 +222,27 @@ class Intake:
             # the batch's order, as Slurm queues array tasks by index.
             results = await asyncio.gather(
                 *(
-                    self._submit(item, token, now + i * BATCH_ITEM_STEP_S, f"workloads[{i}].")
+                    self._submit(item, ident, now + i * BATCH_ITEM_STEP_S, f"workloads[{i}].")
                     for i, item in enumerate(cmd.workloads)
                 )
             )
             return codec.encode(m.SubmitBatchAnswered(at=now, results=tuple(results)))
         assert isinstance(cmd, m.SubmitWorkload)
-        return codec.encode(await self._submit(cmd, token, now))
+        return codec.encode(await self._submit(cmd, ident, now))
 
     async def _submit(
-        self, cmd: m.SubmitWorkload, token: str, now: float, where: str = ""
+        self, cmd: m.SubmitWorkload, ident: Identity, now: float, where: str = ""
     ) -> m.WorkloadAccepted | m.WorkloadRejected:
         try:
-            self._validate(cmd, token)
+            self._validate(cmd, ident)
             return await self._accept(cmd, now)
         except ValidationError as e:
             return self._reject(now, cmd.client_id, cmd.allocation, where + e.field, e.reason)
 
-    def _validate(self, cmd: m.SubmitWorkload, token: str) -> None:
-        if token != s.allocation_token(cmd.allocation):
-            raise ValidationError(
-                "allocation",
-                f"{cmd.allocation!r} does not match the subject's allocation {token!r}",
-            )
+    def _validate(self, cmd: m.SubmitWorkload, ident: Identity) -> None:
+        s.check_login("user", cmd.user, ident.login)
+        if ident.allocation != s.allocation_token(cmd.allocation):
+            raise ValidationError("allocation", _differs(cmd.allocation, ident.allocation))
         tree = self.fold.tree
         if cmd.allocation is not None:
             if tree is None:
@@ -334,22 +353,26 @@ class Intake:
     async def on_cancel(self, msg: Delivery) -> bytes:
         now = wall_clock()
         try:
-            parts = msg.raw_message.subject.split(".")
-            token, wid = parts[3], parts[4]
+            # cancel.<a>.<w>, then the form (user, operator, manager), then the login
+            # (the subscriptions' shapes).
+            _, _, _, token, wid, *rest = msg.raw_message.subject.split(".")
+            form = rest[0] if rest else s.OWNER
             # For someone else's workload: only operators, or the allocation's managers,
             # are granted these subjects (``allot auth gen``).
-            on_behalf = parts[5] if parts[5:] and parts[5] in s.ON_BEHALF else None
+            on_behalf = form if form in s.ON_BEHALF else None
             cmd = codec.decode(s.Kind.CANCEL, msg.body)
             assert isinstance(cmd, m.CancelWorkload)
+            s.check_login("user", cmd.user, rest[1] if rest[1:] else None)
             if cmd.workload_id != wid:
                 raise ValidationError(
                     "workload_id", f"{cmd.workload_id!r} does not match the subject's {wid!r}"
                 )
-            if token != s.allocation_token(cmd.allocation):
-                raise ValidationError(
-                    "allocation",
-                    f"{cmd.allocation!r} does not match the subject's allocation {token!r}",
+            if cmd.allocation is None:  # left out: the subject's
+                cmd = msgspec.structs.replace(
+                    cmd, allocation=None if token == s.UNALLOCATED else token
                 )
+            elif token != s.allocation_token(cmd.allocation):
+                raise ValidationError("allocation", _differs(cmd.allocation, token))
             detail = await self._cancel(cmd, now, on_behalf=on_behalf)
         except ValidationError as e:
             self.rejected += 1
@@ -414,6 +437,21 @@ class Intake:
             return bus.decode_record(last.subject or "", last.data or b"")
         except (NotFoundError, ValidationError):
             return None
+
+
+class Identity(NamedTuple):
+    """What a submission's subject says of it: the allocation token and the sender's login
+    (None on the bare form)."""
+
+    allocation: str
+    login: str | None
+
+
+def _differs(allocation: str | None, token: str) -> str:
+    """A payload's allocation that is not the subject's, in words (no Python ``None``)."""
+    given = "unallocated work (no allocation)" if allocation is None else repr(allocation)
+    subject = "unallocated work ('~')" if token == s.UNALLOCATED else repr(token)
+    return f"{given} differs from the subject's allocation, {subject}"
 
 
 def submitted_record(cmd: m.SubmitWorkload, wid: str, now: float) -> m.WorkloadSubmitted:

@@ -5,11 +5,12 @@
   (USAGE stream). At start the service reads it; when there is none it loads ``--budgets``
   (the nested YAML form of ``allot fairshare``) and publishes it as ``by="bootstrap"``. So a
   restart keeps every change made since: the file only seeds an empty log.
-* **Changes.** ``allot.v1.budget.set.<path>`` requests (``SetBudget``); the subject's path
-  must equal the payload's (NATS permissions grant subjects, so the subject is what was
-  authorised). The new tree is validated by the core, published whole, and answered with
-  ``CommandAccepted``; any fault is a ``CommandRejected`` naming the field. A change
-  re-ranks at once.
+* **Changes.** ``allot.v1.budget.set.by.<login>.<path>`` requests (``SetBudget``; also the
+  bare ``allot.v1.budget.set.<path>``); the payload's ``set_by`` must be the subject's
+  login and its path the subject's (NATS permissions grant subjects, so the subject is what
+  was authorised: ``allot auth gen`` grants a manager only its own login's form). The new
+  tree is validated by the core, published whole, and answered with ``CommandAccepted``;
+  any fault is a ``CommandRejected`` naming the field. A change re-ranks at once.
 * **Ranking.** Every ``--rank-every-s`` and after each change: the leaves' usage over the
   window (``--window-s``, default 7 days) from the accounting service's Redis buckets,
   ``allot.core.fairshare.rank``, and one ``RankingUpdated`` on ``allot.v1.ranking`` (USAGE
@@ -53,8 +54,6 @@ DEFAULT_RANK_EVERY_S = 300.0
 BOOTSTRAP = "bootstrap"
 
 log = structlog.get_logger("allot.ranking", service=SERVICE)  # lazy: configured in main
-
-_SET_PREFIX = subjects.ALL_BUDGET_SET.removesuffix(">")
 
 
 def load_tree_file(path: Path) -> BudgetTree:
@@ -179,7 +178,8 @@ class RankingService:
         try:
             cmd = codec.decode(Kind.BUDGET_SET, body)
             assert isinstance(cmd, m.SetBudget)
-            subject_path = tuple(subject.removeprefix(_SET_PREFIX).split("."))
+            subjects.check_login("set_by", cmd.set_by, subjects.login_of(subject))
+            subject_path = subjects.budget_path_of(subject)
             if cmd.path != subject_path:
                 raise ValidationError(
                     "path",
