@@ -122,7 +122,7 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
 async def test_submit_encodes_the_body_and_repeats_as_duplicate(
     responders: Responders, client: Client
 ) -> None:
-    await responders.answer(subjects.submit("nlp"), accept_submit)
+    await responders.answer(subjects.submit_as("nlp", "ann"), accept_submit)
     first = await client.submit(
         client_id="job-1",
         user="ann",
@@ -156,19 +156,19 @@ async def test_submit_encodes_the_body_and_repeats_as_duplicate(
 async def test_submit_without_client_id_gets_a_fresh_one_and_unallocated_subject(
     responders: Responders, client: Client
 ) -> None:
-    await responders.answer(subjects.submit(None), accept_submit)
+    await responders.answer(subjects.submit_as(None, "ann"), accept_submit)
     a = await client.submit(user="ann", gpus=1)
     b = await client.submit(user="ann", gpus=1)
     assert a.client_id != b.client_id
     assert len(a.client_id) == 16 and int(a.client_id, 16) >= 0
-    assert [s for s, _ in responders.seen] == ["allot.v1.submit.~"] * 2
+    assert [s for s, _ in responders.seen] == ["allot.v1.submit.~.ann"] * 2
 
 
 async def test_rejection_becomes_a_validation_error_naming_the_field(
     responders: Responders, client: Client
 ) -> None:
     await responders.answer(
-        subjects.submit("nlp"),
+        subjects.submit_as("nlp", "ann"),
         lambda msg: m.WorkloadRejected(
             client_id="job-2", at=NOW, field="gpus", reason="more than the cluster's 64"
         ),
@@ -183,7 +183,7 @@ async def test_rejection_becomes_a_validation_error_naming_the_field(
 async def test_bad_values_fail_locally_naming_the_field(
     responders: Responders, client: Client
 ) -> None:
-    await responders.answer(subjects.submit("nlp"), accept_submit)
+    await responders.answer(subjects.submit_as("nlp", "ann"), accept_submit)
     with pytest.raises(ValidationError) as err:
         await client.submit(client_id="j", user="ann", gpus=0, allocation="nlp")
     assert err.value.field == "gpus"
@@ -215,7 +215,7 @@ async def test_a_lost_reply_is_retried_with_the_same_client_id(
         calls += 1
         return None if calls == 1 else accept_submit(msg)
 
-    await responders.answer(subjects.submit("nlp"), drop_first)
+    await responders.answer(subjects.submit_as("nlp", "ann"), drop_first)
     async with Client(fresh_log, timeout=0.3, retries=2) as c:
         reply = await c.submit(user="ann", gpus=2, allocation="nlp")
     ids = [b.client_id for b in responders.bodies(Kind.SUBMIT)]
@@ -251,7 +251,7 @@ async def _swallow_first_then_leave(url: str, subject: str) -> tuple[NatsClient,
 async def test_no_responder_after_an_unanswered_attempt_is_not_a_definite_failure(
     fresh_log: str,
 ) -> None:
-    subject = subjects.submit("nlp")
+    subject = subjects.submit_as("nlp", "ann")
     _, seen = await _swallow_first_then_leave(fresh_log, subject)
     async with Client(fresh_log, timeout=0.3, retries=1) as c:
         t0 = time.monotonic()
@@ -266,7 +266,7 @@ async def test_no_responder_after_an_unanswered_attempt_is_not_a_definite_failur
 async def test_a_request_rides_through_a_service_restart(
     fresh_log: str, responders: Responders
 ) -> None:
-    subject = subjects.submit("nlp")
+    subject = subjects.submit_as("nlp", "ann")
     _, seen = await _swallow_first_then_leave(fresh_log, subject)
     async with Client(fresh_log, timeout=0.5, retries=2) as c:
         task = asyncio.create_task(
@@ -344,10 +344,11 @@ async def test_a_refused_query_is_a_validation_error_naming_the_field(
 
 async def test_cancel_accepted_and_rejected(responders: Responders, client: Client) -> None:
     await responders.answer(
-        subjects.cancel("nlp", "wl-a"), lambda msg: m.CommandAccepted(at=NOW, detail="pending")
+        subjects.cancel_as("nlp", "wl-a", "ann"),
+        lambda msg: m.CommandAccepted(at=NOW, detail="pending"),
     )
     await responders.answer(
-        subjects.cancel("nlp", "wl-b"),
+        subjects.cancel_as("nlp", "wl-b", "bob"),
         lambda msg: m.CommandRejected(at=NOW, field="user", reason="not the submitter"),
     )
     ok = await client.cancel("wl-a", allocation="nlp", user="ann", reason="oops")
@@ -404,21 +405,26 @@ async def test_drain_undrain_and_budget_subjects_and_bodies(
     responders: Responders, client: Client
 ) -> None:
     accepted = m.CommandAccepted(at=NOW)
-    await responders.answer(subjects.drain("h01"), lambda msg: accepted)
-    await responders.answer(subjects.undrain("h01"), lambda msg: accepted)
-    await responders.answer(subjects.budget_set(["root", "nlp", "pretrain"]), lambda msg: accepted)
+    await responders.answer(subjects.drain_as("h01", "ops"), lambda msg: accepted)
+    await responders.answer(subjects.undrain_as("h01", "ops"), lambda msg: accepted)
+    await responders.answer(
+        subjects.budget_set_as(["root", "nlp", "pretrain"], "lead"), lambda msg: accepted
+    )
     await client.drain("h01", operator="ops", reason="bad fan")
     await client.undrain("h01", operator="ops")
     await client.set_budget(("root", "nlp", "pretrain"), None, set_by="lead")
     got = [(s, msgspec.json.decode(d)) for s, d in responders.seen]
     assert got == [
         (
-            "allot.v1.host.h01.drain",
+            "allot.v1.host.h01.drain.ops",
             {"type": "DrainHost", "host": "h01", "operator": "ops", "reason": "bad fan"},
         ),
-        ("allot.v1.host.h01.undrain", {"type": "UndrainHost", "host": "h01", "operator": "ops"}),
         (
-            "allot.v1.budget.set.root.nlp.pretrain",
+            "allot.v1.host.h01.undrain.ops",
+            {"type": "UndrainHost", "host": "h01", "operator": "ops"},
+        ),
+        (
+            "allot.v1.budget.set.by.lead.root.nlp.pretrain",
             {
                 "type": "SetBudget",
                 "path": ["root", "nlp", "pretrain"],
@@ -427,6 +433,57 @@ async def test_drain_undrain_and_budget_subjects_and_bodies(
             },
         ),
     ]
+
+
+async def test_commands_go_to_the_logins_identity_subjects_with_its_name(
+    fresh_log: str, responders: Responders, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logged in as alice (a server without auth takes any login), each command names her
+    as its sender without being told, on the subject that carries her login."""
+    monkeypatch.delenv("ALLOT_NATS_USER", raising=False)
+    url = fresh_log.replace("nats://", "nats://alice:pw@")
+    accepted = m.CommandAccepted(at=NOW)
+
+    def accept_either(msg: Msg) -> msgspec.Struct:
+        body = codec.decode(Kind.SUBMIT_AS, msg.data)
+        if isinstance(body, m.SubmitBatch):
+            one = m.WorkloadAccepted(at=NOW, client_id="a-2", workload_id="wl-a-2")
+            return m.SubmitBatchAnswered(at=NOW, results=(one,))
+        return accept_submit(msg)
+
+    await responders.answer(subjects.submit_as("nlp", "alice"), accept_either)
+    for subject in (
+        subjects.cancel_as("nlp", "wl-a", "alice"),
+        subjects.cancel_as("nlp", "wl-a", "alice", subjects.MANAGER),
+        subjects.drain_as("h01", "alice"),
+        subjects.undrain_as("h01", "alice"),
+        subjects.budget_set_as(["root", "nlp"], "alice"),
+    ):
+        await responders.answer(subject, lambda msg: accepted)
+    async with Client(url, timeout=2.0) as c:
+        await c.submit(client_id="a-1", gpus=1, allocation="nlp")
+        await c.submit_batch(
+            [m.SubmitWorkload(client_id="a-2", user="alice", gpus=1, allocation="nlp")]
+        )
+        await c.cancel("wl-a", allocation="nlp")
+        await c.cancel("wl-a", allocation="nlp", as_manager=True)
+        await c.drain("h01")
+        await c.undrain("h01")
+        await c.set_budget(("root", "nlp"), 2)
+    assert [subject for subject, _ in responders.seen] == [
+        "allot.v1.submit.nlp.alice",
+        "allot.v1.submit.nlp.alice",
+        "allot.v1.cancel.nlp.wl-a.user.alice",
+        "allot.v1.cancel.nlp.wl-a.manager.alice",
+        "allot.v1.host.h01.drain.alice",
+        "allot.v1.host.h01.undrain.alice",
+        "allot.v1.budget.set.by.alice.root.nlp",
+    ]
+    bodies = [msgspec.json.decode(data) for _, data in responders.seen]
+    assert bodies[0]["user"] == "alice" and bodies[1]["workloads"][0]["user"] == "alice"
+    assert [b["user"] for b in bodies[2:4]] == ["alice", "alice"]
+    assert [b["operator"] for b in bodies[4:6]] == ["alice", "alice"]
+    assert bodies[6]["set_by"] == "alice"
 
 
 # -- following the log --------------------------------------------------------------------------
@@ -675,7 +732,7 @@ async def cli(url: str, *argv: str) -> int:
 async def test_cli_submit_json_envelope(
     fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    await responders.answer(subjects.submit("nlp"), accept_submit)
+    await responders.answer(subjects.submit_as("nlp", "ann"), accept_submit)
     argv = ["submit", "--alloc", "nlp", "--user", "ann", "--gpus", "4", "--min-runtime", "2h"]
     argv += ["--client-id", "cli-1", "--duration", "90s", "--json", "--", "python", "-m", "x"]
     assert await cli(fresh_log, *argv) == 0
@@ -697,7 +754,7 @@ async def test_cli_rejection_is_one_line_naming_the_option(
     fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
 ) -> None:
     await responders.answer(
-        subjects.submit("nlp"),
+        subjects.submit_as("nlp", "ann"),
         lambda msg: m.WorkloadRejected(at=NOW, field="gpus", reason="more than the cluster's 64"),
     )
     code = await cli(
@@ -716,9 +773,9 @@ async def test_cli_tables_and_commands(
         hosts=(m.HostRow(host="h01", state="draining", gpus=8, free_gpus=6, workloads=("wl-a",)),),
     )
     await responders.answer(subjects.QUERY_HOSTS, lambda msg: hosts)
-    await responders.answer(subjects.drain("h01"), lambda msg: m.CommandAccepted(at=NOW))
+    await responders.answer(subjects.drain_as("h01", "ops"), lambda msg: m.CommandAccepted(at=NOW))
     await responders.answer(
-        subjects.budget_set(["root", "nlp"]),
+        subjects.budget_set_as(["root", "nlp"], "lead"),
         lambda msg: m.CommandRejected(at=NOW, field="shares", reason="not yours to set"),
     )
     assert await cli(fresh_log, "hosts") == 0
@@ -849,12 +906,13 @@ async def test_cli_tilde_names_unallocated_work_in_submit_and_cancel(
     """The listings print and take ``~`` for unallocated work; submit and cancel take it
     too (it was refused as a name)."""
     await responders.answer(
-        subjects.cancel(None, "wl-u"), lambda msg: m.CommandAccepted(at=NOW, detail="pending")
+        subjects.cancel_as(None, "wl-u", "ann"),
+        lambda msg: m.CommandAccepted(at=NOW, detail="pending"),
     )
     assert await cli(fresh_log, "cancel", "wl-u", "--alloc", "~", "--user", "ann") == 0
     assert responders.bodies(Kind.CANCEL)[-1].allocation is None
     await responders.answer(
-        subjects.submit(None),
+        subjects.submit_as(None, "ann"),
         lambda msg: m.WorkloadAccepted(at=NOW, client_id="c-u", workload_id="wl-u2"),
     )
     argv = ("submit", "--alloc", "~", "--user", "ann", "--gpus", "1", "--client-id", "c-u")
@@ -863,8 +921,18 @@ async def test_cli_tilde_names_unallocated_work_in_submit_and_cancel(
 
 
 _ON_BEHALF: list[tuple[str, Callable[[str | None, str], str], Kind, str]] = [
-    ("--operator", subjects.operator_cancel, Kind.OPERATOR_CANCEL, "ops"),
-    ("--manager", subjects.manager_cancel, Kind.MANAGER_CANCEL, "lead"),
+    (
+        "--operator",
+        lambda a, w: subjects.cancel_as(a, w, "ops", subjects.OPERATOR),
+        Kind.OPERATOR_CANCEL,
+        "ops",
+    ),
+    (
+        "--manager",
+        lambda a, w: subjects.cancel_as(a, w, "lead", subjects.MANAGER),
+        Kind.MANAGER_CANCEL,
+        "lead",
+    ),
 ]
 
 
@@ -896,11 +964,51 @@ async def test_cli_cancel_for_someone_else_goes_to_that_roles_subject(
     assert f"{option}: must not be empty" in capsys.readouterr().err
 
 
+async def test_cli_names_default_to_the_login_and_another_name_is_refused(
+    fresh_log: str,
+    responders: Responders,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("ALLOT_NATS_USER", raising=False)
+    url = fresh_log.replace("nats://", "nats://ops:pw@")
+    done = m.CommandAccepted(at=NOW)
+    for subject in (
+        subjects.cancel_as("nlp", "wl-o", "ops", subjects.OPERATOR),
+        subjects.drain_as("h01", "ops"),
+        subjects.budget_set_as(["root", "nlp"], "ops"),
+    ):
+        await responders.answer(subject, lambda msg: done)
+    # --operator without NAME, and no --operator or --by at all: the login's name.
+    assert await cli(url, "cancel", "wl-o", "--alloc", "nlp", "--operator") == 0
+    assert await cli(url, "drain", "h01") == 0
+    assert await cli(url, "budgets", "set", "root/nlp", "2") == 0
+    cancel, drain, budget = (msgspec.json.decode(d) for _, d in responders.seen)
+    assert (cancel["user"], drain["operator"], budget["set_by"]) == ("ops", "ops", "ops")
+    capsys.readouterr()
+    seen = len(responders.seen)
+    for argv, option in (
+        (("submit", "--user", "ann", "--gpus", "1", "--", "true"), "--user"),
+        (("cancel", "wl-o", "--manager", "lead"), "--manager"),
+        (("drain", "h01", "--operator", "root"), "--operator"),
+        (("budgets", "set", "root/nlp", "2", "--by", "lead"), "--by"),
+    ):
+        assert await cli(url, *argv) == 2, argv
+        name = argv[argv.index(option) + 1]
+        assert capsys.readouterr().err.strip() == (
+            f"allot {argv[0]}: {option}: {name!r} differs from the login 'ops'"
+        )
+    assert len(responders.seen) == seen  # refused before anything was sent
+    # Without a login the name must be given (it was a required option).
+    assert await cli(fresh_log, "drain", "h01") == 2
+    assert "--operator: must be given" in capsys.readouterr().err
+
+
 async def test_cli_submit_says_when_an_allocation_alone_leaves_work_unallocated(
     fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
 ) -> None:
     await responders.answer(
-        subjects.submit("nlp"),
+        subjects.submit_as("nlp", "ann"),
         lambda msg: m.WorkloadAccepted(at=NOW, client_id="c-n", workload_id="wl-n"),
     )
     argv = ("submit", "--alloc", "nlp", "--user", "ann", "--gpus", "1", "--client-id", "c-n")
@@ -915,7 +1023,7 @@ async def test_cli_submit_says_when_a_min_runtime_without_allocation_protects_no
     fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
 ) -> None:
     await responders.answer(
-        subjects.submit(None),
+        subjects.submit_as(None, "ann"),
         lambda msg: m.WorkloadAccepted(at=NOW, client_id="c-u", workload_id="wl-u"),
     )
     argv = ("submit", "--user", "ann", "--gpus", "1", "--client-id", "c-u")

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import nats
@@ -28,6 +29,7 @@ import nats.errors
 import pytest
 from live_harness import eventually, records, seed
 from nats.aio.client import Client as NatsClient
+from nats.nuid import NUID
 
 from allot.adapters.embedded import EmbeddedNats, find_nats_server
 from allot.cli import live_cmds
@@ -40,7 +42,9 @@ from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client, NoResponderError, PermissionDeniedError
 from allot.services.dispatch import DispatchService
+from allot.services.health import HealthService
 from allot.services.intake import Intake
+from allot.services.ranking import RankingService
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +62,8 @@ TREE = {
 ROLES = {
     "users": [
         {"name": "nlp", "role": "team", "allocations": ["nlp"]},
+        # the same allocation's people, each a login of their own
+        {"name": "nlp-people", "role": "team", "allocations": ["nlp"], "users": ["alice", "bob"]},
         {"name": "vision", "role": "team", "allocations": ["vision"]},
         {"name": "research-lead", "role": "manager", "node": "research"},
         {"name": "ops", "role": "operator"},
@@ -198,9 +204,9 @@ async def counts(js: nats.js.JetStreamContext) -> dict[str, int]:
     return {n: (await js.stream_info(n)).state.messages for n in s.STREAMS}
 
 
-def _submit(allocation: str, client_id: str = "c1") -> bytes:
+def _submit(allocation: str, client_id: str = "c1", user: str = "nlp") -> bytes:
     return bus.encode(
-        m.SubmitWorkload(client_id=client_id, user="u", gpus=1, allocation=allocation)
+        m.SubmitWorkload(client_id=client_id, user=user, gpus=1, allocation=allocation)
     )
 
 
@@ -221,8 +227,9 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
     await start(intake)
     nlp = await connect_as(secure, "nlp")
     try:
-        # Allowed: submit to its own allocation, answered by intake through its own inbox.
-        reply = await nlp.nc.request(s.submit("nlp"), _submit("nlp"), timeout=5)
+        # Allowed: submit to its own allocation as itself, answered by intake through its
+        # own inbox.
+        reply = await nlp.nc.request(s.submit_as("nlp", "nlp"), _submit("nlp"), timeout=5)
         accepted = msgspec.json.decode(reply.data, type=m.WorkloadAccepted)
         # Allowed: read its own workload's records from the log, through intake's watch.
         async with Client(secure.url("nlp")) as c:
@@ -240,12 +247,18 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
         spy.set_mark()
 
         refused_pub = [
-            s.submit("vision"),  # another team's allocation (payload says vision too)
-            s.cancel("vision", "w1"),
-            s.operator_cancel("nlp", "w1"),  # an operator's: anyone's workload
+            s.submit_as("vision", "nlp"),  # another team's allocation (payload says vision too)
+            s.cancel_as("vision", "w1", "nlp"),
+            s.cancel_as("nlp", "w1", "nlp", s.OPERATOR),  # an operator's: anyone's workload
+            s.operator_cancel("nlp", "w1"),
+            # its own allocation in the bare forms, or as another login: names are logins
+            s.submit("nlp"),
+            s.submit_as("nlp", "alice"),
+            s.cancel("nlp", "w1"),
+            s.cancel_as("nlp", "w1", "alice"),
             s.events("nlp", "wforged", "placed"),  # writing the log directly
-            s.budget_set(["root", "research", "nlp"]),  # a manager's job
-            s.drain("h01"),  # an operator's job
+            s.budget_set_as(["root", "research", "nlp"], "nlp"),  # a manager's job
+            s.drain_as("h01", "nlp"),  # an operator's job
             s.heartbeat("h01"),  # an agent's job
             # a consumer over vision's records, and the unfiltered create form
             f"$JS.API.CONSUMER.CREATE.WORKLOADS.x.{s.allocation_events('vision')}",
@@ -285,7 +298,7 @@ async def test_a_team_is_confined_to_its_own_allocation(secure: Secure, spy: Spy
         assert await counts(js) == before
         assert intake.accepted == 1 and intake.rejected == 0
         assert not any(spy.saw(x) for x in refused_pub if x.startswith("allot."))
-        assert s.submit("nlp") in spy.seen
+        assert s.submit_as("nlp", "nlp") in spy.seen
     finally:
         await nlp.nc.close()
         await stop(intake)
@@ -301,8 +314,8 @@ async def test_the_sdk_reports_a_refused_request_at_once_not_as_a_timeout(
     async with Client(secure.url("nlp"), timeout=30.0, retries=2) as c:
         calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
             (c.queue, s.QUERY_QUEUE),
-            (lambda: c.drain("h01", operator="nlp"), s.drain("h01")),
-            (lambda: c.submit(user="ann", gpus=1, allocation="vision"), s.submit("vision")),
+            (lambda: c.drain("h01"), s.drain_as("h01", "nlp")),
+            (lambda: c.submit(gpus=1, allocation="vision"), s.submit_as("vision", "nlp")),
             (lambda: c.status("w1", scope="vision"), s.query_scoped(s.QUERY_STATUS, "vision")),
         ]
         for call, subject in calls:
@@ -358,25 +371,34 @@ async def test_a_manager_sets_budgets_only_below_its_node(secure: Secure, spy: S
     try:
         before = await counts(js)
         spy.set_mark()
-        allowed = s.budget_set(["root", "research", "nlp"])
+        allowed = s.budget_set_as(["root", "research", "nlp"], "research-lead")
         body = bus.encode(m.SetBudget(path=("root", "research", "nlp"), shares=3, set_by="x"))
         await _no_answer(lead, allowed, body)  # no ranking service here: nobody answers...
         await eventually(lambda: _value(list(spy.seen)), lambda seen: allowed in seen)
         assert lead.errors == []  # ...but the server let it through
-        for cancel in (s.manager_cancel("nlp", "w1"), s.manager_cancel("vision", "w2")):
+        for cancel in (
+            s.cancel_as("nlp", "w1", "research-lead", s.MANAGER),
+            s.cancel_as("vision", "w2", "research-lead", s.MANAGER),
+        ):
             await _no_answer(lead, cancel, b"{}")  # its subtree's allocations: let through
             await eventually(lambda: _value(list(spy.seen)), lambda seen: cancel in seen)  # noqa: B023
         assert lead.errors == []
         spy.set_mark()
+        lead_as = "research-lead"
         refused = [
-            s.budget_set(["root", "research"]),  # its own node: the parent's manager's job
-            s.budget_set(["root", "product", "search"]),  # outside the subtree
-            s.budget_set(["root", "product"]),
-            s.submit("nlp"),
-            s.drain("h01"),
-            s.manager_cancel("search", "w1"),  # another subtree's allocation
-            s.cancel("nlp", "w1"),  # the owner's form
-            s.operator_cancel("nlp", "w1"),
+            s.budget_set_as(["root", "research"], lead_as),  # its own node: the parent's job
+            s.budget_set_as(["root", "product", "search"], lead_as),  # outside the subtree
+            s.budget_set_as(["root", "product"], lead_as),
+            # inside its subtree, but in the bare form or as another login
+            s.budget_set(["root", "research", "nlp"]),
+            s.budget_set_as(["root", "research", "nlp"], "director"),
+            s.manager_cancel("nlp", "w1"),
+            s.cancel_as("nlp", "w1", "director", s.MANAGER),
+            s.submit_as("nlp", lead_as),
+            s.drain_as("h01", lead_as),
+            s.cancel_as("search", "w1", lead_as, s.MANAGER),  # another subtree's allocation
+            s.cancel_as("nlp", "w1", lead_as),  # the owner's form
+            s.cancel_as("nlp", "w1", lead_as, s.OPERATOR),
         ]
         for subject in refused:
             await _no_answer(lead, subject, body)
@@ -458,7 +480,7 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
             s.heartbeat("h02"),
             s.health("h02"),
             s.host_report("h02"),
-            s.drain("h01"),
+            s.drain_as("h01", "agent-h01"),
             s.host_state("h02"),
             s.events("nlp", "theirs", "completed"),  # a forged terminal record, into the log
             "$JS.API.STREAM.INFO.WORKLOADS",
@@ -498,22 +520,236 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
 async def test_an_operator_drains_and_cancels_but_submits_nothing(secure: Secure, spy: Spy) -> None:
     ops = await connect_as(secure, "ops")
     try:
-        await ops.nc.publish(s.drain("h07"), b"{}")
-        await ops.nc.publish(s.operator_cancel("nlp", "w7"), b"{}")
-        await ops.nc.publish(s.cancel("nlp", "w7"), b"{}")  # the owner's form: not granted
-        await ops.nc.publish(s.submit("nlp"), b"{}")
-        await ops.nc.publish(s.budget_set(["root", "research"]), b"{}")
+        allowed = [s.drain_as("h07", "ops"), s.cancel_as("nlp", "w7", "ops", s.OPERATOR)]
+        refused = [
+            s.cancel_as("nlp", "w7", "ops"),  # the owner's form: not granted
+            s.submit_as("nlp", "ops"),
+            s.budget_set_as(["root", "research"], "ops"),
+            # its own commands, in the bare forms or as another login
+            s.drain("h07"),
+            s.undrain("h07"),
+            s.drain_as("h07", "ops2"),
+            s.operator_cancel("nlp", "w7"),
+            s.cancel_as("nlp", "w7", "ops2", s.OPERATOR),
+        ]
+        for subject in allowed + refused:
+            await ops.nc.publish(subject, b"{}")
         await ops.nc.flush()
-        await ops.refused(s.submit("nlp"))
-        await ops.refused(s.budget_set(["root", "research"]))
-        await ops.refused(s.cancel("nlp", "w7"))
-        await eventually(lambda: _value(list(spy.seen)), lambda v: s.drain("h07") in v)
-        await eventually(
-            lambda: _value(list(spy.seen)), lambda v: s.operator_cancel("nlp", "w7") in v
-        )
-        assert not spy.saw(s.submit("nlp"))
+        for subject in refused:
+            await ops.refused(subject)
+        for subject in allowed:
+            await eventually(lambda: _value(list(spy.seen)), lambda v: subject in v)  # noqa: B023
+        assert not any(spy.saw(x) for x in refused)
     finally:
         await ops.nc.close()
+
+
+# -- names are logins -------------------------------------------------------------------------
+
+_ANSWER: msgspec.json.Decoder[Any] = msgspec.json.Decoder(
+    m.WorkloadAccepted | m.WorkloadRejected | m.CommandAccepted | m.CommandRejected
+)
+
+
+async def _answer(conn: Conn, subject: str, body: msgspec.Struct) -> Any:
+    """A request the server lets through, answered by the service."""
+    return _ANSWER.decode((await conn.nc.request(subject, bus.encode(body), timeout=5)).data)
+
+
+def _cancel(wid: str, user: str) -> m.CancelWorkload:
+    return m.CancelWorkload(workload_id=wid, user=user, allocation="nlp")
+
+
+async def _server_refuses(
+    secure: Secure, spy: Spy, conn: Conn, user: str, subjects: list[str], *, since: int
+) -> None:
+    """Each subject refused by the server for ``user``: reported to the client, logged
+    once each (user and subject), and seen by no subscriber."""
+    for subject in subjects:
+        await _no_answer(conn, subject, b"{}")
+    for subject in subjects:
+        await conn.refused(subject)
+    logged = await secure.logged(user, len(subjects), since=since)
+    assert sorted(v[2] for v in logged) == sorted(subjects)
+    assert not any(spy.saw(x) for x in subjects)
+
+
+async def test_a_user_submits_and_cancels_only_as_its_own_login(secure: Secure, spy: Spy) -> None:
+    """Logged in as alice (team nlp-people, allocation nlp): a payload naming bob on her own
+    identity subject is refused by intake naming ``user``; bob's subject and the bare forms
+    are refused by the server; nothing of either reaches the log. Cancels likewise, and an
+    operator cancels anyone's only as itself."""
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream()
+    await seed(js, {"h01": 8}, TREE)
+    intake = Intake(secure.url("svc"), tracing=False)
+    await start(intake)
+    alice, bob, ops = [await connect_as(secure, u) for u in ("alice", "bob", "ops")]
+    try:
+        mine = await _answer(alice, s.submit_as("nlp", "alice"), _wl("a1", "alice"))
+        theirs = await _answer(bob, s.submit_as("nlp", "bob"), _wl("b1", "bob"))
+        assert isinstance(mine, m.WorkloadAccepted) and isinstance(theirs, m.WorkloadAccepted)
+        before = await counts(js)
+        since = len(secure.violations())
+        spy.set_mark()
+
+        # Refused by intake, on her own subject, naming the field.
+        forged = await _answer(alice, s.submit_as("nlp", "alice"), _wl("a2", "bob"))
+        assert isinstance(forged, m.WorkloadRejected), forged
+        assert (forged.field, forged.reason) == ("user", "'bob' differs from the login 'alice'")
+        claims = await _answer(
+            alice,
+            s.cancel_as("nlp", theirs.workload_id, "alice"),
+            _cancel(theirs.workload_id, "bob"),
+        )
+        not_hers = await _answer(
+            alice,
+            s.cancel_as("nlp", theirs.workload_id, "alice"),
+            _cancel(theirs.workload_id, "alice"),
+        )
+        as_alice = await _answer(
+            ops,
+            s.cancel_as("nlp", mine.workload_id, "ops", s.OPERATOR),
+            _cancel(mine.workload_id, "alice"),
+        )
+        for answer in (claims, not_hers, as_alice):
+            assert isinstance(answer, m.CommandRejected) and answer.field == "user", answer
+        assert claims.reason == "'bob' differs from the login 'alice'"
+        assert not_hers.reason.startswith("'alice' may not cancel")  # only its owner, bob
+        assert as_alice.reason == "'alice' differs from the login 'ops'"
+
+        # Refused by the server: another login's token, and the bare forms.
+        wid = theirs.workload_id
+        refused = [
+            s.submit_as("nlp", "bob"),
+            s.submit("nlp"),
+            s.cancel_as("nlp", wid, "bob"),
+            s.cancel("nlp", wid),
+        ]
+        await _server_refuses(secure, spy, alice, "alice", refused, since=since)
+        assert await counts(js) == before  # nothing reached the log
+
+        # Allowed: bob cancels his own; the operator anyone's, as itself.
+        ok = await _answer(bob, s.cancel_as("nlp", wid, "bob"), _cancel(wid, "bob"))
+        assert isinstance(ok, m.CommandAccepted), ok
+        ok = await _answer(
+            ops,
+            s.cancel_as("nlp", mine.workload_id, "ops", s.OPERATOR),
+            _cancel(mine.workload_id, "ops"),
+        )
+        assert isinstance(ok, m.CommandAccepted), ok
+        # The SDK logged in as alice names her without being told.
+        async with Client(secure.url("alice"), timeout=5.0) as c:
+            await c.submit(client_id="a3", gpus=1, allocation="nlp")
+        log = await records(js)
+        submitted = [(r.client_id, r.user) for r in log if isinstance(r, m.WorkloadSubmitted)]
+        assert submitted == [("a1", "alice"), ("b1", "bob"), ("a3", "alice")]
+        cancels = [(r.workload_id, r.by) for r in log if isinstance(r, m.CancelRequested)]
+        assert cancels == [(wid, "bob"), (mine.workload_id, "ops")]
+    finally:
+        for conn in (alice, bob, ops):
+            await conn.nc.close()
+        await stop(intake)
+        await svc.nc.close()
+
+
+def _wl(client_id: str, user: str) -> m.SubmitWorkload:
+    return m.SubmitWorkload(client_id=client_id, user=user, gpus=1, allocation="nlp")
+
+
+async def test_a_manager_sets_budgets_only_as_its_own_login(
+    secure: Secure, spy: Spy, redis_url: str
+) -> None:
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream()
+    await seed(js, {}, TREE)
+    ranking = RankingService(
+        secure.url("svc"), redis_url, redis_prefix=f"security-{NUID().next().decode()}"
+    )
+    await start(ranking)
+    lead = await connect_as(secure, "research-lead")
+    path = ("root", "research", "nlp")
+    try:
+        trees = len(await _trees(js))
+        since = len(secure.violations())
+        spy.set_mark()
+        forged = m.SetBudget(path=path, shares=5, set_by="director")
+        answer = await _answer(lead, s.budget_set_as(path, "research-lead"), forged)
+        assert isinstance(answer, m.CommandRejected), answer
+        assert (answer.field, answer.reason) == (
+            "set_by",
+            "'director' differs from the login 'research-lead'",
+        )
+        assert len(await _trees(js)) == trees
+        refused = [s.budget_set_as(path, "director"), s.budget_set(path)]
+        await _server_refuses(secure, spy, lead, "research-lead", refused, since=since)
+        assert len(await _trees(js)) == trees
+
+        own = m.SetBudget(path=path, shares=5, set_by="research-lead")
+        answer = await _answer(lead, s.budget_set_as(path, "research-lead"), own)
+        assert isinstance(answer, m.CommandAccepted), answer
+        assert [t.by for t in await _trees(js)][-1] == "research-lead"
+    finally:
+        await lead.nc.close()
+        await stop(ranking)
+        await svc.nc.close()
+
+
+async def _trees(js: nats.js.JetStreamContext) -> list[m.BudgetTreeSet]:
+    return [r for r in await records(js, "USAGE") if isinstance(r, m.BudgetTreeSet)]
+
+
+async def test_an_operator_drains_only_as_its_own_login(secure: Secure, spy: Spy) -> None:
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream()
+    await seed(js, {"h01": 8}, TREE)
+    health = HealthService(secure.url("svc"), timeout_s=300.0)  # no heartbeats here
+    await start(health)
+    ops = await connect_as(secure, "ops")
+    try:
+        hosts = len(await records(js, "HOSTS"))
+        since = len(secure.violations())
+        spy.set_mark()
+        forged = m.DrainHost(host="h01", operator="ops2", reason="not mine to say")
+        answer = await _answer(ops, s.drain_as("h01", "ops"), forged)
+        assert isinstance(answer, m.CommandRejected), answer
+        assert (answer.field, answer.reason) == ("operator", "'ops2' differs from the login 'ops'")
+        refused = [s.drain_as("h01", "ops2"), s.drain("h01"), s.undrain("h01")]
+        await _server_refuses(secure, spy, ops, "ops", refused, since=since)
+        assert len(await records(js, "HOSTS")) == hosts  # nothing drained
+
+        answer = await _answer(
+            ops, s.drain_as("h01", "ops"), m.DrainHost(host="h01", operator="ops")
+        )
+        assert isinstance(answer, m.CommandAccepted), answer
+        draining = [r for r in await records(js, "HOSTS") if isinstance(r, m.HostDraining)]
+        assert [d.by for d in draining] == ["ops"]
+    finally:
+        await ops.nc.close()
+        await stop(health)
+        await svc.nc.close()
+
+
+async def test_a_team_reads_its_allocations_queue_positions(secure: Secure) -> None:
+    """``allot.v1.queued.<alloc>.*`` (derived, core NATS): its own allocation's, never
+    another's (the README's example of a team's grant, which auth gen did not give)."""
+    svc = await connect_as(secure, "svc")
+    alice = await connect_as(secure, "alice")
+    try:
+        own = await alice.nc.subscribe(s.allocation_queued("nlp"))
+        await alice.nc.subscribe(s.allocation_queued("vision"))
+        await alice.nc.flush()
+        await alice.refused(s.allocation_queued("vision"))
+        assert not any(s.allocation_queued("nlp") in e for e in alice.errors)
+        queued = m.WorkloadQueued(
+            workload_id="w1", allocation="nlp", at=time.time(), position=1, sort_metric=0.5
+        )
+        await svc.nc.publish(s.queued("nlp", "w1"), bus.encode(queued))
+        msg = await own.next_msg(timeout=5)
+        assert msg.subject == s.queued("nlp", "w1")
+    finally:
+        await alice.nc.close()
+        await svc.nc.close()
 
 
 async def test_a_wrong_password_is_refused(secure: Secure) -> None:

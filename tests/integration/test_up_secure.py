@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from allot.adapters.batch_staging import staging_dir
+from allot.cli import live_cmds
+from allot.cli.up_cmd import try_line
 from allot.live.auth_config import ACCOUNT
 from allot.live.stack import AgentSpec, Stack, StackConfig
 from allot.sdk import Client
@@ -52,9 +54,8 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
         assert set(users.values()) == {stack.auth.first("service").user}
         monkeypatch.setenv("ALLOT_NATS_CA", str(stack.ca_file))
         async with Client(url, timeout=2.0, retries=0) as c:
-            ok = await c.submit(
+            ok = await c.submit(  # as the login, nlp: the only name its grants allow
                 client_id="s1",
-                user="ann",
                 allocation="nlp",
                 gpus=1,
                 min_runtime_s=60,
@@ -62,17 +63,21 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
             )
             assert ok.workload_id
             with pytest.raises(SdkError):  # not granted: the request never reaches intake
-                await c.submit(client_id="s2", user="ann", allocation="vision", gpus=1)
+                await c.submit(client_id="s2", allocation="vision", gpus=1)
         # Pending work of two teams: 16-GPU runs wait while s1 holds a GPU (protected 60 s).
         async with Client(stack.url_for("vision"), timeout=2.0, retries=0) as vision:
             theirs = await vision.submit(
-                client_id="v1", user="vic", allocation="vision", gpus=16, min_runtime_s=60
+                client_id="v1", allocation="vision", gpus=16, min_runtime_s=60
             )
         async with Client(url, timeout=2.0, retries=0) as c:
-            mine = await c.submit(
-                client_id="n2", user="ann", allocation="nlp", gpus=16, min_runtime_s=60
-            )
+            mine = await c.submit(client_id="n2", allocation="nlp", gpus=16, min_runtime_s=60)
         await _dashboard_confines_each_team(stack, theirs.workload_id, mine.workload_id)
+        # The line `allot up` prints to try works as the exported team: no --user (its
+        # login is the only name its grants allow), its own allocation.
+        submit = try_line(stack).split(";")[0].split()
+        assert submit[:2] == ["allot", "submit"] and "--user" not in submit
+        argv = [*submit[1:2], "--nats-url", url, *submit[2:]]
+        assert await asyncio.to_thread(live_cmds.main, argv) == 0
         # Without the CA the server's certificate is not trusted.
         monkeypatch.delenv("ALLOT_NATS_CA")
         with pytest.raises(Exception):  # noqa: B017 - any TLS/connect failure

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import stat
 import subprocess
 from pathlib import Path
@@ -23,6 +24,7 @@ from allot.live.auth_config import (
     client_tls,
     generate,
     inbox_prefix_for_url,
+    login_for,
     masked_url,
     nats_url_from_env,
     parse_roles,
@@ -101,6 +103,52 @@ def roles(*users: dict[str, object]) -> dict[str, object]:
         (roles({"name": "a", "role": "agent", "hosts": []}), "users[0].hosts", "at least one host"),
         (roles({"name": "a", "role": "agent", "hosts": ["h.1"]}), "users[0].hosts[0]", "'.'"),
         (roles({"name": "svc", "role": "operator"}), "users[1].name", "repeats users[0]"),
+        # a team's listed users: each one login, named once, never another row's name
+        (
+            roles({"name": "nlp", "role": "team", "allocations": ["nlp"], "users": "alice"}),
+            "users[0].users",
+            "list",
+        ),
+        (
+            roles({"name": "nlp", "role": "team", "allocations": ["nlp"], "users": []}),
+            "users[0].users",
+            "lists no user",
+        ),
+        (
+            roles({"name": "nlp", "role": "team", "allocations": ["nlp"], "users": ["a b"]}),
+            "users[0].users[0]",
+            "[A-Za-z0-9_-]",
+        ),
+        (
+            roles({"name": "nlp", "role": "team", "allocations": ["nlp"], "users": ["al", "al"]}),
+            "users[0].users[1]",
+            "'al' repeats users[0].users[0]",
+        ),
+        (
+            roles(
+                {"name": "nlp", "role": "team", "allocations": ["nlp"], "users": ["al"]},
+                {"name": "vision", "role": "team", "allocations": ["vision"], "users": ["al"]},
+            ),
+            "users[1].users[0]",
+            "'al' is also listed at users[0].users[0]",
+        ),
+        (
+            roles(
+                {"name": "nlp", "role": "team", "allocations": ["nlp"], "users": ["ops"]},
+                {"name": "ops", "role": "operator"},
+            ),
+            "users[0].users[0]",
+            "'ops' is the name of users[1]",
+        ),
+        (
+            roles(
+                {"name": "nlp", "role": "team", "allocations": ["nlp"], "users": ["vision"]},
+                {"name": "vision", "role": "team", "allocations": ["vision"]},
+            ),
+            "users[0].users[0]",
+            "'vision' is the name of users[1]",
+        ),
+        (roles({"name": "o", "role": "operator", "users": ["a"]}), "users[0]", "users"),
     ],
 )
 def test_bad_roles_name_the_field(tree: BudgetTree, data: object, field: str, reason: str) -> None:
@@ -113,12 +161,33 @@ def test_bad_roles_name_the_field(tree: BudgetTree, data: object, field: str, re
 # -- grants ----------------------------------------------------------------------------------
 
 
+def test_team_members_are_logins_of_their_own_with_the_teams_grants(tree: BudgetTree) -> None:
+    users = parse_roles(
+        roles(
+            {"name": "nlp", "role": "team", "allocations": ["nlp"], "users": ["alice", "nlp"]},
+            {"name": "vision", "role": "team", "allocations": ["vision"]},
+        ),
+        tree,
+    )
+    assert [(u.name, u.role, u.allocations, u.team) for u in users] == [
+        ("alice", "team", ("nlp",), "nlp"),
+        ("nlp", "team", ("nlp",), "nlp"),  # a member may bear the team's name
+        ("vision", "team", ("vision",), None),  # a row without users is one login
+        ("svc", "service", (), None),
+    ]
+    alice = permissions(users[0], tree)
+    assert "allot.v1.submit.nlp.alice" in alice.publish
+    assert "allot.v1.cancel.nlp.*.user.alice" in alice.publish
+    assert "_INBOX_alice.>" in alice.subscribe
+
+
 def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
     user = UserSpec("nlp", "team", allocations=("nlp",))
     p = permissions(user, tree)
     assert set(p.publish) == {
-        "allot.v1.submit.nlp",
-        "allot.v1.cancel.nlp.*",
+        # commands in their identity forms only, with this login's own token
+        "allot.v1.submit.nlp.nlp",
+        "allot.v1.cancel.nlp.*.user.nlp",
         "allot.v1.watch.nlp",
         "allot.v1.query.queue.nlp",
         "allot.v1.query.prio.nlp",
@@ -136,6 +205,7 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
         "_INBOX_nlp.>",
         "allot.v1.events.nlp.>",
         "allot.v1.preempt.nlp.*",
+        "allot.v1.queued.nlp.*",  # its work's queue positions
         "allot.v1.watched.nlp.*",
         "allot.v1.ranking",
         "allot.v1.budget.tree",
@@ -169,19 +239,20 @@ def test_every_user_but_the_services_is_denied_jetstream_and_the_service_durable
 
 def test_unallocated_team_uses_the_tilde_token(tree: BudgetTree) -> None:
     p = permissions(UserSpec("batch", "team", unallocated=True), tree)
-    assert "allot.v1.submit.~" in p.publish and "allot.v1.events.~.>" in p.subscribe
+    assert "allot.v1.submit.~.batch" in p.publish and "allot.v1.events.~.>" in p.subscribe
+    assert "allot.v1.queued.~.*" in p.subscribe
 
 
 def test_manager_grant_is_strictly_below_the_node(tree: BudgetTree) -> None:
     assert permissions(UserSpec("m", "manager", node="research"), tree).publish[0] == (
-        "allot.v1.budget.set.root.research.>"
+        "allot.v1.budget.set.by.m.root.research.>"
     )
     # Cancels: the allocations of its subtree only (a leaf manager: its own allocation).
     for node in ("research", "root", *tree.leaves()):
         grants = permissions(UserSpec("m", "manager", node=node), tree).publish
         cancels = {g for g in grants if g.startswith("allot.v1.cancel.")}
         assert cancels == {
-            f"allot.v1.cancel.{a}.*.manager" for a in subtree_allocations(tree, node)
+            f"allot.v1.cancel.{a}.*.manager.m" for a in subtree_allocations(tree, node)
         }, node
     assert subtree_allocations(tree, "root") == tree.leaves()
     research = set(subtree_allocations(tree, "research"))
@@ -189,7 +260,7 @@ def test_manager_grant_is_strictly_below_the_node(tree: BudgetTree) -> None:
     assert all(tree.path(a).startswith(tree.path("research") + "/") for a in research)
     assert subtree_allocations(tree, tree.leaves()[0]) == (tree.leaves()[0],)
     assert permissions(UserSpec("m", "manager", node="root"), tree).publish[0] == (
-        "allot.v1.budget.set.root.>"
+        "allot.v1.budget.set.by.m.root.>"
     )
 
 
@@ -210,9 +281,9 @@ def test_agent_and_operator_grants(tree: BudgetTree) -> None:
     assert agent.subscribe == ("_INBOX_a1.>", "allot.v1.host.h01.work", "allot.v1.host.h02.work")
     ops = permissions(UserSpec("o", "operator"), tree)
     assert set(ops.publish) == {
-        "allot.v1.host.*.drain",
-        "allot.v1.host.*.undrain",
-        "allot.v1.cancel.*.*.operator",
+        "allot.v1.host.*.drain.o",
+        "allot.v1.host.*.undrain.o",
+        "allot.v1.cancel.*.*.operator.o",
         "allot.v1.query.>",
     }
     assert permissions(UserSpec("s", "service"), tree).publish == (">",)
@@ -260,6 +331,42 @@ def test_generate_writes_private_files_the_server_accepts(tree: BudgetTree, tmp_
     assert again.users["nlp"].password != auth.users["nlp"].password
 
 
+def test_each_team_member_gets_its_own_password_file_inbox_and_dashboard_login(
+    tree: BudgetTree, tmp_path: Path
+) -> None:
+    data = roles(
+        {"name": "nlp", "role": "team", "allocations": ["nlp"], "users": ["alice", "bob"]},
+    )
+    auth = generate(tree, data, tmp_path / "auth", cost=4)
+    assert set(auth.users) == {"alice", "bob", "svc"}  # no login named for the team
+    alice, bob = auth.users["alice"], auth.users["bob"]
+    assert alice.password != bob.password
+    assert (alice.path.name, alice.inbox_prefix) == ("alice.env", "_INBOX_alice")
+    assert "ALLOT_NATS_USER=bob" in bob.path.read_text()
+    assert "# team: nlp (team nlp)" in auth.config_text
+    dashboard = json.loads(auth.dashboard_users.read_text()) if auth.dashboard_users else {}
+    assert dashboard["users"]["alice"]["role"] == "team"
+    assert dashboard["users"]["alice"]["allocations"] == ["nlp"]
+    assert "bob" in dashboard["users"] and "nlp" not in dashboard["users"]
+
+
+@pytest.mark.parametrize(
+    ("url", "environ", "login"),
+    [
+        ("nats://127.0.0.1:4222", {}, None),
+        ("nats://alice:pw@127.0.0.1:4222", {}, "alice"),
+        ("nats://alice:pw@127.0.0.1:4222", {"ALLOT_NATS_USER": "bob"}, "alice"),
+        ("nats://127.0.0.1:4222", {"ALLOT_NATS_USER": "bob"}, "bob"),
+        ("nats://n1:4222,tls://al%2Dice:p@n2:4222", {}, "al-ice"),
+        ("nats://s3cret-token@127.0.0.1:4222", {}, None),  # a token is no name
+    ],
+)
+def test_login_for_is_the_urls_user_or_the_environments(
+    url: str, environ: dict[str, str], login: str | None
+) -> None:
+    assert login_for(url, environ) == login
+
+
 def test_url_keeps_scheme_host_and_port(tree: BudgetTree, tmp_path: Path) -> None:
     auth = generate(tree, roles(), tmp_path, cost=4)
     creds = auth.users["svc"]
@@ -293,10 +400,13 @@ def test_cli_gen_with_the_example_files(tmp_path: Path, capsys: pytest.CaptureFi
     )  # fmt: skip
     assert args.func(args) == 0
     out = capsys.readouterr().out
-    assert "nlp (team)" in out and "allot.v1.submit.nlp-pretrain" in out
+    # nlp's members are logins of their own; robotics is one login named by its row
+    assert "alice (team)" in out and "allot.v1.submit.nlp-pretrain.alice" in out
+    assert "bob (team)" in out and "robotics (team)" in out and "nlp (team)" not in out
     assert (tmp_path / "out" / "nats.conf").is_file()
     assert (tmp_path / "out" / "tls" / "ca.pem").is_file()
-    assert "ALLOT_NATS_URL=tls://" in (tmp_path / "out" / "users" / "nlp.env").read_text()
+    assert "ALLOT_NATS_URL=tls://" in (tmp_path / "out" / "users" / "alice.env").read_text()
+    assert not (tmp_path / "out" / "users" / "nlp.env").exists()
 
 
 def test_cli_bad_roles_write_nothing(tmp_path: Path) -> None:

@@ -217,3 +217,68 @@ def test_a_client_with_an_unusable_wait_is_refused(options: dict[str, Any], fiel
     with pytest.raises(ValidationError) as refused:
         Client(**options)
     assert refused.value.field == field
+
+
+# -- names come from the login ------------------------------------------------------------------
+
+LOGIN_URL = "nats://alice:s3cret@127.0.0.1:4222"
+"""A client logged in as ``alice`` (never connected here)."""
+
+NOT_THE_LOGIN = [
+    pytest.param(submit(user="bob"), "user", id="submit as someone else"),
+    pytest.param(batch(user="bob"), "workloads[0].user", id="batch item of someone else"),
+    pytest.param(lambda c: c.cancel("wl-a", allocation="nlp", user="bob"), "user", id="cancel"),
+    pytest.param(
+        lambda c: c.cancel("wl-a", allocation="nlp", user="bob", as_operator=True),
+        "user",
+        id="operator cancel",
+    ),
+    pytest.param(lambda c: c.drain("h01", operator="bob"), "operator", id="drain"),
+    pytest.param(lambda c: c.undrain("h01", operator="bob"), "operator", id="undrain"),
+    pytest.param(
+        lambda c: c.set_budget(("root", "nlp"), 3, set_by="bob"), "set_by", id="budget change"
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "field"), NOT_THE_LOGIN)
+async def test_with_a_login_another_name_is_refused_naming_the_field(
+    call: Call, field: str
+) -> None:
+    """The service would refuse it on the login's subject; the SDK says so without asking."""
+    with pytest.raises(ValidationError) as refused:
+        await call(Client(LOGIN_URL))
+    assert (refused.value.field, refused.value.reason) == (
+        field,
+        "'bob' differs from the login 'alice'",
+    )
+
+
+def test_the_login_is_the_urls_user_or_allot_nats_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ALLOT_NATS_USER", raising=False)
+    assert Client(LOGIN_URL).login == "alice"
+    assert Client().login is None
+    monkeypatch.setenv("ALLOT_NATS_USER", "bob")
+    assert Client().login == "bob"
+    assert Client(LOGIN_URL).login == "alice"  # the URL is what connects
+
+
+WITHOUT_A_NAME = [
+    pytest.param(lambda c: c.submit(gpus=1), "user", id="submit"),
+    pytest.param(lambda c: c.cancel("wl-a", allocation="nlp"), "user", id="cancel"),
+    pytest.param(lambda c: c.drain("h01"), "operator", id="drain"),
+    pytest.param(lambda c: c.undrain("h01"), "operator", id="undrain"),
+    pytest.param(lambda c: c.set_budget(("root", "nlp"), 3), "set_by", id="budget change"),
+]
+
+
+@pytest.mark.parametrize(("call", "field"), WITHOUT_A_NAME)
+async def test_the_name_defaults_to_the_login_and_is_required_without_one(
+    call: Call, field: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ALLOT_NATS_USER", raising=False)
+    with pytest.raises(ValidationError) as refused:
+        await call(Client())
+    assert refused.value.field == field and "no NATS login" in refused.value.reason
+    with pytest.raises(NotConnectedError):  # past the local checks, as alice
+        await call(Client(LOGIN_URL))

@@ -1,17 +1,23 @@
 """The live ``allot`` commands, talking to a running stack through ``allot.sdk.Client``:
 
-    allot submit --alloc A --user U --gpus N --min-runtime 2h [--kind K] [--priority P]
+    allot submit --alloc A [--user U] --gpus N --min-runtime 2h [--kind K] [--priority P]
                  [--not-resumable] [--client-id ID] [--env NAME=VALUE] [--duration 90s] [--array N]
                  -- CMD ARGS...
-    allot cancel WORKLOAD [--alloc A] (--user U | --operator NAME | --manager NAME) [--reason R]
+    allot cancel WORKLOAD [--alloc A] [--user U | --operator [NAME] | --manager [NAME]]
+                 [--reason R]
     allot status WORKLOAD
     allot watch WORKLOAD [--alloc A]
     allot queue [-l] | allot prio | allot share [-l] | allot hosts
-    allot drain HOST --operator NAME [--reason R] | allot undrain HOST --operator NAME
-    allot budgets set PATH SHARES --by NAME      (PATH root/nlp/pretrain, SHARES N|parent)
+    allot drain HOST [--operator NAME] [--reason R] | allot undrain HOST [--operator NAME]
+    allot budgets set PATH SHARES [--by NAME]    (PATH root/nlp/pretrain, SHARES N|parent)
 
 Each takes ``--nats-url`` (env ``ALLOT_NATS_URL``), ``--timeout`` and ``--json`` (the
 envelope of ``allot.cli.live_format``). ``--alloc`` omitted means unallocated work.
+
+``--user``, ``--operator``, ``--manager`` and ``--by`` name who sends the command and
+default to the NATS login (the URL's user, or ``ALLOT_NATS_USER``); with a login, any other
+name is refused (the services would refuse it: names come from logins). Without a login
+(no auth) they must be given.
 
 Bad input (here or refused by a service) raises ``ValidationError`` naming the option,
 which ``allot.cli.main`` prints as one line with exit status 2; an unreachable stack prints
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import sys
 import time
@@ -33,7 +40,7 @@ import msgspec
 from allot.cli import live_format as fmt
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
-from allot.live.auth_config import add_nats_url_argument, masked_url
+from allot.live.auth_config import add_nats_url_argument, login_for, masked_url
 from allot.live.run_dir import running_stack_url
 from allot.proto import codec
 from allot.proto import messages as m
@@ -49,6 +56,7 @@ from allot.sdk import (
     SdkError,
     new_client_id,
 )
+from allot.sdk.client import sender
 
 EXIT_UNAVAILABLE = 1
 EXIT_REFUSED = 2
@@ -85,6 +93,13 @@ HOST_OPTIONS = {"host": "HOST", "operator": "--operator", "reason": "--reason"}
 BUDGET_OPTIONS = {"path": "PATH", "shares": "SHARES", "set_by": "--by"}
 
 _NAME = re.compile(m.NAME_PATTERN)
+
+LOGIN_HELP = (
+    "default: the NATS login (the URL's user or ALLOT_NATS_USER), the only name accepted "
+    "under allot auth gen's credentials; required without a login"
+)
+_LOGIN = "\0login"
+"""``--operator`` or ``--manager`` given without a NAME: the login's."""
 
 
 # -- argument parsing (pure; unit-tested) ------------------------------------------------------
@@ -233,7 +248,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "never queues a second one.",
     )
     p.add_argument("--alloc", help="allocation (budget leaf); omitted = unallocated")
-    p.add_argument("--user", required=True)
+    p.add_argument("--user", help=f"who submits ({LOGIN_HELP})")
     p.add_argument("--gpus", required=True)
     p.add_argument(
         "--min-runtime",
@@ -277,25 +292,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parents=common,
         help="cancel a workload",
         description="Cancel a pending or running workload: its owner (--user), an "
-        "operator (--operator NAME) cancelling anyone's, as scancel run by root, or a budget "
-        "manager (--manager NAME) cancelling its subtree's, as a Slurm account coordinator.",
+        "operator (--operator) cancelling anyone's, as scancel run by root, or a budget "
+        "manager (--manager) cancelling its subtree's, as a Slurm account coordinator. The "
+        "name defaults to the NATS login (the URL's user or ALLOT_NATS_USER), the only name "
+        "accepted under allot auth gen's credentials.",
     )
     p.add_argument("workload", metavar="WORKLOAD")
     p.add_argument("--alloc", help="its allocation; omitted = unallocated")
-    who = p.add_mutually_exclusive_group(required=True)
-    who.add_argument("--user", help="the owner (the submission's --user)")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument(
+        "--user", help=f"the owner, the submission's --user (the default form; {LOGIN_HELP})"
+    )
     who.add_argument(
         "--operator",
         metavar="NAME",
+        nargs="?",
+        const=_LOGIN,
         help="cancel as this operator, whoever owns it (a subject only operators are "
-        "granted under allot auth gen); logged as cancelled by NAME",
+        f"granted under allot auth gen); logged as cancelled by NAME ({LOGIN_HELP})",
     )
     who.add_argument(
         "--manager",
         metavar="NAME",
+        nargs="?",
+        const=_LOGIN,
         help="cancel as this budget manager, whoever owns it (a subject allot auth gen "
         "grants a manager for the allocations of its subtree only); logged as cancelled by "
-        "NAME",
+        f"NAME ({LOGIN_HELP})",
     )
     p.add_argument("--reason", default="")
     p.set_defaults(func=run_cancel)
@@ -340,13 +363,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = subparsers.add_parser("drain", parents=common, help="drain a host")
     p.add_argument("host", metavar="HOST")
-    p.add_argument("--operator", required=True)
+    p.add_argument("--operator", help=f"who drains it ({LOGIN_HELP})")
     p.add_argument("--reason", default="")
     p.set_defaults(func=run_drain)
 
     p = subparsers.add_parser("undrain", parents=common, help="return a drained host")
     p.add_argument("host", metavar="HOST")
-    p.add_argument("--operator", required=True)
+    p.add_argument("--operator", help=f"who returns it ({LOGIN_HELP})")
     p.set_defaults(func=run_undrain)
 
     budgets = subparsers.add_parser("budgets", help="change the budget tree")
@@ -360,11 +383,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("path", metavar="PATH")
     p.add_argument("shares", metavar="SHARES")
-    p.add_argument("--by", required=True, help="who sets it")
+    p.add_argument("--by", help=f"who sets it ({LOGIN_HELP})")
     p.set_defaults(func=run_budget_set)
 
 
 # -- running -----------------------------------------------------------------------------------
+
+
+def _sender(args: argparse.Namespace, option: str, given: str | None) -> str:
+    """Who sends the command (``given``, or the NATS login), checked before connecting: a
+    name that is not the login's is refused naming ``option``."""
+    return sender(login_for(args.nats_url, os.environ), option, given)
 
 
 def _run(args: argparse.Namespace, work: Callable[[Client], Awaitable[int]]) -> int:
@@ -409,7 +438,7 @@ def run_submit(args: argparse.Namespace) -> int:
         )
 
     fields = {
-        "user": args.user,
+        "user": _sender(args, "--user", args.user),
         "gpus": gpus,
         "allocation": _allocation(args.alloc),
         "min_runtime_s": min_runtime,
@@ -552,12 +581,19 @@ def run_cancel(args: argparse.Namespace) -> int:
     elif args.manager is not None:
         options = MANAGER_CANCEL_OPTIONS
 
+    option, given = "--user", args.user
+    if args.operator is not None:
+        option, given = "--operator", args.operator
+    elif args.manager is not None:
+        option, given = "--manager", args.manager
+    name = _sender(args, option, None if given == _LOGIN else given)
+
     async def work(c: Client) -> int:
         try:
             reply = await c.cancel(
                 args.workload,
                 allocation=_allocation(args.alloc),
-                user=args.operator or args.manager or args.user,
+                user=name,
                 reason=args.reason,
                 as_operator=args.operator is not None,
                 as_manager=args.manager is not None,
@@ -692,9 +728,11 @@ def run_hosts(args: argparse.Namespace) -> int:
 
 
 def run_drain(args: argparse.Namespace) -> int:
+    operator = _sender(args, "--operator", args.operator)
+
     async def work(c: Client) -> int:
         try:
-            reply = await c.drain(args.host, operator=args.operator, reason=args.reason)
+            reply = await c.drain(args.host, operator=operator, reason=args.reason)
         except ValidationError as exc:
             raise renamed(exc, HOST_OPTIONS) from None
         return _print_reply(args, reply, _accepted_text(f"drain {args.host}", reply))
@@ -703,9 +741,11 @@ def run_drain(args: argparse.Namespace) -> int:
 
 
 def run_undrain(args: argparse.Namespace) -> int:
+    operator = _sender(args, "--operator", args.operator)
+
     async def work(c: Client) -> int:
         try:
-            reply = await c.undrain(args.host, operator=args.operator)
+            reply = await c.undrain(args.host, operator=operator)
         except ValidationError as exc:
             raise renamed(exc, HOST_OPTIONS) from None
         return _print_reply(args, reply, _accepted_text(f"undrain {args.host}", reply))
@@ -716,10 +756,11 @@ def run_undrain(args: argparse.Namespace) -> int:
 def run_budget_set(args: argparse.Namespace) -> int:
     path = parse_budget_path(args.path)
     shares = parse_shares(args.shares)
+    set_by = _sender(args, "--by", args.by)
 
     async def work(c: Client) -> int:
         try:
-            reply = await c.set_budget(path, shares, set_by=args.by)
+            reply = await c.set_budget(path, shares, set_by=set_by)
         except ValidationError as exc:
             raise renamed(exc, BUDGET_OPTIONS) from None
         shown = "parent" if shares is None else str(shares)

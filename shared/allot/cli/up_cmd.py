@@ -216,25 +216,27 @@ def wait_for_stop(
 
 def try_line(stack: Stack) -> str:
     """Commands to try that the exported user may run: under ``--secure`` the first team
-    user, whose requests must name its own allocation (``--alloc``); otherwise the first
-    leaf of the budget tree."""
+    user, whose requests must name its own allocation (``--alloc``) and who submits as its
+    login (no ``--user``); otherwise the first leaf of the budget tree, as user ``ann``."""
     assert stack.budgets_path is not None
     leaves = load_tree_file(stack.budgets_path).leaves()
     alloc = leaves[0] if leaves else "nlp"
     scope = ""
+    user = " --user ann"
     if stack.auth is not None:
         team = next((u for u, cr in stack.auth.users.items() if cr.role == "team"), None)
-        submit = f"{s.PREFIX}.submit."  # the team's grants name its allocations
+        # The team's grants name its allocations: submit.<allocation>.<login>.
         granted = [
-            g.removeprefix(submit)
+            g.split(".")[3]
             for g in (stack.auth.grants[team].publish if team is not None else ())
-            if g.startswith(submit) and g != s.submit(None)
+            if g.startswith(f"{s.PREFIX}.submit.") and g.split(".")[3] != s.UNALLOCATED
         ]
         if granted:
             alloc = granted[0]
         scope = f" --alloc {alloc}"
+        user = ""
     return (
-        f"allot submit --alloc {alloc} --user ann --gpus 8 --min-runtime 1h --duration 10m;  "
+        f"allot submit --alloc {alloc}{user} --gpus 8 --min-runtime 1h --duration 10m;  "
         f"allot queue{scope};  allot share;  allot hosts;  allot owed"
     )
 

@@ -6,24 +6,31 @@ subject scheme of ``allot.proto.subjects`` (shaped so that one wildcard grant me
 one team, subtree or host). Identity is the authenticated user plus the subject; the
 services additionally check that a payload agrees with its subject (intake: allocation;
 ranking: budget path; health: heartbeat host), so a payload field never names who speaks.
+Every command that records a person's name is granted only in its *identity form*, whose
+subject ends with (budget changes: holds) the login's own name as a literal token
+(``submit.nlp.alice``, ``cancel.nlp.*.user.alice``); the services refuse a payload whose
+``user``, ``set_by`` or ``operator`` differs from it. The bare forms are the services'.
 
-Roles (one per user, see ``deploy/roles.example.yaml``):
+Roles (one per row, see ``deploy/roles.example.yaml``):
 
-* ``team``: ``allocations: [leaf, ...]`` (optionally ``unallocated: true``). Publishes
-  ``submit.<a>``, ``cancel.<a>.*``, ``query.{queue,prio,status}.<a>`` and the
-  cluster-wide ``TEAM_QUERIES``; subscribes ``events.<a>.>``,
-  ``preempt.<a>.*``, ``watched.<a>.*``, ``ranking`` and ``budget.tree``; reads the log
-  only through watches the intake service opens for it (``watch.<a>``,
-  ``allot.live.log_watch``), never through the JetStream API.
+* ``team``: ``allocations: [leaf, ...]`` (optionally ``unallocated: true``), and optionally
+  ``users: [login, ...]``: then every listed user is a login of its own with the team's
+  grants (its own password, credentials file, inbox and dashboard login), and the row's
+  name is only the team's; without ``users`` the row is one login named by the row.
+  Publishes ``submit.<a>.<login>``, ``cancel.<a>.*.user.<login>``, ``watch.<a>``,
+  ``query.{queue,prio,status}.<a>`` and the cluster-wide ``TEAM_QUERIES``; subscribes
+  ``events.<a>.>``, ``preempt.<a>.*``, ``queued.<a>.*``, ``watched.<a>.*``, ``ranking``
+  and ``budget.tree``; reads the log only through watches the intake service opens for it
+  (``allot.live.log_watch``), never through the JetStream API.
 * ``manager``: ``node: <name>`` in the budget tree. Publishes
-  ``budget.set.root.<path to node>.>``: every node strictly below it, never the node itself;
-  and ``allot.v1.cancel.<a>.*.manager`` for each allocation ``a`` in its subtree (the node
-  itself if it is one): cancelling the workloads charged there, as a Slurm account
-  coordinator may. Generated from the tree: an allocation added later needs ``auth gen``
-  again, as a team's grants do.
-* ``operator``: ``allot.v1.host.*.drain`` / ``.undrain`` (cordoning is a drain here) and
-  ``allot.v1.cancel.*.*.operator``: cancelling anyone's workload, as ``scancel`` run by
-  root (a team's ``cancel.<a>.*`` covers only the owner's form, one token shorter).
+  ``budget.set.by.<login>.root.<path to node>.>``: every node strictly below it, never the
+  node itself; and ``allot.v1.cancel.<a>.*.manager.<login>`` for each allocation ``a`` in
+  its subtree (the node itself if it is one): cancelling the workloads charged there, as a
+  Slurm account coordinator may. Generated from the tree: an allocation added later needs
+  ``auth gen`` again, as a team's grants do.
+* ``operator``: ``allot.v1.host.*.drain.<login>`` / ``.undrain.<login>`` (cordoning is a
+  drain here) and ``allot.v1.cancel.*.*.operator.<login>``: cancelling anyone's workload,
+  as ``scancel`` run by root (a team's grant names only the owner's form, ``.user.``).
 * ``agent``: ``hosts: [h, ...]``. Per host, the literal subjects ``host.<h>.heartbeat``,
   ``.health``, ``.report`` and ``.sync`` to publish and ``host.<h>.work`` to read; nothing of
   JetStream. The dispatch service reads the log for agents and appends a report only when
@@ -44,6 +51,7 @@ user cannot read another's replies or JetStream deliveries.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -71,7 +79,7 @@ USERS_DIR = "users"
 
 _USER_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _USER_FIELDS: dict[Role, tuple[str, ...]] = {
-    "team": ("name", "role", "allocations", "unallocated"),
+    "team": ("name", "role", "allocations", "unallocated", "users"),
     "manager": ("name", "role", "node"),
     "operator": ("name", "role"),
     "agent": ("name", "role", "hosts"),
@@ -168,6 +176,17 @@ def _masked(url: str) -> str:
     return urlunsplit(pieces._replace(netloc=f"{pieces.username}:***@{host}"))
 
 
+def login_for(url: str, environ: Mapping[str, str]) -> str | None:
+    """The NATS login a client connecting with ``url`` speaks as: the user of the first
+    server address that names one with a password (a user alone is a token: a secret, not
+    a name), else ``$ALLOT_NATS_USER``; None without either (no auth)."""
+    for part in url.split(","):
+        pieces = urlsplit(part.strip())
+        if pieces.username and pieces.password is not None:
+            return unquote(pieces.username)
+    return environ.get(USER_ENV) or None
+
+
 def inbox_prefix_for_url(url: str) -> str:
     """What a client connecting with ``url`` should pass as ``inbox_prefix``: its user's own
     (``_INBOX_<user>``) when the URL names a user, NATS's default ``_INBOX`` otherwise.
@@ -181,7 +200,7 @@ def inbox_prefix_for_url(url: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class UserSpec:
-    """One user of the roles file, validated against the budget tree."""
+    """One login of the roles file, validated against the budget tree."""
 
     name: str
     role: Role
@@ -189,12 +208,17 @@ class UserSpec:
     unallocated: bool = False
     node: str | None = None
     hosts: tuple[str, ...] = ()
+    team: str | None = None
+    """The team row that listed this login under ``users`` (None: the row is the login)."""
 
 
 def parse_roles(data: object, tree: BudgetTree) -> tuple[UserSpec, ...]:
-    """``{"users": [{"name": ..., "role": ..., ...}, ...]}`` -> validated users.
+    """``{"users": [{"name": ..., "role": ..., ...}, ...]}`` -> validated logins, one per
+    row, or one per listed user of a team row with ``users``.
 
-    Errors name the field (``users[2].allocations[0]``) and the reason."""
+    Errors name the field (``users[2].allocations[0]``, ``users[0].users[1]``) and the
+    reason; a login is one name: a listed user named twice, or named as another row, is
+    refused."""
     if not isinstance(data, Mapping):
         raise ValidationError("roles", f"must be a mapping with 'users', got {_kind(data)}")
     extra = sorted(str(k) for k in data if k != "users")
@@ -203,24 +227,39 @@ def parse_roles(data: object, tree: BudgetTree) -> tuple[UserSpec, ...]:
     rows = data.get("users")
     if not isinstance(rows, list) or not rows:
         raise ValidationError("users", "must be a non-empty list of users")
-    users: list[UserSpec] = []
-    seen: dict[str, int] = {}
+    parsed: list[tuple[UserSpec, tuple[str, ...] | None]] = []
+    seen: dict[str, str] = {}
     for i, row in enumerate(rows):
-        user = _parse_user(row, f"users[{i}]", tree)
+        user, members = _parse_user(row, f"users[{i}]", tree)
         if user.name in seen:
-            raise ValidationError(
-                f"users[{i}].name", f"{user.name!r} repeats users[{seen[user.name]}]"
-            )
-        seen[user.name] = i
-        users.append(user)
-    if not any(u.role == "service" for u in users):
+            raise ValidationError(f"users[{i}].name", f"{user.name!r} repeats {seen[user.name]}")
+        seen[user.name] = f"users[{i}]"
+        parsed.append((user, members))
+    rows_named = dict(seen)
+    logins: list[UserSpec] = []
+    for i, (user, members) in enumerate(parsed):
+        if members is None:
+            logins.append(user)
+            continue
+        for j, member in enumerate(members):
+            where = f"users[{i}].users[{j}]"
+            first = seen.get(member)
+            if first is not None and first != f"users[{i}]":
+                what = "the name of" if first in rows_named.values() else "also listed at"
+                raise ValidationError(where, f"{member!r} is {what} {first}: one login, one role")
+            seen[member] = where
+            logins.append(dataclasses.replace(user, name=member, team=user.name))
+    if not any(u.role == "service" for u in logins):
         raise ValidationError(
             "users", "needs at least one user with role 'service' (the services connect as it)"
         )
-    return tuple(users)
+    return tuple(logins)
 
 
-def _parse_user(row: object, where: str, tree: BudgetTree) -> UserSpec:
+def _parse_user(
+    row: object, where: str, tree: BudgetTree
+) -> tuple[UserSpec, tuple[str, ...] | None]:
+    """One row, and its listed users (a team's ``users``; None when the row is the login)."""
     if not isinstance(row, Mapping):
         raise ValidationError(where, f"must be a mapping, got {_kind(row)}")
     name = row.get("name")
@@ -252,18 +291,42 @@ def _parse_user(row: object, where: str, tree: BudgetTree) -> UserSpec:
             raise ValidationError(
                 f"{where}.allocations", "a team needs at least one allocation (or unallocated)"
             )
-        return UserSpec(name, role, allocations=allocations, unallocated=unallocated)
+        members = None
+        if "users" in row:
+            members = _logins(row["users"], f"{where}.users")
+            if not members:
+                raise ValidationError(
+                    f"{where}.users",
+                    f"lists no user; leave it out for one login named {name!r}",
+                )
+        return UserSpec(name, role, allocations=allocations, unallocated=unallocated), members
     if role == "manager":
         node = row.get("node")
         if not isinstance(node, str) or node not in tree.index.position:
             raise ValidationError(f"{where}.node", f"{node!r} is not a node of the budget tree")
-        return UserSpec(name, role, node=node)
+        return UserSpec(name, role, node=node), None
     if role == "agent":
         hosts = _names(row.get("hosts"), f"{where}.hosts")
         if not hosts:
             raise ValidationError(f"{where}.hosts", "an agent needs at least one host")
-        return UserSpec(name, role, hosts=hosts)
-    return UserSpec(name, role)
+        return UserSpec(name, role, hosts=hosts), None
+    return UserSpec(name, role), None
+
+
+def _logins(value: object, where: str) -> tuple[str, ...]:
+    """A team's ``users``: login names, each once in the list."""
+    if not isinstance(value, list):
+        raise ValidationError(where, f"must be a list of user names, got {_kind(value)}")
+    out: list[str] = []
+    for j, name in enumerate(value):
+        if not isinstance(name, str) or not _USER_RE.fullmatch(name):
+            raise ValidationError(
+                f"{where}[{j}]", f"must be 1-64 characters of [A-Za-z0-9_-], got {name!r}"
+            )
+        if name in out:
+            raise ValidationError(f"{where}[{j}]", f"{name!r} repeats {where}[{out.index(name)}]")
+        out.append(name)
+    return tuple(out)
 
 
 def _names(value: object, where: str) -> tuple[str, ...]:
@@ -335,8 +398,11 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
         pub: list[str] = []
         sub: list[str] = [inbox, s.RANKING, s.BUDGET_TREE]
         for a in tokens:
-            pub += [f"{s.PREFIX}.submit.{a}", f"{s.PREFIX}.cancel.{a}.*"]
+            # Commands in their identity forms only, naming this login (the services refuse
+            # a payload naming someone else); queue positions of the allocation's work.
+            pub += [f"{s.PREFIX}.submit.{a}.{user.name}", _own_cancels(a, s.OWNER, user.name)]
             pub += [s.query_scoped(q, a) for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS)]
+            sub.append(s.allocation_queued(None if a == s.UNALLOCATED else a))
             # The log through the services' watches only (``allot.live.log_watch``).
             pub.append(s.watch(a))
             sub += [s.allocation_events(a), s.allocation_preempt(a), s.allocation_watched(a)]
@@ -344,9 +410,9 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
         return Permissions(publish=tuple(pub), subscribe=tuple(sub), deny_publish=NOT_SERVICES)
     if user.role == "manager":
         assert user.node is not None
-        grant = s.budget_subtree(budget_path(tree, user.node))
+        grant = s.budget_subtree(budget_path(tree, user.node), user.name)
         cancels = tuple(
-            f"{s.PREFIX}.cancel.{s.allocation_token(a)}.*.{s.MANAGER}"
+            _own_cancels(s.allocation_token(a), s.MANAGER, user.name)
             for a in subtree_allocations(tree, user.node)
         )
         return Permissions(
@@ -356,7 +422,12 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
         )
     if user.role == "operator":
         return Permissions(
-            publish=(s.ALL_DRAIN, s.ALL_UNDRAIN, s.ALL_OPERATOR_CANCEL, f"{s.PREFIX}.query.>"),
+            publish=(
+                f"{s.ALL_DRAIN}.{user.name}",
+                f"{s.ALL_UNDRAIN}.{user.name}",
+                _own_cancels("*", s.OPERATOR, user.name),
+                f"{s.PREFIX}.query.>",
+            ),
             subscribe=(inbox, s.ALL_HOST_STATE),
             deny_publish=NOT_SERVICES,
         )
@@ -370,6 +441,11 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
     return Permissions(
         publish=tuple(agent_pub), subscribe=tuple(agent_sub), deny_publish=NOT_SERVICES
     )
+
+
+def _own_cancels(allocation: str, form: str, login: str) -> str:
+    """The cancels of ``allocation``'s workloads (``*``: any) in ``form``, sent as ``login``."""
+    return f"{s.PREFIX}.cancel.{allocation}.*.{form}.{login}"
 
 
 # -- rendering -------------------------------------------------------------------------------
@@ -436,7 +512,8 @@ def render_config(
 def _detail(user: UserSpec) -> str:
     if user.role == "team":
         extra = ["~ (unallocated)"] if user.unallocated else []
-        return ": " + ", ".join([*user.allocations, *extra])
+        team = "" if user.team is None else f" (team {user.team})"
+        return ": " + ", ".join([*user.allocations, *extra]) + team
     if user.role == "manager":
         return f": subtree below {user.node}"
     if user.role == "agent":

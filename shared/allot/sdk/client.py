@@ -14,6 +14,14 @@ A body is checked locally before it is sent (encoded, then decoded by the same
 ``allot.proto.codec`` the services use), so a bad value fails with a ``ValidationError``
 naming the field without a round trip.
 
+Commands that record who sent them (a submission's and a cancel's ``user``, a budget
+change's ``set_by``, a drain's ``operator``) go to their identity subjects, which carry
+that name as a token (``allot.v1.submit.<allocation>.<user>``): the only form ``allot auth
+gen`` grants a person, and the service refuses a payload naming someone else. When the
+client has a login (``Client.login``: the URL's user, or ``ALLOT_NATS_USER``), the name
+defaults to it and any other name is refused here (``ValidationError`` naming the field);
+without one (no auth) the name must be given and is sent as given.
+
 ``watch`` reads the log (stream ``WORKLOADS``) from the start through a watch the intake
 service opens for it (``allot.v1.watch.<allocation>``: users never create consumers);
 ``on_preemption`` is a plain subscription, live only: a training loop uses it to
@@ -27,6 +35,7 @@ import contextlib
 import inspect
 import logging
 import math
+import os
 import re
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
@@ -40,7 +49,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from allot.core.errors import ValidationError
-from allot.live.auth_config import client_tls, inbox_prefix_for_url, masked_url
+from allot.live.auth_config import client_tls, inbox_prefix_for_url, login_for, masked_url
 from allot.live.bus import confirm_subscriptions, decode_record, server_urls
 from allot.proto import codec, subjects
 from allot.proto import messages as m
@@ -196,6 +205,21 @@ def _require_finite(value: object, path: str) -> None:
             _require_finite(item, f"{path}[{i}]")
 
 
+def sender(login: str | None, field: str, given: str | None) -> str:
+    """The name a command records for its sender: ``given``, or ``login`` when None; with a
+    login, any other name is refused (``ValidationError(field)``), as the service would
+    refuse it on the login's subject."""
+    if given is None:
+        if login is None:
+            raise ValidationError(
+                field, "must be given: the connection has no NATS login to take it from"
+            )
+        return login
+    if login is not None and given != login:
+        raise ValidationError(field, f"{given!r} differs from the login {login!r}")
+    return given
+
+
 def _scoped(query: str, scope: str | None) -> str:
     """The cluster-wide query subject, or its per-allocation form for ``scope``."""
     if scope is None:
@@ -234,6 +258,9 @@ class Client:
         _require_seconds("connect_timeout", connect_timeout)
         self.nats_url = nats_url
         self.name = name
+        self.login = login_for(nats_url, os.environ)
+        """The NATS login this client speaks as (None: no auth): the name its commands
+        record for their sender (``identity``)."""
         self.timeout = timeout
         self.retries = retries
         self.connect_timeout = connect_timeout
@@ -349,6 +376,11 @@ class Client:
             raise NotConnectedError("the client is not connected (use `await Client.connect(...)`)")
         return self._nc
 
+    def identity(self, field: str, given: str | None) -> str:
+        """The name a command records for its sender (``field``: ``user``, ``set_by``,
+        ``operator``): ``sender`` with this client's login."""
+        return sender(self.login, field, given)
+
     # -- requests ------------------------------------------------------------------------------
 
     async def _request(
@@ -440,11 +472,6 @@ class Client:
             raise PermissionDeniedError(subject)
         return task.result()
 
-    async def _command(
-        self, subject: str, msg: msgspec.Struct, who: str, timeout: float | None
-    ) -> m.CommandAccepted:
-        return await self._ask(subject, _checked(msg), _COMMAND_REPLY, who, timeout)
-
     async def _ask(
         self,
         subject: str,
@@ -464,7 +491,7 @@ class Client:
         self,
         *,
         client_id: str | None = None,
-        user: str,
+        user: str | None = None,
         gpus: int,
         allocation: str | None = None,
         min_runtime_s: int = 0,
@@ -488,7 +515,10 @@ class Client:
 
         ``env``: environment variables for the workload's processes (sbatch's ``--export
         NAME=VALUE``); the names the agent sets itself (``messages.RESERVED_ENV``:
-        ``CUDA_VISIBLE_DEVICES``, ``ALLOT_WORKLOAD_ID``, ...) are refused."""
+        ``CUDA_VISIBLE_DEVICES``, ``ALLOT_WORKLOAD_ID``, ...) are refused.
+
+        ``user``: who submits (default: the login; see the module docstring)."""
+        user = self.identity("user", user)
         msg = m.SubmitWorkload(
             client_id=new_client_id() if client_id is None else client_id,
             user=user,
@@ -503,7 +533,7 @@ class Client:
             duration_s=duration_s,
         )
         body = _checked(msg)
-        subject = subjects.submit(allocation)
+        subject = subjects.submit_as(allocation, user)
         reply = await self._request(subject, body, _SUBMIT_REPLY, INTAKE, timeout)
         if isinstance(reply, m.WorkloadRejected):
             raise SubmitRejectedError(reply.field, reply.reason, reply.client_id)
@@ -515,27 +545,30 @@ class Client:
         """Submit many workloads in few requests (``SubmitBatch``, as Armada's job sets):
         one result per workload, in order; a refused item is a ``WorkloadRejected`` naming
         ``workloads[i].<field>``, the others are queued. Items are sent per allocation in
-        batches of at most ``MAX_BATCH`` and 64 KiB. A bad item fails the whole call
-        locally (``ValidationError`` naming ``workloads[i]...``) before anything is sent."""
-        groups: dict[str | None, list[tuple[int, bytes]]] = {}
+        batches of at most ``MAX_BATCH`` and 64 KiB (and per ``user``: each batch goes to
+        its sender's identity subject). A bad item fails the whole call locally
+        (``ValidationError`` naming ``workloads[i]...``) before anything is sent; so does,
+        with a login, an item whose ``user`` is not the login."""
+        groups: dict[tuple[str | None, str], list[tuple[int, bytes]]] = {}
         for i, item in enumerate(workloads):
             if not isinstance(item, m.SubmitWorkload):
                 raise ValidationError(
                     f"workloads[{i}]", f"must be a SubmitWorkload, got {type(item).__name__}"
                 )
             try:
+                self.identity("user", item.user)
                 body = _submission(item)
             except ValidationError as e:
                 raise ValidationError(f"workloads[{i}].{e.field}", e.reason) from None
-            groups.setdefault(item.allocation, []).append((i, body))
+            groups.setdefault((item.allocation, item.user), []).append((i, body))
         results: list[m.WorkloadAccepted | m.WorkloadRejected | None] = [None] * len(workloads)
         gate = asyncio.Semaphore(BATCHES_IN_FLIGHT)
 
-        async def send(allocation: str | None, chunk: list[tuple[int, bytes]]) -> None:
+        async def send(group: tuple[str | None, str], chunk: list[tuple[int, bytes]]) -> None:
             body = b'{"type":"SubmitBatch","workloads":[' + b",".join(b for _, b in chunk) + b"]}"
             async with gate:
                 reply = await self._request(
-                    subjects.submit(allocation), body, _BATCH_REPLY, INTAKE, timeout
+                    subjects.submit_as(*group), body, _BATCH_REPLY, INTAKE, timeout
                 )
             if isinstance(reply, m.WorkloadRejected):  # the whole body: one item near 64 KiB
                 raise SubmitRejectedError(reply.field, reply.reason, reply.client_id)
@@ -551,16 +584,16 @@ class Client:
                     results[i] = answer
 
         sends = []
-        for allocation, bodies in groups.items():
+        for group, bodies in groups.items():
             chunk: list[tuple[int, bytes]] = []
             size = 0
             for entry in bodies:
                 if chunk and (len(chunk) == m.MAX_BATCH or size + len(entry[1]) > _BATCH_ROOM):
-                    sends.append(send(allocation, chunk))
+                    sends.append(send(group, chunk))
                     chunk, size = [], 0
                 chunk.append(entry)
                 size += len(entry[1]) + 1
-            sends.append(send(allocation, chunk))
+            sends.append(send(group, chunk))
         await asyncio.gather(*sends)
         answered = [r for r in results if r is not None]
         assert len(answered) == len(workloads)  # every chunk filled its own places
@@ -571,30 +604,33 @@ class Client:
         workload_id: str,
         *,
         allocation: str | None,
-        user: str,
+        user: str | None = None,
         reason: str = "",
         as_operator: bool = False,
         as_manager: bool = False,
         timeout: float | None = None,
     ) -> m.CommandAccepted:
         """Cancel a pending or running workload; ``allocation`` None means unallocated. Only
-        its owner may, unless ``as_operator``: then ``user`` names an operator, the request
-        goes to the operators' subject (``subjects.operator_cancel``, which ``allot auth
-        gen`` grants only to operators) and anyone's workload may be cancelled; or unless
-        ``as_manager``: then ``user`` names a budget manager, and the managers' subject
-        (``subjects.manager_cancel``) is granted only for the allocations of its subtree."""
+        its owner may (``user``, default the login), unless ``as_operator``: then ``user``
+        names an operator, the request goes to the operators' form
+        (``...<w>.operator.<user>``, which ``allot auth gen`` grants only to operators)
+        and anyone's workload may be cancelled; or unless ``as_manager``: then ``user``
+        names a budget manager, and the managers' form (``...<w>.manager.<user>``) is
+        granted only for the allocations of its subtree."""
         if as_operator and as_manager:
             raise ValidationError("as_manager", "a cancel is sent as an operator or a manager")
+        user = self.identity("user", user)
         msg = m.CancelWorkload(
             workload_id=workload_id, user=user, allocation=allocation, reason=reason
         )
-        form = subjects.cancel
+        form = subjects.OWNER
         if as_manager:
-            form = subjects.manager_cancel
+            form = subjects.MANAGER
         elif as_operator:
-            form = subjects.operator_cancel
+            form = subjects.OPERATOR
         body = _checked(msg)  # first: the subject would name a bad id "workload", not "workload_id"
-        return await self._ask(form(allocation, workload_id), body, _COMMAND_REPLY, INTAKE, timeout)
+        subject = subjects.cancel_as(allocation, workload_id, user, form)
+        return await self._ask(subject, body, _COMMAND_REPLY, INTAKE, timeout)
 
     async def status(
         self, workload_id: str, *, scope: str | None = None, timeout: float | None = None
@@ -650,30 +686,45 @@ class Client:
         return await self._ask(subjects.QUERY_OWED, body, _OWED_REPLY, DASHBOARD, timeout)
 
     async def drain(
-        self, host: str, *, operator: str, reason: str = "", timeout: float | None = None
+        self,
+        host: str,
+        *,
+        operator: str | None = None,
+        reason: str = "",
+        timeout: float | None = None,
     ) -> m.CommandAccepted:
+        """Drain ``host``; ``operator``: who (default: the login)."""
+        operator = self.identity("operator", operator)
         msg = m.DrainHost(host=host, operator=operator, reason=reason)
-        return await self._command(subjects.drain(host), msg, HEALTH, timeout)
+        body = _checked(msg)
+        subject = subjects.drain_as(host, operator)
+        return await self._ask(subject, body, _COMMAND_REPLY, HEALTH, timeout)
 
     async def undrain(
-        self, host: str, *, operator: str, timeout: float | None = None
+        self, host: str, *, operator: str | None = None, timeout: float | None = None
     ) -> m.CommandAccepted:
+        """Return a drained ``host``; ``operator``: who (default: the login)."""
+        operator = self.identity("operator", operator)
         msg = m.UndrainHost(host=host, operator=operator)
-        return await self._command(subjects.undrain(host), msg, HEALTH, timeout)
+        body = _checked(msg)
+        subject = subjects.undrain_as(host, operator)
+        return await self._ask(subject, body, _COMMAND_REPLY, HEALTH, timeout)
 
     async def set_budget(
         self,
         path: Sequence[str],
         shares: int | None,
         *,
-        set_by: str,
+        set_by: str | None = None,
         timeout: float | None = None,
     ) -> m.CommandAccepted:
         """Set the shares of the node at ``path`` (``("root", "nlp", "pretrain")``);
-        ``shares`` None is Slurm's ``parent``."""
-        subject = subjects.budget_set(path)
-        msg = m.SetBudget(path=tuple(path), shares=shares, set_by=set_by)
-        return await self._command(subject, msg, BUDGETS, timeout)
+        ``shares`` None is Slurm's ``parent``. ``set_by``: who (default: the login)."""
+        set_by = self.identity("set_by", set_by)
+        subjects.budget_set(path)  # first: a string, or a path not from the root, is "path"
+        body = _checked(m.SetBudget(path=tuple(path), shares=shares, set_by=set_by))
+        subject = subjects.budget_set_as(path, set_by)
+        return await self._ask(subject, body, _COMMAND_REPLY, BUDGETS, timeout)
 
     # -- following -----------------------------------------------------------------------------
 
