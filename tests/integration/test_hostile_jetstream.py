@@ -119,8 +119,8 @@ async def test_a_team_watches_its_own_workloads_through_intake_and_nothing_else(
     await start(intake)
     nlp = await connect_as(secure, "nlp")
     try:
-        replies = [await nlp.nc.request(s.submit(a), _submit(a), timeout=5) for a in ("nlp",)]
-        mine = msgspec.json.decode(replies[0].data, type=m.WorkloadAccepted).workload_id
+        reply = await nlp.nc.request(s.submit_as("nlp", "nlp"), _submit("nlp"), timeout=5)
+        mine = msgspec.json.decode(reply.data, type=m.WorkloadAccepted).workload_id
         vision = await svc.nc.request(s.submit("vision"), _submit("vision"), timeout=5)
         theirs = msgspec.json.decode(vision.data, type=m.WorkloadAccepted).workload_id
         async with Client(secure.url("nlp")) as c:
