@@ -37,8 +37,9 @@ from typing import Any
 from allot.cli.main import build_parser
 from allot.cli.simulate_cmd import PHILLY_TRACE, PHILLY_VCS
 from allot.core.budgets import parse_tree
+from allot.sim.baselines import named_policy
 from allot.sim.cluster import load_cluster
-from allot.sim.engine import SimConfig, make_policy, simulate
+from allot.sim.engine import SimConfig, simulate
 from allot.sim.report import build_report
 from allot.sim.scenario import philly_budgets, philly_cluster
 from allot.sim.trace import TraceDefaults, read_trace
@@ -96,7 +97,7 @@ def run(shared: Path, limit_days: int | None) -> dict[str, Any]:
     total_jobs = len(jobs)
     if limit_days is not None:
         jobs = [j for j in jobs if j.workload.submit_time < limit_days * DAY]
-    policy = make_policy(POLICY, tree, cluster.total_gpus, args.grace)
+    policy = named_policy(POLICY, tree, cluster.total_gpus, args.grace)
     config = SimConfig(
         policy_name=POLICY,
         policy=policy,

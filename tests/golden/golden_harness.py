@@ -6,7 +6,7 @@ mapping each policy the case runs (``CASES``) to its report, written as
 ``json.dumps({policy: report}, sort_keys=True, indent=2)`` plus a newline.
 
 A case runs through the pieces ``allot simulate`` uses (``load_yaml``, ``load_cluster``,
-``parse_tree``, ``read_trace``, ``make_policy``, ``simulate``, ``build_report``), with the
+``parse_tree``, ``read_trace``, ``named_policy``, ``simulate``, ``build_report``), with the
 defaults of the real ``allot simulate`` parser (grace, window, min_runtime, resumable, ...),
 so a default changed in the CLI shows up here as a golden diff.
 """
@@ -21,8 +21,9 @@ from typing import Any
 from allot.cli.main import build_parser
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
+from allot.sim.baselines import named_policy
 from allot.sim.cluster import load_cluster
-from allot.sim.engine import SimConfig, make_policy, simulate
+from allot.sim.engine import SimConfig, simulate
 from allot.sim.record import SimRecord
 from allot.sim.report import build_report
 from allot.sim.trace import TraceDefaults, read_trace
@@ -57,7 +58,7 @@ def simulate_case(name: str, policy: str) -> tuple[SimRecord, dict[str, Any]]:
     jobs = read_trace(case / "trace.csv", defaults)
     config = SimConfig(
         policy_name=policy,
-        policy=make_policy(policy, tree, cluster.total_gpus, args.grace),
+        policy=named_policy(policy, tree, cluster.total_gpus, args.grace),
         seed=args.seed,
         window_s=args.window,
         half_life_s=args.half_life,

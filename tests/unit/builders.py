@@ -39,7 +39,6 @@ def workload(
     priority: int = 0,
     submit: float = 0.0,
     resumable: bool = True,
-    opt_out: bool = False,
     user: str = "u",
 ) -> Workload:
     return Workload(
@@ -51,7 +50,6 @@ def workload(
         resumable=resumable,
         priority=priority,
         submit_time=submit,
-        opt_out=opt_out,
     )
 
 
@@ -68,17 +66,10 @@ class On:
     hosts: tuple[str, ...]
     start: float = 0.0
     preempt_at: float | None = None
-    shielded: bool = False
 
 
-def on(
-    w: Workload,
-    *host_ids: str,
-    start: float = 0.0,
-    preempt_at: float | None = None,
-    shielded: bool = False,
-) -> On:
-    return On(w, host_ids, start, preempt_at, shielded)
+def on(w: Workload, *host_ids: str, start: float = 0.0, preempt_at: float | None = None) -> On:
+    return On(w, host_ids, start, preempt_at)
 
 
 def fill(state: ClusterState, gpus: int, host_ids: Iterable[str]) -> Assignment:
@@ -100,7 +91,7 @@ def cluster(
     state = ClusterState(host_list, pools)
     for r in running:
         assignment = fill(state, r.workload.gpus, r.hosts)
-        state.start(r.workload, assignment, r.start, shielded=r.shielded)
+        state.start(r.workload, assignment, r.start)
         if r.preempt_at is not None:
             state.notice(r.workload.id, r.preempt_at)
     return state

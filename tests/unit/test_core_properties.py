@@ -1,18 +1,19 @@
 """Invariants of the scheduling core over random small clusters (hypothesis).
 
 A scenario is 1-8 hosts of 4 or 8 GPUs in random states, random running work (some of it
-under notice), a random queue, random shares and Fair Tree order keys, and a random policy.
-The cluster is then run for a few steps exactly as the simulator does: ``run_cycle``,
-``apply_result``, time advances, noticed work ends at its ``preempt_at`` (requeued), some
-work completes, new work arrives. Every cycle is checked against the state it read:
+under notice), a random queue, random shares and Fair Tree order keys, and a random policy
+(Fair Tree, or FIFO, or one of the simulator's baselines plugged in). The cluster is then
+run for a few steps exactly as the simulator does: ``run_cycle``, ``apply_result`` (and the
+baseline's own bookkeeping), time advances, noticed work ends at its ``preempt_at``
+(requeued), some work completes, new work arrives. Every cycle is checked against the state it read:
 
 - no GPU is assigned twice and no host holds more than its GPUs;
 - placements land on free GPUs of HEALTHY hosts only, cover exactly the workload's GPUs,
   and have the gang shape (one host when it fits on one, else g // G whole hosts + one);
-- nothing protected is preempted (except by the legacy PRIORITY baseline, which has no
+- nothing protected is preempted (except by the legacy priority baseline, which has no
   contract), nothing shielded, nothing twice;
-- FAIRSHARE: only allocated requests preempt, never their own allocation, and only for the
-  documented reasons; FIFO and PARTITIONED never preempt;
+- Fair Tree: only allocated requests preempt, never their own allocation, and only for the
+  documented reasons; FIFO and the partitioned baseline never preempt;
 - ``run_cycle`` is deterministic and leaves the snapshot as it found it, and the queue
   order is total (insertion order of the queue and of the hosts does not matter).
 """
@@ -27,12 +28,14 @@ from builders import fill
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allot.core.cycle import WORST_ORDER, Snapshot, _Cycle, run_cycle
+from allot.core.cycle import Snapshot, _Cycle, run_cycle
 from allot.core.decisions import CycleResult, PreemptReason
 from allot.core.fold import apply_result, end_workload
 from allot.core.model import Host, HostState, Workload
-from allot.core.policy import Mode, Policy
+from allot.core.policy import FIFO, Policy
 from allot.core.state import ClusterState, PendingQueue
+from allot.core.victims import WORST_ORDER
+from allot.sim.baselines import PARTITIONED, LegacyPriority, baseline_of
 
 NOW = 10_000.0
 ALLOCATIONS = ("a", "b", "c", "d")
@@ -66,6 +69,7 @@ class Scenario:
     queue: tuple[Workload, ...]
     shares: dict[str, float]
     order: dict[str, int]
+    kind: str  # fairshare, priority, fifo, partitioned
     policy: Policy
     steps: tuple[Step, ...] = field(default=())
 
@@ -85,7 +89,7 @@ class Scenario:
             order = ids[k:] + ids[:k]
             if sum(len(state.free[h]) for h in order) < w.gpus:
                 continue  # does not fit the random cluster: leave it out
-            state.start(w, fill(state, w.gpus, order), spec.start, shielded=spec.shielded)
+            state.start(w, fill(state, w.gpus, order), spec.start)
             if spec.noticed:
                 state.notice(w.id, NOW + 60)
         pending = PendingQueue(queue)
@@ -94,7 +98,7 @@ class Scenario:
 
 # Strategies are built once, at import: building them inside a draw costs more than the
 # cycles under test.
-MODES = st.sampled_from([Mode.FAIRSHARE] * 3 + [Mode.PRIORITY, Mode.FIFO, Mode.PARTITIONED])
+KINDS = st.sampled_from(["fairshare"] * 3 + ["priority", "fifo", "partitioned"])
 HOST_STATES = st.sampled_from(
     [HostState.HEALTHY] * 5 + [HostState.DRAINING, HostState.CORDONED, HostState.DRAINED]
 )
@@ -133,8 +137,8 @@ POLICY = st.tuples(
 )
 
 
-def make(id: str, fields: tuple[Any, ...], mode: Mode, max_gpus: int = 20) -> Workload:
-    alloc, gpus, min_runtime, resumable, priority, submit, opt_out = fields
+def make(id: str, fields: tuple[Any, ...], max_gpus: int = 20) -> Workload:
+    alloc, gpus, min_runtime, resumable, priority, submit, _ = fields
     return Workload(
         id=id,
         allocation=alloc,
@@ -144,33 +148,50 @@ def make(id: str, fields: tuple[Any, ...], mode: Mode, max_gpus: int = 20) -> Wo
         resumable=resumable,
         priority=priority,
         submit_time=submit,
-        opt_out=opt_out and mode is Mode.PRIORITY,
     )
 
 
 @st.composite
 def scenarios(draw: st.DrawFn, *, steps: bool = True) -> Scenario:
-    mode = draw(MODES)
+    kind = draw(KINDS)
     host_list = tuple(Host(f"h{i}", g, s) for i, (g, s) in enumerate(draw(HOSTS), start=1))
     pools = None
-    if mode is Mode.PARTITIONED:
+    if kind == "partitioned":
         k = draw(st.integers(0, 2))
         pools = {h.id: ("a", "b", "")[(i + k) % 3] for i, h in enumerate(host_list)}
     running: list[RunningSpec] = []
+    opted_out: set[str] = set()  # the legacy baseline's opt-outs: the last field
+
+    def make_opting(id: str, fields: tuple[Any, ...], max_gpus: int = 20) -> Workload:
+        if fields[-1]:
+            opted_out.add(id)
+        return make(id, fields, max_gpus)
+
     for i, (fields, first, start, one_in_four) in enumerate(draw(RUNNING)):
-        w = make(f"r{i}", fields, mode, max_gpus=16)
-        shielded = mode is Mode.PRIORITY and w.opt_out
+        w = make_opting(f"r{i}", fields, max_gpus=16)
+        shielded = kind == "priority" and fields[-1]
         running.append(RunningSpec(w, first, start, one_in_four == 0, shielded))
-    queue = tuple(make(f"q{i}", f, mode) for i, f in enumerate(draw(st.lists(FIELDS, max_size=8))))
+    queue_fields = draw(st.lists(FIELDS, max_size=8))
+    queue = tuple(make_opting(f"q{i}", f) for i, f in enumerate(queue_fields))
     tier, preemption, grace = draw(POLICY)
     cap = draw(CAPS)
-    policy = Policy(mode, tier, preemption, grace, cap or None)
     step_list = tuple(
-        Step(delta, tuple(done), tuple(make(f"s{s}-{i}", f, mode) for i, f in enumerate(new)))
+        Step(delta, tuple(done), tuple(make_opting(f"s{s}-{i}", f) for i, f in enumerate(new)))
         for s, (delta, done, new) in enumerate(draw(STEPS) if steps else [])
     )
+    if kind == "priority":
+        legacy = LegacyPriority(
+            cap, shielded={r.workload.id for r in running if r.shielded}, opted_out=opted_out
+        )
+        policy = Policy(tier, preemption, grace, ordering=legacy, victims=legacy)
+    elif kind == "fifo":
+        policy = Policy(tier, preemption, grace, ordering=FIFO)
+    elif kind == "partitioned":
+        policy = Policy(tier, preemption, grace, ordering=PARTITIONED)
+    else:
+        policy = Policy(tier, preemption, grace)
     shares, order = draw(SHARES), draw(ORDER)
-    return Scenario(host_list, pools, tuple(running), queue, shares, order, policy, step_list)
+    return Scenario(host_list, pools, tuple(running), queue, shares, order, kind, policy, step_list)
 
 
 # -- invariants -----------------------------------------------------------------------------
@@ -201,10 +222,12 @@ def check_cycle(
     queue: PendingQueue,
     *,
     order: dict[str, int],
+    kind: str,
     policy: Policy,
     now: float,
     result: CycleResult,
 ) -> None:
+    shielded = policy.ordering.shielded if isinstance(policy.ordering, LegacyPriority) else set()
     pending = {w.id: w for w in queue}
     hosts = {h.id: h for h in state.hosts}
     taken: dict[str, set[int]] = {h: set() for h in hosts}
@@ -224,7 +247,7 @@ def check_cycle(
         pools = {state.pool_of[h] for h in host_ids}
         assert len(pools) == 1
         (pool,) = pools
-        if policy.mode is Mode.PARTITIONED:
+        if kind == "partitioned":
             own = w.allocation is not None and w.allocation in state.by_free
             assert pool == (w.allocation if own else "")
         else:
@@ -247,8 +270,8 @@ def check_cycle(
         assert notice.preempt_at == now + policy.grace_s
         assert notice.gpus == victim.gpus
         assert notice.requeue is victim.resumable
-        assert not run.shielded
-        if policy.mode is not Mode.PRIORITY:
+        assert notice.workload_id not in shielded
+        if kind != "priority":
             assert now >= run.protected_until, "a protected workload was preempted"
         if notice.preemptor is None:
             assert notice.reason is PreemptReason.HOST_DRAIN
@@ -257,7 +280,7 @@ def check_cycle(
         assert policy.preempts
         requester = pending[notice.preemptor]
         assert notice.preemptor not in {q.workload.id for q in result.placements}
-        if policy.mode is Mode.PRIORITY:
+        if kind == "priority":
             assert notice.reason is PreemptReason.HIGHER_CLASS
             assert victim.priority < requester.priority
             continue
@@ -281,7 +304,7 @@ def check_cycle(
 
     claimed: set[str] = set()
     for requester_id, victims in result.waiting_on:
-        if policy.mode is Mode.FAIRSHARE:
+        if kind == "fairshare":
             assert pending[requester_id].allocated
         assert not claimed & set(victims), "two requesters wait for the same GPUs"
         claimed |= set(victims)
@@ -299,25 +322,39 @@ def check_cycle(
 def test_invariants_hold_over_several_cycles(scenario: Scenario) -> None:
     state, queue, _ = scenario.build()
     check_capacity(state)
+    policy = scenario.policy
+    baseline = baseline_of(policy)
+    if isinstance(baseline, LegacyPriority):
+        baseline.shielded.intersection_update(state.running)  # work that fit the cluster
     now = NOW
+
+    def end(wid: str, *, preempted: bool) -> None:
+        end_workload(state, queue, wid, preempted=preempted)
+        baseline.ended(wid)
+
     for step in scenario.steps:
         snapshot = Snapshot(state, queue, scenario.shares, scenario.order)
-        result = run_cycle(snapshot, scenario.policy, now)
+        result = run_cycle(snapshot, policy, now)
         check_cycle(
-            state, queue, order=scenario.order, policy=scenario.policy, now=now, result=result
+            state,
+            queue,
+            order=scenario.order,
+            kind=scenario.kind,
+            policy=policy,
+            now=now,
+            result=result,
         )
         apply_result(state, queue, result, now)
+        baseline.started(result.placements, state)
         check_capacity(state)
         now += step.delta
         for wid in sorted(state.running):
             at = state.running[wid].preempt_at
             if at is not None and at <= now:
-                end_workload(state, queue, wid, preempted=True)
+                end(wid, preempted=True)
         for pick in step.completions:
             if state.running:
-                end_workload(
-                    state, queue, sorted(state.running)[pick % len(state.running)], preempted=False
-                )
+                end(sorted(state.running)[pick % len(state.running)], preempted=False)
         for w in step.arrivals:
             queue.add(w)
         check_capacity(state)
@@ -469,8 +506,10 @@ def earmark_scenarios(draw: st.DrawFn) -> Scenario:
     )
     shares = {"a": 0.5, "b": 0.05, "c": draw(st.sampled_from((0.0, 0.1, 0.4))), "d": 0.1}
     order = dict(zip(ALLOCATIONS, draw(st.permutations(range(len(ALLOCATIONS)))), strict=True))
-    policy = Policy(Mode.FAIRSHARE, True, True, draw(st.sampled_from((0, 300))))
-    return Scenario(hosts, None, tuple(running), (first, *later), shares, order, policy)
+    policy = Policy(True, True, draw(st.sampled_from((0, 300))))
+    return Scenario(
+        hosts, None, tuple(running), (first, *later), shares, order, "fairshare", policy
+    )
 
 
 @SETTINGS

@@ -1,4 +1,4 @@
-"""``run_cycle``: queue order, drains, wake-ups, and the baseline policies.
+"""``run_cycle``: queue order, drains, wake-ups, earmarks, and the FIFO ordering.
 
 Queue order is read from the order of ``placements`` on a cluster with room for everyone
 (a cycle decides workload by workload in queue order, and records placements as it goes).
@@ -29,14 +29,14 @@ from allot.core import cycle
 from allot.core.decisions import HostTransition, Preemption, PreemptReason
 from allot.core.model import Assignment, HostState, Workload
 from allot.core.placement import ClusterView
-from allot.core.policy import Mode
+from allot.core.policy import FIFO
 from allot.core.preemption import Plan, VictimRule
 from allot.core.state import ClusterState
 
 NOW = 10_000.0
 GRACE = 300
 
-# -- queue order (FAIRSHARE) ----------------------------------------------------------------
+# -- queue order (Fair Tree) ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -306,7 +306,7 @@ def test_a_cycle_reads_the_snapshot_without_changing_it() -> None:
     assert decide(reused, workload("a1", 8), now=500.0) == fresh
 
 
-# -- earmarks (FAIRSHARE) -------------------------------------------------------------------
+# -- earmarks (Fair Tree) -------------------------------------------------------------------
 # ``a`` (half the cluster owed, nothing held) asks for more than it can get now: ``b``'s
 # protected work is in the way. Its earmark holds the room it will get when that
 # protection ends. The plan is deferred until something reads the cluster view; each case
@@ -392,114 +392,6 @@ def test_an_earmark_that_nothing_reads_is_never_planned(monkeypatch: pytest.Monk
     assert kinds == [False]  # a-big's plan within protection; no earmark plan
 
 
-# -- PRIORITY: the legacy baseline ----------------------------------------------------------
-
-
-def test_priority_orders_by_class_then_submit_time_across_teams() -> None:
-    result = decide(
-        cluster(hosts(1)),
-        workload("low", 1, "x", priority=0, submit=0.0),
-        workload("high", 1, "y", priority=2, submit=5.0),
-        workload("normal", 1, "z", priority=1, submit=1.0),
-        workload("high-early", 1, "z", priority=2, submit=2.0),
-        free_work("free-high", priority=2, submit=3.0),
-        # Fair-share inputs a PRIORITY cycle must ignore:
-        shares={"x": 1.0},
-        order={"x": 0, "y": 1, "z": 2},
-        mode=Mode.PRIORITY,
-    )
-    assert placed_order(result) == ["high-early", "free-high", "high", "normal", "low"]
-
-
-def test_priority_shields_opted_out_work_within_each_teams_cap() -> None:
-    # Team t may hold 6 opted-out GPUs and already holds 2.
-    state = cluster(hosts(4), on(workload("t0", 2, "t", opt_out=True), "h1", shielded=True))
-    result = decide(
-        state,
-        workload("t1", 4, "t", opt_out=True, submit=1.0),  # 2 + 4 = 6: shielded
-        workload("t2", 1, "t", opt_out=True, submit=2.0),  # 7 > 6: runs unshielded
-        workload("t3", 1, "t", submit=3.0),  # did not opt out
-        workload("o1", 8, "o", opt_out=True, submit=4.0),  # team without a cap
-        free_work("f1", 1, opt_out=True, submit=5.0),  # no team: nothing to shield it
-        mode=Mode.PRIORITY,
-        protected_gpu_cap={"t": 6},
-    )
-    assert {p.workload.id: p.shielded for p in result.placements} == {
-        "t1": True,
-        "t2": False,
-        "t3": False,
-        "o1": True,
-        "f1": False,
-    }
-
-
-def test_fairshare_ignores_opt_out() -> None:
-    result = decide(cluster(hosts(1)), workload("t1", 4, "t", opt_out=True))
-    assert [p.shielded for p in result.placements] == [False]
-
-
-@pytest.mark.parametrize(
-    ("victim_class", "requester_class", "shielded", "preempts"),
-    [
-        pytest.param(0, 2, False, True, id="high-preempts-low"),
-        pytest.param(1, 2, False, True, id="high-preempts-normal"),
-        pytest.param(0, 1, False, True, id="normal-preempts-low"),
-        pytest.param(1, 1, False, False, id="same-class-never"),
-        pytest.param(2, 1, False, False, id="lower-class-never"),
-        pytest.param(0, 2, True, False, id="shielded-work-never"),
-    ],
-)
-def test_priority_preempts_unshielded_work_of_a_strictly_lower_class(
-    victim_class: int, requester_class: int, shielded: bool, preempts: bool
-) -> None:
-    # The victim started 10 s ago: the legacy system has no minimum-runtime contract.
-    victim = workload("v", 8, "x", priority=victim_class)
-    state = cluster(hosts(1), on(victim, "h1", start=NOW - 10, shielded=shielded))
-    result = decide(
-        state, workload("r", 8, "y", priority=requester_class), now=NOW, mode=Mode.PRIORITY
-    )
-    if preempts:
-        assert [(p.workload_id, p.reason, p.preemptor) for p in result.preemptions] == [
-            ("v", PreemptReason.HIGHER_CLASS, "r")
-        ]
-        assert result.preemptions[0].preempt_at == NOW + GRACE
-    else:
-        assert result.preemptions == ()
-
-
-@pytest.mark.parametrize(
-    ("layout",),
-    [
-        pytest.param(("normal", "low"), id="low-class-on-the-second-host"),
-        pytest.param(("low", "normal"), id="low-class-on-the-first-host"),
-    ],
-)
-def test_priority_takes_the_lowest_class_victim(layout: tuple[str, str]) -> None:
-    classes = {"low": 0, "normal": 1}
-    running = [
-        on(workload(name, 8, "x", priority=classes[name]), f"h{i}", start=0.0)
-        for i, name in enumerate(layout, start=1)
-    ]
-    state = cluster(hosts(2), *running)
-    result = decide(state, workload("r", 8, "y", priority=2), now=NOW, mode=Mode.PRIORITY)
-    assert set(preempted(result)) == {"low"}
-
-
-def test_priority_drain_leaves_shielded_work_alone() -> None:
-    state = cluster(
-        [host("h1", 8, HostState.DRAINING)],
-        on(workload("shielded", 4, "t", opt_out=True), "h1", start=NOW - 10, shielded=True),
-        on(workload("plain", 4, "t"), "h1", start=NOW - 10),  # protected by the contract
-    )
-    result = decide(state, now=NOW, mode=Mode.PRIORITY)
-    assert [(p.workload_id, p.reason, p.preempt_at) for p in result.preemptions] == [
-        ("plain", PreemptReason.HOST_DRAIN, NOW + GRACE)
-    ]
-    assert result.transitions == ()
-    # The same host under the contract: both wait for their protection to end.
-    assert decide(state, now=NOW).preemptions == ()
-
-
 # -- FIFO -----------------------------------------------------------------------------------
 
 
@@ -511,7 +403,7 @@ def test_fifo_backfills_past_what_does_not_fit_and_never_preempts() -> None:
         workload("small", 2, "a", submit=1.0),
         shares={"a": 1.0},
         now=NOW,
-        mode=Mode.FIFO,
+        ordering=FIFO,
     )
     assert placed(result) == {"small": (span("h1", 6, 7),)}
     assert result.preemptions == ()
@@ -545,59 +437,6 @@ def test_fifo_backfills_past_what_does_not_fit_and_never_preempts() -> None:
 def test_fifo_order(queue: list[Workload], expected: list[str]) -> None:
     # Fair-share inputs a FIFO cycle must ignore.
     result = decide(
-        cluster(hosts(1)), *queue, shares={"b": 1.0}, order={"b": 0, "a": 1}, mode=Mode.FIFO
+        cluster(hosts(1)), *queue, shares={"b": 1.0}, order={"b": 0, "a": 1}, ordering=FIFO
     )
     assert placed_order(result) == expected
-
-
-# -- PARTITIONED ----------------------------------------------------------------------------
-
-POOLS = {"h1": "a", "h2": "a", "h3": "b"}  # h4 belongs to no team
-
-
-def partitioned(*running: On) -> ClusterState:
-    return cluster(hosts(4), *running, pools=POOLS)
-
-
-@pytest.mark.parametrize(
-    ("running", "pending", "expected"),
-    [
-        pytest.param(
-            # h1 2 free, h2 8 free (team a), h4 6 free: a1 stays in a's pool.
-            (on(workload("a0", 6, "a"), "h1"), on(free_work("f0", 2), "h4")),
-            workload("a1", 6, "a"),
-            (span("h2", 0, 5),),
-            id="team-work-on-its-own-hosts-even-when-another-fits-better",
-        ),
-        pytest.param(
-            (on(free_work("f0", 8), "h3", start=0.0),),
-            workload("b1", 4, "b"),
-            None,
-            id="a-full-pool-waits-and-never-preempts",
-        ),
-        pytest.param((), workload("c1", 4, "c"), (span("h4", 0, 3),), id="team-without-hosts"),
-        pytest.param((), free_work("f1", 4), (span("h4", 0, 3),), id="unallocated-on-unowned"),
-        pytest.param(
-            (), workload("a1", 16, "a"), (span("h1", 0, 7), span("h2", 0, 7)), id="gang-in-pool"
-        ),
-        pytest.param((), workload("b1", 12, "b"), None, id="gang-larger-than-its-pool"),
-    ],
-)
-def test_partitioned_pools(
-    running: tuple[On, ...], pending: Workload, expected: Assignment | None
-) -> None:
-    state = partitioned(*running)
-    result = decide(state, pending, shares={"b": 1.0}, now=NOW, mode=Mode.PARTITIONED)
-    assert placed(result) == ({} if expected is None else {pending.id: expected})
-    assert result.preemptions == ()
-
-
-def test_partitioned_backfills_within_a_pool() -> None:
-    state = partitioned(on(workload("b0", 5, "b"), "h3"))
-    result = decide(
-        state,
-        workload("b-big", 4, "b", submit=0.0),
-        workload("b-small", 3, "b", submit=1.0),
-        mode=Mode.PARTITIONED,
-    )
-    assert placed(result) == {"b-small": (span("h3", 5, 7),)}

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from allot.core.budgets import parse_tree
+from allot.sim.baselines import named_policy
 from allot.sim.cluster import load_cluster
-from allot.sim.engine import SimConfig, make_policy, simulate
+from allot.sim.engine import SimConfig, simulate
 from allot.sim.report import build_report
 from allot.sim.scenario import Ai2Knobs, generate_ai2
 
@@ -19,7 +20,7 @@ def test_zero_grace_runs_to_the_end_and_preempts() -> None:
     scenario = generate_ai2(1, replace(Ai2Knobs(), days=2, hosts=8))
     cluster = load_cluster(scenario.cluster)
     tree = parse_tree(scenario.budgets)
-    policy = make_policy("fairshare", tree, cluster.total_gpus, 0)
+    policy = named_policy("fairshare", tree, cluster.total_gpus, 0)
     record = simulate(cluster, tree, scenario.jobs, SimConfig("fairshare", policy))
     report = build_report(record)
     assert report["workloads"] == len(scenario.jobs)

@@ -37,8 +37,9 @@ from allot.core.model import Host, Workload
 from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
 from allot.sim import engine
+from allot.sim.baselines import named_policy
 from allot.sim.cluster import ClusterSpec, load_cluster
-from allot.sim.engine import SimConfig, make_policy, simulate
+from allot.sim.engine import SimConfig, simulate
 from allot.sim.record import SimRecord
 from allot.sim.scenario import Ai2Knobs, generate_ai2
 from allot.sim.trace import TraceJob
@@ -49,7 +50,7 @@ TREE = parse_tree(
     {"name": "root", "children": [{"name": "alpha", "shares": 1}, {"name": "beta", "shares": 1}]}
 )
 SHARES = TREE.effective_shares()
-POLICY = make_policy("fairshare", TREE, 16, GRACE)
+POLICY = named_policy("fairshare", TREE, 16, GRACE)
 
 
 def job(
@@ -181,7 +182,7 @@ def test_every_recorded_decision_is_a_run_cycle_decision(
     scenario = generate_ai2(5, Ai2Knobs(days=1, hosts=6, demand_factor=1.5))
     cluster = load_cluster(scenario.cluster)
     tree = parse_tree(scenario.budgets)
-    policy = make_policy(policy_name, tree, cluster.total_gpus, GRACE)
+    policy = named_policy(policy_name, tree, cluster.total_gpus, GRACE)
     record = simulate(cluster, tree, scenario.jobs, SimConfig(policy_name, policy))
 
     starts, notices = engine_decisions(record)

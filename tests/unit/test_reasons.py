@@ -17,7 +17,7 @@ from test_core_properties import NOW, SETTINGS, Scenario, dump, scenarios
 from allot.core.cycle import Snapshot, run_cycle
 from allot.core.decisions import PreemptReason
 from allot.core.model import HostState
-from allot.core.policy import Mode, Policy
+from allot.core.policy import FIFO, Policy
 from allot.core.queue_view import queue_order
 from allot.core.reasons import (
     PendingReason,
@@ -28,6 +28,7 @@ from allot.core.reasons import (
     explain_preemption,
     priority_breakdown,
 )
+from allot.sim.baselines import PARTITIONED, LegacyPriority
 
 T = 10 * HOUR  # "now" in the crafted snapshots: work started at 0 is past its protection
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reasons.md"
@@ -349,8 +350,12 @@ def test_no_host_large_enough_when_nothing_is_free_or_preemptible(preemption: bo
 def test_the_baselines_get_reasons_too() -> None:
     st = cluster(hosts(1), on(workload("b1", 6, "b"), "h1"))
     snap = snapshot(st, workload("a1", 4, "a", submit=1.0), workload("a2", 2, "a", submit=2.0))
-    for mode in (Mode.FIFO, Mode.PRIORITY, Mode.PARTITIONED):
-        policy = Policy(mode)
+    legacy = LegacyPriority()
+    for policy in (
+        Policy(ordering=FIFO),
+        Policy(ordering=legacy, victims=legacy),
+        Policy(ordering=PARTITIONED),
+    ):
         reasons = explain_pending(snap, policy, T, run_cycle(snap, policy, T))
         assert reasons["a1"].code is PendingReason.NO_HOST_LARGE_ENOUGH
         assert "a2" not in reasons  # placed on the 2 free GPUs
@@ -391,9 +396,9 @@ def test_every_pending_workload_gets_one_reason_and_nothing_changes(scenario: Sc
         assert (r.code is PendingReason.WAITING_FOR_NOTICE) == (wid in waiting)
         w = next(q for q in queue if q.id == wid)
         if r.code is PendingReason.UNALLOCATED_IDLE_ONLY:
-            assert policy.mode is Mode.FAIRSHARE and not w.allocated
+            assert policy.fair_tree and not w.allocated
         if r.code in (PendingReason.PROTECTED_UNTIL, PendingReason.OVER_ENTITLEMENT):
-            assert policy.mode is Mode.FAIRSHARE and w.allocated
+            assert policy.fair_tree and w.allocated
         if r.code is PendingReason.PROTECTED_UNTIL:
             assert float(r.numbers["until"]) > NOW
         assert all(isinstance(v, int | float | str) for v in r.numbers.values())

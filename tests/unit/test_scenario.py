@@ -139,7 +139,7 @@ def test_legacy_columns_show_priority_inflation(month: Scenario) -> None:
     protected = sum(1 for j in funded if j.legacy_protected) / len(funded)
     assert high == pytest.approx(0.8, abs=0.03)
     assert protected > 0.25
-    assert not any(j.workload.opt_out for j in month.jobs)  # the engine applies them
+    assert not any(j.workload.priority for j in month.jobs)  # the baseline applies them
     assert not any(j.legacy_protected for j in month.jobs if j.workload.kind == "filler")
 
 

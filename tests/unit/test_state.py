@@ -17,6 +17,7 @@ from allot.core.errors import ValidationError
 from allot.core.model import MAX_MIN_RUNTIME_S, Host, HostState, Running, Workload
 from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
+from allot.sim.baselines import LegacyPriority
 
 ALL8 = list(range(8))
 
@@ -179,9 +180,10 @@ def test_notice_records_the_preempt_time_and_nothing_else() -> None:
 
 
 def test_finish_returns_the_run_as_it_was() -> None:
-    state = cluster(hosts(1), on(A3, "h1", start=40.0, shielded=True))
+    state = cluster(hosts(1), on(A3, "h1", start=40.0))
+    state.notice("a3", 700.0)
     run = state.finish("a3")
-    assert run == Running(A3, 40.0, (("h1", (0, 1, 2)),), None, shielded=True)
+    assert run == Running(A3, 40.0, (("h1", (0, 1, 2)),), 700.0)
     assert "a3" not in state.running
 
 
@@ -323,7 +325,10 @@ ERRORS: list[Any] = [
     pytest.param(lambda: Host("h9", 0), "host h9: gpus", id="host-of-zero-gpus"),
     pytest.param(lambda: Policy(grace_s=-1), "grace_s", id="negative-grace"),
     pytest.param(
-        lambda: Policy(protected_gpu_cap={"t": -1}), "protected_gpu_cap.t", id="negative-cap"
+        lambda: Policy(victims=LegacyPriority()), "victims", id="victims-without-an-ordering"
+    ),
+    pytest.param(
+        lambda: LegacyPriority({"t": -1}), "protected_gpu_cap.t", id="negative-legacy-cap"
     ),
     pytest.param(lambda: ClusterState([host("h1"), host("h1")]), "hosts", id="duplicate-host"),
     pytest.param(lambda: ClusterState(hosts(1), {"h7": "a"}), "pools", id="pool-of-unknown-host"),

@@ -46,7 +46,7 @@ def test_a_full_row_becomes_a_workload_and_its_duration(tmp_path: Path) -> None:
         "interactive",
     )
     assert (w.min_runtime_s, w.resumable) == (5400, False)
-    assert not w.opt_out  # legacy fields stay on the TraceJob; the engine applies them
+    assert w.priority == 0  # legacy fields stay on the TraceJob; the baseline applies them
     assert job.duration_s == 3600.5
     assert (job.legacy_class, job.legacy_protected) == ("HIGH", True)
     assert w.allocated

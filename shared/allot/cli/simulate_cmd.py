@@ -35,9 +35,10 @@ from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_GRACE_S, MAX_MIN_RUNTIME_S
+from allot.sim.baselines import POLICY_NAMES, named_policy
 from allot.sim.cluster import ClusterSpec, load_cluster
 from allot.sim.duration_text import format_duration
-from allot.sim.engine import POLICY_NAMES, SimConfig, make_policy, simulate
+from allot.sim.engine import SimConfig, simulate
 from allot.sim.output_files import make_out_dir, writing_to
 from allot.sim.report import build_report, write_report
 from allot.sim.scenario import dump_budgets_yaml, dump_cluster_yaml, philly_budgets, philly_cluster
@@ -193,7 +194,7 @@ def _run_one(
 ) -> dict[str, Any]:
     config = SimConfig(
         policy_name=name,
-        policy=make_policy(name, tree, _capacity(cluster), args.grace),
+        policy=named_policy(name, tree, _capacity(cluster), args.grace),
         seed=args.seed,
         window_s=args.window,
         half_life_s=args.half_life,

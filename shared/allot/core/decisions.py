@@ -13,14 +13,13 @@ class PreemptReason(StrEnum):
     RECLAIMED_FOR_ENTITLEMENT = "reclaimed-for-entitlement"  # requester below its entitlement
     BETTER_RANKED = "better-ranked"  # requester's allocation ranks better in Fair Tree
     HOST_DRAIN = "host-drain"  # the host is unhealthy and the protection ended
-    HIGHER_CLASS = "higher-class"  # legacy priority policy only
+    HIGHER_CLASS = "higher-class"  # the simulator's legacy priority baseline only
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
     workload: Workload
     assignment: Assignment
-    shielded: bool = False  # legacy priority policy: opted out of preemption within the cap
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ def apply_result(state: ClusterState, queue: PendingQueue, result: CycleResult, 
         state.notice(preemption.workload_id, preemption.preempt_at, preemption.preemptor)
     for placement in result.placements:
         queue.remove(placement.workload.id)
-        state.start(placement.workload, placement.assignment, now, shielded=placement.shielded)
+        state.start(placement.workload, placement.assignment, now)
     state.prune_protection(now)
 
 

@@ -45,9 +45,6 @@ class Workload:
     kind: str = "training"
     priority: int = 0  # user priority: orders only within the workload's own allocation
     submit_time: float = 0.0
-    # Legacy priority policy only (the simulator's baseline); the contract ignores it:
-    # the workload asked to opt out of preemption.
-    opt_out: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -107,8 +104,6 @@ class Running:
     start_time: float
     assignment: Assignment
     preempt_at: float | None = None
-    # Legacy priority policy only: opted out of preemption and inside its team's cap.
-    shielded: bool = False
 
     @property
     def protected_until(self) -> float:

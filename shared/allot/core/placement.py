@@ -94,15 +94,17 @@ class ClusterView:
 
     def candidate_hosts(self, pool: str, respect_protection: bool) -> list[str]:
         """Schedulable hosts of ``pool`` where someone might make room: an occupant under
-        notice, or one past its protection (any unshielded one when protection is ignored)."""
+        notice, or one past its protection (any one when protection is ignored)."""
         key = (pool, respect_protection)
         cached = self._candidates.get(key)
         if cached is None:
             hosts: set[str] = set()
             now = self.now
             for run in self.st.running.values():
-                movable = run.preempt_at is not None or (
-                    not run.shielded and (not respect_protection or run.protected_until <= now)
+                movable = (
+                    run.preempt_at is not None
+                    or not respect_protection
+                    or run.protected_until <= now
                 )
                 if movable:
                     hosts.update(h for h, _ in run.assignment)
@@ -168,7 +170,7 @@ class ClusterView:
             return False
         if self.terminating(run):
             return run.workload.id not in self.claimed
-        return not run.workload.allocated and not run.shielded
+        return not run.workload.allocated
 
     def _set_room(self, host_id: str) -> None:
         room = self._room

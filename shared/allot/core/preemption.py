@@ -5,7 +5,8 @@ Input: a cycle's ``ClusterView``, the request's pool and GPU count, and a ``Vict
 
 Rules (rule 8 of the design):
 
-1. Never a protected workload, never a shielded (legacy) one; the rule decides the rest.
+1. Never a protected workload (unless the rule ignores protection); the rule decides the
+   rest.
 2. A gang victim is freed whole: preempting it ends it on every host it spans.
 3. Work already under notice and not yet claimed costs nothing: it is used first, so a
    request waiting out a grace period never causes a second round of preemptions.
@@ -83,7 +84,7 @@ class _CheapRule:
 
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
         w = run.workload
-        if w.allocated or run.shielded:
+        if w.allocated:
             return None
         return (1, 0.0, w.gpus * (self.now - run.start_time), w.id)
 

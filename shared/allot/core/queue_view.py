@@ -2,12 +2,13 @@
 service's ``WorkloadQueued`` events show.
 
 The order is ``run_cycle``'s (see ``allot.core.cycle``) as of the snapshot, before the cycle
-places anything: FAIRSHARE serves allocated work first, tier 0 (allocation holding fewer GPUs
+places anything: Fair Tree serves allocated work first, tier 0 (allocation holding fewer GPUs
 than its entitlement) before tier 1, then by the allocation's Fair Tree order, then user
 priority, submit time and id inside the allocation; unallocated work last, FIFO. A cycle
 re-reads tiers as it places work, so an allocation that reaches its entitlement mid-cycle
 drops to tier 1 there; this view does not replay that, and work that does not fit is passed
 over (the queue does not block), so position is an order of consideration, not a promise.
+A plugged-in ordering (``Policy.ordering``) shows its own ``key`` order.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from allot.core.cycle import WORST_ORDER, Snapshot
+from allot.core.cycle import Snapshot
 from allot.core.model import Workload
-from allot.core.policy import Mode, Policy
+from allot.core.policy import Policy
+from allot.core.victims import WORST_ORDER
 
 UNDER, OVER, UNALLOCATED = 0, 1, 2
 """Tiers: under entitlement, at or over entitlement, unallocated."""
+
+TIER_NAMES = {UNDER: "under-entitlement", OVER: "over-entitlement", UNALLOCATED: "unallocated"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +40,8 @@ def queue_order(snapshot: Snapshot, policy: Policy) -> list[QueueEntry]:
     queue is already sorted (``PendingQueue``); groups are merged by their current head the
     way ``run_cycle`` merges them."""
     st, queue = snapshot.cluster, snapshot.queue
-    if policy.mode is not Mode.FAIRSHARE:
-        ordered = sorted(queue, key=lambda w: _legacy_key(policy, w))
+    if policy.ordering is not None:
+        ordered = sorted(queue, key=policy.ordering.key)
         return [
             QueueEntry(i + 1, w, UNALLOCATED if not w.allocated else UNDER, None)
             for i, w in enumerate(ordered)
@@ -78,9 +82,3 @@ def _head(w: Workload, group: str | None, meta: tuple[int, int | None]) -> tuple
     if group is None:
         return (1, 0, 0, w.submit_time, "")
     return (0, tier, order, w.submit_time, group)
-
-
-def _legacy_key(policy: Policy, w: Workload) -> tuple[object, ...]:
-    if policy.mode is Mode.PRIORITY:
-        return (-w.priority, w.submit_time, w.id)
-    return (w.submit_time, w.id)

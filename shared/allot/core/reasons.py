@@ -11,7 +11,7 @@ snapshot the cycle read, a fixed sequence of questions and stops at the first "y
 2. ``too-large`` / ``hosts-draining``: its shape (one host, or g // G whole hosts plus one)
    fits no set of this pool's hosts even empty; ``hosts-draining`` when it would with the
    draining, drained or cordoned hosts back.
-3. ``unallocated-idle-only`` (FAIRSHARE): unallocated work runs only on idle GPUs.
+3. ``unallocated-idle-only`` (Fair Tree): unallocated work runs only on idle GPUs.
 4. ``better-ranked-first``: it fit the free GPUs at the start of the cycle, or a preemption
    plan existed for it then: work ahead of it in the queue took that room this cycle.
 5. ``protected-until``: a plan exists only if protection is ignored: it waits for the
@@ -45,14 +45,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from allot.core.cycle import WORST_ORDER, Snapshot, _FairShareRule, _LegacyRule
+from allot.core.cycle import Snapshot
 from allot.core.decisions import CycleResult, Preemption, PreemptReason
 from allot.core.model import Workload
 from allot.core.placement import ClusterView
-from allot.core.policy import Mode, Policy
+from allot.core.policy import Policy
 from allot.core.preemption import Plan, VictimRule, plan_preemption
-from allot.core.queue_view import OVER, UNALLOCATED, UNDER, QueueEntry, queue_order
+from allot.core.queue_view import TIER_NAMES, UNALLOCATED, QueueEntry, queue_order
 from allot.core.state import DEFAULT_POOL, ClusterState
+from allot.core.victims import FairShareVictims, reclaims
 
 Number = float | int | str
 _NEVER = 1 << 62  # no failed plan size yet
@@ -79,18 +80,15 @@ class Why:
     text: str
 
 
-TIER_NAMES = {UNDER: "under-entitlement", OVER: "over-entitlement", UNALLOCATED: "unallocated"}
-
-
 @dataclass(frozen=True, slots=True)
 class PrioRow:
     """``allot prio``: one pending workload's sort key broken into its inputs (``sprio -l``).
 
-    ``sort_key`` lists the inputs in precedence order (smaller first): FAIRSHARE
+    ``sort_key`` lists the inputs in precedence order (smaller first): Fair Tree
     ``(class, tier, order_key, -priority, submit_time, id)`` with class 0 allocated and 1
-    unallocated; PRIORITY ``(-priority, submit_time, id)``; FIFO/PARTITIONED
-    ``(submit_time, id)``. Allocations with equal order keys are interleaved by the submit
-    time of their heads, exactly as the cycle merges them; ``position`` is authoritative."""
+    unallocated; a plugged-in ordering its ``key`` (FIFO ``(submit_time, id)``).
+    Allocations with equal order keys are interleaved by the submit time of their heads,
+    exactly as the cycle merges them; ``position`` is authoritative."""
 
     position: int
     workload_id: str
@@ -164,9 +162,13 @@ class _Explainer:
         self.now = now
         self.result = result
         self.view = ClusterView(self.st, now)  # start of the cycle; read-only use
-        self.fairshare = policy.mode is Mode.FAIRSHARE
+        self.fair_tree = policy.fair_tree
+        self.tiered = policy.fair_tree and policy.entitlement_tier
         capacity = self.st.healthy_gpus
         self.entitlement = {a: s * capacity for a, s in snapshot.shares.items()}
+        self.fair_share = FairShareVictims(
+            snapshot.order, self.entitlement, policy.entitlement_tier, now
+        )
         self.held = dict(self.st.held)
         placed_gpus: dict[str, int] = {}
         for p in result.placements:
@@ -212,14 +214,9 @@ class _Explainer:
         if w.id in self.waiting:
             return self._waiting(w, self.waiting[w.id])
         # Past the reservation, the answer depends on the request's size and allocation
-        # (and the legacy class) only, never on its id: one Why serves every workload with
-        # the same key (10,000 pending hold a few hundred keys).
-        key = (
-            w.allocation,
-            w.allocated,
-            w.gpus,
-            w.priority if self.policy.mode is Mode.PRIORITY else 0,
-        )
+        # (and a plugged-in victim rule) only, never on its id: one Why serves every
+        # workload with the same key (10,000 pending hold a few hundred keys).
+        key = (w.allocation, w.allocated, w.gpus, self._plugged_rule(w))
         why = self._answers.get(key)
         if why is None:
             why = self._answers[key] = self._explain(w)
@@ -232,7 +229,7 @@ class _Explainer:
         if shape is not None:
             return shape
         free, block = self._free(pool)
-        if self.fairshare and not w.allocated:
+        if self.fair_tree and not w.allocated:
             return _why(
                 PendingReason.UNALLOCATED_IDLE_ONLY,
                 requested=g,
@@ -240,7 +237,7 @@ class _Explainer:
                 largest_free_block=block,
                 placed_gpus=self.placed_gpus.get(pool, 0),
             )
-        may_preempt = self.policy.preempts and (w.allocated or not self.fairshare)
+        may_preempt = self.policy.preempts and (w.allocated or not self.fair_tree)
         if self._fits_free(pool, g) or (may_preempt and self._plan_exists(w, pool)):
             return _why(
                 PendingReason.BETTER_RANKED_FIRST,
@@ -254,7 +251,7 @@ class _Explainer:
         alloc = w.allocation if w.allocated else None
         held = self.held.get(alloc, 0) if alloc else 0
         entitlement = self.entitlement.get(alloc, 0.0) if alloc else 0.0
-        if may_preempt and self.fairshare:
+        if may_preempt and self.fair_tree:
             plan = self._plan(w, pool, ignore_protection=True)
             until = self._protection_end(plan) if plan is not None else None
             if plan is not None and until is not None:
@@ -270,12 +267,7 @@ class _Explainer:
                     entitlement=entitlement,
                 )
         # A request that does not reclaim competes by Fair Tree rank only (cycle step 4).
-        if (
-            alloc is not None
-            and self.fairshare
-            and self.policy.entitlement_tier
-            and not self._reclaims(alloc, g)
-        ):
+        if alloc is not None and self.tiered and not self._reclaims(alloc, g):
             return _why(
                 PendingReason.OVER_ENTITLEMENT,
                 allocation=alloc,
@@ -345,11 +337,9 @@ class _Explainer:
 
     # ---------------------------------------------------------------- helpers
     def _pool(self, w: Workload) -> str:
-        """The pool the cycle places ``w`` in (``_Cycle._pool``)."""
-        if self.policy.mode is Mode.PARTITIONED and w.allocation in self.st.by_free:
-            assert w.allocation is not None
-            return w.allocation
-        return DEFAULT_POOL
+        """The pool the cycle places ``w`` in."""
+        ordering = self.policy.ordering
+        return DEFAULT_POOL if ordering is None else ordering.pool(w, self.st)
 
     def _free(self, pool: str) -> tuple[int, int]:
         """Free GPUs and the largest free block on the pool's schedulable hosts."""
@@ -385,33 +375,32 @@ class _Explainer:
         return info
 
     def _reclaims(self, alloc: str, gpus: int) -> bool:
-        """``_Cycle._reclaims`` with the held GPUs after this cycle's placements."""
-        if not (self.fairshare and self.policy.entitlement_tier):
+        """The cycle's rule (``allot.core.victims.reclaims``) with the held GPUs after this
+        cycle's placements; never with the tier off."""
+        if not self.tiered:
             return False
-        held = self.held.get(alloc, 0)
-        entitlement = self.entitlement.get(alloc, 0.0)
-        return held < entitlement and held + gpus / 2 <= entitlement
+        return reclaims(self.held.get(alloc, 0), self.entitlement.get(alloc, 0.0), gpus)
+
+    def _plugged_rule(self, w: Workload) -> VictimRule | None:
+        """The plugged-in victim rule of ``w`` (hashable: it keys the memos); None under
+        Fair Tree, whose rule follows from the allocation and the size."""
+        victims = self.policy.victims
+        return None if victims is None else victims.rule(w, self.now)
 
     def _rule(self, w: Workload, ignore_protection: bool) -> VictimRule:
-        if self.policy.mode is Mode.PRIORITY:
-            return _LegacyRule(w.priority, self.now)
+        plugged = self._plugged_rule(w)
+        if plugged is not None:
+            return plugged
         alloc = w.allocation
         assert alloc is not None
-        return _FairShareRule(
-            requester=alloc,
-            requester_order=self.snap.order.get(alloc, WORST_ORDER),
-            under_entitlement=self._reclaims(alloc, w.gpus),
-            entitlement_tier=self.policy.entitlement_tier,
-            order=self.snap.order,
-            entitlement=self.entitlement,
-            now=self.now,
-            ignores_protection=ignore_protection,
-        )
+        reclaiming = self._reclaims(alloc, w.gpus)
+        return self.fair_share.rule(alloc, reclaiming, ignore_protection=ignore_protection)
 
     def _rule_key(self, w: Workload, pool: str, ignore_protection: bool) -> tuple[object, ...]:
         """What the victim rule depends on (besides the view, which is read-only)."""
-        if self.policy.mode is Mode.PRIORITY:
-            return (pool, w.priority)
+        plugged = self._plugged_rule(w)
+        if plugged is not None:
+            return (pool, plugged)
         a = w.allocation
         return (pool, a, self._reclaims(a or "", w.gpus), ignore_protection)
 
@@ -601,16 +590,12 @@ def priority_breakdown(
         w = e.workload
         alloc = w.allocation if w.allocated else None
         tier = UNALLOCATED if alloc is None else e.tier
-        if policy.mode is Mode.FAIRSHARE:
-            key: tuple[object, ...] = (
-                (1, 0, 0, 0, w.submit_time, w.id)
-                if alloc is None
-                else (0, tier, e.order_key, -w.priority, w.submit_time, w.id)
-            )
-        elif policy.mode is Mode.PRIORITY:
-            key = (-w.priority, w.submit_time, w.id)
+        if policy.ordering is not None:
+            key = policy.ordering.key(w)
+        elif alloc is None:
+            key = (1, 0, 0, 0, w.submit_time, w.id)
         else:
-            key = (w.submit_time, w.id)
+            key = (0, tier, e.order_key, -w.priority, w.submit_time, w.id)
         rows.append(
             PrioRow(
                 position=e.position,

@@ -34,7 +34,8 @@ class ClusterState:
     """Hosts and running work. Apply events through the methods; read freely."""
 
     def __init__(self, hosts: Iterable[Host], pools: Mapping[str, str] | None = None) -> None:
-        """``pools`` maps host id -> pool name (the partitioned baseline); default: one pool."""
+        """``pools`` maps host id -> pool name (the simulator's partitioned baseline);
+        default: one pool."""
         ordered = sorted(hosts, key=lambda h: h.id)
         self._hosts: dict[str, Host] = {}
         for host in ordered:
@@ -139,9 +140,7 @@ class ClusterState:
         self._hosts[host_id] = Host(host.id, host.gpus, state)
         self._index_host(host_id, add=True)
 
-    def start(
-        self, workload: Workload, assignment: Assignment, now: float, *, shielded: bool = False
-    ) -> Running:
+    def start(self, workload: Workload, assignment: Assignment, now: float) -> Running:
         if workload.id in self.running:
             raise ValidationError("workload", f"{workload.id!r} is already running")
         total = 0
@@ -160,7 +159,7 @@ class ClusterState:
         for host_id, gpus in assignment:
             self._take(host_id, gpus)
             self.on_host[host_id].add(workload.id)
-        run = Running(workload, now, assignment, None, shielded)
+        run = Running(workload, now, assignment)
         self.running[workload.id] = run
         self.running_gpus += workload.gpus
         if workload.allocated:
@@ -174,7 +173,7 @@ class ClusterState:
         """A preemption notice: the GPUs stay held until the workload has ended. ``for_id``:
         the request it makes room for (none for a drain or a cancel)."""
         run = self._running(workload_id)
-        noticed = Running(run.workload, run.start_time, run.assignment, preempt_at, run.shielded)
+        noticed = Running(run.workload, run.start_time, run.assignment, preempt_at)
         self.running[workload_id] = noticed
         self.noticed.add(workload_id)
         if for_id is not None:
@@ -276,7 +275,7 @@ class PendingQueue:
     Group ``None`` holds unallocated work (no allocation, or min_runtime 0). Each group is
     kept sorted by user priority, then submit time, then id, so a cycle reads groups from
     the head and never sorts the whole queue. ``fifo`` holds every workload by submit time
-    then id, for the FIFO and partitioned baselines.
+    then id, for the FIFO ordering (``allot.core.policy.Fifo``).
     """
 
     def __init__(self, workloads: Iterable[Workload] = ()) -> None:

@@ -76,8 +76,8 @@ from allot.core.cycle import Snapshot, run_cycle
 from allot.core.decisions import CycleResult
 from allot.core.errors import ValidationError
 from allot.core.model import HostState
-from allot.core.policy import Mode, Policy
-from allot.core.queue_view import OVER, UNALLOCATED, UNDER, QueueEntry, queue_order
+from allot.core.policy import POLICIES, make_policy
+from allot.core.queue_view import TIER_NAMES, UNALLOCATED, QueueEntry, queue_order
 from allot.core.reasons import Why, estimated_start, explain_pending, priority_breakdown
 from allot.live import bus, group_commit
 from allot.live.logfold import TERMINAL, LogFold, WorkloadRecord
@@ -90,8 +90,6 @@ from allot.proto import subjects as s
 
 LEADER_BUCKET = "allot_leader"
 LEASE_KEY = "placement"
-POLICIES = ("fairshare", "fairshare-window", "fifo")
-TIER_NAMES = {UNDER: "under-entitlement", OVER: "over-entitlement", UNALLOCATED: "unallocated"}
 QUEUED_EVERY_S = 1.0
 QUEUED_COST_SHARE = 0.05
 """``WorkloadQueued`` batches take at most this share of the leader's time: the next batch
@@ -175,16 +173,6 @@ class _Explained:
         """Explained, younger than ``stale_ok_s``, and only records arrived since (same
         epochs and ranking): good enough to answer with under load."""
         return self.reasons is not None and now - self.at < stale_ok_s and self.key[1:] == key[1:]
-
-
-def make_policy(name: str, grace_s: int) -> Policy:
-    if name == "fairshare":
-        return Policy(Mode.FAIRSHARE, entitlement_tier=True, grace_s=grace_s)
-    if name == "fairshare-window":
-        return Policy(Mode.FAIRSHARE, entitlement_tier=False, grace_s=grace_s)
-    if name == "fifo":
-        return Policy(Mode.FIFO, preemption=False, grace_s=grace_s)
-    raise ValidationError("policy", f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
 class PlacementService:

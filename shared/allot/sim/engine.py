@@ -2,7 +2,8 @@
 
 The engine owns a virtual clock, an event heap and the bookkeeping a report needs; every
 decision (placement, preemption, drain) comes from ``allot.core.cycle.run_cycle``, applied
-with ``allot.core.fold`` exactly as the placement service applies it.
+with ``allot.core.fold`` exactly as the placement service applies it. A baseline's own
+bookkeeping (pools, legacy fields, shields) goes through ``allot.sim.baselines.Baseline``.
 
 Event loop (deterministic): a heap of ``(time, priority, seq, event)``. All events at one
 instant are applied first (workload ends, then preemption deadlines, then health changes,
@@ -31,9 +32,10 @@ from allot.core.cycle import Snapshot, run_cycle
 from allot.core.fairshare import rank
 from allot.core.fold import apply_result, end_workload
 from allot.core.model import HostState, Workload
-from allot.core.policy import Mode, Policy
+from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
 from allot.core.usage import split_into_hours, window_usage
+from allot.sim.baselines import baseline_of
 from allot.sim.cluster import ClusterSpec, HealthEvent
 from allot.sim.record import (
     CapacityChange,
@@ -44,8 +46,6 @@ from allot.sim.record import (
     Waiting,
 )
 from allot.sim.trace import TraceJob
-
-LEGACY_CLASSES = {"HIGH": 2, "NORMAL": 1, "LOW": 0}
 
 MAX_CYCLES_AT_ONE_INSTANT = 10_000
 """A livelock guard: far above what any instant needs (each cycle there ends work)."""
@@ -62,39 +62,6 @@ class SimConfig:
     window_s: int = 7 * 86400
     half_life_s: float | None = None
     rank_every_s: float = 300.0
-
-
-def make_policy(name: str, tree: BudgetTree, capacity_gpus: int, grace_s: int) -> Policy:
-    """The named policies of ``allot simulate --policy``."""
-    if name == "fairshare":
-        return Policy(Mode.FAIRSHARE, entitlement_tier=True, grace_s=grace_s)
-    if name == "fairshare-window":
-        return Policy(Mode.FAIRSHARE, entitlement_tier=False, grace_s=grace_s)
-    if name == "priority":
-        # The seeds' legacy system capped each team's concurrently protected GPUs; we cap
-        # it at the team's share of the cluster, the most generous reading.
-        caps = {
-            leaf: round(share * capacity_gpus) for leaf, share in tree.effective_shares().items()
-        }
-        return Policy(Mode.PRIORITY, grace_s=grace_s, protected_gpu_cap=caps)
-    if name == "fifo":
-        return Policy(Mode.FIFO, preemption=False, grace_s=grace_s)
-    if name == "partitioned":
-        return Policy(Mode.PARTITIONED, preemption=False, grace_s=grace_s)
-    raise ValueError(f"policy: unknown policy {name!r}")
-
-
-POLICY_NAMES = ("fairshare", "fairshare-window", "priority", "fifo", "partitioned")
-
-
-def _as_submitted(job: TraceJob, mode: Mode) -> Workload:
-    if mode is Mode.PRIORITY:
-        return replace(
-            job.workload,
-            priority=LEGACY_CLASSES.get(job.legacy_class.upper(), 1),
-            opt_out=job.legacy_protected,
-        )
-    return job.workload
 
 
 def simulate(
@@ -117,12 +84,9 @@ class _Engine:
         progress: Callable[[float], None] | None,
     ) -> None:
         self.config = config
-        self.policy = config.policy
+        self.baseline, self.policy = baseline_of(config.policy).start(config.policy)
         self.tree = tree
-        pools: dict[str, str] | None = None
-        if self.policy.mode is Mode.PARTITIONED:
-            pools = {h: team for team, hosts in cluster.partitions.items() for h in hosts}
-        self.state = ClusterState(cluster.hosts, pools)
+        self.state = ClusterState(cluster.hosts, self.baseline.pools(cluster))
         self.queue = PendingQueue()
         self.shares: Mapping[str, float] = tree.effective_shares()
         self.order: dict[str, int] = {}
@@ -131,7 +95,7 @@ class _Engine:
         self.seq = itertools.count()
         self.jobs: dict[str, TraceJob] = {}
         for job in jobs:
-            w = _as_submitted(job, self.policy.mode)
+            w = self.baseline.submitted(job)
             self.jobs[w.id] = replace(job, workload=w)
             self._push(w.submit_time, _ARRIVAL, w.id)
         for event in cluster.health_events:
@@ -220,6 +184,7 @@ class _Engine:
 
     def _end(self, wid: str, now: float, *, preempted: bool) -> None:
         run, requeued = end_workload(self.state, self.queue, wid, preempted=preempted)
+        self.baseline.ended(wid)
         w = run.workload
         self._held_changed(w, now, -w.gpus)
         self.record.segments.append(
@@ -249,10 +214,7 @@ class _Engine:
             self.running_gpus[w.allocation] = self.running_gpus.get(w.allocation, 0) + delta
 
     def _refresh_ranking(self, now: float) -> None:
-        if (
-            self.policy.mode is not Mode.FAIRSHARE
-            or now < self.last_rank + self.config.rank_every_s
-        ):
+        if not self.policy.fair_tree or now < self.last_rank + self.config.rank_every_s:
             return
         self.last_rank = now
         for allocation in self.running_gpus:
@@ -269,6 +231,8 @@ class _Engine:
             Snapshot(self.state, self.queue, self.shares, self.order), self.policy, now
         )
         apply_result(self.state, self.queue, result, now)
+        if result.placements:
+            self.baseline.started(result.placements, self.state)
         for placement in result.placements:
             w = placement.workload
             wid = w.id
@@ -328,7 +292,7 @@ class _Engine:
                     state,
                 )
             )
-        if self.policy.mode is Mode.FAIRSHARE:
+        if self.policy.fair_tree:
             self.last_rank = -float("inf")
             self._refresh_ranking(now)
             usage = window_usage(self.buckets, now, self.config.window_s, self.config.half_life_s)

@@ -29,8 +29,8 @@ Any other column (e.g. the Philly file's ``status``) is ignored.
 
 Output: ``list[TraceJob]`` sorted by (``submit_time_s``, file order); each holds the
 ``Workload`` (id = job_id, ``submit_time`` = submit_time_s) and its ``duration_s``. The
-legacy columns stay on the ``TraceJob`` (the workload keeps ``priority=0`` and
-``opt_out=False``); the engine maps them onto the workload only for the ``priority`` baseline.
+legacy columns stay on the ``TraceJob`` (the workload keeps ``priority=0``); only the
+``priority`` baseline reads them (``allot.sim.baselines.LegacyPriority``).
 
 Errors: ``ValidationError`` whose field is ``"<file>:<line>: <column>"`` (line numbers are
 1-based physical lines, the header is line 1) and whose reason says what was wrong: a missing

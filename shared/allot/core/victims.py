@@ -1,0 +1,152 @@
+"""Who an allocated request may preempt under Fair Tree (rule 8 of the design), and when it
+*reclaims*. The cycle plans with these rules and the reasons explain with them.
+
+Inputs: per allocation, GPUs held (``held``) and the entitlement (effective share x GPUs on
+healthy hosts); the Fair Tree order keys (smaller is served first); the request's GPUs.
+
+A request reclaims when its allocation holds less than its entitlement and at least half
+of the request is owed room: ``held < entitlement and held + gpus / 2 <= entitlement``.
+A reclaiming request may take any over-entitlement allocation's unprotected work; any
+other takes only worse-ranked over-entitlement work (with the tier off: any worse-ranked
+work). Unallocated work is every allocated request's victim.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from allot.core.decisions import PreemptReason
+from allot.core.model import Running
+
+WORST_ORDER = 1 << 30
+"""Fair Tree order key of an allocation missing from the ranking: served last."""
+
+
+def reclaims(held: int, entitlement: float, gpus: int) -> bool:
+    """Reclaim-for-entitlement: the allocation is below its entitlement and at least half
+    of the request is owed room. A request mostly beyond it competes by Fair Tree rank like
+    tier 1: reclaiming would push its allocation far over and make it the next victim;
+    requiring all of it to be owed would starve the runs bigger than what is left owed
+    (docs/decisions/0001-reclaim-half-the-request.md)."""
+    return held < entitlement and held + gpus / 2 <= entitlement
+
+
+def largest_reclaim(held: int, entitlement: float) -> float:
+    """The largest request that ``reclaims`` (``gpus <= 2 * (entitlement - held)``), -1
+    when none does: the cycle's preemption bounds keep reclaiming requests apart."""
+    if held < entitlement:
+        return float(math.floor(2 * (entitlement - held)))
+    return -1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareVictims:
+    """The inputs of rule 8 one cycle shares among its requests; ``rule`` is one request's."""
+
+    order: Mapping[str, int]
+    entitlement: Mapping[str, float]
+    entitlement_tier: bool
+    now: float
+
+    def rule(
+        self, requester: str, reclaiming: bool, *, ignore_protection: bool = False
+    ) -> FairShareRule:
+        return FairShareRule(
+            requester=requester,
+            requester_order=self.order.get(requester, WORST_ORDER),
+            under_entitlement=reclaiming,
+            entitlement_tier=self.entitlement_tier,
+            order=self.order,
+            entitlement=self.entitlement,
+            now=self.now,
+            ignores_protection=ignore_protection,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FairShareRule:
+    """Who an allocated request may preempt (rule 8 of the design):
+
+    - unallocated work, always (class 1);
+    - allocated work past its protection, of *another* allocation, which is above its
+      entitlement (with the tier on): any such for a requester below its entitlement; only
+      worse-ranked ones (larger Fair Tree order key) for a requester at or above it. With the
+      tier off: past-protection work of worse-ranked allocations.
+
+    Preference among victims: unallocated first, then the most GPUs over entitlement, then
+    the least work lost (GPUs x time since start), then id.
+    """
+
+    requester: str
+    requester_order: int
+    under_entitlement: bool  # the request reclaims (``reclaims``)
+    entitlement_tier: bool
+    order: Mapping[str, int]
+    entitlement: Mapping[str, float]
+    now: float
+    ignores_protection: bool = False  # earmarking: plan as if protection had ended
+    unallocated_first: bool = True  # the planner may try unallocated victims on their own
+
+    def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
+        for alloc, held in victim_held.items():
+            if alloc == self.requester or held <= 0:
+                continue
+            over = held - self.entitlement.get(alloc, 0.0)
+            worse = self.order.get(alloc, WORST_ORDER) > self.requester_order
+            if self.entitlement_tier:
+                if over > 0 and (self.under_entitlement or worse):
+                    return True
+            elif worse:
+                return True
+        return False
+
+    def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
+        w = run.workload
+        lost = w.gpus * (self.now - run.start_time)
+        if not w.allocated:
+            # Earmarking: unallocated work is as good as free room (it may leave at any
+            # moment), so an earmark stays on the same hosts when fillers move onto them.
+            return (0 if self.ignores_protection else 1, 0.0, lost, w.id)
+        if self.now < run.protected_until and not self.ignores_protection:
+            return None
+        alloc = w.allocation
+        assert alloc is not None
+        if alloc == self.requester:
+            return None
+        over = victim_held.get(alloc, 0) - self.entitlement.get(alloc, 0.0)
+        worse = self.order.get(alloc, WORST_ORDER) > self.requester_order
+        if self.entitlement_tier:
+            if over <= 0:
+                return None
+            if not (self.under_entitlement or worse):
+                return None
+        elif not worse:
+            return None
+        # A requester at or above its own entitlement may take only what the victim holds
+        # beyond its entitlement: pushing the victim below it makes the victim's work the
+        # first in line for the freed GPUs (tier 0), and the requester never gets them
+        # (a 16-GPU run was preempted every min_runtime for the same requester).
+        if self.entitlement_tier and not self.under_entitlement and over < w.gpus:
+            return None
+        # Prefer victims whose allocation stays at or above its entitlement: taking more
+        # only turns the victim into the next reclaimer.
+        overshoot = 0 if over >= w.gpus else 1
+        return (2, overshoot, -over, lost, w.id)
+
+    def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
+        """Taking several victims from one allocation: stop once it is no longer over."""
+        w = run.workload
+        if not w.allocated or not self.entitlement_tier:
+            return True
+        alloc = w.allocation
+        assert alloc is not None
+        return victim_held.get(alloc, 0) > self.entitlement.get(alloc, 0.0)
+
+    def reason(self, victim: Running) -> PreemptReason:
+        if not victim.workload.allocated:
+            return PreemptReason.DISPLACED_UNALLOCATED
+        if self.under_entitlement:
+            return PreemptReason.RECLAIMED_FOR_ENTITLEMENT
+        return PreemptReason.BETTER_RANKED
