@@ -8,6 +8,7 @@ import pytest
 
 from allot.cli import main as cli_main
 from allot.cli import owed_cmd
+from allot.cli.durations import duration_label
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
 
@@ -95,7 +96,7 @@ def test_two_windows_are_two_tables_and_two_json_lines() -> None:
     [(7 * DAY, "7d"), (DAY, "1d"), (12 * 3600.0, "12h"), (5400.0, "90m"), (45.0, "45s")],
 )
 def test_duration_labels(seconds: float, label: str) -> None:
-    assert owed_cmd.duration_label(seconds) == label
+    assert duration_label(seconds) == label
 
 
 @pytest.mark.parametrize(

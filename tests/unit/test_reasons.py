@@ -206,7 +206,7 @@ def test_waiting_for_notice_names_the_victims_and_the_deadline() -> None:
         "deadline": T + 300,
         "in_s": 300,
     }
-    assert "b1" in r.text and "5 min" in r.text
+    assert "b1" in r.text and "5.0m" in r.text
 
 
 def test_too_large_when_no_set_of_hosts_holds_the_request() -> None:
@@ -304,7 +304,7 @@ def test_protected_until_gives_the_protection_end_and_the_hosts() -> None:
         "held": 0,
         "entitlement": 8.0,
     }
-    assert "50 min" in r.text
+    assert "50.0m" in r.text
 
 
 def test_over_entitlement_when_nothing_worse_ranked_is_over() -> None:
@@ -468,7 +468,7 @@ def test_explain_preemption_names_the_preemptor_and_the_numbers() -> None:
     (p,) = run_cycle(snap, Policy(), T).preemptions
     assert p.reason is PreemptReason.RECLAIMED_FOR_ENTITLEMENT
     line = explain_preemption(p, now=T)
-    for part in ("b1", "for a1", "reclaimed-for-entitlement", "held 8 of 2.0", "in 5 min"):
+    for part in ("b1", "for a1", "reclaimed-for-entitlement", "held 8 of 2.0", "in 5.0m"):
         assert part in line, (part, line)
     assert "requeued" in line
 

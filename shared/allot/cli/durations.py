@@ -1,4 +1,8 @@
-"""Durations on the command line: ``300``, ``90s``, ``30m``, ``2h``, ``7d``, ``1.5h``."""
+"""Durations on the command line: ``300``, ``90s``, ``30m``, ``2h``, ``7d``, ``1.5h``.
+
+``duration_label`` writes a whole number of seconds the way ``parse_duration`` reads it
+(exact, so a window reads back as typed); ``allot.core.duration_text`` is for people
+(one decimal, any amount)."""
 
 from __future__ import annotations
 
@@ -26,3 +30,12 @@ def parse_duration(text: str) -> int:
             f"{text!r} is {float(seconds):g} s: give a whole number of seconds"
         )
     return int(seconds)
+
+
+def duration_label(seconds: float) -> str:
+    """``7d``, ``1d``, ``12h``, ``90m``, ``45s``: the largest unit that divides evenly."""
+    s = round(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size and s % size == 0:
+            return f"{s // size}{unit}"
+    return f"{s}s"

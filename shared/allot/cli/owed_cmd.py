@@ -20,6 +20,7 @@ import argparse
 from collections.abc import Sequence
 
 from allot.cli import live_format as fmt
+from allot.cli.durations import duration_label
 from allot.cli.live_cmds import _common, _run, parse_duration_option, renamed
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
@@ -63,15 +64,6 @@ def parse_bucket(text: str) -> int:
     if not low <= seconds <= high:
         raise ValidationError("--bucket", f"{text!r} is outside 1m..1d ({low}..{high} s)")
     return seconds
-
-
-def duration_label(seconds: float) -> str:
-    """``7d``, ``1d``, ``12h``, ``90m``, ``45s``: the largest unit that divides evenly."""
-    s = round(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size and s % size == 0:
-            return f"{s // size}{unit}"
-    return f"{s}s"
 
 
 def owed_table(snapshot: m.OwedSnapshot) -> str:

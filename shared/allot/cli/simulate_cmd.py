@@ -33,11 +33,11 @@ from typing import Any
 from allot.cli.durations import parse_duration
 from allot.cli.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree, parse_tree
+from allot.core.duration_text import format_duration
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_GRACE_S, MAX_MIN_RUNTIME_S
 from allot.sim.baselines import POLICY_NAMES, named_policy
 from allot.sim.cluster import ClusterSpec, load_cluster
-from allot.sim.duration_text import format_duration
 from allot.sim.engine import SimConfig, simulate
 from allot.sim.output_files import make_out_dir, writing_to
 from allot.sim.report import build_report, write_report

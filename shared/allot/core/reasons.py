@@ -47,6 +47,7 @@ from types import MappingProxyType
 
 from allot.core.cycle import Snapshot
 from allot.core.decisions import CycleResult, Preemption, PreemptReason
+from allot.core.duration_text import format_duration
 from allot.core.model import Workload
 from allot.core.placement import ClusterView
 from allot.core.policy import Policy
@@ -464,16 +465,6 @@ def _why(code: PendingReason, **numbers: Number) -> Why:
     return Why(code, frozen, _TEXT[code](frozen))
 
 
-def duration(seconds: float) -> str:
-    """A short human duration: ``45 s``, ``12 min``, ``3.5 h``."""
-    s = max(0.0, seconds)
-    if s < 120:
-        return f"{s:.0f} s"
-    if s < 2 * 3600:
-        return f"{s / 60:.0f} min"
-    return f"{s / 3600:.1f} h"
-
-
 def _num(x: Number) -> str:
     if isinstance(x, float):
         return f"{x:.1f}"
@@ -503,7 +494,7 @@ _TEXT: dict[PendingReason, Callable[[Mapping[str, Number]], str]] = {
     ),
     PendingReason.WAITING_FOR_NOTICE: lambda n: (
         f"room reserved: {n['victim_count']} run(s) holding {n['victim_gpus']} GPUs "
-        f"({n['victims']}) are under preemption notice, gone in {duration(float(n['in_s']))}"
+        f"({n['victims']}) are under preemption notice, gone in {format_duration(float(n['in_s']))}"
     ),
     PendingReason.TOO_LARGE: lambda n: (
         f"needs {n['requested']} GPUs: more than the cluster can hold in one placement "
@@ -523,7 +514,7 @@ _TEXT: dict[PendingReason, Callable[[Mapping[str, Number]], str]] = {
     PendingReason.BETTER_RANKED_FIRST: _better_ranked_text,
     PendingReason.PROTECTED_UNTIL: lambda n: (
         f"room only behind protected work ({n['protected_gpus']} GPUs on {n['hosts']}) "
-        f"until its protection ends in {duration(float(n['in_s']))}; "
+        f"until its protection ends in {format_duration(float(n['in_s']))}; "
         f"allocation holds {n['held']} of {_num(n['entitlement'])} entitled"
     ),
     PendingReason.OVER_ENTITLEMENT: lambda n: (
@@ -566,7 +557,11 @@ def explain_preemption(p: Preemption, now: float | None = None) -> str:
             f"{p.allocation} held {p.victim_held_gpus} of {p.victim_entitlement_gpus:.1f} "
             "entitled GPUs"
         )
-    when = f"in {duration(p.preempt_at - now)}" if now is not None else f"at t={p.preempt_at:.0f}"
+    when = (
+        f"in {format_duration(max(0.0, p.preempt_at - now))}"
+        if now is not None
+        else f"at t={p.preempt_at:.0f}"
+    )
     parts.append(f"leaves {when}, " + ("requeued" if p.requeue else "not requeued"))
     return "; ".join(parts)
 

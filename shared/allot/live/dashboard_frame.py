@@ -29,7 +29,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from allot.sim.duration_text import format_duration
+from allot.core.duration_text import format_duration
 
 REFRESH_S = 2.0
 

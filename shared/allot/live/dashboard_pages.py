@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from allot.core.duration_text import format_duration
 from allot.live.dashboard_frame import (
     PageView,
     clock,
@@ -35,7 +36,6 @@ from allot.live.dashboard_frame import (
     workload_link,
 )
 from allot.proto import messages as m
-from allot.sim.duration_text import format_duration
 from allot.sim.svgcharts import Series, bar_chart, line_chart
 
 WINDOWS: dict[str, tuple[float, int]] = {

@@ -21,6 +21,7 @@ from typing import Any, TypeGuard
 import msgspec
 
 from allot.cli.live_format import NOT_STARTED
+from allot.core.duration_text import format_duration
 from allot.core.reasons import PREEMPT_TEXT as _CORE_TEXT
 from allot.live.dashboard_frame import (
     PageView,
@@ -33,7 +34,6 @@ from allot.live.dashboard_frame import (
 from allot.live.logfold import LIVE
 from allot.live.timeline import TimelineEvent
 from allot.proto import messages as m
-from allot.sim.duration_text import format_duration
 
 PREEMPT_TEXT: dict[str, str] = {reason.value: text for reason, text in _CORE_TEXT.items()}
 """The preemption reasons of ``docs/reasons.md``, one line each, by wire code."""

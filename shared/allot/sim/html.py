@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from html import escape
 
-from allot.sim.duration_text import format_duration
+from allot.core.duration_text import format_duration
 from allot.sim.svgcharts import Series, bar_chart, cdf_chart, column_chart, line_chart
 
 _SIZE_ORDER = ("1", "2-8", "9-63", "64+")  # report.json sorts keys; the table should not
@@ -70,7 +70,7 @@ def _summary(report: Mapping[str, object]) -> str:
     rows = [
         ("policy", escape(str(report.get("policy", "")))),
         ("seed", escape(str(report.get("seed", "")))),
-        ("span", _duration(_f(report.get("span_s")))),
+        ("span", format_duration(_f(report.get("span_s")))),
         ("workloads", _int(report.get("workloads"))),
         ("completed", _int(report.get("completed"))),
         ("preemptions", _int(report.get("preemptions"))),
@@ -192,7 +192,7 @@ def _preemptions(report: Mapping[str, object]) -> str:
     group = max(group, math.ceil(len(counts) / 400))
     bars = [sum(counts[k : k + group]) for k in range(0, len(counts), group)]
     scale, unit = _time_unit(ts)
-    per = "day" if group * bucket_s == 86400 else f"{_duration(group * bucket_s)}"
+    per = "day" if group * bucket_s == 86400 else f"{format_duration(group * bucket_s)}"
     chart = column_chart(
         bars,
         title=f"Preemption notices per {per}",
@@ -229,10 +229,10 @@ def _wait_row(label: str, stats: Mapping[str, object]) -> tuple[str, ...]:
         escape(label),
         _int(stats.get("n")),
         _int(stats.get("never_started")),
-        _duration(_f(stats.get("mean"))),
-        _duration(_f(stats.get("p50"))),
-        _duration(_f(stats.get("p90"))),
-        _duration(_f(stats.get("p99"))),
+        format_duration(_f(stats.get("mean"))),
+        format_duration(_f(stats.get("p50"))),
+        format_duration(_f(stats.get("p90"))),
+        format_duration(_f(stats.get("p99"))),
     )
 
 
@@ -310,7 +310,3 @@ def _ratio_cell(value: float | None) -> str:
         return "-"
     cls = ' class="low"' if value < 0.95 else ""
     return f"<span{cls}>{100 * value:.1f}%</span>"
-
-
-def _duration(seconds: float | None) -> str:
-    return format_duration(seconds)

@@ -1,4 +1,5 @@
-"""Durations for people: ``42s``, ``3.5m``, ``2.9h``, ``41.8d`` (tables and report pages)."""
+"""Durations for people: ``42s``, ``3.5m``, ``2.9h``, ``41.8d``. The one formatter of the
+reason texts, the CLI's tables, the simulator's report pages and the dashboard."""
 
 from __future__ import annotations
 
