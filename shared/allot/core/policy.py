@@ -6,7 +6,8 @@ work is considered in, and the pool it runs in) and ``Victims`` (whom a request 
 and when a drain moves work): ``FIFO`` below, which the placement service offers, and the
 simulator's baselines (``allot.sim.baselines``). A plugged-in policy runs through the same
 ``run_cycle`` (same placement, gang rules, grace periods and drains) and preempts only
-through its own ``victims``; none means it never preempts for a request.
+through its own ``victims``; none means it never preempts for a request
+(docs/decisions/0002-baselines-plug-into-the-cycle.md).
 """
 
 from __future__ import annotations
