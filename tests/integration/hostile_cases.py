@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import string
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,7 @@ HOST = "h1"
 OTHER_HOST = "h2"
 OWNER = "ann"
 """Who submits the test's workloads (the templates' ``user``): only they may cancel them."""
+DAYS_30 = 30 * 86_400
 PLACED_CLIENT_ID = "keep"
 """The ``client_id`` of the test's running workload (16 GPUs, 8 h minimum runtime)."""
 
@@ -153,7 +155,7 @@ def report_template(workload_id: str) -> dict[str, Any]:
         "workload_id": workload_id,
         "attempt": 1,
         "event": "exited",
-        "at": 1.7e9,
+        "at": time.time(),
         "exit_code": 0,
     }
 
@@ -723,6 +725,8 @@ def hand_cases(placed: str) -> list[Case]:
     def report(**changes: Any) -> bytes:
         return dumps({**report_template(placed), **changes})
 
+    now = time.time()
+
     cases += [
         Case(MISMATCH, REPORT, rep, report(host=OTHER_HOST), "host", note="payload host differs"),
         Case(MISMATCH, REPORT, rep_other, report(host=OTHER_HOST), "host", note="not primary"),
@@ -733,6 +737,25 @@ def hand_cases(placed: str) -> list[Case]:
         Case(ABSURD, REPORT, rep, report(exit_code=256), "exit_code"),
         Case(ABSURD, REPORT, rep, report(at=-1.0), "at"),
         Case(NAN_HUGE, REPORT, rep, report(at=1e300), "at"),
+        # Issue 34: times that would charge GPU time that never ran.
+        Case(ABSURD, REPORT, rep, report(at=now + DAYS_30), "at", note="an end 30 days ahead"),
+        Case(ABSURD, REPORT, rep, report(at=m.MAX_TIME), "at", note="an end at the schema's limit"),
+        Case(
+            ABSURD,
+            REPORT,
+            rep,
+            report(started_at=now - DAYS_30),
+            "started_at",
+            note="a start 30 days before the placement",
+        ),
+        Case(
+            ABSURD,
+            REPORT,
+            rep,
+            report(started_at=now - 10, at=now - 20),
+            "at",
+            note="an end before its start",
+        ),
         Case(MALFORMED, REPORT, rep, dumps(heartbeat_template()), "type"),
         Case(MISSING, REPORT, rep, untyped(report_template(placed)), "type"),
         Case(

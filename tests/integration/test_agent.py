@@ -113,11 +113,12 @@ class Log:
         allocation: str | None = "nlp",
         epoch: int = 1,
         attempt: int = 1,
+        at: float | None = None,
     ) -> m.WorkloadPlaced:
         rec = m.WorkloadPlaced(
             workload_id=wid,
             allocation=allocation,
-            at=time.time(),
+            at=time.time() if at is None else at,
             gpus=sum(len(g) for g in assignment.values()),
             assignment=tuple(m.HostGpus(host=h, gpus=g) for h, g in assignment.items()),
             min_runtime_s=60 if allocation else 0,
@@ -826,6 +827,75 @@ async def test_dispatch_answers_each_report_of_a_batch_on_its_own(
             msgspec.json.decode(reply.data, type=m.PartReportsAnswered).answers[0],
             m.CommandAccepted,
         )
+    finally:
+        await nc.close()
+
+
+async def test_dispatch_refuses_report_times_the_log_and_its_clock_contradict(
+    js: JetStreamContext, events: Events, dispatch: DispatchService, fresh_log: str
+) -> None:
+    """A run placed 3 days ago: its agent's reports may not charge more than those 3 days,
+    alone on the host's subject or as items of a batch; the true ones are charged exactly."""
+    log = Log(js)
+    await log.host("h01", 4)
+    await log.leader(1)
+    await log.submit("w", gpus=2)
+    placed = (await log.place("w", {"h01": (0, 1)}, at=time.time() - 3 * 86_400)).at
+    days_30 = 30 * 86_400
+    nc = await nats.connect(fresh_log)
+    try:
+
+        def report(event: m.PartEvent, at: float, **kw: Any) -> m.PartReport:
+            return m.PartReport(host="h01", workload_id="w", attempt=1, event=event, at=at, **kw)
+
+        def end(at: float, started_at: float) -> m.PartReport:
+            return report("exited", at, exit_code=0, started_at=started_at)
+
+        now = time.time()
+        lies = [
+            (report("started", placed - days_30), "at"),
+            (report("started", now + days_30), "at"),
+            (end(now + days_30, placed + 10), "at"),
+            (end(m.MAX_TIME, placed + 10), "at"),
+            (end(now, placed - days_30), "started_at"),
+            (end(now, now + days_30), "started_at"),
+            (end(placed + 100, placed + 200), "at"),
+        ]
+        before = (await js.stream_info("WORKLOADS")).state.messages
+        for lie, field in lies:
+            reply = await nc.request(
+                subjects.host_report("h01"), msgspec.json.encode(lie), timeout=10
+            )
+            rejected = msgspec.json.decode(reply.data, type=m.CommandRejected)
+            assert rejected.field == field, (lie, rejected)
+        batch = m.PartReports(reports=tuple(lie for lie, _ in lies))
+        reply = await nc.request(subjects.HOSTS_REPORT, msgspec.json.encode(batch), timeout=10)
+        answers = msgspec.json.decode(reply.data, type=m.PartReportsAnswered).answers
+        assert [getattr(a, "field", None) for a in answers] == [
+            f"reports[{i}].{field}" for i, (_, field) in enumerate(lies)
+        ]
+        await asyncio.sleep(0.3)
+        assert (await js.stream_info("WORKLOADS")).state.messages == before
+
+        # The truth: started 10 s after its placement, ended now.
+        start = report("started", placed + 10)
+        reply = await nc.request(
+            subjects.host_report("h01"), msgspec.json.encode(start), timeout=10
+        )
+        assert isinstance(
+            msgspec.json.decode(reply.data, type=m.CommandAccepted), m.CommandAccepted
+        )
+        await events.wait(m.WorkloadStarted, "w")
+        now = time.time()
+        reply = await nc.request(
+            subjects.host_report("h01"), msgspec.json.encode(end(now, placed + 10)), timeout=10
+        )
+        assert isinstance(
+            msgspec.json.decode(reply.data, type=m.CommandAccepted), m.CommandAccepted
+        )
+        done = await events.wait(m.WorkloadCompleted, "w")
+        assert done.gpu_seconds == pytest.approx(2 * (now - (placed + 10)))
+        assert done.gpu_seconds <= 2 * (time.time() - placed)  # its wall time: 3 days
     finally:
         await nc.close()
 

@@ -430,8 +430,9 @@ def _placed(wid: str, host: str, gpus: tuple[int, ...]) -> list[msgspec.Struct]:
     ]
 
 
-def _report(host: str, wid: str, event: m.PartEvent = "started") -> bytes:
-    report = m.PartReport(host=host, workload_id=wid, attempt=1, event=event, at=time.time())
+def _report(host: str, wid: str, event: m.PartEvent = "started", **kw: object) -> bytes:
+    kw.setdefault("at", time.time())
+    report = m.PartReport(host=host, workload_id=wid, attempt=1, event=event, **kw)  # type: ignore[arg-type]
     return bus.encode(report)
 
 
@@ -511,6 +512,46 @@ async def test_an_agent_speaks_only_for_its_own_host(secure: Secure, spy: Spy) -
             assert rejected.field == field_name, rejected
         assert dispatch.rejected == {"host": 2, "workload_id": 1}
         assert await counts(js) == before
+    finally:
+        await agent.nc.close()
+        await stop(dispatch)
+        await svc.nc.close()
+
+
+async def test_an_agent_charges_no_time_that_has_not_passed_nor_ends_runs_it_never_had(
+    secure: Secure,
+) -> None:
+    """Issue 34, on the primary host's own subject (the only one its agent may use): an end
+    30 days ahead (logged as 2,592,003 GPU-seconds before the check), a start 30 days
+    before the run existed, and the end of another host's run that has ended (answered
+    "already in the log" before the check): each refused naming its field, none logged."""
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream()
+    await seed(js, {"h01": 8, "h02": 8}, TREE)
+    await bus.publish(js, s.LEADER, m.LeaderElected(epoch=1, leader="test", at=time.time()))
+    ended = m.WorkloadCompleted(workload_id="theirs", allocation="nlp", at=time.time(), gpus=1)
+    for record in [*_placed("mine", "h01", (0, 1)), *_placed("theirs", "h02", (0,)), ended]:
+        await bus.publish(js, bus.event_subject("nlp", record), record)
+    dispatch = DispatchService(secure.url("svc"))
+    await start(dispatch)
+    agent = await connect_as(secure, "agent-h01")
+    try:
+        before = await counts(js)
+        days_30 = 30 * 86_400
+        for body, field_name in (
+            (_report("h01", "mine", "exited", exit_code=0, at=time.time() + days_30), "at"),
+            (
+                _report("h01", "mine", "exited", exit_code=0, started_at=time.time() - days_30),
+                "started_at",
+            ),
+            (_report("h01", "theirs", "exited", exit_code=0), "host"),
+        ):
+            reply = await agent.nc.request(s.host_report("h01"), body, timeout=5)
+            rejected = msgspec.json.decode(reply.data, type=m.CommandRejected)
+            assert rejected.field == field_name, rejected
+        assert dispatch.rejected == {"at": 1, "started_at": 1, "host": 1}
+        assert await counts(js) == before
+        assert agent.errors == []
     finally:
         await agent.nc.close()
         await stop(dispatch)

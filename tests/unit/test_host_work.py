@@ -8,12 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
-from allot.live.host_work import DispatchBook
+from allot.live.host_work import CLOCK_SKEW_S, DispatchBook, check_report_times
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
 
 T0 = 1_000_000.0
+NOW = T0 + 20  # dispatch's clock when the reports (at T0 + 10) are judged
 
 
 def _book(*hosts: str) -> DispatchBook:
@@ -55,7 +56,8 @@ def _place(
 
 
 def _report(host: str, wid: str, event: m.PartEvent, **kw: object) -> m.PartReport:
-    return m.PartReport(host=host, workload_id=wid, attempt=1, event=event, at=T0 + 10, **kw)  # type: ignore[arg-type]
+    kw.setdefault("at", T0 + 10)
+    return m.PartReport(host=host, workload_id=wid, attempt=1, event=event, **kw)  # type: ignore[arg-type]
 
 
 def test_a_placement_lists_each_part_on_its_own_host_and_the_primary_reports() -> None:
@@ -75,7 +77,7 @@ def test_an_end_is_listed_to_a_gangs_other_hosts_not_to_the_primary_that_reporte
     book = _book("h01", "h02", "h03")
     _submit(book, "g", gpus=4, command=("train",))
     _place(book, "g", {"h02": (0, 1), "h01": (2, 3)})
-    end = book.record_for("h01", _report("h01", "g", "exited", exit_code=0))
+    end = book.record_for("h01", _report("h01", "g", "exited", exit_code=0), now=NOW)
     assert isinstance(end, m.WorkloadCompleted)
     assert book.apply(end) == {"h02"}  # h02 still runs its part until told
     assert book.tasks("h01") == book.tasks("h02") == ()
@@ -108,14 +110,14 @@ def test_notice_cancel_start_and_end_change_the_list() -> None:
     assert book.apply(notice) == {"h01"}
     [task] = book.tasks("h01")
     assert (task.stop, task.kill_at) == ("notice", T0 + 33)
-    end = book.record_for("h01", _report("h01", "w", "exited", exit_code=-15))
+    end = book.record_for("h01", _report("h01", "w", "exited", exit_code=-15), now=NOW)
     assert isinstance(end, m.WorkloadPreempted)
     assert end.reason == "better-ranked" and end.started_at == T0 + 2
     # h01's agent reported the end itself: its list changes nothing it runs.
     assert book.apply(end) == set()
     assert book.tasks("h01") == ()
     # A retry of the same report after the log ended the attempt records nothing more.
-    assert book.record_for("h01", _report("h01", "w", "exited", exit_code=-15)) is None
+    assert book.record_for("h01", _report("h01", "w", "exited", exit_code=-15), now=NOW) is None
 
 
 @pytest.mark.parametrize(
@@ -160,7 +162,7 @@ def test_the_terminal_record_follows_the_logs_view(  # noqa: PLR0917 (one table 
         detail=detail,
         started_at=T0 + 4,
     )
-    record = book.record_for("h01", report)
+    record = book.record_for("h01", report, now=NOW)
     assert type(record) is expected
     assert record.gpu_seconds == pytest.approx(2 * 6)  # type: ignore[attr-defined]
     if reason is not None:
@@ -183,7 +185,7 @@ def test_a_host_shutdown_requeues_what_it_stopped_and_keeps_what_ended_on_its_ow
     _submit(book, "w", gpus=1)  # resumable (the default)
     _place(book, "w", {"h01": (0,)})
     record = book.record_for(
-        "h01", _report("h01", "w", "exited", exit_code=exit_code, stopping=stopping)
+        "h01", _report("h01", "w", "exited", exit_code=exit_code, stopping=stopping), now=NOW
     )
     assert type(record) is expected
     assert record is not None
@@ -220,8 +222,144 @@ def test_reports_not_this_hosts_to_make_are_refused(
     _submit(book, "g", gpus=2)
     _place(book, "g", {"h01": (0,), "h02": (0,)})
     with pytest.raises(ValidationError) as err:
-        book.record_for(subject_host, report)
+        book.record_for(subject_host, report, now=NOW)
     assert err.value.field == field
+
+
+PLACED = T0 + 1  # ``_place``'s time
+AN_HOUR_ON = PLACED + 3600  # dispatch's clock in the table below: an hour since placement
+DAYS_30 = 30 * 86_400
+SKEW = CLOCK_SKEW_S
+
+
+def _times(event: m.PartEvent, at: float, started_at: float | None = None) -> m.PartReport:
+    return m.PartReport(
+        host="h01", workload_id="w", attempt=1, event=event, at=at, started_at=started_at
+    )
+
+
+@pytest.mark.parametrize(
+    ("report", "logged_start", "field"),
+    [
+        pytest.param(_times("started", PLACED), None, None, id="a-start-at-its-placement"),
+        pytest.param(
+            _times("started", PLACED - SKEW / 2), None, None, id="a-start-skewed-before-placement"
+        ),
+        pytest.param(
+            _times("started", PLACED - SKEW - 1), None, "at", id="a-start-before-placement"
+        ),
+        pytest.param(
+            _times("started", AN_HOUR_ON + SKEW / 2), None, None, id="a-start-skewed-ahead"
+        ),
+        pytest.param(_times("started", AN_HOUR_ON + SKEW + 1), None, "at", id="a-start-to-come"),
+        pytest.param(
+            _times("exited", AN_HOUR_ON, PLACED + 5), PLACED + 5, None, id="an-end-now-of-its-run"
+        ),
+        pytest.param(
+            _times("exited", AN_HOUR_ON + DAYS_30, PLACED + 5),
+            PLACED + 5,
+            "at",
+            id="an-end-30-days-ahead",
+        ),
+        pytest.param(
+            _times("exited", m.MAX_TIME, PLACED + 5), PLACED + 5, "at", id="an-end-at-1e11"
+        ),
+        pytest.param(
+            _times("exited", AN_HOUR_ON, PLACED - DAYS_30),
+            PLACED + 5,
+            "started_at",
+            id="a-start-30-days-before-placement",
+        ),
+        pytest.param(
+            _times("exited", AN_HOUR_ON, AN_HOUR_ON + SKEW + 1),
+            None,
+            "started_at",
+            id="a-start-to-come-named-before-the-end-before-it",
+        ),
+        pytest.param(
+            _times("exited", PLACED + 100, PLACED + 101),
+            None,
+            "at",
+            id="an-end-before-its-own-start-no-skew-on-one-clock",
+        ),
+        pytest.param(_times("lost", PLACED - SKEW - 1), None, "at", id="an-end-before-placement"),
+        pytest.param(
+            _times("exited", PLACED + 100 - SKEW - 1),
+            PLACED + 100,
+            "at",
+            id="an-end-before-the-logged-start",
+        ),
+        pytest.param(
+            _times("not-started", PLACED + 100 - SKEW / 2),
+            PLACED + 100,
+            None,
+            id="an-end-skewed-before-the-logged-start",
+        ),
+        pytest.param(
+            _times("exited", AN_HOUR_ON + SKEW * 2 / 3, PLACED - SKEW * 2 / 3),
+            None,
+            "started_at",
+            id="each-time-within-the-skew-but-the-run-longer-than-since-placement",
+        ),
+        pytest.param(
+            _times("exited", AN_HOUR_ON + SKEW * 2 / 3),
+            PLACED - SKEW * 2 / 3,
+            "at",
+            id="a-run-from-its-logged-start-longer-than-since-placement",
+        ),
+        pytest.param(
+            _times("exited", AN_HOUR_ON + SKEW * 2 / 3), None, None, id="a-run-from-its-placement"
+        ),
+    ],
+)
+def test_report_times_the_log_and_the_clock_contradict_are_refused_naming_the_field(
+    report: m.PartReport, logged_start: float | None, field: str | None
+) -> None:
+    def judge() -> None:
+        check_report_times(report, placed_at=PLACED, logged_start=logged_start, now=AN_HOUR_ON)
+
+    if field is None:
+        judge()
+        return
+    with pytest.raises(ValidationError) as err:
+        judge()
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("report", "field"),
+    [
+        # The attack of issue 34: charged 2,592,003 GPU-seconds before the check.
+        (_report("h01", "w", "exited", exit_code=0, at=NOW + DAYS_30), "at"),
+        (_report("h01", "w", "exited", exit_code=0, started_at=T0 - DAYS_30), "started_at"),
+        (_report("h01", "w", "started", at=NOW + DAYS_30), "at"),
+    ],
+    ids=["end-30-days-ahead", "start-30-days-back", "start-30-days-ahead"],
+)
+def test_a_report_with_impossible_times_causes_no_record(report: m.PartReport, field: str) -> None:
+    book = _book("h01")
+    _submit(book, "w")
+    _place(book, "w", {"h01": (0,)})
+    with pytest.raises(ValidationError) as err:
+        book.record_for("h01", report, now=NOW)
+    assert err.value.field == field
+    assert book.started == {} and book.fold.records["w"].status == "running"
+
+
+def test_a_report_of_an_ended_run_from_a_host_that_never_ran_it_is_refused() -> None:
+    """Not answered "already in the log": that would tell any host the attempt is over,
+    and its report was never its to make."""
+    book = _book("h01", "h02")
+    _submit(book, "w")
+    _place(book, "w", {"h01": (0,)})
+    end = book.record_for("h01", _report("h01", "w", "exited", exit_code=0), now=NOW)
+    assert end is not None
+    book.apply(end)
+    with pytest.raises(ValidationError) as err:
+        book.record_for("h02", _report("h02", "w", "exited", exit_code=0), now=NOW)
+    assert err.value.field == "host"
+    # Its own host's retry is still answered from the log.
+    assert book.record_for("h01", _report("h01", "w", "exited", exit_code=0), now=NOW) is None
 
 
 @given(
@@ -287,7 +425,7 @@ def test_a_gangs_secondary_part_ending_ends_the_attempt_and_the_primary_is_told(
     _place(book, "g", {"h02": (0, 1), "h01": (2, 3)})  # primary h01
     started = m.WorkloadStarted(workload_id="g", allocation="nlp", at=T0 + 2, host="h01", gpus=4)
     book.apply(started)
-    end = book.record_for("h02", _report("h02", "g", event, exit_code=exit_code))
+    end = book.record_for("h02", _report("h02", "g", event, exit_code=exit_code), now=NOW)
     assert type(end) is expected
     assert end is not None
     if isinstance(end, m.WorkloadPreempted):
@@ -304,7 +442,7 @@ def test_a_gangs_secondary_part_ending_ends_the_attempt_and_the_primary_is_told(
     assert book.fold.workload_on("h01") == book.fold.workload_on("h02") == set()
     assert book.reported_by == {}
     # The primary's own report, late, adds nothing.
-    assert book.record_for("h01", _report("h01", "g", "exited", exit_code=-15)) is None
+    assert book.record_for("h01", _report("h01", "g", "exited", exit_code=-15), now=NOW) is None
 
 
 def _started(wid: str, host: str = "h01") -> m.WorkloadStarted:

@@ -147,7 +147,7 @@ def test_a_silent_hosts_noticed_run_is_ended_as_its_agents_lost_report_would(
     late = m.PartReport(
         host="h01", workload_id="w", attempt=1, event="exited", exit_code=-9, at=LATE + 5
     )
-    assert book.record_for("h01", late) is None
+    assert book.record_for("h01", late, now=LATE + 5) is None
     # And had it landed in the log anyway, the fold ignores a second end of the attempt.
     second = m.WorkloadFailed(
         workload_id="w", allocation="nlp", at=LATE + 5, reason="x", attempt=1, gpus=2

@@ -40,6 +40,13 @@ exit code. The rule cannot be abused: an agent speaks only for its own host (the
 subject), and only of an attempt it has a part of (its host in the assignment); a
 secondary cannot report a start. The other parts, the primary's included, are then no
 longer listed, so their agents stop them.
+
+**Report times.** The terminal record charges the team ``gpus x (at - started_at)`` from
+the agent's own times, so ``check_report_times`` holds them to the log and dispatch's clock
+(``now`` is an argument): nothing after now, nothing before the placement, no end before
+its start, no run longer than the time since its placement, each within ``CLOCK_SKEW_S``.
+A host may report only an attempt it has a part of, ended or not: a host that never ran
+it is refused naming ``host``, not told that its end is "already in the log".
 """
 
 from __future__ import annotations
@@ -74,6 +81,9 @@ timeouts. This leaves room for an agent that was paused or cut off for a while (
 retries back off up to 5 s), and it is at least the agent's default 30 s ``--resync-s``,
 so an agent still syncing its work list with dispatch is not declared dead. Waiting longer
 only keeps the GPUs idle (held in the log, nothing runs there)."""
+CLOCK_SKEW_S = 30.0
+"""How far a report's times may run ahead of dispatch's clock or before the placement: hosts'
+clocks differ (NTP keeps them well within a second), and a run gains at most this much."""
 STOPPED_BEFORE_START = "stopped before start"
 WORK_LIST_LIMIT = codec.MAX_RECORD_PAYLOAD - 64 * 1024
 """Largest encoded work list (``DispatchBook.encoded_work``): NATS's 1 MiB message, less
@@ -112,6 +122,62 @@ def lost_run(
     if silent_since is None or now < silent_since + margin_s:
         return False
     return last_heard is None or now - last_heard >= margin_s
+
+
+def check_report_times(
+    report: m.PartReport,
+    *,
+    placed_at: float,
+    logged_start: float | None,
+    now: float,
+    skew_s: float = CLOCK_SKEW_S,
+) -> None:
+    """Refuse (``ValidationError`` naming ``at`` or ``started_at``) a report whose times the
+    log and the clock contradict; the record it causes is charged ``gpus x (at -
+    started_at)``, so they must describe a run that fits since its placement.
+
+    ``placed_at``: the attempt's ``WorkloadPlaced`` time; ``logged_start``: its
+    ``WorkloadStarted`` time (None when not logged); ``now``: dispatch's clock. Compared
+    with the log or the clock a report's time may be off by ``skew_s`` (another host's
+    clock); ``at`` against the report's own ``started_at`` (one agent's clock) may not.
+    In order, the first that fails is named:
+
+    1. ``at`` or ``started_at`` more than ``skew_s`` after ``now`` (not happened yet);
+    2. ``at`` or ``started_at`` more than ``skew_s`` before ``placed_at``;
+    3. an end's ``at`` before its ``started_at``, or (none given) more than ``skew_s``
+       before ``logged_start``;
+    4. an end's duration (from ``started_at``, else ``logged_start``, else ``placed_at``)
+       longer than ``now - placed_at`` plus ``skew_s``: ``started_at`` named if given."""
+    at, started_at = report.at, report.started_at
+    for name, value in (("at", at), ("started_at", started_at)):
+        if value is not None and value > now + skew_s:
+            raise ValidationError(
+                name,
+                f"{value!r} is {value - now:.0f} s ahead of dispatch's clock "
+                f"(at most {skew_s:g} s of clock skew): it has not happened yet",
+            )
+    for name, value in (("at", at), ("started_at", started_at)):
+        if value is not None and value < placed_at - skew_s:
+            raise ValidationError(
+                name,
+                f"{value!r} is {placed_at - value:.0f} s before attempt "
+                f"{report.attempt}'s placement at {placed_at!r}",
+            )
+    if report.event == "started":
+        return
+    if started_at is not None and at < started_at:
+        raise ValidationError("at", f"the end {at!r} is before the start {started_at!r}")
+    if started_at is None and logged_start is not None and at < logged_start - skew_s:
+        raise ValidationError("at", f"the end {at!r} is before the logged start {logged_start!r}")
+    start = placed_at if logged_start is None else logged_start
+    if started_at is not None:
+        start = started_at
+    if at - start > now - placed_at + skew_s:
+        raise ValidationError(
+            "at" if started_at is None else "started_at",
+            f"a run of {at - start:.0f} s is longer than the {now - placed_at:.0f} s since "
+            f"attempt {report.attempt}'s placement",
+        )
 
 
 @dataclass(slots=True)
@@ -307,14 +373,18 @@ class DispatchBook:
                 out.append(self._terminal(rec, report, self.started.get(wid)))
         return out
 
-    def record_for(self, subject_host: str, report: m.PartReport) -> msgspec.Struct | None:
+    def record_for(
+        self, subject_host: str, report: m.PartReport, *, now: float
+    ) -> msgspec.Struct | None:
         """The log record ``report`` causes, or None when the log already ended that attempt
         (a retried report, or one overtaken by events: nothing more to record).
 
         Raises ``ValidationError`` naming the field when the report is not this host's to
         make: another host in the payload, an unknown workload or attempt, a host that has
-        no part of the attempt, a start reported by a host that is not the primary one (a
-        secondary host may report only the end of its own part: see the module)."""
+        no part of the attempt (ended or not: the last attempt's hosts are kept), a start
+        reported by a host that is not the primary one (a secondary host may report only
+        the end of its own part: see the module), or times that the log and ``now``
+        contradict (``check_report_times``)."""
         check_host(report.host, subject_host)
         rec = self.fold.records.get(report.workload_id)
         if rec is None:
@@ -323,16 +393,18 @@ class DispatchBook:
             raise ValidationError(
                 "attempt", f"{report.workload_id} has no attempt {report.attempt} yet"
             )
+        # An older attempt's hosts are not kept: its late reports are answered as stored.
+        if report.attempt == rec.attempt and all(
+            host != subject_host for host, _ in rec.assignment
+        ):
+            raise ValidationError(
+                "host",
+                f"{subject_host!r} has no part of {report.workload_id} attempt {report.attempt}",
+            )
         if report.attempt < rec.attempt or rec.status not in LIVE:
             return None
         primary = primary_host(rec)
         if subject_host != primary:
-            if all(host != subject_host for host, _ in rec.assignment):
-                raise ValidationError(
-                    "host",
-                    f"{subject_host!r} has no part of {report.workload_id} "
-                    f"attempt {report.attempt}",
-                )
             if report.event == "started":
                 raise ValidationError(
                     "host",
@@ -348,11 +420,20 @@ class DispatchBook:
                     f"attempt {report.attempt}: a clean exit of its part ends nothing "
                     f"(the end comes from {primary!r})",
                 )
-        w = rec.workload
         started = self.started.get(report.workload_id)
+        if started is not None and started[0] != report.attempt:
+            started = None
+        if report.event == "started" and started is not None:
+            return None  # already in the log (a retry)
+        assert rec.started_at is not None  # a running attempt's placement time
+        check_report_times(
+            report,
+            placed_at=rec.started_at,
+            logged_start=started[1] if started is not None else None,
+            now=now,
+        )
+        w = rec.workload
         if report.event == "started":
-            if started is not None and started[0] == report.attempt:
-                return None  # already in the log (a retry)
             return m.WorkloadStarted(
                 workload_id=w.id,
                 allocation=w.allocation,

@@ -14,8 +14,12 @@ service stands between them and it:
 * **Reports.** ``allot.v1.host.<host>.report`` (``PartReport``, request/reply): the host is
   the subject's fourth token (what NATS lets the agent publish), and only the primary host
   of the workload's current attempt may report its start; a gang's other host may report
-  only the end of its own part, which ends the attempt (``allot.live.host_work``). The
-  report becomes ``WorkloadStarted`` or the terminal record, appended with the
+  only the end of its own part, which ends the attempt (``allot.live.host_work``). Its
+  times are checked against the log and this service's clock, since the record charges
+  the team ``gpus x (at - started_at)``: nothing ahead of the clock or before the
+  placement, no end before its start, no run longer than the time since its placement
+  (``check_report_times``, each within ``CLOCK_SKEW_S``). The report becomes
+  ``WorkloadStarted`` or the terminal record, appended with the
   ``Nats-Msg-Id`` the agents used before (``started:<wid>:<attempt>``,
   ``ended:<wid>:<attempt>``), and answered once stored; a backlog of them is committed as
   atomic batches (``allot.live.group_commit``).
@@ -326,14 +330,14 @@ class DispatchService:
         self.heard[host] = self.clock()
         try:
             try:
-                record = self.book.record_for(host, report)
+                record = self.book.record_for(host, report, now=self.clock())
             except ValidationError as e:
                 if e.field not in ("workload_id", "attempt"):
                     raise
                 # Another dispatch instance may have sent the list: read the log to its
                 # end before refusing a workload or attempt we have not seen.
                 await self._catch_up()
-                record = self.book.record_for(host, report)
+                record = self.book.record_for(host, report, now=self.clock())
         except ValidationError as e:
             return self._reject(subject, ValidationError(where + e.field, e.reason))
         if record is None:
