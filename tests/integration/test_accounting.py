@@ -18,10 +18,14 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import random
+import resource
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import msgspec
 import nats
@@ -29,13 +33,14 @@ import pytest
 import redis.asyncio as redis_asyncio
 from hypothesis import given
 from hypothesis import strategies as st
+from live_harness import eventually
 from nats.aio.client import ServerVersion
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from allot.adapters.embedded import EmbeddedNats
-from allot.adapters.usage_store import RedisUsageStore
+from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore
 from allot.cli import accounting_cmd
 from allot.core.errors import ValidationError
 from allot.core.usage import HOUR_S, split_into_hours, window_usage
@@ -52,6 +57,7 @@ from allot.services.accounting import (
     charged_filters,
     complete_until,
     grid_slots,
+    oldest_charged,
     parser,
     rebuild,
     rebuild_reason,
@@ -179,7 +185,7 @@ async def test_allocated_run_across_an_hour_is_charged_exactly(
     service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
 ) -> None:
     s, e = HOUR_EDGE - 1234.5, HOUR_EDGE + 2345.25
-    svc = await service(clock=frozen(s))  # the live window charges nothing here
+    svc = await service(clock=frozen(e))  # now: the run has just ended
     await publish(js, started("w1", "nlp", s, 4, attempt=2))
     await publish(js, completed("w1", "nlp", s, e, 4, attempt=2))
     await drained(js)
@@ -204,7 +210,7 @@ async def test_terminal_record_twice_is_charged_once(
     service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
 ) -> None:
     s, e = HOUR_EDGE - 600.0, HOUR_EDGE + 90.5
-    svc = await service(clock=frozen(s))
+    svc = await service(clock=frozen(e))
     await publish(js, started("w1", "nlp", s, 2))
     end = completed("w1", "nlp", s, e, 2)
     await publish(js, end, "done-1")
@@ -244,7 +250,7 @@ async def test_undecodable_event_is_skipped_and_the_next_one_charged(
     service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
 ) -> None:
     s, e = HOUR_EDGE - 600.0, HOUR_EDGE - 300.0
-    svc = await service(clock=frozen(s))
+    svc = await service(clock=frozen(e))
     await js.publish(
         subjects.events("nlp", "w0", "completed"), b'{"type": "WorkloadCompleted", "gpus": -1}'
     )
@@ -461,6 +467,130 @@ async def test_rebuild_of_an_empty_log_leaves_an_empty_store(
     done = await rebuild(fresh_log, redis_url, prefix=prefix, now=HOUR_EDGE)
     assert (done.records, done.charges) == (0, 0)
     assert await store.allocations() == []
+
+
+# -- whatever a record says ---------------------------------------------------------------------
+
+DAY_S = 86_400
+
+
+async def usage_total(store: RedisUsageStore, client: redis_asyncio.Redis, alloc: str) -> float:
+    """Every GPU-second stored for ``alloc``, whatever its hour."""
+    return sum(float(v) for v in (await client.hgetall(store.usage_key(alloc))).values())
+
+
+@pytest.mark.integration
+async def test_a_run_is_charged_its_wall_time_since_its_logged_start_and_never_past_now(
+    service: ServiceFactory, js: JetStreamContext, redis_client: redis_asyncio.Redis, prefix: str
+) -> None:
+    """Issue 34: a record's times are cut to what can have run. A 3-day run whose end says
+    a year ahead and whose start says 30 days back is charged its 3 days up to now; an end
+    with no logged start, and a start a year back that the live window charges, each at
+    most the 8 days the store keeps, in as many slot charges at most. (A year, not 1e11:
+    without the bounds this process would take a slot per minute of it; the 1e11 case is
+    the memory test's, in a process of its own with its memory capped.)"""
+    now = NOW
+    year = 365 * DAY_S
+    svc = await service(clock=frozen(now))
+    await publish(js, started("3d", "nlp", now - 3 * DAY_S, 4))
+    await publish(js, completed("3d", "nlp", now - 30 * DAY_S, now + year, 4))
+    await publish(js, completed("no-start", "vision", now - year, now + year, 2))
+    await publish(js, started("a-year-back", "search", now - year, 1))
+    await drained(js)
+    store = RedisUsageStore(redis_client, prefix)
+    window = await store.buckets(["nlp"], now, WIDE_WINDOW_S)
+    assert window == reference(("nlp", now - 3 * DAY_S, now, 4))
+    await svc.charger.accrue(now)  # the live window's turn (its timer may have come first)
+    kept = now - oldest_charged(now, 60.0)  # the store's 8 days, from a slot's start
+    for alloc, gpus in (("vision", 2), ("search", 1)):
+        assert 0 < await usage_total(store, redis_client, alloc) <= gpus * kept
+    for alloc in ("nlp", "vision", "search"):  # a charge id per slot, and one settled
+        assert await redis_client.zcard(store.seen_key(alloc)) <= kept / 60 + 2
+
+
+def _vm_kib(pid: int, field: str) -> int:
+    """``field`` (VmRSS, VmHWM) of ``/proc/<pid>/status``, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
+ADDRESS_SPACE_LIMIT = 4 << 30
+"""The accounting process's address space in the memory test: without the bounds, a span
+of 1e11 s is 1.6 billion slots, which would take this machine's memory whole."""
+
+
+@pytest.mark.integration
+async def test_a_record_spanning_1e11_seconds_leaves_accountings_memory_as_idle(
+    *,
+    fresh_log: str,
+    redis_url: str,
+    redis_client: redis_asyncio.Redis,
+    prefix: str,
+    js: JetStreamContext,
+    tmp_path: Path,
+) -> None:
+    """Issue 34: an end at 1e11 took accounting from 87 MB to ~880 MB (one slot charge
+    per minute of the claimed run) and its charges timed out against Redis. The service
+    runs as its own process: its peak resident memory while it charges records spanning
+    1e11 s stays within 10% of its resident memory when idle."""
+
+    def limit() -> None:  # in the child, before exec
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
+
+    output = (tmp_path / "accounting.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "allot.services.accounting", "--nats-url", fresh_log, "--redis-url", redis_url),
+        *("--prefix", prefix, "--accrue-s", "0.2"),
+        env={**os.environ, "ALLOT_OTEL_EXPORTER": "none"},
+        stdout=output,
+        stderr=asyncio.subprocess.STDOUT,
+        preexec_fn=limit,
+    )
+    charger = Charger(redis_client, prefix)
+
+    async def ended(*wids: str) -> bool:
+        raw = await redis_client.hmget(charger.running_key, [f"{w}:1" for w in wids])
+        return all(r is not None and b'"ended"' in r for r in raw)
+
+    async def accrued(wid: str) -> bool:
+        raw = await redis_client.hget(charger.running_key, f"{wid}:1")
+        return raw is not None and b'"accrued"' in raw
+
+    try:
+        # Warm: the paths the forged records take (an end, a settle, the live window).
+        now = time.time()
+        await publish(js, started("warm", "warm", now - 600.25, 2))
+        await publish(js, completed("warm", "warm", now - 600.25, now - 0.5, 2))
+        await publish(js, started("warm-live", "warm", now - 300.0, 1))
+        await eventually(lambda: ended("warm"), bool, timeout=30)
+        await eventually(lambda: accrued("warm-live"), bool, timeout=30)
+        await asyncio.sleep(1.0)  # a few idle accruals
+        idle = _vm_kib(proc.pid, "VmRSS")
+        Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # VmHWM from here on
+
+        now = time.time()
+        await publish(js, started("ahead", "nlp", now - 60.0, 8))
+        await publish(js, completed("ahead", "nlp", now - 60.0, m.MAX_TIME, 8))
+        await publish(js, completed("span", "vision", 0.0, m.MAX_TIME, 8))
+        await publish(js, started("since-1970", "search", 0.0, 8))
+        await eventually(lambda: ended("ahead", "span"), bool, timeout=60)
+        await eventually(lambda: accrued("since-1970"), bool, timeout=60)
+        peak = _vm_kib(proc.pid, "VmHWM")
+        assert peak <= idle * 1.10, f"peak {peak} KiB against {idle} KiB idle"
+        store = RedisUsageStore(redis_client, prefix)
+        assert await usage_total(store, redis_client, "nlp") <= 8 * (time.time() - (now - 60.0))
+        for alloc in ("vision", "search"):
+            assert await usage_total(store, redis_client, alloc) <= 8 * (KEY_TTL_S + 60)
+        assert proc.returncode is None
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+        output.close()
+        print((tmp_path / "accounting.log").read_text(errors="replace")[-4000:])
 
 
 # -- the store follows the log ------------------------------------------------------------------
@@ -890,7 +1020,7 @@ async def test_only_the_charged_events_reach_accounting(
             durable_name=DURABLE, ack_policy=AckPolicy.EXPLICIT, filter_subject=subjects.ALL_EVENTS
         ),
     )
-    svc = Accounting(filtering_server, redis_url, prefix=prefix, clock=frozen(s))
+    svc = Accounting(filtering_server, redis_url, prefix=prefix, clock=frozen(e))
     await service_main.start(svc)
     try:
         info = await js.consumer_info("WORKLOADS", DURABLE)

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
-from allot.core.usage import split_into_hours, window_usage
+from allot.core.usage import charged_span, split_into_hours, window_usage
 
 H = 3600  # one hour, in seconds
 
@@ -74,6 +74,70 @@ def test_split_into_hours_conserves_gpu_seconds(start: float, length: float, gpu
 def test_split_into_hours_rejects_bad_input(args: tuple[Any, Any, Any], field: str) -> None:
     with pytest.raises(ValidationError) as err:
         split_into_hours(*args)
+    assert err.value.field == field
+
+
+# -- charged_span ----------------------------------------------------------------------------
+
+NOW = at(1000)
+KEPT = at(1000 - 192)  # a store's oldest hour kept
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "expected"),
+    [
+        pytest.param(at(999), at(999.5), (at(999), at(999.5)), id="a-run-in-the-past-whole"),
+        pytest.param(
+            at(999), NOW + 30 * 86_400, (at(999), NOW), id="an-end-30-days-ahead-cut-at-now"
+        ),
+        pytest.param(at(999), 1e11, (at(999), NOW), id="an-end-at-1e11-cut-at-now"),
+        pytest.param(0.0, 1e11, (KEPT, NOW), id="a-span-of-1e11-is-at-most-now-minus-earliest"),
+        pytest.param(at(500), at(999), (KEPT, at(999)), id="a-start-before-earliest-cut-there"),
+        pytest.param(at(500), at(600), (KEPT, KEPT), id="a-run-all-before-earliest-is-empty"),
+        pytest.param(NOW + 10, NOW + 20, (NOW + 10, NOW + 10), id="a-run-still-to-come-is-empty"),
+        pytest.param(
+            at(999.5), at(999), (at(999.5), at(999.5)), id="an-end-before-its-start-is-empty"
+        ),
+    ],
+)
+def test_charged_span_cuts_a_run_at_now_and_at_its_earliest(
+    start: float, end: float, expected: tuple[float, float]
+) -> None:
+    assert charged_span(start, end, now=NOW, earliest=KEPT) == expected
+
+
+@given(
+    start=st.floats(0, 1e11),
+    end=st.floats(0, 1e11),
+    now=st.floats(1e9, 2e9),
+    kept_s=st.floats(0, 1e6),
+)
+def test_a_charged_span_is_inside_the_run_and_never_longer_than_now_minus_earliest(
+    start: float, end: float, now: float, kept_s: float
+) -> None:
+    earliest = now - kept_s
+    lo, hi = charged_span(start, end, now=now, earliest=earliest)
+    assert lo <= hi
+    assert hi - lo <= max(0.0, end - start) and hi - lo <= now - earliest
+    if hi > lo:
+        assert start <= lo and hi <= end and hi <= now
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"start": math.nan}, "start"),
+        ({"end": math.inf}, "end"),
+        ({"now": math.nan}, "now"),
+        ({"earliest": -math.inf}, "earliest"),
+    ],
+)
+def test_charged_span_rejects_times_that_are_not_finite(
+    kwargs: dict[str, float], field: str
+) -> None:
+    args = {"start": at(1), "end": at(2), "now": NOW, "earliest": KEPT} | kwargs
+    with pytest.raises(ValidationError) as err:
+        charged_span(args["start"], args["end"], now=args["now"], earliest=args["earliest"])
     assert err.value.field == field
 
 

@@ -4,7 +4,9 @@ Accounting stores usage in hourly buckets: ``buckets[allocation][h]`` is the GPU
 charged to ``allocation`` during hour ``h``, i.e. during ``[3600 h, 3600 (h + 1))`` on the
 caller's clock (``h = floor(t / 3600)``). ``split_into_hours`` turns one interval of
 allocated running time into such bucket amounts; ``window_usage`` folds the buckets into
-one number per allocation, the input of Fair Tree ranking.
+one number per allocation, the input of Fair Tree ranking. ``charged_span`` cuts what a
+run's record claims to what may be charged: nothing after now, nothing before the run's
+other lower bounds (its logged start, the oldest hour kept).
 
 Only *allocated* time is ever charged: callers pass the intervals during which a workload
 was allocated (charged to an allocation with ``min_runtime_s > 0``, see
@@ -152,6 +154,24 @@ def split_into_hours(start: float, end: float, gpus: int) -> dict[int, float]:
             pieces[h] = (hi - lo) * gpus
         h += 1
     return pieces
+
+
+def charged_span(start: float, end: float, *, now: float, earliest: float) -> tuple[float, float]:
+    """The part ``[lo, hi)`` of a run ``[start, end)`` that may be charged at ``now``:
+
+        lo = max(start, earliest)        hi = max(lo, min(end, now))
+
+    so ``hi - lo <= now - earliest`` and ``hi - lo <= end - start``, and ``lo == hi`` (an
+    empty span) when nothing is left. A run's record can say anything (a skewed or forged
+    clock): nothing is charged for time after ``now``, which has not happened, nor before
+    ``earliest``, the latest of what else bounds the run from below (its logged start, the
+    oldest hour a usage store keeps). So a charge is at most ``gpus x (now - earliest)``
+    and the pieces a caller cuts the span into are bounded by that, not by the record.
+    All four are finite seconds; ``end < start`` gives an empty span."""
+    for name, value in (("start", start), ("end", end), ("now", now), ("earliest", earliest)):
+        _check_time(value, name)
+    lo = max(start, earliest)
+    return lo, max(lo, min(end, now))
 
 
 def _weight(h: int, start: float, now: float, half_life_s: float | None) -> float:

@@ -22,6 +22,13 @@ the counters can always be rebuilt from the log (``rebuild``):
   and adds the difference, an earlier one blocks the whole charge (``Charger._final_charges``,
   ``UsageStore.settle``). So a run is charged exactly its GPU-seconds however late its end
   is read.
+* Bounds: whatever a record says (a forged or skewed time, up to the schema's 1e11), a run
+  is charged only its ``charged_span``: nothing after the clock, nothing before its logged
+  start (``WorkloadStarted``; dispatch refuses a start before the placement), nothing
+  before ``oldest_charged`` (the store keeps 8 days). So a run with a logged start costs
+  its team at most ``gpus x`` the time from that start to now, any run at most 8 days of
+  its GPUs, and a record at most one charge per slot of those 8 days (sent
+  ``PIPELINE_CHUNK`` at a time), whatever the span of its times.
 
 Unallocated work is free: only records with ``allocated=True`` are ever charged, to the
 allocation the record names. Readers (the ranking service) construct
@@ -81,7 +88,7 @@ from redis.asyncio.client import Pipeline
 
 from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore
 from allot.core.errors import ValidationError
-from allot.core.usage import HOUR_S
+from allot.core.usage import HOUR_S, charged_span
 from allot.live import bus
 from allot.live.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.live.service_main import base_parser, positive_seconds, run_main
@@ -117,6 +124,12 @@ def pull_delay(fetched: int, pulled_at: float, now: float) -> float:
     if fetched >= BATCH:
         return 0.0
     return max(0.0, pulled_at + FETCH_EVERY_S - now)
+
+
+PIPELINE_CHUNK: Final = 500
+"""Charges queued on one Redis pipeline before it is sent: a run's end or first accrual may
+queue one per slot of the store's retention (11,520 of 60 s), and a pipeline holds all it
+queued in memory until sent."""
 
 
 MAX_RETRY_DELAY_S: Final = 30.0
@@ -175,6 +188,13 @@ def complete_until(now: float, slot_s: float) -> float:
     """The end of the last slot the live window charges at ``now``: slots ending at or
     before ``now - slot_s`` (a lag of one slot)."""
     return math.floor((now - slot_s) / slot_s) * slot_s
+
+
+def oldest_charged(now: float, slot_s: float) -> float:
+    """The start of the oldest slot charged at ``now``: the store keeps ``KEY_TTL_S`` of
+    hours (8 days), so older time is never charged, whatever a record says (a run's slots
+    to charge are at most that many, not one per slot since its claimed start)."""
+    return math.floor((now - KEY_TTL_S) / slot_s) * slot_s
 
 
 # -- the running hash --------------------------------------------------------------------------
@@ -323,9 +343,10 @@ class Charger:
         keys = [_field(r.workload_id, r.attempt) for r in ends]
         entries = await self.client.hmget(self.running_key, keys)
         async with self.client.pipeline(transaction=False) as pipe:
+            sender = _Sender(pipe)
             for key, r, raw in zip(keys, ends, entries, strict=True):
-                await self._queue_final_charges(pipe, key, r, _decode_entry(raw))
-            applied = sum(1 for reply in await pipe.execute() if reply)
+                await self._queue_final_charges(sender, key, r, _decode_entry(raw))
+            applied = await sender.sent()
         # After the charges: if they fail the batch is redelivered and charges again.
         tombstones = {
             key: _ENCODE.encode(_Ended(ended_at=r.at)) for key, r in zip(keys, ends, strict=True)
@@ -334,10 +355,13 @@ class Charger:
         return applied
 
     async def _queue_final_charges(
-        self, pipe: Pipeline, run: str, r: Terminal, running: _Entry | None
+        self, sender: _Sender, run: str, r: Terminal, running: _Entry | None
     ) -> None:
         """Queue what makes the run ``[started_at, r.at)`` charged exactly, whatever the live
-        window did (nothing, logged, when the run cannot be charged).
+        window did (nothing, logged, when the run cannot be charged), cut to what may be
+        charged now (``charged_span``): not after the clock, not before the logged start
+        (``WorkloadStarted``, which dispatch refuses before the placement; the record's own
+        ``started_at`` cannot move it earlier), not before ``oldest_charged``.
 
         Whole slots are charged under the ids the live window uses (the same amounts: a
         slot charged twice adds nothing). The live window charges a slot whole once it is
@@ -351,7 +375,9 @@ class Charger:
         gpus = r.gpus
         accrued = None
         if isinstance(running, _Running):  # older agents may leave these out
-            started_at = running.started_at if started_at is None else started_at
+            started_at = (
+                running.started_at if started_at is None else max(started_at, running.started_at)
+            )
             gpus = gpus or running.gpus
             accrued = running.accrued
         if r.allocation is None or started_at is None or gpus <= 0:
@@ -367,24 +393,32 @@ class Charger:
         if r.at < started_at:
             log.warning("run ends before it starts", workload=r.workload_id, attempt=r.attempt)
         slot = self.slot_s
+        now = self.clock()
         try:
-            slots = grid_slots(started_at, r.at, slot)
+            start, end = charged_span(started_at, r.at, now=now, earliest=oldest_charged(now, slot))
+            slots = grid_slots(start, end, slot)
             whole_slots = [sl for sl in slots if sl.end == (sl.k + 1) * slot]
-            await self._queue_slots(pipe, run, r.allocation, gpus, whole_slots)
+            await self._queue_slots(sender, run, r.allocation, gpus, whole_slots)
             settles: list[tuple[int, tuple[float, float], tuple[float, float]]] = []
             if slots and slots[-1].end < (slots[-1].k + 1) * slot:
                 last = slots[-1]
                 settles.append((last.k, (last.start, (last.k + 1) * slot), (last.start, last.end)))
             if accrued is not None:
-                next_k = slots[-1].k + 1 if slots else math.floor(started_at / slot)
-                last_k = math.floor(complete_until(self.clock(), slot) / slot) - 1
+                next_k = slots[-1].k + 1 if slots else math.floor(start / slot)
+                last_k = math.floor(complete_until(now, slot) / slot) - 1
                 for k in range(next_k, last_k + 1):
-                    lo = max(started_at, k * slot)
+                    lo = max(start, k * slot)
                     settles.append((k, (lo, (k + 1) * slot), (lo, lo)))
             for k, whole, final in settles:
                 await self.store.queue_settle(
-                    pipe, _charge_id(run, k), r.allocation, whole=whole, final=final, gpus=gpus
+                    sender.pipe,
+                    _charge_id(run, k),
+                    r.allocation,
+                    whole=whole,
+                    final=final,
+                    gpus=gpus,
                 )
+                await sender.queued()
         except ValidationError as e:  # bad numbers in a record: retrying cannot help
             log.warning(
                 "run not chargeable",
@@ -411,7 +445,10 @@ class Charger:
                     await self.client.hdel(self.running_key, field)
                 continue
             workload, _, attempt = field.rpartition(":")
-            slots = grid_slots(entry.started_at, until, self.slot_s, entry.accrued)
+            start, end = charged_span(
+                entry.started_at, until, now=now, earliest=oldest_charged(now, self.slot_s)
+            )
+            slots = grid_slots(start, end, self.slot_s, entry.accrued)
             if not slots or not workload or not attempt.isdigit():
                 continue
             applied += await self._charge(
@@ -430,22 +467,45 @@ class Charger:
 
     async def _charge(self, run: str, allocation: str, gpus: int, slots: Sequence[Slot]) -> int:
         async with self.client.pipeline(transaction=False) as pipe:
-            await self._queue_slots(pipe, run, allocation, gpus, slots)
-            return sum(1 for reply in await pipe.execute() if reply)
+            sender = _Sender(pipe)
+            await self._queue_slots(sender, run, allocation, gpus, slots)
+            return await sender.sent()
 
     async def _queue_slots(
-        self, pipe: Pipeline, run: str, allocation: str, gpus: int, slots: Sequence[Slot]
+        self, sender: _Sender, run: str, allocation: str, gpus: int, slots: Sequence[Slot]
     ) -> None:
         """Queue each slot's charge under the id the live window and the end share."""
         for sl in slots:
             await self.store.queue_charge(
-                pipe,
+                sender.pipe,
                 _charge_id(run, sl.k),
                 allocation,
                 start=sl.start,
                 end=sl.end,
                 gpus=gpus,
             )
+            await sender.queued()
+
+
+class _Sender:
+    """A Redis pipeline sent every ``PIPELINE_CHUNK`` queued calls, counting new charges."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe = pipe
+        self._new = 0
+
+    async def queued(self) -> None:
+        """After each call queued on ``pipe``: send them once there are enough."""
+        if len(self.pipe) >= PIPELINE_CHUNK:
+            await self._send()
+
+    async def sent(self) -> int:
+        """Send what is left; how many of all the calls were new charges."""
+        await self._send()
+        return self._new
+
+    async def _send(self) -> None:
+        self._new += sum(1 for reply in await self.pipe.execute() if reply)
 
 
 def _running_entry(r: m.WorkloadStarted) -> _Running | None:
@@ -773,9 +833,8 @@ async def rebuild(
     client = redis_asyncio.Redis.from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S)
     try:
         await bus.ensure_streams(js)
-        return await _replay(
-            js, Charger(client, prefix, slot_s), wall_clock() if now is None else now
-        )
+        at = wall_clock() if now is None else now
+        return await _replay(js, Charger(client, prefix, slot_s, clock=lambda: at), at)
     finally:
         await nc.close()
         await client.aclose()
