@@ -7,10 +7,14 @@ embedded NATS and Redis) running a scripted preemption:
    ended it gets a ``reclaimed-for-entitlement`` notice for vision's workload, leaves
    within the 2 s grace period and is requeued (nlp, still over its entitlement with the
    other 8 GPUs, queues behind vision, so the victim does not come straight back);
-3. ads fills the 4 GPUs left (protected 10 min), and five more workloads queue.
+3. ads fills the 4 GPUs left (protected 10 min), and five more workloads queue;
+4. a budget change re-ranks with the usage charged so far, so the allocations' fairshare
+   factors differ (search and speech idle, ads below nlp's and vision's use of their shares).
 
 Checked: every page loads, refreshes itself, and no request leaves localhost (every request
-the page makes is recorded); the queue page's order equals ``allot queue --json``; the
+the page makes is recorded); the queue page's order equals ``allot queue --json``; what
+each page and ``allot queue/prio/share [-l]`` says about who is served first (position 1,
+fairshare factor 1, Slurm's rank with its legend) agrees with the leader's order; the
 preemption appears on the victim's workload page with its reason and its preemptor; the
 pages follow the stack live (a new submission appears on the open queue page; a drain and
 its deadline on the open hosts page). Screenshots of every page are saved as artifacts.
@@ -19,6 +23,7 @@ its deadline on the open hosts page). Screenshots of every page are saved as art
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -156,6 +161,7 @@ async def _script(nats_url: str) -> Script:
             waiting.append(accepted.workload_id)
         await _until(c.queue, lambda q: q.total == 6, "six pending")
         await sub.unsubscribe()
+        await _rerank(c)
         return Script(
             keeper,
             victim,
@@ -164,6 +170,32 @@ async def _script(nats_url: str) -> Script:
             tuple(waiting),
             [(n.workload_id, n.reason, n.preemptor) for n in notices],
         )
+
+
+async def _rerank(c: Client) -> None:
+    """Rank again with the usage charged so far (a budget change ranks at once; setting a
+    share to its value changes nothing else), until every allocation that ran has usage,
+    then wait for the leader's queue to carry the new factors."""
+    running = {"nlp", "vision", "ads"}
+
+    async def ranked() -> m.RankingUpdated:
+        await c.set_budget(("root", "product", "search"), 50, set_by="browser-test")
+        await asyncio.sleep(0.5)
+        return await c.share()
+
+    ranking = await _until(
+        ranked,
+        lambda r: all(n.raw_usage > 0 for n in r.nodes if n.leaf and n.name in running),
+        "usage charged to nlp, vision and ads",
+    )
+    factors = {n.name: n.fairshare for n in ranking.nodes if n.leaf}
+    await _until(
+        c.queue,
+        lambda q: all(
+            r.fairshare == factors.get(r.allocation or "") for r in q.rows if r.allocation
+        ),
+        "the leader's queue with the new factors",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -292,20 +324,121 @@ def test_each_page_loads_refreshes_and_requests_only_localhost(
     print(f"screenshot: {saved}")
 
 
-def _cli_queue(nats_url: str) -> list[str]:
-    """``allot queue --json``, run as a user would."""
+def _cli(nats_url: str, *args: str) -> str:
+    """``allot <args>``'s output, run as a user would."""
     cli = Path(sys.executable).with_name("allot")
     argv = [str(cli)] if cli.exists() else [sys.executable, "-m", "allot.cli.main"]
     out = subprocess.run(
-        [*argv, "queue", "--json", "--nats-url", nats_url],
+        [*argv, *args, "--nats-url", nats_url],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    envelope = json.loads(out.stdout)
+    return out.stdout
+
+
+def _cli_queue(nats_url: str) -> list[str]:
+    """``allot queue --json``'s order."""
+    envelope = json.loads(_cli(nats_url, "queue", "--json"))
     assert envelope["kind"] == "QueueSnapshot", envelope
     return [row["workload_id"] for row in envelope["data"]["rows"]]
+
+
+def _table(text: str, first: str, n: int) -> list[dict[str, str]]:
+    """The ``n`` rows of the table whose header starts with ``first``, by column title (the
+    columns compared here hold no blanks)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    titles = lines[start].split()
+    return [dict(zip(titles, line.split(), strict=False)) for line in lines[start + 2 :][:n]]
+
+
+TIERS = ("under-entitlement", "over-entitlement", "unallocated")
+NODES = 7
+"""Rows of ``allot share``: the default budget tree's two programs and five teams."""
+
+
+def test_every_page_and_command_states_the_order_the_leader_serves(
+    scene: Scene, open_page: Callable[[str], Opened]
+) -> None:
+    """The leader serves by tier, then fairshare factor (1 = first); each surface that
+    shows the order's inputs says so, and the numbers it shows reproduce that order."""
+    envelope = json.loads(_cli(scene.nats_url, "queue", "--json"))
+    rows = envelope["data"]["rows"]
+    leader = [r["workload_id"] for r in rows]
+    factor = {r["allocation"]: r["fairshare"] for r in rows if r["allocation"]}
+    served: list[str] = []  # allocations in the order the leader serves them
+    tier: dict[str, str] = {}
+    for r in rows:
+        name = r["allocation"] or "~"
+        if name not in served:
+            served.append(name)
+            tier[name] = r["tier"]
+    allocated = [a for a in served if a != "~"]
+    # The leader's order itself follows the stated rule: tiers in order, and within one,
+    # the higher factor first; two allocations in one tier with different factors make
+    # the comparison bite.
+    keys = [(TIERS.index(tier[a]), -factor[a]) for a in allocated]
+    assert keys == sorted(keys), list(zip(allocated, keys, strict=True))
+    assert any(
+        tier[a] == tier[b] and factor[a] > factor[b] for a, b in itertools.pairwise(allocated)
+    ), (allocated, factor)
+
+    # The queue page: the allocations in served order, with the words.
+    page = open_page(scene.url + "/queue").page
+    assert _page_order(page) == leader
+    shown = page.eval_on_selector_all(
+        "#served-order [data-served-allocation]", "xs => xs.map(x => x.dataset.servedAllocation)"
+    )
+    assert shown == served
+    said = page.locator("#priority-now").inner_text()
+    assert "position order, 1 = served first" in said, said
+    assert "fairshare factor (1 = served first" in said, said
+    for a in allocated:
+        assert f"{a} ({tier[a]}, factor {factor[a]:.3f})" in said, (a, said)
+    header = page.locator("#queue thead").inner_text().lower()
+    assert "position" in header and "fairshare factor" in header and "rank" not in header
+
+    # The fair share page: the same factors, and the same direction.
+    page = open_page(scene.url + "/").page
+    note = page.locator("#fairshare-order").inner_text()
+    assert "1 = served first" in note and "rank 1" not in note, note
+    for a in allocated:
+        cell = page.locator(f'tr[data-allocation="{a}"] td[data-fairshare]')
+        assert float(cell.get_attribute("data-fairshare") or "nan") == pytest.approx(factor[a])
+    assert "rank" not in page.locator("#tree thead").inner_text().lower()
+
+    # allot queue and allot prio: the leader's order, its factors, the legend.
+    for args in (("queue",), ("queue", "-l"), ("prio",)):
+        text = _cli(scene.nats_url, *args)
+        table = _table(text, "POS", len(leader))
+        assert [r["WORKLOAD"] for r in table] == leader, args
+        assert [r["POS"] for r in table] == [str(i) for i in range(1, len(leader) + 1)]
+        for r in table:
+            if r["ALLOC"] != "~":
+                assert r["FAIRSHARE"] == f"{factor[r['ALLOC']]:.3f}", (args, r)
+        assert "Served in POS order (1 = served first)" in text, text
+        assert "FAIRSHARE factor (1 = served first)" in text, text
+
+    # allot share: the factors; allot share -l: Slurm's rank, whose legend says the highest
+    # is served first, and whose numbers agree.
+    share = {
+        r["Account"].rsplit("/", 1)[1]: r
+        for r in _table(_cli(scene.nats_url, "share"), "Account", NODES)
+    }
+    for a in allocated:
+        assert float(share[a]["FairShare"]) == pytest.approx(factor[a]), share[a]
+    text = _cli(scene.nats_url, "share", "-l")
+    assert "FairShare: the allocation's fairshare factor, 1 = served first" in text, text
+    assert "Rank: Slurm's Fair Tree rank, 5 (the number of allocations) = served first" in text
+    rank = {
+        r["Account"].rsplit("/", 1)[1]: int(r["Rank"])
+        for r in _table(text, "Account", NODES)
+        if r["Rank"] != "-"
+    }
+    keys = [(TIERS.index(tier[a]), -rank[a]) for a in allocated]
+    assert keys == sorted(keys), list(zip(allocated, keys, strict=True))
 
 
 def _page_order(page: Page) -> list[str]:
@@ -331,7 +464,7 @@ def test_queue_page_order_equals_allot_queue_json(
     assert "What priority means now" in page.inner_text("#live")
     assert page.locator("#priority-now").inner_text().count("pending") >= 1
     header = page.locator("#queue thead").inner_text()
-    for column in ("tier", "rank", "fairshare", "priority", "age", "reason", "estimate"):
+    for column in ("position", "tier", "fairshare factor", "priority", "age", "reason", "estimate"):
         assert column in header, header
     screenshot(page, "queue-order")
 
@@ -353,6 +486,7 @@ def test_preemption_appears_on_the_workload_page_with_its_reason(
     text = notice.inner_text()
     assert "reclaimed for an allocation below its entitlement" in text, text
     assert scene.preemptor in text and "must leave by" in text, text
+    assert "fairshare factor" in text and "rank" not in text, text
     assert page.locator("#state").get_attribute("data-state") == "pending"
     screenshot(page, "workload-preempted")
     notice.locator(f'a[href="/workload/{scene.preemptor}"]').click()

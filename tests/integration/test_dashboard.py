@@ -107,10 +107,12 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
             victim_entitlement_gpus=4.0,
             epoch=1,
             victim_window_gpu_s=7200.0,
-            victim_rank=2,
+            victim_rank=1,
+            victim_fairshare=0.5,
             preemptor_allocation="nlp",
             preemptor_window_gpu_s=1800.0,
-            preemptor_rank=1,
+            preemptor_rank=2,
+            preemptor_fairshare=1.0,
         ),
     )
     await event(
@@ -146,8 +148,8 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
         assert 'data-reason="better-ranked"' in notice.group()
         assert 'data-preemptor="req"' in notice.group()
         assert "taken by a better-ranked allocation" in page
-        assert "its allocation used 2.0 GPU-h in the window and Fair Tree rank 2" in page
-        assert "allocation nlp used 0.5 GPU-h in the window and Fair Tree rank 1" in page
+        assert "its allocation used 2.0 GPU-h in the window, fairshare factor 0.500 (1 = " in page
+        assert "allocation nlp used 0.5 GPU-h in the window, fairshare factor 1.000" in page
         assert 'href="/workload/req"' in page
         # Its JSON twin: an assignment is a list of JSON objects, not Python reprs.
         status, body, _ = await _get(http, base + "/api/workload/vic")

@@ -104,7 +104,7 @@ def test_queue_table_columns_and_cells() -> None:
         "USER",
         "GPUS",
         "TIER",
-        "RANK",
+        "FAIRSHARE",
         "REASON",
         "EST.START*",
         "WHY",
@@ -117,12 +117,12 @@ def test_queue_table_columns_and_cells() -> None:
         "ann",
         "8",
         "under-entitlement",
-        "2",
+        "0.500",
         "protected-until",
         "~55m00s",
         "room only behind protected work",
     ]
-    # unallocated shows "~"; missing rank, reason and estimate "-"
+    # unallocated shows "~"; missing factor, reason and estimate "-"
     assert lines[3].split() == ["2", "wl-b", "~", "bob", "1", "unallocated", "-", "-", "-", "-"]
     assert lines[4].split(None, 9)[7:] == [
         "starts-next-cycle",
@@ -132,12 +132,23 @@ def test_queue_table_columns_and_cells() -> None:
     # numbers right-aligned: the GPUS cells end where the GPUS title ends
     gpus_end = lines[0].index("GPUS") + len("GPUS")
     assert lines[2][gpus_end - 1] == "8" and lines[3][gpus_end - 1] == "1"
-    assert lines[-2] == "3 pending, 6 GPUs free (epoch 4, at 2027-01-15T11:05:00Z)"
-    # the footnote says the start is an estimate
+    assert lines[-3] == "3 pending, 6 GPUs free (epoch 4, at 2027-01-15T11:05:00Z)"
+    # the legend says which way the order goes, the footnote that the start is an estimate
+    assert lines[-2] == fmt.ORDER_NOTE
     assert lines[-1].startswith("* EST.START is an estimate")
 
 
-def test_queue_table_long_adds_the_sort_inputs() -> None:
+def test_queue_and_prio_say_which_way_each_column_serves_first() -> None:
+    """One direction everywhere: position 1 and factor 1 are served first; no column
+    counts the other way (Slurm's rank is only in share -l, with its legend)."""
+    assert "POS order (1 = served first)" in fmt.ORDER_NOTE
+    assert "FAIRSHARE factor (1 = served first)" in fmt.ORDER_NOTE
+    for columns in (fmt.QUEUE_COLUMNS, fmt.QUEUE_LONG_COLUMNS, fmt.PRIO_COLUMNS):
+        titles = {c.title for c in columns}
+        assert not titles & {"RANK", "ORDER", "SORT"}, titles
+
+
+def test_queue_table_long_adds_the_last_inputs_of_the_order() -> None:
     lines = fmt.queue_table(_queue(), long=True).splitlines()
     assert lines[0].split() == [
         "POS",
@@ -146,24 +157,23 @@ def test_queue_table_long_adds_the_sort_inputs() -> None:
         "USER",
         "GPUS",
         "TIER",
-        "RANK",
         "FAIRSHARE",
-        "SORT",
+        "PRIO",
         "AGE",
         "REASON",
         "EST.START*",
         "WHY",
     ]
-    assert lines[2].split(None, 12)[7:] == [
+    assert lines[2].split(None, 11)[6:] == [
         "0.500",
-        "0.500",
+        "0",
         "3h05m",
         "protected-until",
         "~55m00s",
         "room only behind protected work",
     ]
     # missing fairshare "-"; age under a minute in seconds
-    assert lines[3].split()[7:10] == ["-", "2.000", "30s"]
+    assert lines[3].split()[6:9] == ["-", "0", "30s"]
 
 
 @pytest.mark.parametrize(
@@ -211,30 +221,28 @@ def test_share_table_shows_gpu_hours_parent_and_inf() -> None:
         "RawUsage(GPU-h)",
         "EffectvUsage",
         "LevelFS",
-        "Rank",
         "FairShare",
     ]
     assert lines[2].split() == [
         "root/nlp",
         "parent",
         "0.500000",
-        "2.0",
+        "2.00",
         "0.250000",
         "inf",
-        "-",
         "-",
     ]
     assert lines[3].split() == [
         "root/nlp/pretrain",
         "3",
         "0.750000",
-        "1.5",
+        "1.50",
         "0.187500",
         "4.000000",
-        "1",
         "1.000000",
     ]
-    assert lines[-1].startswith("window 7d00h")
+    assert lines[-2].startswith("window 7d00h")
+    assert lines[-1] == fmt.FAIRSHARE_NOTE and "1 = served first" in lines[-1]
 
 
 def _ranking_for_long() -> m.RankingUpdated:
@@ -288,55 +296,59 @@ def test_share_long_mirrors_sshare_l_and_adds_budget_entitlement_held() -> None:
         "Account",
         "RawShares",
         "NormShares",
-        "RawUsage",
+        "RawUsage(GPU-h)",
         "NormUsage",
         "EffectvUsage",
         "FairShare",
         "LevelFS",
+        "Rank",
         "Budget",
         "Entitlement",
         "Held",
-        "Window",
-        "GPU-h",
     ]
-    # the account sums its leaves; a parent account has no level usage of its own
+    # the account sums its leaves; a parent account has no level usage of its own; usage
+    # in GPU-hours as in `allot share` (27,000 GPU-seconds)
     assert lines[2].split() == [
         "root/nlp",
         "parent",
         "0.500000",
-        "27000",
+        "7.50",
         "0.750000",
+        "-",
         "-",
         "-",
         "-",
         "50.0%",
         "8.0",
         "8",
-        "7.5",
     ]
     # pretrain's Fair Tree parent is the root (nlp is `parent`): U = 18000 / 36000
     assert lines[3].split() == [
         "root/nlp/pretrain",
         "3",
         "0.500000",
-        "18000",
+        "5.00",
         "0.500000",
         "0.500000",
         "0.500000",
         "1.000000",
+        "1",
         "37.5%",
         "6.0",
         "8",
-        "5.0",
     ]
-    assert lines[5].split()[5:] == ["0.250000", "1.000000", "inf", "50.0%", "8.0", "4", "2.5"]
-    assert "16 healthy GPUs (of 24)" in lines[-1]
+    assert lines[5].split()[5:] == ["0.250000", "1.000000", "inf", "2", "50.0%", "8.0", "4"]
+    assert "16 healthy GPUs (of 24)" in lines[-3]
+    # Slurm's rank is explained where it is shown: the highest is served first
+    assert lines[-2] == fmt.FAIRSHARE_NOTE
+    assert lines[-1].startswith("Rank: Slurm's Fair Tree rank, 3 (the number of allocations)")
+    assert "= served first" in lines[-1]
 
 
 def test_share_long_without_the_placement_leader_shows_dashes() -> None:
     lines = fmt.share_long_table(_ranking_for_long(), None).splitlines()
-    assert lines[3].split()[8:] == ["-", "-", "-", "5.0"]
-    assert "placement leader did not answer" in lines[-1]
+    assert lines[3].split()[9:] == ["-", "-", "-"]
+    assert "placement leader did not answer" in lines[-3]
 
 
 def test_level_usage_under_a_real_account_is_over_the_account() -> None:
@@ -824,7 +836,7 @@ def test_prio_table_lists_the_inputs_of_each_position() -> None:
         total=2,
     )
     text = fmt.prio_table(snap)
-    header, _, first, second, footer = text.splitlines()
+    header, _, first, second, footer, legend = text.splitlines()
     assert header.split() == [
         "POS",
         "WORKLOAD",
@@ -834,16 +846,27 @@ def test_prio_table_lists_the_inputs_of_each_position() -> None:
         "TIER",
         "HELD",
         "ENTITLED",
-        "ORDER",
-        "RANK",
         "FAIRSHARE",
         "PRIO",
         "AGE",
     ]
-    assert first.split()[:9] == ["1", "w1", "nlp", "ann", "8", "under-entitlement", "4", "9.6", "2"]
+    assert first.split() == [
+        "1",
+        "w1",
+        "nlp",
+        "ann",
+        "8",
+        "under-entitlement",
+        "4",
+        "9.6",
+        "0.600",
+        "5",
+        "2m05s",
+    ]
     assert second.split()[2] == fmt.alloc_cell(None)
-    assert second.split()[6:11] == ["0", "0.0", fmt.NONE, fmt.NONE, fmt.NONE]
+    assert second.split()[6:10] == ["0", "0.0", fmt.NONE, "0"]
     assert footer.startswith("2 pending (at ")
+    assert legend == fmt.ORDER_NOTE
     # A capped answer says so, as allot queue's does (2,584 pending, 2,000 rows).
-    capped = fmt.prio_table(msgspec.structs.replace(snap, total=2584)).splitlines()[-1]
+    capped = fmt.prio_table(msgspec.structs.replace(snap, total=2584)).splitlines()[-2]
     assert capped.startswith("2584 pending (first 2 shown) (at ")

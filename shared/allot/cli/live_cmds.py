@@ -341,7 +341,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="pending work in service order, why each waits, an estimated start",
     )
     p.add_argument(
-        "-l", "--long", action="store_true", help="also the sort inputs (fair share, sort, age)"
+        "-l", "--long", action="store_true", help="also the user priority and age columns"
     )
     p.add_argument("--alloc", dest="scope", help=SCOPE_HELP)
     p.set_defaults(func=run_queue)
@@ -350,12 +350,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--alloc", dest="scope", help=SCOPE_HELP)
     p.set_defaults(func=run_prio)
-    p = subparsers.add_parser("share", parents=common, help="Fair Tree ranking (sshare)")
+    p = subparsers.add_parser("share", parents=common, help="Fair Tree fairshare factors (sshare)")
     p.add_argument(
         "-l",
         "--long",
         action="store_true",
-        help="sshare -l columns plus budget, entitlement, held GPUs and window GPU-hours",
+        help="sshare -l columns (with Slurm's Rank) plus budget, entitlement, held GPUs",
     )
     p.set_defaults(func=run_share)
     p = subparsers.add_parser("hosts", parents=common, help="hosts, their state and work")

@@ -110,15 +110,14 @@ QUEUE_COLUMNS = (
     Column("USER"),
     Column("GPUS", ">"),
     Column("TIER"),
-    Column("RANK", ">"),
+    Column("FAIRSHARE", ">"),
     Column("REASON"),
     Column("EST.START*", ">"),
     Column("WHY"),
 )
 QUEUE_LONG_COLUMNS = (
     *QUEUE_COLUMNS[:7],
-    Column("FAIRSHARE", ">"),
-    Column("SORT", ">"),
+    Column("PRIO", ">"),
     Column("AGE", ">"),
     *QUEUE_COLUMNS[7:],
 )
@@ -126,6 +125,13 @@ EST_START_NOTE = (
     "* EST.START is an estimate, not a promise: the notice deadline or protection end the "
     "reason names, 'now' when the next cycle starts it, '-' when nothing bounds it"
 )
+ORDER_NOTE = (
+    "Served in POS order (1 = served first): by TIER (under-entitlement, then "
+    "over-entitlement, then unallocated), then the allocation's FAIRSHARE factor "
+    "(1 = served first), then the user's PRIO (higher first), then AGE (older first)"
+)
+"""The legend of ``allot queue`` and ``allot prio``: the words the dashboard's queue page
+uses too."""
 
 
 PRIO_COLUMNS = (
@@ -137,8 +143,6 @@ PRIO_COLUMNS = (
     Column("TIER"),
     Column("HELD", ">"),
     Column("ENTITLED", ">"),
-    Column("ORDER", ">"),
-    Column("RANK", ">"),
     Column("FAIRSHARE", ">"),
     Column("PRIO", ">"),
     Column("AGE", ">"),
@@ -147,7 +151,8 @@ PRIO_COLUMNS = (
 
 def prio_table(snapshot: m.PrioSnapshot) -> str:
     """sprio -l-like: the inputs of each position, in precedence order left to right:
-    tier (and why: held vs entitled), Fair Tree order (rank, factor), user priority, age."""
+    tier (and why: held vs entitled), the allocation's fairshare factor, user priority,
+    age; the legend says which way each one serves first."""
     rows = [
         (
             str(r.position),
@@ -158,8 +163,6 @@ def prio_table(snapshot: m.PrioSnapshot) -> str:
             r.tier_name,
             str(r.held),
             f"{r.entitlement:.1f}",
-            int_cell(r.order_key),
-            int_cell(r.rank),
             num(r.fairshare),
             str(r.priority),
             age(r.age_s),
@@ -169,7 +172,9 @@ def prio_table(snapshot: m.PrioSnapshot) -> str:
     footer = f"{max(snapshot.total, len(snapshot.rows))} pending" + (
         f" (first {len(snapshot.rows)} shown)" if snapshot.total > len(snapshot.rows) else ""
     )
-    return f"{render_table(PRIO_COLUMNS, rows)}\n{footer} (at {timestamp(snapshot.at)})"
+    return (
+        f"{render_table(PRIO_COLUMNS, rows)}\n{footer} (at {timestamp(snapshot.at)})\n{ORDER_NOTE}"
+    )
 
 
 def est_start_cell(est: float | None, at: float) -> str:
@@ -182,9 +187,10 @@ def est_start_cell(est: float | None, at: float) -> str:
 
 
 def queue_table(snapshot: m.QueueSnapshot, *, long: bool = False) -> str:
-    """squeue-like: pending work in service order, each with its reason code
-    (docs/reasons.md), an ESTIMATED start (footnoted as such) and the reason's text.
-    ``long`` adds the sort inputs (Fair Tree factor, sort metric, age at ``at``)."""
+    """squeue-like: pending work in service order, each with its allocation's fairshare
+    factor, its reason code (docs/reasons.md), an ESTIMATED start (footnoted as such) and
+    the reason's text. ``long`` adds the rest of the order's inputs (user priority, age at
+    ``at``). The legend says which way each column serves first."""
     rows = []
     for r in snapshot.rows:
         cells = [
@@ -194,10 +200,10 @@ def queue_table(snapshot: m.QueueSnapshot, *, long: bool = False) -> str:
             r.user,
             str(r.gpus),
             r.tier,
-            int_cell(r.rank),
+            num(r.fairshare),
         ]
         if long:
-            cells += [num(r.fairshare), num(r.sort_metric), age(snapshot.at - r.submitted_at)]
+            cells += [str(r.priority), age(snapshot.at - r.submitted_at)]
         cells += [r.reason or NONE, est_start_cell(r.est_start, snapshot.at), r.why or NONE]
         rows.append(cells)
     footer = (
@@ -207,7 +213,7 @@ def queue_table(snapshot: m.QueueSnapshot, *, long: bool = False) -> str:
         f"(epoch {snapshot.epoch}, at {timestamp(snapshot.at)})"
     )
     columns = QUEUE_LONG_COLUMNS if long else QUEUE_COLUMNS
-    return f"{render_table(columns, rows)}\n{footer}\n{EST_START_NOTE}"
+    return f"{render_table(columns, rows)}\n{footer}\n{ORDER_NOTE}\n{EST_START_NOTE}"
 
 
 SHARE_COLUMNS = (
@@ -217,57 +223,66 @@ SHARE_COLUMNS = (
     Column("RawUsage(GPU-h)", ">"),
     Column("EffectvUsage", ">"),
     Column("LevelFS", ">"),
-    Column("Rank", ">"),
     Column("FairShare", ">"),
+)
+FAIRSHARE_NOTE = (
+    "FairShare: the allocation's fairshare factor, 1 = served first within a tier "
+    "(allot queue shows the tiers)"
 )
 
 
+def gpu_hours(gpu_s: float) -> str:
+    """A usage column's cell: GPU-seconds on the wire, GPU-hours on screen."""
+    return num(gpu_s / 3600.0, 2)
+
+
 def share_table(ranking: m.RankingUpdated) -> str:
-    """``sshare -l`` like: one row per node in tree order, the path shown as is; raw usage
-    arrives in GPU-seconds and is shown in GPU-hours."""
+    """``sshare`` like: one row per node in tree order, the path shown as is; raw usage
+    arrives in GPU-seconds and is shown in GPU-hours. Slurm's rank is left to ``-l``: the
+    factor alone says who is served first."""
     rows = [
         (
             r.path,
             "parent" if r.raw_shares is None else str(r.raw_shares),
             num(r.norm_shares, 6),
-            num(r.raw_usage / 3600.0, 1),
+            gpu_hours(r.raw_usage),
             num(r.effective_usage, 6),
             r.level_fs if isinstance(r.level_fs, str) else num(r.level_fs, 6),
-            int_cell(r.rank),
             num(r.fairshare, 6),
         )
         for r in ranking.nodes
     ]
     footer = f"window {age(ranking.window_s)}, ranked at {timestamp(ranking.at)}"
-    return f"{render_table(SHARE_COLUMNS, rows)}\n{footer}"
+    return f"{render_table(SHARE_COLUMNS, rows)}\n{footer}\n{FAIRSHARE_NOTE}"
 
 
 SHARE_LONG_COLUMNS = (
     Column("Account"),
     Column("RawShares", ">"),
     Column("NormShares", ">"),
-    Column("RawUsage", ">"),
+    Column("RawUsage(GPU-h)", ">"),
     Column("NormUsage", ">"),
     Column("EffectvUsage", ">"),
     Column("FairShare", ">"),
     Column("LevelFS", ">"),
+    Column("Rank", ">"),
     Column("Budget", ">"),
     Column("Entitlement", ">"),
     Column("Held", ">"),
-    Column("Window GPU-h", ">"),
 )
 
 
 def share_long_table(ranking: m.RankingUpdated, allocations: m.AllocationsSnapshot | None) -> str:
     """``sshare -l``: Slurm's columns, then what Allot adds for now.
 
-    Slurm's: RawShares (``parent`` for a parent node), NormShares (S), RawUsage (GPU-seconds
-    in the window, subtree sum for an account), NormUsage (its usage over the whole tree's,
-    ``RankRow.effective_usage``), EffectvUsage (the level's U = its usage over its Fair
-    Tree parent's, the parent skipping ``parent`` accounts; what sshare shows under Fair
-    Tree; ``-`` for a ``parent`` node), FairShare (leaves) and LevelFS. Allot's: Budget
-    (effective share of the cluster), Entitlement (that share of the healthy GPUs), Held
-    (GPUs its allocated work holds now) and Window GPU-h (RawUsage / 3600). An account
+    Slurm's: RawShares (``parent`` for a parent node), NormShares (S), RawUsage (in the
+    window, subtree sum for an account; shown in GPU-hours where sshare shows seconds),
+    NormUsage (its usage over the whole tree's, ``RankRow.effective_usage``), EffectvUsage
+    (the level's U = its usage over its Fair Tree parent's, the parent skipping ``parent``
+    accounts; what sshare shows under Fair Tree; ``-`` for a ``parent`` node), FairShare
+    (leaves), LevelFS and Rank (Fair Tree's, explained in the legend: the highest is
+    served first). Allot's: Budget (effective share of the cluster), Entitlement (that
+    share of the healthy GPUs) and Held (GPUs its allocated work holds now). An account
     shows the sums over its leaves. ``allocations`` None (the placement leader did not
     answer): those three columns show ``-``.
     """
@@ -286,15 +301,15 @@ def share_long_table(ranking: m.RankingUpdated, allocations: m.AllocationsSnapsh
                 r.path,
                 "parent" if r.raw_shares is None else str(r.raw_shares),
                 num(r.norm_shares, 6),
-                f"{r.raw_usage:.0f}",
+                gpu_hours(r.raw_usage),
                 num(r.effective_usage, 6),
                 num(_level_usage(r, by_path, root_usage), 6),
                 num(r.fairshare, 6),
                 r.level_fs if isinstance(r.level_fs, str) else num(r.level_fs, 6),
+                int_cell(r.rank),
                 f"{100 * math.fsum(a.effective_share for a in mine):.1f}%" if known else NONE,
                 f"{math.fsum(a.entitlement_gpus for a in mine):.1f}" if known else NONE,
                 str(sum(a.held_gpus for a in mine)) if known else NONE,
-                num(r.raw_usage / 3600.0, 1),
             )
         )
     footer = f"window {age(ranking.window_s)}, ranked at {timestamp(ranking.at)}"
@@ -305,7 +320,12 @@ def share_long_table(ranking: m.RankingUpdated, allocations: m.AllocationsSnapsh
             f"; Entitlement = Budget x {allocations.healthy_gpus} healthy GPUs "
             f"(of {allocations.total_gpus}), Held at {timestamp(allocations.at)}"
         )
-    return f"{render_table(SHARE_LONG_COLUMNS, rows)}\n{footer}"
+    n = len(leaves)
+    legend = (
+        f"{FAIRSHARE_NOTE}\nRank: Slurm's Fair Tree rank, {n} (the number of allocations) "
+        f"= served first, 1 = served last; FairShare = Rank / {n}"
+    )
+    return f"{render_table(SHARE_LONG_COLUMNS, rows)}\n{footer}\n{legend}"
 
 
 def _level_usage(

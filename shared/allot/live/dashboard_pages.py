@@ -6,9 +6,11 @@ are ``allot.sim.svgcharts``, the code of the simulator's report.html: inline SVG
 here, nothing fetched.
 
 Stable hooks: ``tr[data-workload-id][data-position][data-reason]`` in queue order
-(``#queue``); ``tr[data-allocation]`` (fair share with ``td[data-held]`` and
-``td[data-entitlement]``; owed with ``td[data-owed]`` and ``td[data-delivered]`` per
-``data-window``); ``[data-chart-allocation]`` and ``[data-chart-window]`` around charts;
+(``#queue``); ``#served-order [data-served-allocation]``, the allocations in the order they
+are served (``~``: unallocated work); ``tr[data-allocation]`` (fair share with
+``td[data-held]``, ``td[data-entitlement]`` and ``td[data-fairshare]``; owed with
+``td[data-owed]`` and ``td[data-delivered]`` per ``data-window``);
+``[data-chart-allocation]`` and ``[data-chart-window]`` around charts;
 ``tr[data-host][data-state]`` with ``data-deadline`` on draining hosts and
 ``li[data-drain-host]`` (``#drains``).
 """
@@ -36,6 +38,7 @@ from allot.live.dashboard_frame import (
     workload_link,
 )
 from allot.proto import messages as m
+from allot.proto.subjects import UNALLOCATED
 from allot.sim.svgcharts import Series, bar_chart, line_chart
 
 WINDOWS: dict[str, tuple[float, int]] = {
@@ -59,7 +62,7 @@ def fairshare_page(
     window: str,
     errors: Sequence[str] = (),
 ) -> PageView:
-    """The budget tree with shares, Fair Tree factor and rank (ranking), held GPUs vs
+    """The budget tree with shares and Fair Tree's fairshare factor (ranking), held GPUs vs
     entitlement now (placement), and held vs entitlement over ``window`` (the log)."""
     by_alloc = {r.allocation: r for r in allocations.rows} if allocations is not None else {}
     parts = [error_banners(errors)]
@@ -77,8 +80,7 @@ def fairshare_page(
         ("usage (GPU-h, window)", ""),
         ("effective usage", ""),
         ("level FS", ""),
-        ("fairshare factor", ""),
-        ("rank", ""),
+        ("fairshare factor (1 = served first)", ""),
         ("held GPUs", ""),
         ("entitlement GPUs", ""),
         ("pending", ""),
@@ -101,7 +103,8 @@ def fairshare_page(
             f"<td>{num(node.effective_usage, 3)}</td>"
             f"<td>{escape(_level_fs(node.level_fs))}</td>"
             f'<td data-fairshare="{num(node.fairshare, 6)}">{num(node.fairshare, 3)}</td>'
-            f"<td>{'' if node.rank is None else node.rank}</td>" + _held_cells(alloc) + "</tr>"
+            + _held_cells(alloc)
+            + "</tr>"
         )
     for name, alloc in sorted(by_alloc.items()):  # placement knows it, ranking did not say
         if name not in seen:
@@ -109,17 +112,20 @@ def fairshare_page(
                 f'<tr data-allocation="{escape(name)}"><td class="l">{escape(name)}</td>'
                 + "<td></td>" * 2
                 + f"<td>{pct(alloc.effective_share)}</td>"
-                + "<td></td>" * 5
+                + "<td></td>" * 4
                 + _held_cells(alloc)
                 + "</tr>"
             )
     parts.append(table(heads, rows, table_id="tree"))
     if ranking is not None:
         parts.append(
-            f'<p class="note">Fair Tree ranking of {when(ranking.at, now)} over a usage '
-            f"window of {format_duration(ranking.window_s)}: rank 1 has used the least of "
-            "its share and is served first within its tier; the fairshare factor is "
-            "1 for the best rank, falling towards 0.</p>"
+            f'<p class="note" id="fairshare-order">Fair Tree ranking of '
+            f"{when(ranking.at, now)} over a usage window of "
+            f"{format_duration(ranking.window_s)}. Within a tier (allocations under their "
+            "entitlement first, then those at or over it), the allocation with the highest "
+            "<b>fairshare factor</b> is served first: 1 = served first (it has used the "
+            "least of its share, level by level down the tree), falling towards 0 for the "
+            "allocation that used the most. The queue page shows the tiers and the order.</p>"
         )
     parts.append(_window_links(window))
     parts.append(_held_charts(now, series, window))
@@ -207,14 +213,13 @@ def queue_page(now: float, queue: m.QueueSnapshot | None, errors: Sequence[str] 
     )
     parts.append(_priority_now(queue))
     heads = (
-        ("#", ""),
+        ("position", ""),
         ("workload", "l"),
         ("allocation", "l"),
         ("user", "l"),
         ("GPUs", ""),
         ("tier", "l"),
-        ("rank", ""),
-        ("fairshare", ""),
+        ("fairshare factor", ""),
         ("priority", ""),
         ("age", ""),
         ("reason", "l"),
@@ -232,7 +237,6 @@ def queue_page(now: float, queue: m.QueueSnapshot | None, errors: Sequence[str] 
             f'<td class="l">{escape(r.user)}</td>'
             f"<td>{r.gpus}</td>"
             f'<td class="l">{escape(r.tier)}</td>'
-            f"<td>{'' if r.rank is None else r.rank}</td>"
             f"<td>{num(r.fairshare, 3)}</td>"
             f"<td>{r.priority}</td>"
             f"<td>{format_duration(max(0.0, queue.at - r.submitted_at))}</td>"
@@ -258,31 +262,38 @@ def queue_page(now: float, queue: m.QueueSnapshot | None, errors: Sequence[str] 
 
 
 def _priority_now(queue: m.QueueSnapshot) -> str:
-    """What decides a position, said with the numbers of this snapshot."""
+    """What decides a position, said with the numbers of this snapshot: the allocations in
+    the order the leader serves them (where each first appears in the queue), each with
+    the tier and fairshare factor that put it there."""
     tiers = {"under-entitlement": 0, "over-entitlement": 0, "unallocated": 0}
-    ranked: dict[str, tuple[int | None, float | None]] = {}
+    served: dict[str | None, m.QueueRow] = {}
     for r in queue.rows:
         tiers[r.tier] += 1
-        if r.allocation is not None:
-            ranked.setdefault(r.allocation, (r.rank, r.fairshare))
-    order = sorted(ranked.items(), key=lambda kv: (kv[1][0] or 10**9, kv[0]))
-    ranks = ", ".join(
-        f"{escape(name)} (rank {rank if rank is not None else '?'}, factor {num(fs, 3)})"
-        for name, (rank, fs) in order[:8]
+        served.setdefault(r.allocation, r)
+    order = ", ".join(
+        f'<span data-served-allocation="{escape(r.allocation or UNALLOCATED)}">'
+        + (
+            f"{escape(r.allocation)} ({escape(r.tier)}, factor {num(r.fairshare, 3)})"
+            if r.allocation is not None
+            else "unallocated work"
+        )
+        + "</span>"
+        for r in list(served.values())[:9]
     )
     return (
         '<h2>What priority means now</h2><p id="priority-now">'
-        "A position is decided by, in order: the <b>tier</b> (allocations holding less "
-        "than their entitlement, then those at or over it, then unallocated work, which "
-        "only ever runs on idle GPUs and never preempts); within a tier, the allocation's "
-        "<b>Fair Tree rank</b> (rank 1 has used the least of its share over the usage "
-        "window); then, inside an allocation, the user's <b>priority</b> (−1000..1000, "
-        "higher first) and <b>age</b> (earlier submission first). A user priority never "
-        "moves work past another tier or a better-ranked allocation. Work that does not "
+        "Work is served in <b>position</b> order, 1 = served first. A position is decided "
+        "by, in order: the <b>tier</b> (allocations holding less than their entitlement, "
+        "then those at or over it, then unallocated work, which only ever runs on idle "
+        "GPUs and never preempts); within a tier, the allocation's <b>fairshare factor</b> "
+        "(1 = served first: it has used the least of its share over the usage window); "
+        "then, inside an allocation, the user's <b>priority</b> (−1000..1000, higher "
+        "first) and <b>age</b> (earlier submission first). A user priority never moves "
+        "work past another tier or an allocation with a higher factor. Work that does not "
         "fit is passed over, so a position is an order of consideration, not a promise. "
         f"Now: {tiers['under-entitlement']} pending under entitlement, "
         f"{tiers['over-entitlement']} over, {tiers['unallocated']} unallocated"
-        + (f"; allocations waiting, best ranked first: {ranks}" if ranks else "")
+        + (f'; served in this order: <span id="served-order">{order}</span>' if order else "")
         + ".</p>"
     )
 

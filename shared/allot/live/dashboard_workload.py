@@ -148,20 +148,26 @@ _EVENT_TITLE = {
 
 
 def _ranking_text(d: Mapping[str, object]) -> list[str]:
-    """The Fair Tree side of a notice: each allocation's window usage and rank."""
+    """The Fair Tree side of a notice: each allocation's window usage and fairshare factor
+    (1 = served first); a notice recorded before the factor travelled gives the rank."""
     out: list[str] = []
+    legend = " (1 = served first)"
     for who, label in (("victim", "its allocation"), ("preemptor", "")):
         usage, rank = d.get(f"{who}_window_gpu_s"), d.get(f"{who}_rank")
+        factor = d.get(f"{who}_fairshare")
         name = d.get("preemptor_allocation") if who == "preemptor" else None
-        if not _is_number(usage) and not _is_number(rank):
+        if not (_is_number(usage) or _is_number(rank) or _is_number(factor)):
             continue
         subject = label or (f"the preemptor's allocation {name}" if name else "the preemptor's")
         parts = []
         if _is_number(usage):
             parts.append(f"used {float(usage) / 3600:,.1f} GPU-h in the window")
-        if _is_number(rank):
-            parts.append(f"Fair Tree rank {int(float(rank))}")
-        out.append(f"{escape(str(subject))} {' and '.join(parts)}")
+        if _is_number(factor):
+            parts.append(f"fairshare factor {float(factor):.3f}{legend}")
+            legend = ""
+        elif _is_number(rank):
+            parts.append(f"Fair Tree rank {int(float(rank))} (the highest is served first)")
+        out.append(f"{escape(str(subject))} {', '.join(parts)}")
     return out
 
 
@@ -194,9 +200,11 @@ def _event_item(e: TimelineEvent, now: float) -> str:
     shown |= {
         "victim_window_gpu_s",
         "victim_rank",
+        "victim_fairshare",
         "preemptor_allocation",
         "preemptor_window_gpu_s",
         "preemptor_rank",
+        "preemptor_fairshare",
     }
     deadline = d.get("grace_deadline")
     if _is_number(deadline):

@@ -370,9 +370,11 @@ class LogTimeline:
             victim_entitlement_gpus=r.victim_entitlement_gpus,
             victim_window_gpu_s=r.victim_window_gpu_s,
             victim_rank=r.victim_rank,
+            victim_fairshare=r.victim_fairshare,
             preemptor_allocation=r.preemptor_allocation,
             preemptor_window_gpu_s=r.preemptor_window_gpu_s,
             preemptor_rank=r.preemptor_rank,
+            preemptor_fairshare=r.preemptor_fairshare,
         )
 
     def _ended(self, r: Any, applied: Applied) -> None:

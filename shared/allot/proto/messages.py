@@ -437,8 +437,9 @@ class LeaderElected(_Message, frozen=True, kw_only=True):
 
 
 class WorkloadQueued(_Message, frozen=True, kw_only=True):
-    """``position`` is 1-based in the pending queue; ``sort_metric`` is what the queue is
-    sorted by (smaller is served first) and ``rank`` the allocation's Fair Tree rank."""
+    """``position`` is 1-based in the pending queue (1 = served first); ``sort_metric`` is
+    tier + (1 - fairshare factor), smaller served first, and ``rank`` the allocation's Fair
+    Tree rank (the highest is served first within a tier)."""
 
     workload_id: Name
     allocation: Name | None = None
@@ -496,9 +497,14 @@ class PreemptionNotice(_Message, frozen=True, kw_only=True):
     """GPU-seconds the victim's allocation was charged over the usage window (Fair Tree's
     input), as last ranked; None for unallocated work or before a ranking."""
     victim_rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Slurm's Fair Tree rank (the highest is served first), as ``RankRow.rank``."""
     preemptor_allocation: Name | None = None
     preemptor_window_gpu_s: NonNegative | None = None
     preemptor_rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    victim_fairshare: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    """The victim allocation's fairshare factor as last ranked (1 = served first within a
+    tier); what the dashboard shows rather than the rank."""
+    preemptor_fairshare: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
 
 
 class WorkloadPreempted(_Message, frozen=True, kw_only=True):
@@ -722,9 +728,10 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
 
 
 class QueueRow(_Wire, frozen=True, kw_only=True):
-    """One pending workload, in service order. ``tier``: under-entitlement,
-    over-entitlement or unallocated; ``sort_metric`` = tier index + (1 - Fair Tree factor),
-    smaller first."""
+    """One pending workload, in service order (``position`` 1 = served first). ``tier``:
+    under-entitlement, over-entitlement or unallocated; ``fairshare``: the allocation's
+    fairshare factor, 1 = served first within a tier; ``rank``: Slurm's Fair Tree rank
+    (the highest first); ``sort_metric`` = tier index + (1 - fairshare), smaller first."""
 
     position: Annotated[int, msgspec.Meta(ge=1)]
     workload_id: Name

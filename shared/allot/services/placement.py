@@ -359,18 +359,20 @@ class PlacementService:
         self._ranking_version += 1
 
     def _ranking_numbers(self, victim: str | None, preemptor: str | None) -> dict[str, Any]:
-        """The Fair Tree numbers behind a notice: window usage and rank of the victim's and
-        the preemptor's allocations, as last ranked (absent when unknown)."""
+        """The Fair Tree numbers behind a notice: window usage, rank and fairshare factor of
+        the victim's and the preemptor's allocations, as last ranked (absent when unknown)."""
         out: dict[str, Any] = {}
         if victim is not None:
             out["victim_window_gpu_s"] = self.window_gpu_s.get(victim)
             out["victim_rank"] = self.rank_of.get(victim)
+            out["victim_fairshare"] = self.fairshare.get(victim)
         rec = self.fold.records.get(preemptor) if preemptor is not None else None
         alloc = rec.workload.allocation if rec is not None else None
         if alloc is not None:
             out["preemptor_allocation"] = alloc
             out["preemptor_window_gpu_s"] = self.window_gpu_s.get(alloc)
             out["preemptor_rank"] = self.rank_of.get(alloc)
+            out["preemptor_fairshare"] = self.fairshare.get(alloc)
         return out
 
     # ------------------------------------------------------------------ leadership
