@@ -485,7 +485,10 @@ def test_preemption_appears_on_the_workload_page_with_its_reason(
     assert notice.get_attribute("data-preemptor") == scene.preemptor
     text = notice.inner_text()
     assert "reclaimed for an allocation below its entitlement" in text, text
-    assert scene.preemptor in text and "must leave by" in text, text
+    assert scene.preemptor in text, text
+    # The victim has left: the notice says so, not "must leave by" a deadline now past.
+    assert "left (preempted)" in text and "before its deadline" in text, text
+    assert "must leave" not in text, text
     assert "fairshare factor" in text and "rank" not in text, text
     assert page.locator("#state").get_attribute("data-state") == "pending"
     screenshot(page, "workload-preempted")

@@ -116,9 +116,14 @@ def workload_page(
             + f"; est. start {estimate(queue_row.est_start, now)}.</p>"
         )
     parts.append("<h2>Timeline</h2>")
+    # A notice is read with its attempt's end: once the work left, its deadline is history.
+    ends: dict[int, TimelineEvent] = {}
+    for e in events:
+        if e.kind in _END_KINDS:
+            ends.setdefault(e.attempt, e)
     # In time order (log order for equal times): a protection end is recorded with the
     # placement but happens later.
-    items = [_event_item(e, now) for e in sorted(events, key=lambda e: e.at)]
+    items = [_event_item(e, now, ends.get(e.attempt)) for e in sorted(events, key=lambda e: e.at)]
     parts.append('<ol class="timeline" id="timeline">' + "\n".join(items) + "</ol>")
     data: dict[str, Any] = {
         "workload_id": workload_id,
@@ -147,6 +152,10 @@ _EVENT_TITLE = {
 }
 
 
+_END_KINDS = frozenset({"preempted", "completed", "failed", "cancelled"})
+"""Timeline kinds that end an attempt."""
+
+
 def _ranking_text(d: Mapping[str, object]) -> list[str]:
     """The Fair Tree side of a notice: each allocation's window usage and fairshare factor
     (1 = served first); a notice recorded before the factor travelled gives the rank."""
@@ -171,9 +180,25 @@ def _ranking_text(d: Mapping[str, object]) -> list[str]:
     return out
 
 
-def _event_item(e: TimelineEvent, now: float) -> str:
+def _deadline_text(deadline: float, end: TimelineEvent | None, now: float) -> str:
+    """A notice's deadline: still ahead, passed with no end in the log yet, or met (when
+    the attempt ended, and how)."""
+    if end is None:
+        verb = "must" if deadline > now else "had to"
+        return f"{verb} leave by {when(deadline, now)}"
+    gap = end.at - deadline
+    side = (
+        "at its deadline"
+        if abs(gap) < 1
+        else f"{format_duration(abs(gap))} {'after' if gap > 0 else 'before'} its deadline"
+    )
+    return f"left ({escape(_EVENT_TITLE.get(end.kind, end.kind))}) {when(end.at, now)}, {side}"
+
+
+def _event_item(e: TimelineEvent, now: float, end: TimelineEvent | None = None) -> str:
     """One timeline entry: when, what, and the numbers behind it (reason codes with their
-    meaning, the preemptor as a link, deadlines as times)."""
+    meaning, the preemptor as a link, deadlines as times). ``end``: the event that ended
+    this entry's attempt, if any (a notice then says the work left)."""
     d = e.detail
     attrs = f' data-event-kind="{escape(e.kind)}" data-attempt="{e.attempt}"'
     text: list[str] = []
@@ -193,9 +218,18 @@ def _event_item(e: TimelineEvent, now: float) -> str:
         text.append(f'for <span class="preemptor">{workload_link(preemptor)}</span>')
     shown.add("preemptor")
     held, entitled = d.get("victim_held_gpus"), d.get("victim_entitlement_gpus")
-    if _is_number(held) and _is_number(entitled):
+    unallocated = d.get("allocated") is False or (
+        "allocated" not in d and reason == "displaced-unallocated"
+    )
+    if e.kind == "notice" and unallocated:
+        text.append(
+            "it is unallocated work (free, entitled to nothing: any allocated work "
+            "may take its GPUs)"
+        )
+        shown |= {"victim_held_gpus", "victim_entitlement_gpus", "allocated"}
+    elif _is_number(held) and _is_number(entitled):
         text.append(f"its allocation held {float(held):g} of {float(entitled):.1f} entitled GPUs")
-        shown |= {"victim_held_gpus", "victim_entitlement_gpus"}
+        shown |= {"victim_held_gpus", "victim_entitlement_gpus", "allocated"}
     text += _ranking_text(d)
     shown |= {
         "victim_window_gpu_s",
@@ -208,7 +242,7 @@ def _event_item(e: TimelineEvent, now: float) -> str:
     }
     deadline = d.get("grace_deadline")
     if _is_number(deadline):
-        text.append(f"must leave by {when(float(deadline), now)}")
+        text.append(_deadline_text(float(deadline), end, now))
         shown.add("grace_deadline")
     hosts = d.get("assignment")
     if isinstance(hosts, list) and hosts:

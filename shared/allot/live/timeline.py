@@ -366,6 +366,7 @@ class LogTimeline:
             grace_deadline=r.grace_deadline,
             requeue=r.requeue,
             gpus=r.gpus,
+            allocated=w.allocated,
             victim_held_gpus=r.victim_held_gpus,
             victim_entitlement_gpus=r.victim_entitlement_gpus,
             victim_window_gpu_s=r.victim_window_gpu_s,
