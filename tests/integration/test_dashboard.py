@@ -184,6 +184,14 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
             status, body, _ = await _get(http, base + api)
             assert status == 200 and json.loads(body)["html"], api
 
+        # The log starts about 2 h ago: the fair share page picks the 1-day window, and a
+        # week asked for starts its axis at the first record, not 7 days back.
+        page = (await _get(http, base + "/"))[1]
+        assert "<strong>1d</strong>" in page and "picked to hold the whole history" in page
+        page = (await _get(http, base + "/?window=7d"))[1]
+        starts = {float(x) for x in _attrs(page, "data-chart-from-s")}
+        assert starts and max(starts) <= 3 * 3600, starts
+
         # Metrics: the Prometheus text format, from the same log.
         status, text, headers = await _get(http, base + "/metrics")
         assert status == 200

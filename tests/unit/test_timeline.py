@@ -355,6 +355,17 @@ def test_held_series_means_per_bucket_and_entitlement() -> None:
     assert entitled["ops"] == pytest.approx([8.0, 0.5 * (16 * 200 + 8 * 1000 + 16 * 600) / 1800])
 
 
+def test_held_series_of_a_log_younger_than_the_window_starts_at_its_first_record() -> None:
+    """A week asked of an hour-old log: buckets from the first record (T0), not 7 days of
+    empty ones; the last, partial bucket is a mean over its own length."""
+    tl = timeline()
+    assert tl.first == T0
+    starts, held, _ = tl.held_series(NOW, 7 * 86400, 2400)
+    assert starts == [T0, T0 + 2400]
+    # vision held 8 GPUs over [1300, 3600): 8 x 1100 / 2400, then 8 over the last 1200 s.
+    assert held["vision"] == pytest.approx([8 * 1100 / 2400, 8.0])
+
+
 # -- memory and bad queries ----------------------------------------------------------------------
 
 

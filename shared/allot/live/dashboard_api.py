@@ -20,6 +20,7 @@ the facts behind it (snapshots as their wire JSON).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -31,12 +32,12 @@ from allot.core.errors import ValidationError
 from allot.live.dashboard_access import EVERYONE, Viewer
 from allot.live.dashboard_frame import PageView
 from allot.live.dashboard_pages import (
-    DEFAULT_WINDOW,
     WINDOWS,
     DrainDeadline,
     fairshare_page,
     hosts_page,
     owed_page,
+    pick_window,
     queue_page,
 )
 from allot.live.dashboard_workload import workload_page
@@ -62,10 +63,11 @@ and one costs 0.1-0.6 s on a week of 20,000 workloads (measured), on the event l
 also follows the log."""
 
 
-def parse_window(text: str | None) -> str:
-    """The fair-share chart window named in ``?window=`` (``7d`` when absent)."""
+def parse_window(text: str | None) -> str | None:
+    """The fair-share chart window named in ``?window=``; None when absent (the page picks
+    one from the history)."""
     if text is None or text == "":
-        return DEFAULT_WINDOW
+        return None
     if text not in WINDOWS:
         raise ValidationError("window", f"must be one of {', '.join(WINDOWS)}, got {text!r}")
     return text
@@ -154,17 +156,29 @@ class DashboardViews:
             errors.append(f"{what}: {e}")
             return None
 
-    async def fairshare(self, now: float, window: str) -> PageView:
+    async def fairshare(self, now: float, window: str | None) -> PageView:
+        """``window`` None: the shortest that holds the whole history (``pick_window``)."""
         errors: list[str] = []
         ranking, allocations = await asyncio.gather(
             self._ask(self.client.share, "ranking service", errors),
             self._ask(self.client.allocations, "placement leader", errors),
         )
-        window_s, bucket_s = WINDOWS[window]
+        first = self.timeline.first if math.isfinite(self.timeline.first) else None
+        chosen = window or pick_window(0.0 if first is None else now - first)
+        window_s, bucket_s = WINDOWS[chosen]
         series = self._recent(
-            ("held", window), now, lambda: self.timeline.held_series(now, window_s, bucket_s)
+            ("held", chosen), now, lambda: self.timeline.held_series(now, window_s, bucket_s)
         )
-        return fairshare_page(now, ranking, allocations, series, window=window, errors=errors)
+        return fairshare_page(
+            now,
+            ranking,
+            allocations,
+            series,
+            window=chosen,
+            first=first,
+            picked=window is None,
+            errors=errors,
+        )
 
     async def queue(self, now: float, viewer: Viewer = EVERYONE) -> PageView:
         errors: list[str] = []

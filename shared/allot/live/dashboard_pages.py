@@ -10,7 +10,8 @@ Stable hooks: ``tr[data-workload-id][data-position][data-reason]`` in queue orde
 are served (``~``: unallocated work); ``tr[data-allocation]`` (fair share with
 ``td[data-held]``, ``td[data-entitlement]`` and ``td[data-fairshare]``; owed with
 ``td[data-owed]`` and ``td[data-delivered]`` per ``data-window``);
-``[data-chart-allocation]`` and ``[data-chart-window]`` around charts;
+``[data-chart-allocation]`` (with ``data-chart-from-s``: how many seconds back the axis
+starts) and ``[data-chart-window]`` around charts; ``#window`` (the chart window chosen);
 ``tr[data-host][data-state]`` with ``data-deadline`` on draining hosts and
 ``li[data-drain-host]`` (``#drains``).
 """
@@ -48,6 +49,16 @@ WINDOWS: dict[str, tuple[float, int]] = {
 }
 """Fair-share chart windows: name -> (window seconds, bucket seconds)."""
 DEFAULT_WINDOW = "7d"
+"""The chart window of a history longer than every window."""
+
+
+def pick_window(history_s: float) -> str:
+    """The shortest chart window that holds the whole history (the log's first record to
+    now), so a young stack's minutes are not squeezed into a week's last pixel."""
+    for name, (window_s, _) in sorted(WINDOWS.items(), key=lambda kv: kv[1][0]):
+        if history_s <= window_s:
+            return name
+    return DEFAULT_WINDOW
 
 
 # ------------------------------------------------------------------------------ fair share
@@ -60,10 +71,15 @@ def fairshare_page(
     series: tuple[list[float], dict[str, list[float]], dict[str, list[float]]] | None,
     *,
     window: str,
+    first: float | None = None,
+    picked: bool = False,
     errors: Sequence[str] = (),
 ) -> PageView:
     """The budget tree with shares and Fair Tree's fairshare factor (ranking), held GPUs vs
-    entitlement now (placement), and held vs entitlement over ``window`` (the log)."""
+    entitlement now (placement), and held vs entitlement over ``window`` (the log's series,
+    which start at its first record when that is later than the window's start).
+    ``picked``: the window was chosen from the history that starts at ``first``
+    (``pick_window``), not asked for."""
     by_alloc = {r.allocation: r for r in allocations.rows} if allocations is not None else {}
     parts = [error_banners(errors)]
     if allocations is not None:
@@ -127,7 +143,7 @@ def fairshare_page(
             "least of its share, level by level down the tree), falling towards 0 for the "
             "allocation that used the most. The queue page shows the tiers and the order.</p>"
         )
-    parts.append(_window_links(window))
+    parts.append(_window_links(window, now, first if picked else None))
     parts.append(_held_charts(now, series, window))
     data = {
         "ranking": msgspec.to_builtins(ranking) if ranking is not None else None,
@@ -149,12 +165,21 @@ def _held_cells(alloc: m.AllocationRow | None) -> str:
     )
 
 
-def _window_links(window: str) -> str:
+def _window_links(window: str, now: float, picked_from: float | None) -> str:
     links = " · ".join(
         f"<strong>{name}</strong>" if name == window else f'<a href="/?window={name}">{name}</a>'
         for name in WINDOWS
     )
-    return f"<h2>Held vs entitlement, last {escape(window)}</h2>\n<p>window: {links}</p>"
+    why = (
+        f" (picked to hold the whole history: the log starts {format_duration(now - picked_from)}"
+        " ago)"
+        if picked_from is not None and picked_from <= now
+        else ""
+    )
+    return (
+        f"<h2>Held vs entitlement, last {escape(window)}</h2>\n"
+        f'<p id="window">window: {links}{why}</p>'
+    )
 
 
 def _held_charts(
@@ -165,26 +190,36 @@ def _held_charts(
     if series is None:
         return '<p class="note">No history yet.</p>'
     xs, held, entitled = series
-    window_s, bucket_s = WINDOWS[window]
-    days = window_s > 2 * 86400
-    unit, label = (86400.0, "days (0 = now)") if days else (3600.0, "hours (0 = now)")
-    x = [(t + bucket_s / 2 - now) / unit for t in xs]  # a bucket plotted at its middle
+    if not xs:
+        return '<p class="note">No history yet.</p>'
+    bucket_s = WINDOWS[window][1]
+    # The axis starts where the buckets do: at the log's first record when that is later
+    # than the window's start (``LogTimeline.held_series``), so a stack started minutes ago
+    # is not drawn in the last pixel of a week.
+    shown_s = now - xs[0]
+    unit, label = _axis_unit(shown_s)
+    # Each bucket's mean is a step from its start to its end (the last ends now): a
+    # minute-old stack's one bucket is a visible line, not a lone point.
+    x = [(edge - now) / unit for t in xs for edge in (t, min(t + bucket_s, now))]
+
+    def steps(values: list[float]) -> list[float]:
+        return [v for v in values for _ in (0, 1)]
+
     charts = []
     for name in sorted(set(held) | set(entitled)):
         charts.append(
-            f'<div data-chart-allocation="{escape(name)}">'
+            f'<div data-chart-allocation="{escape(name)}" data-chart-from-s="{shown_s:.0f}">'
             + line_chart(
                 x,
                 [
-                    Series("held GPUs", held.get(name, [])),
-                    Series("entitlement", entitled.get(name, []), dashed=True),
+                    Series("held GPUs", steps(held.get(name, []))),
+                    Series("entitlement", steps(entitled.get(name, [])), dashed=True),
                 ],
                 title=name,
                 x_label=label,
                 y_label="GPUs (mean per bucket)",
                 width=440,
                 height=220,
-                x_min=-window_s / unit,
             )
             + "</div>"
         )
@@ -194,6 +229,15 @@ def _held_charts(
         "the log.</p>"
     )
     return note + '<div class="grid">' + "\n".join(charts) + "</div>"
+
+
+def _axis_unit(span_s: float) -> tuple[float, str]:
+    """Days for a span over two days, hours over two hours, else minutes."""
+    if span_s > 2 * 86400:
+        return 86400.0, "days (0 = now)"
+    if span_s > 2 * 3600:
+        return 3600.0, "hours (0 = now)"
+    return 60.0, "minutes (0 = now)"
 
 
 # ------------------------------------------------------------------------------ queue

@@ -124,6 +124,9 @@ class LogTimeline:
         self.fold = LogFold()
         self.horizon_s = float(horizon_s)
         self.newest = -math.inf
+        self.first = math.inf
+        """Time of the earliest record applied: where the history starts (charts start there,
+        not at a window's start)."""
         self._pruned_at = -math.inf
         self.cutoff = -math.inf
         """History that ended before this time may be gone; no window may start earlier."""
@@ -158,6 +161,8 @@ class LogTimeline:
         healthy = self.fold.state.healthy_gpus
         if healthy != healthy_before:
             self._capacity.append(CapacityChange(at, healthy))
+        if at < self.first and math.isfinite(at):
+            self.first = at
         if at > self.newest:
             self.newest = at
             if at - self._pruned_at >= self.horizon_s / PRUNE_FRACTION:
@@ -232,11 +237,13 @@ class LogTimeline:
         allocation per bucket = effective share x mean healthy GPUs) over the window.
 
         Held counts allocated work only (``ClusterState.held``: charged work, including
-        work under notice). Buckets are the report's (width ``bucket_s`` from
-        ``now - window_s``, the last partial); a mean is GPU-seconds / the bucket's length.
-        Allocations: those of the tree plus any that held GPUs in the window."""
+        work under notice). Buckets are the report's, of width ``bucket_s`` from
+        ``now - window_s`` or from the first record when the log starts later (a young log
+        is not a week of empty buckets), the last partial; a mean is GPU-seconds / the
+        bucket's length. Allocations: those of the tree plus any that held GPUs in the
+        window."""
         record = self.sim_record(now, window_s)
-        since = record.first_submit
+        since = max(record.first_submit, min(self.first, now))
         edges = bucket_amounts([(since, now, 1.0)], since, now, bucket_s)  # bucket lengths
         starts = [since + i * bucket_s for i in range(len(edges))]
         pieces: dict[str, list[tuple[float, float, float]]] = {}

@@ -10,9 +10,10 @@ HTTP (aiohttp) on ``--http-host`` (default 127.0.0.1: loopback only) ``--http-po
 (default 8265):
 
 =====================  =====================================================================
-``/``                  fair share: the budget tree, shares, Fair Tree factor and rank, held
-                       vs entitlement now and over the last 7 days (``?window=1d``, ``1h``)
-``/queue``             pending work in the leader's order, sort-key inputs, reasons, est.
+``/``                  fair share: the budget tree, shares, fairshare factor, held vs
+                       entitlement now and over a window (``?window=7d``, ``1d``, ``1h``;
+                       by default the shortest that holds the whole history)
+``/queue``             pending work in the leader's order, the order's inputs, reasons, est.
 ``/workload/<id>``     one workload's timeline from the log, and why it waits
 ``/hosts``             host states, drains and their deadlines
 ``/owed``              owed vs delivered GPU-hours per allocation, last day and week
@@ -257,7 +258,7 @@ def _viewer(request: web.Request) -> Viewer:
     return viewer
 
 
-def _window(request: web.Request) -> str:
+def _window(request: web.Request) -> str | None:
     return parse_window(request.query.get("window"))
 
 
