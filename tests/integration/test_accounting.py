@@ -799,8 +799,9 @@ def test_usage_command_prints_window_gpu_hours(
         args = cli(["usage", "--redis-url", redis_url, "--prefix", prefix, "--window-s", "1h"])
         assert accounting_cmd.run(args) == 0
         table = capsys.readouterr().out.splitlines()
-        assert table[0].split() == ["allocation", "gpu_hours"]
-        assert [line.split()[0] for line in table[1:]] == ["nlp", "vision"]
+        assert table[0].split() == ["allocation", "GPU-h", "(last", "1h)"]
+        assert [line.split()[0] for line in table[1:3]] == ["nlp", "vision"]
+        assert table[3].startswith("Charged as of ")
     finally:
 
         async def clean() -> None:

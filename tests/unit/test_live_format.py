@@ -177,6 +177,24 @@ def test_queue_table_long_adds_the_last_inputs_of_the_order() -> None:
 
 
 @pytest.mark.parametrize(
+    ("hours", "cell"),
+    [
+        (0.0, "0.00"),
+        (120.25, "120.25"),
+        (0.5, "0.50"),
+        (0.0412, "0.0412"),
+        (0.00412, "0.00412"),
+        (1e-9, "0.000000"),
+        (None, "-"),
+    ],
+)
+def test_gpu_hours_keep_three_significant_digits_below_a_tenth(
+    hours: float | None, cell: str
+) -> None:
+    assert fmt.gpu_h_cell(hours) == cell
+
+
+@pytest.mark.parametrize(
     ("est", "cell"),
     [(None, "-"), (T0 - 5, "now"), (T0 + 0.5, "now"), (T0 + 90, "~1m30s"), (T0 + 7200, "~2h00m")],
 )
@@ -242,6 +260,7 @@ def test_share_table_shows_gpu_hours_parent_and_inf() -> None:
         "1.000000",
     ]
     assert lines[-2].startswith("window 7d00h")
+    assert "RawUsage: GPU-hours charged in the window by then" in lines[-2]
     assert lines[-1] == fmt.FAIRSHARE_NOTE and "1 = served first" in lines[-1]
 
 

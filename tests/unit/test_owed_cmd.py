@@ -52,13 +52,40 @@ def snapshot(window_s: float = DAY, overall: float | None = 0.95) -> m.OwedSnaps
 def test_the_table_shows_budget_owed_delivered_ratio_and_overall() -> None:
     assert owed_cmd.owed_table(snapshot()).splitlines() == [
         "last 1d: 2027-01-14T08:00:00Z .. 2027-01-15T08:00:00Z, 1h buckets",
-        "ALLOCATION  BUDGET %  OWED GPU-h  DELIVERED GPU-h  RATIO",
-        "----------  --------  ----------  ---------------  -----",
-        "nlp             25.0      120.25           110.00  0.915",
-        "ops             50.0        0.00             0.00      -",
-        "vision          25.0     1000.00          1000.00  1.000",
-        "overall        100.0     1120.25          1110.00  0.950",
+        "ALLOCATION  BUDGET %  OWED GPU-h  DELIVERED GPU-h  DELIVERED/OWED",
+        "----------  --------  ----------  ---------------  --------------",
+        "nlp             25.0      120.25           110.00           91.5%",
+        "ops             50.0        0.00             0.00               -",
+        "vision          25.0     1000.00          1000.00          100.0%",
+        "overall        100.0     1120.25          1110.00           95.0%",
     ]
+
+
+def test_a_young_stacks_hundredths_are_not_printed_as_zeros_beside_their_ratio() -> None:
+    """The issue's ``0.00 0.00 0.977``: small figures keep three significant digits."""
+    row = m.OwedRow(
+        allocation="nlp",
+        owed_gpu_h=0.00412,
+        delivered_gpu_h=0.00403,
+        ratio=0.977,
+        effective_share=0.3,
+    )
+    snap = m.OwedSnapshot(at=AT, since=AT - 3600, window_s=3600, bucket_s=3600, rows=(row,))
+    assert owed_cmd.owed_table(snap).splitlines()[3].split() == [
+        "nlp",
+        "30.0",
+        "0.00412",
+        "0.00403",
+        "97.7%",
+    ]
+
+
+def test_the_legend_says_what_each_figure_counts_and_as_of_when() -> None:
+    text = owed_cmd.owed_text([snapshot()])
+    legend = text.split("\n\n")[-1]
+    assert legend.startswith("GPU-hours from the log up to 2027-01-15T08:00:00Z")
+    assert "DELIVERED = allocated GPU-h it ran, from each placement, at most OWED" in legend
+    assert "allot accounting usage" in legend and "whole slots" in legend
 
 
 def test_nothing_owed_shows_a_dash_for_the_overall_ratio() -> None:
@@ -66,6 +93,7 @@ def test_nothing_owed_shows_a_dash_for_the_overall_ratio() -> None:
     lines = owed_cmd.owed_table(empty).splitlines()
     assert lines[0].endswith("10m buckets")
     assert lines[-1].split() == ["overall", "0.0", "0.00", "0.00", "-"]
+    assert owed_cmd.owed_text([]) == ""
 
 
 def test_two_windows_are_two_tables_and_two_json_lines() -> None:

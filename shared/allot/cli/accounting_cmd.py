@@ -6,8 +6,10 @@ charged up to the wall clock. Stop the accounting service while it runs.
 
 ``usage`` prints each allocation's GPU-hours inside the window ``--window-s`` (default 7 days)
 ending now, as the ranking service computes them (``allot.core.usage.window_usage`` over the
-store's hour buckets); ``--json`` prints the listings' envelope ``{"kind": "AccountingUsage",
-"at", "data": {"window_s", "gpu_hours": {allocation: x}}}``.
+store's hour buckets), and a legend: what was charged as of when (whole slots from each
+run's reported start, running work lagging), unlike ``allot owed``'s figures from the log;
+``--json`` prints the listings' envelope ``{"kind": "AccountingUsage", "at", "data":
+{"window_s", "gpu_hours": {allocation: x}}}``.
 
 Bad options are usage errors (exit 2); an unreachable server is one line on stderr, exit 1.
 """
@@ -20,7 +22,8 @@ import json
 import os
 import sys
 
-from allot.cli.durations import parse_duration
+from allot.cli.durations import duration_label, parse_duration
+from allot.cli.live_format import gpu_h_cell, timestamp
 from allot.core.errors import ValidationError
 from allot.core.usage import DEFAULT_WINDOW_S, HOUR_S, window_usage
 from allot.live.auth_config import add_nats_url_argument
@@ -127,11 +130,27 @@ def run_usage(args: argparse.Namespace) -> int:
         data = {"window_s": args.window_s, "gpu_hours": gpu_hours}
         print(json.dumps({"kind": "AccountingUsage", "at": at, "data": data}))
         return 0
-    width = max([len("allocation"), *map(len, gpu_hours)])
-    print(f"{'allocation':<{width}}  {'gpu_hours':>12}")
-    for name, hours in gpu_hours.items():
-        print(f"{name:<{width}}  {hours:>12.3f}")
+    print(usage_text(at, args.window_s, gpu_hours))
     return 0
+
+
+def usage_text(at: float, window_s: int, gpu_hours: dict[str, float]) -> str:
+    """The usage table and its legend: what the store holds as charged at ``at``, which
+    lags the log (``allot owed`` counts from the log up to now)."""
+    head = f"GPU-h (last {duration_label(window_s)})"
+    width = max([len("allocation"), *map(len, gpu_hours)])
+    cells = {name: gpu_h_cell(hours) for name, hours in gpu_hours.items()}
+    right = max([len(head), *map(len, cells.values())])
+    lines = [f"{'allocation':<{width}}  {head:>{right}}"]
+    lines += [f"{name:<{width}}  {cell:>{right}}" for name, cell in cells.items()]
+    lines += [
+        f"Charged as of {timestamp(at)}: ended runs in full, running ones in whole slots",
+        f"up to a slot or two ago (the accounting service's --slot-s, {DEFAULT_SLOT_S:g} s by "
+        "default), each run",
+        "from the start its host reported. allot owed counts from the log instead: from",
+        "placement, running work up to now.",
+    ]
+    return "\n".join(lines)
 
 
 async def usage(

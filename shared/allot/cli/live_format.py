@@ -231,9 +231,20 @@ FAIRSHARE_NOTE = (
 )
 
 
+def gpu_h_cell(hours: float | None) -> str:
+    """GPU-hours in a usage column: two decimals, more below 0.1 (three significant
+    digits, at most six decimals), so a young stack's hundredths do not print as 0.00
+    beside a ratio computed from them."""
+    if hours is None:
+        return NONE
+    if hours == 0 or abs(hours) >= 0.1 or not math.isfinite(hours):
+        return f"{hours:.2f}"
+    return f"{hours:.{min(6, 2 - math.floor(math.log10(abs(hours))))}f}"
+
+
 def gpu_hours(gpu_s: float) -> str:
     """A usage column's cell: GPU-seconds on the wire, GPU-hours on screen."""
-    return num(gpu_s / 3600.0, 2)
+    return gpu_h_cell(gpu_s / 3600.0)
 
 
 def share_table(ranking: m.RankingUpdated) -> str:
@@ -252,8 +263,14 @@ def share_table(ranking: m.RankingUpdated) -> str:
         )
         for r in ranking.nodes
     ]
-    footer = f"window {age(ranking.window_s)}, ranked at {timestamp(ranking.at)}"
-    return f"{render_table(SHARE_COLUMNS, rows)}\n{footer}\n{FAIRSHARE_NOTE}"
+    return f"{render_table(SHARE_COLUMNS, rows)}\n{_ranked(ranking)}\n{FAIRSHARE_NOTE}"
+
+
+def _ranked(ranking: m.RankingUpdated) -> str:
+    return (
+        f"window {age(ranking.window_s)}, ranked at {timestamp(ranking.at)} "
+        "(RawUsage: GPU-hours charged in the window by then)"
+    )
 
 
 SHARE_LONG_COLUMNS = (
@@ -312,7 +329,7 @@ def share_long_table(ranking: m.RankingUpdated, allocations: m.AllocationsSnapsh
                 str(sum(a.held_gpus for a in mine)) if known else NONE,
             )
         )
-    footer = f"window {age(ranking.window_s)}, ranked at {timestamp(ranking.at)}"
+    footer = _ranked(ranking)
     if allocations is None:
         footer += "; Budget, Entitlement, Held unknown (the placement leader did not answer)"
     else:

@@ -6,8 +6,11 @@ service answers ``allot.v1.query.owed`` with ``allot.live.owed_query``).
 
 Without ``--window`` it asks twice, for the last day and the last week, and prints one
 table per window; ``--window`` asks once. Each table: ALLOCATION, BUDGET % (effective
-share), OWED GPU-h, DELIVERED GPU-h, RATIO (delivered / owed, ``-`` when nothing was
-owed), then an ``overall`` row (sums, and the report's overall ratio).
+share), OWED GPU-h, DELIVERED GPU-h (``allot.cli.live_format.gpu_h_cell``: a small figure
+keeps three significant digits), DELIVERED/OWED (a percentage, ``-`` when nothing was
+owed), then an ``overall`` row (sums, and the report's overall ratio). A legend under the
+tables says what each figure counts and as of when: the log up to the answer's ``at``,
+not the usage accounting has charged (``allot accounting usage``).
 
 ``--json`` prints one envelope (``allot.cli.live_format``: ``{"kind": "OwedSnapshot",
 "at", "data"}``) per window, one per line (JSON Lines, as ``allot watch --json``), in the
@@ -42,7 +45,7 @@ OWED_COLUMNS = (
     fmt.Column("BUDGET %", ">"),
     fmt.Column("OWED GPU-h", ">"),
     fmt.Column("DELIVERED GPU-h", ">"),
-    fmt.Column("RATIO", ">"),
+    fmt.Column("DELIVERED/OWED", ">"),
 )
 
 OVERALL = "overall"
@@ -66,15 +69,20 @@ def parse_bucket(text: str) -> int:
     return seconds
 
 
+def ratio_cell(ratio: float | None) -> str:
+    """Delivered / owed as a percentage (as the dashboard shows it); ``-``: nothing owed."""
+    return fmt.NONE if ratio is None else f"{100.0 * ratio:.1f}%"
+
+
 def owed_table(snapshot: m.OwedSnapshot) -> str:
     """One window: a heading, the table (allocations by name, then ``overall``)."""
     rows = [
         (
             r.allocation,
             f"{100.0 * r.effective_share:.1f}",
-            f"{r.owed_gpu_h:.2f}",
-            f"{r.delivered_gpu_h:.2f}",
-            fmt.num(r.ratio),
+            fmt.gpu_h_cell(r.owed_gpu_h),
+            fmt.gpu_h_cell(r.delivered_gpu_h),
+            ratio_cell(r.ratio),
         )
         for r in snapshot.rows
     ]
@@ -82,9 +90,9 @@ def owed_table(snapshot: m.OwedSnapshot) -> str:
         (
             OVERALL,
             f"{100.0 * sum(r.effective_share for r in snapshot.rows):.1f}",
-            f"{sum(r.owed_gpu_h for r in snapshot.rows):.2f}",
-            f"{sum(r.delivered_gpu_h for r in snapshot.rows):.2f}",
-            fmt.num(snapshot.overall),
+            fmt.gpu_h_cell(sum(r.owed_gpu_h for r in snapshot.rows)),
+            fmt.gpu_h_cell(sum(r.delivered_gpu_h for r in snapshot.rows)),
+            ratio_cell(snapshot.overall),
         )
     )
     heading = (
@@ -94,9 +102,25 @@ def owed_table(snapshot: m.OwedSnapshot) -> str:
     return f"{heading}\n{fmt.render_table(OWED_COLUMNS, rows)}"
 
 
+def owed_legend(at: float) -> str:
+    """What the figures count, and as of when."""
+    return "\n".join(
+        (
+            f"GPU-hours from the log up to {fmt.timestamp(at)} (running work counted up to "
+            "then), per bucket:",
+            "  OWED      = min(budget x healthy GPU-h, GPU-h its allocated work ran or waited)",
+            "  DELIVERED = allocated GPU-h it ran, from each placement, at most OWED",
+            "Not the usage accounting has charged (allot accounting usage): that counts from "
+            "each run's",
+            "reported start in whole slots, running work a slot or so behind.",
+        )
+    )
+
+
 def owed_text(snapshots: Sequence[m.OwedSnapshot]) -> str:
-    """The tables of every window, a blank line between them."""
-    return "\n\n".join(owed_table(s) for s in snapshots)
+    """The tables of every window, a blank line between them, then the legend."""
+    tables = "\n\n".join(owed_table(s) for s in snapshots)
+    return f"{tables}\n\n{owed_legend(max(s.at for s in snapshots))}" if snapshots else tables
 
 
 def owed_json_lines(snapshots: Sequence[m.OwedSnapshot]) -> str:

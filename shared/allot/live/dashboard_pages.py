@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from allot.cli.live_format import gpu_h_cell, gpu_hours
 from allot.core.duration_text import format_duration
 from allot.live.dashboard_frame import (
     PageView,
@@ -93,7 +94,7 @@ def fairshare_page(
         ("shares", ""),
         ("norm. shares", ""),
         ("effective share", ""),
-        ("usage (GPU-h, window)", ""),
+        ("usage (GPU-h charged in the window)", ""),
         ("effective usage", ""),
         ("level FS", ""),
         ("fairshare factor (1 = served first)", ""),
@@ -115,7 +116,7 @@ def fairshare_page(
             f"<td>{'parent' if node.raw_shares is None else node.raw_shares}</td>"
             f"<td>{num(node.norm_shares, 3)}</td>"
             f"<td>{pct(alloc.effective_share) if alloc else ''}</td>"
-            f"<td>{num(node.raw_usage / 3600.0, 2)}</td>"
+            f"<td>{gpu_hours(node.raw_usage)}</td>"
             f"<td>{num(node.effective_usage, 3)}</td>"
             f"<td>{escape(_level_fs(node.level_fs))}</td>"
             f'<td data-fairshare="{num(node.fairshare, 6)}">{num(node.fairshare, 3)}</td>'
@@ -137,8 +138,10 @@ def fairshare_page(
         parts.append(
             f'<p class="note" id="fairshare-order">Fair Tree ranking of '
             f"{when(ranking.at, now)} over a usage window of "
-            f"{format_duration(ranking.window_s)}. Within a tier (allocations under their "
-            "entitlement first, then those at or over it), the allocation with the highest "
+            f"{format_duration(ranking.window_s)}, with the usage charged by then (accounting "
+            "charges running work in whole slots, so it lags the owed page's figures). "
+            "Within a tier (allocations under their entitlement first, then those at or "
+            "over it), the allocation with the highest "
             "<b>fairshare factor</b> is served first: 1 = served first (it has used the "
             "least of its share, level by level down the tree), falling towards 0 for the "
             "allocation that used the most. The queue page shows the tiers and the order.</p>"
@@ -452,10 +455,14 @@ def owed_page(
     ``allot owed``'s numbers, computed from the log as the simulator's report does."""
     parts = [error_banners(errors)]
     parts.append(
-        '<p class="note">Owed, per hour and allocation: min(effective share × healthy '
-        "GPU-hours, allocated demand running or waiting); delivered: min(allocated "
-        "GPU-hours run, owed). Unallocated time is never delivered. The same computation "
-        "as the simulator's report (<code>allot.sim.report</code>).</p>"
+        '<p class="note">GPU-hours from the log up to now, running work included. Owed, '
+        "per hour and allocation: min(effective share × healthy GPU-hours, allocated demand "
+        "running or waiting); delivered: min(allocated GPU-hours run, from each placement, "
+        "owed). Unallocated time is never delivered. The same computation as the "
+        "simulator's report (<code>allot.sim.report</code>). Not the usage accounting has "
+        "charged (the fair share page, <code>allot accounting usage</code>): that counts "
+        "from each run's reported start in whole slots, running work a slot or so behind."
+        "</p>"
     )
     names = sorted({r.allocation for _, snap in windows for r in snap.rows})
     by = [{r.allocation: r for r in snap.rows} for _, snap in windows]
@@ -521,8 +528,8 @@ def _labelled(workload_id: str, labels: Mapping[str, str]) -> str:
 
 
 def _gpu_h(value: float) -> str:
-    """GPU-hours: three significant digits below 100 (a fresh stack has hundredths)."""
-    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    """GPU-hours as every usage column shows them; thousands grouped past 100."""
+    return gpu_h_cell(value) if abs(value) < 100 else f"{value:,.0f}"
 
 
 def _ratio_cell(value: float | None) -> str:
