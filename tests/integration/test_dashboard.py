@@ -148,8 +148,8 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
         assert 'data-reason="better-ranked"' in notice.group()
         assert 'data-preemptor="req"' in notice.group()
         assert "taken by a better-ranked allocation" in page
-        assert "its allocation used 2.0 GPU-h in the window, fairshare factor 0.500 (1 = " in page
-        assert "allocation nlp used 0.5 GPU-h in the window, fairshare factor 1.000" in page
+        assert "its allocation used 2.00 GPU-h in the window, fairshare factor 0.500 (1 = " in page
+        assert "allocation nlp used 0.50 GPU-h in the window, fairshare factor 1.000" in page
         assert "left (preempted)" in page and "5s before its deadline" in page
         assert 'href="/workload/req"' in page
         # Its JSON twin: an assignment is a list of JSON objects, not Python reprs.

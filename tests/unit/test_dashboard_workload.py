@@ -88,8 +88,11 @@ def test_an_unallocated_victim_is_said_to_be_unallocated_not_held_0_of_0() -> No
 
 def test_fair_tree_numbers_are_the_factor_or_a_rank_with_its_direction() -> None:
     text = notice_text([notice(victim_window_gpu_s=7200.0, victim_fairshare=0.4, victim_rank=2)], T)
-    assert "used 2.0 GPU-h in the window, fairshare factor 0.400 (1 = served first)" in text
+    assert "used 2.00 GPU-h in the window, fairshare factor 0.400 (1 = served first)" in text
     assert "rank" not in text, text
+    # A young stack's usage keeps its digits, as every usage column does.
+    text = notice_text([notice(victim_window_gpu_s=36.0, victim_fairshare=1.0)], T)
+    assert "used 0.0100 GPU-h in the window" in text, text
     # Recorded before the factor travelled: the rank, with which way it counts.
     text = notice_text([notice(victim_window_gpu_s=7200.0, victim_rank=2)], T)
     assert "Fair Tree rank 2 (the highest is served first)" in text, text

@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 
 import msgspec
 
-from allot.cli.live_format import NOT_STARTED
+from allot.cli.live_format import NOT_STARTED, gpu_h_cell
 from allot.core.duration_text import format_duration
 from allot.core.reasons import PREEMPT_TEXT as _CORE_TEXT
 from allot.live.dashboard_frame import (
@@ -170,7 +170,7 @@ def _ranking_text(d: Mapping[str, object]) -> list[str]:
         subject = label or (f"the preemptor's allocation {name}" if name else "the preemptor's")
         parts = []
         if _is_number(usage):
-            parts.append(f"used {float(usage) / 3600:,.1f} GPU-h in the window")
+            parts.append(f"used {gpu_h_cell(float(usage) / 3600)} GPU-h in the window")
         if _is_number(factor):
             parts.append(f"fairshare factor {float(factor):.3f}{legend}")
             legend = ""
