@@ -41,6 +41,7 @@ spy = test_security.spy
 
 DURABLE = s.ACCOUNTING_DURABLE
 _WATCH_REPLY = msgspec.json.Decoder(m.WatchStarted | m.CommandRejected)
+_ACCEPTED = msgspec.json.Decoder(m.WorkloadAccepted | m.WorkloadRejected)
 
 
 def _api_attacks(team_filter: str) -> list[tuple[str, bytes]]:
@@ -221,3 +222,48 @@ async def test_a_watch_goes_on_after_its_consumer_is_gone(fresh_log: str) -> Non
     finally:
         await watches.stop()
         await nc.close()
+
+
+async def test_a_request_whose_reply_subject_is_no_inbox_is_neither_handled_nor_answered(
+    secure: Secure, spy: Spy
+) -> None:
+    """The reply subject is the sender's choice and the server does not check it, while a
+    service may publish anywhere: a team once made ranking's answer the newest budget tree
+    (ranking then never started again) and, on older servers, purged the log with a reply
+    to ``$JS.API.STREAM.PURGE.WORKLOADS``. Each request path refuses it: intake's
+    submissions and watches (the raw request server), its cancels (FastStream)."""
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream()
+    await seed(js, {"h01": 8}, TREE)
+    intake = Intake(secure.url("svc"), tracing=False)
+    await start(intake)
+    nlp = await connect_as(secure, "nlp")
+    try:
+        reply = await nlp.nc.request(s.submit_as("nlp", "nlp"), _submit("nlp"), timeout=5)
+        wid = msgspec.json.decode(reply.data, type=m.WorkloadAccepted).workload_id
+        before = await counts(js)
+        spy.set_mark()
+        cancel = codec.encode(m.CancelWorkload(workload_id=wid, user="nlp"))
+        watch = codec.encode(m.WatchLog(workload_id=wid, records="events", deliver="t"))
+        steered = [
+            (s.submit_as("nlp", "nlp"), _submit("nlp", "c2"), s.BUDGET_TREE),
+            (s.submit_as("nlp", "nlp"), _submit("nlp", "c3"), "$JS.API.STREAM.PURGE.WORKLOADS"),
+            (s.cancel_as("nlp", wid, "nlp"), cancel, s.events("nlp", "junk", "placed")),
+            (s.watch("nlp"), watch, s.watched("vision", "t")),
+        ]
+        for subject, body, target in steered:
+            await nlp.nc.publish(subject, body, reply=target)
+        await nlp.nc.flush()
+        await asyncio.sleep(1.0)  # what would have been answered has been by now
+        assert nlp.errors == []  # the server let each through: the services refuse them
+        assert await counts(js) == before
+        assert not any(spy.saw(target) for _, _, target in steered)
+        assert intake.accepted == 1
+        assert [c.name for c in await js.consumers_info("WORKLOADS")] == []  # no watch
+        # an inbox reply still works
+        again = await nlp.nc.request(s.submit_as("nlp", "nlp"), _submit("nlp", "c4"), timeout=5)
+        assert isinstance(_ACCEPTED.decode(again.data), m.WorkloadAccepted)
+    finally:
+        await nlp.nc.close()
+        await stop(intake)
+        await svc.nc.close()

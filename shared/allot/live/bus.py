@@ -316,6 +316,34 @@ def detach_trace(token: Token[otel_context.Context] | None) -> None:
 OnRecord = Callable[[str, msgspec.Struct], Awaitable[None] | None]
 
 
+REPLY_PREFIXES = ("_INBOX.", "_INBOX_")
+"""The only subjects a service answers on: a requester's inbox (``_INBOX.`` or a user's
+``_INBOX_<user>.``). The reply subject is the sender's choice and nats-server does not check
+it, while a service may publish anywhere: answering a request whose reply subject is a
+stream's subject, another team's watch or the JetStream API would publish there with the
+service's rights."""
+
+
+def reply_allowed(reply: str | None) -> bool:
+    """Whether a request may be handled: no reply wanted, or a reply to an inbox."""
+    return not reply or reply.startswith(REPLY_PREFIXES)
+
+
+def inbox_replies_only(
+    handler: Callable[[Msg], Awaitable[None]],
+) -> Callable[[Msg], Awaitable[None]]:
+    """``handler`` for a raw subscription, skipping (logged) a request that names a reply
+    subject other than an inbox: it is neither handled nor answered."""
+
+    async def guarded(msg: Msg) -> None:
+        if reply_allowed(msg.reply):
+            await handler(msg)
+        else:
+            log.warning("request refused: its reply subject is no inbox", subject=msg.subject)
+
+    return guarded
+
+
 def takes_several_filters(server: ServerVersion) -> bool:
     """Whether ``server`` honours a consumer with several filter subjects (nats-server
     >= 2.10); an older one ignores them and delivers everything."""

@@ -14,10 +14,11 @@ import logging
 import os
 import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import structlog
+from faststream import BaseMiddleware, StreamMessage
 from faststream.nats import NatsBroker
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.security import BaseSecurity
@@ -31,7 +32,7 @@ from opentelemetry.sdk.trace.export import (
 )
 
 from allot.live.auth_config import client_tls, inbox_prefix_for_url
-from allot.live.bus import nats_error_logger, server_urls
+from allot.live.bus import nats_error_logger, reply_allowed, server_urls
 
 
 def wall_clock() -> float:
@@ -109,10 +110,27 @@ async def _whole_message(msg: Any) -> Any:
     return msg
 
 
+class InboxRepliesOnly(BaseMiddleware):
+    """A request naming a reply subject other than an inbox is neither handled nor
+    answered (``allot.live.bus.reply_allowed``): FastStream would publish the handler's
+    answer there with the service's rights."""
+
+    async def consume_scope(
+        self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]
+    ) -> Any:
+        if reply_allowed(msg.reply_to):
+            return await call_next(msg)
+        msg.reply_to = ""  # nothing is published
+        structlog.get_logger("allot.requests").warning(
+            "request refused: its reply subject is no inbox", subject=msg.raw_message.subject
+        )
+        return None
+
+
 def make_broker(url: str, service: str, provider: TracerProvider | None = None) -> NatsBroker:
     """A FastStream broker with tracing; FastStream's own per-message logs off (ours are
     structured and carry the ids)."""
-    middlewares = []
+    middlewares: list[Any] = [InboxRepliesOnly]
     if provider is not None:
         middlewares.append(NatsTelemetryMiddleware(tracer_provider=provider))
     return NatsBroker(

@@ -319,7 +319,7 @@ class PartReport(_Message, frozen=True, kw_only=True):
     at: Timestamp
     started_at: Timestamp | None = None
     """When this agent reported the start (the charge runs from it)."""
-    pid: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    pid: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
     exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
     detail: Text = ""
     stopping: bool = False
@@ -352,7 +352,8 @@ class WatchLog(_Message, frozen=True, kw_only=True):
     records: Literal["events", "notices"]
     deliver: Name
     """A token of the watcher's choosing (random): the last token of the delivery subject."""
-    start_seq: Annotated[int, msgspec.Meta(ge=0)] = 0
+    start_seq: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 0
+    """The stream sequence to start at (a JetStream sequence is below 2**63 in practice)."""
 
 
 # == workload events ===========================================================================
@@ -470,7 +471,7 @@ class WorkloadStarted(_Message, frozen=True, kw_only=True):
     allocation: Name | None = None
     at: Timestamp
     host: Name
-    pid: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    pid: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
     attempt: Attempt = 1
     gpus: GpuCount = 0
     allocated: bool = False

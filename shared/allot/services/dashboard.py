@@ -125,7 +125,9 @@ class DashboardService:
         )
         await self.follower.start()
         self.caught_up = True
-        self._owed_sub = await self.nc.subscribe(s.QUERY_OWED, cb=self._on_owed)
+        self._owed_sub = await self.nc.subscribe(
+            s.QUERY_OWED, cb=bus.inbox_replies_only(self._on_owed)
+        )
         log.info("log replayed", records=self.records, url=self.url)
 
     async def on_stopping(self) -> None:

@@ -449,7 +449,9 @@ class PlacementService:
             (s.QUERY_ALLOCATIONS, self._on_query_allocations),
             (s.QUERY_PLACEMENT_STATS, self._on_query_placement_stats),
         ):
-            self._query_subs.append(await self.nc.subscribe(subject, cb=handler))
+            self._query_subs.append(
+                await self.nc.subscribe(subject, cb=bus.inbox_replies_only(handler))
+            )
         log.info("leader", epoch=epoch, name=self.name)
         self._dirty.set()
 
