@@ -257,10 +257,11 @@ def test_integer_usage_is_accepted() -> None:
 
 
 @st.composite
-def budget_trees(draw: st.DrawFn) -> BudgetTree:
-    """Random trees up to four levels deep; zero shares and `parent` mixed in."""
+def budget_trees(draw: st.DrawFn, *, zero_shares: bool = True) -> BudgetTree:
+    """Random trees up to four levels deep; zero shares (unless ``zero_shares`` is False)
+    and `parent` mixed in."""
     ids = itertools.count()
-    shares = st.sampled_from([0, 1, 1, 2, 3, 5, None])
+    shares = st.sampled_from([0, 1, 1, 2, 3, 5, None] if zero_shares else [1, 1, 2, 3, 5, None])
 
     def make(depth: int) -> BudgetNode:
         i = next(ids)
@@ -275,8 +276,10 @@ def budget_trees(draw: st.DrawFn) -> BudgetTree:
 
 
 @st.composite
-def ranked_inputs(draw: st.DrawFn) -> tuple[BudgetTree, dict[str, float]]:
-    budget = draw(budget_trees())
+def ranked_inputs(
+    draw: st.DrawFn, *, zero_shares: bool = True
+) -> tuple[BudgetTree, dict[str, float]]:
+    budget = draw(budget_trees(zero_shares=zero_shares))
     # Whole GPU-seconds (exact in floats) with plenty of zeros and repeats, to make ties.
     amounts = st.sampled_from([0, 0, 1, 2, 5, 10, 100, 3600]) | st.integers(0, 10**6)
     usage = {name: float(draw(amounts)) for name in budget.leaves() if draw(st.booleans())}
@@ -329,10 +332,13 @@ def test_sibling_order_does_not_change_any_fairshare(
 
 
 @settings(max_examples=300)
-@given(ranked_inputs(), st.data())
+@given(ranked_inputs(zero_shares=False), st.data())
 def test_using_more_never_earns_a_better_rank(
     inputs: tuple[BudgetTree, dict[str, float]], data: st.DataObject
 ) -> None:
+    """With every share positive. Zero-share nodes keep LF 0 whatever they use, so they stay
+    tied, and tie rule 3 can then rank a zero-share leaf higher after it used more (see
+    ``test_zero_share_ties_follow_rule_3_not_monotonicity``)."""
     budget, usage = inputs
     who = data.draw(st.sampled_from(budget.leaves()))
     more = data.draw(st.integers(1, 10**6))
@@ -356,3 +362,26 @@ def test_shipped_and_documented_tie_rules_agree_without_account_ties(
             lf.setdefault(owner, []).append(node.level_fs)
     if all(len(set(v)) == len(v) for v in lf.values()):
         assert rank(budget, usage, merge_tied_accounts=False) == ranking
+
+
+def test_zero_share_ties_follow_rule_3_not_monotonicity() -> None:
+    """Found by the property above with zero shares allowed: ``l3`` (0 shares, below a
+    0-share account ``a2``) ranks 2 while ``a1`` and ``a5`` are both idle and tied, since
+    their sets are merged and ``l7`` (LF inf) takes the tie of ``l4`` (rule 3) before it;
+    once ``l3`` uses 1 GPU-second ``a1`` falls behind ``a5``, ``a2`` ties ``l4`` in its own
+    set and ``l3`` inherits rank 3. Slurm's rules, kept: zero-share work is served last
+    whichever way its ties fall."""
+    n = BudgetNode
+    budget = BudgetTree(
+        n(
+            "root",
+            None,
+            (
+                n("l0", 0),
+                n("a1", 1, (n("a2", 0, (n("l3", 0),)), n("l4", 0))),
+                n("a5", 1, (n("a6", 0, (n("l7", 1),)),)),
+            ),
+        )
+    )
+    assert rank(budget, {}).rank_of == {"l0": 1, "l3": 2, "l4": 4, "l7": 4}
+    assert rank(budget, {"l3": 1.0}).rank_of == {"l0": 1, "l3": 3, "l4": 3, "l7": 4}
