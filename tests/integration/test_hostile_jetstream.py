@@ -15,16 +15,19 @@ agent's work subject.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 import nats
 import pytest
 import test_security
 from live_harness import eventually, seed
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
-from test_security import TREE, Secure, Spy, _no_answer, _submit, _value, connect_as, counts
+from test_security import TREE, Conn, Secure, Spy, _no_answer, _submit, _value, connect_as, counts
 
 from allot.live import bus
 from allot.live.log_watch import LogWatchServer
@@ -110,9 +113,11 @@ async def test_no_user_but_the_services_reaches_the_jetstream_api(
         await svc.nc.close()
 
 
-async def test_a_team_watches_its_own_workloads_through_intake_and_nothing_else(
+@contextlib.asynccontextmanager
+async def _intake_and_team(
     secure: Secure,
-) -> None:
+) -> AsyncIterator[tuple[Conn, JetStreamContext, Intake, Conn]]:
+    """The service user (its log seeded), the real intake service, and team nlp logged in."""
     svc = await connect_as(secure, "svc")
     js = svc.nc.jetstream()
     await seed(js, {"h01": 8}, TREE)
@@ -120,6 +125,17 @@ async def test_a_team_watches_its_own_workloads_through_intake_and_nothing_else(
     await start(intake)
     nlp = await connect_as(secure, "nlp")
     try:
+        yield svc, js, intake, nlp
+    finally:
+        await nlp.nc.close()
+        await stop(intake)
+        await svc.nc.close()
+
+
+async def test_a_team_watches_its_own_workloads_through_intake_and_nothing_else(
+    secure: Secure,
+) -> None:
+    async with _intake_and_team(secure) as (svc, _js, _intake, nlp):
         reply = await nlp.nc.request(s.submit_as("nlp", "nlp"), _submit("nlp"), timeout=5)
         mine = msgspec.json.decode(reply.data, type=m.WorkloadAccepted).workload_id
         vision = await svc.nc.request(s.submit("vision"), _submit("vision"), timeout=5)
@@ -142,10 +158,6 @@ async def test_a_team_watches_its_own_workloads_through_intake_and_nothing_else(
         reply = await nlp.nc.request(s.watch("nlp"), bad, timeout=5)
         refused = msgspec.json.decode(reply.data, type=m.CommandRejected)
         assert refused.field == "deliver"
-    finally:
-        await nlp.nc.close()
-        await stop(intake)
-        await svc.nc.close()
 
 
 async def test_watches_per_allocation_are_bounded_and_abandoned_ones_expire(
@@ -232,13 +244,7 @@ async def test_a_request_whose_reply_subject_is_no_inbox_is_neither_handled_nor_
     (ranking then never started again) and, on older servers, purged the log with a reply
     to ``$JS.API.STREAM.PURGE.WORKLOADS``. Each request path refuses it: intake's
     submissions and watches (the raw request server), its cancels (FastStream)."""
-    svc = await connect_as(secure, "svc")
-    js = svc.nc.jetstream()
-    await seed(js, {"h01": 8}, TREE)
-    intake = Intake(secure.url("svc"), tracing=False)
-    await start(intake)
-    nlp = await connect_as(secure, "nlp")
-    try:
+    async with _intake_and_team(secure) as (_svc, js, intake, nlp):
         reply = await nlp.nc.request(s.submit_as("nlp", "nlp"), _submit("nlp"), timeout=5)
         wid = msgspec.json.decode(reply.data, type=m.WorkloadAccepted).workload_id
         before = await counts(js)
@@ -263,7 +269,3 @@ async def test_a_request_whose_reply_subject_is_no_inbox_is_neither_handled_nor_
         # an inbox reply still works
         again = await nlp.nc.request(s.submit_as("nlp", "nlp"), _submit("nlp", "c4"), timeout=5)
         assert isinstance(_ACCEPTED.decode(again.data), m.WorkloadAccepted)
-    finally:
-        await nlp.nc.close()
-        await stop(intake)
-        await svc.nc.close()

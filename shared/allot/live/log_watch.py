@@ -66,7 +66,6 @@ class LogWatchServer:
     clock: Callable[[], float]
     max_watches: int = MAX_WATCHES
     inactive_s: float = INACTIVE_S
-    opened: int = 0
     _open: dict[str, list[str]] = field(default_factory=dict)
     _server: RequestServer | None = None
 
@@ -120,7 +119,6 @@ class LogWatchServer:
                 )
             )
         self._open.setdefault(token, []).append(name)
-        self.opened += 1
         return codec.encode(
             m.WatchStarted(
                 at=now,

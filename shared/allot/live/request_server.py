@@ -32,7 +32,7 @@ from nats.aio.msg import Msg
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Tracer
 
-from allot.live.bus import attach_trace, confirm_subscriptions, detach_trace, reply_allowed
+from allot.live.bus import attach_trace, confirm_subscriptions, detach_trace, inbox_replies_only
 from allot.live.tasks import stop_tasks
 
 log = structlog.get_logger("allot.requests")
@@ -59,8 +59,6 @@ class RequestServer:
     max_in_flight: int = 64
     provider: TracerProvider | None = None
     handled: int = 0
-    refused: int = 0
-    """Requests not handled: their reply subject was no inbox (``bus.reply_allowed``)."""
     _sub: Any = None
     _gate: asyncio.Semaphore | None = None
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -72,14 +70,13 @@ class RequestServer:
         if self.provider is not None:
             self._tracer = self.provider.get_tracer("allot.requests")
             self._span_name = f"{self.subject} process"
-        self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_msg)
+        # Never publish where the sender points: only inbox replies are handled.
+        self._sub = await self.nc.subscribe(
+            self.subject, queue=self.queue, cb=inbox_replies_only(self._on_msg)
+        )
         await confirm_subscriptions(self.nc)  # a request right after start finds us
 
     async def _on_msg(self, msg: Msg) -> None:
-        if not reply_allowed(msg.reply):  # never publish where the sender points
-            self.refused += 1
-            log.warning("request refused: its reply subject is no inbox", subject=msg.subject)
-            return
         # nats-py runs one callback at a time per subscription: waiting here for a free
         # slot is the backpressure (pending messages wait in the subscription's queue).
         assert self._gate is not None

@@ -870,21 +870,26 @@ class Client:
 
         if not callable(callback):
             raise ValidationError("callback", f"must be callable, got {type(callback).__name__}")
+        sub = await self._subscribe(subject, handle)
+        return PreemptionSubscription(sub, subject)
+
+    async def _subscribe(
+        self, subject: str, cb: Callable[[Msg], Awaitable[None]] | None = None
+    ) -> Subscription:
+        """A subscription in place once this returns (nothing published after it is lost),
+        or ``PermissionDeniedError``: the server's refusal, if any, has come before the
+        round trip ends (nats-py hands it to the error callback in order), so a user whose
+        role does not allow ``subject`` is told so, not left waiting for what never comes."""
         refused = self._watch_refusal(subject)
         try:
-            sub = await self.nc.subscribe(subject, cb=handle)
-            # A notice right after we return is not lost; and the server's refusal of the
-            # subscription, if any, has come before the round trip ends (nats-py hands it
-            # to the error callback in order): a user whose role does not allow these
-            # notices is told so, not left waiting for notices that never come (found by
-            # a user trial, 2026-12-03).
+            sub = await self.nc.subscribe(subject, cb=cb)
             await confirm_subscriptions(self.nc)
         finally:
             self._unwatch_refusal(subject, refused)
         if refused.done():
             await sub.unsubscribe()
             raise PermissionDeniedError(subject)
-        return PreemptionSubscription(sub, subject)
+        return sub
 
 
 _WATCH_REPLY = msgspec.json.Decoder(m.WatchStarted | m.CommandRejected)
@@ -918,18 +923,8 @@ class _LogFeed:
         """Ask for a watch from the record after the last one seen (raises what the ask
         raises: ``PermissionDeniedError``, ``NoResponderError``, ``CommandRejectedError``)."""
         await self.close()
-        nc = self.client.nc
         deliver = uuid.uuid4().hex
-        subject = subjects.watched(self.allocation, deliver)
-        refused = self.client._watch_refusal(subject)
-        try:
-            sub = await nc.subscribe(subject)
-            await confirm_subscriptions(nc)  # the first record must find us
-        finally:
-            self.client._unwatch_refusal(subject, refused)
-        if refused.done():
-            await sub.unsubscribe()
-            raise PermissionDeniedError(subject)
+        sub = await self.client._subscribe(subjects.watched(self.allocation, deliver))
         body = _checked(
             m.WatchLog(
                 workload_id=self.workload_id,
