@@ -152,8 +152,21 @@ class GroupCommit:
             self._group = self._queue[: self.max_batch]
             del self._queue[: self.max_batch]
             if len(self._group) == 1 or not await self._commit(self._group):
-                await asyncio.gather(*(self._resolve_alone(q) for q in self._group))
+                await self._resolve_each(self._group)
         self._group = []
+
+    async def _resolve_each(self, group: list[_Queued]) -> None:
+        """Each record of a refused batch sent alone, at most ``threshold`` awaiting their
+        acks at once: a record's ack wait starts when it is sent, so the last of a large
+        batch does not time out queued behind the others' fsyncs on a slow disk, and the
+        retries of timed-out sends do not multiply the load."""
+        window = asyncio.Semaphore(self.threshold)
+
+        async def alone(q: _Queued) -> None:
+            async with window:
+                await self._resolve_alone(q)
+
+        await asyncio.gather(*(alone(q) for q in group))
 
     def _writer_ended(self, writer: asyncio.Task[None]) -> None:
         """A writer cancelled (shutdown; maybe before it ran) or failed leaves no caller
