@@ -45,18 +45,19 @@ browser: ## Debian's chromium for the browser tests, installed with apt-get if m
 		else sudo apt-get install -y --no-install-recommends chromium; fi; \
 	else echo "== no /usr/bin/chromium and no apt-get: the browser tests will fail saying what they need"; fi
 
-lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (the core stays pure)
-	$(BIN)/ruff format --check shared tests bench
-	$(BIN)/ruff check shared tests bench
+lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (layers, the core and the fold pure), no package import cycle
+	$(BIN)/ruff format --check shared services tests bench tools
+	$(BIN)/ruff check shared services tests bench tools
 	$(BIN)/lint-imports
+	$(BIN)/python tools/package_cycles.py
 	$(BIN)/python -m allot.proto.schema --check
 
 type: $(STAMP) ## mypy --strict on the package
 	$(BIN)/mypy
 
 fmt: $(STAMP) ## format and auto-fix
-	$(BIN)/ruff format shared tests bench
-	$(BIN)/ruff check --fix shared tests bench
+	$(BIN)/ruff format shared services tests bench tools
+	$(BIN)/ruff check --fix shared services tests bench tools
 
 bench: $(STAMP) ## benchmarks; prints figures and writes bench/results/
 	$(BIN)/python bench/run_all.py --shared $(SHARED)

@@ -85,7 +85,7 @@ def build_full() -> tuple[Snapshot, float]:
         queue.add(Workload(f"probe{i}", "nlp", "u", 1, 60, submit_time=now - 0.01 + i / 1e5))
     # The embedded default tree's effective shares (the live stack's, imported here only:
     # the mixed layout stays a core-only process); nlp (under its share) ranks first.
-    from allot.live.stack import DEFAULT_BUDGETS  # noqa: PLC0415
+    from allot.ops.stack import DEFAULT_BUDGETS  # noqa: PLC0415
 
     shares = parse_tree(yaml.safe_load(DEFAULT_BUDGETS)).effective_shares()
     order = {"nlp": 0, "vision": 1, "speech": 2, "ads": 3, "search": 4}

@@ -1,6 +1,6 @@
 """Live-system benchmark (``make bench-live``): the whole stack on this machine.
 
-Setup: ``allot.live.stack.Stack`` with ONE fake agent process simulating 1,000 hosts x 8
+Setup: ``allot.ops.stack.Stack`` with ONE fake agent process simulating 1,000 hosts x 8
 GPUs (its hosts' reports sent in batches, ``--batch-reports``), one intake, one placement,
 health, dispatch, ranking, accounting, on the embedded (or given) NATS and Redis. Then,
 from this process over plain NATS requests:
@@ -56,7 +56,7 @@ import nats
 from hdrh.histogram import HdrHistogram
 
 from allot.adapters.embedded import unwind_on_sigterm
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.proto import subjects as s
 from bench_cycle import machine_reference_s  # a sibling script (sys.path[0])
 

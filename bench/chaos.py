@@ -1,9 +1,9 @@
 """Fault injection (``make chaos``, issue 5): faults under a steady load, then a checker.
 
-Setup: ``allot.live.stack.Stack`` on this machine with fake agents (default 2 agent
+Setup: ``allot.ops.stack.Stack`` on this machine with fake agents (default 2 agent
 processes x 8 hosts x 8 GPUs), two placement instances (leader + standby), lease TTL 1 s,
 grace 2 s. A steady load (default 20 submissions/s, 1-4 GPUs, fake runs of 1-3 s, five
-allocations plus unallocated work) goes through ``allot.live.history.History``, which
+allocations plus unallocated work) goes through ``history.History``, which
 records every submission as invoke then ok / fail / unknown.
 
 Faults, one after another, each followed by a wait for recovery and a few seconds of load:
@@ -19,7 +19,7 @@ Faults, one after another, each followed by a wait for recovery and a few second
   started again.
 
 Recovery after a fault = time from the fault to the first submission invoked after it
-that was acknowledged AND placed (``allot.live.checker``). At the end the load stops, the
+that was acknowledged AND placed (``checker``). At the end the load stops, the
 run waits until every acknowledged workload has ended, reads HOSTS and WORKLOADS whole,
 and runs the checker. Figures are printed and written to ``bench/results/chaos.{md,json}``;
 the exit status is 1 when a goal is missed (0 lost, 0 double-booked, 0 stale decisions
@@ -52,18 +52,18 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from allot import bus
 from allot.adapters.embedded import EmbeddedNats, EmbeddedRedis, unwind_on_sigterm
 from allot.adapters.usage_store import RedisUsageStore
 from allot.core.usage import window_usage
-from allot.live import bus
-from allot.live.checker import Report, check
-from allot.live.history import SUBMIT, History, Op
-from allot.live.logfold import TERMINAL, LogFold
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.eventlog.logfold import TERMINAL, LogFold
+from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client
 from allot.services.accounting import rebuild
+from checker import Report, check
+from history import SUBMIT, History, Op
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GOAL_RECOVERY_S = 5.0

@@ -42,15 +42,15 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
+from allot import bus
 from allot.adapters.embedded import EmbeddedRedis, unwind_on_sigterm
 from allot.adapters.nats_cluster import EmbeddedNatsCluster
-from allot.live import bus
-from allot.live.checker import check
-from allot.live.history import Op
-from allot.live.stack import Stack
+from allot.ops.stack import Stack
 from allot.proto.subjects import STREAMS
 from allot.sdk import Client
-from allot.services.placement import LEADER_BUCKET
+from allot.services.placement.service import LEADER_BUCKET
+from checker import check
+from history import Op
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos  # bench is not a package: the driver this one extends, by path

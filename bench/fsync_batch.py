@@ -36,7 +36,7 @@ import nats
 from nats.aio.client import Client
 
 from allot.adapters.embedded import EmbeddedNats, find_nats_server
-from allot.live.group_commit import batch_headers
+from allot.bus.group_commit import batch_headers
 
 BODY = b"x" * 300  # about one log record
 

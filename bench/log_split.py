@@ -35,7 +35,7 @@ import nats
 from nats.aio.client import Client
 
 from allot.adapters.embedded import EmbeddedNats
-from allot.live.group_commit import batch_headers
+from allot.bus.group_commit import batch_headers
 from allot.services.dispatch import REPORT_BATCH_LINGER_S
 from fsync_batch import BODY, create_stream  # a sibling script (sys.path[0])
 
@@ -54,7 +54,7 @@ def _burn(duty: float, stop: Event) -> None:
 
 
 async def _batch(nc: Client, prefix: str, n: int) -> None:
-    """One atomic batch of ``n`` records, sent as ``allot.live.group_commit`` sends one: only
+    """One atomic batch of ``n`` records, sent as ``allot.bus.group_commit`` sends one: only
     the commit is a request."""
     batch_id = uuid.uuid4().hex[:16]
     for seq in range(1, n):

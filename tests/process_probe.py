@@ -1,5 +1,5 @@
 """What the tests of the agent's leftover sweep read of processes, independently of the
-code under test (``allot.live.gpu_exec`` reads ``/proc`` too, its own way): whether a pid
+code under test (``allot.services.agent.gpu_exec`` reads ``/proc`` too, its own way): whether a pid
 still runs, and which processes a session holds. Linux only (``/proc``)."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.sync_api import Browser, Page, Request
 
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.proto import messages as m
 from allot.sdk import Client
 

@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from allot.cli.main import build_parser
 from allot.cli.yaml_io import load_yaml
+
+from allot.cli.main import build_parser
 from allot.core.budgets import parse_tree
 from allot.sim.baselines import named_policy
 from allot.sim.cluster import load_cluster

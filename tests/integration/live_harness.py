@@ -13,9 +13,10 @@ import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from allot import bus
+from allot.bus import service_main
 from allot.core.budgets import parse_tree
-from allot.live import bus, service_main
-from allot.live.budget_wire import spec_from_tree
+from allot.eventlog.budget_wire import spec_from_tree
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.intake import Intake

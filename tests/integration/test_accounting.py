@@ -39,12 +39,13 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
+from allot import bus
 from allot.adapters.embedded import EmbeddedNats
 from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore
+from allot.bus import service_main
 from allot.cli import accounting_cmd
 from allot.core.errors import ValidationError
 from allot.core.usage import HOUR_S, split_into_hours, window_usage
-from allot.live import bus, service_main
 from allot.proto import messages as m
 from allot.proto import subjects
 from allot.proto.subjects import STREAMS as STREAM_NAMES

@@ -19,12 +19,13 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from allot import bus
+from allot.bus import service_main
 from allot.core.errors import ValidationError
-from allot.live import bus, service_main
-from allot.live.logfold import LogFold
+from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects
-from allot.services.agent import NO_COMMAND, Agent, AgentConfig
+from allot.services.agent.service import NO_COMMAND, Agent, AgentConfig
 from allot.services.dispatch import DispatchService
 from process_probe import running, session
 

@@ -21,10 +21,11 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from allot import bus
 from allot.adapters.batch_staging import staging_dir
 from allot.adapters.embedded import EmbeddedNats
-from allot.live import bus, group_commit
-from allot.live.group_commit import batch_headers
+from allot.bus import group_commit
+from allot.bus.group_commit import batch_headers
 from allot.proto import messages as m
 from allot.proto import subjects as s
 

@@ -1,4 +1,4 @@
-"""``allot.live.bus.publish`` sends a msg-id'd record again when its ack does not come (a
+"""``allot.bus.publish`` sends a msg-id'd record again when its ack does not come (a
 stream leader's hand-over can lose it), the same bytes and msg id each time; a
 ``LogFollower`` replays, then follows, past a callback that fails."""
 
@@ -11,8 +11,8 @@ import nats
 import nats.errors
 import pytest
 
-from allot.live import bus
-from allot.live.logfold import LogFold
+from allot import bus
+from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects as s
 

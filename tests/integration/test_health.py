@@ -15,8 +15,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from allot.live import service_main
-from allot.live.host_work import AGENT_STOPPING
+from allot.bus import service_main
+from allot.eventlog.host_work import AGENT_STOPPING
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind

@@ -30,13 +30,13 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 
-from allot.live import service_main
+from allot.bus import service_main
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.dispatch import DispatchService
 from allot.services.health import HealthService
 from allot.services.intake import Intake
-from allot.services.placement import PlacementService
+from allot.services.placement.service import PlacementService
 from allot.services.ranking import RankingService
 
 pytestmark = pytest.mark.integration

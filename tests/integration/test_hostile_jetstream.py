@@ -5,7 +5,7 @@ re-pointed the accounting service's durable consumer to its own filter (a name i
 guessed: accounting then charged nobody), and made nats-server push its records onto an
 agent's work subject (past subject permissions). Now every user but the services is
 denied ``$JS.>`` and each service durable by name, and reads the log through the watches
-intake opens for it (``allot.live.log_watch``). Each attempt runs as a raw nats-py client
+intake opens for it (``allot.bus.log_watch``). Each attempt runs as a raw nats-py client
 logged in with the generated credentials, against a real nats-server (the wheel's and the
 system's), and is refused by the server, logged with the user and the subject, and
 changes nothing: the durable keeps its filter, no stream moves, nothing reaches the
@@ -29,9 +29,9 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from test_security import TREE, Conn, Secure, Spy, _no_answer, _submit, _value, connect_as, counts
 
-from allot.live import bus
-from allot.live.log_watch import LogWatchServer
-from allot.live.service_main import start, stop
+from allot import bus
+from allot.bus.log_watch import LogWatchServer
+from allot.bus.service_main import start, stop
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s

@@ -15,7 +15,7 @@ import nats
 import pytest
 from live_harness import of_type, records, running_intake, seed
 
-from allot.live import bus
+from allot import bus
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.intake import workload_id

@@ -13,7 +13,7 @@ import nats
 import pytest
 from live_harness import seed
 
-from allot.live import service_main
+from allot.bus import service_main
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.intake import Intake

@@ -21,13 +21,14 @@ import nats
 import pytest
 from live_harness import eventually, of_type, records, seed
 
-from allot.live import bus, service_main
+from allot import bus
+from allot.bus import service_main
 from allot.proto import codec, subjects
 from allot.proto import messages as m
-from allot.services.agent import Agent, AgentConfig
+from allot.services.agent.service import Agent, AgentConfig
 from allot.services.dispatch import DispatchService
 from allot.services.health import HealthService
-from allot.services.placement import PlacementService
+from allot.services.placement.service import PlacementService
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")

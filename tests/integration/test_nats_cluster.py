@@ -27,8 +27,8 @@ from bench_scripts import load as load_bench
 from nats.js import JetStreamContext
 from nats.js.api import PubAck, StreamConfig
 
+from allot import bus
 from allot.adapters.nats_cluster import EmbeddedNatsCluster
-from allot.live import bus
 
 pytestmark = pytest.mark.integration
 

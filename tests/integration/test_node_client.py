@@ -1,6 +1,6 @@
 """The wire contract without the SDK: a Node.js client (``tests/node``) gets its notice.
 
-The whole live stack runs as processes (``allot.live.stack``). A Node.js script, which
+The whole live stack runs as processes (``allot.ops.stack``). A Node.js script, which
 imports no Allot code and speaks plain JSON over NATS, checks that a malformed submission
 is rejected naming ``gpus``, submits unallocated filler work that takes all 8 GPUs and
 waits for its preemption notice. Python then submits allocated work that needs those GPUs;
@@ -22,7 +22,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack, StackConfig
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 SCRIPT = NODE_DIR / "submit_and_wait_notice.mjs"

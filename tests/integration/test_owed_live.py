@@ -14,15 +14,15 @@ import msgspec
 import pytest
 from live_harness import eventually, records, seed
 
+from allot import bus
 from allot.cli import main as cli_main
-from allot.live import bus
-from allot.live.owed_query import owed_snapshot
-from allot.live.timeline import LogTimeline
+from allot.eventlog.owed_query import owed_snapshot
+from allot.eventlog.timeline import LogTimeline
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client
 from allot.sdk.errors import CommandRejectedError
-from allot.services.dashboard import DashboardService
+from allot.services.dashboard.service import DashboardService
 
 pytestmark = pytest.mark.integration
 

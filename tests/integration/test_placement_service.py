@@ -20,15 +20,16 @@ import pytest
 from live_harness import eventually, of_type, placements, records, seed
 from nats.aio.msg import Msg
 
+from allot import bus
 from allot.adapters.embedded import EmbeddedNats
+from allot.bus import service_main
 from allot.cli import live_cmds
-from allot.live import bus, service_main
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client, CommandRejectedError
 from allot.services.intake import Intake
-from allot.services.placement import PlacementService, encode_within
+from allot.services.placement.service import PlacementService, encode_within
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from allot.adapters.usage_store import RedisUsageStore
-from allot.live import service_main
+from allot.bus import service_main
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind

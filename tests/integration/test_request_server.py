@@ -1,4 +1,4 @@
-"""``allot.live.request_server.RequestServer`` on a real NATS: replies, the in-flight bound,
+"""``allot.bus.request_server.RequestServer`` on a real NATS: replies, the in-flight bound,
 a failing handler left unanswered, a queue group shared by two servers, a draining stop."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import nats
 import nats.errors
 import pytest
 
-from allot.live.request_server import RequestServer
+from allot.bus.request_server import RequestServer
 
 pytestmark = pytest.mark.integration
 

@@ -22,11 +22,11 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from allot import bus
 from allot.adapters.embedded import EmbeddedNats
+from allot.bus.log_watch import LogWatchServer
 from allot.cli import live_cmds
 from allot.core.errors import ValidationError
-from allot.live import bus
-from allot.live.log_watch import LogWatchServer
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind

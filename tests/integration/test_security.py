@@ -1,7 +1,7 @@
 """Issue 5, security: the generated nats-server configuration, enforced by a real server.
 
 Each test starts its own nats-server (JetStream on) with the config from
-``allot.live.auth_config.generate``: the wheel's 2.15 and, when this machine has one, the
+``allot.ops.auth_gen.generate``: the wheel's 2.15 and, when this machine has one, the
 system's (2.9.10 in CI), since the JetStream grants rely on the filtered consumer-create
 subject of nats-server >= 2.9. Refusals are seen three ways: the client's ``error_cb``
 (nats-py reports a permissions violation only there), the server's log (one line per
@@ -31,13 +31,13 @@ from live_harness import eventually, records, seed
 from nats.aio.client import Client as NatsClient
 from nats.nuid import NUID
 
+from allot import bus
 from allot.adapters.embedded import EmbeddedNats, find_nats_server
+from allot.bus.service_main import start, stop
 from allot.cli import live_cmds
 from allot.core.budgets import parse_tree
-from allot.live import bus
-from allot.live.auth_config import GeneratedAuth, TlsFiles, generate
-from allot.live.service_main import start, stop
-from allot.live.tls_certs import client_context, make_loopback_certs
+from allot.ops.auth_gen import GeneratedAuth, TlsFiles, generate
+from allot.ops.tls_certs import client_context, make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client, NoResponderError, PermissionDeniedError

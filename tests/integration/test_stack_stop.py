@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack, StackConfig
 
 pytestmark = pytest.mark.integration
 

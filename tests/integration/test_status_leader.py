@@ -11,13 +11,14 @@ import nats
 import pytest
 from live_harness import eventually, placements, seed
 
-from allot.cli import live_format as fmt
-from allot.live import bus, service_main
+from allot import bus
+from allot.bus import service_main
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.render import live_format as fmt
 from allot.sdk import Client
 from allot.services.intake import Intake
-from allot.services.placement import PlacementService
+from allot.services.placement.service import PlacementService
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ import pytest
 from bench_scripts import load as load_bench
 from nats.js.errors import NotFoundError
 
+from allot import bus
 from allot.adapters.embedded import EmbeddedNats
 from allot.core.errors import ValidationError
-from allot.live import bus
 
 pytestmark = pytest.mark.integration
 

@@ -17,16 +17,17 @@ import pytest
 from live_harness import eventually, of_type, placements, records, running_intake, seed
 from nats.js.errors import NotFoundError
 
+from allot import bus
 from allot.adapters.embedded import EmbeddedNats
+from allot.bus import service_main
 from allot.core.errors import ValidationError
-from allot.live import bus, service_main
-from allot.live.logfold import LogFold
+from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import STREAMS
 from allot.sdk import Client
 from allot.services.intake import Intake, workload_id
-from allot.services.placement import PlacementService
+from allot.services.placement.service import PlacementService
 
 pytestmark = pytest.mark.integration
 

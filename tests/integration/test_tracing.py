@@ -14,10 +14,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from allot.live import service_main
+from allot.bus import service_main
 from allot.proto import subjects as s
 from allot.services.intake import Intake
-from allot.services.placement import PlacementService
+from allot.services.placement.service import PlacementService
 
 pytestmark = pytest.mark.integration
 

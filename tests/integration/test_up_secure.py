@@ -17,8 +17,8 @@ import pytest
 from allot.adapters.batch_staging import staging_dir
 from allot.cli import live_cmds
 from allot.cli.up_cmd import try_line
-from allot.live.auth_config import ACCOUNT
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.ops.auth_gen import ACCOUNT
+from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.sdk import Client
 from allot.sdk.errors import SdkError
 

@@ -24,7 +24,7 @@ import nats
 import pytest
 from live_harness import eventually, of_type, records
 
-from allot.live.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.proto import messages as m
 from allot.sdk import Client
 from allot.sdk.errors import NoResponderError

@@ -1,4 +1,4 @@
-"""``allot.live.gpu_exec.workload_env``: what a part's process is told, and what it must
+"""``allot.services.agent.gpu_exec.workload_env``: what a part's process is told, and what it must
 never inherit from its agent (the agent's NATS login, its Redis URL)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from allot.live.gpu_exec import without_userinfo, workload_env
 from allot.proto import messages as m
+from allot.services.agent.gpu_exec import without_userinfo, workload_env
 
 AGENT_ENV = {
     "PATH": "/usr/bin",

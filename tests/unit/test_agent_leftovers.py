@@ -1,4 +1,4 @@
-"""``allot.live.gpu_exec.LeftoverSweep`` and ``Part.stopped`` with real processes: what a
+"""``allot.services.agent.gpu_exec.LeftoverSweep`` and ``Part.stopped`` with real processes: what a
 restarted agent kills (an earlier agent's parts, all of their session) and what it never
 touches (another part, another host, a process whose pid was reused)."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from allot.core.errors import ValidationError
-from allot.live import gpu_exec
-from allot.live.gpu_exec import FakePart, LeftoverSweep, ProcessPart, workload_env
-from allot.services import agent as agent_module
+from allot.services.agent import gpu_exec
+from allot.services.agent import service as agent_module
+from allot.services.agent.gpu_exec import FakePart, LeftoverSweep, ProcessPart, workload_env
 from process_probe import running, session
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")

@@ -11,22 +11,24 @@ from typing import Any
 
 import pytest
 
+from allot import bus
 from allot.adapters.embedded import find_nats_server
-from allot.cli import auth_cmd
-from allot.core.budgets import BudgetTree, parse_tree
-from allot.core.errors import ValidationError
-from allot.live import bus
-from allot.live.auth_config import (
+from allot.auth.client import (
     CA_ENV,
-    UserSpec,
     add_nats_url_argument,
-    budget_path,
     client_tls,
-    generate,
     inbox_prefix_for_url,
     login_for,
     masked_url,
     nats_url_from_env,
+)
+from allot.cli import auth_cmd
+from allot.core.budgets import BudgetTree, parse_tree
+from allot.core.errors import ValidationError
+from allot.ops.auth_gen import (
+    UserSpec,
+    budget_path,
+    generate,
     parse_roles,
     permissions,
     render_config,

@@ -6,7 +6,7 @@ import pytest
 
 from allot.core.budgets import parse_tree, set_shares
 from allot.core.errors import ValidationError
-from allot.live.budget_wire import spec_from_tree, tree_from_spec
+from allot.eventlog.budget_wire import spec_from_tree, tree_from_spec
 
 TREE = {
     "name": "root",

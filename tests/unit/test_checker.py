@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import msgspec
 import pytest
 
+import history as h
 from allot.core.errors import ValidationError
-from allot.live import history as h
-from allot.live.checker import Report, check
-from allot.live.logfold import Applied, LogFold
+from allot.eventlog.logfold import Applied, LogFold
 from allot.proto import messages as m
 from allot.sdk.errors import NoResponderError, RequestTimeoutError, SubmitRejectedError
+from checker import Report, check
 
 T0 = 1_800_000_000.0  # wall clock of the story's start; monotonic starts at 0
 

@@ -43,9 +43,9 @@ import yaml
 
 from allot.adapters.batch_staging import DEFAULT_ACCOUNT, staging_dir
 from allot.adapters.embedded import find_nats_server, free_ports
-from allot.cli.yaml_io import load_yaml
+from allot.bus import ATOMIC_STREAMS
+from allot.config.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
-from allot.live.bus import ATOMIC_STREAMS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
@@ -248,7 +248,7 @@ def test_engines() -> None:
     nats, redis = services["nats"], services["redis"]
     major, minor = (int(x) for x in re.findall(r"\d+", nats["image"].split(":")[1])[:2])
     # 2.12 brought the atomic batches group commit stores a backlog of appends as; on an
-    # older server every append is fsynced on its own (allot.live.group_commit).
+    # older server every append is fsynced on its own (allot.bus.group_commit).
     assert nats["image"].startswith("nats:") and (major, minor) >= (2, 12), nats["image"]
     mounts = _bind_mounts(nats)
     conf_target = next((t for t, p in mounts.items() if p == NATS_CONF), None)
@@ -443,7 +443,7 @@ def test_dockerfile() -> None:
         "no ENTRYPOINT/CMD: every compose service sets its own command"
     )
     copied = " ".join(args for op, args in steps if op == "COPY" and "--from" not in args)
-    for source in ("pyproject.toml", "README.md", "shared/"):
+    for source in ("pyproject.toml", "README.md", "shared/", "services/"):
         assert source in copied.split(), f"Dockerfile does not COPY {source}"
     installs = " ".join(args for op, args in steps if op == "RUN" and "pip" in args)
     assert "pip" in installs and "[dev]" not in installs, "install the package, not dev deps"
@@ -453,6 +453,7 @@ def test_dockerfile() -> None:
     for source in ("pyproject.toml", "README.md"):
         assert f"!{source}" in ignore, f".dockerignore keeps {source} out of the build"
     assert any(line.startswith("!shared/") for line in ignore)
+    assert "!services/" in ignore, ".dockerignore keeps the services out of the build"
 
 
 def test_nats_conf_is_valid() -> None:

@@ -40,11 +40,12 @@ from test_compose import (
 
 from allot.adapters.batch_staging import DEFAULT_ACCOUNT, staging_dir
 from allot.adapters.embedded import find_nats_server, free_ports
-from allot.cli.yaml_io import load_yaml
+from allot.auth.client import nats_url_from_env
+from allot.bus import ATOMIC_STREAMS
+from allot.config.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
-from allot.live.auth_config import ACCOUNT, GeneratedAuth, generate, nats_url_from_env
-from allot.live.bus import ATOMIC_STREAMS
-from allot.services.dashboard import build_parser as dashboard_parser
+from allot.ops.auth_gen import ACCOUNT, GeneratedAuth, generate
+from allot.services.dashboard.service import build_parser as dashboard_parser
 
 OVERRIDE = ROOT / "deploy" / "compose.secure.yaml"
 

@@ -1,4 +1,4 @@
-"""``allot.live.dashboard_access``: the dashboard's logins and what each role sees."""
+"""``allot.auth.dashboard``: the dashboard's logins and what each role sees."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from allot.auth.dashboard import Access, Viewer
 from allot.core.budgets import parse_tree
 from allot.core.errors import ValidationError
-from allot.live.auth_config import generate, hash_password
-from allot.live.dashboard_access import Access, Viewer
+from allot.ops.auth_gen import generate, hash_password
 
 TREE = {
     "name": "root",

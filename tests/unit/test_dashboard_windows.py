@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from allot.live.dashboard_pages import WINDOWS, fairshare_page, pick_window
+from allot.services.dashboard.pages import WINDOWS, fairshare_page, pick_window
 
 NOW = 1_800_000_000.0
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from allot.live.dashboard_workload import workload_page
-from allot.live.timeline import TimelineEvent
+from allot.eventlog.timeline import TimelineEvent
+from allot.services.dashboard.workload import workload_page
 
 T = 1_800_000_000.0
 DEADLINE = T + 120

@@ -8,8 +8,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from allot import bus
 from allot.core.errors import ValidationError
-from allot.live import bus
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s

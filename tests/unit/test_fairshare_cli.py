@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from allot.cli import fairshare_cmd
-from allot.cli.yaml_io import load_yaml
+from allot.config.yaml_io import load_yaml
 from allot.core.errors import ValidationError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from typing import Any, cast
 
 import pytest
 
-from allot.live.group_commit import MAX_BATCH, THRESHOLD, GroupCommit
+from allot.bus.group_commit import MAX_BATCH, THRESHOLD, GroupCommit
 
 NO_SERVER = cast(Any, None)
 

@@ -1,4 +1,4 @@
-"""``allot.live.host_work``: each host's work list and what an agent's report becomes."""
+"""``allot.eventlog.host_work``: each host's work list and what an agent's report becomes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
-from allot.live.host_work import CLOCK_SKEW_S, DispatchBook, check_report_times
+from allot.eventlog.host_work import CLOCK_SKEW_S, DispatchBook, check_report_times
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto.subjects import Kind

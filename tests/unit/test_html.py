@@ -8,10 +8,10 @@ import re
 
 import pytest
 
+from allot.render.svgcharts import Series, bar_chart, cdf_chart, column_chart, line_chart
 from allot.sim.html import render_html as render
 from allot.sim.record import CapacityChange, JobOutcome, Preemption, Segment, SimRecord, Waiting
 from allot.sim.report import build_report
-from allot.sim.svgcharts import Series, bar_chart, cdf_chart, column_chart, line_chart
 
 H = 3600.0
 

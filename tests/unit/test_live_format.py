@@ -9,11 +9,11 @@ import msgspec
 import pytest
 
 from allot.cli import live_cmds
-from allot.cli import live_format as fmt
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
 from allot.proto import codec
 from allot.proto import messages as m
+from allot.render import live_format as fmt
 from allot.sdk.lifecycle import Ending
 
 T0 = 1_800_000_000.0

@@ -8,8 +8,8 @@ import pytest
 from allot.core.budgets import parse_tree
 from allot.core.cycle import Snapshot, run_cycle
 from allot.core.policy import Policy
-from allot.live.budget_wire import spec_from_tree
-from allot.live.logfold import CANCEL_LEAVES_S, Drain, LogFold
+from allot.eventlog.budget_wire import spec_from_tree
+from allot.eventlog.logfold import CANCEL_LEAVES_S, Drain, LogFold
 from allot.proto import messages as m
 
 T = 1000.0

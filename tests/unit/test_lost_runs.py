@@ -1,4 +1,4 @@
-"""Runs lost with their host (``allot.live.host_work.lost_run`` and ``DispatchBook.lost``):
+"""Runs lost with their host (``allot.eventlog.host_work.lost_run`` and ``DispatchBook.lost``):
 a dead agent's runs are ended in its place once its host has been drained for missed
 heartbeats for the margin, noticed or not (a silent host's runs are not protected), as
 Slurm requeues the jobs of a DOWN node."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from allot.live.host_work import (
+from allot.eventlog.host_work import (
     AGENT_STOPPING,
     LOST_AFTER_S,
     MISSED_HEARTBEATS,

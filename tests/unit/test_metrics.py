@@ -26,9 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from allot.core.budgets import parse_tree
 from allot.core.errors import ValidationError
 from allot.core.model import HostState
-from allot.live.budget_wire import spec_from_tree
-from allot.live.logfold import LogFold
-from allot.live.metrics import (
+from allot.eventlog.budget_wire import spec_from_tree
+from allot.eventlog.logfold import LogFold
+from allot.eventlog.timeline import LogTimeline
+from allot.proto import messages as m
+from allot.services.dashboard.metrics import (
     CONTENT_TYPE,
     NO_ALLOCATION,
     PREEMPT_REASONS,
@@ -38,8 +40,6 @@ from allot.live.metrics import (
     QueueWaitHistogram,
     render_metrics,
 )
-from allot.live.timeline import LogTimeline
-from allot.proto import messages as m
 
 T = 1_700_000_000.0
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

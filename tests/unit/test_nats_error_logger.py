@@ -10,7 +10,7 @@ import sys
 
 from structlog.testing import capture_logs
 
-from allot.live.bus import ERROR_REPEAT_S, nats_error_logger
+from allot.bus import ERROR_REPEAT_S, nats_error_logger
 
 
 def test_each_error_is_logged_once_per_repeat_period() -> None:

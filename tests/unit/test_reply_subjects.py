@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from nats.aio.msg import Msg
 
+from allot.bus import inbox_replies_only, reply_allowed
 from allot.core.errors import ValidationError
-from allot.live.bus import inbox_replies_only, reply_allowed
 from allot.proto import codec
 from allot.proto.subjects import Kind
 

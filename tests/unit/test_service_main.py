@@ -1,4 +1,4 @@
-"""``allot.live.service_main``: the collector settings a service process takes after its
+"""``allot.bus.service_main``: the collector settings a service process takes after its
 replay (``tune_gc``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from allot.live.service_main import GC_YOUNG_THRESHOLD, tune_gc
+from allot.bus.service_main import GC_YOUNG_THRESHOLD, tune_gc
 
 
 @pytest.fixture

@@ -17,14 +17,14 @@ import pytest
 
 from allot.adapters.embedded import free_ports
 from allot.core.errors import ValidationError
-from allot.live import stack
-from allot.live.run_dir import LOCK_FILE, PORTS_FILE, running_stack_url
-from allot.live.stack import Stack, StackConfig, lock_run_dir
+from allot.ops import stack
+from allot.ops.run_dir import LOCK_FILE, PORTS_FILE, running_stack_url
+from allot.ops.stack import Stack, StackConfig, lock_run_dir
 
 HOLD = (
     "import sys, time\n"
     "from pathlib import Path\n"
-    "from allot.live.stack import lock_run_dir\n"
+    "from allot.ops.stack import lock_run_dir\n"
     "lock_run_dir(Path(sys.argv[1]))\n"
     "print('locked', flush=True)\n"
     "time.sleep(60)\n"

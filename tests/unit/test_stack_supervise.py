@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from allot.live.stack import Stack, StackConfig
+from allot.ops.stack import Stack, StackConfig
 
 
 class Proc:
@@ -108,7 +108,7 @@ def test_no_budget_stops_the_stack_at_the_first_exit(tmp_path: Path, code: int) 
 
 
 def test_an_embedded_server_that_exited_stops_the_stack(tmp_path: Path) -> None:
-    """Not restarted (see ``allot.live.stack``): every service needs it."""
+    """Not restarted (see ``allot.ops.stack``): every service needs it."""
     s = Supervised(tmp_path, limit=5)
     s.stack.servers.redis = Gone()  # type: ignore[assignment]
     assert s.at(0.0) == "the embedded Redis server exited: every service needs it"

@@ -10,14 +10,14 @@ import json
 import msgspec
 import pytest
 
-from allot.cli.live_format import status_text
 from allot.core.budgets import parse_tree
-from allot.live.budget_wire import spec_from_tree
-from allot.live.dashboard_workload import workload_page
-from allot.live.logfold import LogFold
-from allot.live.timeline import TimelineEvent
+from allot.eventlog.budget_wire import spec_from_tree
+from allot.eventlog.logfold import LogFold
+from allot.eventlog.timeline import TimelineEvent
 from allot.proto import messages as m
-from allot.services.placement import host_rows, workload_status
+from allot.render.live_format import status_text
+from allot.services.dashboard.workload import workload_page
+from allot.services.placement.service import host_rows, workload_status
 
 T = 1000.0
 

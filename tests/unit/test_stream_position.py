@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.aio.msg import Msg
 
-from allot.live.bus import stream_position
+from allot.bus import stream_position
 
 
 def _msg(reply: str) -> Msg:

@@ -1,10 +1,10 @@
-"""``allot.live.tasks.stop_tasks``: a stopping service never hangs on its own tasks."""
+"""``allot.bus.tasks.stop_tasks``: a stopping service never hangs on its own tasks."""
 
 from __future__ import annotations
 
 import asyncio
 
-from allot.live.tasks import every, stop_tasks
+from allot.bus.tasks import every, stop_tasks
 
 
 async def _swallows_one_cancellation(seen: list[str]) -> None:

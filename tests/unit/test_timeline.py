@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
-from allot.live.owed_query import owed_snapshot
-from allot.live.timeline import LogTimeline
+from allot.eventlog.owed_query import owed_snapshot
+from allot.eventlog.timeline import LogTimeline
 from allot.proto import messages as m
 from allot.sim.record import CapacityChange, Segment, SimRecord, Waiting
 from allot.sim.report import build_report

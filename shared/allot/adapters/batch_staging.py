@@ -12,7 +12,7 @@ directory on tmpfs: the stream's block is still fsynced before the answer).
 
 So the ``batches`` directory of the streams named here is made a symlink to a directory on
 tmpfs (``/dev/shm``). A crash then loses only batches that were not committed, which no
-publisher was told were stored; ``allot.live.group_commit`` sends such a batch's records
+publisher was told were stored; ``allot.bus.group_commit`` sends such a batch's records
 again one by one, deduplicated by their msg ids. Nothing a disk would have kept is lost
 either: a staged batch never outlived a restart on disk (below). What it saves
 (``bench/fsync_batch.py`` style, embedded nats-server, fsync on every write, 2026-12-03):

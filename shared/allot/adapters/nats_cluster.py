@@ -98,7 +98,7 @@ class EmbeddedNatsCluster(StartStop):
 
     @property
     def url(self) -> str:
-        """Every node, comma-separated (``allot.live.bus.server_urls`` splits it)."""
+        """Every node, comma-separated (``allot.bus.server_urls`` splits it)."""
         return ",".join(self.urls)
 
     def monitor_url(self, i: int) -> str:

@@ -39,9 +39,9 @@ from urllib.parse import urlsplit
 import redis.asyncio as redis_asyncio
 from redis.asyncio.client import Pipeline
 
+from allot.auth.client import masked_url
 from allot.core.errors import ValidationError
 from allot.core.usage import HOUR_S, split_into_hours
-from allot.live.auth_config import masked_url
 
 RETENTION_HOURS: Final = 8 * 24
 KEY_TTL_S: Final = RETENTION_HOURS * HOUR_S

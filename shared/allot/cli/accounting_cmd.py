@@ -22,15 +22,15 @@ import json
 import os
 import sys
 
+from allot.auth.client import add_nats_url_argument
 from allot.cli.durations import duration_label, parse_duration
-from allot.cli.live_format import gpu_h_cell, timestamp
 from allot.core.errors import ValidationError
 from allot.core.usage import DEFAULT_WINDOW_S, HOUR_S, window_usage
-from allot.live.auth_config import add_nats_url_argument
+from allot.render.live_format import gpu_h_cell, timestamp
 
 EXIT_UNREACHABLE = 1
 CONNECT_TIMEOUT_S = 5.0
-# Same values as ``allot.live.service_main`` and ``allot.services.accounting``, repeated so
+# Same values as ``allot.bus.service_main`` and ``allot.services.accounting``, repeated so
 # that building the ``allot`` parser does not import FastStream.
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
@@ -99,7 +99,7 @@ def run_rebuild(args: argparse.Namespace) -> int:
     # Imported here, not at the top: the service module pulls in FastStream (~0.3 s), which
     # every other ``allot`` command would otherwise pay for at start-up.
     from allot.adapters.usage_store import check_redis_url  # noqa: PLC0415
-    from allot.live.runtime import configure_logging  # noqa: PLC0415
+    from allot.bus.runtime import configure_logging  # noqa: PLC0415
     from allot.services.accounting import rebuild  # noqa: PLC0415
 
     check_redis_url(args.redis_url, "--redis-url")
@@ -161,7 +161,7 @@ async def usage(
     import redis.asyncio as redis_asyncio  # noqa: PLC0415 - see run_rebuild
 
     from allot.adapters.usage_store import RedisUsageStore  # noqa: PLC0415
-    from allot.live.runtime import wall_clock  # noqa: PLC0415
+    from allot.bus.runtime import wall_clock  # noqa: PLC0415
 
     if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s <= 0:
         raise ValidationError("window_s", f"must be a positive number of seconds, got {window_s!r}")

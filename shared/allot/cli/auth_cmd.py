@@ -1,7 +1,7 @@
 """``allot auth gen``: the NATS authorization of a deployment from its budget tree and roles.
 
 Writes ``OUT/nats.conf`` (accounts, users with bcrypt password hashes, per-user allow
-lists; see ``allot.live.auth_config``) and ``OUT/users/<user>.env`` (the user's password
+lists; see ``allot.ops.auth_gen``) and ``OUT/users/<user>.env`` (the user's password
 and a ready ``ALLOT_NATS_URL``) and ``OUT/dashboard-users.json`` (the dashboard's logins:
 the same users and hashes, ``python -m allot.services.dashboard --users``), all 0600, and
 prints one line per user with what it may do. ``--tls`` also writes a loopback CA and
@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from allot.cli.yaml_io import load_yaml
-from allot.core.budgets import BudgetTree, parse_tree
+from allot.config.budget_file import load_tree_file
+from allot.config.yaml_io import load_yaml
 from allot.core.errors import ValidationError
-from allot.live.auth_config import (
+from allot.ops.auth_gen import (
     ACCOUNT,
     DEFAULT_BCRYPT_COST,
     GeneratedAuth,
@@ -57,26 +57,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     g.set_defaults(func=run_gen)
 
 
-def load_tree(path: Path) -> BudgetTree:
-    data = load_yaml(path)
-    if not isinstance(data, dict):
-        raise ValidationError("--budgets", f"{path} must hold one mapping (the root node)")
-    return parse_tree(data)
-
-
 def run_gen(args: argparse.Namespace) -> int:
     if not 4 <= args.cost <= 31:
         raise ValidationError("--cost", f"bcrypt cost must be 4..31, got {args.cost}")
     if args.out.exists() and not args.out.is_dir():
         raise ValidationError("--out", f"{args.out} exists and is not a folder")
-    tree = load_tree(args.budgets)
+    tree = load_tree_file(args.budgets, f"--budgets {args.budgets}")
     roles_data = load_yaml(args.roles)
     users = parse_roles(roles_data, tree)  # errors before anything is written
     make_out_dir(args.out, "--out")
     tls: TlsFiles | None = None
     server = args.server
     if args.tls:
-        from allot.live.tls_certs import make_loopback_certs  # noqa: PLC0415 (optional dep)
+        from allot.ops.tls_certs import make_loopback_certs  # noqa: PLC0415 (optional dep)
 
         # Absolute paths: nats-server reads them relative to its own working directory.
         tls = make_loopback_certs(args.out.resolve() / "tls")

@@ -36,7 +36,7 @@ import redis.asyncio as redis_asyncio
 from allot.adapters.usage_store import RedisUsageStore
 from allot.core.errors import ValidationError
 from allot.core.usage import window_usage
-from allot.live.stack import AgentSpec, Stack, StackConfig, StackError
+from allot.ops.stack import AgentSpec, Stack, StackConfig, StackError
 from allot.proto import messages as m
 from allot.sdk import Client
 

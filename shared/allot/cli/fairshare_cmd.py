@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from allot.cli.yaml_io import load_yaml
-from allot.core.budgets import PARENT, parse_tree
+from allot.config.budget_file import load_tree_file
+from allot.core.budgets import PARENT
 from allot.core.errors import ValidationError
 from allot.core.fairshare import NodeRank, Ranking, rank
 
@@ -53,10 +53,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the command; returns the exit status (0, or 2 for a bad file)."""
     path: Path = args.tree
     try:
-        data = load_yaml(path)
-        if not isinstance(data, dict):
-            raise ValidationError("tree", "the file must hold one mapping (the root node)")
-        tree = parse_tree(data)
+        tree = load_tree_file(path, "tree")
         ranking = rank(tree, tree.usage())
     except ValidationError as exc:
         where = exc.field if exc.field == str(path) else f"{path}: {exc.field}"

@@ -12,7 +12,7 @@
     allot budgets set PATH SHARES [--by NAME]    (PATH root/nlp/pretrain, SHARES N|parent)
 
 Each takes ``--nats-url`` (env ``ALLOT_NATS_URL``), ``--timeout`` and ``--json`` (the
-envelope of ``allot.cli.live_format``). ``--alloc`` omitted means unallocated work.
+envelope of ``allot.render.live_format``). ``--alloc`` omitted means unallocated work.
 
 ``--user``, ``--operator``, ``--manager`` and ``--by`` name who sends the command and
 default to the NATS login (the URL's user, or ``ALLOT_NATS_USER``); with a login, any other
@@ -37,16 +37,16 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
-from allot.cli import live_format as fmt
+from allot.auth.client import add_nats_url_argument, login_for, masked_url
 from allot.cli.durations import parse_duration
 from allot.core.errors import ValidationError
-from allot.live.auth_config import add_nats_url_argument, login_for, masked_url
-from allot.live.run_dir import running_stack_url
+from allot.ops.run_dir import running_stack_url
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.env_vars import MAX_ENV_BYTES, MAX_VALUE_CHARS, check_env
 from allot.proto.subjects import BUDGET_ROOT
+from allot.render import live_format as fmt
 from allot.sdk import (
     Client,
     LoginRefusedError,

@@ -1,18 +1,18 @@
 """``allot owed``: owed vs delivered GPU-hours per allocation, computed live from the log
 exactly as the simulator's report computes them (``allot.sim.report``; the dashboard
-service answers ``allot.v1.query.owed`` with ``allot.live.owed_query``).
+service answers ``allot.v1.query.owed`` with ``allot.eventlog.owed_query``).
 
     allot owed [--window 1d|7d|...] [--bucket 1h] [--json] [--nats-url URL] [--timeout S]
 
 Without ``--window`` it asks twice, for the last day and the last week, and prints one
 table per window; ``--window`` asks once. Each table: ALLOCATION, BUDGET % (effective
-share), OWED GPU-h, DELIVERED GPU-h (``allot.cli.live_format.gpu_h_cell``: a small figure
+share), OWED GPU-h, DELIVERED GPU-h (``allot.render.live_format.gpu_h_cell``: a small figure
 keeps three significant digits), DELIVERED/OWED (a percentage, ``-`` when nothing was
 owed), then an ``overall`` row (sums, and the report's overall ratio). A legend under the
 tables says what each figure counts and as of when: the log up to the answer's ``at``,
 not the usage accounting has charged (``allot accounting usage``).
 
-``--json`` prints one envelope (``allot.cli.live_format``: ``{"kind": "OwedSnapshot",
+``--json`` prints one envelope (``allot.render.live_format``: ``{"kind": "OwedSnapshot",
 "at", "data"}``) per window, one per line (JSON Lines, as ``allot watch --json``), in the
 order of the tables.
 """
@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from allot.cli import live_format as fmt
 from allot.cli.durations import duration_label
 from allot.cli.live_cmds import _common, _run, parse_duration_option, renamed
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
+from allot.render import live_format as fmt
 from allot.sdk import Client
 
 DEFAULT_WINDOWS = (86400, 7 * 86400)

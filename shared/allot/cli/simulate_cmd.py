@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from allot.cli.durations import parse_duration
-from allot.cli.yaml_io import load_yaml
+from allot.config.budget_file import load_tree_file
+from allot.config.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.duration_text import format_duration
 from allot.core.errors import ValidationError
@@ -261,7 +262,7 @@ def _load_inputs(args: argparse.Namespace) -> tuple[ClusterSpec, BudgetTree, lis
         if getattr(args, flag) is None:
             raise ValidationError(f"--{flag}", "is required (or use --philly DIR)")
     cluster = load_cluster(_mapping(load_yaml(args.cluster), str(args.cluster)))
-    tree = parse_tree(_mapping(load_yaml(args.budgets), str(args.budgets)))
+    tree = load_tree_file(args.budgets)
     jobs = read_trace(args.trace, defaults)
     for job in jobs:
         alloc = job.workload.allocation

@@ -1,4 +1,4 @@
-"""``allot up``: the whole live stack with no Docker, until Ctrl-C (see ``allot.live.stack``)."""
+"""``allot up``: the whole live stack with no Docker, until Ctrl-C (see ``allot.ops.stack``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from allot.auth.client import masked_url
+from allot.config.budget_file import load_tree_file
 from allot.core.errors import ValidationError
-from allot.live.auth_config import masked_url
-from allot.live.run_dir import DEFAULT_RUN_DIR
-from allot.live.stack import AgentSpec, Stack, StackConfig, StackError
+from allot.ops.run_dir import DEFAULT_RUN_DIR
+from allot.ops.stack import AgentSpec, Stack, StackConfig, StackError
 from allot.proto import subjects as s
-from allot.services.ranking import load_tree_file
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -17,7 +17,7 @@ Names are always strings made of ``[A-Za-z0-9_-]`` (they become NATS subject tok
 no ``.``, ``*``, ``>`` or spaces) and are unique across the whole tree, accounts included,
 since a leaf name *is* an allocation id. Integer names are accepted and turned into text;
 a float or boolean name means YAML already rewrote what was typed (``6214e9``, ``yes``), so
-it is rejected with a request to quote it (``allot.cli.yaml_io`` loads names as text).
+it is rejected with a request to quote it (``allot.config.yaml_io`` loads names as text).
 
 ``parent`` semantics (Slurm's ``SLURMDB_FS_USE_PARENT``), exactly as Slurm wires it in
 ``src/common/assoc_mgr.c`` (``_find_assoc_parent``, ``_set_assoc_parent_and_user``,

@@ -123,7 +123,7 @@ RESERVED_ENV = frozenset(
         "ALLOT_AGENT",
     }
 )
-"""What the agent sets itself (``allot.live.gpu_exec.workload_env``): a workload's ``env``
+"""What the agent sets itself (``allot.services.agent.gpu_exec.workload_env``): a workload's ``env``
 may not name them (intake refuses it, naming ``env``), and the agent's values win anyway."""
 Attempt = Annotated[int, msgspec.Meta(ge=1, le=1_000_000, description="1 for the first run")]
 Epoch = Annotated[
@@ -685,6 +685,11 @@ class RankingUpdated(_Message, frozen=True, kw_only=True):
 
 class StatusQuery(_Message, frozen=True, kw_only=True):
     workload_id: Name
+
+
+LIVE_STATES: frozenset[str] = frozenset({"running", "noticed"})
+"""The ``WorkloadStatus.state`` values of a workload holding its GPUs (placed, maybe under
+notice)."""
 
 
 class WorkloadStatus(_Message, frozen=True, kw_only=True):

@@ -75,11 +75,11 @@ Rules behind the shape:
    500 submissions/s; ``...events.nlp.w1.*`` is one workload's every event and
    ``...events.nlp.>`` an allocation's. Each record type has one name
    (``allot.proto.messages.EVENT_NAME``), and readers refuse a record filed under another
-   (``allot.live.bus.decode_record``), so a filtered reader never misses one.
+   (``allot.bus.decode_record``), so a filtered reader never misses one.
 5. **Reading the log**: only services use the JetStream API. A team asks on
    ``allot.v1.watch.<allocation>`` and the service creates the consumer (filter: that
    allocation's workload; delivery: ``allot.v1.watched.<allocation>.<deliver>``, which only
-   that allocation's team may read); see ``allot.live.log_watch``.
+   that allocation's team may read); see ``allot.bus.log_watch``.
 6. Commands are core-NATS requests answered by the service (no stream captures them, so a
    JetStream ack never races the service's reply); events go to the streams in ``STREAMS``.
 6. **Identities come from logins.** Every command that records a person's name has an

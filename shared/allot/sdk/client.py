@@ -48,9 +48,9 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from allot.auth.client import client_tls, inbox_prefix_for_url, login_for, masked_url
+from allot.bus import confirm_subscriptions, decode_record, server_urls
 from allot.core.errors import ValidationError
-from allot.live.auth_config import client_tls, inbox_prefix_for_url, login_for, masked_url
-from allot.live.bus import confirm_subscriptions, decode_record, server_urls
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.env_vars import check_env
@@ -901,7 +901,7 @@ for again from where it stopped (the server restarted, the consumer expired)."""
 
 class _LogFeed:
     """One workload's events or notices, read through a consumer the services create for
-    the asker (``WatchLog``; ``allot.live.log_watch``): teams never touch the JetStream API.
+    the asker (``WatchLog``; ``allot.bus.log_watch``): teams never touch the JetStream API.
     Like nats-py's ordered consumer, a gap in the consumer's sequence, or silence past
     ``SILENT_HEARTBEATS`` heartbeats, opens a new watch after the last record seen."""
 

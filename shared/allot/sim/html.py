@@ -2,7 +2,7 @@
 
 Input: the dict from ``allot.sim.report.build_report`` (or report.json loaded back).
 Output: an HTML5 document with inline CSS and inline SVG charts from
-``allot.sim.svgcharts``; no scripts, no fonts, no links, no request to anywhere. The page
+``allot.render.svgcharts``; no scripts, no fonts, no links, no request to anywhere. The page
 has no timestamp and walks dicts in sorted (or fixed) order, never in input order, so the
 same report gives the same bytes, whether built in memory or loaded back from JSON.
 
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 
 from allot.core.duration_text import format_duration
-from allot.sim.svgcharts import Series, bar_chart, cdf_chart, column_chart, line_chart
+from allot.render.svgcharts import Series, bar_chart, cdf_chart, column_chart, line_chart
 
 _SIZE_ORDER = ("1", "2-8", "9-63", "64+")  # report.json sorts keys; the table should not
 

@@ -181,7 +181,7 @@ def bucket_amounts(
 ) -> list[float]:
     """Per bucket of ``[t0, t1]`` (this report's buckets: width ``bucket_s`` from ``t0``, the
     last partial), the sum over ``(start, end, rate)`` pieces of ``rate x`` the seconds of
-    ``[start, end)`` inside the bucket. Live views (``allot.live.timeline``) bucket with it,
+    ``[start, end)`` inside the bucket. Live views (``allot.eventlog.timeline``) bucket with it,
     so their series line up with the report's to the second."""
     if isinstance(bucket_s, bool) or not isinstance(bucket_s, int) or bucket_s <= 0:
         raise ValidationError("bucket_s", f"must be a positive integer, got {bucket_s!r}")

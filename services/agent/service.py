@@ -1,0 +1,778 @@
+"""The host agent: runs what the placement leader put on its hosts and reports how it went.
+
+``python -m allot.services.agent --host h01 --gpus 8`` runs one real host;
+``--fake --hosts 1000 --gpus 8`` simulates hosts ``fake-0000``... in one process (demos and
+load tests): a fake part "runs" for the submission's ``duration_s`` with a timer.
+
+An agent speaks and hears only for its own hosts (NATS permissions grant it nothing else,
+see ``allot.ops.auth_gen``); it never reads the log. What it does, and why that way:
+
+* **Heartbeats** on core NATS every ``--heartbeat-s`` for each host (the health service
+  registers a host from its first one). Many fake hosts are spread over the interval in at
+  most ``SLOTS`` batches, so 1,000 hosts cost ~50 wake-ups a second, not 1,000.
+* **Work.** The dispatch service (``allot.services.dispatch``) sends each host its whole list
+  of parts on ``allot.v1.host.<host>.work`` whenever the log changes it; the agent also asks
+  for it (``...<host>.sync``) when it starts and every ``--resync-s``, so a lost message only
+  delays. A list older (by log position) than one already applied is ignored. The agent
+  reconciles: a listed part it does not run starts (real: the task's command, no shell, in
+  its own process group, ``CUDA_VISIBLE_DEVICES`` = the host's GPUs, ``ALLOT_HOSTS`` and
+  ``ALLOT_HOST_RANK`` from the task's hosts; a part with no command but a
+  ``duration_s`` holds its GPUs that long and completes, as ``salloc --time`` does, and
+  one with neither fails); a part listed with a
+  stop gets SIGTERM now and SIGKILL at the grace deadline (notice) or after
+  ``--kill-after-s`` (cancel); a part no longer listed has ended in the log and stops
+  quietly (a gang's other hosts after the end's report).
+* **Reports.** The *primary* host (the first of the assignment's hosts, sorted) reports the
+  start and how the process ended (``PartReport`` on ``...<host>.report``); dispatch checks
+  the host and appends the log record, choosing it from the log's view (cancelled,
+  preempted, completed or failed). A gang's other hosts report only an end of their own
+  part that ends the whole attempt: one lost in a restart, one that failed (exited
+  non-zero) or that the agent's own stop ended; a clean exit is left to the primary.
+  Dispatch then stops the attempt's other parts, the primary's included. A report is
+  retried until answered. With ``--batch-reports`` (fake mode, connected as a service
+  user or to a server without users) the reports of every simulated host within 50 ms go
+  as one ``PartReports`` request on ``allot.v1.hosts.report`` (``report_batch``): at 500
+  runs a second that is about 20 requests a second instead of 1,000.
+* **Restarts.** A listed part that the log shows started but this process does not run ran
+  under an earlier agent process (we cannot reattach). Its processes may still run: parts
+  live in sessions of their own, so a ``kill -9`` of the agent leaves them behind. As
+  slurmd does on restart, a real agent first SIGKILLs every process an earlier agent
+  started on its hosts (``gpu_exec.LeftoverSweep``: found by the part named in their
+  environment, never by a pid that may have been reused), and reports such a part ``lost``
+  only once none of its processes is left, so its GPUs are never handed out while it still
+  holds them. Dispatch records a lost part as preempted (``host-drain``: a node failure,
+  which Slurm requeues), so resumable work is requeued. One placed but never started
+  (placed while the agent was down) starts now. An agent that stays dead does not hold
+  its runs forever: once health has drained its host for missed heartbeats and the host
+  stayed silent for ``--lost-after-s``, dispatch records its runs lost in its place
+  (``allot.eventlog.host_work.lost_run``); the sweep above ends what is left of it when the
+  agent comes back.
+* **Stopping** (SIGTERM to the agent): a real agent first takes its hosts out of service
+  (an unhealthy ``HealthReport``, detail ``agent stopping``, which the health service
+  turns into a drain that the agent's next heartbeat ends) and holds its reports for
+  ``STOP_SETTLE_S``, so the runs they requeue are not placed straight back on a host no
+  agent serves. Then every part gets SIGTERM, SIGKILL after
+  ``--stop-grace-s``; a part the stop ended is reported with ``stopping`` set, which
+  dispatch records as a preemption (``host-drain``: a planned host shutdown), so resumable
+  work is requeued. A part that had exited on its own keeps its own outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats.errors
+import structlog
+from nats.aio.client import Client as NatsClient
+from opentelemetry.sdk.trace import TracerProvider
+
+from allot import bus
+from allot.adapters import pid_lock
+from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
+from allot.bus.service_main import base_parser, run_main
+from allot.bus.tasks import stop_tasks
+from allot.core.errors import ValidationError
+from allot.eventlog.host_work import AGENT_STOPPING, RESTART_LOST, STOPPED_BEFORE_START
+from allot.proto import codec, subjects
+from allot.proto import messages as m
+from allot.services.agent.gpu_exec import (
+    Clock,
+    FakePart,
+    LeftoverSweep,
+    Part,
+    ProcessPart,
+    agent_marker,
+    describe_exit,
+    workload_env,
+)
+from allot.services.agent.report_batch import ReportBatcher
+from allot.sim.output_files import make_out_dir
+
+log = structlog.get_logger("allot.agent", service="agent")
+
+SLOTS = 50
+"""At most this many batches per heartbeat or resync interval (many fake hosts)."""
+MAX_GPUS_PER_HOST = 1024
+MAX_FAKE_HOSTS = 100_000
+MAX_RUNNING_IN_HEARTBEAT = 1024
+NO_COMMAND = "the workload has no command (submit it with command=[program, args...])"
+REQUEST_TIMEOUT_S = 5.0
+STOP_SETTLE_S = 0.5
+"""How long a stopping real agent holds the reports of the runs it stops after asking health
+to take its hosts out of service (a core NATS publish, then a HOSTS record that placement
+must read before the requeued runs are placed again); the parts get SIGTERM meanwhile."""
+HOST_LOCKS = Path(tempfile.gettempdir()) / "allot-agents"
+"""Where real agents lock their hosts (``_lock_hosts``)."""
+LEFTOVER_WAIT_S = 10.0
+"""How long a starting agent waits for an earlier agent's processes to die before it goes
+on (a part still holding on is reported lost only once it is gone, however long)."""
+LEFTOVER_WARN_S = 30.0
+DONE_TTL_S = 600.0
+"""How long a finished part is remembered, so a list sent before its end cannot start it
+again (lists are ordered by log position, but a part's own report is not)."""
+__all__ = ["NO_COMMAND", "RESTART_LOST", "Agent", "AgentConfig"]
+
+_PUBLISH_ERRORS = (nats.errors.Error, TimeoutError, OSError)
+_ANSWER = msgspec.json.Decoder(m.CommandAccepted | m.CommandRejected)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Validated at construction: a bad value raises ``ValidationError(field, reason)``."""
+
+    nats_url: str
+    hosts: tuple[str, ...]
+    gpus: int = 8
+    fake: bool = False
+    heartbeat_s: float = 1.0
+    fake_duration_s: float = 60.0
+    kill_after_s: float = 10.0
+    stop_grace_s: float = 5.0
+    resync_s: float = 30.0
+    batch_reports: bool = False
+    """Send the reports of all hosts as ``PartReports`` (fake mode only; see the module)."""
+    output_dir: Path | None = None
+    """Real mode: each part's stdout and stderr go to
+    ``<output_dir>/<workload>.<attempt>.<host>.out`` (appended; Slurm's ``slurm-%j.out``),
+    instead of the agent's own output."""
+
+    def __post_init__(self) -> None:
+        if self.batch_reports and not self.fake:
+            raise ValidationError(
+                "batch_reports",
+                "is for fake mode: a real agent speaks for its own host, and the batch "
+                "subject is granted to service users only",
+            )
+        if self.output_dir is not None:
+            if self.fake:
+                raise ValidationError("output_dir", "is for real mode: fake parts print nothing")
+            make_out_dir(self.output_dir, "output_dir")
+        if not self.hosts:
+            raise ValidationError("hosts", "name at least one host")
+        for i, host in enumerate(self.hosts):
+            subjects.validate_token(host, f"hosts[{i}]")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise ValidationError("hosts", "a host is named twice")
+        if isinstance(self.gpus, bool) or not 1 <= self.gpus <= MAX_GPUS_PER_HOST:
+            raise ValidationError("gpus", f"must be 1..{MAX_GPUS_PER_HOST}, got {self.gpus!r}")
+        for name in ("heartbeat_s", "fake_duration_s", "kill_after_s", "resync_s"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 86_400.0:
+                raise ValidationError(name, f"must be in (0, 86400] seconds, got {value!r}")
+        if not 0.0 <= self.stop_grace_s <= 3600.0:
+            raise ValidationError("stop_grace_s", f"must be in [0, 3600], got {self.stop_grace_s}")
+
+
+@dataclass(eq=False)
+class Run:
+    """One host's part of one attempt of a workload."""
+
+    task: m.HostTask
+    host: str
+    log: Any
+    part: Part | None = None
+    stop_at: float | None = None
+    """Wall-clock SIGKILL deadline of a stop asked for (kept if asked before the part exists)."""
+    silent: bool = False
+    """The log already ended this attempt: stop quietly, report nothing."""
+    started_at: float | None = None
+    """When this agent reported the start (the terminal report repeats it)."""
+    shutdown: bool = False
+    """Stopped because the agent is stopping (a planned host shutdown)."""
+
+    @property
+    def workload_id(self) -> str:
+        return self.task.workload_id
+
+    @property
+    def attempt(self) -> int:
+        return self.task.attempt
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        return (self.task.workload_id, self.task.attempt, self.host)
+
+
+class Agent:
+    """A service (``allot.bus.service_main.Service``) running one or many hosts."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        provider: TracerProvider | None = None,
+        clock: Clock = wall_clock,
+    ) -> None:
+        self.config = config
+        self.broker = make_broker(config.nats_url, "agent", provider)
+        self.rejected = 0
+        """Reports dispatch refused (a bug or a hostile list; never retried)."""
+        self._clock = clock
+        self._hosts = frozenset(config.hosts)
+        self._runs: dict[tuple[str, int, str], Run] = {}
+        self._by_host: dict[str, dict[tuple[str, int, str], Run]] = {}
+        self._seq_of: dict[str, int] = {}
+        """Host -> log position of the last list applied."""
+        self._done: dict[tuple[str, int, str], float] = {}
+        """Parts this process has had (key -> monotonic end), never started twice."""
+        self._beat_seq = 0
+        self._nc: NatsClient | None = None
+        self._batcher: ReportBatcher | None = None
+        self._loops: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._marker = agent_marker()
+        """This process as the parts it starts name it (``gpu_exec.AGENT_MARKER``)."""
+        self._host_locks: list[int] = []
+        self._hold_reports_until = 0.0
+        """Monotonic time before which a stopping agent's reports wait (``STOP_SETTLE_S``)."""
+        self.log = log.bind(hosts=len(config.hosts), fake=config.fake)
+
+    # ------------------------------------------------------------------ service protocol
+    async def on_started(self) -> None:
+        if not self.config.fake:
+            self._lock_hosts()
+            # Before any work is taken: whatever runs as a part of these hosts now, started
+            # by an agent process that is gone, is left over from it (see the module
+            # docstring, "Restarts").
+            await self._end_leftovers(
+                LeftoverSweep(lambda _w, _a, host: host in self._hosts), LEFTOVER_WAIT_S
+            )
+        url = self.config.nats_url
+        self._nc, _ = await bus.connect(url, f"allot-agent-{self.config.hosts[0]}")
+        if self.config.batch_reports:
+            self._batcher = ReportBatcher(self._nc, timeout_s=REQUEST_TIMEOUT_S)
+            self._batcher.start()
+        for host in self.config.hosts:
+            await self._nc.subscribe(subjects.host_work(host), cb=self._on_work_msg)
+        # Heartbeats first: the health service registers the hosts from them.
+        self._loops.append(asyncio.create_task(self._every(self.config.heartbeat_s, self._beat)))
+        await self._sync_all()
+        self._loops.append(asyncio.create_task(self._every(self.config.resync_s, self._sync)))
+        self.log.info("agent started", synced=self.synced, running=len(self._runs))
+
+    async def on_stopping(self) -> None:
+        self._stopping = True
+        await stop_tasks(self._loops)
+        if not self.config.fake:
+            await self._out_of_service()
+        deadline = self._clock() + self.config.stop_grace_s
+        for run in list(self._runs.values()):
+            run.shutdown = True
+            self._stop_run(run, deadline)
+        pending = set(self._tasks)
+        if pending:
+            # The parts get the grace period, their reports a little more.
+            _, still = await asyncio.wait(pending, timeout=self.config.stop_grace_s + 2.0)
+            for task in still:
+                task.cancel()
+            for run in list(self._runs.values()):
+                if run.part is not None:
+                    run.part.kill()
+            if still:
+                await asyncio.wait(still, timeout=1.0)
+        if self._batcher is not None:
+            await self._batcher.stop()
+        if self._nc is not None:
+            with contextlib.suppress(*_PUBLISH_ERRORS):
+                await self._nc.close()
+        self._unlock_hosts()
+        self.log.info("agent stopped")
+
+    async def _out_of_service(self) -> None:
+        """Ask health to drain every host (no heartbeat follows) before any stopped run is
+        reported: its requeued attempt must not land back here, where nothing will run it."""
+        if self._nc is None:
+            return
+        self._hold_reports_until = time.monotonic() + STOP_SETTLE_S
+        try:
+            for host in self.config.hosts:
+                report = m.HealthReport(
+                    host=host, sent_at=self._clock(), healthy=False, detail=AGENT_STOPPING
+                )
+                await self._nc.publish(subjects.health(host), codec.encode(report))
+            await self._nc.flush(timeout=int(REQUEST_TIMEOUT_S))
+        except _PUBLISH_ERRORS as e:
+            self.log.warning("hosts not taken out of service", error=repr(e))
+            return
+        self.log.info(
+            "hosts taken out of service before reporting the runs the stop ends",
+            reason=AGENT_STOPPING,
+            running=len(self._runs),
+        )
+
+    def _unlock_hosts(self) -> None:
+        for fd in self._host_locks:
+            os.close(fd)
+        self._host_locks.clear()
+
+    def _lock_hosts(self) -> None:
+        """One real agent per host on a machine: a second one would start the host's work
+        list again (two copies of each run on the same GPUs). The locks live in the
+        system's temporary folder, so they hold across clusters too: two clusters' hosts
+        of one name on one machine would share its GPUs."""
+        for host in self.config.hosts:
+            try:
+                self._host_locks.append(pid_lock.acquire(HOST_LOCKS / f"{host}.lock"))
+            except pid_lock.LockHeldError as held:
+                self._unlock_hosts()
+                raise ValidationError(
+                    "--host",
+                    f"another agent runs for host {host} on this machine (pid {held.holder}): "
+                    "two would start its work twice",
+                ) from None
+
+    # ------------------------------------------------------------------ work lists
+    async def _sync_all(self) -> None:
+        """Ask for every host's list (at most 64 requests in flight)."""
+        gate = asyncio.Semaphore(64)
+
+        async def one(host: str) -> None:
+            async with gate:
+                await self._sync_host(host)
+
+        await asyncio.gather(*(one(h) for h in self.config.hosts))
+
+    async def _sync(self, hosts: Sequence[str]) -> None:
+        for host in hosts:
+            await self._sync_host(host)
+
+    @property
+    def synced(self) -> bool:
+        """Every host's list has been applied once (the agent is in step with the log)."""
+        return len(self._seq_of) == len(self._hosts)
+
+    async def _sync_host(self, host: str) -> None:
+        assert self._nc is not None
+        body = codec.encode(m.HostSync(host=host))
+        try:
+            reply = await self._nc.request(subjects.host_sync(host), body, REQUEST_TIMEOUT_S)
+            work = codec.decode_as(m.HostWork, reply.data, own=True)
+        except _PUBLISH_ERRORS as e:  # dispatch not up yet: the next resync tries again
+            self.log.debug("sync failed", host=host, error=repr(e))
+            return
+        except ValidationError as e:
+            self.log.warning("sync refused", host=host, field=e.field, reason=e.reason)
+            return
+        self._apply_work(host, work)
+
+    async def _on_work_msg(self, msg: Any) -> None:
+        host = subjects.host_of(msg.subject)
+        try:
+            work = codec.decode_as(m.HostWork, msg.data, own=True)
+        except ValidationError as e:
+            self.log.warning("bad work list", host=host, field=e.field, reason=e.reason)
+            return
+        self._apply_work(host, work)
+
+    def _apply_work(self, host: str, work: m.HostWork) -> None:
+        """Reconcile ``host``'s parts with its list (synchronous: lists apply in order)."""
+        if host not in self._hosts or work.host != host:
+            self.log.warning("work list for another host ignored", host=host, listed=work.host)
+            return
+        if work.seq < self._seq_of.get(host, -1) or self._stopping:
+            return
+        self._seq_of[host] = work.seq
+        self._forget_done()
+        listed: set[tuple[str, int, str]] = set()
+        for task in work.tasks:
+            key = (task.workload_id, task.attempt, host)
+            listed.add(key)
+            run = self._runs.get(key)
+            if run is not None:
+                if task.stop == "notice" and task.kill_at is not None:
+                    self._stop_run(run, task.kill_at)
+                elif task.stop == "cancel":
+                    self._stop_run(run, self._clock() + self.config.kill_after_s)
+                continue
+            if key in self._done:
+                continue
+            self._done[key] = time.monotonic()
+            self._new_part(host, task)
+        for key, run in list(self._by_host.get(host, {}).items()):
+            if key not in listed and not run.silent:
+                run.silent = True
+                run.log.info("the log ended this attempt; stopping the part")
+                self._stop_run(run, self._clock() + self.config.kill_after_s)
+
+    def _new_part(self, host: str, task: m.HostTask) -> None:
+        bound = log.bind(
+            workload=task.workload_id, allocation=task.allocation, attempt=task.attempt, host=host
+        )
+        if task.started:
+            self._spawn(self._lost(host, task, bound))
+            return
+        if task.stop is not None:
+            # Stopped before it started (placed while the agent was down): nothing to run.
+            if task.primary:
+                self._spawn(self._report(host, task, "not-started", detail=STOPPED_BEFORE_START))
+            return
+        run = Run(task=task, host=host, log=bound)
+        self._runs[run.key] = run
+        self._by_host.setdefault(host, {})[run.key] = run
+        self._spawn(self._supervise(run))
+
+    async def _lost(self, host: str, task: m.HostTask, bound: Any) -> None:
+        """A part an earlier agent process ran: end what is left of it, then report it lost,
+        which ends the attempt (a gang's too) and frees its GPUs in the log."""
+        if task.primary:
+            bound.warning("process lost in a restart")
+        else:
+            bound.warning("gang part lost in a restart; reporting it ends the attempt")
+        if not self.config.fake:
+            key = (task.workload_id, task.attempt, host)
+            await self._end_leftovers(LeftoverSweep(lambda *part: part == key), None, bound)
+        await self._report(host, task, "lost")
+
+    async def _end_leftovers(
+        self, sweep: LeftoverSweep, timeout: float | None, bound: Any = None
+    ) -> None:
+        """Call ``sweep`` until it finds nothing alive (or ``timeout`` seconds passed)."""
+        logger = bound or self.log
+        if not sweep.supported:
+            logger.warning("no /proc: processes of an earlier agent process are not ended")
+            return
+        loop = asyncio.get_running_loop()
+        start = warned = loop.time()
+        delay, first = 0.02, True
+        while killed := await asyncio.to_thread(sweep):
+            now = loop.time()
+            if first:
+                logger.warning("killing processes an earlier agent process left", count=killed)
+                first = False
+            elif timeout is not None and now - start >= timeout:
+                logger.error("processes of an earlier agent process survive SIGKILL", count=killed)
+                return
+            elif now - warned >= LEFTOVER_WARN_S:
+                warned = now
+                logger.error("processes of an earlier agent process still alive", count=killed)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _forget_done(self) -> None:
+        """Drop parts finished over ``DONE_TTL_S`` ago (insertion order is end order, so
+        the scan stops at the first younger one)."""
+        cutoff = time.monotonic() - DONE_TTL_S
+        while self._done:
+            key, ended = next(iter(self._done.items()))
+            if ended >= cutoff:
+                break
+            del self._done[key]
+
+    # ------------------------------------------------------------------ runs
+    def _forget(self, run: Run) -> None:
+        self._runs.pop(run.key, None)
+        self._done.pop(run.key, None)  # re-inserted last: the dict stays in end order
+        self._done[run.key] = time.monotonic()
+        runs = self._by_host.get(run.host)
+        if runs is not None:
+            runs.pop(run.key, None)
+            if not runs:
+                del self._by_host[run.host]
+
+    def _stop_run(self, run: Run, kill_at: float) -> None:
+        if run.stop_at is None:
+            run.log.info("stopping part", kill_at=kill_at)
+        run.stop_at = kill_at if run.stop_at is None else min(run.stop_at, kill_at)
+        if run.part is not None:
+            run.part.terminate(run.stop_at)
+
+    async def _supervise(self, run: Run) -> None:
+        try:
+            if self._stopping:
+                return  # never started: a restarted agent starts it
+            part = await self._make_part(run)
+            if part is None:
+                return
+            run.part = part
+            if run.stop_at is not None:
+                part.terminate(run.stop_at)
+            self._detail(run.log, "part started", pid=part.pid, gpus=list(run.task.gpus))
+            if run.task.primary:
+                run.started_at = self._clock()
+                await self._report(run.host, run.task, "started", pid=part.pid, run=run)
+            code = await part.wait()
+            self._detail(run.log, "part ended", exit=describe_exit(code))
+            stopping = run.shutdown and part.stopped
+            # A gang's other part reports only an end that ends the attempt (see the
+            # module): a clean exit is the primary's to report.
+            if not run.silent and (run.task.primary or code != 0 or stopping):
+                await self._report(
+                    run.host,
+                    run.task,
+                    "exited",
+                    exit_code=max(-255, min(255, code)),
+                    detail=describe_exit(code),
+                    run=run,
+                    # Ended by the agent's own stop, not on its own (dispatch requeues it).
+                    stopping=stopping,
+                )
+        finally:
+            self._forget(run)
+
+    def output_path(self, workload_id: str, attempt: int, host: str) -> Path | None:
+        """Where a part's output goes (``AgentConfig.output_dir``); None: inherited."""
+        if self.config.output_dir is None:
+            return None
+        return self.config.output_dir / f"{workload_id}.{attempt}.{host}.out"
+
+    async def _make_part(self, run: Run) -> Part | None:
+        task = run.task
+        if self.config.fake:
+            return FakePart(task.duration_s or self.config.fake_duration_s)
+        if not task.command and task.duration_s:
+            # No command, a duration: its GPUs are held that long and the run completes, as
+            # on a fake host and as Slurm's ``salloc --time`` holds an allocation. It failed
+            # here before, right after placement, when it may have preempted others (found
+            # by a user trial, 2026-12-03).
+            return FakePart(task.duration_s)
+        if not task.command:
+            reason: str | None = NO_COMMAND
+        else:
+            env = workload_env(
+                os.environ,
+                gpus=task.gpus,
+                workload_id=task.workload_id,
+                allocation=task.allocation,
+                attempt=task.attempt,
+                nats_url=self.config.nats_url,
+                host=run.host,
+                hosts=task.hosts,
+                agent=self._marker,
+                extra=task.env,
+            )
+            output = self.output_path(task.workload_id, task.attempt, run.host)
+            try:
+                sink = None if output is None else output.open("ab")
+            except OSError as e:
+                reason = f"cannot open its output file {output}: {e.strerror or e}"
+            else:
+                try:
+                    return await ProcessPart.spawn(task.command, env, self._clock, sink)
+                except OSError as e:
+                    reason = f"cannot start {task.command[0]!r}: {e.strerror or e}"
+                finally:
+                    if sink is not None:
+                        sink.close()  # the child holds its own descriptor
+        run.log.error("part not started", reason=reason)
+        # A gang's other part too: the attempt cannot run without it.
+        await self._report(run.host, task, "not-started", detail=reason or "")
+        return None
+
+    # ------------------------------------------------------------------ reports
+    async def _report(
+        self,
+        host: str,
+        task: m.HostTask,
+        event: m.PartEvent,
+        *,
+        pid: int | None = None,
+        exit_code: int | None = None,
+        detail: str = "",
+        run: Run | None = None,
+        stopping: bool = False,
+    ) -> None:
+        """Sent until dispatch answers; a refusal is final (logged and counted). Given up
+        only when the agent is stopping and NATS keeps failing."""
+        assert self._nc is not None
+        report = m.PartReport(
+            host=host,
+            workload_id=task.workload_id,
+            attempt=task.attempt,
+            event=event,
+            at=run.started_at if event == "started" and run and run.started_at else self._clock(),
+            started_at=run.started_at if run is not None and event != "started" else None,
+            pid=pid,
+            exit_code=exit_code,
+            detail=detail[: m.MAX_TEXT_LEN],
+            stopping=stopping,
+        )
+        self._detail(log, "reporting", workload=task.workload_id, part_event=event, host=host)
+        body = codec.encode(report)
+        hold = self._hold_reports_until - time.monotonic()
+        if hold > 0:  # a stopping agent's hosts are being taken out of service first
+            await asyncio.sleep(hold)
+        delay, tries = 0.2, 0
+        while True:
+            tries += 1
+            try:
+                if self._batcher is not None:
+                    answer = await self._batcher.send(report)
+                else:
+                    reply = await self._nc.request(
+                        subjects.host_report(host), body, REQUEST_TIMEOUT_S
+                    )
+                    answer = _ANSWER.decode(reply.data)
+            except (*_PUBLISH_ERRORS, msgspec.DecodeError) as e:
+                if self._stopping and tries >= 3:
+                    log.error("report lost: dispatch unavailable while stopping", report=event)
+                    return
+                log.warning(
+                    "report not answered; retrying", workload=task.workload_id, error=repr(e)
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if isinstance(answer, m.CommandRejected):
+                self.rejected += 1
+                log.error(
+                    "report refused",
+                    workload=task.workload_id,
+                    field=answer.field,
+                    reason=answer.reason,
+                )
+            return
+
+    # ------------------------------------------------------------------ periodic work
+    async def _every(
+        self, period: float, action: Callable[[Sequence[str]], Awaitable[None]]
+    ) -> None:
+        """Run ``action`` over every host once per ``period``, in at most ``SLOTS`` batches
+        spread over it."""
+        hosts = self.config.hosts
+        slots = min(len(hosts), SLOTS)
+        groups = [hosts[i::slots] for i in range(slots)]
+        loop = asyncio.get_running_loop()
+        start, n = loop.time(), 0
+        while True:
+            for i, group in enumerate(groups):
+                delay = start + (n + i / slots) * period - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await action(group)
+            n += 1
+            if loop.time() - (start + n * period) > period:
+                start, n = loop.time(), 0  # far behind (a stalled loop): no burst to catch up
+
+    async def _beat(self, hosts: Sequence[str]) -> None:
+        assert self._nc is not None
+        self._beat_seq += 1
+        try:
+            for host in hosts:
+                running = sorted({key[0] for key in self._by_host.get(host, {})})
+                beat = m.Heartbeat(
+                    host=host,
+                    sent_at=self._clock(),
+                    seq=self._beat_seq,
+                    gpus=self.config.gpus,
+                    running=tuple(running[:MAX_RUNNING_IN_HEARTBEAT]),
+                )
+                await self._nc.publish(subjects.heartbeat(host), bus.encode(beat))
+        except _PUBLISH_ERRORS as e:
+            log.warning("heartbeat not sent", error=repr(e))
+
+    def _detail(self, logger: Any, message: str, **fields: Any) -> None:
+        """Per-part lines: info for a real host, debug for fake ones (thousands a minute)."""
+        (logger.debug if self.config.fake else logger.info)(message, **fields)
+
+    # ------------------------------------------------------------------ tasks
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent task failed", error=repr(task.exception()))
+
+
+# ---------------------------------------------------------------------- command line
+def build_parser() -> argparse.ArgumentParser:
+    ap = base_parser("allot-agent", "Run the workloads placed on this host (or on fake hosts).")
+    ap.add_argument("--host", help="this host's name (real mode)")
+    ap.add_argument("--gpus", type=int, default=8, help="GPUs per host (default %(default)s)")
+    ap.add_argument("--fake", action="store_true", help="simulate hosts; parts run as timers")
+    ap.add_argument("--hosts", type=int, default=1, help="fake mode: how many hosts")
+    ap.add_argument("--host-prefix", default="fake", help="fake mode: host name prefix")
+    ap.add_argument("--heartbeat-s", type=float, default=1.0)
+    ap.add_argument("--fake-duration-s", type=float, default=60.0, help="when duration_s is unset")
+    ap.add_argument(
+        "--kill-after-s",
+        type=float,
+        default=10.0,
+        help="SIGKILL this long after a cancel's SIGTERM",
+    )
+    ap.add_argument(
+        "--stop-grace-s", type=float, default=5.0, help="on stop, SIGKILL children after this"
+    )
+    ap.add_argument(
+        "--resync-s",
+        type=float,
+        default=30.0,
+        help="ask dispatch for each host's whole work list this often (default %(default)s)",
+    )
+    ap.add_argument(
+        "--output-dir",
+        type=Path,
+        help="real mode: write each workload's stdout and stderr to "
+        "DIR/<workload>.<attempt>.<host>.out (default: this agent's own output)",
+    )
+    ap.add_argument(
+        "--batch-reports",
+        action="store_true",
+        help="fake mode: send every host's reports in batches on allot.v1.hosts.report "
+        "(needs a service user, or a server without users)",
+    )
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    """Raises ``ValidationError`` naming the command-line option at fault."""
+    if args.fake:
+        if args.host is not None:
+            raise ValidationError("--host", "is for real mode; fake mode names hosts <prefix>-NNNN")
+        if not 1 <= args.hosts <= MAX_FAKE_HOSTS:
+            raise ValidationError("--hosts", f"must be 1..{MAX_FAKE_HOSTS}, got {args.hosts}")
+        hosts = tuple(f"{args.host_prefix}-{i:04d}" for i in range(args.hosts))
+    else:
+        if args.host is None:
+            raise ValidationError("--host", "is required (or use --fake)")
+        hosts = (args.host,)
+    try:
+        return AgentConfig(
+            nats_url=args.nats_url,
+            hosts=hosts,
+            gpus=args.gpus,
+            fake=args.fake,
+            heartbeat_s=args.heartbeat_s,
+            fake_duration_s=args.fake_duration_s,
+            kill_after_s=args.kill_after_s,
+            stop_grace_s=args.stop_grace_s,
+            resync_s=args.resync_s,
+            batch_reports=args.batch_reports,
+            output_dir=args.output_dir,
+        )
+    except ValidationError as e:
+        if e.field.startswith("hosts"):
+            option = "--host-prefix" if args.fake else "--host"
+        else:
+            option = "--" + e.field.replace("_", "-")
+        raise ValidationError(option, e.reason) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+
+    def build(args: argparse.Namespace) -> Agent:
+        try:
+            config = config_from_args(args)
+        except ValidationError as e:
+            parser.error(f"{e.field}: {e.reason}")
+        configure_logging("agent")
+        return Agent(config, provider=tracer_provider("agent"))
+
+    return run_main(build, parser, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

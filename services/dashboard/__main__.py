@@ -1,0 +1,5 @@
+"""``python -m allot.services.dashboard``."""
+
+from allot.services.dashboard.service import main
+
+raise SystemExit(main())

@@ -1,0 +1,444 @@
+"""The dispatch service: tells each host what to run and records what its agent reports
+(``python -m allot.services.dispatch``).
+
+Agents never read the log (NATS grants them only their own hosts' subjects), so this
+service stands between them and it:
+
+* **Work.** It replays then follows HOSTS and WORKLOADS into a ``LogFold`` (the same fold
+  placement uses: a stale epoch's placement or a double booking is ignored here as
+  everywhere) and, whenever a record changes what a host runs, publishes that host's whole
+  list on core NATS ``allot.v1.host.<host>.work`` (``HostWork``, see
+  ``allot.eventlog.host_work``). After its replay it publishes every known host's list once, so
+  a host learns what changed while this service was down. An agent asks for its list with
+  ``allot.v1.host.<host>.sync`` when it starts and every few seconds after.
+* **Reports.** ``allot.v1.host.<host>.report`` (``PartReport``, request/reply): the host is
+  the subject's fourth token (what NATS lets the agent publish), and only the primary host
+  of the workload's current attempt may report its start; a gang's other host may report
+  only the end of its own part, which ends the attempt (``allot.eventlog.host_work``). Its
+  times are checked against the log and this service's clock, since the record charges
+  the team ``gpus x (at - started_at)``: nothing ahead of the clock or before the
+  placement, no end before its start, no run longer than the time since its placement
+  (``check_report_times``, each within ``CLOCK_SKEW_S``). The report becomes
+  ``WorkloadStarted`` or the terminal record, appended with the
+  ``Nats-Msg-Id`` the agents used before (``started:<wid>:<attempt>``,
+  ``ended:<wid>:<attempt>``), and answered once stored; a backlog of them is committed as
+  atomic batches (``allot.bus.group_commit``).
+  ``allot.v1.hosts.report`` (``PartReports``) carries many hosts' reports at once, from an
+  agent that speaks for every host (a fake agent simulating a cluster; only service users
+  may send it): each item is judged as if it came alone on its host's subject, and the
+  answer (``PartReportsAnswered``) lists each item's answer in order.
+
+* **Runs lost with their host.** An agent killed for good (``kill -9``, a dead machine)
+  reports nothing: health drains its host for missed heartbeats, and nobody would ever end
+  its runs (placement notices them only when their minimum runtime ends, up to 8 h). Every
+  ``LOST_CHECK_S`` this service asks ``DispatchBook.lost``
+  (``allot.eventlog.host_work.lost_run``: the host drained for missed heartbeats
+  ``--lost-after-s`` ago and not healthy since, nothing heard from the host, report or
+  sync, for as long; noticed or not) and appends, in the agent's place, the record its
+  ``lost`` report would cause: preempted (the notice's reason, else ``host-drain``), so the
+  fold frees the GPUs and requeues resumable work. Its msg id is the agent's own
+  (``ended:<wid>:<attempt>``), so an agent that reports after all, or another dispatch
+  instance deciding the same, adds nothing; a late report is answered "already in the
+  log". The host stays draining or drained until an operator undrains it or its agent
+  returns (which first kills what its predecessor left running).
+
+Several instances may run (reports are shared in the queue group ``dispatch``); each
+publishes the same lists, which agents take once by ``seq``. Each knows only the syncs and
+reports it answered itself, so with several instances "nothing heard" rests mostly on
+health's drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import msgspec
+import nats.errors
+import structlog
+from faststream.nats import NatsBroker
+from nats.js import JetStreamContext
+from opentelemetry.sdk.trace import TracerProvider
+
+from allot import bus
+from allot.bus import group_commit, runtime
+from allot.bus.request_server import Handler, RequestServer
+from allot.bus.service_main import base_parser, positive_seconds, run_main
+from allot.bus.tasks import every, stop_tasks
+from allot.core.errors import ValidationError
+from allot.eventlog.host_work import LOST_AFTER_S, DispatchBook, primary_host
+from allot.proto import codec, subjects
+from allot.proto import messages as m
+from allot.proto.subjects import Kind
+
+SERVICE = "dispatch"
+CATCH_UP_TIMEOUT_S = 5.0
+"""Longest wait to read the log to its end before refusing an unknown workload."""
+REPORT_WORKERS = 512
+"""Reports handled at once (each waits for its JetStream ack: fsync on every write)."""
+REPORT_BATCH_WORKERS = 16
+"""``PartReports`` handled at once (each holds up to ``m.MAX_REPORTS`` reports)."""
+SYNC_WORKERS = 64
+"""``HostSync`` requests answered at once (an answer is a fold read: no wait inside)."""
+LOST_CHECK_S = 1.0
+"""How often to look for runs lost with their silent hosts (a scan of those hosts' runs)."""
+REPORT_BATCH_THRESHOLD = 1
+REPORT_BATCH_LINGER_S = 0.25
+"""While one report's append is in flight, the next wait up to 250 ms to be committed
+together (``allot.bus.group_commit``). At 500 runs/s the agents send 1,000 reports/s; one
+by one they were half of WORKLOADS' fsyncs, which nats-server does one at a time for the
+whole stream, so submissions and placements waited behind them. An atomic batch costs 4
+fsyncs whatever its size, and on a one-replica file stream nats-server stages each batch in
+a store of its own on disk (a directory made, written and removed: ``mkdirat`` and
+``unlinkat`` in the stream's path), so fewer, larger batches leave the stream's one writer
+more time for the appends a submitter waits on. Measured with ``bench/bench_live.py --rates
+500`` runs taken in turn on one VM spell: submit -> placed p50 24-29 ms without a linger,
+11-16 ms with 10 ms, 10 ms with 25 ms, 6-10 ms with 50 ms; on 2026-12-02, 25 ms against
+250 ms in nine pairs taken in turn, 250 ms lower in each (p50 10.7/4.6, 11.6/6.6,
+21.2/4.2, 16.1/11.3, 13.7/9.8, 54.0/48.2, 47.6/10.0, 25.9/14.0, 21.1/12.8 ms), with
+nats-server's ``mkdirat`` 168 -> 87 a second and ``unlinkat`` 672 -> 347 (``perf stat``
+during the 500/s phase, one run each). The price is a
+run's start and end reaching the log up to 250 ms after they happened (GPUs are freed that
+much later; a run lasts minutes to hours). A report's answer only tells its agent the
+record is stored; nothing waits on it closely. A lone report (nothing in flight) is still
+appended at once."""
+
+_T = TypeVar("_T", bound=msgspec.Struct)
+
+log = structlog.get_logger("allot.dispatch", service=SERVICE)  # lazy: configured in main
+
+_PUBLISH_ERRORS = (nats.errors.Error, TimeoutError, OSError)
+
+
+class DispatchService:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        nats_url: str,
+        *,
+        provider: TracerProvider | None = None,
+        clock: Callable[[], float] = runtime.wall_clock,
+        lost_after_s: float = LOST_AFTER_S,
+        lost_check_s: float = LOST_CHECK_S,
+    ) -> None:
+        if lost_after_s <= 0:
+            raise ValidationError("lost_after_s", f"must be positive, got {lost_after_s!r}")
+        if lost_check_s <= 0:
+            raise ValidationError("lost_check_s", f"must be positive, got {lost_check_s!r}")
+        self.clock = clock
+        self.lost_after_s = lost_after_s
+        self.lost_check_s = lost_check_s
+        self.book = DispatchBook()
+        self.heard: dict[str, float] = {}
+        """Host -> wall-clock time of its agent's last report or sync this instance had."""
+        self.lost_recorded = 0
+        """Runs recorded lost with their silent hosts so far."""
+        self._lost_sent: set[tuple[str, int]] = set()
+        self.rejected: dict[str, int] = {}
+        """Field named by a rejected report -> how many (the security tests read it)."""
+        self.published = 0
+        """``HostWork`` lists sent so far."""
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._ready = asyncio.Event()
+        """Set once the log is replayed: until then no list is sent and no report judged (a
+        partial fold would list too little and refuse reports of work it has not read)."""
+        self._js: JetStreamContext | None = None
+        self._follower: bus.LogFollower | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._lost_checker: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
+
+        self._provider = provider
+        self.broker: NatsBroker = runtime.make_broker(nats_url, SERVICE, provider)
+        self._reports: RequestServer | None = None
+        """Reports, one per workload step, skip FastStream (``allot.bus.request_server``)."""
+        self._report_batches: RequestServer | None = None
+        """``PartReports``: many hosts' reports in one request (a fake agent's)."""
+        self._syncs: RequestServer | None = None
+        """Agents' ``HostSync`` (every host every ``--resync-s``: 33 a second from 1,000)."""
+        self._appends: group_commit.GroupCommit | None = None
+        """The reports' records: a backlog of them is stored as atomic batches."""
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def on_started(self) -> None:
+        js = self.broker.connection.jetstream()
+        self._js = js
+        # Taken from now on; each waits in ``report`` until the log is replayed.
+        self._reports = await self._serve(
+            subjects.ALL_HOST_REPORT, self._report_handler, REPORT_WORKERS
+        )
+        self._report_batches = await self._serve(
+            subjects.HOSTS_REPORT, self._batch_handler, REPORT_BATCH_WORKERS
+        )
+        self._syncs = await self._serve(subjects.ALL_HOST_SYNC, self._sync_handler, SYNC_WORKERS)
+        await bus.ensure_streams(js)
+        self._appends = await group_commit.for_stream(
+            self.broker.connection,
+            js,
+            "WORKLOADS",
+            threshold=REPORT_BATCH_THRESHOLD,
+            linger_s=REPORT_BATCH_LINGER_S,
+        )
+        self._follower = bus.LogFollower(js, self._on_record)
+        await self._follower.start()
+        self._ready.set()
+        # Every host's list once: what changed while we were down reaches its agent now.
+        self._dirty.update(self.book.fold.state.host_ids)
+        self._wake.set()
+        self._flusher = asyncio.create_task(self._flush_loop())
+        self._lost_checker = asyncio.create_task(self._lost_loop())
+        log.info(
+            "started",
+            hosts=len(self._dirty),
+            running=len(self.book.listed_on),
+            seq=self.seq,
+        )
+
+    async def _serve(self, subject: str, handler: Handler, workers: int) -> RequestServer:
+        server = RequestServer(
+            self.broker.connection,
+            subject,
+            SERVICE,
+            handler,
+            max_in_flight=workers,
+            provider=self._provider,
+        )
+        await server.start()
+        return server
+
+    async def on_stopping(self) -> None:
+        for server in (self._reports, self._report_batches, self._syncs):
+            if server is not None:
+                await server.stop()
+        self._reports = self._report_batches = self._syncs = None
+        self._closing.set()
+        self._wake.set()
+        await stop_tasks([self._flusher, self._lost_checker], timeout=2.0)
+        self._flusher = self._lost_checker = None
+        if self._follower is not None:
+            await self._follower.stop()
+            self._follower = None
+
+    @property
+    def seq(self) -> int:
+        return self._follower.last_seq.get("WORKLOADS", 0) if self._follower else 0
+
+    def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
+        hosts = self.book.apply(record)
+        if hosts:
+            self._dirty.update(hosts)
+            if self._ready.is_set():
+                self._wake.set()
+
+    # -- work lists ----------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        nc = self.broker.connection
+        while not self._closing.is_set():
+            await self._wake.wait()
+            self._wake.clear()
+            if self._closing.is_set():
+                return
+            # Let a burst of records land first: one list per host per burst, not per record.
+            await asyncio.sleep(0)
+            hosts, self._dirty = self._dirty, set()
+            at, seq = self.clock(), self.seq
+            try:
+                for host in sorted(hosts):
+                    data = self.book.encoded_work(host, seq, at)
+                    try:
+                        await nc.publish(subjects.host_work(host), data)
+                    except nats.errors.MaxPayloadError:  # this host's alone: the others go
+                        log.warning("work list too large to send", host=host, size=len(data))
+                        continue
+                    self.published += 1
+            except _PUBLISH_ERRORS as e:  # the agents' periodic sync covers a lost list
+                log.warning("work list not sent", error=repr(e), hosts=len(hosts))
+
+    async def _sync_handler(self, subject: str, body: bytes) -> bytes:
+        await self._ready.wait()  # the agent's request times out and is asked again
+        host = subjects.host_of(subject)
+        req = self._decode(Kind.HOST_SYNC, m.HostSync, subject, body)
+        if isinstance(req, m.CommandRejected):
+            return codec.encode(req)
+        try:
+            subjects.check_host(req.host, host)
+        except ValidationError as e:
+            return codec.encode(self._reject(subject, e))
+        self.heard[host] = self.clock()
+        return self.book.encoded_work(host, self.seq, self.clock())
+
+    # -- reports -------------------------------------------------------------------------
+
+    async def _report_handler(self, subject: str, body: bytes) -> bytes:
+        return codec.encode(await self.report(subject, body))
+
+    async def report(self, subject: str, body: bytes) -> m.CommandAccepted | m.CommandRejected:
+        """Answer one ``PartReport``; every refusal is a ``CommandRejected`` naming the field."""
+        await self._ready.wait()
+        report = self._decode(Kind.HOST_REPORT, m.PartReport, subject, body)
+        if isinstance(report, m.CommandRejected):
+            return report
+        return await self._judge(subject, subjects.host_of(subject), report)
+
+    def _decode(
+        self, kind: Kind, cls: type[_T], subject: str, body: bytes
+    ) -> _T | m.CommandRejected:
+        """``body`` as ``cls``, or the refusal naming the field (counted and logged).
+        ``PartReports`` skip the scan for a key repeated in one object (``codec``'s
+        ``own``): only service users are granted their subject, as for log records."""
+        try:
+            msg = codec.decode(kind, body, own=kind is Kind.HOSTS_REPORT)
+            assert isinstance(msg, cls)
+            return msg
+        except ValidationError as e:
+            return self._reject(subject, e)
+
+    async def _batch_handler(self, subject: str, body: bytes) -> bytes:
+        return codec.encode(await self.report_batch(subject, body))
+
+    async def report_batch(
+        self, subject: str, body: bytes
+    ) -> m.PartReportsAnswered | m.CommandRejected:
+        """Answer a ``PartReports``: each item as ``report`` would answer it alone on its own
+        host's subject (the sender may speak for every host), in order. Items are judged
+        concurrently, so their appends share group commits. If an append gets no answer
+        from NATS the whole batch goes unanswered: the agent sends it again, and items
+        already stored are answered from the log (their msg ids dedupe the rest)."""
+        await self._ready.wait()
+        batch = self._decode(Kind.HOSTS_REPORT, m.PartReports, subject, body)
+        if isinstance(batch, m.CommandRejected):
+            return batch
+        answers = await asyncio.gather(
+            *(
+                self._judge(subject, r.host, r, where=f"reports[{i}].")
+                for i, r in enumerate(batch.reports)
+            )
+        )
+        return m.PartReportsAnswered(at=self.clock(), answers=tuple(answers))
+
+    async def _judge(
+        self, subject: str, host: str, report: m.PartReport, *, where: str = ""
+    ) -> m.CommandAccepted | m.CommandRejected:
+        """``report`` from ``host`` (its subject's, or a batch item's own): append the record
+        it causes and answer once stored. ``where`` prefixes a refused field's name (the
+        item of a batch)."""
+        self.heard[host] = self.clock()
+        try:
+            try:
+                record = self.book.record_for(host, report, now=self.clock())
+            except ValidationError as e:
+                if e.field not in ("workload_id", "attempt"):
+                    raise
+                # Another dispatch instance may have sent the list: read the log to its
+                # end before refusing a workload or attempt we have not seen.
+                await self._catch_up()
+                record = self.book.record_for(host, report, now=self.clock())
+        except ValidationError as e:
+            return self._reject(subject, ValidationError(where + e.field, e.reason))
+        if record is None:
+            return m.CommandAccepted(at=self.clock(), detail="already in the log")
+        assert self._appends is not None and self._follower is not None
+        kind = "started" if isinstance(record, m.WorkloadStarted) else "ended"
+        msg_id = f"{kind}:{report.workload_id}:{report.attempt}"
+        allocation = getattr(record, "allocation", None)
+        # Answered once stored, not once folded back: a retry is deduplicated by its msg id
+        # (and refused by every fold), and the agent never starts a part it has had twice,
+        # so nothing needs this instance's fold to be ahead of the reply.
+        await self._appends.append(bus.event_subject(allocation, record), record, msg_id)
+        log.debug(
+            type(record).__name__,
+            workload=report.workload_id,
+            allocation=allocation,
+            attempt=report.attempt,
+            host=report.host,
+        )
+        return m.CommandAccepted(at=self.clock(), detail=type(record).__name__)
+
+    # -- runs lost with their hosts ------------------------------------------------------
+
+    async def _lost_loop(self) -> None:
+        await every(self.lost_check_s, self._closing, self.record_lost, "lost runs not recorded")
+
+    async def record_lost(self) -> int:
+        """Append the end of every run lost with its silent host now; return how many."""
+        assert self._appends is not None
+        now = self.clock()
+        records = self.book.lost(now, self.heard, margin_s=self.lost_after_s)
+        appended = 0
+        for record in records:
+            wid: str = getattr(record, "workload_id", "")
+            attempt: int = getattr(record, "attempt", 0)
+            if (wid, attempt) in self._lost_sent:
+                continue  # appended; its echo has not reached the fold yet
+            allocation = getattr(record, "allocation", None)
+            await self._appends.append(
+                bus.event_subject(allocation, record), record, f"ended:{wid}:{attempt}"
+            )
+            self._lost_sent.add((wid, attempt))
+            appended += 1
+            self.lost_recorded += 1
+            log.warning(
+                "run lost with its host",
+                workload=wid,
+                allocation=allocation,
+                attempt=attempt,
+                record=type(record).__name__,
+                host=self._host_of(wid),  # the primary, silent since its drain
+            )
+        if len(self._lost_sent) > 4096:
+            self._lost_sent = {k for k in self._lost_sent if self._still_live(*k)}
+        return appended
+
+    def _host_of(self, wid: str) -> str:
+        rec = self.book.fold.records.get(wid)
+        return primary_host(rec) if rec is not None and rec.assignment else ""
+
+    def _still_live(self, wid: str, attempt: int) -> bool:
+        rec = self.book.fold.records.get(wid)
+        return rec is not None and rec.attempt == attempt and rec.status in ("running", "noticed")
+
+    async def _catch_up(self) -> None:
+        assert self._js is not None and self._follower is not None
+        info = await self._js.stream_info("WORKLOADS")
+        await self._follower.wait_for("WORKLOADS", info.state.last_seq, CATCH_UP_TIMEOUT_S)
+
+    def _reject(self, subject: str, e: ValidationError) -> m.CommandRejected:
+        """Count and log a refusal; the answer that names its field."""
+        self.rejected[e.field] = self.rejected.get(e.field, 0) + 1
+        log.warning("report rejected", subject=subject, field=e.field, reason=e.reason)
+        return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
+
+
+def build(args: argparse.Namespace) -> DispatchService:
+    runtime.configure_logging(SERVICE)
+    return DispatchService(
+        args.nats_url,
+        provider=runtime.tracer_provider(SERVICE),
+        lost_after_s=args.lost_after_s,
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = base_parser("python -m allot.services.dispatch", __doc__.splitlines()[0])
+    ap.add_argument(
+        "--lost-after-s",
+        type=positive_seconds,
+        default=LOST_AFTER_S,
+        help="record a run lost this long after its host was drained for missed heartbeats "
+        "when nothing was heard from the host since (seconds; default %(default)s)",
+    )
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(build, parser(), argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

