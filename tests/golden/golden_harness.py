@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from allot.cli.yaml_io import load_yaml
+from allot.config.yaml_io import load_yaml
 
 from allot.cli.main import build_parser
 from allot.core.budgets import parse_tree

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 
 def format_duration(seconds: float | None) -> str:
-    """One unit, one decimal; ``-`` for a missing value."""
+    """One unit, one decimal; ``-`` for a missing value; a negative span (clocks apart)
+    reads ``0s``."""
     if seconds is None:
         return "-"
+    seconds = max(0.0, seconds)
     if seconds < 60:
         return f"{seconds:.0f}s"
     if seconds < 3600:

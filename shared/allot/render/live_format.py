@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from allot.core.duration_text import format_duration
 from allot.proto import messages as m
 from allot.proto.subjects import UNALLOCATED
 
@@ -74,18 +75,6 @@ def num(value: float | None, digits: int = 3) -> str:
 
 def int_cell(value: int | None) -> str:
     return NONE if value is None else str(value)
-
-
-def age(seconds: float) -> str:
-    """``45s``, ``12m05s``, ``3h07m``, ``2d04h``: the largest two units."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def timestamp(at: float | None) -> str:
@@ -164,7 +153,7 @@ def prio_table(snapshot: m.PrioSnapshot) -> str:
             f"{r.entitlement:.1f}",
             num(r.fairshare),
             str(r.priority),
-            age(r.age_s),
+            format_duration(r.age_s),
         )
         for r in snapshot.rows
     ]
@@ -182,7 +171,7 @@ def est_start_cell(est: float | None, at: float) -> str:
         return NONE
     if est - at < 1.0:
         return "now"
-    return f"~{age(est - at)}"
+    return f"~{format_duration(est - at)}"
 
 
 def queue_table(snapshot: m.QueueSnapshot, *, long: bool = False) -> str:
@@ -202,7 +191,7 @@ def queue_table(snapshot: m.QueueSnapshot, *, long: bool = False) -> str:
             num(r.fairshare),
         ]
         if long:
-            cells += [str(r.priority), age(snapshot.at - r.submitted_at)]
+            cells += [str(r.priority), format_duration(snapshot.at - r.submitted_at)]
         cells += [r.reason or NONE, est_start_cell(r.est_start, snapshot.at), r.why or NONE]
         rows.append(cells)
     footer = (
@@ -267,7 +256,7 @@ def share_table(ranking: m.RankingUpdated) -> str:
 
 def _ranked(ranking: m.RankingUpdated) -> str:
     return (
-        f"window {age(ranking.window_s)}, ranked at {timestamp(ranking.at)} "
+        f"window {format_duration(ranking.window_s)}, ranked at {timestamp(ranking.at)} "
         "(RawUsage: GPU-hours charged in the window by then)"
     )
 
@@ -494,7 +483,7 @@ def _value_text(name: str, value: object, at: float | None) -> str:
     if name == "assignment" and isinstance(value, tuple):
         return assignment_text(value)
     if name == "grace_deadline" and isinstance(value, float) and at is not None:
-        return f"{timestamp(value)}(+{age(value - at)})"
+        return f"{timestamp(value)}(+{format_duration(value - at)})"
     if name.endswith("_at") and isinstance(value, float):
         return timestamp(value)
     if isinstance(value, float):
