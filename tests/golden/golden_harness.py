@@ -18,9 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from allot.config.yaml_io import load_yaml
-
 from allot.cli.main import build_parser
+from allot.config.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
 from allot.sim.baselines import named_policy
 from allot.sim.cluster import load_cluster

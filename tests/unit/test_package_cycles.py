@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from package_cycles import cycles
 
 PAIR = ("x", "y")  # the module pair an edge records; not read by ``cycles``
