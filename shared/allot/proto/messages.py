@@ -68,6 +68,25 @@ MinRuntime = Annotated[
 Timestamp = Annotated[
     float, msgspec.Meta(ge=0.0, le=MAX_TIME, description="seconds since the Unix epoch")
 ]
+RunStart = Annotated[
+    float,
+    msgspec.Meta(
+        ge=0.0,
+        le=MAX_TIME,
+        description="when the run's process started on its host, as its agent reported (the "
+        "charge runs from it; the placement time when no start was reported), seconds since "
+        "the Unix epoch",
+    ),
+]
+PlacedAt = Annotated[
+    float,
+    msgspec.Meta(
+        ge=0.0,
+        le=MAX_TIME,
+        description="when the current (or last) attempt was placed, Slurm's job start; its "
+        "process starts later (run_started_at), seconds since the Unix epoch",
+    ),
+]
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)]
 Priority = Annotated[int, msgspec.Meta(ge=-1000, le=1000)]
@@ -516,7 +535,7 @@ class WorkloadPreempted(_Message, frozen=True, kw_only=True):
     gpu_seconds: NonNegative = 0.0
     attempt: Attempt = 1
     gpus: GpuCount = 0
-    started_at: Timestamp | None = None
+    started_at: RunStart | None = None
     allocated: bool = False
 
 
@@ -535,7 +554,7 @@ class WorkloadCompleted(_Message, frozen=True, kw_only=True):
     gpu_seconds: NonNegative = 0.0
     attempt: Attempt = 1
     gpus: GpuCount = 0
-    started_at: Timestamp | None = None
+    started_at: RunStart | None = None
     allocated: bool = False
 
 
@@ -548,7 +567,7 @@ class WorkloadFailed(_Message, frozen=True, kw_only=True):
     gpu_seconds: NonNegative = 0.0
     attempt: Attempt = 1
     gpus: GpuCount = 0
-    started_at: Timestamp | None = None
+    started_at: RunStart | None = None
     allocated: bool = False
 
 
@@ -561,7 +580,7 @@ class WorkloadCancelled(_Message, frozen=True, kw_only=True):
     gpu_seconds: NonNegative = 0.0
     attempt: Attempt = 1
     gpus: GpuCount = 0
-    started_at: Timestamp | None = None
+    started_at: RunStart | None = None
     allocated: bool = False
 
 
@@ -717,8 +736,8 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     gpus: GpuCount = 0
     attempt: GpuCount = 0
     submitted_at: Timestamp | None = None
-    started_at: Timestamp | None = None
-    run_started_at: Timestamp | None = None
+    started_at: PlacedAt | None = None
+    run_started_at: RunStart | None = None
     protected_until: Timestamp | None = None
     preempt_at: Timestamp | None = None
     assignment: tuple[HostGpus, ...] = ()
@@ -902,9 +921,6 @@ class OwedSnapshot(_Message, frozen=True, kw_only=True):
 WorkloadEvent = (
     WorkloadSubmitted
     | CancelRequested
-    | WorkloadAccepted
-    | WorkloadRejected
-    | WorkloadQueued
     | WorkloadPlaced
     | WorkloadStarted
     | WorkloadPreempted

@@ -115,6 +115,55 @@ _QUERIES: dict[
 }
 """Query channels: address, request message (none: an empty body), reply messages."""
 
+_TEAM, _MANAGER, _OPERATOR, _AGENT = "team", "manager", "operator", "agent"
+_GRANTED: dict[str, tuple[str, ...]] = {
+    Kind.SUBMIT_AS.value: (_TEAM,),
+    Kind.CANCEL_AS.value: (_TEAM,),
+    Kind.OPERATOR_CANCEL_AS.value: (_OPERATOR,),
+    Kind.MANAGER_CANCEL_AS.value: (_MANAGER,),
+    Kind.BUDGET_SET_AS.value: (_MANAGER,),
+    Kind.DRAIN_AS.value: (_OPERATOR,),
+    Kind.UNDRAIN_AS.value: (_OPERATOR,),
+    Kind.HEARTBEAT.value: (_AGENT,),
+    Kind.HEALTH.value: (_AGENT,),
+    Kind.HOST_REPORT.value: (_AGENT,),
+    Kind.HOST_SYNC.value: (_AGENT,),
+    Kind.HOST_WORK.value: (_AGENT,),
+    Kind.HOST_STATE.value: (_OPERATOR,),
+    Kind.EVENTS.value: (_TEAM,),
+    Kind.PREEMPT.value: (_TEAM,),
+    Kind.QUEUED.value: (_TEAM,),
+    Kind.WATCH.value: (_TEAM,),
+    Kind.WATCHED.value: (_TEAM,),
+    Kind.RANKING.value: (_TEAM, _MANAGER),
+    Kind.BUDGET_TREE.value: (_TEAM, _MANAGER),
+    "query_queue": (_MANAGER, _OPERATOR),
+    "query_prio": (_MANAGER, _OPERATOR),
+    "query_status": (_MANAGER, _OPERATOR),
+    "query_queue_allocation": (_TEAM, _MANAGER, _OPERATOR),
+    "query_prio_allocation": (_TEAM, _MANAGER, _OPERATOR),
+    "query_status_allocation": (_TEAM, _MANAGER, _OPERATOR),
+    "query_share": (_TEAM, _MANAGER, _OPERATOR),
+    "query_allocations": (_TEAM, _MANAGER, _OPERATOR),
+    "query_owed": (_TEAM, _MANAGER, _OPERATOR),
+    "query_hosts": (_TEAM, _MANAGER, _OPERATOR),
+    "query_placement_stats": (_TEAM, _MANAGER, _OPERATOR),
+}
+"""Who ``allot auth gen`` grants each channel to (publish for a send, subscribe for a
+receive), besides the services, which are granted everything; a channel not listed is the
+services' alone (the bare command forms, ``leader``, ``hosts.report``). Scoped: a team to
+its own allocations, a manager to its subtree, an agent to its own hosts, a login to its own
+token. ``tests/unit/test_contract_grants.py`` checks this against the generated
+permissions."""
+
+
+def _granted(key: str) -> dict[str, Any]:
+    """A channel's grants (``key``: a subject kind's value or a query channel's id)."""
+    roles = _GRANTED.get(key, ())
+    text = ", ".join(roles) if roles else "no role: the services only"
+    return {"x-allot-granted": list(roles), "x-allot-granted-text": f"under auth: {text}"}
+
+
 _PARAMS: dict[str, str] = {
     "allocation": "allocation name, or '~' for unallocated work",
     "workload": "workload id",
@@ -190,6 +239,7 @@ def asyncapi() -> dict[str, Any]:
                 )
             ),
             "messages": {n: {"$ref": f"#/components/messages/{n}"} for n in names},
+            **_granted(cid),
         }
         query_params = {p: {"description": d} for p, d in _PARAMS.items() if f"{{{p}}}" in address}
         if query_params:
@@ -209,6 +259,7 @@ def asyncapi() -> dict[str, Any]:
         channel: dict[str, Any] = {
             "address": address,
             "messages": {n: {"$ref": f"#/components/messages/{n}"} for n in names},
+            **_granted(kind.value),
         }
         params = {p: {"description": d} for p, d in _PARAMS.items() if f"{{{p}}}" in address}
         if params:
