@@ -83,7 +83,7 @@ def test_matches_follows_nats_wildcards() -> None:
     assert not matches("a.b", "a.b.c") and not matches("a.b.c", "a.b")
 
 
-@pytest.mark.parametrize(("cid", "address", "action"), channels(), ids=lambda x: str(x))
+@pytest.mark.parametrize(("cid", "address", "action"), channels(), ids=str)
 @pytest.mark.parametrize("role", sorted(USERS))
 def test_the_contract_names_exactly_the_roles_granted(
     tree: BudgetTree, role: str, cid: str, address: str, action: str

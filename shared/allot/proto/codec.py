@@ -183,7 +183,9 @@ def _decode_with(
     except msgspec.DecodeError as e:
         if not bytes(data).strip():  # msgspec says "truncated": say what was expected
             expected = " or ".join(repr(t) for t in reader.types)
-            raise ValidationError(BODY, f"is empty: expected a JSON object of type {expected}")
+            raise ValidationError(
+                BODY, f"is empty: expected a JSON object of type {expected}"
+            ) from None
         if "UTF-8" in str(e):  # msgspec 0.23 reports no offset for it: find it ourselves
             raise _bad_utf8(bytes(data)) from None
         raise _syntax_error(str(e), bytes(data)) from None
