@@ -3,12 +3,11 @@
 Layouts (``--layout``):
 
 - ``mixed`` (default): 60% busy with work of 100 allocations, pending work of 1 to 32 GPUs;
-- ``full``: the state ``make bench-live`` drove the live stack into until 2026-12-01 (it
-  fills 500 hosts now; this layout stays as a hard case): 900 hosts held by an
-  allocation far over its entitlement (protected 8-GPU runs, and 10,000 pending requests
-  of 1,000 GPUs), the other 100 hosts full of an owed allocation's 1-GPU runs, and 50 more
-  of those owed 1-GPU requests waiting, blocked by protected work (each cycle asks for an
-  earmark that nothing reads).
+- ``full``: a hard case, the state an earlier ``make bench-live`` drove the live stack
+  into (docs/decisions/0024): 900 hosts held by an allocation far over its entitlement
+  (protected 8-GPU runs, and 10,000 pending requests of 1,000 GPUs), the other 100 hosts
+  full of an owed allocation's 1-GPU runs, and 50 more of those owed 1-GPU requests
+  waiting, blocked by protected work (each cycle asks for an earmark that nothing reads).
 
 Target (issue 2): median <= 50 ms. The snapshot is built once (not timed): the cycle
 itself never changes it, so every repetition times the same decision.
@@ -116,9 +115,8 @@ def pending_queue(
 
 
 def machine_reference_s() -> float:
-    """Seconds for a fixed pure-Python loop: how fast this machine is right now. This
-    shared VM's speed drifts (the same code measured 37 ms and 60 ms an hour apart), so
-    the figure travels with the result."""
+    """Seconds for a fixed pure-Python loop: how fast this machine is right now. A shared
+    machine's speed drifts, so the figure travels with the result (docs/decisions/0025)."""
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()

@@ -8,8 +8,8 @@ from this process over plain NATS requests:
 0. fill 500 hosts with protected allocated work (8-GPU runs of ``search``, 8 h minimum
    runtime), so 4,000 GPUs stay free: enough that a probe below never waits for a GPU (at
    500/s, runs of 1 s hold ~500 GPUs, more while the stack lags), so its latency is the
-   decision path's, not the cluster's capacity (with 900 filled and 800 free, as until
-   2026-12-01, a lagging stack ran out of GPUs and the figure measured that);
+   decision path's, not the cluster's capacity (with 900 filled and 800 free, a lagging
+   stack ran out of GPUs and the figure measured that: docs/decisions/0024);
 1. **throughput**: 10,000 submissions of 4,008-GPU runs (one host more than the free GPUs)
    for ``search``, the team already far
    over its entitlement (they can never fit in the free GPUs, and over-entitlement work

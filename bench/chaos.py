@@ -108,9 +108,8 @@ class ChaosConfig:
     """Embedded NATS fsyncs every JetStream write, as the stack's own does."""
     min_runtime_s: int = 60
     """Allocated work's protection. Longer than any fake run, so only unallocated work is
-    ever preempted: with 1 s, a backlog (after a stall) set off a reclaim storm between
-    allocations (~55 notices/s, 2.4 preemptions per workload) that kept the queue from
-    draining, and the recovery figures measured that policy churn, not the faults."""
+    ever preempted and recovery figures measure the faults, not policy churn
+    (docs/decisions/0026)."""
     warmup_s: float = 3.0
     settle_s: float = 3.0
     steady_queue: int = 4

@@ -14,8 +14,7 @@ explains, from a timeline written by ``python bench/bench_live.py --timeline PAT
   (negative: sent before the burst was seen);
 * printed: the mean submit -> placed latency and intake's answer by 10 ms offset, the
   latency percentiles near bursts and away from them, and where and when the slowest 1%
-  were sent (in the runs of 2026-12-02 most of them fell in one second of the phase: one
-  episode, near a burst in one run and away from them in another).
+  were sent (what it found: docs/decisions/0015).
 
 Run: ``python bench/report_bursts.py PATH.500.json``; prints only.
 """
@@ -31,8 +30,7 @@ from pathlib import Path
 
 NEAR_MS = (-20.0, 60.0)
 """Offsets (send time minus the burst's first record seen) of a probe *near* a burst: from
-20 ms before it to 60 ms after (where the mean latency was raised in the runs of
-2026-12-02)."""
+20 ms before it to 60 ms after (where the mean latency was raised: docs/decisions/0015)."""
 
 
 def bursts(seen: list[float], gap_s: float, min_records: int) -> list[float]:

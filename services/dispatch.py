@@ -87,23 +87,10 @@ LOST_CHECK_S = 1.0
 REPORT_BATCH_THRESHOLD = 1
 REPORT_BATCH_LINGER_S = 0.25
 """While one report's append is in flight, the next wait up to 250 ms to be committed
-together (``allot.bus.group_commit``). At 500 runs/s the agents send 1,000 reports/s; one
-by one they were half of WORKLOADS' fsyncs, which nats-server does one at a time for the
-whole stream, so submissions and placements waited behind them. An atomic batch costs 4
-fsyncs whatever its size, and on a one-replica file stream nats-server stages each batch in
-a store of its own on disk (a directory made, written and removed: ``mkdirat`` and
-``unlinkat`` in the stream's path), so fewer, larger batches leave the stream's one writer
-more time for the appends a submitter waits on. Measured with ``bench/bench_live.py --rates
-500`` runs taken in turn on one VM spell: submit -> placed p50 24-29 ms without a linger,
-11-16 ms with 10 ms, 10 ms with 25 ms, 6-10 ms with 50 ms; on 2026-12-02, 25 ms against
-250 ms in nine pairs taken in turn, 250 ms lower in each (p50 10.7/4.6, 11.6/6.6,
-21.2/4.2, 16.1/11.3, 13.7/9.8, 54.0/48.2, 47.6/10.0, 25.9/14.0, 21.1/12.8 ms), with
-nats-server's ``mkdirat`` 168 -> 87 a second and ``unlinkat`` 672 -> 347 (``perf stat``
-during the 500/s phase, one run each). The price is a
-run's start and end reaching the log up to 250 ms after they happened (GPUs are freed that
-much later; a run lasts minutes to hours). A report's answer only tells its agent the
-record is stored; nothing waits on it closely. A lone report (nothing in flight) is still
-appended at once."""
+together (``allot.bus.group_commit``): fewer, larger batches leave WORKLOADS' one writer
+more time for the appends a submitter waits on. The price: a run's start and end reach the
+log up to 250 ms late (GPUs freed that much later; runs last minutes to hours). A lone
+report is appended at once. Why 250 ms: docs/decisions/0015."""
 
 _T = TypeVar("_T", bound=msgspec.Struct)
 

@@ -165,7 +165,7 @@ class HealthService:
 
         self.broker: NatsBroker = runtime.make_broker(nats_url, SERVICE, provider)
         # Heartbeats (hundreds a second from a large cluster) are read with nats-py
-        # directly, in on_started: see allot.bus.request_server for FastStream's cost.
+        # directly, in on_started: FastStream's per-message cost, docs/decisions/0016.
         self._beats: Subscription | None = None
         self.broker.subscriber(subjects.ALL_HEALTH, no_reply=True)(self._report_handler)
         for drains in (subjects.ALL_DRAIN, subjects.ALL_DRAIN_AS):

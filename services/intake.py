@@ -219,8 +219,8 @@ class Intake:
             # Each item on its own (its appends run concurrently: their acks overlap),
             # answered in order; a field is named as in the body, ``workloads[3].gpus``.
             # Item i is stamped now + i µs: the queue breaks ties of submit time by id,
-            # which put a job array's tasks in hash order (found 2026-12-03); this keeps
-            # the batch's order, as Slurm queues array tasks by index.
+            # which would put a job array's tasks in hash order; this keeps the batch's
+            # order, as Slurm queues array tasks by index.
             results = await asyncio.gather(
                 *(
                     self._submit(item, ident, now + i * BATCH_ITEM_STEP_S, f"workloads[{i}].")

@@ -531,9 +531,8 @@ class Agent:
             return FakePart(task.duration_s or self.config.fake_duration_s)
         if not task.command and task.duration_s:
             # No command, a duration: its GPUs are held that long and the run completes, as
-            # on a fake host and as Slurm's ``salloc --time`` holds an allocation. It failed
-            # here before, right after placement, when it may have preempted others (found
-            # by a user trial, 2026-12-03).
+            # on a fake host and as Slurm's ``salloc --time`` holds an allocation. Failing it
+            # here would come after placement, which may have preempted others for it.
             return FakePart(task.duration_s)
         if not task.command:
             reason: str | None = NO_COMMAND

@@ -59,8 +59,8 @@ OWED_WINDOWS: tuple[tuple[str, float], ...] = (("last day", 86400.0), ("last wee
 HISTORY_TTL_S = 5.0
 """History figures (owed vs delivered, held-vs-entitlement series) are recomputed at most
 this often, whatever the number of open pages polling them: they are buckets of the past,
-and one costs 0.1-0.6 s on a week of 20,000 workloads (measured), on the event loop that
-also follows the log."""
+and one takes up to a fraction of a second on the event loop that also follows the log
+(docs/decisions/0023)."""
 
 
 def parse_window(text: str | None) -> str | None:

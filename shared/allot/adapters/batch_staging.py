@@ -14,10 +14,8 @@ So the ``batches`` directory of the streams named here is made a symlink to a di
 tmpfs (``/dev/shm``). A crash then loses only batches that were not committed, which no
 publisher was told were stored; ``allot.bus.group_commit`` sends such a batch's records
 again one by one, deduplicated by their msg ids. Nothing a disk would have kept is lost
-either: a staged batch never outlived a restart on disk (below). What it saves
-(``bench/fsync_batch.py`` style, embedded nats-server, fsync on every write, 2026-12-03):
-a 5-record commit answered in 1.35-1.45 ms instead of 4.1-4.6 ms; 300 records 6.6-7.0 ms
-instead of 9.3-10.0 ms. A single append is unchanged (about 0.5 ms).
+either: a staged batch never outlived a restart on disk (below). A commit then answers
+sooner; a single append is unchanged (docs/decisions/0014).
 
 nats-server deletes a stream's ``batches`` directory (link or not) when it restores the
 stream at start, so ``stage_in_memory`` is called twice per start: before (for a stream

@@ -69,15 +69,13 @@ PUBLISH_ATTEMPTS = 10
 """A publish with a msg id waits ``PUBLISH_TIMEOUT_S`` for its ack and is sent again, up
 to ``PUBLISH_ATTEMPTS`` times (5 s in all, nats-py's single default wait): the stream
 stores it once whatever the number of tries. A publish lost in a stream leader's
-hand-over (measured: a SIGTERMed node's in-flight publishes are never acked) then costs
-about 0.5 s, not 5; one without a msg id is sent once."""
+hand-over then costs about 0.5 s, not 5 (docs/decisions/0017); one without a msg id is
+sent once."""
 ORDERED_HEARTBEAT_S = 0.5
 USAGE_KEPT_PER_SUBJECT = 10_000
-"""USAGE keeps the last 10,000 messages of each subject: about 35 days of rankings (one
-every 300 s, more after budget changes) and the last 10,000 budget trees. Until
-2026-12-03 it kept everything 30 days instead, so a budget tree nobody had changed for a
-month aged out: ranking found no tree, intake and placement none either (every
-allocation unknown), and their start waited forever on a USAGE holding only rankings."""
+"""USAGE keeps the last 10,000 messages of each subject, none dropped by age: about 35
+days of rankings (one every 300 s, more after budget changes) and the last 10,000 budget
+trees. A limit by age would drop a budget tree nobody changed (docs/decisions/0019)."""
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -168,8 +166,8 @@ async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> N
 
 
 UNNAMED_EVENTS = f"{s.PREFIX}.events.*.*"
-"""Lifecycle events' subjects before they ended with the event's name (2026-12-02, before
-any release): ``allot.v1.events.<allocation>.<workload>``."""
+"""Lifecycle events' subjects before they ended with the event's name (a form no release
+wrote): ``allot.v1.events.<allocation>.<workload>``."""
 
 
 class UnreadableLogError(RuntimeError):
@@ -230,9 +228,9 @@ async def confirm_subscriptions(nc: NatsClient) -> None:
 
     nats-py 2.16 writes a flush's PING straight to the socket while a SUB may still wait
     in its pending buffer (the flusher task writes it later), so one ``flush()`` can return
-    before the server saw the SUB: measured, about 2 % of publishes right after a
-    subscribe were lost. The first flush gets the buffer written; the second PING then
-    travels behind the SUB, and its PONG proves the server processed it."""
+    before the server saw the SUB and a publish right after it is lost (docs/decisions/0018).
+    The first flush gets the buffer written; the second PING then travels behind the SUB,
+    and its PONG proves the server processed it."""
     await nc.flush()
     await nc.flush()
 
@@ -355,8 +353,8 @@ HOSTS_SEQ_HEADER = "Allot-Hosts-Seq"
 read when it decided. A reader following both streams hands the record over only once it
 has read HOSTS that far (``LogFollower``): its two consumers deliver independently, so a
 placement on a host registered a moment before could otherwise arrive before the host's
-``HostRegistered`` and be ignored by that reader's fold ("host ... is unknown"; found
-2026-12-03: dispatch then never listed the run to its agent until it restarted)."""
+``HostRegistered`` and be ignored by that reader's fold ("host ... is unknown"): dispatch
+would then never list the run to its agent until it restarted."""
 HOSTS_WAIT_S = 5.0
 """Longest wait for HOSTS to reach a record's ``HOSTS_SEQ_HEADER``; past it the record is
 handed over anyway (logged), as it was before the header: HOSTS may have been deleted and
@@ -407,8 +405,7 @@ class LogFollower:
             if info.state.messages == 0:
                 caught_up.set()
             # A callback, not ``sub.messages``: nats-py's iterator creates a task and an
-            # ``asyncio.wait`` per message, which cost the busiest readers (placement,
-            # dispatch) a tenth of their CPU under load. The callback runs in the
+            # ``asyncio.wait`` per message (docs/decisions/0016). The callback runs in the
             # subscription's one task, so records are still handed over one at a time.
             wanted = self.subjects.get(stream, ">")
             several = isinstance(wanted, tuple) and len(wanted) > 1
@@ -426,8 +423,8 @@ class LogFollower:
             self._subs.append(sub)
             if not caught_up.is_set():
                 # A filter may match nothing in a stream that is not empty (USAGE holding
-                # rankings but no budget tree yet): no record comes to say "caught up", and
-                # until 2026-12-03 intake and placement waited here forever.
+                # rankings but no budget tree yet): no record comes to say "caught up", so
+                # without this intake and placement would wait here forever.
                 consumer = await sub.consumer_info()
                 delivered = consumer.delivered.consumer_seq if consumer.delivered else 0
                 if consumer.num_pending == 0 and not delivered:

@@ -2,14 +2,10 @@
 
 Why: with fsync on every write (``sync_interval: always``, the durability issue 5 asks
 for) nats-server fsyncs each append on its own, and a stream's appends are serial, so one
-stream stores at most 1 / (write + fsync) records a second. On this VM that is 2,000-3,500
-a second, and ``make bench-live``'s 500 probes a second append 2,000 records a second.
-An atomic batch (nats-server >= 2.12, a stream with ``allow_atomic``) is stored with 4
-fsyncs whatever its size (``bench/fsync_batch.py``: 100 records one by one, 100 fsyncs; as
-one batch, 4), but its commit is answered 2-7 ms after it is sent, where a single append
-is answered in 0.3-0.9 ms (the same script, its "answered in" lines). Staged on tmpfs, as
-the embedded stack stages it (``allot.adapters.batch_staging``), a commit costs one fsync
-in the store and is answered in 1-3 ms. So:
+stream stores at most 1 / (write + fsync) records a second. An atomic batch (nats-server
+>= 2.12, a stream with ``allow_atomic``) is stored with 4 fsyncs whatever its size (1 in
+the store when staged on tmpfs, ``allot.adapters.batch_staging``), but its commit is
+answered later than a single append. Figures: docs/decisions/0013. So:
 
 * while fewer than ``threshold`` appends of this process are waiting for their acks, an
   append is sent at once on its own, exactly as ``allot.bus.publish`` sends it (a
@@ -58,10 +54,9 @@ from allot import bus
 log = structlog.get_logger("allot.group_commit")
 
 THRESHOLD = 8
-"""Appends waiting for their acks beyond which new ones queue for a batch. A commit costs
-a few ms and 4 fsyncs (1 with its staging on tmpfs), so a batch smaller than about this
-saves nothing (measured with staging on tmpfs too: a threshold of 2 raised the CPU and the
-latency of ``make bench-live``'s probes, three pairs, 2026-12-03)."""
+"""Appends waiting for their acks beyond which new ones queue for a batch: a commit costs
+a few ms and 4 fsyncs (1 staged on tmpfs), so a smaller batch saves nothing
+(docs/decisions/0013)."""
 MAX_BATCH = 500
 """Records per atomic batch (nats-server refuses more than 1,000)."""
 _BATCH_IDS = itertools.count()

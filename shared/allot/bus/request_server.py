@@ -1,8 +1,8 @@
 """Answering a hot core-NATS request subject with nats-py directly.
 
 FastStream's consume path (middlewares, dependency resolution, its context scope, an
-anyio task group for ``max_workers``) cost 150-250 us of CPU per message in ``py-spy``
-profiles of ``make bench-live``: more than dispatch's own handling of an agent's report.
+anyio task group for ``max_workers``) costs more CPU per message than dispatch's own
+handling of an agent's report (docs/decisions/0016).
 Subjects that carry a request per workload step use this instead; the services stay
 FastStream apps for everything else (lifecycle, the other subjects).
 

@@ -130,9 +130,7 @@ def _plan_cheap(view: ClusterView, pool: str, gpus: int, largest: int) -> Plan |
 CHEAP_CANDIDATES = 4
 """Hosts a cheap plan compares for one request (rule 4's cost) when none of them frees
 exactly what it needs, taken from the smallest cheap room that fits upward. Bounded, as
-each costs a host plan: ``bench/bench_cycle.py`` (1,000 hosts, 10,000 pending, a quarter
-of the running work unallocated) took a median 21.2 ms with 1 (the rule before), 23.1 ms
-with 4, 27.6 ms with 8 and 28.5 ms with 16 (2026-12-03, loop 23 ms)."""
+each costs a host plan (docs/decisions/0020)."""
 
 
 def _cheap_host(
@@ -148,8 +146,8 @@ def _cheap_host(
     none of the first ``CHEAP_CANDIDATES`` does, the cheapest of them. Room alone does not
     say what a host frees: a host with one 8-GPU victim and one with two 4-GPU victims
     both have room 8, and a 4-GPU request needs a notice for 4 GPUs on the second, 8 on
-    the first (found 2026-12-03: a 12-GPU gang's remainder took the first, the lowest
-    index, and 4 GPUs were preempted for nothing). Cheap victims charge no allocation, so
+    the first (a 12-GPU gang's remainder taking the first, the lowest index, preempted 4
+    GPUs for nothing: docs/decisions/0020). Cheap victims charge no allocation, so
     planning a host changes nothing until one is chosen."""
     best: _HostPlan | None = None
     seen = 0

@@ -34,8 +34,7 @@ the shape and free-fit questions are memoised per (pool, GPUs); past the reserva
 the whole answer is memoised per (allocation, GPUs) (one ``Why``, read-only, serves every
 workload with that key); plans are memoised per victim rule and size, and a size between
 one a plan was found for and one it was not is decided by the cycle's monotone bound
-without planning. A queue of 10,000 costs about one pass over it (``bench/bench_reasons.py``:
-~15 ms on 1,000 hosts, 90% busy; it was 9.6 s before the memoisation).
+without planning. A queue of 10,000 costs about one pass over it (docs/decisions/0022).
 """
 
 from __future__ import annotations

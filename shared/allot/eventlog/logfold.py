@@ -29,11 +29,7 @@ placement time and assignment, its end time, exit code and reason, and who cance
 The fold may hold hundreds of thousands of ended workloads, so this stays small: equal
 assignments are one shared tuple (``_shared``: a host's usual GPU sets repeat), reasons are
 cut to ``KEPT_REASON_LEN`` characters and interned (the same reason is stored once), and
-nothing else of the end record is kept. Measured with tracemalloc over 100,000 ended 8-GPU
-workloads on 1,000 hosts (records decoded from JSON, a quarter failed): 786 bytes per ended
-workload when it kept none of this, 813 then (843 when every failure's reason is unique).
-The requeue's time and reason (2026-12-03) add 16 bytes: 932 -> 948 in the same
-measurement with a two-word command each (a throwaway script).
+nothing else of the end record is kept (bytes per ended workload: docs/decisions/0021).
 
 Drains (``allot hosts``, like ``sinfo -R``): the last ``HostDraining`` of a host that is not
 healthy again is kept in ``drains`` (its reason, operator and time), dropped by
@@ -201,8 +197,8 @@ class LogFold:
         if rec.status == "running":
             # Its GPUs are leaving: shown to the core as under notice until the agent's
             # SIGKILL, so a request that needs them waits for them instead of preempting
-            # other work (found 2026-12-03: a cancel during a checkpoint, and a third
-            # job was preempted for GPUs that were freed seconds later).
+            # other work (else, during a cancel's checkpoint, a third job was preempted
+            # for GPUs freed seconds later).
             self.state.notice(rec.workload.id, r.at + CANCEL_LEAVES_S)
         return Applied(True)
 

@@ -145,12 +145,12 @@ def _submission(msg: m.SubmitWorkload) -> bytes:
 
 
 def _argv(command: object) -> tuple[str, ...]:
-    """``command`` as an argument vector. A string is a ``Sequence[str]`` too, and was sent
+    """``command`` as an argument vector. A string is a ``Sequence[str]`` too, and would go
     one character per argument; there is no shell on the host to split it. A NUL cannot
-    be passed to ``exec`` and an empty program name cannot be run: both were accepted by
-    intake and only failed on the host, after the work may have preempted others. (An
-    empty command stays allowed here, unlike the CLI's ``CMD``: fake agents run it for
-    ``duration_s`` or their own default, as the demo and the tests do.)"""
+    be passed to ``exec`` and an empty program name cannot be run: refused here, not on the
+    host after the work may have preempted others. (An empty command stays allowed here,
+    unlike the CLI's ``CMD``: fake agents run it for ``duration_s`` or their own default,
+    as the demo and the tests do.)"""
     if isinstance(command, str | bytes | bytearray):
         raise ValidationError(
             "command",
@@ -431,9 +431,9 @@ class Client:
                         f"{who} answered {subject} with an unexpected message: {exc}"
                     ) from None
             if not self.nc.is_connected:
-                # The server is gone, not the service: say so (found 2026-12-03: a NATS
-                # outage read as "placement leader did not answer"). Like a timeout, the
-                # outcome is unknown: a request sent before the outage may have been done.
+                # The server is gone, not the service: say so (a NATS outage must not read
+                # as "placement leader did not answer"). Like a timeout, the outcome is
+                # unknown: a request sent before the outage may have been done.
                 raise NotConnectedError(
                     f"NATS at {masked_url(self.nats_url)} is unreachable (reconnecting): no "
                     f"answer on {subject} from the {who}; whether it was done is unknown"
@@ -481,7 +481,7 @@ class Client:
         timeout: float | None,
     ) -> T:
         """``_request`` whose ``CommandRejected`` answer is raised as the refusal it is,
-        naming the field (it was a ``BadReplyError`` for the queries: "unexpected message")."""
+        naming the field (not a ``BadReplyError``: "unexpected message")."""
         reply = await self._request(subject, body, decoder, who, timeout)
         if isinstance(reply, m.CommandRejected):
             raise CommandRejectedError(reply.field, reply.reason)
