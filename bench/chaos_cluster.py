@@ -48,7 +48,7 @@ from allot.adapters.nats_cluster import EmbeddedNatsCluster
 from allot.ops.stack import Stack
 from allot.proto.subjects import STREAMS
 from allot.sdk import Client
-from allot.services.placement.service import LEADER_BUCKET
+from allot.services.placement.lease import LEADER_BUCKET
 from checker import check
 from history import Op
 

@@ -29,7 +29,8 @@ from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client, CommandRejectedError
 from allot.services.intake import Intake
-from allot.services.placement.service import PlacementService, encode_within
+from allot.services.placement.answers import encode_within
+from allot.services.placement.service import PlacementService
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -312,9 +313,9 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
         assert free.reason == "unallocated-idle-only"
         assert free.reason_numbers["free_gpus"] == 0
         # Nothing changed: the next answer comes from the cache, not a new dry run.
-        cached = placement._explained
+        cached = placement.queries.explained
         again = await query(s.QUERY_QUEUE, m.QueueSnapshot)
-        assert placement._explained is cached
+        assert placement.queries.explained is cached
         assert [(r.workload_id, r.reason) for r in again.rows] == [
             (r.workload_id, r.reason) for r in snap.rows
         ]
@@ -471,7 +472,7 @@ async def test_status_reads_the_start_that_placement_does_not_follow(
     placement = PlacementService(filtering_server, lease_ttl_s=1.0, name="p1", tracing=False)
     await service_main.start(placement)
     try:
-        assert placement.follower is not None and not placement._reads_starts
+        assert placement.follower is not None and not placement.reads_starts
         for wid in ("run", "done"):
             sub = m.WorkloadSubmitted(
                 workload_id=wid, client_id=wid, user="ann", gpus=2, allocation="nlp", at=1.0

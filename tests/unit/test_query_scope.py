@@ -9,7 +9,7 @@ import pytest
 from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.errors import ValidationError
 from allot.proto import subjects as s
-from allot.services.placement.service import query_scope
+from allot.services.placement.answers import query_scope
 
 TREE = parse_tree(
     {

@@ -17,7 +17,7 @@ from allot.eventlog.timeline import TimelineEvent
 from allot.proto import messages as m
 from allot.render.live_format import status_text
 from allot.services.dashboard.workload import workload_page
-from allot.services.placement.service import host_rows, workload_status
+from allot.services.placement.answers import host_rows, workload_status
 
 T = 1000.0
 
