@@ -27,7 +27,6 @@ NOT_YET = frozenset(
         "shared/allot/adapters/usage_store.py",
         "shared/allot/cli",
         "shared/allot/ops",
-        "services/placement",
         "services/accounting.py",
     }
 )
