@@ -668,10 +668,10 @@ async def _wait_ready(
             if problem:
                 raise StackError(problem)
             try:
-                reply = await nc.request(s.QUERY_HOSTS, b"{}", timeout=1.0)
+                reply = await nc.request(s.QUERY_HOSTS, b"", timeout=1.0)
                 seen = len(decode_hosts.decode(reply.data).hosts)
                 if seen >= hosts:
-                    await nc.request(s.QUERY_SHARE, b"{}", timeout=1.0)
+                    await nc.request(s.QUERY_SHARE, b"", timeout=1.0)
                     if dashboard_url is None or await asyncio.to_thread(
                         _healthy, f"{dashboard_url}/healthz"
                     ):

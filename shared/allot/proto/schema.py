@@ -231,7 +231,7 @@ def asyncapi() -> dict[str, Any]:
         channels[cid] = {
             "address": address,
             "description": (
-                "core NATS request/reply (an empty body unless a message is listed)"
+                "core NATS request/reply; without a listed message the body is ignored (send it empty)"
                 + (
                     "; one allocation's rows only (the form a team is granted under auth)"
                     if "{allocation}" in address

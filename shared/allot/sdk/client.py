@@ -649,7 +649,7 @@ class Client:
         """Pending work in service order; with ``scope``, that allocation's rows only (their
         positions stay cluster-wide)."""
         subject = _scoped(subjects.QUERY_QUEUE, scope)
-        return await self._ask(subject, b"{}", _QUEUE_REPLY, PLACEMENT, timeout)
+        return await self._ask(subject, b"", _QUEUE_REPLY, PLACEMENT, timeout)
 
     async def prio(
         self, *, scope: str | None = None, timeout: float | None = None
@@ -657,24 +657,24 @@ class Client:
         """``allot prio``: each pending workload's position broken into its inputs; with
         ``scope``, that allocation's rows only."""
         subject = _scoped(subjects.QUERY_PRIO, scope)
-        return await self._ask(subject, b"{}", _PRIO_REPLY, PLACEMENT, timeout)
+        return await self._ask(subject, b"", _PRIO_REPLY, PLACEMENT, timeout)
 
     async def hosts(self, *, timeout: float | None = None) -> m.HostsSnapshot:
-        return await self._ask(subjects.QUERY_HOSTS, b"{}", _HOSTS_REPLY, PLACEMENT, timeout)
+        return await self._ask(subjects.QUERY_HOSTS, b"", _HOSTS_REPLY, PLACEMENT, timeout)
 
     async def share(self, *, timeout: float | None = None) -> m.RankingUpdated:
-        return await self._ask(subjects.QUERY_SHARE, b"{}", _SHARE_REPLY, RANKING, timeout)
+        return await self._ask(subjects.QUERY_SHARE, b"", _SHARE_REPLY, RANKING, timeout)
 
     async def allocations(self, *, timeout: float | None = None) -> m.AllocationsSnapshot:
         """Held GPUs vs entitlement per allocation, now (placement leader)."""
         return await self._ask(
-            subjects.QUERY_ALLOCATIONS, b"{}", _ALLOCATIONS_REPLY, PLACEMENT, timeout
+            subjects.QUERY_ALLOCATIONS, b"", _ALLOCATIONS_REPLY, PLACEMENT, timeout
         )
 
     async def placement_stats(self, *, timeout: float | None = None) -> m.PlacementStats:
         """The leader's scheduling-cycle duration histogram."""
         return await self._ask(
-            subjects.QUERY_PLACEMENT_STATS, b"{}", _PLACEMENT_STATS_REPLY, PLACEMENT, timeout
+            subjects.QUERY_PLACEMENT_STATS, b"", _PLACEMENT_STATS_REPLY, PLACEMENT, timeout
         )
 
     async def owed(
