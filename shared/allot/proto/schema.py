@@ -231,7 +231,8 @@ def asyncapi() -> dict[str, Any]:
         channels[cid] = {
             "address": address,
             "description": (
-                "core NATS request/reply; without a listed message the body is ignored (send it empty)"
+                "core NATS request/reply; without a listed message the body is ignored "
+                "(send it empty)"
                 + (
                     "; one allocation's rows only (the form a team is granted under auth)"
                     if "{allocation}" in address
