@@ -20,7 +20,7 @@ from allot.cli.up_cmd import try_line
 from allot.ops.auth_gen import ACCOUNT
 from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.sdk import Client
-from allot.sdk.errors import SdkError
+from allot.sdk.errors import NotConnectedError, SdkError
 
 pytestmark = pytest.mark.integration
 
@@ -78,11 +78,16 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
         assert submit[:2] == ["allot", "submit"] and "--user" not in submit
         argv = [*submit[1:2], "--nats-url", url, *submit[2:]]
         assert await asyncio.to_thread(live_cmds.main, argv) == 0
-        # Without the CA the server's certificate is not trusted.
+        # Without the CA the server's certificate is not trusted, and the error says so.
         monkeypatch.delenv("ALLOT_NATS_CA")
-        with pytest.raises(Exception):  # noqa: B017 - any TLS/connect failure
+        with pytest.raises(NotConnectedError) as caught:
             async with Client(url, timeout=1.0, retries=0) as c:
                 await asyncio.wait_for(c.queue(), 3)
+        assert "not trusted" in str(caught.value) and "ALLOT_NATS_CA" in str(caught.value)
+        assert "is the stack running" not in str(caught.value)
+        # The user's env file carries the CA: sourcing it alone is enough.
+        env = (stack.auth.users["nlp"].path).read_text().splitlines()
+        assert f"ALLOT_NATS_CA={stack.ca_file.resolve()}" in env
 
 
 def _get(url: str, user: str | None = None, password: str = "") -> tuple[int, Any]:

@@ -407,7 +407,10 @@ def test_cli_gen_with_the_example_files(tmp_path: Path, capsys: pytest.CaptureFi
     assert "bob (team)" in out and "robotics (team)" in out and "nlp (team)" not in out
     assert (tmp_path / "out" / "nats.conf").is_file()
     assert (tmp_path / "out" / "tls" / "ca.pem").is_file()
-    assert "ALLOT_NATS_URL=tls://" in (tmp_path / "out" / "users" / "alice.env").read_text()
+    env = (tmp_path / "out" / "users" / "alice.env").read_text()
+    assert "ALLOT_NATS_URL=tls://" in env
+    # the CA to trust travels with the credentials: the env file alone is enough
+    assert f"ALLOT_NATS_CA={(tmp_path / 'out' / 'tls' / 'ca.pem').resolve()}" in env.splitlines()
     assert not (tmp_path / "out" / "users" / "nlp.env").exists()
 
 

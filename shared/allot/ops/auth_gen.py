@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from allot.auth.client import inbox_prefix
+from allot.auth.client import CA_ENV, inbox_prefix
 from allot.auth.dashboard import DASHBOARD_USERS, users_document
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
@@ -505,7 +505,7 @@ def generate(
         c = Credentials(
             u.name, u.role, passwords[u.name], prefix, out / USERS_DIR / f"{u.name}.env"
         )
-        _write_private(c.path, _env_file(c, server_url))
+        _write_private(c.path, _env_file(c, server_url, None if tls is None else tls.ca_file))
         creds[u.name] = c
     # The dashboard's logins: the same users and bcrypt hashes, with what each may see.
     rows = {
@@ -526,7 +526,9 @@ def generate(
     )
 
 
-def _env_file(c: Credentials, server_url: str) -> str:
+def _env_file(c: Credentials, server_url: str, ca_file: Path | None) -> str:
+    """The user's environment: the URL with its login, and with TLS the CA to trust (a
+    client of a ``tls://`` server with a loopback CA fails to verify it without one)."""
     lines = [
         f"# Allot NATS credentials of {c.user} (role {c.role}). Secret: keep it 0600.",
         "# `set -a; . this-file; set +a` and the allot CLI and services pick up the URL.",
@@ -535,6 +537,8 @@ def _env_file(c: Credentials, server_url: str) -> str:
         f"ALLOT_NATS_URL={c.url(server_url)}",
     ]
     lines.append(f"ALLOT_NATS_INBOX_PREFIX={c.inbox_prefix}")
+    if ca_file is not None:
+        lines.append(f"{CA_ENV}={Path(ca_file).resolve()}")
     return "\n".join(lines) + "\n"
 
 

@@ -37,6 +37,7 @@ import logging
 import math
 import os
 import re
+import ssl
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
@@ -48,7 +49,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from allot.auth.client import client_tls, inbox_prefix_for_url, login_for, masked_url
+from allot.auth.client import CA_ENV, client_tls, inbox_prefix_for_url, login_for, masked_url
 from allot.bus import confirm_subscriptions, decode_record, server_urls
 from allot.core.errors import ValidationError
 from allot.proto import codec, subjects
@@ -347,6 +348,14 @@ class Client:
             raise LoginRefusedError(
                 f"NATS at {where} refused the login ({refusal}): check the user and password "
                 "in ALLOT_NATS_URL (or ALLOT_NATS_USER and ALLOT_NATS_PASSWORD)"
+            )
+        untrusted = next((e for e in errors if isinstance(e, ssl.SSLCertVerificationError)), None)
+        if untrusted is not None:
+            raise NotConnectedError(
+                f"NATS at {where} answered, but its TLS certificate is not trusted "
+                f"({untrusted.verify_message}): set {CA_ENV} to the CA file that signed it "
+                "(allot up --secure and allot auth gen --tls write it into each user's env "
+                "file)"
             )
         raise NotConnectedError(
             f"cannot reach NATS at {where}: is the stack running? (allot up) [{detail}]"
