@@ -116,7 +116,7 @@ def test_scenario_ai2_is_byte_identical_across_runs(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         outs.append(out)
     names = sorted(p.name for p in outs[0].iterdir())
-    assert names == ["budgets.yaml", "cluster.yaml", "trace.csv"]
+    assert names == ["budgets.yaml", "cluster.yaml", "scenario.json", "trace.csv"]
     assert sorted(p.name for p in outs[1].iterdir()) == names
     for file in names:
         first = (outs[0] / file).read_bytes()

@@ -19,6 +19,9 @@ REPORT_KEYS = {  # allot.sim.report's module docstring, "Keys"
     "policy",
     "seed",
     "span_s",
+    "submissions_s",
+    "drain_s",
+    "scenario",  # the trace was made by `allot scenario`: its scenario.json is beside it
     "workloads",
     "completed",
     "preemptions",
@@ -33,7 +36,15 @@ REPORT_KEYS = {  # allot.sim.report's module docstring, "Keys"
     "final_fairshare",
 }
 OWED_KEYS = {"overall", "by_allocation", "by_program", "teams", "teams_at_or_above_095"}
-WAIT_KEYS = {"all", "by_kind", "by_size", "by_allocation", "cdf_by_kind"}
+WAIT_KEYS = {
+    "all",
+    "allocated",
+    "unallocated",
+    "by_kind",
+    "by_size",
+    "by_allocation",
+    "cdf_by_kind",
+}
 TIMESERIES_KEYS = {
     "bucket_s",
     "start_s",
@@ -94,8 +105,15 @@ def test_one_policy_writes_report_json_and_html(scenario: Path, tmp_path: Path) 
     assert set(report["timeseries"]) == TIMESERIES_KEYS
     assert report["policy"] == "fifo"
     assert report["workloads"] == trace_rows(scenario / "trace.csv") > 0
+    made = json.loads((scenario / "scenario.json").read_text())
+    assert report["scenario"] == {"name": "ai2", "seed": made["seed"]}
+    assert report["submissions_s"] + report["drain_s"] == pytest.approx(report["span_s"])
+    waits = report["wait_s"]
+    assert waits["allocated"]["n"] + waits["unallocated"]["n"] == waits["all"]["n"]
     html = (out / "report.html").read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and "fifo" in html
+    assert f"scenario ai2 seed {made['seed']}, simulation seed" in html
+    assert "wait of allocated work" in html and "wait of unallocated work" in html
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]
     assert "fifo" in done.stdout.splitlines()[0]  # the summary table's header
 
@@ -106,7 +124,12 @@ def test_compare_writes_a_folder_per_policy_and_compare_json(
     out = tmp_path / "cmp"
     done = allot("simulate", *inputs(scenario), "--compare", "fifo,partitioned", "--out", out)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["compare.json", "fifo", "partitioned"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "compare.html",
+        "compare.json",
+        "fifo",
+        "partitioned",
+    ]
     for policy in ("fifo", "partitioned"):
         report = json.loads((out / policy / "report.json").read_text(encoding="utf-8"))
         assert report["policy"] == policy
@@ -116,6 +139,13 @@ def test_compare_writes_a_folder_per_policy_and_compare_json(
     assert compare["fifo"]["workloads"] == compare["partitioned"]["workloads"]
     header = done.stdout.splitlines()[0].split()
     assert header == ["fifo", "partitioned"]
+    # one side-by-side page, each column linking its policy's own report
+    page = (out / "compare.html").read_text(encoding="utf-8")
+    assert '<a href="fifo/report.html">fifo</a>' in page
+    assert '<a href="partitioned/report.html">partitioned</a>' in page
+    for label in ("allocated wait p90", "unallocated wait p90", "drain after them"):
+        assert f"<td>{label}</td>" in page
+        assert any(line.startswith(label) for line in done.stdout.splitlines())
 
 
 class BadInput(NamedTuple):

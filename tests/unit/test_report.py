@@ -322,6 +322,8 @@ def test_report_has_exactly_the_documented_keys() -> None:
         "policy",
         "seed",
         "span_s",
+        "submissions_s",
+        "drain_s",
         "workloads",
         "completed",
         "preemptions",
@@ -337,6 +339,36 @@ def test_report_has_exactly_the_documented_keys() -> None:
     }
     assert (r["policy"], r["seed"], r["workloads"], r["completed"]) == ("fairshare", 7, 2, 2)
     assert r["final_fairshare"] == {"a": 0.333333, "b": 0.666667}
+    assert (r["submissions_s"], r["drain_s"]) == (2 * H, H)  # first submit at 0, end 3 h
+    assert "scenario" not in r  # only when the caller knows it
+    assert build_report(sample_record(), scenario={"name": "ai2", "seed": 1})["scenario"] == {
+        "name": "ai2",
+        "seed": 1,
+    }
+
+
+def test_allocated_and_unallocated_waits_apart() -> None:
+    """The contract's meaning, from each job's segments and waits: unallocated work waits by
+    design, and must not blur the allocated work's waits."""
+    ran = SimRecord(
+        policy="fairshare",
+        seed=0,
+        first_submit=0.0,
+        last_submit=H,
+        end_time=2 * H,
+        segments=[run("a", 1, 10.0, H, allocated=True), run(None, 1, 5000.0, H, allocated=False)],
+        jobs=[
+            JobOutcome("a-1-10.0", "a", "training", 1, 0.0, 10.0, H, "completed"),
+            JobOutcome("None-1-5000.0", None, "filler", 1, 0.0, 5000.0, H, "completed"),
+            JobOutcome("never", None, "filler", 1, 0.0, None, None, "pending"),
+        ],
+        waits=[Waiting("never", None, False, 1, 0.0, 2 * H)],
+    )
+    waits = build_report(ran)["wait_s"]
+    assert (waits["allocated"]["n"], waits["allocated"]["p90"]) == (1, 10.0)
+    assert (waits["unallocated"]["n"], waits["unallocated"]["never_started"]) == (2, 1)
+    assert waits["unallocated"]["p90"] == 2 * H  # the never-started one counts to the end
+    assert waits["all"]["n"] == 3
 
 
 def test_floats_are_rounded_and_json_is_byte_stable(tmp_path: Path) -> None:

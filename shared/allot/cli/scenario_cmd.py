@@ -1,5 +1,6 @@
 """``allot scenario ai2 --seed N --out DIR``: write an Ai2-like month (cluster.yaml,
-budgets.yaml, trace.csv). The mix and its knobs: ``allot.sim.scenario`` and the README.
+budgets.yaml, trace.csv, and scenario.json: its name and seed, which ``allot simulate``
+carries into the report). The mix and its knobs: ``allot.sim.scenario`` and the README.
 Host failures (4 by default) are capped at ``--hosts``; a bad flag is named as typed."""
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         write_scenario(scenario, args.out)
     capacity = knobs.capacity_gpu_h
     print(
-        f"wrote {args.out}/cluster.yaml, budgets.yaml, trace.csv: {len(scenario.jobs)} jobs, "
+        f"wrote {args.out}/cluster.yaml, budgets.yaml, trace.csv, scenario.json: "
+        f"{len(scenario.jobs)} jobs, "
         f"{scenario.requested_gpu_h:,.0f} GPU-h requested = "
         f"{scenario.requested_gpu_h / capacity:.2f} x capacity"
     )

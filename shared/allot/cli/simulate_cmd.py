@@ -15,7 +15,8 @@ and budgets (shares = node counts, 1 for the four VCs the file lacks); it writes
 files beside the reports so the run can be repeated with the plain flags.
 
 One policy: ``DIR/report.json`` and ``DIR/report.html``. ``--compare``: one folder per policy
-(``DIR/<policy>/``) and ``DIR/compare.json``; the summary prints side by side.
+(``DIR/<policy>/``), ``DIR/compare.json`` and ``DIR/compare.html`` (side by side, linking
+each policy's report); the summary prints side by side.
 """
 
 from __future__ import annotations
@@ -39,10 +40,17 @@ from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_GRACE_S, MAX_MIN_RUNTIME_S
 from allot.sim.baselines import POLICY_NAMES, named_policy
 from allot.sim.cluster import ClusterSpec, load_cluster
+from allot.sim.compare import render_compare_html, render_summary, summary
 from allot.sim.engine import SimConfig, simulate
 from allot.sim.output_files import make_out_dir, writing_to
 from allot.sim.report import build_report, write_report
-from allot.sim.scenario import dump_budgets_yaml, dump_cluster_yaml, philly_budgets, philly_cluster
+from allot.sim.scenario import (
+    dump_budgets_yaml,
+    dump_cluster_yaml,
+    philly_budgets,
+    philly_cluster,
+    scenario_of,
+)
 from allot.sim.trace import TraceDefaults, TraceJob, read_trace
 
 PHILLY_TRACE = "philly_pollux.csv"
@@ -114,9 +122,10 @@ def run(args: argparse.Namespace) -> int:
         reports = _run_all(args, cluster, tree, jobs, policies=policies, workers=workers)
         if len(policies) > 1:
             (args.out / "compare.json").write_text(
-                json.dumps({n: _summary(r) for n, r in reports.items()}, sort_keys=True, indent=2)
+                json.dumps({n: summary(r) for n, r in reports.items()}, sort_keys=True, indent=2)
                 + "\n"
             )
+            (args.out / "compare.html").write_text(render_compare_html(reports))
     print(render_summary(reports))
     return 0
 
@@ -204,7 +213,8 @@ def _run_one(
     started = time.perf_counter()
     progress = None if args.quiet else _progress_bar(name)
     record = simulate(cluster, tree, jobs, config, progress)
-    report = build_report(record)
+    made = scenario_of(args.trace) if args.trace is not None else None
+    report = build_report(record, scenario=made)
     if progress is not None:
         progress(1.0)
         print(file=sys.stderr)
@@ -292,101 +302,3 @@ def _progress_bar(name: str) -> Callable[[float], None] | None:
         sys.stderr.flush()
 
     return show
-
-
-def _summary(report: Mapping[str, Any]) -> dict[str, Any]:
-    od = report["owed_delivered"]
-    waits = report["wait_s"]
-    return {
-        "workloads": report["workloads"],
-        "completed": report["completed"],
-        "preemptions": report["preemptions"],
-        "requeues": report["requeues"],
-        "occupancy": report["occupancy"],
-        "occupancy_observed": report.get("occupancy_observed"),
-        "unallocated_fraction": report["unallocated_fraction"],
-        "unallocated_fraction_observed": report.get("unallocated_fraction_observed"),
-        "owed_delivered": od["overall"],
-        "teams_at_or_above_095": od.get("teams_at_or_above_095"),
-        "teams": od.get("teams"),
-        "wait_p50_s": waits["all"]["p50"],
-        "wait_p90_s": waits["all"]["p90"],
-        "wait_p99_s": waits["all"]["p99"],
-        "wait_mean_s": waits["all"]["mean"],
-        "never_started": waits["all"].get("never_started"),
-        "debug_wait_p90_s": (waits["by_kind"].get("debug") or {}).get("p90"),
-        "wait_p90_64plus_s": (waits["by_size"].get("64+") or {}).get("p90"),
-        "by_allocation": {name: row["ratio"] for name, row in sorted(od["by_allocation"].items())},
-        "wait_by_allocation": {
-            name: {q: row[q] for q in ("mean", "p90", "p99")}
-            for name, row in sorted(waits.get("by_allocation", {}).items())
-        },
-    }
-
-
-def _fmt(value: Any, kind: str) -> str:
-    if value is None:
-        return "-"
-    if kind == "ratio":
-        return f"{value:.3f}"
-    if kind == "pct":
-        return f"{value:.1%}"
-    if kind == "dur":
-        return format_duration(float(value))
-    return f"{value:,}" if isinstance(value, int) else str(value)
-
-
-_ROWS: Sequence[tuple[str, str, str]] = (
-    ("workloads", "workloads", "int"),
-    ("completed", "completed", "int"),
-    ("preemptions", "preemptions", "int"),
-    ("requeues", "requeues", "int"),
-    ("occupancy (span)", "occupancy", "pct"),
-    ("occupancy (observed)", "occupancy_observed", "pct"),
-    ("unallocated (span)", "unallocated_fraction", "pct"),
-    ("unallocated (observed)", "unallocated_fraction_observed", "pct"),
-    ("owed->delivered", "owed_delivered", "ratio"),
-    ("teams >= 0.95", "teams_ok", "str"),
-    ("wait p50", "wait_p50_s", "dur"),
-    ("wait p90", "wait_p90_s", "dur"),
-    ("wait p99", "wait_p99_s", "dur"),
-    ("wait mean", "wait_mean_s", "dur"),
-    ("never started", "never_started", "int"),
-    ("debug wait p90", "debug_wait_p90_s", "dur"),
-    ("64+ GPU wait p90", "wait_p90_64plus_s", "dur"),
-)
-
-
-def render_summary(reports: Mapping[str, Mapping[str, Any]]) -> str:
-    """The side-by-side table printed after a run (one column per policy), then the
-    owed-vs-delivered ratio per allocation."""
-    summaries = {name: _summary(r) for name, r in reports.items()}
-    for s in summaries.values():
-        s["teams_ok"] = f"{s['teams_at_or_above_095']}/{s['teams']}"
-    names = list(summaries)
-    width = max(12, *(len(n) + 2 for n in names))
-    lines = [f"{'':<22}" + "".join(f"{n:>{width}}" for n in names)]
-    for label, key, kind in _ROWS:
-        cells = "".join(f"{_fmt(summaries[n].get(key), kind):>{width}}" for n in names)
-        lines.append(f"{label:<22}{cells}")
-    allocations = sorted({a for s in summaries.values() for a in s["by_allocation"]})
-    if allocations:
-        lines.append("")
-        lines.append(f"{'owed->delivered by allocation':<22}")
-        for alloc in allocations:
-            cells = "".join(
-                f"{_fmt(summaries[n]['by_allocation'].get(alloc), 'ratio'):>{width}}" for n in names
-            )
-            lines.append(f"  {alloc:<20}{cells}")
-    waited = sorted({a for s in summaries.values() for a in s["wait_by_allocation"]})
-    if waited:
-        lines.append("")
-        lines.append("wait by allocation: mean / p90 / p99")
-        for alloc in waited:
-            cells = ""
-            for n in names:
-                row = summaries[n]["wait_by_allocation"].get(alloc) or {}
-                text = " / ".join(_fmt(row.get(q), "dur") for q in ("mean", "p90", "p99"))
-                cells += f"{text:>{max(width, 24)}}"
-            lines.append(f"  {alloc:<20}{cells}")
-    return "\n".join(lines)

@@ -42,8 +42,7 @@ thead th { background: #f3f3f3; }
 def render_html(report: Mapping[str, object]) -> str:
     """The whole page for ``report`` (see the module docstring)."""
     policy = str(report.get("policy", ""))
-    seed = report.get("seed", "")
-    title = f"Allot simulation report: {policy} (seed {seed})"
+    title = f"Allot simulation report: {policy} ({_origin(report)})"
     body = [
         f"<h1>{escape(title)}</h1>",
         _summary(report),
@@ -65,12 +64,37 @@ def render_html(report: Mapping[str, object]) -> str:
 # --- sections -------------------------------------------------------------------------
 
 
+def _origin(report: Mapping[str, object]) -> str:
+    """``scenario ai2 seed 1, simulation seed 0``: where the trace came from, when known."""
+    scenario = _d(report.get("scenario"))
+    made = ""
+    if scenario:
+        made = f"scenario {scenario.get('name', '?')} seed {scenario.get('seed', '?')}, "
+    return f"{made}simulation seed {report.get('seed', '')}"
+
+
+def _wait_cell(stats: object) -> str:
+    """``p50 / p90 (n)`` of a wait stats block."""
+    st = _d(stats)
+    if not st.get("n"):
+        return "-"
+    p50, p90 = (format_duration(_f(st.get(q))) for q in ("p50", "p90"))
+    return f"{p50} / {p90} ({_int(st.get('n'))})"
+
+
 def _summary(report: Mapping[str, object]) -> str:
     od = _d(report.get("owed_delivered"))
+    waits = _d(report.get("wait_s"))
     rows = [
         ("policy", escape(str(report.get("policy", "")))),
-        ("seed", escape(str(report.get("seed", "")))),
-        ("span", format_duration(_f(report.get("span_s")))),
+        ("made from", escape(_origin(report))),
+        ("wait of allocated work, p50 / p90 (jobs)", _wait_cell(waits.get("allocated"))),
+        ("wait of unallocated work, p50 / p90 (jobs)", _wait_cell(waits.get("unallocated"))),
+        (
+            "span = submissions + drain",
+            " + ".join(format_duration(_f(report.get(k))) for k in ("submissions_s", "drain_s"))
+            + f" = {format_duration(_f(report.get('span_s')))}",
+        ),
         ("workloads", _int(report.get("workloads"))),
         ("completed", _int(report.get("completed"))),
         ("preemptions", _int(report.get("preemptions"))),

@@ -16,8 +16,12 @@ difference array for the whole buckets between), then O(buckets) per series.
 
 Keys:
 
-* ``policy``, ``seed``; ``span_s = end_time - first_submit``; ``workloads`` (jobs in the
-  record), ``completed`` (state ``completed``), ``preemptions`` (notices), ``requeues``.
+* ``policy``, ``seed`` (the simulation's own); ``scenario`` when the caller knows where the
+  trace came from (``allot scenario``'s name and seed); ``span_s = end_time - first_submit``,
+  split into ``submissions_s = last_submit - first_submit`` (arrivals) and
+  ``drain_s = end_time - last_submit`` (the queue draining after the last arrival, mostly
+  unallocated filler); ``workloads`` (jobs in the record), ``completed`` (state
+  ``completed``), ``preemptions`` (notices), ``requeues``.
 * ``occupancy`` = busy GPU-seconds (every segment, allocated or not) / healthy GPU-seconds,
   over the span; ``occupancy_observed`` the same over the observed period. Healthy
   capacity is the step function ``record.capacity`` (the first value also holds before its
@@ -42,7 +46,9 @@ Keys:
 * ``wait_s``: a job's wait is ``first_start - submit_time``; a job that never started
   counts ``end_time - submit_time`` (a lower bound) and is counted in ``never_started``.
   Each stats block is ``{n, never_started, mean, p50, p90, p99}`` (null when n == 0) for
-  ``all``, ``by_kind``, ``by_size`` (GPUs ``1``, ``2-8``, ``9-63``, ``64+``) and
+  ``all``, ``allocated`` and ``unallocated`` (the contract's meaning, from the job's
+  segments and waits: unallocated work waits by design, for free GPUs), ``by_kind``,
+  ``by_size`` (GPUs ``1``, ``2-8``, ``9-63``, ``64+``) and
   ``by_allocation`` (the job's allocation as named in the trace, ``(none)`` without one).
   Percentiles are nearest-rank: sort the n waits ascending, ``p_q = x[ceil(q/100*n)]``
   (1-based; ``p_0`` is the minimum). ``cdf_by_kind[kind]`` lists p_0 .. p_100 (101 values)
@@ -59,7 +65,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +81,9 @@ CDF_POINTS = 101  # p_0 .. p_100
 Json = dict[str, Any]  # a JSON document: values are JSON types, checked by json.dumps
 
 
-def build_report(record: SimRecord, bucket_s: int = 3600) -> Json:
+def build_report(
+    record: SimRecord, bucket_s: int = 3600, scenario: Mapping[str, object] | None = None
+) -> Json:
     """The report dict for ``record`` (see the module docstring for every key)."""
     if isinstance(bucket_s, bool) or not isinstance(bucket_s, int) or bucket_s <= 0:
         raise ValidationError("bucket_s", f"must be a positive integer, got {bucket_s!r}")
@@ -137,6 +145,8 @@ def build_report(record: SimRecord, bucket_s: int = 3600) -> Json:
         "policy": record.policy,
         "seed": record.seed,
         "span_s": t_end - t0,
+        "submissions_s": max(0.0, min(record.last_submit, t_end) - t0),
+        "drain_s": max(0.0, t_end - max(record.last_submit, t0)),
         "workloads": len(record.jobs),
         "completed": sum(1 for job in record.jobs if job.state == "completed"),
         "preemptions": len(record.preemptions),
@@ -162,6 +172,8 @@ def build_report(record: SimRecord, bucket_s: int = 3600) -> Json:
         },
         "final_fairshare": dict(record.final_fairshare),
     }
+    if scenario is not None:
+        report["scenario"] = dict(scenario)
     return {key: _round(value) for key, value in report.items()}
 
 
@@ -351,6 +363,9 @@ UNALLOCATED_KEY = "(none)"
 def _waits(record: SimRecord) -> Json:
     every: list[float] = []
     never = 0
+    allocated = {s.workload_id for s in record.segments if s.allocated}
+    allocated.update(w.workload_id for w in record.waits if w.allocated)
+    by_contract: dict[bool, tuple[list[float], list[int]]] = {True: ([], [0]), False: ([], [0])}
     by_kind: dict[str, tuple[list[float], list[int]]] = {}
     by_size: dict[str, tuple[list[float], list[int]]] = {k: ([], [0]) for k in SIZE_BUCKETS}
     by_alloc: dict[str, tuple[list[float], list[int]]] = {}
@@ -362,21 +377,26 @@ def _waits(record: SimRecord) -> Json:
         kind = by_kind.setdefault(job.kind, ([], [0]))
         size = by_size[_size_bucket(job.gpus)]
         alloc = by_alloc.setdefault(job.allocation or UNALLOCATED_KEY, ([], [0]))
-        kind[0].append(wait)
-        size[0].append(wait)
-        alloc[0].append(wait)
+        contract = by_contract[job.workload_id in allocated]
+        for group in (kind, size, alloc, contract):
+            group[0].append(wait)
+            if not started:
+                group[1][0] += 1
         if not started:
             never += 1
-            kind[1][0] += 1
-            size[1][0] += 1
-            alloc[1][0] += 1
     return {
         "all": _stats(every, never),
+        "allocated": _stats(*_values(by_contract[True])),
+        "unallocated": _stats(*_values(by_contract[False])),
         "by_kind": {k: _stats(v, n[0]) for k, (v, n) in sorted(by_kind.items())},
         "by_size": {k: _stats(v, n[0]) for k, (v, n) in by_size.items()},
         "by_allocation": {k: _stats(v, n[0]) for k, (v, n) in sorted(by_alloc.items())},
         "cdf_by_kind": {k: _quantiles(v) for k, (v, _) in sorted(by_kind.items())},
     }
+
+
+def _values(group: tuple[list[float], list[int]]) -> tuple[list[float], int]:
+    return group[0], group[1][0]
 
 
 def _nearest_rank(ordered: Sequence[float], q: int) -> float | None:

@@ -86,6 +86,7 @@ up as never started. 352 is the sum of the 11 VCs' nodes.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -280,12 +281,32 @@ def generate_ai2(seed: int, knobs: Ai2Knobs = Ai2Knobs()) -> Scenario:
     return Scenario(seed=seed, knobs=knobs, cluster=cluster, budgets=_ai2_budgets(), jobs=trace)
 
 
+SCENARIO_FILE = "scenario.json"
+"""Beside the trace: which scenario and seed made it (``allot simulate`` carries it into the
+report)."""
+
+
 def write_scenario(scenario: Scenario, out_dir: Path) -> None:
-    """Write ``cluster.yaml``, ``budgets.yaml`` and ``trace.csv`` into ``out_dir``."""
+    """Write ``cluster.yaml``, ``budgets.yaml``, ``trace.csv`` and ``scenario.json`` (its
+    name, seed and knobs) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     _write(out_dir / "cluster.yaml", dump_cluster_yaml(scenario.cluster))
     _write(out_dir / "budgets.yaml", dump_budgets_yaml(scenario.budgets))
     _write(out_dir / "trace.csv", dump_trace_csv(scenario.jobs))
+    made = {"name": "ai2", "seed": scenario.seed, "knobs": dataclasses.asdict(scenario.knobs)}
+    _write(out_dir / SCENARIO_FILE, json.dumps(made, sort_keys=True, indent=2) + "\n")
+
+
+def scenario_of(trace: Path) -> dict[str, object] | None:
+    """The ``scenario.json`` beside ``trace`` (name and seed), or None when there is none or
+    it is unreadable (a trace from elsewhere)."""
+    try:
+        made = json.loads((trace.parent / SCENARIO_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(made, dict) or "seed" not in made:
+        return None
+    return {"name": str(made.get("name", "?")), "seed": made["seed"]}
 
 
 def dump_trace_csv(jobs: Iterable[TraceJob]) -> str:
