@@ -59,12 +59,13 @@ import msgspec
 import nats.errors
 import structlog
 from faststream.nats import NatsBroker
-from nats.js import JetStreamContext
+from nats.aio.client import Client as NatsClient
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot import bus
 from allot.bus import group_commit, runtime
-from allot.bus.request_server import Handler, RequestServer
+from allot.bus.record_log import Follower, JetStreamLog, RecordLog
+from allot.bus.request_server import Handler, RequestServer, raw_connection
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.bus.tasks import every, stop_tasks
 from allot.core.errors import ValidationError
@@ -100,12 +101,16 @@ _PUBLISH_ERRORS = (nats.errors.Error, TimeoutError, OSError)
 
 
 class DispatchService:
-    """See the module docstring."""
+    """See the module docstring. ``broker`` (default: one for ``nats_url``) and
+    ``record_log`` (default: the log on the broker's connection, from ``on_started``) may
+    be given, as unit tests give them."""
 
     def __init__(
         self,
-        nats_url: str,
+        nats_url: str | None = None,
         *,
+        broker: NatsBroker | None = None,
+        record_log: RecordLog | None = None,
         provider: TracerProvider | None = None,
         clock: Callable[[], float] = runtime.wall_clock,
         lost_after_s: float = LOST_AFTER_S,
@@ -133,51 +138,58 @@ class DispatchService:
         self._ready = asyncio.Event()
         """Set once the log is replayed: until then no list is sent and no report judged (a
         partial fold would list too little and refuse reports of work it has not read)."""
-        self._js: JetStreamContext | None = None
-        self._follower: bus.LogFollower | None = None
+        self.record_log = record_log
+        """Where the reports' records go; built in ``on_started`` when not given: WORKLOADS
+        through a group commit, so a backlog of them is stored as atomic batches."""
+        self._follower: Follower | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._lost_checker: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
         self._provider = provider
-        self.broker: NatsBroker = runtime.make_broker(nats_url, SERVICE, provider)
+        self.broker: NatsBroker = runtime.given_broker(broker, nats_url, SERVICE, provider)
         self._reports: RequestServer | None = None
-        """Reports, one per workload step, skip FastStream (``allot.bus.request_server``)."""
+        """Reports, one per workload step, served with nats-py as the ``PartReports`` and
+        the syncs are (docs/decisions/0010-raw-nats-on-hot-subjects.md)."""
         self._report_batches: RequestServer | None = None
         """``PartReports``: many hosts' reports in one request (a fake agent's)."""
         self._syncs: RequestServer | None = None
         """Agents' ``HostSync`` (every host every ``--resync-s``: 33 a second from 1,000)."""
-        self._appends: group_commit.GroupCommit | None = None
-        """The reports' records: a backlog of them is stored as atomic batches."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def on_started(self) -> None:
-        js = self.broker.connection.jetstream()
-        self._js = js
-        # Taken from now on; each waits in ``report`` until the log is replayed.
-        self._reports = await self._serve(
-            subjects.ALL_HOST_REPORT, self._report_handler, REPORT_WORKERS
-        )
-        self._report_batches = await self._serve(
-            subjects.HOSTS_REPORT, self._batch_handler, REPORT_BATCH_WORKERS
-        )
-        self._syncs = await self._serve(subjects.ALL_HOST_SYNC, self._sync_handler, SYNC_WORKERS)
-        await bus.ensure_streams(js)
-        self._appends = await group_commit.for_stream(
-            self.broker.connection,
-            js,
-            "WORKLOADS",
-            threshold=REPORT_BATCH_THRESHOLD,
-            linger_s=REPORT_BATCH_LINGER_S,
-        )
-        self._follower = bus.LogFollower(js, self._on_record)
+        nc = raw_connection(self.broker)
+        if nc is not None:
+            # Taken from now on; each waits in ``report`` until the log is replayed.
+            self._reports = await self._serve(
+                nc, subjects.ALL_HOST_REPORT, self._report_handler, REPORT_WORKERS
+            )
+            self._report_batches = await self._serve(
+                nc, subjects.HOSTS_REPORT, self._batch_handler, REPORT_BATCH_WORKERS
+            )
+            self._syncs = await self._serve(
+                nc, subjects.ALL_HOST_SYNC, self._sync_handler, SYNC_WORKERS
+            )
+        if self.record_log is None:
+            js = self.broker.connection.jetstream()
+            await bus.ensure_streams(js)
+            appends = await group_commit.for_stream(
+                self.broker.connection,
+                js,
+                "WORKLOADS",
+                threshold=REPORT_BATCH_THRESHOLD,
+                linger_s=REPORT_BATCH_LINGER_S,
+            )
+            self.record_log = JetStreamLog(js, appends)
+        self._follower = self.record_log.follower(self._on_record)
         await self._follower.start()
         self._ready.set()
         # Every host's list once: what changed while we were down reaches its agent now.
         self._dirty.update(self.book.fold.state.host_ids)
         self._wake.set()
-        self._flusher = asyncio.create_task(self._flush_loop())
+        if nc is not None:
+            self._flusher = asyncio.create_task(self._flush_loop(nc))
         self._lost_checker = asyncio.create_task(self._lost_loop())
         log.info(
             "started",
@@ -186,9 +198,11 @@ class DispatchService:
             seq=self.seq,
         )
 
-    async def _serve(self, subject: str, handler: Handler, workers: int) -> RequestServer:
+    async def _serve(
+        self, nc: NatsClient, subject: str, handler: Handler, workers: int
+    ) -> RequestServer:
         server = RequestServer(
-            self.broker.connection,
+            nc,
             subject,
             SERVICE,
             handler,
@@ -224,8 +238,7 @@ class DispatchService:
 
     # -- work lists ----------------------------------------------------------------------
 
-    async def _flush_loop(self) -> None:
-        nc = self.broker.connection
+    async def _flush_loop(self, nc: NatsClient) -> None:
         while not self._closing.is_set():
             await self._wake.wait()
             self._wake.clear()
@@ -330,14 +343,14 @@ class DispatchService:
             return self._reject(subject, ValidationError(where + e.field, e.reason))
         if record is None:
             return m.CommandAccepted(at=self.clock(), detail="already in the log")
-        assert self._appends is not None and self._follower is not None
+        assert self.record_log is not None
         kind = "started" if isinstance(record, m.WorkloadStarted) else "ended"
         msg_id = f"{kind}:{report.workload_id}:{report.attempt}"
         allocation = getattr(record, "allocation", None)
         # Answered once stored, not once folded back: a retry is deduplicated by its msg id
         # (and refused by every fold), and the agent never starts a part it has had twice,
         # so nothing needs this instance's fold to be ahead of the reply.
-        await self._appends.append(bus.event_subject(allocation, record), record, msg_id)
+        await self.record_log.append(bus.event_subject(allocation, record), record, msg_id)
         log.debug(
             type(record).__name__,
             workload=report.workload_id,
@@ -354,7 +367,7 @@ class DispatchService:
 
     async def record_lost(self) -> int:
         """Append the end of every run lost with its silent host now; return how many."""
-        assert self._appends is not None
+        assert self.record_log is not None
         now = self.clock()
         records = self.book.lost(now, self.heard, margin_s=self.lost_after_s)
         appended = 0
@@ -364,7 +377,7 @@ class DispatchService:
             if (wid, attempt) in self._lost_sent:
                 continue  # appended; its echo has not reached the fold yet
             allocation = getattr(record, "allocation", None)
-            await self._appends.append(
+            await self.record_log.append(
                 bus.event_subject(allocation, record), record, f"ended:{wid}:{attempt}"
             )
             self._lost_sent.add((wid, attempt))
@@ -391,9 +404,8 @@ class DispatchService:
         return rec is not None and rec.attempt == attempt and rec.status in ("running", "noticed")
 
     async def _catch_up(self) -> None:
-        assert self._js is not None and self._follower is not None
-        info = await self._js.stream_info("WORKLOADS")
-        await self._follower.wait_for("WORKLOADS", info.state.last_seq, CATCH_UP_TIMEOUT_S)
+        assert self._follower is not None
+        await self._follower.catch_up("WORKLOADS", CATCH_UP_TIMEOUT_S)
 
     def _reject(self, subject: str, e: ValidationError) -> m.CommandRejected:
         """Count and log a refusal; the answer that names its field."""

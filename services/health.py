@@ -48,11 +48,12 @@ import structlog
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js import JetStreamContext
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot import bus
 from allot.bus import runtime
+from allot.bus.record_log import Follower, JetStreamLog, RecordLog
+from allot.bus.request_server import raw_connection
 from allot.bus.runtime import Delivery
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.bus.tasks import every, stop_tasks
@@ -129,12 +130,16 @@ def health_reason(report: m.HealthReport) -> str:
 
 class HealthService:
     """See the module docstring. ``clock`` gives the records' times (wall clock); timeouts
-    are measured on the monotonic clock so a wall-clock step cannot drain every host."""
+    are measured on the monotonic clock so a wall-clock step cannot drain every host.
+    ``broker`` (default: one for ``nats_url``) and ``record_log`` (default: HOSTS on the
+    broker's connection, from ``on_started``) may be given, as unit tests give them."""
 
     def __init__(
         self,
-        nats_url: str,
+        nats_url: str | None = None,
         *,
+        broker: NatsBroker | None = None,
+        record_log: RecordLog | None = None,
         timeout_s: float = 10.0,
         check_s: float = 1.0,
         provider: TracerProvider | None = None,
@@ -158,15 +163,14 @@ class HealthService:
         self._echoes: dict[msgspec.Struct, asyncio.Event] = {}
         """Records we published, set once the follower has applied them."""
         self._lock = asyncio.Lock()
-        self._js: JetStreamContext | None = None
-        self._follower: bus.LogFollower | None = None
+        self.record_log = record_log
+        self._follower: Follower | None = None
         self._checker: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
-        self.broker: NatsBroker = runtime.make_broker(nats_url, SERVICE, provider)
-        # Heartbeats (hundreds a second from a large cluster) are read with nats-py
-        # directly, in on_started: FastStream's per-message cost, docs/decisions/0016.
+        self.broker: NatsBroker = runtime.given_broker(broker, nats_url, SERVICE, provider)
         self._beats: Subscription | None = None
+        """Heartbeats, read with nats-py (docs/decisions/0010-raw-nats-on-hot-subjects.md)."""
         self.broker.subscriber(subjects.ALL_HEALTH, no_reply=True)(self._report_handler)
         for drains in (subjects.ALL_DRAIN, subjects.ALL_DRAIN_AS):
             self.broker.subscriber(drains)(self._drain_handler)
@@ -176,18 +180,20 @@ class HealthService:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def on_started(self) -> None:
-        js = self.broker.connection.jetstream()
-        self._js = js
-        await bus.ensure_streams(js)
-        self._follower = bus.LogFollower(js, self._on_record, streams=("HOSTS",))
+        if self.record_log is None:
+            js = self.broker.connection.jetstream()
+            await bus.ensure_streams(js)
+            self.record_log = JetStreamLog(js)
+        self._follower = self.record_log.follower(self._on_record, streams=("HOSTS",))
         await self._follower.start()
         start = time.monotonic()
         for host in self.book.hosts:  # one full timeout of grace after a restart
             self.last_seen.setdefault(host, start)
         self._checker = asyncio.create_task(self._check_loop())
-        nc = self.broker.connection
-        self._beats = await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
-        await bus.confirm_subscriptions(nc)
+        nc = raw_connection(self.broker)
+        if nc is not None:
+            self._beats = await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
+            await bus.confirm_subscriptions(nc)
         log.info("started", hosts=len(self.book.hosts), timeout_s=self.timeout_s)
 
     async def on_stopping(self) -> None:
@@ -219,10 +225,10 @@ class HealthService:
         """Append ``record`` and wait until the follower has applied it (caller holds the
         lock). The state is then always the fold of the stream in the stream's order, also
         when placement's ``HostDrained`` lands between our records."""
-        assert self._js is not None, "publish before on_started"
+        assert self.record_log is not None, "publish before on_started"
         echo = self._echoes[record] = asyncio.Event()
         try:
-            await bus.publish(self._js, subjects.host_state(record.host), record, msg_id=msg_id)
+            await self.record_log.append(subjects.host_state(record.host), record, msg_id)
             try:
                 await asyncio.wait_for(echo.wait(), ECHO_TIMEOUT_S)
             except TimeoutError:

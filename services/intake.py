@@ -77,16 +77,24 @@ from typing import NamedTuple
 
 import msgspec
 import structlog
+from faststream.nats import NatsBroker
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot import bus
 from allot.bus import group_commit
 from allot.bus.log_watch import LogWatchServer
-from allot.bus.request_server import RequestServer
-from allot.bus.runtime import Delivery, configure_logging, make_broker, tracer_provider, wall_clock
+from allot.bus.record_log import Follower, JetStreamLog, RecordLog
+from allot.bus.request_server import RequestServer, raw_connection
+from allot.bus.runtime import (
+    Delivery,
+    configure_logging,
+    given_broker,
+    tracer_provider,
+    wall_clock,
+)
 from allot.bus.service_main import base_parser, run_main
 from allot.core.errors import ValidationError
 from allot.core.reasons import fits_empty
@@ -123,16 +131,27 @@ def workload_id(allocation: str | None, client_id: str) -> str:
 
 class Intake:
     def __init__(
-        self, nats_url: str, *, tracing: bool = True, provider: TracerProvider | None = None
+        self,
+        nats_url: str | None = None,
+        *,
+        tracing: bool = True,
+        provider: TracerProvider | None = None,
+        broker: NatsBroker | None = None,
+        record_log: RecordLog | None = None,
     ) -> None:
-        """``provider``: the tracer provider (default: from ``ALLOT_OTEL_EXPORTER``)."""
+        """``provider``: the tracer provider (default: from ``ALLOT_OTEL_EXPORTER``).
+        ``broker`` (default: one for ``nats_url``) and ``record_log`` (default: the log on a
+        connection of its own to ``nats_url``, with the teams' log watches) may be given,
+        as unit tests give them."""
+        if nats_url is None and record_log is None:
+            raise ValueError("intake: a NATS URL or a record log is needed")
         self.nats_url = nats_url
         if provider is None and tracing:
             provider = tracer_provider("intake")
         self.provider = provider
-        self.broker = make_broker(nats_url, "intake", provider)
+        self.broker = given_broker(broker, nats_url, "intake", provider)
         self.submits: list[RequestServer] = []
-        """Submissions skip FastStream's per-message path (``allot.bus.request_server``):
+        """Submissions, served with nats-py (docs/decisions/0010-raw-nats-on-hot-subjects.md):
         one server for the identity form, one for the bare form."""
         for cancels in (
             s.ALL_CANCEL,
@@ -144,11 +163,13 @@ class Intake:
         ):
             self.broker.subscriber(cancels, queue="intake")(self.on_cancel)
         self.fold = LogFold()
+        self.record_log = record_log
         self.nc: NatsClient | None = None
         self.js: JetStreamContext | None = None
         self.appends: group_commit.GroupCommit | None = None
-        """Submissions: a backlog of them is stored as atomic batches."""
-        self.follower: bus.LogFollower | None = None
+        """Submissions: a backlog of them is stored as atomic batches (the log intake
+        builds itself; None when given one)."""
+        self.follower: Follower | None = None
         self.watches: LogWatchServer | None = None
         """Reads the log for teams (``allot.bus.log_watch``): they never create consumers."""
         self._host_sizes: tuple[list[int], int] | None = None
@@ -159,17 +180,19 @@ class Intake:
         self.duplicates = 0
 
     async def on_started(self) -> None:
-        self.nc, self.js = await bus.connect(self.nats_url, "allot-intake-log")
-        await bus.ensure_streams(self.js)
-        self.appends = await group_commit.for_stream(self.nc, self.js, "WORKLOADS")
+        if self.record_log is None:
+            assert self.nats_url is not None
+            self.nc, self.js = await bus.connect(self.nats_url, "allot-intake-log")
+            await bus.ensure_streams(self.js)
+            self.appends = await group_commit.for_stream(self.nc, self.js, "WORKLOADS")
+            self.record_log = JetStreamLog(self.js, self.appends)
+        nc = raw_connection(self.broker)
         self.submits = [
-            RequestServer(
-                self.broker.connection, subject, "intake", self.on_submit, provider=self.provider
-            )
+            RequestServer(nc, subject, "intake", self.on_submit, provider=self.provider)
             for subject in (s.ALL_SUBMIT_AS, s.ALL_SUBMIT)
+            if nc is not None
         ]
-        self.follower = bus.LogFollower(
-            self.js,
+        self.follower = self.record_log.follower(
             self._on_record,
             streams=("HOSTS", "USAGE"),
             subjects={"USAGE": s.BUDGET_TREE},
@@ -177,8 +200,9 @@ class Intake:
         await self.follower.start()
         for server in self.submits:  # once the hosts and the budget tree are known
             await server.start()
-        self.watches = LogWatchServer(self.nc, self.js, wall_clock)
-        await self.watches.start()
+        if self.nc is not None and self.js is not None:
+            self.watches = LogWatchServer(self.nc, self.js, wall_clock)
+            await self.watches.start()
         log.info("intake ready", hosts=len(self.fold.state.host_ids))
 
     def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
@@ -282,7 +306,6 @@ class Intake:
     async def _accept(self, cmd: m.SubmitWorkload, now: float) -> m.WorkloadAccepted:
         """One conditional append (see the module docstring, step 4); raises
         ``ValidationError`` for a ``client_id`` already used with other values."""
-        assert self.appends is not None
         wid = workload_id(cmd.allocation, cmd.client_id)
         record = submitted_record(cmd, wid, now)
         subject = bus.event_subject(cmd.allocation, record)
@@ -306,9 +329,9 @@ class Intake:
     async def _append_new(self, subject: str, record: msgspec.Struct, msg_id: str) -> bool:
         """Append ``record`` only if ``subject`` holds no record yet (module docstring, step
         4); False when it already did, or the stream knew ``msg_id``: a repeat."""
-        assert self.appends is not None
+        assert self.record_log is not None
         try:
-            ack = await self.appends.append(subject, record, msg_id, EXPECT_NEW_SUBJECT)
+            ack = await self.record_log.append(subject, record, msg_id, EXPECT_NEW_SUBJECT)
         except APIError as e:
             if e.err_code not in WRONG_LAST_SEQUENCE:
                 raise
@@ -318,11 +341,13 @@ class Intake:
     async def _first_submission(self, subject: str) -> m.WorkloadSubmitted | None:
         """The workload's first accepted submission: its ``submitted`` subject's first
         record (None if there is none, or it does not decode)."""
-        assert self.js is not None
+        assert self.record_log is not None
+        first = await self.record_log.read("WORKLOADS", subject, first=True)
+        if first is None:
+            return None
         try:
-            first = await self.js.get_msg("WORKLOADS", seq=1, subject=subject, next=True)
             return _FIRST_RECORD.decode(first.data or b"")
-        except (NotFoundError, msgspec.DecodeError):
+        except msgspec.DecodeError:
             return None
 
     @staticmethod
@@ -388,7 +413,6 @@ class Intake:
         """The cancel's steps (module docstring); the accepted answer's ``detail``, or
         ``ValidationError``. ``on_behalf``: sent on the operators' or the managers' subject
         (``subjects.ON_BEHALF``), so not only the owner may cancel."""
-        assert self.js is not None
         wid = cmd.workload_id
         submitted = s.events(cmd.allocation, wid, m.EVENT_NAME[m.WorkloadSubmitted])
         first, last = await asyncio.gather(
@@ -431,12 +455,14 @@ class Intake:
 
     async def _last_record(self, cmd: m.CancelWorkload) -> msgspec.Struct | None:
         """The workload's latest record (None: none, or one that does not decode)."""
-        assert self.js is not None
+        assert self.record_log is not None
         subject = s.workload_events(cmd.allocation, cmd.workload_id)
+        last = await self.record_log.read("WORKLOADS", subject)
+        if last is None:
+            return None
         try:
-            last = await self.js.get_last_msg("WORKLOADS", subject)
             return bus.decode_record(last.subject or "", last.data or b"")
-        except (NotFoundError, ValidationError):
+        except ValidationError:
             return None
 
 

@@ -30,13 +30,12 @@ from typing import Literal
 import redis.asyncio as redis_asyncio
 import structlog
 from faststream.nats import NatsBroker
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot import bus
-from allot.adapters.usage_store import RedisUsageStore
+from allot.adapters.usage_store import RedisUsageStore, UsageStore
 from allot.bus import runtime
+from allot.bus.record_log import JetStreamLog, RecordLog
 from allot.bus.runtime import Delivery
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.bus.tasks import stop_tasks
@@ -76,13 +75,18 @@ def rank_row(node: NodeRank) -> m.RankRow:
 
 
 class RankingService:
-    """See the module docstring."""
+    """See the module docstring. ``broker`` (default: one for ``nats_url``), ``record_log``
+    (default: USAGE on the broker's connection, from ``on_started``) and ``store`` (default:
+    the buckets in ``redis_url``) may be given, as unit tests give them."""
 
     def __init__(
         self,
-        nats_url: str,
-        redis_url: str,
+        nats_url: str | None = None,
+        redis_url: str | None = None,
         *,
+        broker: NatsBroker | None = None,
+        record_log: RecordLog | None = None,
+        store: UsageStore | None = None,
         budgets_file: Path | None = None,
         rank_every_s: float = DEFAULT_RANK_EVERY_S,
         window_s: int = DEFAULT_WINDOW_S,
@@ -100,26 +104,32 @@ class RankingService:
         self.clock = clock
         self.tree: BudgetTree | None = None
         self.latest: m.RankingUpdated | None = None
-        self._redis = redis_asyncio.from_url(redis_url)
-        self.store = RedisUsageStore(self._redis, prefix=redis_prefix)
-        self._js: JetStreamContext | None = None
+        self._redis: redis_asyncio.Redis | None = None
+        if store is None:
+            if redis_url is None:
+                raise ValueError("ranking: a Redis URL or a usage store is needed")
+            self._redis = redis_asyncio.from_url(redis_url)
+            store = RedisUsageStore(self._redis, prefix=redis_prefix)
+        self.store: UsageStore = store
+        self.record_log = record_log
         self._lock = asyncio.Lock()
         """Serialises tree changes and ranking runs (each reads the tree it publishes)."""
         self._kick = asyncio.Event()
         self._closing = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
 
-        self.broker: NatsBroker = runtime.make_broker(nats_url, SERVICE, provider)
+        self.broker: NatsBroker = runtime.given_broker(broker, nats_url, SERVICE, provider)
         self.broker.subscriber(subjects.ALL_BUDGET_SET)(self._set_handler)
         self.broker.subscriber(subjects.QUERY_SHARE)(self._share_handler)
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def on_started(self) -> None:
-        js = self.broker.connection.jetstream()
-        self._js = js
-        await bus.ensure_streams(js)
-        await self._load_tree(js)
+        if self.record_log is None:
+            js = self.broker.connection.jetstream()
+            await bus.ensure_streams(js)
+            self.record_log = JetStreamLog(js)
+        await self._load_tree(self.record_log)
         self._loop = asyncio.create_task(self._rank_loop())
 
     async def on_stopping(self) -> None:
@@ -130,13 +140,11 @@ class RankingService:
         if self._loop is not None:
             await stop_tasks([self._loop])
             self._loop = None
-        await self._redis.aclose()
+        if self._redis is not None:
+            await self._redis.aclose()
 
-    async def _load_tree(self, js: JetStreamContext) -> None:
-        try:
-            last = await js.get_last_msg("USAGE", subjects.BUDGET_TREE)
-        except NotFoundError:
-            last = None
+    async def _load_tree(self, record_log: RecordLog) -> None:
+        last = await record_log.read("USAGE", subjects.BUDGET_TREE)
         if last is not None and last.data is not None:
             record = codec.decode(Kind.BUDGET_TREE, last.data)
             assert isinstance(record, m.BudgetTreeSet)
@@ -152,11 +160,11 @@ class RankingService:
         log.info("budget tree bootstrapped", file=str(self.budgets_file))
 
     async def _publish_tree(self, tree: BudgetTree, by: str, msg_id: str | None = None) -> None:
-        assert self._js is not None
+        assert self.record_log is not None
         at = self.clock()
         record = m.BudgetTreeSet(at=at, by=by, tree=spec_from_tree(tree))
-        await bus.publish(
-            self._js, subjects.BUDGET_TREE, record, msg_id=msg_id or f"budget-tree:{by}:{at}"
+        await self.record_log.append(
+            subjects.BUDGET_TREE, record, msg_id or f"budget-tree:{by}:{at}"
         )
         self.tree = tree
 
@@ -210,7 +218,7 @@ class RankingService:
         """Rank the current tree over the window ending now and publish the result."""
         async with self._lock:
             tree = self.tree
-            if tree is None or self._js is None:
+            if tree is None or self.record_log is None:
                 return None
             now = self.clock()
             buckets = await self.store.buckets(tree.leaves(), now, self.window_s)
@@ -221,7 +229,7 @@ class RankingService:
                 window_s=float(self.window_s),
                 nodes=tuple(rank_row(node) for node in ranking.nodes),
             )
-            await bus.publish(self._js, subjects.RANKING, record, msg_id=f"ranking:{now}")
+            await self.record_log.append(subjects.RANKING, record, f"ranking:{now}")
             self.latest = record
         log.info("ranking published", leaves=len(tree.leaves()), at=now)
         return record

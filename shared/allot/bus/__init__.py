@@ -472,6 +472,11 @@ class LogFollower:
                 await asyncio.wait_for(self.changed.wait(), remaining)
         return True
 
+    async def catch_up(self, stream: str, timeout: float) -> bool:
+        """Wait until every record ``stream`` holds now has been handed over."""
+        info = await self.js.stream_info(stream)
+        return await self.wait_for(stream, info.state.last_seq, timeout)
+
     async def _read_hosts_to(self, value: str, subject: str) -> None:
         """Wait until HOSTS is read up to ``value`` (a ``HOSTS_SEQ_HEADER``), if this
         follower reads HOSTS at all; the HOSTS records are handed over by their own task."""

@@ -1,10 +1,5 @@
-"""Answering a hot core-NATS request subject with nats-py directly.
-
-FastStream's consume path (middlewares, dependency resolution, its context scope, an
-anyio task group for ``max_workers``) costs more CPU per message than dispatch's own
-handling of an agent's report (docs/decisions/0016).
-Subjects that carry a request per workload step use this instead; the services stay
-FastStream apps for everything else (lifecycle, the other subjects).
+"""Answering a hot core-NATS request subject with nats-py directly, not through FastStream
+(why, and which subjects: ``docs/decisions/0010-raw-nats-on-hot-subjects.md``).
 
 Each message is handled in its own task, at most ``max_in_flight`` at once (a handler
 awaits a JetStream ack, an fsync away), inside the trace context its headers carry, and,
@@ -23,7 +18,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 import structlog
@@ -34,6 +29,9 @@ from opentelemetry.trace import SpanKind, Tracer
 
 from allot.bus import attach_trace, confirm_subscriptions, detach_trace, inbox_replies_only
 from allot.bus.tasks import stop_tasks
+
+if TYPE_CHECKING:
+    from faststream.nats import NatsBroker
 
 log = structlog.get_logger("allot.requests")
 
@@ -48,6 +46,14 @@ _NATS_UNAVAILABLE = (
 
 DRAIN_TIMEOUT_S = 5.0
 """How long ``stop`` lets requests in progress finish before cancelling them."""
+
+
+def raw_connection(broker: NatsBroker) -> NatsClient | None:
+    """``broker``'s nats-py client, on which a service serves its hot subjects
+    (``docs/decisions/0010-raw-nats-on-hot-subjects.md``); None under FastStream's
+    ``TestNatsBroker``, which has none: unit tests call those handlers directly."""
+    nc = broker.connection
+    return nc if isinstance(nc, NatsClient) else None
 
 
 @dataclass

@@ -149,3 +149,14 @@ def make_broker(url: str, service: str, provider: TracerProvider | None = None) 
         reconnect_time_wait=1,
         error_cb=nats_error_logger(f"allot-{service}"),
     )
+
+
+def given_broker(
+    broker: NatsBroker | None, nats_url: str | None, service: str, provider: TracerProvider | None
+) -> NatsBroker:
+    """The broker a service was given (a unit test's), else ``make_broker(nats_url, ...)``."""
+    if broker is not None:
+        return broker
+    if nats_url is None:
+        raise ValueError(f"{service}: a NATS URL or a broker is needed")
+    return make_broker(nats_url, service, provider)

@@ -1,0 +1,295 @@
+"""Intake's rules with no server: submissions (nats-py handler, called directly) and cancels
+(FastStream subscribers, under ``TestNatsBroker``); the log is a ``MemoryLog`` holding two
+8-GPU hosts and the budget tree root -> nlp, vision."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from handler_harness import NOW, Clock, ask, broker, running
+from memory_log import MemoryLog
+
+from allot.core.budgets import parse_tree
+from allot.eventlog.budget_wire import spec_from_tree
+from allot.proto import messages as m
+from allot.proto import subjects as s
+from allot.services.intake import Intake, submitted_record, workload_id
+
+Answer = m.WorkloadAccepted | m.WorkloadRejected
+Reply = m.CommandAccepted | m.CommandRejected
+TREE = spec_from_tree(
+    parse_tree(
+        {
+            "name": "root",
+            "children": [{"name": "nlp", "shares": 1}, {"name": "vision", "shares": 1}],
+        }
+    )
+)
+W = workload_id("nlp", "c1")
+
+
+async def seeded_log() -> MemoryLog:
+    log = MemoryLog()
+    await log.seed(s.BUDGET_TREE, m.BudgetTreeSet(at=NOW - 60, by="test", tree=TREE))
+    for host in ("h1", "h2"):
+        await log.seed(s.host_state(host), m.HostRegistered(host=host, gpus=8, at=NOW - 60))
+    return log
+
+
+def intake(log: MemoryLog) -> Intake:
+    return Intake(broker=broker("intake"), record_log=log, tracing=False)
+
+
+@pytest.fixture(autouse=True)
+def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """Intake reads the wall clock itself (``runtime.wall_clock``): this one stands still
+    until a test moves it."""
+    clock = Clock()
+    monkeypatch.setattr("allot.services.intake.wall_clock", clock)
+    return clock
+
+
+def submission(client_id: str = "c1", **kw: object) -> m.SubmitWorkload:
+    fields: dict[str, object] = {"user": "ann", "gpus": 1, "allocation": "nlp", **kw}
+    return m.SubmitWorkload(client_id=client_id, **fields)  # type: ignore[arg-type]
+
+
+async def submit(svc: Intake, subject: str, body: msgspec.Struct | bytes) -> Answer:
+    data = body if isinstance(body, bytes) else msgspec.json.encode(body)
+    return msgspec.json.decode(await svc.on_submit(subject, data), type=Answer)
+
+
+def submitted(log: MemoryLog) -> list[object]:
+    return log.records("WORKLOADS", m.WorkloadSubmitted)
+
+
+# -- submissions ------------------------------------------------------------------------------
+
+
+async def test_a_submission_is_accepted_and_logged_under_its_derived_id() -> None:
+    log = await seeded_log()
+    svc = intake(log)
+    cmd = submission(gpus=12)  # 8 on one host and 4 on the other
+    async with running(svc):
+        answer = await submit(svc, s.submit_as("nlp", "ann"), cmd)
+    assert answer == m.WorkloadAccepted(workload_id=W, client_id="c1", allocation="nlp", at=NOW)
+    assert submitted(log) == [submitted_record(cmd, W, NOW)]
+    assert log.streams["WORKLOADS"][0].subject == s.events("nlp", W, "submitted")
+
+
+REFUSED = [
+    pytest.param(
+        s.submit_as("nlp", "ann"),
+        submission(user="bob"),
+        "user",
+        id="a user other than the subject's login",
+    ),
+    pytest.param(
+        s.submit_as("nlp", "ann"),
+        submission(allocation="vision"),
+        "allocation",
+        id="an allocation other than the subject's",
+    ),
+    pytest.param(
+        s.submit_as("astro", "ann"),
+        submission(allocation="astro"),
+        "allocation",
+        id="an allocation the budget tree lacks",
+    ),
+    pytest.param(
+        s.submit_as("nlp", "ann"),
+        submission(gpus=17),
+        "gpus",
+        id="more GPUs than the cluster registered",
+    ),
+    pytest.param(
+        s.submit_as("nlp", "ann"),
+        b'{"type": "SubmitWorkload", "client_id": "c1", "user": "ann", "gpus": 0}',
+        "gpus",
+        id="a body the codec refuses names its field",
+    ),
+]
+
+
+@pytest.mark.parametrize(("subject", "body", "field"), REFUSED)
+async def test_a_submission_is_refused_naming_the_field(
+    subject: str, body: msgspec.Struct | bytes, field: str
+) -> None:
+    log = await seeded_log()
+    svc = intake(log)
+    async with running(svc):
+        answer = await submit(svc, subject, body)
+    assert isinstance(answer, m.WorkloadRejected)
+    assert answer.field == field
+    assert submitted(log) == []
+
+
+async def test_the_bare_subject_carries_no_login_and_checks_none() -> None:
+    log = await seeded_log()
+    svc = intake(log)
+    async with running(svc):
+        answer = await submit(svc, s.submit("nlp"), submission(user="anyone"))
+    assert isinstance(answer, m.WorkloadAccepted)
+    assert len(submitted(log)) == 1
+
+
+async def test_a_repeated_client_id_is_answered_as_the_first_submission(
+    fixed_clock: Clock,
+) -> None:
+    log = await seeded_log()
+    svc = intake(log)
+    async with running(svc):
+        first = await submit(svc, s.submit_as("nlp", "ann"), submission())
+        fixed_clock.advance(60)
+        again = await submit(svc, s.submit_as("nlp", "ann"), submission())
+        log.forget_msg_ids()  # past the duplicate window: the subject's condition still holds
+        fixed_clock.advance(86400)
+        later = await submit(svc, s.submit_as("nlp", "ann"), submission())
+    assert isinstance(first, m.WorkloadAccepted) and not first.duplicate
+    assert again == msgspec.structs.replace(first, duplicate=True)
+    assert later == again  # the first submission's time, not now
+    assert len(submitted(log)) == 1
+    assert svc.duplicates == 2
+
+
+async def test_a_client_id_reused_with_other_values_is_refused_naming_them() -> None:
+    log = await seeded_log()
+    svc = intake(log)
+    async with running(svc):
+        await submit(svc, s.submit_as("nlp", "ann"), submission(gpus=1))
+        answer = await submit(svc, s.submit_as("nlp", "ann"), submission(gpus=2, priority=3))
+    assert isinstance(answer, m.WorkloadRejected)
+    assert answer.field == "client_id"
+    assert "gpus 1, not 2" in answer.reason
+    assert "priority 0, not 3" in answer.reason
+    assert len(submitted(log)) == 1
+
+
+async def test_a_batch_answers_each_item_in_order_naming_the_items_field() -> None:
+    log = await seeded_log()
+    svc = intake(log)
+    batch = m.SubmitBatch(workloads=(submission("c1"), submission("c2", gpus=99), submission("c3")))
+    async with running(svc):
+        data = await svc.on_submit(s.submit_as("nlp", "ann"), msgspec.json.encode(batch))
+    answer = msgspec.json.decode(data, type=m.SubmitBatchAnswered)
+    ok1, bad, ok3 = answer.results
+    assert isinstance(ok1, m.WorkloadAccepted) and ok1.client_id == "c1"
+    assert isinstance(bad, m.WorkloadRejected) and bad.field == "workloads[1].gpus"
+    assert isinstance(ok3, m.WorkloadAccepted) and ok3.at > ok1.at  # the batch's order kept
+    assert sorted(r.client_id for r in submitted(log)) == ["c1", "c3"]  # type: ignore[attr-defined]
+
+
+# -- cancels ----------------------------------------------------------------------------------
+
+SUBMITTED = m.WorkloadSubmitted(
+    workload_id=W, client_id="c1", user="ann", gpus=1, allocation="nlp", at=NOW - 30
+)
+COMPLETED = m.WorkloadCompleted(workload_id=W, allocation="nlp", at=NOW - 10)
+CANCELLED = m.WorkloadCancelled(workload_id=W, allocation="nlp", at=NOW - 10, by="ann")
+
+
+def cancel(user: str = "ann", **kw: object) -> m.CancelWorkload:
+    return m.CancelWorkload(workload_id=kw.pop("workload_id", W), user=user, **kw)  # type: ignore[arg-type]
+
+
+CANCELS = [
+    # (what the log holds, subject, body, the field refused or the accepted detail's end)
+    pytest.param(
+        [SUBMITTED],
+        s.cancel_as("nlp", W, "ann"),
+        cancel(),
+        "logged",
+        id="the owner cancels on its own login's subject",
+    ),
+    pytest.param(
+        [SUBMITTED],
+        s.cancel_as("nlp", W, "ops", s.OPERATOR),
+        cancel("ops"),
+        "logged",
+        id="an operator cancels someone else's workload",
+    ),
+    pytest.param(
+        [SUBMITTED],
+        s.cancel_as("nlp", W, "bob"),
+        cancel("bob"),
+        "user",
+        id="another user may not cancel it",
+    ),
+    pytest.param(
+        [SUBMITTED],
+        s.cancel_as("nlp", W, "bob"),
+        cancel("ann"),
+        "user",
+        id="a user other than the subject's login",
+    ),
+    pytest.param(
+        [],
+        s.cancel_as("nlp", W, "ann"),
+        cancel(),
+        "workload_id",
+        id="an unknown workload",
+    ),
+    pytest.param(
+        [SUBMITTED],
+        s.cancel_as("nlp", W, "ann"),
+        cancel(workload_id="w0000000000000000"),
+        "workload_id",
+        id="a workload other than the subject's",
+    ),
+    pytest.param(
+        [SUBMITTED],
+        s.cancel_as("vision", W, "ann"),
+        cancel(allocation="nlp"),
+        "allocation",
+        id="an allocation other than the subject's",
+    ),
+    pytest.param(
+        [SUBMITTED, COMPLETED],
+        s.cancel_as("nlp", W, "ann"),
+        cancel(),
+        "workload_id",
+        id="a workload that has ended otherwise",
+    ),
+    pytest.param(
+        [SUBMITTED, CANCELLED],
+        s.cancel_as("nlp", W, "ann"),
+        cancel(),
+        "nothing new logged",
+        id="a cancelled workload is answered as cancelled",
+    ),
+]
+
+
+@pytest.mark.parametrize(("held", "subject", "body", "outcome"), CANCELS)
+async def test_a_cancel_is_judged_by_its_subject_and_the_log(
+    held: list[msgspec.Struct], subject: str, body: m.CancelWorkload, outcome: str
+) -> None:
+    log = await seeded_log()
+    await log.seed_events("nlp", *held)
+    svc = intake(log)
+    async with running(svc) as br:
+        reply = await ask(br, subject, body, Reply)
+    requested = log.records("WORKLOADS", m.CancelRequested)
+    if isinstance(reply, m.CommandAccepted):
+        assert reply.detail.endswith(outcome), reply
+        assert requested == (
+            []
+            if outcome == "nothing new logged"
+            else [m.CancelRequested(workload_id=W, allocation="nlp", by=body.user, at=NOW)]
+        )
+    else:
+        assert reply.field == outcome, reply
+        assert requested == []
+
+
+async def test_a_second_cancel_is_accepted_and_logs_nothing_new() -> None:
+    log = await seeded_log()
+    await log.seed_events("nlp", SUBMITTED)
+    svc = intake(log)
+    async with running(svc) as br:
+        first = await ask(br, s.cancel_as("nlp", W, "ann"), cancel(), Reply)
+        second = await ask(br, s.cancel_as("nlp", W, "ann"), cancel(), Reply)
+    assert isinstance(first, m.CommandAccepted) and first.detail == f"cancel of {W} logged"
+    assert isinstance(second, m.CommandAccepted)
+    assert second.detail == f"cancel of {W} already requested; nothing new logged"
+    assert len(log.records("WORKLOADS", m.CancelRequested)) == 1
