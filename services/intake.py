@@ -87,7 +87,7 @@ from allot import bus
 from allot.bus import group_commit
 from allot.bus.log_watch import LogWatchServer
 from allot.bus.record_log import Follower, JetStreamLog, RecordLog
-from allot.bus.request_server import RequestServer, raw_connection
+from allot.bus.request_server import REQUEST_HEADERS, RequestServer, raw_connection
 from allot.bus.runtime import (
     Delivery,
     configure_logging,
@@ -309,9 +309,13 @@ class Intake:
         wid = workload_id(cmd.allocation, cmd.client_id)
         record = submitted_record(cmd, wid, now)
         subject = bus.event_subject(cmd.allocation, record)
-        if not await self._append_new(subject, record, f"submitted:{wid}"):
+        # The request's own id travels with the record: a retry of the same request that
+        # finds it is this request's, not a duplicate (``subjects.REQUEST_ID_HEADER``).
+        request_id = REQUEST_HEADERS.get().get(s.REQUEST_ID_HEADER)
+        extra = {s.REQUEST_ID_HEADER: request_id} if request_id else {}
+        if not await self._append_new(subject, record, f"submitted:{wid}", extra):
             # a repeat: refused by the subject check, or by the msg id
-            first = await self._first_submission(subject)
+            first, first_request = await self._first_submission(subject)
             if first is None:  # not readable (never seen): a duplicate, uncompared
                 log.warning("first submission not readable", workload=wid)
             elif differences := differing_choices(first, cmd):
@@ -320,35 +324,46 @@ class Intake:
                     f"client_id {cmd.client_id!r} was already used for a different "
                     f"submission ({'; '.join(differences)})",
                 )
+            if first is not None and request_id and first_request == request_id:
+                return self._accepted(cmd, wid, first.at, False)  # stored by our own attempt
             self.duplicates += 1
             return self._accepted(cmd, wid, now if first is None else first.at, True)
         self.accepted += 1
         log.debug("accepted", workload=wid, allocation=cmd.allocation, gpus=cmd.gpus)
         return self._accepted(cmd, wid, now, False)
 
-    async def _append_new(self, subject: str, record: msgspec.Struct, msg_id: str) -> bool:
-        """Append ``record`` only if ``subject`` holds no record yet (module docstring, step
-        4); False when it already did, or the stream knew ``msg_id``: a repeat."""
+    async def _append_new(
+        self, subject: str, record: msgspec.Struct, msg_id: str, extra: dict[str, str]
+    ) -> bool:
+        """Append ``record`` (with the ``extra`` headers) only if ``subject`` holds no record
+        yet (module docstring, step 4); False when it already did, or the stream knew
+        ``msg_id``: a repeat."""
         assert self.record_log is not None
         try:
-            ack = await self.record_log.append(subject, record, msg_id, EXPECT_NEW_SUBJECT)
+            ack = await self.record_log.append(
+                subject, record, msg_id, {**EXPECT_NEW_SUBJECT, **extra}
+            )
         except APIError as e:
             if e.err_code not in WRONG_LAST_SEQUENCE:
                 raise
             return False
         return not ack.duplicate
 
-    async def _first_submission(self, subject: str) -> m.WorkloadSubmitted | None:
-        """The workload's first accepted submission: its ``submitted`` subject's first
-        record (None if there is none, or it does not decode)."""
+    async def _first_submission(
+        self, subject: str
+    ) -> tuple[m.WorkloadSubmitted | None, str | None]:
+        """The workload's first accepted submission, its ``submitted`` subject's first
+        record (None if there is none, or it does not decode), and the id of the request
+        that stored it (None without one)."""
         assert self.record_log is not None
         first = await self.record_log.read("WORKLOADS", subject, first=True)
         if first is None:
-            return None
+            return None, None
+        request_id = (first.headers or {}).get(s.REQUEST_ID_HEADER)
         try:
-            return _FIRST_RECORD.decode(first.data or b"")
+            return _FIRST_RECORD.decode(first.data or b""), request_id
         except msgspec.DecodeError:
-            return None
+            return None, request_id
 
     @staticmethod
     def _accepted(
@@ -415,7 +430,7 @@ class Intake:
         (``subjects.ON_BEHALF``), so not only the owner may cancel."""
         wid = cmd.workload_id
         submitted = s.events(cmd.allocation, wid, m.EVENT_NAME[m.WorkloadSubmitted])
-        first, last = await asyncio.gather(
+        (first, _), last = await asyncio.gather(
             self._first_submission(submitted), self._last_record(cmd)
         )
         if first is None:
@@ -442,7 +457,7 @@ class Intake:
             workload_id=wid, allocation=cmd.allocation, by=cmd.user, reason=cmd.reason, at=now
         )
         subject = bus.event_subject(cmd.allocation, record)
-        if not await self._append_new(subject, record, f"cancel:{wid}"):
+        if not await self._append_new(subject, record, f"cancel:{wid}", {}):
             return f"cancel of {wid} already requested; nothing new logged"
         log.info(
             "cancel requested",

@@ -66,11 +66,17 @@ async def _submitted(url: str) -> list[m.WorkloadSubmitted]:
         await nc.close()
 
 
-async def _send(url: str, allocation: str | None, items: list[m.SubmitWorkload]) -> object:
+async def _send(
+    url: str,
+    allocation: str | None,
+    items: list[m.SubmitWorkload],
+    request_id: str | None = None,
+) -> object:
     nc = await nats.connect(url)
     try:
         body = msgspec.json.encode(m.SubmitBatch(workloads=tuple(items)))
-        reply = await nc.request(s.submit(allocation), body, timeout=10)
+        headers = {s.REQUEST_ID_HEADER: request_id} if request_id else None
+        reply = await nc.request(s.submit(allocation), body, timeout=10, headers=headers)
         return _ANSWER.decode(reply.data)
     finally:
         await nc.close()
@@ -114,6 +120,22 @@ async def test_a_repeated_batch_is_answered_with_the_first_answers(intake_url: s
     assert key == [
         (r.workload_id, r.at) for r in again.results if isinstance(r, m.WorkloadAccepted)
     ]
+
+
+async def test_a_retried_request_is_answered_as_its_own_and_another_as_duplicates(
+    intake_url: str,
+) -> None:
+    """A client that got no answer sends the same request again (same ``Allot-Request``):
+    the items its first attempt stored are its own, not duplicates (the CLI printed
+    "(duplicate)" for a first submission after a timeout under load)."""
+    items = [_item(f"q{i}", allocation="vision") for i in range(20)]
+    first = await _send(intake_url, "vision", items, request_id="req-1")
+    retry = await _send(intake_url, "vision", items, request_id="req-1")
+    other = await _send(intake_url, "vision", items, request_id="req-2")
+    for answer, duplicate in ((first, False), (retry, False), (other, True)):
+        assert isinstance(answer, m.SubmitBatchAnswered)
+        assert [getattr(r, "duplicate", None) for r in answer.results] == [duplicate] * 20
+    assert len(await _submitted(intake_url)) == 20
 
 
 async def test_a_client_id_reused_with_other_values_is_refused_inside_and_across_batches(

@@ -7,13 +7,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 from handler_harness import NOW, Clock, ask, broker, running
-from memory_log import MemoryLog
 
+from allot.bus.request_server import REQUEST_HEADERS
 from allot.core.budgets import parse_tree
 from allot.eventlog.budget_wire import spec_from_tree
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.intake import Intake, submitted_record, workload_id
+from memory_log import MemoryLog
 
 Answer = m.WorkloadAccepted | m.WorkloadRejected
 Reply = m.CommandAccepted | m.CommandRejected
@@ -150,6 +151,31 @@ async def test_a_repeated_client_id_is_answered_as_the_first_submission(
     assert later == again  # the first submission's time, not now
     assert len(submitted(log)) == 1
     assert svc.duplicates == 2
+
+
+async def test_a_retry_of_the_same_request_is_answered_as_its_own_not_a_duplicate() -> None:
+    """A request that timed out and is sent again (same ``Allot-Request`` id) finds the
+    submission its first attempt stored: accepted, not a duplicate. Another request with
+    the same client id is a duplicate."""
+    log = await seeded_log()
+    svc = intake(log)
+
+    async def submit_as_request(request_id: str) -> Answer:
+        REQUEST_HEADERS.set({s.REQUEST_ID_HEADER: request_id})
+        return await submit(svc, s.submit_as("nlp", "ann"), submission())
+
+    async with running(svc):
+        first = await submit_as_request("r1")
+        retry = await submit_as_request("r1")
+        log.forget_msg_ids()  # the subject's condition alone finds it too
+        late_retry = await submit_as_request("r1")
+        other = await submit_as_request("r2")
+    assert isinstance(first, m.WorkloadAccepted) and not first.duplicate
+    assert retry == first and late_retry == first
+    assert other == msgspec.structs.replace(first, duplicate=True)
+    assert len(submitted(log)) == 1 and svc.duplicates == 1
+    stored = log.streams["WORKLOADS"][0]
+    assert stored.headers[s.REQUEST_ID_HEADER] == "r1"
 
 
 async def test_a_client_id_reused_with_other_values_is_refused_naming_them() -> None:

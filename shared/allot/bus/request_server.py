@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import contextvars
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import nats.errors
@@ -36,6 +38,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger("allot.requests")
 
 Handler = Callable[[str, bytes], Awaitable[bytes]]
+
+REQUEST_HEADERS: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "REQUEST_HEADERS", default=MappingProxyType({})
+)
+"""The headers of the request a handler is serving (each is served in a task of its own,
+so this is that request's), as the trace context is attached from them."""
 """(subject, body) -> the reply's bytes."""
 
 _NATS_UNAVAILABLE = (
@@ -94,6 +102,7 @@ class RequestServer:
     async def _serve(self, msg: Msg) -> None:
         assert self._gate is not None
         token = attach_trace(msg.headers)
+        REQUEST_HEADERS.set(msg.headers or {})
         try:
             with self._span():
                 reply = await self.handler(msg.subject, msg.data)

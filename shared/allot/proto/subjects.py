@@ -369,6 +369,10 @@ def host_state(host: str) -> str:
     return _host_subject(host, "state")
 
 
+REQUEST_ID_HEADER = "Allot-Request"
+"""A request's own id, the same on every retry of it (the SDK sets it): a submission that an
+earlier attempt of the same request stored is answered as accepted, not as a duplicate."""
+
 EVENT_NAMES: tuple[str, ...] = (
     "submitted",
     "cancel_requested",

@@ -405,12 +405,17 @@ class Client:
         attempts = self.retries + 1
         loop = asyncio.get_running_loop()
         attempt, give_up_at = 0, None
+        # One id for every attempt: a submission an earlier attempt stored is then answered
+        # as this request's, not as a duplicate (subjects.REQUEST_ID_HEADER).
+        headers = {subjects.REQUEST_ID_HEADER: uuid.uuid4().hex}
         refused = self._watch_refusal(subject)
         try:
             while attempt < attempts:
                 try:
                     reply: Msg = await self._unless_refused(
-                        self.nc.request(subject, body, timeout=wait), refused, subject
+                        self.nc.request(subject, body, timeout=wait, headers=headers),
+                        refused,
+                        subject,
                     )
                 except nats.errors.NoRespondersError:
                     if give_up_at is None:  # no attempt reached anyone: certainly not done
