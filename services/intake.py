@@ -259,6 +259,9 @@ class Intake:
         self, cmd: m.SubmitWorkload, ident: Identity, now: float, where: str = ""
     ) -> m.WorkloadAccepted | m.WorkloadRejected:
         try:
+            if cmd.allocation is None and ident.allocation != s.UNALLOCATED:
+                # left out: the subject's, as for a cancel (unallocated work says ``~``)
+                cmd = msgspec.structs.replace(cmd, allocation=ident.allocation)
             self._validate(cmd, ident)
             return await self._accept(cmd, now)
         except ValidationError as e:
@@ -375,6 +378,8 @@ class Intake:
             allocation=cmd.allocation,
             at=at,
             duplicate=duplicate,
+            allocated=cmd.allocation is not None and cmd.min_runtime_s > 0,
+            note=unallocated_note(cmd),
         )
 
     def _reject(
@@ -494,6 +499,21 @@ def _differs(allocation: str | None, token: str) -> str:
     given = "unallocated work (no allocation)" if allocation is None else repr(allocation)
     subject = "unallocated work ('~')" if token == s.UNALLOCATED else repr(token)
     return f"{given} differs from the subject's allocation, {subject}"
+
+
+def unallocated_note(cmd: m.SubmitWorkload) -> str:
+    """Why work given half of what makes it allocated runs unallocated ("" otherwise)."""
+    if cmd.allocation is None and cmd.min_runtime_s > 0:
+        return (
+            f"unallocated: min_runtime_s {cmd.min_runtime_s} protects nothing without an "
+            "allocation; the work runs free and may be preempted at any moment"
+        )
+    if cmd.allocation is not None and cmd.min_runtime_s == 0:
+        return (
+            f"unallocated: min_runtime_s is 0, so the work is neither protected nor charged "
+            f"to {cmd.allocation}; it runs free and may be preempted at any moment"
+        )
+    return ""
 
 
 def submitted_record(cmd: m.SubmitWorkload, wid: str, now: float) -> m.WorkloadSubmitted:

@@ -73,7 +73,14 @@ async def test_a_submission_is_accepted_and_logged_under_its_derived_id() -> Non
     cmd = submission(gpus=12)  # 8 on one host and 4 on the other
     async with running(svc):
         answer = await submit(svc, s.submit_as("nlp", "ann"), cmd)
-    assert answer == m.WorkloadAccepted(workload_id=W, client_id="c1", allocation="nlp", at=NOW)
+    assert answer == m.WorkloadAccepted(
+        workload_id=W,
+        client_id="c1",
+        allocation="nlp",
+        at=NOW,
+        note="unallocated: min_runtime_s is 0, so the work is neither protected nor charged "
+        "to nlp; it runs free and may be preempted at any moment",
+    )
     assert submitted(log) == [submitted_record(cmd, W, NOW)]
     assert log.streams["WORKLOADS"][0].subject == s.events("nlp", W, "submitted")
 
@@ -319,3 +326,41 @@ async def test_a_second_cancel_is_accepted_and_logs_nothing_new() -> None:
     assert isinstance(second, m.CommandAccepted)
     assert second.detail == f"cancel of {W} already requested; nothing new logged"
     assert len(log.records("WORKLOADS", m.CancelRequested)) == 1
+
+
+@pytest.mark.parametrize(
+    ("allocation", "min_runtime_s", "allocated", "note"),
+    [
+        ("nlp", 600, True, ""),
+        ("nlp", 0, False, "min_runtime_s is 0"),
+        (None, 600, False, "min_runtime_s 600 protects nothing without an allocation"),
+        (None, 0, False, ""),
+    ],
+)
+async def test_the_answer_says_whether_the_work_is_allocated_and_why_not(
+    allocation: str | None, min_runtime_s: int, allocated: bool, note: str
+) -> None:
+    """Allocated (protected, charged) takes an allocation AND a minimum runtime; a raw client
+    giving only one of them learns from the answer that its work runs unallocated."""
+    log = await seeded_log()
+    svc = intake(log)
+    cmd = submission(allocation=allocation, min_runtime_s=min_runtime_s)
+    async with running(svc):
+        answer = await submit(svc, s.submit_as(s.allocation_token(allocation), "ann"), cmd)
+    assert isinstance(answer, m.WorkloadAccepted)
+    assert answer.allocated is allocated
+    assert (note in answer.note) if note else answer.note == ""
+
+
+async def test_an_allocation_left_out_is_the_subjects() -> None:
+    log = await seeded_log()
+    svc = intake(log)
+    cmd = submission(allocation=None, min_runtime_s=60)
+    async with running(svc):
+        answer = await submit(svc, s.submit_as("nlp", "ann"), cmd)
+        free = await submit(
+            svc, s.submit_as(s.UNALLOCATED, "ann"), submission("c2", allocation=None)
+        )
+    assert isinstance(answer, m.WorkloadAccepted) and answer.allocation == "nlp"
+    assert answer.workload_id == W and answer.allocated
+    assert isinstance(free, m.WorkloadAccepted) and free.allocation is None

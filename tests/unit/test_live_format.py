@@ -557,6 +557,8 @@ def test_envelope_is_kind_at_data_without_the_tag() -> None:
             "allocation": None,
             "at": T0,
             "duplicate": True,
+            "allocated": False,
+            "note": "",
         },
     }
     status = m.WorkloadStatus(workload_id="wl-a", state="unknown")

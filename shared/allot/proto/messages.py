@@ -179,8 +179,12 @@ class SubmitWorkload(_Message, frozen=True, kw_only=True):
     """Ask for GPUs. ``client_id`` is the idempotency key (as ``armadactl``'s): submitting
     again with the same id and the same values returns the first answer and never queues a
     second workload; the same id with other values is refused, naming ``client_id``.
-    ``allocation`` absent means unallocated (free, preemptible at any moment). ``user`` must
-    be the login in the subject (``allot.v1.submit.<allocation>.<login>``)."""
+    ``allocation`` absent means the subject's (``allot.v1.submit.<allocation>...``; on
+    ``allot.v1.submit.~...`` unallocated work: free, preemptible at any moment); given, it
+    must be the subject's. Work is allocated (protected for ``min_runtime_s``, charged) only
+    with an allocation and ``min_runtime_s > 0``; the answer says which (``allocated``,
+    ``note``). ``user`` must be the login in the subject
+    (``allot.v1.submit.<allocation>.<login>``)."""
 
     client_id: Name
     user: Name
@@ -389,13 +393,19 @@ Assignment = Annotated[tuple[HostGpus, ...], msgspec.Meta(min_length=1, max_leng
 
 
 class WorkloadAccepted(_Message, frozen=True, kw_only=True):
-    """``duplicate``: the ``client_id`` was seen before; this repeats the first answer."""
+    """``duplicate``: the ``client_id`` was seen before; this repeats the first answer.
+    ``allocated``: the work is protected for its ``min_runtime_s`` and charged to its
+    allocation, which takes both an allocation and a minimum runtime; ``note`` says why not
+    when only one of the two was given (the work runs unallocated: free, preemptible at any
+    moment)."""
 
     workload_id: Name
     client_id: Name
     allocation: Name | None = None
     at: Timestamp
     duplicate: bool = False
+    allocated: bool = False
+    note: Text = ""
 
 
 class WorkloadRejected(_Message, frozen=True, kw_only=True):
