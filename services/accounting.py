@@ -117,16 +117,13 @@ BATCH: Final = 1000
 FETCH_EVERY_S: Final = 1.0
 """Least time between two pulls that found the consumer drained (a pull that filled its
 ``BATCH`` is followed by the next at once: ``pull_delay``). Charges are not latency-bound
-(the live window lags a slot), so events are taken in batches: a few Redis round trips and
-one write of acks for many events instead of for each (``make bench-live``: the service's
-CPU per workload)."""
+(the live window lags a slot), so events are taken in batches (decision 0008)."""
 
 
 def pull_delay(fetched: int, pulled_at: float, now: float) -> float:
     """Seconds to wait before the next pull, after one at ``pulled_at`` that gave
-    ``fetched`` events. A full batch means a backlog: pull again at once. Pacing every pull
-    capped the service at ``BATCH / FETCH_EVERY_S`` events a second (1,000), half of what
-    ``make bench-live``'s 500 runs a second append, so it fell behind while they ran."""
+    ``fetched`` events. A full batch means a backlog: pull again at once, or the service
+    reads at most ``BATCH / FETCH_EVERY_S`` events a second (decision 0008)."""
     if fetched >= BATCH:
         return 0.0
     return max(0.0, pulled_at + FETCH_EVERY_S - now)
@@ -581,8 +578,7 @@ class Accounting:
         js = self.broker.connection.jetstream()
         await bus.ensure_streams(js)
         # The durable pull consumer is read with nats-py directly, a whole fetched batch at
-        # a time: FastStream's per-message machinery cost more CPU than the charging itself
-        # (``make bench-live``), and a batch's acks leave in one socket write.
+        # a time, its acks in one socket write (decision 0008).
         filters = charged_filters(self.broker.connection.connected_server_version)
         config = ConsumerConfig(
             durable_name=DURABLE,
@@ -609,9 +605,8 @@ class Accounting:
         self._consumer = None
         if self._pull is not None:
             # nats-py's fetch takes messages off the subscription's queue without
-            # ``task_done()``, so the broker's drain at shutdown would wait on that queue
-            # until its 30 s drain timeout (a SIGTERMed accounting was SIGKILLed at 10 s).
-            # The durable consumer stays: only this subscription leaves.
+            # ``task_done()``: the broker's drain at shutdown would wait on that queue for
+            # its 30 s timeout (decision 0008). The durable consumer stays.
             with contextlib.suppress(nats.errors.Error, ValueError):
                 await self._pull.unsubscribe()
             self._pull = None
