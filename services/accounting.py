@@ -1,27 +1,24 @@
 """Accounting: allocated GPU-seconds of running work, charged into hourly buckets in Redis.
 
 Charges are a deterministic function of the WORKLOADS log, so no charge messages exist and
-the counters can always be rebuilt from the log (``rebuild``):
+the counters can always be rebuilt from the log (``rebuild``). What a run is charged (what
+counts as allocated, the slot grid, the live window, the settles, the bounds) is the core's
+(``allot.core.usage``, decision 0007), which the simulator calls too; this service reads the
+records, asks the core, and writes what it returns:
 
 * ``WorkloadStarted`` (agent) of allocated work marks the attempt running: field
   ``<workload>:<attempt>`` of the hash ``{prefix}:running`` gets {allocation, gpus,
   started_at = WorkloadStarted.at} (HSETNX: a Started redelivered or processed after the
   run's end, e.g. by another instance, never revives it).
+* Live window: every ``accrue_s``, each running entry's ``accrued_slots`` are charged and
+  its cursor moved past them (compare-and-set).
 * A terminal event (``WorkloadCompleted/Failed/Cancelled/Preempted``) with
-  ``allocated=True`` charges the whole run ``[started_at, at)`` and replaces the running entry
-  with a tombstone (kept for the store's retention, then pruned).
-* Grid charging: time is cut into slots of ``slot_s``; slot ``k`` of a run ``[s, e)`` is the
-  piece ``[max(s, k*slot), min(e, (k+1)*slot))`` with charge id ``<workload>:<attempt>:<k>``.
-  The store dedupes by id, so a redelivered or replayed event recomputes the same ids and
-  amounts and never double-charges.
-* Live window: every ``accrue_s`` the running entries' COMPLETE slots up to ``now - slot_s``
-  are charged (the lag of one slot lets an end event processed a little late find its last
-  slot uncharged); the end event then charges the remaining whole slots under the same ids.
-  Its last, partial slot and (when the live window has charged the run) the slots after
-  its end are *settled*: an end processed more than a slot late finds them charged whole
-  and adds the difference, an earlier one blocks the whole charge (``Charger._final_charges``,
-  ``UsageStore.settle``). So a run is charged exactly its GPU-seconds however late its end
-  is read.
+  ``allocated=True`` queues the run's ``end_charges`` (charges and settles, see
+  ``Charger._queue_final_charges``) and replaces the running entry with a tombstone (kept
+  for the store's retention, then pruned).
+* Slot ``k`` of a run is charged under the id ``<workload>:<attempt>:<k>``, which the store
+  dedupes, so a redelivered or replayed event recomputes the same ids and amounts and never
+  double-charges.
 * Bounds: whatever a record says (a forged or skewed time, up to the schema's 1e11), a run
   is charged only its ``charged_span``: nothing after the clock, nothing before its logged
   start (``WorkloadStarted``; dispatch refuses a start before the placement), nothing
@@ -30,9 +27,8 @@ the counters can always be rebuilt from the log (``rebuild``):
   its GPUs, and a record at most one charge per slot of those 8 days (sent
   ``PIPELINE_CHUNK`` at a time), whatever the span of its times.
 
-Unallocated work is free: only records with ``allocated=True`` are ever charged, to the
-allocation the record names. Readers (the ranking service) construct
-``RedisUsageStore(client, prefix)`` and read ``buckets`` directly.
+Readers (the ranking service) construct ``RedisUsageStore(client, prefix)`` and read
+``buckets`` directly.
 
 Order is not relied on: a nacked event comes back after later ones, and several instances
 may share the durable pull consumer ``accounting``. Every write is
@@ -91,8 +87,18 @@ from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.bus.tasks import stop_tasks
+from allot.core import usage
 from allot.core.errors import ValidationError
-from allot.core.usage import HOUR_S, charged_span
+from allot.core.usage import (
+    HOUR_S,
+    Slot,
+    accrued_slots,
+    charged_allocation,
+    check_slot_s,
+    complete_until,  # noqa: F401  (re-exported: the accounting tests import the grid from here)
+    end_charges,
+    grid_slots,  # noqa: F401  (re-exported, as above)
+)
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import ALL_EVENTS
@@ -111,16 +117,13 @@ BATCH: Final = 1000
 FETCH_EVERY_S: Final = 1.0
 """Least time between two pulls that found the consumer drained (a pull that filled its
 ``BATCH`` is followed by the next at once: ``pull_delay``). Charges are not latency-bound
-(the live window lags a slot), so events are taken in batches: a few Redis round trips and
-one write of acks for many events instead of for each (``make bench-live``: the service's
-CPU per workload)."""
+(the live window lags a slot), so events are taken in batches (decision 0008)."""
 
 
 def pull_delay(fetched: int, pulled_at: float, now: float) -> float:
     """Seconds to wait before the next pull, after one at ``pulled_at`` that gave
-    ``fetched`` events. A full batch means a backlog: pull again at once. Pacing every pull
-    capped the service at ``BATCH / FETCH_EVERY_S`` events a second (1,000), half of what
-    ``make bench-live``'s 500 runs a second append, so it fell behind while they ran."""
+    ``fetched`` events. A full batch means a backlog: pull again at once, or the service
+    reads at most ``BATCH / FETCH_EVERY_S`` events a second (decision 0008)."""
     if fetched >= BATCH:
         return 0.0
     return max(0.0, pulled_at + FETCH_EVERY_S - now)
@@ -139,62 +142,13 @@ Terminal = m.WorkloadCompleted | m.WorkloadFailed | m.WorkloadCancelled | m.Work
 _TERMINAL: Final = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadCancelled, m.WorkloadPreempted)
 
 
-# -- the grid (pure) ---------------------------------------------------------------------------
-
-
-class Slot(NamedTuple):
-    k: int
-    start: float
-    end: float
-
-
-def check_slot_s(slot_s: object) -> float:
-    """``slot_s`` as a float, or ``ValidationError("slot_s")``."""
-    if (
-        isinstance(slot_s, bool)
-        or not isinstance(slot_s, int | float)
-        or not math.isfinite(slot_s)
-        or not 0 < slot_s <= HOUR_S
-    ):
-        raise ValidationError("slot_s", f"must be a number of seconds in (0, 3600], got {slot_s!r}")
-    return float(slot_s)
-
-
-def grid_slots(start: float, end: float, slot_s: float, first_k: int | None = None) -> list[Slot]:
-    """The non-empty pieces of ``[start, end)`` cut at multiples of ``slot_s``, in order;
-    ``first_k`` skips the slots before it. ``[]`` when ``end <= start``."""
-    slot_s = check_slot_s(slot_s)
-    for name, value in (("start", start), ("end", end)):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise ValidationError(name, f"must be a finite number of seconds, got {value!r}")
-    k = math.floor(start / slot_s)
-    if first_k is not None:
-        k = max(k, first_k)
-    out: list[Slot] = []
-    while k * slot_s < end:
-        lo = max(start, k * slot_s)
-        hi = min(end, (k + 1) * slot_s)
-        if hi > lo:
-            out.append(Slot(k, lo, hi))
-        k += 1
-    return out
-
-
-def complete_until(now: float, slot_s: float) -> float:
-    """The end of the last slot the live window charges at ``now``: slots ending at or
-    before ``now - slot_s`` (a lag of one slot)."""
-    return math.floor((now - slot_s) / slot_s) * slot_s
+# -- the grid: the core's (``allot.core.usage``), bound to this store --------------------------
 
 
 def oldest_charged(now: float, slot_s: float) -> float:
-    """The start of the oldest slot charged at ``now``: the store keeps ``KEY_TTL_S`` of
-    hours (8 days), so older time is never charged, whatever a record says (a run's slots
-    to charge are at most that many, not one per slot since its claimed start)."""
-    return math.floor((now - KEY_TTL_S) / slot_s) * slot_s
+    """The start of the oldest slot charged at ``now``: the store keeps ``KEY_TTL_S`` (8
+    days), so older time is never charged, whatever a record says."""
+    return usage.oldest_charged(now, slot_s, KEY_TTL_S)
 
 
 # -- the running hash --------------------------------------------------------------------------
@@ -277,7 +231,8 @@ return 0
 
 @dataclass
 class Charger:
-    """The charging rules over Redis, shared by the live service and ``rebuild``."""
+    """Writes the core's charges (``allot.core.usage``) to Redis; shared by the live service
+    and ``rebuild``."""
 
     client: redis_asyncio.Redis
     prefix: str = DEFAULT_PREFIX
@@ -357,20 +312,10 @@ class Charger:
     async def _queue_final_charges(
         self, sender: _Sender, run: str, r: Terminal, running: _Entry | None
     ) -> None:
-        """Queue what makes the run ``[started_at, r.at)`` charged exactly, whatever the live
-        window did (nothing, logged, when the run cannot be charged), cut to what may be
-        charged now (``charged_span``): not after the clock, not before the logged start
-        (``WorkloadStarted``, which dispatch refuses before the placement; the record's own
-        ``started_at`` cannot move it earlier), not before ``oldest_charged``.
-
-        Whole slots are charged under the ids the live window uses (the same amounts: a
-        slot charged twice adds nothing). The live window charges a slot whole once it is
-        complete on the clock, so an end processed more than a slot late may find its last,
-        partial slot, and slots after the end, already charged whole: those are *settled*
-        (``UsageStore.settle``): the partial slot to its true piece, later slots to nothing,
-        by adding the difference when the whole charge happened and blocking it otherwise.
-        Slots after the end are settled only when the live window has charged this run
-        (``accrued`` set), up to the last slot it can charge now."""
+        """Queue the core's ``end_charges`` of the run ``[started_at, r.at)`` read now, with
+        the ids the live window uses (nothing, logged, when the run cannot be charged). Its
+        start is the later of the record's and the logged one (``WorkloadStarted``, which
+        dispatch refuses before the placement): a record cannot move it earlier."""
         started_at = r.started_at
         gpus = r.gpus
         accrued = None
@@ -380,7 +325,8 @@ class Charger:
             )
             gpus = gpus or running.gpus
             accrued = running.accrued
-        if r.allocation is None or started_at is None or gpus <= 0:
+        allocation = charged_allocation(r.allocated, r.allocation, gpus)
+        if allocation is None or started_at is None:
             log.warning(
                 "allocated run not chargeable",
                 workload=r.workload_id,
@@ -392,30 +338,24 @@ class Charger:
             return
         if r.at < started_at:
             log.warning("run ends before it starts", workload=r.workload_id, attempt=r.attempt)
-        slot = self.slot_s
         now = self.clock()
         try:
-            start, end = charged_span(started_at, r.at, now=now, earliest=oldest_charged(now, slot))
-            slots = grid_slots(start, end, slot)
-            whole_slots = [sl for sl in slots if sl.end == (sl.k + 1) * slot]
-            await self._queue_slots(sender, run, r.allocation, gpus, whole_slots)
-            settles: list[tuple[int, tuple[float, float], tuple[float, float]]] = []
-            if slots and slots[-1].end < (slots[-1].k + 1) * slot:
-                last = slots[-1]
-                settles.append((last.k, (last.start, (last.k + 1) * slot), (last.start, last.end)))
-            if accrued is not None:
-                next_k = slots[-1].k + 1 if slots else math.floor(start / slot)
-                last_k = math.floor(complete_until(now, slot) / slot) - 1
-                for k in range(next_k, last_k + 1):
-                    lo = max(start, k * slot)
-                    settles.append((k, (lo, (k + 1) * slot), (lo, lo)))
-            for k, whole, final in settles:
+            charges = end_charges(
+                started_at,
+                r.at,
+                now=now,
+                earliest=oldest_charged(now, self.slot_s),
+                slot_s=self.slot_s,
+                accrued=accrued,
+            )
+            await self._queue_slots(sender, run, allocation, gpus, charges.slots)
+            for settle in charges.settles:
                 await self.store.queue_settle(
                     sender.pipe,
-                    _charge_id(run, k),
-                    r.allocation,
-                    whole=whole,
-                    final=final,
+                    _charge_id(run, settle.k),
+                    allocation,
+                    whole=settle.whole,
+                    final=settle.final,
                     gpus=gpus,
                 )
                 await sender.queued()
@@ -429,9 +369,9 @@ class Charger:
             )
 
     async def accrue(self, now: float) -> int:
-        """Charge every running entry's complete slots up to ``now - slot_s``; prune
-        tombstones older than the store's retention. Returns how many charges were new."""
-        until = complete_until(now, self.slot_s)
+        """Charge every running entry's ``accrued_slots`` (its complete slots up to a slot
+        before ``now``); prune tombstones older than the store's retention. Returns how many
+        charges were new."""
         applied = 0
         async for raw_field, raw_value in self.client.hscan_iter(self.running_key, count=500):
             field = _text(raw_field)
@@ -445,10 +385,13 @@ class Charger:
                     await self.client.hdel(self.running_key, field)
                 continue
             workload, _, attempt = field.rpartition(":")
-            start, end = charged_span(
-                entry.started_at, until, now=now, earliest=oldest_charged(now, self.slot_s)
+            slots = accrued_slots(
+                entry.started_at,
+                now=now,
+                earliest=oldest_charged(now, self.slot_s),
+                slot_s=self.slot_s,
+                accrued=entry.accrued,
             )
-            slots = grid_slots(start, end, self.slot_s, entry.accrued)
             if not slots or not workload or not attempt.isdigit():
                 continue
             applied += await self._charge(
@@ -512,7 +455,8 @@ def _running_entry(r: m.WorkloadStarted) -> _Running | None:
     """The running entry of an allocated start (None, logged when it cannot be charged)."""
     if not r.allocated:
         return None
-    if r.allocation is None or r.gpus <= 0:
+    allocation = charged_allocation(r.allocated, r.allocation, r.gpus)
+    if allocation is None:
         log.warning(
             "allocated start not chargeable",
             workload=r.workload_id,
@@ -521,7 +465,7 @@ def _running_entry(r: m.WorkloadStarted) -> _Running | None:
             gpus=r.gpus,
         )
         return None
-    return _Running(allocation=r.allocation, gpus=r.gpus, started_at=r.at)
+    return _Running(allocation=allocation, gpus=r.gpus, started_at=r.at)
 
 
 def _decode_entry(raw: bytes | str | None) -> _Entry | None:
@@ -634,8 +578,7 @@ class Accounting:
         js = self.broker.connection.jetstream()
         await bus.ensure_streams(js)
         # The durable pull consumer is read with nats-py directly, a whole fetched batch at
-        # a time: FastStream's per-message machinery cost more CPU than the charging itself
-        # (``make bench-live``), and a batch's acks leave in one socket write.
+        # a time, its acks in one socket write (decision 0008).
         filters = charged_filters(self.broker.connection.connected_server_version)
         config = ConsumerConfig(
             durable_name=DURABLE,
@@ -662,9 +605,8 @@ class Accounting:
         self._consumer = None
         if self._pull is not None:
             # nats-py's fetch takes messages off the subscription's queue without
-            # ``task_done()``, so the broker's drain at shutdown would wait on that queue
-            # until its 30 s drain timeout (a SIGTERMed accounting was SIGKILLed at 10 s).
-            # The durable consumer stays: only this subscription leaves.
+            # ``task_done()``: the broker's drain at shutdown would wait on that queue for
+            # its 30 s timeout (decision 0008). The durable consumer stays.
             with contextlib.suppress(nats.errors.Error, ValueError):
                 await self._pull.unsubscribe()
             self._pull = None

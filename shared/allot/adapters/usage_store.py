@@ -1,10 +1,11 @@
 """Hourly usage counters per allocation: the accounting service's store.
 
-Writes: ``charge`` splits one interval of allocated running time into hourly GPU-seconds
-with ``allot.core.usage.split_into_hours`` and adds them to the allocation's buckets,
-exactly once per ``charge_id`` (a redelivered message returns ``False`` and changes
-nothing). Reads: ``buckets`` returns the hours inside a window, the input of
-``allot.core.usage.window_usage``. The math lives in the core; this module only stores.
+Writes: ``charge`` adds one slot of allocated running time to the allocation's buckets,
+in hourly GPU-seconds (``allot.core.usage.split_into_hours``), exactly once per
+``charge_id`` (a redelivered message returns ``False`` and changes nothing); ``settle``
+makes a slot hold its final piece (``allot.core.usage.settle_hours``). Reads: ``buckets``
+returns the hours inside a window, the input of ``allot.core.usage.window_usage``. The
+charging rules live in the core; this module only stores what they return.
 
 Retention: both stores keep the ``RETENTION_HOURS`` (8 days) up to the newest hour charged to
 an allocation and drop older hours on each charge, so a 7-day window (169 hour buckets
@@ -41,7 +42,7 @@ from redis.asyncio.client import Pipeline
 
 from allot.auth.client import masked_url
 from allot.core.errors import ValidationError
-from allot.core.usage import HOUR_S, split_into_hours
+from allot.core.usage import HOUR_S, settle_hours, split_into_hours
 
 RETENTION_HOURS: Final = 8 * 24
 KEY_TTL_S: Final = RETENTION_HOURS * HOUR_S
@@ -406,15 +407,10 @@ def _settle_pieces(
     final: tuple[float, float],
     gpus: int,
 ) -> tuple[dict[int, float], dict[int, float], int]:
-    """The final piece per hour; final minus whole per hour (the correction of a slot
-    charged whole before the run's end was known); the hour the ids are remembered under
-    (the whole slot's last, as ``charge`` remembers the slot's id)."""
+    """``settle_hours`` (the final piece per hour; final minus whole per hour), and the hour
+    the ids are remembered under (the whole slot's last, as ``charge`` remembers a slot)."""
     whole_pieces = _pieces(charge_id, allocation, whole[0], whole[1], gpus)
-    final_pieces = _pieces(charge_id, allocation, final[0], final[1], gpus)
-    correction = {
-        h: final_pieces.get(h, 0.0) - whole_pieces.get(h, 0.0)
-        for h in sorted(whole_pieces.keys() | final_pieces.keys())
-    }
+    final_pieces, correction = settle_hours(whole, final, gpus)
     return final_pieces, correction, _last_hour(whole_pieces, whole[0])
 
 

@@ -1,16 +1,36 @@
-"""The usage window: how much GPU time each allocation has consumed lately.
+"""Usage: what running work is charged (charging) and how much it weighs (the window).
 
-Accounting stores usage in hourly buckets: ``buckets[allocation][h]`` is the GPU-seconds
-charged to ``allocation`` during hour ``h``, i.e. during ``[3600 h, 3600 (h + 1))`` on the
-caller's clock (``h = floor(t / 3600)``). ``split_into_hours`` turns one interval of
-allocated running time into such bucket amounts; ``window_usage`` folds the buckets into
-one number per allocation, the input of Fair Tree ranking. ``charged_span`` cuts what a
-run's record claims to what may be charged: nothing after now, nothing before the run's
-other lower bounds (its logged start, the oldest hour kept).
+Usage is kept in hourly buckets: ``buckets[allocation][h]`` is the GPU-seconds charged to
+``allocation`` during hour ``h``, i.e. during ``[3600 h, 3600 (h + 1))`` on the caller's
+clock (``h = floor(t / 3600)``). The accounting service and the simulator both charge with
+the functions below (decision 0007); ``window_usage`` folds the buckets into one number per
+allocation, the input of Fair Tree ranking.
 
-Only *allocated* time is ever charged: callers pass the intervals during which a workload
-was allocated (charged to an allocation with ``min_runtime_s > 0``, see
-``allot.core.model``). Unallocated work is free and never reaches these functions.
+Charging
+    *What is charged.* A run (one attempt of a workload holding ``gpus`` GPUs from
+    ``start`` to ``end``) is charged to its allocation only when it is allocated: it says
+    so, names an allocation and holds GPUs (``charged_allocation``; allocated means
+    ``min_runtime_s > 0``, see ``allot.core.model``). Unallocated work is free.
+
+    *How much.* Only the run's ``charged_span`` ``[lo, hi)`` is charged: nothing after
+    ``now``, nothing before ``earliest`` (its logged start, the oldest time a store keeps).
+    It costs ``gpus x (hi - lo)``, cut into slots of the grid ``slot_s`` (at most an hour):
+    slot ``k`` is ``[max(lo, k slot_s), min(hi, (k + 1) slot_s))`` (``grid_slots``), and a
+    slot's piece goes into hours by ``split_into_hours``. A store dedupes on the slot (one
+    charge id per run and ``k``); the hour totals do not depend on ``slot_s``.
+
+    *While it runs* (``accrued_slots``): the live window charges the slots complete by
+    ``complete_until(now)``, one slot behind ``now``, from a cursor (the first slot it has
+    not charged yet).
+
+    *When it ends or is preempted* (``end_charges``): the slots that end on the grid are
+    charged as the window charges them (same ``k``, same piece: a second charge adds
+    nothing). The last, partial slot and, when the window has charged the run, every slot
+    after the end that the window can have charged are *settled* (``Settle``): the slot
+    must hold its true piece (empty after the end); a store that charged it whole adds the
+    difference (``settle_hours``), one that did not adds the piece. So however late the end
+    is read, the run costs exactly ``split_into_hours(lo, hi, gpus)``; a store that charged
+    nothing ahead (the simulator) gets ``EndCharges.new_hours``.
 
 Sliding window (``half_life_s=None``)
     usage = Σ_h amount(h) · coverage(h)
@@ -33,14 +53,18 @@ Decayed (``half_life_s`` given), Slurm-like (``PriorityDecayHalfLife``)
     window several half-lives long the cut changes the result by less than
     ``2^(-window_s / half_life_s)`` of the old usage.
 
-Ranges: every input amount is a finite GPU-seconds >= 0; outputs are >= 0 and contain every
-allocation named in ``buckets`` (0.0 when nothing is in the window).
+Ranges: times are finite seconds, ``gpus`` a positive integer, ``slot_s`` in ``(0, 3600]``
+(``ValidationError`` names what is not); every bucket amount is a finite GPU-seconds >= 0;
+the window's outputs are >= 0 and name every allocation in ``buckets`` (0.0 when nothing is
+in the window).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from allot.core.errors import ValidationError
 
@@ -172,6 +196,150 @@ def charged_span(start: float, end: float, *, now: float, earliest: float) -> tu
         _check_time(value, name)
     lo = max(start, earliest)
     return lo, max(lo, min(end, now))
+
+
+# -- charging ----------------------------------------------------------------------------------
+
+
+def charged_allocation(allocated: bool, allocation: str | None, gpus: int) -> str | None:
+    """The allocation a run is charged to: ``allocation`` when the run is allocated, names
+    one and holds GPUs; None when the run is free (unallocated) or cannot be charged."""
+    if not allocated or allocation is None or gpus <= 0:
+        return None
+    return allocation
+
+
+class Slot(NamedTuple):
+    """Slot ``k`` of the grid cut to a run: ``[start, end)``, inside ``[k, k + 1) x slot_s``."""
+
+    k: int
+    start: float
+    end: float
+
+
+class Settle(NamedTuple):
+    """Slot ``k`` must hold ``final`` (``[start, end)``, maybe empty); the live window may
+    have charged it as ``whole`` (the slot from ``final``'s start to the grid)."""
+
+    k: int
+    whole: tuple[float, float]
+    final: tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class EndCharges:
+    """What a run's end charges: ``slots`` (each once per run and ``k``) and ``settles``."""
+
+    slots: tuple[Slot, ...]
+    settles: tuple[Settle, ...]
+
+    def new_hours(self, gpus: int) -> dict[int, float]:
+        """GPU-seconds per hour these add to a store that holds none of their slots: each
+        slot's piece and each settle's final piece (the hours of the charged span)."""
+        pieces: dict[int, float] = {}
+        spans = [(sl.start, sl.end) for sl in self.slots] + [st.final for st in self.settles]
+        for start, end in spans:
+            for h, amount in split_into_hours(start, end, gpus).items():
+                pieces[h] = pieces.get(h, 0.0) + amount
+        return pieces
+
+
+def check_slot_s(slot_s: object) -> float:
+    """``slot_s`` as a float, or ``ValidationError("slot_s")``."""
+    if (
+        isinstance(slot_s, bool)
+        or not isinstance(slot_s, int | float)
+        or not math.isfinite(slot_s)
+        or not 0 < slot_s <= HOUR_S
+    ):
+        raise ValidationError("slot_s", f"must be a number of seconds in (0, 3600], got {slot_s!r}")
+    return float(slot_s)
+
+
+def grid_slots(start: float, end: float, slot_s: float, first_k: int | None = None) -> list[Slot]:
+    """The non-empty pieces of ``[start, end)`` cut at multiples of ``slot_s``, in order;
+    ``first_k`` skips the slots before it. ``[]`` when ``end <= start``."""
+    slot_s = check_slot_s(slot_s)
+    _check_time(start, "start")
+    _check_time(end, "end")
+    k = math.floor(start / slot_s)
+    if first_k is not None:
+        k = max(k, first_k)
+    out: list[Slot] = []
+    while k * slot_s < end:
+        lo = max(start, k * slot_s)
+        hi = min(end, (k + 1) * slot_s)
+        if hi > lo:
+            out.append(Slot(k, lo, hi))
+        k += 1
+    return out
+
+
+def complete_until(now: float, slot_s: float) -> float:
+    """The end of the last slot the live window charges at ``now``: slots ending at or
+    before ``now - slot_s``. The lag of a slot lets an end read a little late find its last
+    slot uncharged."""
+    return math.floor((now - slot_s) / slot_s) * slot_s
+
+
+def oldest_charged(now: float, slot_s: float, kept_s: float) -> float:
+    """The start of the oldest slot charged at ``now`` by a store that keeps ``kept_s``:
+    older time is never charged, whatever a record says, so a run's slots are at most
+    ``kept_s / slot_s`` however far back it claims to start."""
+    return math.floor((now - kept_s) / slot_s) * slot_s
+
+
+def accrued_slots(
+    started_at: float, *, now: float, earliest: float, slot_s: float, accrued: int | None
+) -> list[Slot]:
+    """The live window's charges at ``now`` for a run running since ``started_at``: its
+    complete slots (``complete_until``) inside ``charged_span``, from slot ``accrued`` on
+    (None: none charged yet)."""
+    start, end = charged_span(started_at, complete_until(now, slot_s), now=now, earliest=earliest)
+    return grid_slots(start, end, slot_s, accrued)
+
+
+def end_charges(
+    started_at: float,
+    ended_at: float,
+    *,
+    now: float,
+    earliest: float,
+    slot_s: float,
+    accrued: int | None,
+) -> EndCharges:
+    """What makes the run ``[started_at, ended_at)``, read at ``now``, charged exactly its
+    ``charged_span``, whatever the live window charged before (``accrued``: its cursor,
+    None when it has charged nothing of this run). See the module docstring."""
+    slot_s = check_slot_s(slot_s)
+    start, end = charged_span(started_at, ended_at, now=now, earliest=earliest)
+    slots = grid_slots(start, end, slot_s)
+    next_k = slots[-1].k + 1 if slots else math.floor(start / slot_s)
+    settles: list[Settle] = []
+    if slots and slots[-1].end < (slots[-1].k + 1) * slot_s:  # only the last can be partial
+        last = slots.pop()
+        settles.append(Settle(last.k, (last.start, (last.k + 1) * slot_s), (last.start, last.end)))
+    if accrued is not None:
+        # Slots after the end, up to the last the window can have charged whole by now.
+        last_k = math.floor(complete_until(now, slot_s) / slot_s) - 1
+        for k in range(next_k, last_k + 1):
+            lo = max(start, k * slot_s)
+            settles.append(Settle(k, (lo, (k + 1) * slot_s), (lo, lo)))
+    return EndCharges(tuple(slots), tuple(settles))
+
+
+def settle_hours(
+    whole: tuple[float, float], final: tuple[float, float], gpus: int
+) -> tuple[dict[int, float], dict[int, float]]:
+    """A settle in hours: ``final``'s pieces (added when the slot was not charged), and
+    ``final`` minus ``whole`` per hour (added when it was charged whole)."""
+    whole_pieces = split_into_hours(whole[0], whole[1], gpus)
+    final_pieces = split_into_hours(final[0], final[1], gpus)
+    correction = {
+        h: final_pieces.get(h, 0.0) - whole_pieces.get(h, 0.0)
+        for h in sorted(whole_pieces.keys() | final_pieces.keys())
+    }
+    return final_pieces, correction
 
 
 def _weight(h: int, start: float, now: float, half_life_s: float | None) -> float:

@@ -11,10 +11,14 @@ then arrivals), then ONE cycle runs at that instant. The clock jumps to the next
 an arrival, a completion, a grace deadline, a health event, or the cycle's own
 ``next_wakeup`` (a protection or drain deadline). It never ticks.
 
-Usage accounting mirrors the live system: allocated GPU-seconds are charged into hourly
-buckets per allocation when an attempt ends, and running work is accrued at every ranking
-refresh (``rank_every_s``, default 300 s, as the accounting service does), so the window
-is live. Fair Tree is recomputed from the window at each refresh.
+Usage is charged by the core's rules (``allot.core.usage``, the accounting service's too;
+decision 0007) into ``SimRecord.usage``: an allocation's allocated GPUs, constant between
+two changes (a start or an end of its allocated work), are charged when they change and at
+every ranking refresh (``rank_every_s``, default 300 s), as a run that ends then
+(``end_charges``, nothing charged ahead). Charging is linear in GPUs and runs, so this is
+what charging each run gives, in O(1) per allocation; unlike the live window, which lags a
+slot, the simulator's is exact up to now. Fair Tree is recomputed from the window at each
+refresh.
 
 A preempted resumable workload resumes where it stopped (it checkpoints during the grace
 period, which is what the grace period is for); a non-resumable one ends as preempted.
@@ -34,7 +38,7 @@ from allot.core.fold import apply_result, end_workload
 from allot.core.model import HostState, Workload
 from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
-from allot.core.usage import split_into_hours, window_usage
+from allot.core.usage import HOUR_S, charged_allocation, end_charges, window_usage
 from allot.sim.baselines import baseline_of
 from allot.sim.cluster import ClusterSpec, HealthEvent
 from allot.sim.record import (
@@ -111,7 +115,6 @@ class _Engine:
         # Accrual per allocation: GPUs its allocated work holds now, charged up to when.
         self.running_gpus: dict[str, int] = {}
         self.charged_until: dict[str, float] = {}
-        self.buckets: dict[str, dict[int, float]] = {}
         self.wakeups: set[float] = set()
         self.last_rank = -float("inf")
         self.record = SimRecord(
@@ -123,6 +126,7 @@ class _Engine:
             effective_shares=dict(self.shares),
             programs={leaf: tree.program(leaf) for leaf in tree.leaves()},
         )
+        self.buckets = self.record.usage  # charged as the run goes
 
     def _push(self, t: float, priority: int, payload: object) -> None:
         heapq.heappush(self.heap, (t, priority, next(self.seq), payload))
@@ -198,20 +202,23 @@ class _Engine:
             self.ended[wid] = (now, "preempted" if preempted else "completed")
 
     def _charge(self, allocation: str, now: float) -> None:
-        """Charge the allocation's running allocated GPUs since its last charge into hourly
-        buckets (the same sums as charging each workload, in O(1) per allocation)."""
+        """Charge the allocation's allocated GPUs held since its last charge, as a run that
+        ends now: its clock is exact, so nothing was charged ahead and no bound cuts it. The
+        slots are hours: no store dedupes here, and the hour totals are the same."""
         since = self.charged_until.get(allocation, now)
         gpus = self.running_gpus.get(allocation, 0)
         if gpus and now > since:
+            charges = end_charges(since, now, now=now, earliest=since, slot_s=HOUR_S, accrued=None)
             buckets = self.buckets.setdefault(allocation, {})
-            for hour, gpu_s in split_into_hours(since, now, gpus).items():
+            for hour, gpu_s in charges.new_hours(gpus).items():
                 buckets[hour] = buckets.get(hour, 0.0) + gpu_s
         self.charged_until[allocation] = now
 
     def _held_changed(self, w: Workload, now: float, delta: int) -> None:
-        if w.allocated and w.allocation is not None:
-            self._charge(w.allocation, now)
-            self.running_gpus[w.allocation] = self.running_gpus.get(w.allocation, 0) + delta
+        allocation = charged_allocation(w.allocated, w.allocation, w.gpus)
+        if allocation is not None:
+            self._charge(allocation, now)
+            self.running_gpus[allocation] = self.running_gpus.get(allocation, 0) + delta
 
     def _refresh_ranking(self, now: float) -> None:
         if not self.policy.fair_tree or now < self.last_rank + self.config.rank_every_s:

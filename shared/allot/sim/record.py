@@ -85,3 +85,6 @@ class SimRecord:
     final_fairshare: dict[str, float] = field(default_factory=dict)
     effective_shares: dict[str, float] = field(default_factory=dict)
     programs: dict[str, str] = field(default_factory=dict)  # allocation -> top-level program
+    usage: dict[str, dict[int, float]] = field(default_factory=dict)
+    """GPU-seconds charged per allocation and hour, as the accounting service's store holds
+    them (``allot.core.usage``); empty for a record not made by the simulator."""
