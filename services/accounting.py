@@ -73,6 +73,7 @@ from typing import Final, NamedTuple
 import msgspec
 import nats
 import redis.asyncio as redis_asyncio
+import redis.exceptions as redis_errors
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.client import ServerVersion
@@ -84,7 +85,13 @@ from redis.asyncio.client import Pipeline
 
 from allot import bus
 from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore
-from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
+from allot.bus.runtime import (
+    Delivery,
+    configure_logging,
+    make_broker,
+    tracer_provider,
+    wall_clock,
+)
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.bus.tasks import stop_tasks
 from allot.core import usage
@@ -99,6 +106,7 @@ from allot.core.usage import (
     end_charges,
     grid_slots,  # noqa: F401  (re-exported, as above)
 )
+from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.proto.subjects import ALL_EVENTS
@@ -245,6 +253,8 @@ class Charger:
         self.store = RedisUsageStore(self.client, self.prefix)
         self.running_key = f"{self.prefix}:running"
         self.marker_key = f"{self.prefix}:applied"
+        self.charged_until_key = f"{self.prefix}:charged_until"
+        """The end of the last slot the live window charged (``usage.complete_until``)."""
         self._cas = self.client.register_script(_CAS_LUA)
         self._advance = self.client.register_script(_ADVANCE_LUA)
 
@@ -399,14 +409,23 @@ class Charger:
             )
             moved = msgspec.structs.replace(entry, accrued=slots[-1].k + 1)
             await self._cas(keys=[self.running_key], args=[field, raw_value, _ENCODE.encode(moved)])
+        await self.client.set(self.charged_until_key, repr(usage.complete_until(now, self.slot_s)))
         return applied
+
+    async def charged_until(self) -> float | None:
+        """What the last accrual charged running work up to; None before the first."""
+        raw = await self.client.get(self.charged_until_key)
+        try:
+            return None if raw is None else float(_text(raw))
+        except ValueError:
+            return None
 
     async def wipe(self) -> None:
         """Forget the marker, every bucket, charge id and running entry of this prefix (the
         marker first: a wipe cut short leaves a store that says it holds nothing)."""
         await self.client.delete(self.marker_key)
         await self.store.wipe()
-        await self.client.delete(self.running_key)
+        await self.client.delete(self.running_key, self.charged_until_key)
 
     async def _charge(self, run: str, allocation: str, gpus: int, slots: Sequence[Slot]) -> int:
         async with self.client.pipeline(transaction=False) as pipe:
@@ -555,6 +574,7 @@ class Accounting:
                 "accrue_s", f"must be a positive number of seconds, got {accrue_s!r}"
             )
         self.broker = make_broker(nats_url, "accounting", provider)
+        self.broker.subscriber(s.QUERY_USAGE)(self._usage_handler)
         self.redis = redis_asyncio.Redis.from_url(redis_url)
         self.charger = Charger(self.redis, prefix, slot_s, clock)
         self.accrue_s = float(accrue_s)
@@ -734,6 +754,30 @@ class Accounting:
         # The retries are bounded (max_deliver); a given-up event is charged by a rebuild.
         with contextlib.suppress(nats.errors.Error):
             await raw.nak(delay=delay)
+
+    async def _usage_handler(self, msg: Delivery) -> bytes:
+        return codec.encode(await self.usage(msg.body))
+
+    async def usage(self, body: bytes) -> m.UsageSnapshot | m.CommandRejected:
+        """Answer a ``UsageQuery`` (an empty body: the default one) from the store."""
+        now = self.clock()
+        try:
+            query = codec.decode_as(m.UsageQuery, body) if body.strip() else m.UsageQuery()
+        except ValidationError as e:
+            return m.CommandRejected(at=now, field=e.field, reason=e.reason)
+        store = self.charger.store
+        try:
+            buckets = await store.buckets(await store.allocations(), now, query.window_s)
+            charged_until = await self.charger.charged_until()
+        except redis_errors.RedisError as e:
+            return m.CommandRejected(at=now, field="store", reason=f"usage store unreachable: {e}")
+        used = usage.window_usage(buckets, now, query.window_s)
+        rows = tuple(
+            m.UsageRow(allocation=a, gpu_seconds=g) for a, g in sorted(used.items()) if g > 0
+        )
+        return m.UsageSnapshot(
+            at=now, window_s=query.window_s, charged_until=charged_until, rows=rows
+        )
 
     async def _accrue(self) -> None:
         try:

@@ -49,6 +49,7 @@ from allot.core.usage import HOUR_S, split_into_hours, window_usage
 from allot.proto import messages as m
 from allot.proto import subjects
 from allot.proto.subjects import STREAMS as STREAM_NAMES
+from allot.sdk import Client
 from allot.services.accounting import (
     DURABLE,
     Accounting,
@@ -1042,3 +1043,37 @@ async def test_only_the_charged_events_reach_accounting(
     finally:
         await service_main.stop(svc)
         await nc.close()
+
+
+@pytest.mark.integration
+async def test_the_usage_query_answers_the_charged_gpu_seconds_and_until_when(
+    service: ServiceFactory, js: JetStreamContext, fresh_log: str
+) -> None:
+    """``allot.v1.query.usage``: a finished run in full, running work by whole slots up to
+    ``charged_until``; a bad query is refused naming its field."""
+    now = math.floor(time.time())
+    await service(slot_s=1.0, accrue_s=0.05)
+    await publish(js, completed("done", "vision", now - 100.0, now - 40.0, 2))
+    await publish(js, started("run", "nlp", now - 10.0, 3))
+    await drained(js)
+    async with Client(fresh_log) as client:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            snap = await client.usage(window_s=3600)
+            rows = {r.allocation: r.gpu_seconds for r in snap.rows}
+            if rows.get("nlp", 0) >= 8 * 3 and snap.charged_until is not None:
+                break
+            assert time.monotonic() < deadline, f"nothing accrued: {snap}"
+            await asyncio.sleep(0.05)
+        assert rows["vision"] == pytest.approx(60.0 * 2)
+        assert snap.window_s == 3600 and snap.at >= now
+        # running work: whole slots, ending at charged_until, which lags now by a slot
+        assert rows["nlp"] % 3 == 0
+        assert rows["nlp"] == pytest.approx(3 * (snap.charged_until - (now - 10.0)), abs=3.0)
+        assert snap.charged_until <= snap.at - 1.0
+        nc = client.nc
+        bad = await nc.request(
+            subjects.QUERY_USAGE, b'{"type":"UsageQuery","window_s":0}', timeout=5
+        )
+        refused = msgspec.json.decode(bad.data, type=m.CommandRejected)
+        assert refused.field == "window_s"

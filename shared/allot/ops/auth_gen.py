@@ -89,6 +89,7 @@ TEAM_QUERIES: tuple[str, ...] = (
     s.QUERY_SHARE,
     s.QUERY_ALLOCATIONS,
     s.QUERY_OWED,
+    s.QUERY_USAGE,
     s.QUERY_HOSTS,
     s.QUERY_PLACEMENT_STATS,
 )

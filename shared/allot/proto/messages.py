@@ -926,6 +926,34 @@ class OwedSnapshot(_Message, frozen=True, kw_only=True):
     rows: Annotated[tuple[OwedRow, ...], msgspec.Meta(max_length=100_000)] = ()
 
 
+USAGE_KEPT_S = 8 * 86400
+"""How far back the usage store keeps charges (the fair-share window and a day)."""
+
+
+class UsageQuery(_Message, frozen=True, kw_only=True):
+    """``allot.v1.query.usage``: the GPU-seconds charged to each allocation in the window of
+    ``window_s`` ending now (default: the fair-share window, 7 days)."""
+
+    window_s: Annotated[int, msgspec.Meta(ge=1, le=USAGE_KEPT_S)] = 7 * 86400
+
+
+class UsageRow(_Wire, frozen=True, kw_only=True):
+    allocation: Name
+    gpu_seconds: NonNegative
+
+
+class UsageSnapshot(_Message, frozen=True, kw_only=True):
+    """What accounting has charged, per allocation with any charge, in ``[at - window_s,
+    at]`` (the hour straddling the start pro rata, as the ranking counts it). A finished run
+    is charged in full once its end is read; running work is charged by whole slots, up to
+    ``charged_until`` (None before the first accrual): the rest of it is not counted yet."""
+
+    at: Timestamp
+    window_s: Annotated[int, msgspec.Meta(ge=1)]
+    charged_until: Timestamp | None = None
+    rows: Annotated[tuple[UsageRow, ...], msgspec.Meta(max_length=100_000)] = ()
+
+
 # == groups ====================================================================================
 
 WorkloadEvent = (
@@ -1008,6 +1036,8 @@ REPLIES: tuple[type[msgspec.Struct], ...] = (
     PlacementStats,
     OwedQuery,
     OwedSnapshot,
+    UsageQuery,
+    UsageSnapshot,
     WatchStarted,
 )
 MESSAGES = COMMANDS + EVENTS + REPLIES

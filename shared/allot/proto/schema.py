@@ -34,6 +34,7 @@ from allot.proto.subjects import (
     QUERY_QUEUE,
     QUERY_SHARE,
     QUERY_STATUS,
+    QUERY_USAGE,
     STREAMS,
     Kind,
 )
@@ -112,6 +113,7 @@ _QUERIES: dict[
     "query_allocations": (QUERY_ALLOCATIONS, (), (m.AllocationsSnapshot, m.CommandRejected)),
     "query_placement_stats": (QUERY_PLACEMENT_STATS, (), (m.PlacementStats, m.CommandRejected)),
     "query_owed": (QUERY_OWED, (m.OwedQuery,), (m.OwedSnapshot, m.CommandRejected)),
+    "query_usage": (QUERY_USAGE, (m.UsageQuery,), (m.UsageSnapshot, m.CommandRejected)),
 }
 """Query channels: address, request message (none: an empty body), reply messages."""
 
@@ -146,6 +148,7 @@ _GRANTED: dict[str, tuple[str, ...]] = {
     "query_share": (_TEAM, _MANAGER, _OPERATOR),
     "query_allocations": (_TEAM, _MANAGER, _OPERATOR),
     "query_owed": (_TEAM, _MANAGER, _OPERATOR),
+    "query_usage": (_TEAM, _MANAGER, _OPERATOR),
     "query_hosts": (_TEAM, _MANAGER, _OPERATOR),
     "query_placement_stats": (_TEAM, _MANAGER, _OPERATOR),
 }

@@ -482,6 +482,9 @@ QUERY_PLACEMENT_STATS = f"{PREFIX}.query.placement_stats"
 """PlacementStats (scheduling-cycle durations), answered by the placement leader."""
 QUERY_OWED = f"{PREFIX}.query.owed"
 """OwedQuery -> OwedSnapshot or CommandRejected, answered by the dashboard service."""
+QUERY_USAGE = f"{PREFIX}.query.usage"
+"""UsageQuery (or an empty body) -> UsageSnapshot or CommandRejected: the GPU-seconds charged
+to each allocation, answered by the accounting service."""
 
 # -- wildcards (subscriptions and grants) -----------------------------------------------------
 

@@ -111,6 +111,7 @@ _SHARE_REPLY = msgspec.json.Decoder(m.RankingUpdated | m.CommandRejected)
 _ALLOCATIONS_REPLY = msgspec.json.Decoder(m.AllocationsSnapshot | m.CommandRejected)
 _PLACEMENT_STATS_REPLY = msgspec.json.Decoder(m.PlacementStats | m.CommandRejected)
 _OWED_REPLY = msgspec.json.Decoder(m.OwedSnapshot | m.CommandRejected)
+_USAGE_REPLY = msgspec.json.Decoder(m.UsageSnapshot | m.CommandRejected)
 
 # Who answers what: named in the "no responder" and timeout errors.
 INTAKE = "intake service"
@@ -119,6 +120,7 @@ RANKING = "ranking service"
 HEALTH = "health service"
 BUDGETS = "budget service"
 DASHBOARD = "dashboard service"
+ACCOUNTING = "accounting service"
 
 PreemptionCallback = Callable[[m.PreemptionNotice], Awaitable[None] | None]
 
@@ -698,6 +700,14 @@ class Client:
         service; computed from the log as the simulator computes it)."""
         body = _checked(m.OwedQuery(window_s=window_s, bucket_s=bucket_s))
         return await self._ask(subjects.QUERY_OWED, body, _OWED_REPLY, DASHBOARD, timeout)
+
+    async def usage(
+        self, window_s: int = 7 * 86400, *, timeout: float | None = None
+    ) -> m.UsageSnapshot:
+        """The GPU-seconds charged to each allocation over the last ``window_s`` (accounting
+        service; running work counted up to ``charged_until``)."""
+        body = _checked(m.UsageQuery(window_s=window_s))
+        return await self._ask(subjects.QUERY_USAGE, body, _USAGE_REPLY, ACCOUNTING, timeout)
 
     async def drain(
         self,
