@@ -197,6 +197,7 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
         "allot.v1.query.share",
         "allot.v1.query.allocations",
         "allot.v1.query.owed",
+        "allot.v1.query.usage",
         "allot.v1.query.hosts",
         "allot.v1.query.placement_stats",
     }

@@ -176,6 +176,7 @@ def test_schema_lists_every_message_and_asyncapi_every_subject_kind() -> None:
         s.QUERY_ALLOCATIONS,
         s.QUERY_PLACEMENT_STATS,
         s.QUERY_OWED,
+        s.QUERY_USAGE,
     }
     # the per-allocation forms too: the only query subjects a team may use under auth
     scoped = {f"{q}.{{allocation}}" for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS)}
@@ -196,7 +197,7 @@ def test_every_message_is_a_frozen_tagged_struct_that_forbids_unknown_fields() -
         config = cls.__struct_config__
         assert config.frozen and config.forbid_unknown_fields, cls
         assert config.tag == cls.__name__, cls
-    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 47
+    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 49
 
 
 # -- round trips ------------------------------------------------------------------------------
