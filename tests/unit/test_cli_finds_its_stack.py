@@ -107,7 +107,7 @@ def test_a_stopped_stacks_record_is_ignored_and_dropped_at_the_next_record(
         pytest.param(
             "secure",
             {},
-            ["runs --secure", "auth/users/<user>.env", "export ALLOT_NATS_CA="],
+            ["runs --secure", "set -a; .", "auth/users/<user>.env; set +a"],
             id="a-secure-stack-needs-a-users-credentials",
         ),
         pytest.param(

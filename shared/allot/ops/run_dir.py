@@ -155,9 +155,8 @@ def stack_nats_url(stack: RunningStack) -> str:
     if stack.secure:
         users = stack.run_dir / "auth" / "users"
         raise NoStackError(
-            f"the stack in {stack.run_dir} runs --secure: log in as one of its users, e.g. "
-            f"set -a; . {users}/<user>.env; set +a; "
-            f"export ALLOT_NATS_CA={stack.run_dir / 'tls' / 'ca.pem'}"
+            f"the stack in {stack.run_dir} runs --secure: log in as one of its users "
+            f"(the file holds its URL, password and CA): set -a; . {users}/<user>.env; set +a"
         )
     if stack.nats_url is None:
         raise NoStackError(
