@@ -166,9 +166,13 @@ def stack(clone: Path) -> Iterator[subprocess.Popen[str]]:
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:  # the test failed first: Ctrl-C, which stops every process
+            os.killpg(proc.pid, signal.SIGINT)  # of the stack; SIGKILL would orphan them
+            try:
+                proc.communicate(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def _expected(command: str, seen: dict[str, int]) -> str | None:
