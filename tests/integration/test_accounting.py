@@ -827,7 +827,9 @@ def test_the_nats_url_given_as_redis_url_is_one_line(
     fresh_log: str, command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The two URLs swapped: redis-py met NATS's INFO line and raised a protocol error.
-    args = cli([command, "--redis-url", fresh_log.replace("nats://", "redis://")])
+    # (rebuild is given its NATS server too: the CLI has no default one.)
+    nats = ["--nats-url", fresh_log] if command == "rebuild" else []
+    args = cli([command, "--redis-url", fresh_log.replace("nats://", "redis://"), *nats])
     assert accounting_cmd.run(args) == accounting_cmd.EXIT_UNREACHABLE
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [

@@ -127,6 +127,8 @@ def test_live_commands_default_to_the_stack_of_dot_allot(
     (run_dir / PORTS_FILE).write_text('{"nats": 4567}', encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ALLOT_NATS_URL", raising=False)
-    assert parsed("hosts").nats_url == "nats://127.0.0.1:4567"
+    monkeypatch.delenv("ALLOT_RUN_DIR", raising=False)
+    # Resolved when the command runs, not when the parser is built (allot.cli.stack_url).
+    assert live_cmds._nats_url(parsed("hosts")) == "nats://127.0.0.1:4567"
     monkeypatch.setenv("ALLOT_NATS_URL", "nats://elsewhere:4222")
-    assert parsed("hosts").nats_url == "nats://elsewhere:4222"
+    assert live_cmds._nats_url(parsed("hosts")) == "nats://elsewhere:4222"

@@ -4,11 +4,13 @@ filter (asyncio's TLS warning)."""
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 from pathlib import Path
 
 import pytest
 
+from allot.cli import stack_url
 from allot.cli.main import build_parser, main
 from allot.cli.up_cmd import redis_export, wait_for_stop
 
@@ -25,7 +27,7 @@ def test_the_printed_redis_export_is_what_allot_accounting_reads(
     name, value = words[1].split("=", 1)
     monkeypatch.setenv(name, value)
     args = build_parser().parse_args(command)
-    assert args.redis_url == url
+    assert stack_url.redis_url(args.redis_url, os.environ, Path.cwd()) == url
 
 
 def test_the_cli_drops_asyncios_ssl_eof_warning_only(

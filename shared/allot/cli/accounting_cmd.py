@@ -21,19 +21,18 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 
-from allot.auth.client import add_nats_url_argument
 from allot.cli.durations import duration_label, parse_duration
+from allot.cli.stack_url import add_nats_url_option, add_redis_url_option, nats_url, redis_url
 from allot.core.errors import ValidationError
 from allot.core.usage import DEFAULT_WINDOW_S, HOUR_S, window_usage
 from allot.render.live_format import gpu_h_cell, timestamp
 
 EXIT_UNREACHABLE = 1
 CONNECT_TIMEOUT_S = 5.0
-# Same values as ``allot.bus.service_main`` and ``allot.services.accounting``, repeated so
-# that building the ``allot`` parser does not import FastStream.
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
+# Same value as ``allot.services.accounting``, repeated so that building the ``allot``
+# parser does not import FastStream.
 DEFAULT_SLOT_S = 60.0
 
 
@@ -80,12 +79,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def _server_options(parser: argparse.ArgumentParser, *, nats: bool) -> None:
     if nats:
-        add_nats_url_argument(parser, DEFAULT_NATS_URL)
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("ALLOT_REDIS_URL", DEFAULT_REDIS_URL),
-        help="Redis server (env ALLOT_REDIS_URL; default %(default)s)",
-    )
+        add_nats_url_option(parser)
+    add_redis_url_option(parser)
     parser.add_argument("--prefix", default="allot", help="Redis key prefix (default %(default)s)")
 
 
@@ -102,12 +97,12 @@ def run_rebuild(args: argparse.Namespace) -> int:
     from allot.bus.runtime import configure_logging  # noqa: PLC0415
     from allot.services.accounting import rebuild  # noqa: PLC0415
 
-    check_redis_url(args.redis_url, "--redis-url")
+    redis = redis_url(args.redis_url, os.environ, Path.cwd())
+    check_redis_url(redis, "--redis-url")
+    nats = nats_url(args.nats_url, os.environ, Path.cwd())
     configure_logging("accounting-rebuild")
     try:
-        done = asyncio.run(
-            rebuild(args.nats_url, args.redis_url, prefix=args.prefix, slot_s=args.slot_s)
-        )
+        done = asyncio.run(rebuild(nats, redis, prefix=args.prefix, slot_s=args.slot_s))
     except _unreachable_errors() as e:
         return _unreachable("rebuild", e)
     except ValidationError as exc:  # the service's field names the option the user typed
@@ -119,9 +114,10 @@ def run_rebuild(args: argparse.Namespace) -> int:
 def run_usage(args: argparse.Namespace) -> int:
     from allot.adapters.usage_store import check_redis_url  # noqa: PLC0415 - see run_rebuild
 
-    check_redis_url(args.redis_url, "--redis-url")
+    redis = redis_url(args.redis_url, os.environ, Path.cwd())
+    check_redis_url(redis, "--redis-url")
     try:
-        at, gpu_hours = asyncio.run(usage(args.redis_url, args.prefix, args.window_s))
+        at, gpu_hours = asyncio.run(usage(redis, args.prefix, args.window_s))
     except _unreachable_errors() as e:
         return _unreachable("usage", e)
     except ValidationError as exc:

@@ -1,21 +1,26 @@
-"""``allot demo``: the live stack, start to finish, in about a minute.
+"""``allot demo``: the live stack, start to finish, in about half a minute.
 
 Starts the whole stack (``allot up``'s, with demo timings: 3 s grace, Fair Tree every 2 s,
 usage charged every 2 s) on 32 fake GPUs, then, through the Python SDK, as several teams:
 
 1. a batch user fills every GPU with unallocated (free, preemptible) work;
-2. nlp, vision and search submit allocated work: the free work gets preemption notices
-   (a subscriber prints them), leaves, and is requeued because it is resumable;
-3. nlp asks for more than its share and waits (it is over its entitlement);
-4. speech, holding nothing, asks once the others' protection has ended: it reclaims GPUs
-   from the allocation most over its entitlement (nlp), whose run is requeued;
+2. nlp, vision and search submit allocated work while the free work holds every GPU;
+3. nlp asks for more GPUs;
+4. speech, holding nothing, asks for 4 GPUs once the others' protection has ended;
 5. prints ``allot queue``, ``allot share``, ``allot hosts`` and ``allot owed`` as a user
-   would see them, and what each allocation has been charged.
+   would see them, then a summary and what each allocation has been charged.
 
-The web dashboard runs with the stack: its URL is printed at the start (``--linger-s``
-keeps the stack up after the last step, to look at it).
+What the demo says happened is built from what it saw (``allot.cli.demo_story``): the
+preemption notices it received (printed as they arrive), the workloads' states and the
+queue's reasons; after each step, "what happened" tells each preemption and what became
+of its victim.
 
-Every step waits for the log to show the expected record and fails loudly otherwise.
+The web dashboard runs with the stack: its URL is printed at the start, and it is gone
+when the demo ends unless ``--linger-s`` keeps the stack up (``allot up`` runs one until
+Ctrl-C). While the stack runs, ``allot queue`` and the other commands typed in the same
+folder find it.
+
+Every step waits for the records it needs and fails loudly otherwise.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import contextlib
 import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -34,8 +38,10 @@ from typing import TypeVar
 import redis.asyncio as redis_asyncio
 
 from allot.adapters.usage_store import RedisUsageStore
+from allot.cli.demo_story import Work, notice_line, step_story, summary, waiting_story
 from allot.core.errors import ValidationError
 from allot.core.usage import window_usage
+from allot.ops.run_dir import forget_stack, record_stack
 from allot.ops.stack import AgentSpec, Stack, StackConfig, StackError
 from allot.proto import messages as m
 from allot.sdk import Client
@@ -46,7 +52,7 @@ T = TypeVar("T")
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="the live stack end to end in about a minute (no Docker)",
+        help="the live stack end to end in about half a minute (no Docker)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -57,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--linger-s",
         type=float,
         default=0.0,
-        help="keep the stack (and its dashboard) up this long after the demo (default 0)",
+        help="keep the stack (and its dashboard) up this long after the demo, Ctrl-C ends "
+        "it sooner (default 0: the dashboard is gone when the demo ends)",
     )
     p.set_defaults(func=run)
 
@@ -91,124 +98,157 @@ def _run(args: argparse.Namespace) -> int:
     print(f"== starting the stack (embedded servers unless given; logs in {config.run_dir}/logs)")
     t0 = time.monotonic()
     with Stack(config) as stack:
-        print(
-            f"   ready in {time.monotonic() - t0:.1f} s: NATS {stack.servers.nats_url}, "
-            f"Redis {stack.servers.redis_url}, {len(stack.procs)} service processes"
-        )
-        print(f"   dashboard {stack.dashboard_url}/ (live while the demo runs)")
-        asyncio.run(_scenario(stack))
-        if args.linger_s > 0:
+        record_stack(config.run_dir, Path.cwd())
+        try:
             print(
-                f"\n== the stack stays up {args.linger_s:.0f} s more: {stack.dashboard_url}/ "
-                "(Ctrl-C to stop now)",
-                flush=True,
+                f"   ready in {time.monotonic() - t0:.1f} s: NATS {stack.servers.nats_url}, "
+                f"Redis {stack.servers.redis_url}, {processes_text(list(stack.procs))}"
             )
-            with contextlib.suppress(KeyboardInterrupt):
-                time.sleep(args.linger_s)
+            print(
+                f"   dashboard {stack.dashboard_url}/ (up while the demo runs; "
+                "--linger-s keeps it up after)"
+            )
+            asyncio.run(_scenario(stack))
+            if args.linger_s > 0:
+                print(
+                    f"\n== the stack stays up {args.linger_s:.0f} s more: "
+                    f"{stack.dashboard_url}/ ; allot commands typed in this folder reach "
+                    "it (Ctrl-C to stop now)",
+                    flush=True,
+                )
+                with contextlib.suppress(KeyboardInterrupt):
+                    time.sleep(args.linger_s)
+        finally:
+            forget_stack(config.run_dir, Path.cwd())
+        print(
+            f"\n== stopping the stack: its dashboard ({stack.dashboard_url}/) goes with it "
+            "(allot demo --linger-s 600 keeps it up 10 minutes after the demo; make up runs "
+            "a stack until Ctrl-C)",
+            flush=True,
+        )
     print("== stack stopped")
     return 0
+
+
+def processes_text(names: list[str]) -> str:
+    """``10 processes (8 services: ..., 2 fake agents)`` from the stack's process names."""
+    agents = [n for n in names if n.startswith("agent-")]
+    services = [n for n in names if n not in agents]
+    return (
+        f"{len(names)} processes ({len(services)} service processes: {', '.join(services)}; "
+        f"{len(agents)} fake agent{'s' if len(agents) != 1 else ''})"
+    )
+
+
+UNSETTLED = ("noticed", "unknown")
+"""States of a noticed workload that say nothing yet of where it went."""
+
+
+class _Seen:
+    """What the demo saw: every notice in arrival order, and where the step being told
+    began."""
+
+    def __init__(self) -> None:
+        self.notices: list[m.PreemptionNotice] = []
+        self._mark = 0
+
+    def step(self) -> tuple[list[m.PreemptionNotice], list[m.PreemptionNotice]]:
+        """(the notices told before, the ones not told yet); these count as told now."""
+        earlier, new = self.notices[: self._mark], self.notices[self._mark :]
+        self._mark += len(new)
+        return earlier, new
 
 
 async def _scenario(stack: Stack) -> None:
     url = stack.servers.nats_url
     tag = uuid.uuid4().hex[:6]  # client ids unique to this run (given servers keep the log)
-    notices: list[m.PreemptionNotice] = []
+    seen = _Seen()
+    works: dict[str, Work] = {}
 
     def on_notice(notice: m.PreemptionNotice) -> None:
-        notices.append(notice)
-        print(
-            f"   NOTICE  {notice.workload_id} ({notice.allocation or 'unallocated'}, "
-            f"{notice.gpus} GPUs): {notice.reason}, leave within "
-            f"{notice.grace_deadline - notice.at:.0f} s"
-            + (f", for {notice.preemptor}" if notice.preemptor else "")
-        )
+        seen.notices.append(notice)
+        print(f"   {notice_line(notice, works)}", flush=True)
 
     async with Client(url) as c:
+
+        async def submit(
+            work: Work, client_id: str, user: str, duration_s: float, min_runtime_s: int = 0
+        ) -> str:
+            reply = await c.submit(
+                client_id=f"{tag}-{client_id}",
+                user=user,
+                gpus=work.gpus,
+                allocation=work.allocation,
+                min_runtime_s=min_runtime_s,
+                kind="training" if work.allocation else "filler",
+                duration_s=duration_s,
+            )
+            works[reply.workload_id] = work
+            return reply.workload_id
+
+        async def tell() -> None:
+            """After a step: each notice it brought, once its victim has left (a notice
+            arriving later is told with the next step, or in the summary)."""
+            earlier, new = seen.step()
+            victims = list(dict.fromkeys(n.workload_id for n in new))
+            # Told once each victim has left and the leader knows where it went; after
+            # 10 s as things stand.
+            with contextlib.suppress(TimeoutError):
+                await _until(
+                    lambda: _statuses(c, victims),
+                    lambda st: all(x.state not in UNSETTLED for x in st.values()),
+                    "noticed work leaving",
+                    timeout=10.0,
+                )
+            states = await _statuses(c, victims)
+            print("   what happened:")
+            for line in step_story(new, works, states, earlier):
+                print(f"     {line}")
+
         sub = await c.on_preemption(on_notice)
 
         print("\n== 1. batch fills all 32 GPUs with unallocated work (free, preemptible)")
         fillers = [
-            (
-                await c.submit(
-                    client_id=f"{tag}-fill-{i}", user="batch", gpus=8, kind="filler", duration_s=120
-                )
-            ).workload_id
+            await submit(Work(f"batch's filler {i + 1}", None, 8), f"fill-{i}", "batch", 120)
             for i in range(4)
         ]
         await _until(lambda: _states(c, fillers), lambda s: s.count("running") == 4, "fillers run")
         await _show(url, "hosts")
 
-        print("\n== 2. three teams submit allocated work (protected for 10 s once running)")
-        team_work = {
-            "nlp": await c.submit(
-                client_id=f"{tag}-nlp-1",
-                user="ann",
-                allocation="nlp",
-                gpus=16,
-                min_runtime_s=10,
-                duration_s=40,
-            ),
-            "vision": await c.submit(
-                client_id=f"{tag}-vision-1",
-                user="bo",
-                allocation="vision",
-                gpus=8,
-                min_runtime_s=10,
-                duration_s=40,
-            ),
-            "search": await c.submit(
-                client_id=f"{tag}-search-1",
-                user="cy",
-                allocation="search",
-                gpus=8,
-                min_runtime_s=10,
-                duration_s=40,
-            ),
-        }
-        ids = [a.workload_id for a in team_work.values()]
-        await _until(lambda: _states(c, ids), lambda s: s.count("running") == 3, "teams run")
+        print(
+            "\n== 2. nlp, vision and search submit allocated work (protected for 10 s once running)"
+        )
+        team = [
+            await submit(Work("nlp's first run", "nlp", 16), "nlp-1", "ann", 40, 10),
+            await submit(Work("vision's run", "vision", 8), "vision-1", "bo", 40, 10),
+            await submit(Work("search's run", "search", 8), "search-1", "cy", 40, 10),
+        ]
+        await _until(lambda: _states(c, team), lambda s: s.count("running") == 3, "teams run")
         started = time.monotonic()
         await _until(
             lambda: _states(c, fillers), lambda s: s.count("pending") == 4, "fillers requeued"
         )
-        print(
-            "   the four fillers were noticed, left within the grace period and are "
-            "queued again (resumable)"
-        )
+        await tell()
         await _show(url, "queue")
 
-        print("\n== 3. nlp asks for more than its share: it waits (over its entitlement)")
-        await c.submit(
-            client_id=f"{tag}-nlp-2",
-            user="ann",
-            allocation="nlp",
-            gpus=8,
-            min_runtime_s=10,
-            duration_s=60,
-        )
+        print("\n== 3. nlp asks for 8 GPUs more")
+        nlp_2 = await submit(Work("nlp's second run", "nlp", 8), "nlp-2", "ann", 60, 10)
         await asyncio.sleep(1.0)
+        queue = await c.queue()
+        row = next((r for r in queue.rows if r.workload_id == nlp_2), None)
+        print(f"   what happened: {waiting_story(nlp_2, row, await c.status(nlp_2), works)}")
         await _show(url, "queue")
+
         print(
             "\n== 4. speech, holding nothing, asks for 4 GPUs once the others' 10 s of "
-            "protection are over: it reclaims from the allocation most over its entitlement"
+            "protection are over"
         )
         await asyncio.sleep(max(0.0, started + 10.5 - time.monotonic()))
-        speech = await c.submit(
-            client_id=f"{tag}-speech-1",
-            user="dee",
-            allocation="speech",
-            gpus=4,
-            min_runtime_s=10,
-            duration_s=30,
-        )
+        speech = await submit(Work("speech's run", "speech", 4), "speech-1", "dee", 30, 10)
         await _until(
-            lambda: asyncio.sleep(0, list(notices)),
-            lambda ns: any(n.reason == "reclaimed-for-entitlement" for n in ns),
-            "reclaim for speech",
+            lambda: _states(c, [speech]), lambda s: s == ["running"], "speech runs", timeout=45.0
         )
-        await _until(
-            lambda: _states(c, [speech.workload_id]), lambda s: s == ["running"], "speech runs"
-        )
+        await tell()
 
         print("\n== 5. what users see")
         await asyncio.sleep(2.5)  # one Fair Tree refresh with the usage charged meanwhile
@@ -217,6 +257,8 @@ async def _scenario(stack: Stack) -> None:
         await _show(url, "hosts")
         await _show(url, "owed")
         await sub.unsubscribe()
+        victims = list(dict.fromkeys(n.workload_id for n in seen.notices))
+        final = await _statuses(c, victims)
 
     redis = redis_asyncio.Redis.from_url(stack.servers.redis_url)
     try:
@@ -226,9 +268,9 @@ async def _scenario(stack: Stack) -> None:
         used = window_usage(buckets, now, 7 * 86400)
     finally:
         await redis.aclose()
-    counts = Counter(n.reason for n in notices)
-    print("\n== summary")
-    print(f"   preemption notices: {dict(counts)}")
+    print("\n== summary (from the notices received and the workloads' states now)")
+    for line in summary(seen.notices, works, final):
+        print(f"   {line}")
     print(
         "   GPU-seconds charged so far (allocated work only; unallocated work is free): "
         + ", ".join(f"{a} {used.get(a, 0.0):.0f}" for a in leaves)
@@ -237,6 +279,10 @@ async def _scenario(stack: Stack) -> None:
 
 async def _states(c: Client, ids: list[str]) -> list[str]:
     return [(await c.status(w)).state for w in ids]
+
+
+async def _statuses(c: Client, ids: list[str]) -> dict[str, m.WorkloadStatus]:
+    return {w: await c.status(w) for w in ids}
 
 
 async def _until(
@@ -249,7 +295,7 @@ async def _until(
     value = await probe()
     while not ok(value):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"demo: no {what} after {timeout:.0f} s (last: {value!r})")
+            raise TimeoutError(f"demo: no {what} after {timeout:.0f} s (last: {value!r})")
         await asyncio.sleep(0.2)
         value = await probe()
     return value

@@ -11,8 +11,9 @@
     allot drain HOST [--operator NAME] [--reason R] | allot undrain HOST [--operator NAME]
     allot budgets set PATH SHARES [--by NAME]    (PATH root/nlp/pretrain, SHARES N|parent)
 
-Each takes ``--nats-url`` (env ``ALLOT_NATS_URL``), ``--timeout`` and ``--json`` (the
-envelope of ``allot.render.live_format``). ``--alloc`` omitted means unallocated work.
+Each takes ``--nats-url`` (env ``ALLOT_NATS_URL``; without either, the stack started from
+this folder: ``allot.cli.stack_url``), ``--timeout`` and ``--json`` (the envelope of
+``allot.render.live_format``). ``--alloc`` omitted means unallocated work.
 
 ``--user``, ``--operator``, ``--manager`` and ``--by`` name who sends the command and
 default to the NATS login (the URL's user, or ``ALLOT_NATS_USER``); with a login, any other
@@ -34,13 +35,15 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 import msgspec
 
-from allot.auth.client import add_nats_url_argument, login_for, masked_url
+from allot.auth.client import login_for, masked_url
 from allot.cli.durations import parse_duration
+from allot.cli.stack_url import add_nats_url_option, nats_url
 from allot.core.errors import ValidationError
-from allot.ops.run_dir import running_stack_url
+from allot.ops.run_dir import NoStackError
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -60,7 +63,6 @@ from allot.sdk.client import sender
 
 EXIT_UNAVAILABLE = 1
 EXIT_REFUSED = 2
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 MAX_ARRAY = 10_000
 """Most workloads one ``allot submit --array`` sends."""
@@ -216,9 +218,9 @@ def renamed(exc: ValidationError, options: dict[str, str]) -> ValidationError:
 
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    # ``allot up``'s stack in ./.allot when one runs there (and no ALLOT_NATS_URL says
-    # otherwise): the server the user just started, not whatever answers on :4222.
-    add_nats_url_argument(common, running_stack_url() or DEFAULT_NATS_URL)
+    # No default server: the stack started from this folder, or an error saying what to
+    # export (allot.cli.stack_url), never whatever answers on :4222.
+    add_nats_url_option(common)
     common.add_argument(
         "--timeout", default="5", help="seconds to wait for each answer (default %(default)s)"
     )
@@ -393,15 +395,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _sender(args: argparse.Namespace, option: str, given: str | None) -> str:
     """Who sends the command (``given``, or the NATS login), checked before connecting: a
     name that is not the login's is refused naming ``option``."""
-    return sender(login_for(args.nats_url, os.environ), option, given)
+    try:
+        url = _nats_url(args)
+    except NoStackError:
+        url = ""  # said by _run, once every option has been checked
+    return sender(login_for(url, os.environ), option, given)
+
+
+def _nats_url(args: argparse.Namespace) -> str:
+    """``--nats-url``, else the server ``allot.cli.stack_url`` finds (kept in ``args``);
+    ``NoStackError`` (exit 1 in ``allot.cli.main``) when there is none."""
+    if not getattr(args, "nats_url_found", False):
+        args.nats_url = nats_url(args.nats_url, os.environ, Path.cwd())
+        args.nats_url_found = True
+    url: str = args.nats_url
+    return url
 
 
 def _run(args: argparse.Namespace, work: Callable[[Client], Awaitable[int]]) -> int:
     """Connect, run ``work``, close; an unreachable stack is one line and exit 1."""
     timeout = parse_timeout(args.timeout)
+    url = _nats_url(args)
 
     async def main() -> int:
-        async with Client(args.nats_url, name=f"allot-cli-{args.command}", timeout=timeout) as c:
+        async with Client(url, name=f"allot-cli-{args.command}", timeout=timeout) as c:
             return await work(c)
 
     try:
@@ -411,7 +428,7 @@ def _run(args: argparse.Namespace, work: Callable[[Client], Awaitable[int]]) -> 
         if isinstance(exc, NoResponderError):
             # Name the server asked: the usual slip is a shell without allot up's export,
             # asking the default 127.0.0.1:4222 while the stack runs elsewhere.
-            text += f" [asked {masked_url(args.nats_url)}; allot up prints the URL to export]"
+            text += f" [asked {masked_url(url)}; allot up prints the URL to export]"
         print(f"allot {args.command}: {text}", file=sys.stderr)
         # A refusal by NATS is an answer (exit 2, as a service's refusal), not an outage.
         refused = isinstance(exc, (PermissionDeniedError, LoginRefusedError))

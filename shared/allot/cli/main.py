@@ -25,7 +25,10 @@ from allot.cli import (
     up_cmd,
 )
 from allot.core.errors import ValidationError
+from allot.ops.run_dir import NoStackError
 
+EXIT_NO_STACK = 1
+"""No server named and no running stack found: as a stack that did not answer."""
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: what a shell reports for a program whose reader went away."""
@@ -70,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"allot {args.command}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except NoStackError as exc:
+        print(f"allot {args.command}: {exc}", file=sys.stderr)
+        return EXIT_NO_STACK
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 from allot.auth.client import masked_url
 from allot.config.budget_file import load_tree_file
 from allot.core.errors import ValidationError
-from allot.ops.run_dir import DEFAULT_RUN_DIR
+from allot.ops.run_dir import DEFAULT_RUN_DIR, RUN_DIR_ENV, forget_stack, record_stack
 from allot.ops.stack import AgentSpec, Stack, StackConfig, StackError
 from allot.proto import subjects as s
 
@@ -22,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "up",
         help="run the live stack (NATS, Redis, services, fake agents) with no Docker",
         description="Run NATS with JetStream and a Redis-protocol server from the wheels "
-        "(or existing ones by URL), the six services, the web dashboard and fake agents; "
+        "(or existing ones by URL), the six services (two placement instances), the web "
+        "dashboard and fake agents, each a process of its own; "
         "a service or agent process that exits is restarted (--restart-limit); Ctrl-C "
         "stops all: the agents first, then the services, then the servers.",
     )
@@ -35,7 +37,13 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats-url", help="use this NATS server instead of an embedded one")
     p.add_argument("--redis-url", help="use this Redis server instead of an embedded one")
     p.add_argument("--budgets", type=Path, help="budget tree YAML (default: a built-in example)")
-    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="logs and JetStream data")
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR),
+        help=f"logs and JetStream data (env {RUN_DIR_ENV}; default %(default)s); the allot "
+        "commands typed in this folder find the stack running there",
+    )
     p.add_argument("--agents", type=int, default=2, help="fake agent processes (default 2)")
     p.add_argument("--hosts", type=int, default=4, help="hosts per fake agent (default 4)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs per host (default 8)")
@@ -141,39 +149,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_stack(stack: Stack, stopping: list[int]) -> int:
     with stack:
-        c = stack.config
-        print(f"  NATS   {masked_url(stack.url_for())}  ({_origin(stack, 'nats')})")
-        print(f"  Redis  {stack.servers.redis_url}  ({_origin(stack, 'redis')})")
-        gpus = sum(a.host_count * a.gpus for a in c.agents)
-        print(f"  hosts  {sum(a.host_count for a in c.agents)} fake hosts, {gpus} GPUs")
-        for name, proc in stack.procs.items():
-            print(f"  {name:<14} pid {proc.pid}")
-        print(f"  logs   {c.run_dir / 'logs'}")
-        if stack.dashboard_url is not None:
-            print(f"  dashboard  {stack.dashboard_url}/  (metrics: {stack.dashboard_url}/metrics)")
-        if stack.auth is not None:
-            print(f"  secure: TLS on loopback, CA {stack.ca_file}")
-            print(f"  users:  {', '.join(stack.auth.users)}")
-            print(f"  credentials: {c.run_dir / 'auth' / 'users'}/<user>.env (0600)")
-            print(
-                "  dashboard login: any of these users with ALLOT_NATS_PASSWORD from its "
-                "credentials file (a team sees only its own work)"
-            )
-            print(f"  export ALLOT_NATS_CA={stack.ca_file}")
-            team = next((u for u, cr in stack.auth.users.items() if cr.role == "team"), None)
-            if team is not None:
-                print(f"  export ALLOT_NATS_URL='{stack.url_for(team)}'   # as team {team}")
-        else:
-            print(f"  export ALLOT_NATS_URL={stack.servers.nats_url}")
-        print(f"  {redis_export(stack.servers.redis_url)}")
-        print(f"  try:   {try_line(stack)}", flush=True)
+        # The allot commands typed in this folder find this stack (allot.ops.run_dir).
+        record_stack(stack.config.run_dir, Path.cwd())
         try:
-            dead = wait_for_stop(lambda: _supervise(stack), stopping)
-            if dead:
-                print(f"allot up: {dead}", file=sys.stderr)
-                return 1
-        except KeyboardInterrupt:
-            pass
+            _banner(stack)
+            try:
+                dead = wait_for_stop(lambda: _supervise(stack), stopping)
+                if dead:
+                    print(f"allot up: {dead}", file=sys.stderr)
+                    return 1
+            except KeyboardInterrupt:
+                pass
+        finally:
+            forget_stack(stack.config.run_dir, Path.cwd())
         # A second Ctrl-C or TERM must not cut the stop short (servers left running).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -185,6 +173,47 @@ def _run_stack(stack: Stack, stopping: list[int]) -> int:
         return 1
     print("stopped.")
     return 0
+
+
+def _banner(stack: Stack) -> None:
+    """What runs, where, and how to reach it; its last line starts with ``try:``."""
+    c = stack.config
+    print(f"  NATS   {masked_url(stack.url_for())}  ({_origin(stack, 'nats')})")
+    print(f"  Redis  {stack.servers.redis_url}  ({_origin(stack, 'redis')})")
+    gpus = sum(a.host_count * a.gpus for a in c.agents)
+    print(f"  hosts  {sum(a.host_count for a in c.agents)} fake hosts, {gpus} GPUs")
+    print(f"  {len(stack.procs)} processes (services and agents):")
+    for name, proc in stack.procs.items():
+        print(f"    {name:<14} pid {proc.pid}")
+    print(f"  logs   {c.run_dir / 'logs'}")
+    if stack.dashboard_url is not None:
+        print(f"  dashboard  {stack.dashboard_url}/  (metrics: {stack.dashboard_url}/metrics)")
+    if stack.auth is not None:
+        print(f"  secure: TLS on loopback, CA {stack.ca_file}")
+        print(f"  users:  {', '.join(stack.auth.users)}")
+        print(f"  credentials: {c.run_dir / 'auth' / 'users'}/<user>.env (0600)")
+        print(
+            "  dashboard login: any of these users with ALLOT_NATS_PASSWORD from its "
+            "credentials file (a team sees only its own work)"
+        )
+        print(f"  export ALLOT_NATS_CA={stack.ca_file}")
+        team = next((u for u, cr in stack.auth.users.items() if cr.role == "team"), None)
+        if team is not None:
+            print(f"  export ALLOT_NATS_URL='{stack.url_for(team)}'   # as team {team}")
+    else:
+        print(f"  {found_line(c.run_dir)}")
+        print(f"  export ALLOT_NATS_URL={stack.servers.nats_url}   # or this, from anywhere")
+    print(f"  {redis_export(stack.servers.redis_url)}")
+    print(f"  try:   {try_line(stack)}", flush=True)
+
+
+def found_line(run_dir: Path) -> str:
+    """How the CLI finds this stack: by itself in this folder (and below), elsewhere with
+    ``ALLOT_RUN_DIR``."""
+    return (
+        "allot commands typed in this folder find this stack by themselves; elsewhere: "
+        f"export {RUN_DIR_ENV}={run_dir}"
+    )
 
 
 def _supervise(stack: Stack) -> str | None:

@@ -507,6 +507,8 @@ class Stack(StartStop):
                 c.run_dir,
                 nats=self.servers.nats.port if self.servers.nats else None,
                 dashboard=self.dashboard_port,
+                # Read by the CLI only (allot accounting finds the stack's Redis).
+                redis=self.servers.redis.port if self.servers.redis else None,
             )
             for name in self.commands():
                 self.spawn(name)
