@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     # A plain flag, not a threading.Event: Event.set() in a signal handler deadlocks when
     # the signal lands while this thread holds the Event's lock (inside Event.wait, or a
     # first handler's set()): `kill` twice, or `timeout`'s forwarded TERM, hung allot up
-    # for good with its servers running (seen 2026-12-03).
+    # for good with its servers running (seen in a trial).
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     # A closed terminal's HUP now reaches allot up alone (the stack's processes have

@@ -169,10 +169,9 @@ class StackConfig:
 
 def lock_run_dir(run_dir: Path) -> int:
     """An exclusive lock on ``run_dir`` (its ``allot.lock`` holds the owner's pid), kept
-    until the returned descriptor is closed, by ``Stack.stop`` or the process's end. Found
-    on 2026-12-03: a second ``allot up`` in the same folder started a second nats-server
-    on the same JetStream store, and the first stack then lost a submission it had
-    acknowledged."""
+    until the returned descriptor is closed, by ``Stack.stop`` or the process's end. Without
+    it a second ``allot up`` in the same folder started a second nats-server on the same
+    JetStream store, and the first stack then lost a submission it had acknowledged."""
     try:
         return pid_lock.acquire(run_dir / LOCK_FILE)
     except pid_lock.LockHeldError as held:
