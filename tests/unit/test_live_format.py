@@ -592,6 +592,28 @@ def test_min_runtime_in_whole_seconds(text: str, seconds: int) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1h30m", 5400), ("2d12h", 216_000), ("1m30s", 90), ("1h0.5m", 3630), ("7h59m60s", 28_800)],
+)
+def test_parts_largest_unit_first_add_up(text: str, seconds: int) -> None:
+    """As Slurm's ``--time`` and Go's durations write them (``1h30m`` was refused while
+    ``1.5h`` worked)."""
+    assert parse_duration(text) == seconds
+    if seconds <= m.MAX_MIN_RUNTIME_S:
+        assert live_cmds.parse_min_runtime(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [("30m1h", "largest first"), ("1h1h", "each unit once"), ("1h30", "not a duration")],
+)
+def test_parts_out_of_order_or_without_a_unit_are_refused(text: str, reason: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        live_cmds.parse_min_runtime(text)
+    assert err.value.field == "--min-runtime" and reason in err.value.reason
+
+
+@pytest.mark.parametrize(
     "text",
     ["0.4s", "0.9s", "1.5", "0.0001m"],
     ids=["was-rounded-to-0", "was-rounded-to-1", "plain-seconds", "a-minute-fraction"],
@@ -883,3 +905,14 @@ def test_prio_table_lists_the_inputs_of_each_position() -> None:
     # A capped answer says so, as allot queue's does (2,584 pending, 2,000 rows).
     capped = fmt.prio_table(msgspec.structs.replace(snap, total=2584)).splitlines()[-2]
     assert capped.startswith("2584 pending (first 2 shown) (at ")
+
+
+def test_status_text_of_pending_work_says_why_it_waits_and_when_it_may_start() -> None:
+    queue = _queue()
+    row = queue.rows[0]
+    status = m.WorkloadStatus(workload_id="wl-a", state="pending", allocation="nlp", gpus=8)
+    lines = dict(line.split(":", 1) for line in fmt.status_text(status, row, queue.at).splitlines())
+    assert lines["waiting for"].strip() == "room only behind protected work"
+    assert lines["waiting code"].strip() == "protected-until"
+    assert lines["est. start"].strip() == "2027-01-15T12:00:00Z (~55.0m)"
+    assert "waiting for" not in fmt.status_text(status)  # no row: nothing invented

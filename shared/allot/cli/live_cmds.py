@@ -300,7 +300,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "accepted under allot auth gen's credentials.",
     )
     p.add_argument("workload", metavar="WORKLOAD")
-    p.add_argument("--alloc", help="its allocation; omitted = unallocated")
+    p.add_argument(
+        "--alloc",
+        help="its allocation (~: unallocated); omitted: where the placement leader says it is "
+        "(unallocated when it cannot be asked)",
+    )
     who = p.add_mutually_exclusive_group()
     who.add_argument(
         "--user", help=f"the owner, the submission's --user (the default form; {LOGIN_HELP})"
@@ -435,6 +439,23 @@ def _run(args: argparse.Namespace, work: Callable[[Client], Awaitable[int]]) -> 
         return EXIT_REFUSED if refused else EXIT_UNAVAILABLE
 
 
+def _too_many_gpus(args: argparse.Namespace, gpus: int) -> str | None:
+    """Why the stack would refuse ``gpus`` (more than its registered hosts hold), asked
+    quietly: None when it would not, or when no stack answers within a second."""
+
+    async def ask() -> int:
+        async with Client(_nats_url(args), timeout=1.0, retries=0, connect_timeout=1) as c:
+            return sum(h.gpus for h in (await c.hosts()).hosts)
+
+    try:
+        total = asyncio.run(ask())
+    except (SdkError, NoStackError, ValidationError, OSError):
+        return None
+    if total and gpus > total:
+        return f"asks for {gpus} GPUs; the cluster has {total} registered"
+    return None
+
+
 def _print_reply(args: argparse.Namespace, msg: msgspec.Struct, text: str) -> int:
     print(fmt.envelope_json(msg, time.time()) if args.json else text)
     return 0
@@ -449,9 +470,13 @@ def run_submit(args: argparse.Namespace) -> int:
         raise ValidationError("--duration", "must be more than 0 seconds")
     if not args.cmd and duration is None:
         # A real agent fails such work at once, after it may have preempted others; only
-        # fake agents run without a command (for --duration).
+        # fake agents run without a command (for --duration). What the stack would also
+        # refuse is said in the same line, so one fix is not followed by another error.
+        also = _too_many_gpus(args, gpus)
         raise ValidationError(
-            "CMD", "give the command to run after --, or --duration for a fake run"
+            "CMD",
+            "give the command to run after --, or --duration for a fake run"
+            + (f"; also --gpus: {also}" if also else ""),
         )
 
     fields = {
@@ -607,9 +632,12 @@ def run_cancel(args: argparse.Namespace) -> int:
 
     async def work(c: Client) -> int:
         try:
+            alloc = args.alloc
+            if alloc is None:  # ids are unique: the leader says where it is
+                alloc = await _allocation_of(c, args.workload)
             reply = await c.cancel(
                 args.workload,
-                allocation=_allocation(args.alloc),
+                allocation=_allocation(alloc),
                 user=name,
                 reason=args.reason,
                 as_operator=args.operator is not None,
@@ -620,6 +648,18 @@ def run_cancel(args: argparse.Namespace) -> int:
         return _print_reply(args, reply, _accepted_text(f"cancel {args.workload}", reply))
 
     return _run(args, work)
+
+
+async def _allocation_of(c: Client, workload: str) -> str | None:
+    """Where ``workload`` is, as the placement leader says (its allocation's token, ``~``
+    for unallocated work), for commands given no ``--alloc``: ids are unique, so a user
+    need not repeat it. None when the leader does not know it or cannot be asked (no
+    leader; a team under --secure may not ask cluster-wide)."""
+    with contextlib.suppress(NoResponderError, RequestTimeoutError, PermissionDeniedError):
+        found = await c.status(workload)
+        if found.state != "unknown":
+            return found.allocation or s.UNALLOCATED
+    return None
 
 
 def _require_known(status: m.WorkloadStatus, workload: str, scope: str | None) -> None:
@@ -641,7 +681,14 @@ def run_status(args: argparse.Namespace) -> int:
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
         _require_known(status, args.workload, scope)
-        return _print_reply(args, status, fmt.status_text(status))
+        waiting, at = None, None
+        if status.state == "pending" and not args.json:
+            # why it waits: its row of the leader's queue (as the dashboard shows it)
+            with contextlib.suppress(SdkError, ValidationError):
+                queue = await c.queue(scope=scope or status.allocation or s.UNALLOCATED)
+                at = queue.at
+                waiting = next((r for r in queue.rows if r.workload_id == status.workload_id), None)
+        return _print_reply(args, status, fmt.status_text(status, waiting, at))
 
     return _run(args, work)
 
@@ -653,17 +700,9 @@ def run_watch(args: argparse.Namespace) -> int:
     given = parse_scope(args.alloc)
 
     async def work(c: Client) -> int:
-        scope = given or s.UNALLOCATED
         try:
+            scope = given or await _allocation_of(c, args.workload) or s.UNALLOCATED
             with contextlib.suppress(NoResponderError, RequestTimeoutError):  # no leader
-                if given is None:
-                    # Without --alloc, the leader says where the workload is (a user who
-                    # forgot --alloc was told it did not exist); a team under --secure may
-                    # not ask cluster-wide, and then it is looked for as unallocated work.
-                    with contextlib.suppress(PermissionDeniedError):
-                        found = await c.status(args.workload)
-                        if found.state != "unknown":
-                            scope = found.allocation or s.UNALLOCATED
                 status = await c.status(args.workload, scope=scope)
                 _require_known(status, args.workload, scope)
             allocation = None if scope == s.UNALLOCATED else scope

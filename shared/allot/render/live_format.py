@@ -412,10 +412,17 @@ def _requeued(status: m.WorkloadStatus) -> str:
     return f"{timestamp(status.requeued_at)}, after attempt {status.attempt}{why}"
 
 
-def status_text(status: m.WorkloadStatus) -> str:
+def status_text(
+    status: m.WorkloadStatus, waiting: m.QueueRow | None = None, at: float | None = None
+) -> str:
     """One ``key: value`` line per field that says something; an ended workload shows its
     last attempt's placement, start and hosts, its end, exit code and reason (like
-    ``sacct``)."""
+    ``sacct``). ``waiting``: a pending workload's queue row (as of ``at``), which says why
+    it waits and when it may start (as ``squeue``'s REASON and START_TIME)."""
+    why = (waiting.why or waiting.reason) if waiting is not None else ""
+    estimate = NONE
+    if waiting is not None and waiting.est_start is not None and at is not None:
+        estimate = f"{timestamp(waiting.est_start)} ({est_start_cell(waiting.est_start, at)})"
     lines = [
         ("workload", status.workload_id),
         ("state", status.state),
@@ -425,6 +432,9 @@ def status_text(status: m.WorkloadStatus) -> str:
         ("attempt", str(status.attempt)),
         ("position", int_cell(status.position)),
         ("requeued", _requeued(status)),
+        ("waiting for", one_line(why) or NONE),
+        ("waiting code", (waiting.reason if waiting is not None else "") or NONE),
+        ("est. start", estimate),
         ("submitted", timestamp(status.submitted_at)),
         ("placed", timestamp(status.started_at)),
         ("started", _run_started(status)),
