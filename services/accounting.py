@@ -84,7 +84,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio.client import Pipeline
 
 from allot import bus
-from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore
+from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore, charged_until_key
 from allot.bus.runtime import (
     Delivery,
     configure_logging,
@@ -253,7 +253,7 @@ class Charger:
         self.store = RedisUsageStore(self.client, self.prefix)
         self.running_key = f"{self.prefix}:running"
         self.marker_key = f"{self.prefix}:applied"
-        self.charged_until_key = f"{self.prefix}:charged_until"
+        self.charged_until_key = charged_until_key(self.prefix)
         """The end of the last slot the live window charged (``usage.complete_until``)."""
         self._cas = self.client.register_script(_CAS_LUA)
         self._advance = self.client.register_script(_ADVANCE_LUA)

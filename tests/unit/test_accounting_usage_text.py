@@ -16,6 +16,12 @@ def test_usage_is_labelled_gpu_hours_of_its_window_and_says_as_of_when() -> None
     legend = " ".join(lines[3:])
     assert legend.startswith("Charged as of 2027-01-15T08:00:00Z: ended runs in full")
     assert "whole slots" in legend and "allot owed counts from the log" in legend
+    assert "not yet" in legend  # no accrual so far
+
+
+def test_the_legend_says_until_when_running_work_was_charged() -> None:
+    legend = " ".join(usage_text(AT, 3600, {"nlp": 1.0}, AT - 120).splitlines()[2:])
+    assert "running ones in whole slots up to 2027-01-15T07:58:00Z" in legend
 
 
 def test_an_hour_window_is_labelled_1h() -> None:

@@ -110,6 +110,12 @@ class UsageStore(Protocol):
         ...
 
 
+def charged_until_key(prefix: str) -> str:
+    """The key holding the end of the last slot the accounting service charged running work
+    for (``allot.core.usage.complete_until``), read by the usage query and the CLI."""
+    return f"{prefix}:charged_until"
+
+
 class MemoryUsageStore:
     """Plain dicts: the simulator's and the unit tests' store (same rules as Redis)."""
 

@@ -117,32 +117,39 @@ def run_usage(args: argparse.Namespace) -> int:
     redis = redis_url(args.redis_url, os.environ, Path.cwd())
     check_redis_url(redis, "--redis-url")
     try:
-        at, gpu_hours = asyncio.run(usage(redis, args.prefix, args.window_s))
+        at, gpu_hours, charged_until = asyncio.run(usage(redis, args.prefix, args.window_s))
     except _unreachable_errors() as e:
         return _unreachable("usage", e)
     except ValidationError as exc:
         raise ValidationError(_OPTION.get(exc.field, exc.field), exc.reason) from None
     if args.json:  # the envelope every --json listing prints
-        data = {"window_s": args.window_s, "gpu_hours": gpu_hours}
+        data = {"window_s": args.window_s, "gpu_hours": gpu_hours, "charged_until": charged_until}
         print(json.dumps({"kind": "AccountingUsage", "at": at, "data": data}))
         return 0
-    print(usage_text(at, args.window_s, gpu_hours))
+    print(usage_text(at, args.window_s, gpu_hours, charged_until))
     return 0
 
 
-def usage_text(at: float, window_s: int, gpu_hours: dict[str, float]) -> str:
+def usage_text(
+    at: float, window_s: int, gpu_hours: dict[str, float], charged_until: float | None = None
+) -> str:
     """The usage table and its legend: what the store holds as charged at ``at``, which
-    lags the log (``allot owed`` counts from the log up to now)."""
+    lags the log (``allot owed`` counts from the log up to now); ``charged_until``: the end
+    of the last slot the accounting service charged running work for."""
     head = f"GPU-h (last {duration_label(window_s)})"
     width = max([len("allocation"), *map(len, gpu_hours)])
     cells = {name: gpu_h_cell(hours) for name, hours in gpu_hours.items()}
     right = max([len(head), *map(len, cells.values())])
     lines = [f"{'allocation':<{width}}  {head:>{right}}"]
     lines += [f"{name:<{width}}  {cell:>{right}}" for name, cell in cells.items()]
+    until = (
+        f"up to {timestamp(charged_until)}"
+        if charged_until is not None
+        else "not yet (no accrual so far)"
+    )
     lines += [
         f"Charged as of {timestamp(at)}: ended runs in full, running ones in whole slots",
-        f"up to a slot or two ago (the accounting service's --slot-s, {DEFAULT_SLOT_S:g} s by "
-        "default), each run",
+        f"{until} (the accounting service's --slot-s, {DEFAULT_SLOT_S:g} s by default), each run",
         "from the start its host reported. allot owed counts from the log instead: from",
         "placement, running work up to now.",
     ]
@@ -151,12 +158,16 @@ def usage_text(at: float, window_s: int, gpu_hours: dict[str, float]) -> str:
 
 async def usage(
     redis_url: str, prefix: str, window_s: int, now: float | None = None
-) -> tuple[float, dict[str, float]]:
-    """``(now, {allocation: GPU-hours in the window})`` for every allocation in the store
-    (raises ``ValidationError`` for a bad prefix or window)."""
+) -> tuple[float, dict[str, float], float | None]:
+    """``(now, {allocation: GPU-hours in the window}, charged until)`` for every allocation
+    in the store (raises ``ValidationError`` for a bad prefix or window); the last is the
+    end of the last slot running work was charged for (None before any)."""
     import redis.asyncio as redis_asyncio  # noqa: PLC0415 - see run_rebuild
 
-    from allot.adapters.usage_store import RedisUsageStore  # noqa: PLC0415
+    from allot.adapters.usage_store import (  # noqa: PLC0415
+        RedisUsageStore,
+        charged_until_key,
+    )
     from allot.bus.runtime import wall_clock  # noqa: PLC0415
 
     if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s <= 0:
@@ -167,10 +178,15 @@ async def usage(
         store = RedisUsageStore(client, prefix)
         names = await store.allocations()
         buckets = await store.buckets(names, at, window_s)
+        raw = await client.get(charged_until_key(prefix))
     finally:
         await client.aclose()
     seconds = window_usage(buckets, at, window_s)
-    return at, {name: seconds[name] / HOUR_S for name in sorted(seconds)}
+    try:
+        charged_until = None if raw is None else float(raw)
+    except ValueError:
+        charged_until = None
+    return at, {name: seconds[name] / HOUR_S for name in sorted(seconds)}, charged_until
 
 
 _OPTION = {"window_s": "--window-s", "slot_s": "--slot-s", "prefix": "--prefix"}
