@@ -49,7 +49,7 @@ from allot.core.budgets import parse_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
-SERVICES_DIR = ROOT / "shared" / "allot" / "services"
+SERVICES_DIR = ROOT / "services"
 NATS_CONF = ROOT / "deploy" / "nats.conf"
 
 ENGINES = ("nats", "redis")
@@ -360,7 +360,7 @@ def test_command_module_exists(name: str) -> None:
     module, _ = _module_and_args(name)
     short = module.rsplit(".", 1)[1]
     assert (SERVICES_DIR / f"{short}.py").is_file() or (SERVICES_DIR / short).is_dir(), (
-        f"service {name}: {module} does not exist (no shared/allot/services/{short}.py): "
+        f"service {name}: {module} does not exist (no services/{short}.py or services/{short}/): "
         "the stack cannot start"
     )
 
