@@ -54,7 +54,7 @@ class Up:
 
     async def ready(self) -> None:
         while True:
-            found = await self.until(r"^  (\S+)\s+pid (\d+)$|^  try:")
+            found = await self.until(r"^ +(\S+)\s+pid (\d+)$|^  try:")
             if found.group(1) is None:  # the banner's last line: the stack is ready
                 return
             self.pids[found.group(1)] = int(found.group(2))
