@@ -328,6 +328,15 @@ def end_charges(
     return EndCharges(tuple(slots), tuple(settles))
 
 
+def run_hours(started_at: float, ended_at: float, gpus: int) -> dict[int, float]:
+    """What the run ``[started_at, ended_at)``, read at its end with nothing charged before,
+    costs per hour: ``end_charges(..., now=ended_at, earliest=started_at, accrued=None)
+    .new_hours(gpus)`` on any slot grid (its slots tile the span and nothing is settled
+    ahead; ``tests/unit/test_charging.py`` proves the two equal to the bit), in one pass
+    instead of one per slot. The simulator, whose clock is exact, charges with it."""
+    return split_into_hours(started_at, ended_at, gpus)
+
+
 def settle_hours(
     whole: tuple[float, float], final: tuple[float, float], gpus: int
 ) -> tuple[dict[int, float], dict[int, float]]:

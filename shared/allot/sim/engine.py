@@ -15,10 +15,10 @@ Usage is charged by the core's rules (``allot.core.usage``, the accounting servi
 decision 0007) into ``SimRecord.usage``: an allocation's allocated GPUs, constant between
 two changes (a start or an end of its allocated work), are charged when they change and at
 every ranking refresh (``rank_every_s``, default 300 s), as a run that ends then
-(``end_charges``, nothing charged ahead). Charging is linear in GPUs and runs, so this is
-what charging each run gives, in O(1) per allocation; unlike the live window, which lags a
-slot, the simulator's is exact up to now. Fair Tree is recomputed from the window at each
-refresh.
+(``run_hours``: ``end_charges`` with nothing charged ahead). Charging is linear in GPUs and
+runs, so this is what charging each run gives, in O(1) per allocation; unlike the live
+window, which lags a slot, the simulator's is exact up to now. Fair Tree is recomputed from
+the window at each refresh.
 
 A preempted resumable workload resumes where it stopped (it checkpoints during the grace
 period, which is what the grace period is for); a non-resumable one ends as preempted.
@@ -38,7 +38,7 @@ from allot.core.fold import apply_result, end_workload
 from allot.core.model import HostState, Workload
 from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
-from allot.core.usage import HOUR_S, charged_allocation, end_charges, window_usage
+from allot.core.usage import charged_allocation, run_hours, window_usage
 from allot.sim.baselines import baseline_of
 from allot.sim.cluster import ClusterSpec, HealthEvent
 from allot.sim.record import (
@@ -208,9 +208,8 @@ class _Engine:
         since = self.charged_until.get(allocation, now)
         gpus = self.running_gpus.get(allocation, 0)
         if gpus and now > since:
-            charges = end_charges(since, now, now=now, earliest=since, slot_s=HOUR_S, accrued=None)
             buckets = self.buckets.setdefault(allocation, {})
-            for hour, gpu_s in charges.new_hours(gpus).items():
+            for hour, gpu_s in run_hours(since, now, gpus).items():
                 buckets[hour] = buckets.get(hour, 0.0) + gpu_s
         self.charged_until[allocation] = now
 
