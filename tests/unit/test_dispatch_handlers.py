@@ -7,11 +7,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 from handler_harness import NOW, Clock, broker, running
-from memory_log import MemoryLog
 
 from allot.proto import messages as m
 from allot.proto import subjects
 from allot.services.dispatch import DispatchService
+from memory_log import MemoryLog
 
 Reply = m.CommandAccepted | m.CommandRejected
 G = "wgang"

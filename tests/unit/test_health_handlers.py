@@ -9,11 +9,11 @@ import time
 import msgspec
 import pytest
 from handler_harness import NOW, Clock, ask, broker, raw_msg, running
-from memory_log import MemoryLog
 
 from allot.proto import messages as m
 from allot.proto import subjects
 from allot.services.health import HealthService
+from memory_log import MemoryLog
 
 Reply = m.CommandAccepted | m.CommandRejected
 REGISTERED = m.HostRegistered(host="h1", gpus=8, at=NOW - 60)

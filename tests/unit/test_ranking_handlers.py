@@ -10,7 +10,6 @@ from pathlib import Path
 import msgspec
 import pytest
 from handler_harness import NOW, Clock, ask, broker, running
-from memory_log import MemoryLog
 
 from allot.adapters.usage_store import MemoryUsageStore
 from allot.config.budget_file import load_tree_file
@@ -19,6 +18,7 @@ from allot.eventlog.budget_wire import spec_from_tree
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.ranking import RankingService
+from memory_log import MemoryLog
 
 Reply = m.CommandAccepted | m.CommandRejected
 TREE = {
