@@ -47,7 +47,7 @@ browser: ## Debian's chromium for the browser tests, installed with apt-get if m
 
 lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (layers, the core and the fold pure), no package import cycle
 	$(BIN)/ruff format --check shared services tests bench tools
-	$(BIN)/ruff check shared services tests bench tools
+	$(BIN)/ruff check --no-cache shared services tests bench tools
 	$(BIN)/lint-imports
 	$(BIN)/python tools/package_cycles.py
 	$(BIN)/python -m allot.proto.schema --check
