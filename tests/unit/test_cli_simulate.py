@@ -114,7 +114,16 @@ def test_one_policy_writes_report_json_and_html(scenario: Path, tmp_path: Path) 
     assert html.startswith("<!DOCTYPE html>") and "fifo" in html
     assert f"scenario ai2 seed {made['seed']}, simulation seed" in html
     assert "wait of allocated work" in html and "wait of unallocated work" in html
-    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["jobs.csv", "report.html", "report.json"]
+    with (out / "jobs.csv").open(newline="") as handle:
+        jobs = list(csv.DictReader(handle))
+    assert len(jobs) == report["workloads"]
+    started = [j for j in jobs if j["first_start_s"]]
+    assert started and all(
+        float(j["wait_s"]) == pytest.approx(float(j["first_start_s"]) - float(j["submit_s"]))
+        for j in started
+    )
+    assert sum(int(j["preemptions"]) for j in jobs) == report["preemptions"]
     assert "fifo" in done.stdout.splitlines()[0]  # the summary table's header
 
 

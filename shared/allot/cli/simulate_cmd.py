@@ -14,7 +14,8 @@ folder and builds the pooled cluster (352 hosts x 8 GPUs, partitions = the VC no
 and budgets (shares = node counts, 1 for the four VCs the file lacks); it writes both YAML
 files beside the reports so the run can be repeated with the plain flags.
 
-One policy: ``DIR/report.json`` and ``DIR/report.html``. ``--compare``: one folder per policy
+One policy: ``DIR/report.json``, ``DIR/report.html`` and ``DIR/jobs.csv`` (one row per
+job: waits, JCT, preemptions; ``allot.sim.jobs_csv``). ``--compare``: one folder per policy
 (``DIR/<policy>/``), ``DIR/compare.json`` and ``DIR/compare.html`` (side by side, linking
 each policy's report); the summary prints side by side.
 """
@@ -42,6 +43,7 @@ from allot.sim.baselines import POLICY_NAMES, named_policy
 from allot.sim.cluster import ClusterSpec, load_cluster
 from allot.sim.compare import render_compare_html, render_summary, summary
 from allot.sim.engine import SimConfig, simulate
+from allot.sim.jobs_csv import write_jobs_csv
 from allot.sim.output_files import make_out_dir, writing_to
 from allot.sim.report import build_report, write_report
 from allot.sim.scenario import (
@@ -220,9 +222,10 @@ def _run_one(
         print(file=sys.stderr)
     out = args.out / name if per_policy_folder else args.out
     write_report(report, out)
+    write_jobs_csv(record, out)
     print(
         f"{name}: {len(jobs)} workloads simulated in {time.perf_counter() - started:.1f} s"
-        f" -> {out}/report.json, report.html",
+        f" -> {out}/report.json, report.html, jobs.csv",
         file=sys.stderr,
     )
     return report

@@ -12,6 +12,13 @@ from pathlib import Path
 from allot.core.errors import ValidationError
 
 
+def csv_number(value: float) -> str:
+    """A number as a CSV cell that reads back the same: ``3``, ``2.5``, never ``3.0``."""
+    if isinstance(value, int):
+        return str(value)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
 def unwritable(flag: str, exc: OSError) -> ValidationError:
     """Why the output under ``flag`` could not be written, in one line."""
     where = exc.filename if exc.filename is not None else "output"

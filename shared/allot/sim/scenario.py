@@ -98,6 +98,7 @@ from pathlib import Path
 from allot.core.errors import ValidationError
 from allot.core.model import MAX_MIN_RUNTIME_S, Workload
 from allot.sim.input_files import csv_rows
+from allot.sim.output_files import csv_number
 from allot.sim.trace import TraceJob
 
 HOUR = 3600
@@ -319,9 +320,9 @@ def dump_trace_csv(jobs: Iterable[TraceJob]) -> str:
         writer.writerow(
             (
                 w.id,
-                _number(w.submit_time),
+                csv_number(w.submit_time),
                 w.gpus,
-                _number(job.duration_s),
+                csv_number(job.duration_s),
                 w.allocation or "",
                 w.user,
                 w.kind,
@@ -611,13 +612,7 @@ def _q(value: object) -> str:
 def _scalar(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationError("yaml", f"expected a number, got {value!r}")
-    return _number(value)
-
-
-def _number(value: float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    return str(int(value)) if value.is_integer() else repr(value)
+    return csv_number(value)
 
 
 def _map(value: object) -> Mapping[str, object]:
