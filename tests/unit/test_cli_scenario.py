@@ -41,6 +41,8 @@ def existing_file(tmp: Path) -> Path:
         pytest.param(["--demand", "inf"], ("--demand", "finite"), id="infinite-demand"),
         pytest.param(["--demand", "nan"], ("--demand",), id="nan-demand"),
         pytest.param(["--hosts", "0"], ("--hosts", "positive"), id="no-hosts"),
+        pytest.param(["--max-gang", "32"], ("--max-gang", "from 64"), id="gang-too-small"),
+        pytest.param(["--debug-share", "0.9"], ("--debug-share", "room"), id="debug-too-big"),
     ],
 )
 def test_bad_knob_flag_is_exit_2_and_one_line_naming_the_flag(

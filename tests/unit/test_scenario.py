@@ -99,6 +99,19 @@ def test_multi_host_gangs_of_64_and_128_are_present(month: Scenario) -> None:
     assert all(j.workload.kind == "training" for j in month.jobs if j.workload.gpus >= 64)
 
 
+def test_max_gang_gives_every_team_gangs_up_to_it_whatever_its_entitlement() -> None:
+    """``allot scenario ai2 --max-gang 128``: the fragmentation stress (issue 37)."""
+    default = generate_ai2(1, Ai2Knobs(days=10))
+    stressed = generate_ai2(1, Ai2Knobs(days=10, max_gang=128))
+
+    def gang_teams(s: Scenario) -> set[str]:
+        return {j.workload.allocation or "" for j in s.jobs if j.workload.gpus >= 64}
+
+    assert len(gang_teams(stressed)) > len(gang_teams(default))
+    assert max(j.workload.gpus for j in stressed.jobs) <= 128
+    assert generate_ai2(1, Ai2Knobs(days=10, max_gang=64)).jobs != stressed.jobs
+
+
 def test_the_tree_has_fifteen_teams_under_four_programs_with_unequal_shares(
     month: Scenario,
 ) -> None:
@@ -191,6 +204,8 @@ def test_budgets_yaml_quotes_names_and_writes_leaves_on_one_line() -> None:
         ),
         pytest.param({"busy_days": (5.0, 2.0)}, "knobs.busy_days", id="inverted-phase-range"),
         pytest.param({"host_failures": 49}, "knobs.host_failures", id="more-failures-than-hosts"),
+        pytest.param({"max_gang": 32}, "knobs.max_gang", id="gang-smaller-than-a-gang"),
+        pytest.param({"max_gang": 400}, "knobs.max_gang", id="gang-larger-than-the-cluster"),
     ],
 )
 def test_bad_knobs_are_rejected(knobs: dict[str, object], field: str) -> None:

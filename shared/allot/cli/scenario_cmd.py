@@ -25,6 +25,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--days", type=int, help="length in days (default 30)")
     parser.add_argument("--demand", type=float, help="demand / capacity (default 2.5)")
     parser.add_argument("--hosts", type=int, help="hosts of 8 GPUs (default 48)")
+    parser.add_argument(
+        "--max-gang",
+        type=int,
+        help="every team also submits gangs up to this many GPUs, whatever its entitlement "
+        "(default: only the pretraining and multimodal programs, capped by entitlement)",
+    )
+    parser.add_argument(
+        "--debug-share",
+        type=float,
+        help="share of the GPU-hours in debug jobs (default 0.008)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -33,6 +44,9 @@ _FLAG_OF_KNOB = {
     "knobs.days": "--days",
     "knobs.demand_factor": "--demand",
     "knobs.hosts": "--hosts",
+    "knobs.max_gang": "--max-gang",
+    "knobs.debug_fraction": "--debug-share",
+    "knobs": "--debug-share",
 }
 
 
@@ -54,7 +68,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _knobs(args: argparse.Namespace) -> Ai2Knobs:
     default = Ai2Knobs()
-    flags = {"days": args.days, "demand_factor": args.demand, "hosts": args.hosts}
+    flags = {
+        "days": args.days,
+        "demand_factor": args.demand,
+        "hosts": args.hosts,
+        "max_gang": args.max_gang,
+        "debug_fraction": args.debug_share,
+    }
     changes: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
     if args.hosts is not None:
         # No flag sets the failures, so they follow --hosts: a cluster smaller than the

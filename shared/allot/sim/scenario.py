@@ -46,7 +46,8 @@ The Ai2-like month (defaults in brackets, every one a field of ``Ai2Knobs``)
       filler       65% filler_fraction      1, 2, 4, 8      1-24 h log-u.   0          yes
 
   Teams of the ``pretraining`` and ``multimodal`` programs put ``gang_fraction`` [0.3]
-  of their training GPU-hours into multi-host gangs of 64 (2/3) or 128 (1/3) GPUs.
+  of their training GPU-hours into multi-host gangs of 64 (2/3) or 128 (1/3) GPUs; with
+  ``max_gang`` [None] every team does, gangs up to that size whatever its entitlement.
   No job asks for more than ``max_job_entitlement_ratio`` [2] x its team's entitlement
   (effective share x GPUs, at least 8): sizes above the cap are not drawn, and teams
   whose cap is under 64 GPUs run no gangs (with the defaults olmo-core runs 64 and 128,
@@ -160,6 +161,9 @@ class Ai2Knobs:
     quiet_level: float = 0.1
     host_failures: int = 4
     legacy_high_fraction: float = 0.8
+    max_gang: int | None = None
+    """Gangs of up to this many GPUs from every team, whatever its entitlement (None: the
+    programs above, capped by their entitlement): the fragmentation stress of issue 37."""
 
     def __post_init__(self) -> None:
         for name in ("days", "hosts", "gpus_per_host"):
@@ -184,6 +188,17 @@ class Ai2Knobs:
             low, high = getattr(self, name)
             if not 0 < low <= high:
                 raise ValidationError(f"knobs.{name}", f"must be 0 < low <= high, got {low, high}")
+        capacity = self.hosts * self.gpus_per_host
+        if self.max_gang is not None and (
+            isinstance(self.max_gang, bool)
+            or not isinstance(self.max_gang, int)
+            or not 64 <= self.max_gang <= capacity
+        ):
+            raise ValidationError(
+                "knobs.max_gang",
+                f"must be a whole number of GPUs from 64 (the smallest gang) to the cluster's "
+                f"{capacity}, got {self.max_gang!r}",
+            )
         if not 0 <= self.host_failures <= self.hosts:
             raise ValidationError(
                 "knobs.host_failures", f"must be in [0, hosts], got {self.host_failures}"
@@ -240,8 +255,13 @@ def generate_ai2(seed: int, knobs: Ai2Knobs = Ai2Knobs()) -> Scenario:
         for k_index, kind in enumerate(KINDS):
             budget = slice_gpu_h * class_fraction[kind]
             jobs: list[_Draft] = []
-            if kind == "training" and program_of[team] in GANG_PROGRAMS and max_gpus >= 64:
-                jobs += _draw_jobs(rng, "gang", budget * knobs.gang_fraction, max_gpus)
+            if knobs.max_gang is None:
+                gang_cap = max_gpus
+                gangs = program_of[team] in GANG_PROGRAMS and max_gpus >= 64
+            else:  # every team, up to the knob, whatever its entitlement
+                gang_cap, gangs = knobs.max_gang, True
+            if kind == "training" and gangs:
+                jobs += _draw_jobs(rng, "gang", budget * knobs.gang_fraction, gang_cap)
                 budget *= 1.0 - knobs.gang_fraction
             jobs += _draw_jobs(rng, kind, budget, max_gpus)
             if kind == "filler":
