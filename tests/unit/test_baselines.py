@@ -30,13 +30,15 @@ from allot.core.budgets import parse_tree
 from allot.core.decisions import CycleResult, PreemptReason
 from allot.core.fold import apply_result
 from allot.core.model import Assignment, HostState, Workload
-from allot.core.policy import Policy
+from allot.core.policy import Fifo, Policy
 from allot.core.state import ClusterState, PendingQueue
 from allot.sim.baselines import (
     NO_BASELINE,
     POLICY_NAMES,
     LegacyPriority,
     Partitioned,
+    StrictFifo,
+    StrictPartitioned,
     baseline_of,
     named_policy,
 )
@@ -231,3 +233,49 @@ def test_partitioned_backfills_within_a_pool() -> None:
         ordering=Partitioned(),
     )
     assert placed(result) == {"b-small": (span("h3", 5, 7),)}
+
+
+# -- strict (head-of-line) baselines ------------------------------------------------------------
+
+
+def test_strict_partitioned_holds_a_pools_queue_behind_its_head_and_no_other() -> None:
+    """As per-VC FIFO in published simulators: b's head does not fit, so b's smaller work
+    behind it waits (Partitioned backfills it, the test above); a's pool is not held."""
+    state = partitioned(on(workload("b0", 5, "b"), "h3"))
+    result = decide(
+        state,
+        workload("b-big", 4, "b", submit=0.0),
+        workload("b-small", 3, "b", submit=1.0),
+        workload("a-late", 2, "a", submit=2.0),
+        ordering=StrictPartitioned(),
+    )
+    assert placed_order(result) == ["a-late"]
+
+
+@pytest.mark.parametrize(
+    ("ordering", "expected"),
+    [(Fifo(), ["small"]), (StrictFifo(), [])],
+    ids=["fifo-backfills", "strict-waits-behind-its-head"],
+)
+def test_strict_fifo_starts_nothing_behind_a_head_that_does_not_fit(
+    ordering: Fifo, expected: list[str]
+) -> None:
+    state = cluster(hosts(2), on(workload("r", 8), "h1"))
+    result = decide(
+        state,
+        workload("head", 16, submit=0.0),
+        workload("small", 1, submit=1.0),
+        ordering=ordering,
+        preemption=False,
+    )
+    assert placed_order(result) == expected
+
+
+def test_strict_fifo_starts_in_order_while_work_fits() -> None:
+    result = decide(
+        cluster(hosts(2)),
+        *(workload(f"w{i}", 4, submit=float(i)) for i in range(5)),
+        ordering=StrictFifo(),
+        preemption=False,
+    )
+    assert placed_order(result) == ["w0", "w1", "w2", "w3"]  # w4 does not fit: the end

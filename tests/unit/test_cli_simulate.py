@@ -32,6 +32,7 @@ REPORT_KEYS = {  # allot.sim.report's module docstring, "Keys"
     "unallocated_fraction",
     "owed_delivered",
     "wait_s",
+    "jct_s",
     "timeseries",
     "final_fairshare",
 }

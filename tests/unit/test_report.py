@@ -334,6 +334,7 @@ def test_report_has_exactly_the_documented_keys() -> None:
         "unallocated_fraction_observed",
         "owed_delivered",
         "wait_s",
+        "jct_s",
         "timeseries",
         "final_fairshare",
     }

@@ -23,6 +23,7 @@ each policy's report); the summary prints side by side.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import sys
@@ -71,6 +72,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--trace", type=Path, help="trace CSV")
     parser.add_argument(
         "--philly", type=Path, metavar="DIR", help="use the Philly trace and VC sizes in DIR"
+    )
+    parser.add_argument(
+        "--philly-window",
+        metavar="FROM:TO",
+        help="with --philly: only jobs submitted in [FROM, TO), UTC dates on the trace's clock "
+        "(2017-09-04 10:30:41 + submit_time_s), e.g. 2017-10-01:2017-10-08",
     )
     # No default here: None tells "--policy not given" apart, so it can clash with --compare.
     parser.add_argument(
@@ -148,6 +155,10 @@ def _check_flags(args: argparse.Namespace) -> None:
     for flag, other in _CONFLICTS:
         if _given(args, flag) and _given(args, other):
             raise ValidationError(flag, f"not allowed with {other}")
+    if args.philly_window is not None:
+        if args.philly is None:
+            raise ValidationError("--philly-window", "needs --philly DIR")
+        philly_window(args.philly_window)  # a bad window fails before the trace is read
     for flag, value in (
         ("--window", args.window),
         ("--half-life", args.half_life),
@@ -253,6 +264,26 @@ def _capacity(cluster: ClusterSpec) -> int:
     return sum(h.gpus for h in cluster.hosts)
 
 
+PHILLY_START = dt.datetime(2017, 9, 4, 10, 30, 41, tzinfo=dt.UTC)
+"""The Philly trace's first submission: its ``submit_time_s`` 0."""
+
+
+def philly_window(text: str) -> tuple[float, float]:
+    """``FROM:TO`` (UTC dates) as ``[lo, hi)`` in the trace's ``submit_time_s``."""
+    try:
+        start, end = (
+            dt.datetime.strptime(part, "%Y-%m-%d").replace(tzinfo=dt.UTC)
+            for part in text.split(":")
+        )
+    except ValueError:
+        raise ValidationError(
+            "--philly-window", f"{text!r} is not FROM:TO, two dates such as 2017-10-01:2017-10-08"
+        ) from None
+    if end <= start:
+        raise ValidationError("--philly-window", f"{text!r} ends before it starts")
+    return (start - PHILLY_START).total_seconds(), (end - PHILLY_START).total_seconds()
+
+
 def _load_inputs(args: argparse.Namespace) -> tuple[ClusterSpec, BudgetTree, list[TraceJob]]:
     defaults = TraceDefaults(min_runtime_s=args.min_runtime, resumable=args.resumable)
     if args.philly is not None:
@@ -264,6 +295,9 @@ def _load_inputs(args: argparse.Namespace) -> tuple[ClusterSpec, BudgetTree, lis
                     "README, 'Data')",
                 )
         jobs = read_trace(args.philly / PHILLY_TRACE, defaults)
+        if args.philly_window is not None:
+            lo, hi = philly_window(args.philly_window)
+            jobs = [j for j in jobs if lo <= j.workload.submit_time < hi]
         teams = sorted({j.workload.allocation for j in jobs if j.workload.allocation})
         cluster_data = philly_cluster(args.philly / PHILLY_VCS, teams)
         budgets_data = philly_budgets(args.philly / PHILLY_VCS, teams)

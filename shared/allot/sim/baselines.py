@@ -36,7 +36,15 @@ from allot.sim.trace import TraceJob
 
 LEGACY_CLASSES = {"HIGH": 2, "NORMAL": 1, "LOW": 0}
 
-POLICY_NAMES = ("fairshare", "fairshare-window", "priority", "fifo", "partitioned")
+POLICY_NAMES = (
+    "fairshare",
+    "fairshare-window",
+    "priority",
+    "fifo",
+    "partitioned",
+    "fifo-strict",
+    "partitioned-strict",
+)
 
 
 def named_policy(name: str, tree: BudgetTree, capacity_gpus: int, grace_s: int) -> Policy:
@@ -54,6 +62,10 @@ def named_policy(name: str, tree: BudgetTree, capacity_gpus: int, grace_s: int) 
         return Policy(grace_s=grace_s, ordering=legacy, victims=legacy)
     if name == "partitioned":
         return Policy(preemption=False, grace_s=grace_s, ordering=PARTITIONED)
+    if name == "fifo-strict":
+        return Policy(preemption=False, grace_s=grace_s, ordering=STRICT_FIFO)
+    if name == "partitioned-strict":
+        return Policy(preemption=False, grace_s=grace_s, ordering=STRICT_PARTITIONED)
     return make_policy(name, grace_s)
 
 
@@ -103,6 +115,34 @@ class Partitioned(Fifo, Baseline):
 
 
 PARTITIONED = Partitioned()
+
+
+class StrictFifo(Fifo):
+    """Head-of-line FIFO, as published simulators run it: the queue in submit order stops at
+    the first workload that does not start; nothing behind it is backfilled. ``Fifo``
+    passes over such work instead (greedy backfill)."""
+
+    def walk(self, queue: PendingQueue, st: ClusterState, reach: Reach) -> Iterator[Workload]:
+        blocked: set[str] = set()
+        for _, w in queue.fifo:
+            pool = self.pool(w, st)
+            if pool in blocked:
+                continue
+            yield w
+            # Not placed (preemption is off): its pool's bound fell to its size or below.
+            if reach(pool) <= w.gpus:
+                blocked.add(pool)
+                if len(blocked) >= len(st.by_free):
+                    return
+
+
+class StrictPartitioned(StrictFifo, Partitioned):
+    """Head-of-line FIFO inside each team's own pool: a team's blocked head holds only its
+    own queue, as per-VC FIFO does in published Philly simulators."""
+
+
+STRICT_FIFO = StrictFifo()
+STRICT_PARTITIONED = StrictPartitioned()
 
 
 @dataclass(frozen=True, slots=True)

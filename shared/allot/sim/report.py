@@ -53,6 +53,8 @@ Keys:
   Percentiles are nearest-rank: sort the n waits ascending, ``p_q = x[ceil(q/100*n)]``
   (1-based; ``p_0`` is the minimum). ``cdf_by_kind[kind]`` lists p_0 .. p_100 (101 values)
   for the HTML CDF chart.
+* ``jct_s``: job completion times, ``end - submit`` of the jobs that ended (a stats block;
+  ``never_started`` counts those that had not ended when the run did).
 * ``timeseries``: ``bucket_s``, ``start_s``, ``buckets`` (span), ``observed_buckets``;
   per span bucket ``capacity_gpu_h``, ``busy_gpu_h``, ``occupancy`` (null without
   capacity), ``unallocated_share`` (null when nothing ran), ``preemptions`` (notices in the
@@ -157,6 +159,10 @@ def build_report(
         "unallocated_fraction_observed": _ratio(unalloc_obs, busy_obs),
         "owed_delivered": owed_delivered,
         "wait_s": _waits(record),
+        "jct_s": _stats(
+            [j.end_time - j.submit_time for j in record.jobs if j.end_time is not None],
+            sum(1 for j in record.jobs if j.end_time is None),
+        ),
         "timeseries": {
             "bucket_s": bucket_s,
             "start_s": t0,
