@@ -412,14 +412,6 @@ class Charger:
         await self.client.set(self.charged_until_key, repr(usage.complete_until(now, self.slot_s)))
         return applied
 
-    async def charged_until(self) -> float | None:
-        """What the last accrual charged running work up to; None before the first."""
-        raw = await self.client.get(self.charged_until_key)
-        try:
-            return None if raw is None else float(_text(raw))
-        except ValueError:
-            return None
-
     async def wipe(self) -> None:
         """Forget the marker, every bucket, charge id and running entry of this prefix (the
         marker first: a wipe cut short leaves a store that says it holds nothing)."""
@@ -768,7 +760,7 @@ class Accounting:
         store = self.charger.store
         try:
             buckets = await store.buckets(await store.allocations(), now, query.window_s)
-            charged_until = await self.charger.charged_until()
+            charged_until = await store.charged_until()
         except redis_errors.RedisError as e:
             return m.CommandRejected(at=now, field="store", reason=f"usage store unreachable: {e}")
         used = usage.window_usage(buckets, now, query.window_s)

@@ -367,6 +367,15 @@ class RedisUsageStore:
             }
         return result
 
+    async def charged_until(self) -> float | None:
+        """The end of the last slot the accounting service charged running work for
+        (``charged_until_key``); None before its first accrual or when unreadable."""
+        raw = await self._client.get(charged_until_key(self._prefix))
+        try:
+            return None if raw is None else float(raw)
+        except ValueError:
+            return None
+
     async def allocations(self) -> list[str]:
         head = f"{self._prefix}:usage:{{"
         names: set[str] = set()

@@ -164,10 +164,7 @@ async def usage(
     end of the last slot running work was charged for (None before any)."""
     import redis.asyncio as redis_asyncio  # noqa: PLC0415 - see run_rebuild
 
-    from allot.adapters.usage_store import (  # noqa: PLC0415
-        RedisUsageStore,
-        charged_until_key,
-    )
+    from allot.adapters.usage_store import RedisUsageStore  # noqa: PLC0415
     from allot.bus.runtime import wall_clock  # noqa: PLC0415
 
     if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s <= 0:
@@ -178,14 +175,10 @@ async def usage(
         store = RedisUsageStore(client, prefix)
         names = await store.allocations()
         buckets = await store.buckets(names, at, window_s)
-        raw = await client.get(charged_until_key(prefix))
+        charged_until = await store.charged_until()
     finally:
         await client.aclose()
     seconds = window_usage(buckets, at, window_s)
-    try:
-        charged_until = None if raw is None else float(raw)
-    except ValueError:
-        charged_until = None
     return at, {name: seconds[name] / HOUR_S for name in sorted(seconds)}, charged_until
 
 

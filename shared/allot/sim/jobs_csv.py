@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from allot.sim.output_files import csv_number
-from allot.sim.record import SimRecord
+from allot.sim.record import SimRecord, allocated_workloads
 
 COLUMNS = (
     "workload_id",
@@ -37,8 +37,7 @@ COLUMNS = (
 def jobs_csv(record: SimRecord) -> str:
     """The CSV text (see the module docstring)."""
     notices = Counter(p.workload_id for p in record.preemptions)
-    allocated = {s.workload_id for s in record.segments if s.allocated}
-    allocated.update(w.workload_id for w in record.waits if w.allocated)
+    allocated = allocated_workloads(record)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)

@@ -88,3 +88,11 @@ class SimRecord:
     usage: dict[str, dict[int, float]] = field(default_factory=dict)
     """GPU-seconds charged per allocation and hour, as the accounting service's store holds
     them (``allot.core.usage``); empty for a record not made by the simulator."""
+
+
+def allocated_workloads(record: SimRecord) -> set[str]:
+    """The workloads that ran or waited as allocated work (the contract's meaning: charged
+    to their allocation and protected), from their segments and waits."""
+    allocated = {s.workload_id for s in record.segments if s.allocated}
+    allocated.update(w.workload_id for w in record.waits if w.allocated)
+    return allocated

@@ -73,7 +73,7 @@ from typing import Any
 
 from allot.core.errors import ValidationError
 from allot.sim.html import render_html
-from allot.sim.record import SimRecord
+from allot.sim.record import SimRecord, allocated_workloads
 
 DECIMALS = 6
 HOUR = 3600.0
@@ -369,8 +369,7 @@ UNALLOCATED_KEY = "(none)"
 def _waits(record: SimRecord) -> Json:
     every: list[float] = []
     never = 0
-    allocated = {s.workload_id for s in record.segments if s.allocated}
-    allocated.update(w.workload_id for w in record.waits if w.allocated)
+    allocated = allocated_workloads(record)
     by_contract: dict[bool, tuple[list[float], list[int]]] = {True: ([], [0]), False: ([], [0])}
     by_kind: dict[str, tuple[list[float], list[int]]] = {}
     by_size: dict[str, tuple[list[float], list[int]]] = {k: ([], [0]) for k in SIZE_BUCKETS}
