@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -315,6 +316,8 @@ class Intake:
         # The request's own id travels with the record: a retry of the same request that
         # finds it is this request's, not a duplicate (``subjects.REQUEST_ID_HEADER``).
         request_id = REQUEST_HEADERS.get().get(s.REQUEST_ID_HEADER)
+        if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
+            request_id = None  # not a name: nothing a client sends is copied into the log
         extra = {s.REQUEST_ID_HEADER: request_id} if request_id else {}
         if not await self._append_new(subject, record, f"submitted:{wid}", extra):
             # a repeat: refused by the subject check, or by the msg id
@@ -499,6 +502,10 @@ def _differs(allocation: str | None, token: str) -> str:
     given = "unallocated work (no allocation)" if allocation is None else repr(allocation)
     subject = "unallocated work ('~')" if token == s.UNALLOCATED else repr(token)
     return f"{given} differs from the subject's allocation, {subject}"
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What a request id may be (the SDK sends 32 hex digits)."""
 
 
 def unallocated_note(cmd: m.SubmitWorkload) -> str:

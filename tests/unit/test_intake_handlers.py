@@ -185,6 +185,21 @@ async def test_a_retry_of_the_same_request_is_answered_as_its_own_not_a_duplicat
     assert stored.headers[s.REQUEST_ID_HEADER] == "r1"
 
 
+@pytest.mark.parametrize("request_id", ["x" * 65, "two words", "a\nb", ""])
+async def test_a_request_id_that_is_not_a_name_is_not_logged(request_id: str) -> None:
+    """Hostile headers never reach the log: the id is then as if absent (a retry's
+    answer says duplicate, as without the header)."""
+    log = await seeded_log()
+    svc = intake(log)
+    REQUEST_HEADERS.set({s.REQUEST_ID_HEADER: request_id})
+    async with running(svc):
+        first = await submit(svc, s.submit_as("nlp", "ann"), submission())
+        again = await submit(svc, s.submit_as("nlp", "ann"), submission())
+    assert isinstance(first, m.WorkloadAccepted) and not first.duplicate
+    assert isinstance(again, m.WorkloadAccepted) and again.duplicate
+    assert s.REQUEST_ID_HEADER not in log.streams["WORKLOADS"][0].headers
+
+
 async def test_a_client_id_reused_with_other_values_is_refused_naming_them() -> None:
     log = await seeded_log()
     svc = intake(log)
