@@ -8,7 +8,7 @@ SHARED ?= ../shared
 OUT ?= out
 
 .DEFAULT_GOAL := help
-.PHONY: help install run demo up compare test browser lint type fmt bench bench-live chaos chaos-cluster golden schema philly clean
+.PHONY: help install run demo up compare compare-gangs test browser lint type fmt bench bench-live chaos chaos-cluster golden schema philly clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,6 +33,11 @@ compare: $(STAMP) ## simulator: Ai2-like month, legacy priority vs Allot fair sh
 	$(BIN)/allot scenario ai2 --seed 1 --out $(OUT)/ai2
 	$(BIN)/allot simulate --cluster $(OUT)/ai2/cluster.yaml --budgets $(OUT)/ai2/budgets.yaml \
 		--trace $(OUT)/ai2/trace.csv --compare priority,fairshare --out $(OUT)/ai2/sim
+
+compare-gangs: $(STAMP) ## simulator: the same month with gangs up to 128 GPUs from every team, Allot with and without reservations (~9 min)
+	$(BIN)/allot scenario ai2 --seed 1 --max-gang 128 --out $(OUT)/ai2-gangs
+	$(BIN)/allot simulate --cluster $(OUT)/ai2-gangs/cluster.yaml --budgets $(OUT)/ai2-gangs/budgets.yaml \
+		--trace $(OUT)/ai2-gangs/trace.csv --compare fairshare-no-reservations,fairshare --out $(OUT)/ai2-gangs/sim
 
 test: $(STAMP) browser ## run the test suite (unit, property, golden, integration on real NATS/Redis, Node.js client, browser)
 	$(BIN)/pytest

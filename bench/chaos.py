@@ -510,6 +510,9 @@ def stack_config(
         ),
         placements=2,
         grace_s=cfg.grace_s,
+        # Policy timings as short as the grace: unallocated work restarts a second after
+        # GPUs free up, so the queue drains between faults within the run's timeouts.
+        unallocated_settle_s=1.0,
         lease_ttl_s=cfg.lease_ttl_s,
         rank_every_s=2.0,
         accrue_s=1.0,

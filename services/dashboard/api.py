@@ -49,6 +49,7 @@ from allot.services.dashboard.pages import (
     queue_page,
 )
 from allot.services.dashboard.workload import workload_page
+from allot.sim.report import unallocated_goodput
 
 T = TypeVar("T")
 
@@ -239,7 +240,14 @@ class DashboardViews:
                 for label, window_s in OWED_WINDOWS
             ]
 
-        return owed_page(now, self._recent(("owed",), now, compute))
+        def goodput() -> list[tuple[str, dict[str, Any]]]:
+            return [
+                (label, unallocated_goodput(self.timeline.sim_record(now, window_s)))
+                for label, window_s in OWED_WINDOWS
+            ]
+
+        windows = self._recent(("owed",), now, compute)
+        return owed_page(now, windows, goodput=self._recent(("goodput",), now, goodput))
 
     async def metrics(self, now: float) -> bytes:
         errors: list[str] = []

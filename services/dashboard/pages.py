@@ -449,10 +449,15 @@ def hosts_page(
 
 
 def owed_page(
-    now: float, windows: Sequence[tuple[str, m.OwedSnapshot]], errors: Sequence[str] = ()
+    now: float,
+    windows: Sequence[tuple[str, m.OwedSnapshot]],
+    errors: Sequence[str] = (),
+    goodput: Sequence[tuple[str, Mapping[str, Any]]] = (),
 ) -> PageView:
     """Owed vs delivered GPU-hours per allocation for each (label, snapshot) window:
-    ``allot owed``'s numbers, computed from the log as the simulator's report does."""
+    ``allot owed``'s numbers, computed from the log as the simulator's report does; then,
+    per (label, ``allot.sim.report.unallocated_goodput``) window, what unallocated work got
+    out of its attempts."""
     parts = [error_banners(errors)]
     parts.append(
         '<p class="note">GPU-hours from the log up to now, running work included. Owed, '
@@ -515,8 +520,44 @@ def owed_page(
             + "</div>"
         )
     parts.append('<div class="grid">' + "\n".join(charts) + "</div>")
-    data = {"windows": {label: msgspec.to_builtins(snap) for label, snap in windows}}
+    if goodput:
+        parts.append(_goodput_table(goodput))
+    data = {
+        "windows": {label: msgspec.to_builtins(snap) for label, snap in windows},
+        "unallocated_goodput": {label: dict(g) for label, g in goodput},
+    }
     return PageView("owed", "Owed vs delivered", "\n".join(parts), data, now)
+
+
+def _goodput_table(goodput: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """Unallocated goodput per window: GPU-hours in attempts longer than the start-up
+    allowance, of all unallocated GPU-hours, and how often one workload is preempted."""
+    rows = []
+    for label, g in goodput:
+        mean = g.get("preemptions_per_minute_mean")
+        rows.append(
+            f'<tr data-goodput-window="{escape(label)}"><td class="l">{escape(label)}</td>'
+            f"<td>{_gpu_h(float(g['gpu_h']))}</td><td>{_gpu_h(float(g['goodput_gpu_h']))}</td>"
+            f"<td>{_ratio_cell(g.get('goodput_fraction'))}</td>"
+            f"<td>{g['attempts']}</td><td>{g['short_attempts']}</td>"
+            f"<td>{'-' if mean is None else f'{mean:.3f}'}</td></tr>"
+        )
+    allowance = int(goodput[0][1]["startup_allowance_s"])
+    heads = (
+        ("window", "l"),
+        ("unallocated GPU-h", ""),
+        (f"in attempts > {allowance} s", ""),
+        ("goodput", ""),
+        ("attempts", ""),
+        (f"attempts <= {allowance} s", ""),
+        ("notices / workload-minute", ""),
+    )
+    note = (
+        '<h2>Unallocated goodput</h2><p class="note">Unallocated work is preempted at any '
+        f"moment; an attempt shorter than {allowance} s is taken as start-up only (no useful "
+        "work). The same computation as the simulator's report.</p>"
+    )
+    return note + table(heads, rows, table_id="unallocated-goodput")
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -43,7 +43,8 @@ from allot.bus.runtime import configure_logging, make_broker, tracer_provider, w
 from allot.bus.service_main import base_parser, run_main
 from allot.bus.tasks import stop_tasks
 from allot.core.cycle import run_cycle
-from allot.core.policy import POLICIES, make_policy
+from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
+from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, POLICIES, make_policy
 from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -79,12 +80,14 @@ class PlacementService:
         *,
         policy: str = "fairshare",
         grace_s: int = 300,
+        unallocated_grace_s: int = DEFAULT_UNALLOCATED_GRACE_S,
+        unallocated_settle_s: float = DEFAULT_UNALLOCATED_SETTLE_S,
         lease_ttl_s: float = 3.0,
         name: str | None = None,
         tracing: bool = True,
     ) -> None:
         self.nats_url = nats_url
-        self.policy = make_policy(policy, grace_s)
+        self.policy = make_policy(policy, grace_s, unallocated_grace_s, unallocated_settle_s)
         self.lease_ttl_s = lease_ttl_s
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"[:64].replace(".", "-")
         provider = tracer_provider("placement") if tracing else None
@@ -377,6 +380,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap = base_parser("python -m allot.services.placement", __doc__)
     ap.add_argument("--policy", choices=POLICIES, default="fairshare")
     ap.add_argument("--grace-s", type=int, default=300, help="notice to GPUs free (seconds)")
+    ap.add_argument(
+        "--unallocated-grace-s",
+        type=int,
+        default=DEFAULT_UNALLOCATED_GRACE_S,
+        help="the same for unallocated victims (seconds, at most --grace-s)",
+    )
+    ap.add_argument(
+        "--unallocated-settle-s",
+        type=float,
+        default=DEFAULT_UNALLOCATED_SETTLE_S,
+        help="GPUs that came free less than this ago go to allocated work only (seconds)",
+    )
     ap.add_argument("--lease-ttl-s", type=float, default=3.0, help="leader lease TTL")
     ap.add_argument("--name", default=None, help="instance name (default host-pid)")
     return ap
@@ -389,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.nats_url,
             policy=a.policy,
             grace_s=a.grace_s,
+            unallocated_grace_s=a.unallocated_grace_s,
+            unallocated_settle_s=a.unallocated_settle_s,
             lease_ttl_s=a.lease_ttl_s,
             name=a.name,
         ),

@@ -176,10 +176,11 @@ def check_gang(record: SimRecord, report: dict[str, Any]) -> None:
     assert {p.reason for p in record.preemptions} == {"displaced-unallocated"}
     assert all(p.allocation is None and p.time == 600.0 for p in record.preemptions)
     assert sum(p.gpus for p in record.preemptions) == 12
-    # Gang 1 waits out the grace period rather than starting on the 4 free fragments.
-    assert first_start(record, "pt-gang-1") == 900.0
+    # Gang 1 waits out the unallocated victims' grace (30 s) rather than starting on the 4
+    # free fragments.
+    assert first_start(record, "pt-gang-1") == 630.0
     # Gang 2 cannot clear two hosts and waits for gang 1's two whole hosts.
-    assert first_start(record, "pt-gang-2") == segments(record, "pt-gang-1")[0][1] == 8100.0
+    assert first_start(record, "pt-gang-2") == segments(record, "pt-gang-1")[0][1] == 7830.0
     for protected in ("evals-run", "pt-probe", "fill-b"):
         assert len(segments(record, protected)) == 1, f"{protected} was interrupted"
     assert report["completed"] == report["workloads"] == 7

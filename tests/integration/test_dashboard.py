@@ -173,6 +173,11 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
             assert rows["nlp"]["delivered_gpu_h"] == pytest.approx(4 * 3590 / 3600, abs=1e-6)
             assert rows["vision"]["delivered_gpu_h"] < rows["vision"]["owed_gpu_h"]
         assert 'data-allocation="nlp"' in doc["html"]
+        # Unallocated goodput per window (nothing unallocated ran here: zero, no ratio).
+        for label in ("last day", "last week"):
+            goodput = doc["data"]["unallocated_goodput"][label]
+            assert (goodput["gpu_h"], goodput["goodput_fraction"]) == (0.0, None)
+        assert 'data-goodput-window="last day"' in doc["html"]
 
         # Every page renders (200), and none holds a URL: nothing to fetch from anywhere.
         for path in (*PAGES, "/workload/vic"):

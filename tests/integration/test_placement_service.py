@@ -28,6 +28,7 @@ from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client, CommandRejectedError
+from allot.services.dashboard.pages import queue_page
 from allot.services.intake import Intake
 from allot.services.placement.answers import encode_within
 from allot.services.placement.service import PlacementService
@@ -538,4 +539,54 @@ async def test_free_work_of_a_team_gets_its_notice_on_the_teams_subject(fresh_lo
         assert [n.allocation for n in logged] == ["nlp"]
     finally:
         await service_main.stop(placement)
+        await nc.close()
+
+
+async def test_a_blocked_gang_shows_its_reservation_in_allot_queue_and_the_dashboard(
+    fresh_log: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """16 hosts of 8 GPUs: vision runs 15 runs of 8 GPUs, protected 10 minutes, far over its
+    entitlement of 64. nlp, holding nothing, asks for a 64-GPU gang: it cannot start and
+    preempts nothing yet, so the leader reserves the free host and seven of vision's for
+    it, until their protection ends (reason reserved-until, with hosts and time), as
+    ``allot queue`` and the dashboard's queue rows show."""
+    nc = await nats.connect(fresh_log)
+    js = nc.jetstream()
+    await seed(js, {f"h{i:02d}": 8 for i in range(1, 17)})
+    intake = Intake(fresh_log, tracing=False)
+    placement = PlacementService(fresh_log, lease_ttl_s=1.0, name="p1", tracing=False)
+    await service_main.start(intake)
+    await service_main.start(placement)
+    try:
+        for i in range(15):
+            body = submit_body(client_id=f"v{i}", allocation="vision", gpus=8, min_runtime_s=600)
+            assert isinstance(await request(nc, s.submit("vision"), body), m.WorkloadAccepted)
+        placed = await eventually(lambda: placements(js), lambda p: len(p) == 15)
+        body = submit_body(client_id="gang", allocation="nlp", gpus=64, min_runtime_s=600)
+        gang = await request(nc, s.submit("nlp"), body)
+        assert isinstance(gang, m.WorkloadAccepted)
+        snap = await eventually(
+            lambda: nc.request(s.QUERY_QUEUE, b"{}", timeout=5),
+            lambda reply: b"reserved-until" in reply.data,
+        )
+        (row,) = msgspec.json.decode(snap.data, type=m.QueueSnapshot).rows
+        assert row.reason == "reserved-until"
+        hosts = str(row.reason_numbers["hosts"]).split(",")
+        assert len(hosts) == 8 and row.reason_numbers["host_count"] == 8
+        # The free host and the seven whose protection ends first: the seventh end.
+        ends = sorted(p.at + 600 for p in placed)
+        assert row.reason_numbers["until"] == pytest.approx(ends[6], abs=1)
+        assert row.est_start == pytest.approx(row.reason_numbers["until"])
+        assert not [r for r in await records(js) if isinstance(r, m.PreemptionNotice)]
+        page = queue_page(time.time(), msgspec.json.decode(snap.data, type=m.QueueSnapshot))
+        assert "reserved-until" in page.html and hosts[0] in page.html
+
+        capsys.readouterr()
+        argv = ["queue", "--nats-url", fresh_log, "-l"]
+        assert await asyncio.to_thread(live_cmds.main, argv) == 0
+        out = capsys.readouterr().out
+        assert "reserved-until" in out and "held for it" in out
+    finally:
+        await service_main.stop(placement)
+        await service_main.stop(intake)
         await nc.close()

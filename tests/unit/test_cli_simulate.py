@@ -35,6 +35,9 @@ REPORT_KEYS = {  # allot.sim.report's module docstring, "Keys"
     "jct_s",
     "timeseries",
     "final_fairshare",
+    "preemption_rate",
+    "unallocated_goodput",
+    "reservations",
 }
 OWED_KEYS = {"overall", "by_allocation", "by_program", "teams", "teams_at_or_above_095"}
 WAIT_KEYS = {

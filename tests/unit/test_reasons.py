@@ -87,7 +87,30 @@ def no_host_large_enough() -> Snapshot:
     return snapshot(st, workload("a1", 4, "a"), shares={"a": 0.5, "b": 1.0})
 
 
+def reserved_until() -> Snapshot:
+    # A 64-GPU gang of a on 16 hosts, 15 held by b's protected work (ending at T + 3,000 s,
+    # one a second later; b far over its entitlement): h16 and seven of b's hosts are
+    # held for it (a reservation holds at most half of the cluster).
+    running = [
+        on(workload(f"b{i}", 8, "b", min_runtime_s=HOUR + (i > 7)), f"h{i:02d}", start=T - 600)
+        for i in range(1, 16)
+    ]
+    st = cluster([host(f"h{i:02d}") for i in range(1, 17)], *running)
+    return snapshot(st, workload("a1", 64, "a"), shares={"a": 0.9, "b": 0.1})
+
+
+def after_preemption() -> Snapshot:
+    # a1 was preempted for x1 ten seconds ago: it may not reclaim b's run for an hour.
+    snap = snapshot(
+        cluster(hosts(1), on(workload("b1", 8, "b"), "h1")), shares={"a": 0.5, "b": 0.1}
+    )
+    snap.queue.add(workload("a1", 8, "a"), ("x1", T - 10))
+    return snap
+
+
 CASES: dict[PendingReason, tuple[Callable[[], Snapshot], str]] = {
+    PendingReason.RESERVED_UNTIL: (reserved_until, "a1"),
+    PendingReason.AFTER_PREEMPTION: (after_preemption, "a1"),
     PendingReason.STARTS_NEXT_CYCLE: (starts_next_cycle, "a1"),
     PendingReason.WAITING_FOR_NOTICE: (waiting_for_notice, "a1"),
     PendingReason.TOO_LARGE: (lambda: snapshot(cluster(hosts(2)), workload("a1", 24)), "a1"),
@@ -141,6 +164,7 @@ def test_the_estimated_start_is_the_time_the_reason_names(code: PendingReason) -
         PendingReason.STARTS_NEXT_CYCLE: T,
         PendingReason.WAITING_FOR_NOTICE: T + 300,  # the grace deadline
         PendingReason.PROTECTED_UNTIL: T - 600 + HOUR,  # b1's protection end
+        PendingReason.RESERVED_UNTIL: T - 600 + HOUR,  # the held hosts' protection end
     }.get(code)
     assert estimated_start(r, T) == expected
 

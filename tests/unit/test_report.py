@@ -337,6 +337,9 @@ def test_report_has_exactly_the_documented_keys() -> None:
         "jct_s",
         "timeseries",
         "final_fairshare",
+        "preemption_rate",
+        "unallocated_goodput",
+        "reservations",
     }
     assert (r["policy"], r["seed"], r["workloads"], r["completed"]) == ("fairshare", 7, 2, 2)
     assert r["final_fairshare"] == {"a": 0.333333, "b": 0.666667}
@@ -419,3 +422,38 @@ def test_an_empty_record_still_reports() -> None:
     assert (r["span_s"], r["workloads"], r["occupancy"]) == (0.0, 0, None)
     assert r["timeseries"]["buckets"] == 0
     assert r["wait_s"]["all"]["p50"] is None
+
+
+def test_preemption_rate_and_unallocated_goodput() -> None:
+    """Two unallocated attempts of one workload (30 s, then 2 h) after one notice, and one
+    allocated run of 3 GPUs over 2.5 h: 1 notice over 2 GPU-h + 7.5 GPU-h run."""
+    r = build_report(
+        record(
+            end=3 * H,
+            last_submit=2 * H,
+            segments=[
+                run("a", 3, 0, 2.5 * H),
+                Segment("u1", None, False, 2, 0.0, 30.0),
+                Segment("u1", None, False, 2, 60.0, 60.0 + H / 2),
+            ],
+            preemptions=[Preemption(0.0, "u1", None, 2, "displaced-unallocated", True)],
+        )
+    )
+    busy_h = (3 * 2.5 * H + 2 * 30.0 + 2 * H / 2) / H
+    assert r["preemption_rate"] == {
+        "per_1000_gpu_h": round(1 / busy_h * 1000, 6),
+        "allocated_per_1000_gpu_h": 0.0,
+    }
+    assert r["unallocated_goodput"] == {
+        "startup_allowance_s": 60.0,
+        "gpu_h": round((60.0 + H) / H, 6),
+        "goodput_gpu_h": 1.0,
+        "goodput_fraction": round(H / (60.0 + H), 6),
+        "attempts": 2,
+        "short_attempts": 1,
+        "workloads": 1,
+        # one notice over a life of 0 .. 60 + 1,800 s (31 minutes)
+        "preemptions_per_minute_mean": round(1 / 31, 6),
+        "preemptions_per_minute_max": round(1 / 31, 6),
+    }
+    assert r["reservations"] == {"workloads": 0, "idle_gpu_h": 0.0}

@@ -86,6 +86,8 @@ def _run(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         agents=(AgentSpec("fake-a", hosts=2, gpus=8), AgentSpec("fake-b", hosts=2, gpus=8)),
         grace_s=3,
+        unallocated_grace_s=1,
+        unallocated_settle_s=1.0,
         lease_ttl_s=2.0,
         rank_every_s=2.0,
         accrue_s=2.0,

@@ -3,7 +3,8 @@
     allot simulate --cluster C.yaml --budgets B.yaml --trace T.csv --out DIR
                    [--policy fairshare | --compare priority,fairshare]
                    [--seed N] [--window 7d] [--half-life 3d] [--min-runtime 2h]
-                   [--resumable/--no-resumable] [--grace 300] [--rank-every 300] [--jobs N]
+                   [--resumable/--no-resumable] [--grace 300] [--unallocated-grace 30]
+                   [--unallocated-settle 60] [--rank-every 300] [--jobs N]
     allot simulate --philly TRACES_DIR --compare partitioned,fairshare --out DIR
 
 ``--philly`` replaces ``--cluster``, ``--budgets`` and ``--trace``, and ``--compare``
@@ -39,7 +40,9 @@ from allot.config.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.duration_text import format_duration
 from allot.core.errors import ValidationError
-from allot.core.model import DEFAULT_GRACE_S, MAX_MIN_RUNTIME_S
+from allot.core.model import DEFAULT_GRACE_S, DEFAULT_UNALLOCATED_GRACE_S, MAX_MIN_RUNTIME_S
+from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S
+from allot.core.state import FREED_KEPT_S
 from allot.sim.baselines import POLICY_NAMES, named_policy
 from allot.sim.cluster import ClusterSpec, load_cluster
 from allot.sim.compare import render_compare_html, render_summary, summary
@@ -106,6 +109,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--grace", type=parse_duration, default=DEFAULT_GRACE_S, help="preemption grace"
     )
     parser.add_argument(
+        "--unallocated-grace",
+        type=parse_duration,
+        default=DEFAULT_UNALLOCATED_GRACE_S,
+        help=f"Fair Tree: grace of unallocated victims (default {DEFAULT_UNALLOCATED_GRACE_S}s, "
+        "at most --grace)",
+    )
+    parser.add_argument(
+        "--unallocated-settle",
+        type=parse_duration,
+        default=DEFAULT_UNALLOCATED_SETTLE_S,
+        help="Fair Tree: GPUs that came free less than this ago are left to allocated work "
+        f"(default {DEFAULT_UNALLOCATED_SETTLE_S:g}s)",
+    )
+    parser.add_argument(
         "--rank-every", type=parse_duration, default=300, help="Fair Tree refresh interval"
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -159,6 +176,15 @@ def _check_flags(args: argparse.Namespace) -> None:
         if args.philly is None:
             raise ValidationError("--philly-window", "needs --philly DIR")
         philly_window(args.philly_window)  # a bad window fails before the trace is read
+    if args.unallocated_grace < 0:
+        raise ValidationError(
+            "--unallocated-grace", f"must be >= 0, got {args.unallocated_grace:g}"
+        )
+    if not 0 <= args.unallocated_settle <= FREED_KEPT_S:
+        raise ValidationError(
+            "--unallocated-settle",
+            f"must be from 0 to {format_duration(FREED_KEPT_S)}, got {args.unallocated_settle:g}",
+        )
     for flag, value in (
         ("--window", args.window),
         ("--half-life", args.half_life),
@@ -217,7 +243,14 @@ def _run_one(
 ) -> dict[str, Any]:
     config = SimConfig(
         policy_name=name,
-        policy=named_policy(name, tree, _capacity(cluster), args.grace),
+        policy=named_policy(
+            name,
+            tree,
+            _capacity(cluster),
+            args.grace,
+            unallocated_grace_s=int(args.unallocated_grace),
+            unallocated_settle_s=args.unallocated_settle,
+        ),
         seed=args.seed,
         window_s=args.window,
         half_life_s=args.half_life,

@@ -13,6 +13,8 @@ from pathlib import Path
 from allot.auth.client import masked_url
 from allot.config.budget_file import load_tree_file
 from allot.core.errors import ValidationError
+from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
+from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S
 from allot.ops.run_dir import DEFAULT_RUN_DIR, RUN_DIR_ENV, forget_stack, record_stack
 from allot.ops.stack import AgentSpec, Stack, StackConfig, StackError
 from allot.proto import subjects as s
@@ -48,6 +50,19 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", type=int, default=4, help="hosts per fake agent (default 4)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs per host (default 8)")
     p.add_argument("--grace-s", type=int, default=300, help="preemption grace period")
+    p.add_argument(
+        "--unallocated-grace-s",
+        type=int,
+        default=DEFAULT_UNALLOCATED_GRACE_S,
+        help=f"grace of unallocated victims (default {DEFAULT_UNALLOCATED_GRACE_S})",
+    )
+    p.add_argument(
+        "--unallocated-settle-s",
+        type=float,
+        default=DEFAULT_UNALLOCATED_SETTLE_S,
+        help="GPUs that came free less than this ago go to allocated work only "
+        f"(default {DEFAULT_UNALLOCATED_SETTLE_S:g})",
+    )
     p.add_argument("--rank-every-s", type=float, default=300.0, help="Fair Tree refresh period")
     p.add_argument(
         "--secure",
@@ -107,6 +122,8 @@ def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
         budgets=args.budgets,
         agents=agents,
         grace_s=args.grace_s,
+        unallocated_grace_s=args.unallocated_grace_s,
+        unallocated_settle_s=args.unallocated_settle_s,
         rank_every_s=args.rank_every_s,
         secure=getattr(args, "secure", False),
         roles=getattr(args, "roles", None),

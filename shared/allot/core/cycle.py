@@ -32,6 +32,14 @@ A cycle, in order:
    it will get when that protection lapses: their free GPUs go to no other allocated work
    and their occupants are nobody else's victims this cycle. Unallocated work may fill the
    free GPUs once every allocated request has been considered.
+6. **Reservations** (before the walk; ``allot.core.reservations``): the best-ordered
+   large requests get the hosts available soonest held for them; only work that ends by
+   the reservation's time may use those hosts (``_backfill``, ``_backfill_plan``), and at
+   that time the request preempts there. Large requests use reservations, not earmarks.
+7. **No cascades.** Work requeued by a notice for another request may displace only
+   unallocated work for ``Policy.requeue_hold_s`` (``PendingQueue.held_back``).
+8. **Settling.** Before unallocated work is placed, hosts whose GPUs came free less than
+   ``Policy.unallocated_settle_s`` ago keep them for allocated work (``_hold_settling``).
 
 Cost. A cycle touches only the queue heads it needs: each allocation's queue is kept
 sorted by ``PendingQueue``, and two monotone bounds end the walk early. Within one cycle
@@ -53,11 +61,13 @@ from allot.core.decisions import (
     Placement,
     Preemption,
     PreemptReason,
+    Reservation,
 )
-from allot.core.model import HostState, Running, Workload
+from allot.core.model import Assignment, HostState, Running, Workload
 from allot.core.placement import ClusterView
 from allot.core.policy import Ordering, Policy, RequestRule
-from allot.core.preemption import plan_preemption
+from allot.core.preemption import Plan, plan_preemption
+from allot.core.reservations import plan_reservation
 from allot.core.state import DEFAULT_POOL, ClusterState, PendingQueue
 from allot.core.victims import (
     WORST_ORDER,
@@ -71,6 +81,7 @@ from allot.core.victims import (
 _TIER0_RECLAIM = (0, True)
 _TIER0_RANKED = (0, False)
 _TIER1_RANKED = (1, False)
+_UNALLOCATED_ONLY = ("unallocated-only",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +132,17 @@ class _Cycle:
         # too), so once a plan for g GPUs failed, no later request of >= g can find one.
         self.place_bound: dict[str, float] = {}
         self._tiers: dict[str, int] = {}  # tier per allocation, until its held GPUs change
-        self._rules: dict[tuple[str, bool, bool], FairShareRule] = {}  # immutable per cycle
+        self._rules: dict[tuple[str, bool, bool, bool], FairShareRule] = {}  # immutable per cycle
         self.preempt_bound: dict[object, float] = {}
         self.earmarked_for: set[str] = set()  # allocations that earmarked GPUs this cycle
         self._due_earmarks: list[tuple[Workload, str, FairShareRule]] = []  # not planned yet
         self._room_base: tuple[float, dict[str, int], dict[str | None, int]] | None = None
         self._own_victims: dict[str, list[Running]] = {}  # see ``_hold_own_victims``
+        self.reservations: list[Reservation] = []
+        # Reserved request -> (earmark handle, its reservation, the occupants held for it).
+        self._held: dict[str, tuple[int, Reservation, tuple[Running, ...]]] = {}
+        self._reserved_turns: set[str] = set()  # reserved requests already considered
+        self._reservation_tier: dict[str, int] = {}  # its allocation's tier when planned
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CycleResult:
@@ -134,6 +150,8 @@ class _Cycle:
         if len(self.queue):
             self._hold_own_victims()
             if self.policy.ordering is None:
+                if self._preempts and self.policy.reservations:
+                    self._reserve()
                 self._schedule()
             else:
                 self._walk(self.policy.ordering)
@@ -148,6 +166,7 @@ class _Cycle:
             transitions=tuple(transitions),
             next_wakeup=min(self.wakeups) if self.wakeups else None,
             waiting_on=tuple(self.waiting_on),
+            reservations=tuple(r for r in self.reservations if r.workload_id in self._held),
         )
 
     def _blocked_allocated(self) -> bool:
@@ -212,8 +231,10 @@ class _Cycle:
         while heads:
             _, seq, group = heapq.heappop(heads)
             if group is None:
+                self._serve_reserved()
                 self._plan_due_earmarks()
                 self.view.release_earmarks()  # allocated work is done: free work may fill
+                self._hold_settling()
             items = groups[group]
             pos = cursor[group]
             # An item of g GPUs can neither fit nor preempt any more when
@@ -240,6 +261,7 @@ class _Cycle:
             cursor[group] = pos
             if pos < len(items):
                 heapq.heappush(heads, (self._head_key(group, pos), seq, group))
+        self._serve_reserved()
 
     def _dead_bounds(self, group: str | None) -> tuple[float, float, float]:
         """``(a, b, limit)``: an item of this group asking for g GPUs can neither be placed
@@ -278,6 +300,8 @@ class _Cycle:
         if not self._fair_tree:
             return pool
         assert w.allocation is not None
+        if self._held_back(w):
+            return _UNALLOCATED_ONLY  # its victims: unallocated work alone
         return (self._tier(w.allocation), self._reclaims(w))
 
     def _head_key(self, group: str | None, pos: int) -> tuple[object, ...]:
@@ -310,15 +334,51 @@ class _Cycle:
         self._own_victims = own
 
     def _consider(self, w: Workload, pool: str) -> None:
-        """Place ``w``, or plan room for it by preemption, or record why neither."""
+        """Place ``w``, or plan room for it by preemption, or record why neither. A reserved
+        request gets its held hosts back for its own turn, and holds them again if it
+        still cannot start (its room is its own, so the cycle's bounds do not apply)."""
+        held = self._held.pop(w.id, None)
+        if held is None:
+            self._decide(w, pool, bounded=True)
+            return
+        self._reserved_turns.add(w.id)
+        handle, reservation, victims = held
+        free = self.view.held_free(handle)
+        self.view.unhold(handle, free, victims)
+        if not self._decide(w, pool, bounded=False):
+            # Hold again what nobody took meanwhile (an earmark planned in between may have).
+            view = self.view
+            still = tuple(
+                (h, kept)
+                for h, g in free
+                if (kept := tuple(x for x in g if x in set(view.free_of(h))))
+            )
+            victims = tuple(r for r in victims if r.workload.id not in view.earmarked)
+            self._held[w.id] = (view.earmark(victims, still), reservation, victims)
+
+    def _serve_reserved(self) -> None:
+        """Reserved requests the walk passed over (the bounds skip a group as a whole)
+        get their turn before unallocated work."""
+        for wid in [r.workload_id for r in self.reservations if r.workload_id in self._held]:
+            if wid in self._reserved_turns:
+                continue
+            reservation = self._held[wid][1]
+            w = next(w for _, w in self.queue.groups[reservation.allocation] if w.id == wid)
+            self._consider(w, DEFAULT_POOL)
+
+    def _decide(self, w: Workload, pool: str, *, bounded: bool) -> bool:
+        """``_consider``'s work; True when ``w`` was placed or got a preemption plan."""
         gpus = w.gpus
         may_preempt = self._preempts and (w.allocated or not self._fair_tree)
         own = self._own_victims.pop(w.id, None)
         if own:
             self.view.unclaim(own)
-        if gpus < self.place_bound.get(pool, math.inf):
+            bounded = False  # its own work under notice is room no bound counted
+        if not bounded or gpus < self.place_bound.get(pool, math.inf):
             self._plan_due_earmarks()
             assignment = self.view.find_fit(pool, gpus)
+            if assignment is None and w.allocated and self._held:
+                assignment = self._backfill(w)
             if assignment is not None:
                 self.view.take(assignment)
                 self.placements.append(Placement(w, assignment))
@@ -328,25 +388,27 @@ class _Cycle:
                     self.held[alloc] = self.held.get(alloc, 0) + gpus
                     self._tiers.pop(alloc, None)
                     self.served_allocated += 1
-                return
-            self.place_bound[pool] = gpus
+                return True
+            self.place_bound[pool] = min(gpus, self.place_bound.get(pool, math.inf))
         if not may_preempt:
-            return
+            return False
         bound_key = self._bound_key(w, pool)
         # The bound assumes victim sets only shrink down the order; a request's own work
-        # under notice adds to its set alone.
-        if not own and gpus >= self.preempt_bound.get(bound_key, math.inf):
-            return
+        # under notice, or its reserved hosts, add to its set alone.
+        if bounded and gpus >= self.preempt_bound.get(bound_key, math.inf):
+            return False
         if self._room_upper_bound(w) < gpus:
-            self.preempt_bound[bound_key] = gpus
-            return  # no plan, and no earmark plan either, finds this much room
+            self.preempt_bound[bound_key] = min(gpus, self.preempt_bound.get(bound_key, math.inf))
+            return False  # no plan, and no earmark plan either, finds this much room
         self._plan_due_earmarks()
         rule = self._victim_rule(w)
         plan = plan_preemption(self.view, pool, gpus, rule)
+        if plan is None and w.allocated and self._held and w.id not in self._reserved_turns:
+            plan = self._backfill_plan(w, pool, rule)
         if plan is None:
-            self.preempt_bound[bound_key] = gpus
+            self.preempt_bound[bound_key] = min(gpus, self.preempt_bound.get(bound_key, math.inf))
             self._earmark(w, pool)
-            return
+            return False
         if w.allocated:
             self.served_allocated += 1
         for victim in plan.new_victims:
@@ -355,6 +417,125 @@ class _Cycle:
         waited = tuple(sorted(r.workload.id for r in plan.victims))
         if waited:
             self.waiting_on.append((w.id, waited))
+        return True
+
+    def _held_back(self, w: Workload) -> bool:
+        """Requeued by a notice for another request not long ago: it may displace only
+        unallocated work (``Policy.requeue_hold_s``)."""
+        return self.queue.held_back(w.id, self.now, self.policy.requeue_hold_s)
+
+    def _hold_settling(self) -> None:
+        """Before unallocated work: hosts whose GPUs came free less than
+        ``unallocated_settle_s`` ago keep them for allocated work, and the cycle wakes when
+        they have settled. A time ahead of the cycle's clock (a bad report) counts as
+        settled: it can hold nothing back for long."""
+        settle = self.policy.unallocated_settle_s
+        if settle <= 0:
+            return
+        view = self.view
+        since = self.now - settle
+        seen: set[str] = set()
+        for t, host_id in reversed(self.st.freed):
+            if t <= since:
+                break
+            if t > self.now or host_id in seen:
+                continue
+            seen.add(host_id)
+            free = view.free_of(host_id)
+            if free and self.st.host(host_id).schedulable:
+                view.take(((host_id, tuple(free)),))
+                self.wakeups.append(t + settle)
+
+    # ----------------------------------------------------------- reservations
+    def _reserve(self) -> None:
+        """Plan reservations (``allot.core.reservations``) for the best-ordered large
+        requests: per allocation its first request of at least one whole host, if the
+        allocation is below its entitlement (tier 0) or the request has waited
+        ``reservation_after_s``; in queue order, within the policy's bounds. Each holds
+        its hosts for the rest of the cycle (see ``_consider`` and ``_backfill``)."""
+        policy = self.policy
+        largest = self.st.pool_max_gpus.get(DEFAULT_POOL)
+        if not largest or policy.max_reservations == 0:
+            return
+        queue = self.queue
+        minimum = max(largest, policy.reservation_min_gpus)
+        candidates: list[tuple[tuple[object, ...], Workload]] = []
+        for group, items in queue.groups.items():
+            if group is None or queue.max_gpus_from(group, 0) < minimum:
+                continue
+            tier = self._tier(group)
+            for _, w in items:
+                if w.gpus < minimum or self._held_back(w):
+                    continue
+                if tier == 0 or self.now - w.submit_time >= policy.reservation_after_s:
+                    key = (tier, self.order.get(group, WORST_ORDER), w.submit_time, w.id)
+                    candidates.append((key, w))
+                    self._reservation_tier[w.id] = tier
+                break
+        candidates.sort(key=lambda c: c[0])
+        budget = policy.reservation_max_share * self.st.healthy_gpus
+        for _, w in candidates:
+            if len(self.reservations) >= policy.max_reservations:
+                break
+            if w.gpus > budget:
+                continue
+            rule = self._reservation_rule(w, ignore_protection=True)
+            planned = plan_reservation(self.view, DEFAULT_POOL, w.gpus, rule)
+            if planned is None:
+                continue
+            start_at, options = planned
+            victims = tuple({r.workload.id: r for o in options for r in o.victims}.values())
+            free = tuple(sorted((o.host, o.free) for o in options if o.free))
+            hosts = tuple(sorted(o.host for o in options))
+            reservation = Reservation(w.id, w.allocation, start_at, hosts, w.gpus)
+            self.reservations.append(reservation)
+            self._held[w.id] = (self.view.earmark(victims, free), reservation, victims)
+            budget -= w.gpus
+
+    def _backfill_plan(self, w: Workload, pool: str, rule: RequestRule) -> Plan | None:
+        """A preemption plan that may use a reservation's held hosts, for work whose
+        protection ends by the reservation's start (the latest reservation first): the
+        hosts are given back for one plan, and whatever it does not take is held again."""
+        ends = self.now + w.min_runtime_s
+        view = self.view
+        held = sorted(self._held.items(), key=lambda h: (-h[1][1].start_at, h[0]))
+        for wid, (handle, reservation, victims) in held:
+            if reservation.start_at < ends:
+                continue
+            free = view.held_free(handle)
+            view.unhold(handle, free, victims)
+            plan = plan_preemption(view, pool, w.gpus, rule)
+            taken = {} if plan is None else {h: set(g) for h, g in plan.free_taken}
+            used = set() if plan is None else {r.workload.id for r in plan.victims}
+            still = tuple(
+                (h, kept)
+                for h, g in free
+                if (kept := tuple(x for x in g if x not in taken.get(h, ())))
+            )
+            keep = tuple(r for r in victims if r.workload.id not in used)
+            self._held[wid] = (view.earmark(keep, still), reservation, keep)
+            if plan is not None:
+                return plan
+        return None
+
+    def _backfill(self, w: Workload) -> Assignment | None:
+        """Free GPUs a reservation holds, for allocated work on one host whose protection
+        ends by the reservation's start (it is preemptible then): best fit over the held
+        hosts, the latest reservation first."""
+        if w.gpus > self.st.pool_max_gpus.get(DEFAULT_POOL, 0):
+            return None
+        ends = self.now + w.min_runtime_s
+        held = sorted(self._held.values(), key=lambda h: (-h[1].start_at, h[1].workload_id))
+        for handle, reservation, _ in held:
+            if reservation.start_at < ends:
+                continue
+            fits = [(len(g), h, g) for h, g in self.view.held_free(handle) if len(g) >= w.gpus]
+            if fits:
+                _, host, gpus = min(fits)
+                part = ((host, gpus[: w.gpus]),)
+                self.view.unhold(handle, part)
+                return part
+        return None
 
     # ------------------------------------------------------------- preemption
     def _room_upper_bound(self, w: Workload) -> float:
@@ -403,6 +584,8 @@ class _Cycle:
         alloc = w.allocation
         if alloc is None or alloc in self.earmarked_for or not self._reclaims(w):
             return
+        if self._held_back(w) or w.id in self._reserved_turns:
+            return  # it may not take allocated work, or it holds a reservation
         self.earmarked_for.add(alloc)
         self._due_earmarks.append((w, pool, self._fair_share_rule(w, ignore_protection=True)))
 
@@ -424,21 +607,42 @@ class _Cycle:
         victims = self.policy.victims
         if victims is not None:
             return victims.rule(w, self.now)
+        if w.id in self._reserved_turns:
+            return self._reservation_rule(w, ignore_protection=False)
         return self._fair_share_rule(w, ignore_protection=False)
+
+    def _reservation_rule(self, w: Workload, *, ignore_protection: bool) -> FairShareRule:
+        """A reservation's victims: the hosts are chosen with this rule, and at the
+        reservation's time the request preempts with it. For an allocation below its
+        entitlement (tier 0), unallocated work and any other allocation's work over its
+        entitlement (the reclaim rule, however large the request); otherwise its own rule
+        (worse-ranked allocations' work beyond their entitlement)."""
+        alloc = w.allocation
+        assert alloc is not None
+        reclaim = self._reservation_tier.get(w.id, 1) == 0
+        return self._fair_share.rule(
+            alloc, reclaim, ignore_protection=ignore_protection, for_reservation=True
+        )
 
     def _fair_share_rule(self, w: Workload, *, ignore_protection: bool) -> FairShareRule:
         alloc = w.allocation
         assert alloc is not None
-        key = (alloc, self._reclaims(w), ignore_protection)
+        allocated_victims = not self._held_back(w)
+        key = (alloc, self._reclaims(w), ignore_protection, allocated_victims)
         rule = self._rules.get(key)
         if rule is None:
-            rule = self._fair_share.rule(alloc, key[1], ignore_protection=ignore_protection)
+            rule = self._fair_share.rule(
+                alloc,
+                key[1],
+                ignore_protection=ignore_protection,
+                allocated_victims=allocated_victims,
+            )
             self._rules[key] = rule
         return rule
 
     def _notice(self, run: Running, reason: PreemptReason, preemptor: str | None) -> None:
         w = run.workload
-        at = self.now + self.policy.grace_s
+        at = self.now + self.policy.grace_of(w.allocated)
         self.view.notice(run, at)
         alloc = w.allocation if w.allocated else None
         self.preemptions.append(

@@ -13,6 +13,7 @@ class PreemptReason(StrEnum):
     RECLAIMED_FOR_ENTITLEMENT = "reclaimed-for-entitlement"  # requester below its entitlement
     BETTER_RANKED = "better-ranked"  # requester's allocation ranks better in Fair Tree
     HOST_DRAIN = "host-drain"  # the host is unhealthy and the protection ended
+    RESERVATION = "reservation"  # its host was reserved for a large request, now due
     HIGHER_CLASS = "higher-class"  # the simulator's legacy priority baseline only
 
 
@@ -42,6 +43,18 @@ class Preemption:
 
 
 @dataclass(frozen=True, slots=True)
+class Reservation:
+    """Request ``workload_id`` is planned to start at ``start_at`` on ``hosts``; ``gpus``
+    is what the hosts hold for it (whole hosts, plus the remainder's GPUs)."""
+
+    workload_id: str
+    allocation: str | None
+    start_at: float
+    hosts: tuple[str, ...]
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
 class HostTransition:
     host: str
     state: HostState
@@ -60,3 +73,6 @@ class CycleResult:
     next_wakeup: float | None = None
     # requester id -> ids of workloads under notice whose GPUs it waits for
     waiting_on: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # large requests that cannot start yet: where and when they will (still held at the
+    # end of the cycle; ``allot.core.reservations``)
+    reservations: tuple[Reservation, ...] = ()

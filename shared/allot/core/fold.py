@@ -26,13 +26,22 @@ def apply_result(state: ClusterState, queue: PendingQueue, result: CycleResult, 
 
 
 def end_workload(
-    state: ClusterState, queue: PendingQueue, workload_id: str, *, preempted: bool
+    state: ClusterState,
+    queue: PendingQueue,
+    workload_id: str,
+    *,
+    preempted: bool,
+    now: float | None = None,
 ) -> tuple[Running, Workload | None]:
     """The workload left its GPUs. A preempted resumable workload is requeued with its
     original submit time (a preemption does not send it to the back of its allocation's
-    queue); returns the ended run and the requeued workload, if any."""
-    run = state.finish(workload_id)
+    queue), remembering the request it made room for, if any; returns the ended run and the
+    requeued workload, if any. ``now``: when it left (the hosts' GPUs settle from then
+    before unallocated work may take them)."""
+    for_id = state.noticed_for.get(workload_id)
+    run = state.finish(workload_id, now)
     if preempted and run.workload.resumable:
-        queue.add(run.workload)
+        since = run.preempt_at if run.preempt_at is not None else run.start_time
+        queue.add(run.workload, None if for_id is None else (for_id, since))
         return run, run.workload
     return run, None

@@ -24,6 +24,11 @@ MAX_MIN_RUNTIME_S = 8 * 3600
 DEFAULT_GRACE_S = 300
 """Time between a preemption notice and the moment the victim's GPUs count as free."""
 
+DEFAULT_UNALLOCATED_GRACE_S = 30
+"""The same for unallocated victims under Fair Tree: free work may be preempted at any
+moment (the contract), so it gets only the time to checkpoint, and the allocated request
+that displaces it starts in seconds, not after a full grace period (decision 0045)."""
+
 
 class HostState(StrEnum):
     HEALTHY = "healthy"

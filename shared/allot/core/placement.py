@@ -238,9 +238,10 @@ class ClusterView:
                 self._count_noticed(run, +1)
         self.touched({h for r in victims for h, _ in r.assignment})
 
-    def earmark(self, victims: Iterable[Running], free: Assignment) -> None:
+    def earmark(self, victims: Iterable[Running], free: Assignment) -> int:
         """Hold back ``free`` from allocated work until ``release_earmarks``; the victims
-        stay put (they are protected) but no other request may plan with them."""
+        stay put (they are protected) but no other request may plan with them. Returns a
+        handle for ``unhold``."""
         victims = list(victims)
         for run in victims:
             if self.terminating(run):
@@ -248,6 +249,29 @@ class ClusterView:
         self.earmarked.update(r.workload.id for r in victims)
         self.take(free)
         self._earmarks.append(free)
+        self.touched({h for r in victims for h, _ in r.assignment})
+        return len(self._earmarks) - 1
+
+    def held_free(self, handle: int) -> Assignment:
+        """The free GPUs earmark ``handle`` still holds back."""
+        return self._earmarks[handle]
+
+    def unhold(self, handle: int, part: Assignment, victims: Iterable[Running] = ()) -> None:
+        """Give back ``part`` of earmark ``handle``'s free GPUs, and ``victims`` to the
+        planners (a reservation's own request, or backfill that ends in time)."""
+        gone = {h: set(g) for h, g in part}
+        left = tuple(
+            (h, kept)
+            for h, g in self._earmarks[handle]
+            if (kept := tuple(x for x in g if x not in gone.get(h, ())))
+        )
+        self._earmarks[handle] = left
+        self.give(part)
+        victims = [r for r in victims if r.workload.id in self.earmarked]
+        self.earmarked.difference_update(r.workload.id for r in victims)
+        for run in victims:
+            if self.terminating(run):
+                self._count_noticed(run, +1)
         self.touched({h for r in victims for h, _ in r.assignment})
 
     def release_earmarks(self) -> None:

@@ -18,9 +18,9 @@ from typing import Protocol
 
 from allot.core.decisions import PreemptReason
 from allot.core.errors import ValidationError
-from allot.core.model import DEFAULT_GRACE_S, Running, Workload
+from allot.core.model import DEFAULT_GRACE_S, DEFAULT_UNALLOCATED_GRACE_S, Running, Workload
 from allot.core.preemption import VictimRule
-from allot.core.state import DEFAULT_POOL, ClusterState, PendingQueue
+from allot.core.state import DEFAULT_POOL, FREED_KEPT_S, ClusterState, PendingQueue
 
 Reach = Callable[[str], float]
 """``reach(pool)``: the fewest GPUs a request of that pool can no longer be placed or
@@ -61,18 +61,66 @@ class Policy:
     entitlement_tier: bool = True
     preemption: bool = True
     grace_s: int = DEFAULT_GRACE_S
+    # Grace of unallocated victims; None: ``grace_s`` (the baselines, which know no
+    # unallocated work).
+    unallocated_grace_s: int | None = None
+    # Reservations for large work (``allot.core.reservations``; Fair Tree only): at most
+    # ``max_reservations`` a cycle, holding at most ``reservation_max_share`` of the healthy
+    # GPUs, for requests of at least one whole host whose allocation is below its
+    # entitlement or that waited ``reservation_after_s``.
+    # GPUs that came free less than this ago are left to allocated work (which arrives all
+    # the time under load) rather than started with unallocated work it would preempt at
+    # once (churn: attempts too short to pass their start-up).
+    unallocated_settle_s: float = 0.0
+    # Work requeued by a notice for another request may displace only unallocated work
+    # for this long after the notice's deadline (no cascade of reclaims).
+    requeue_hold_s: float = 3600.0
+    reservations: bool = True
+    reservation_min_gpus: int = 64
+    max_reservations: int = 2
+    reservation_max_share: float = 0.5
+    reservation_after_s: float = 3600.0
     ordering: Ordering | None = None  # None: Fair Tree
     victims: Victims | None = None  # a plugged-in ordering's preemption rule
 
     def __post_init__(self) -> None:
         if self.grace_s < 0:
             raise ValidationError("grace_s", f"must be >= 0, got {self.grace_s}")
+        if (
+            self.unallocated_grace_s is not None
+            and not 0 <= self.unallocated_grace_s <= self.grace_s
+        ):
+            raise ValidationError(
+                "unallocated_grace_s",
+                f"must be in [0, grace_s={self.grace_s}], got {self.unallocated_grace_s}",
+            )
+        if not 0 <= self.unallocated_settle_s <= FREED_KEPT_S:
+            raise ValidationError(
+                "unallocated_settle_s",
+                f"must be in [0, {FREED_KEPT_S:g}], got {self.unallocated_settle_s}",
+            )
+        if self.max_reservations < 0:
+            raise ValidationError("max_reservations", f"must be >= 0, got {self.max_reservations}")
+        if not 0 <= self.reservation_max_share <= 1:
+            raise ValidationError(
+                "reservation_max_share", f"must be in [0, 1], got {self.reservation_max_share}"
+            )
+        if not 0 <= self.reservation_after_s < float("inf"):
+            raise ValidationError(
+                "reservation_after_s", f"must be >= 0 and finite, got {self.reservation_after_s}"
+            )
         if self.victims is not None and self.ordering is None:
             raise ValidationError("victims", "Fair Tree has its own: plug in an ordering too")
 
     @property
     def fair_tree(self) -> bool:
         return self.ordering is None
+
+    def grace_of(self, allocated: bool) -> int:
+        """The grace period a victim gets: allocated or not."""
+        if allocated or self.unallocated_grace_s is None:
+            return self.grace_s
+        return self.unallocated_grace_s
 
     @property
     def preempts(self) -> bool:
@@ -102,15 +150,30 @@ class Fifo:
 
 FIFO = Fifo()
 
-POLICIES = ("fairshare", "fairshare-window", "fifo")
-"""The policies of the placement service (the simulator adds its baselines)."""
+DEFAULT_UNALLOCATED_SETTLE_S = 60.0
+"""Fair Tree's ``unallocated_settle_s`` (decision 0045)."""
+
+POLICIES = ("fairshare", "fairshare-window", "fairshare-no-reservations", "fifo")
+"""The policies of the placement service (the simulator adds its baselines);
+``fairshare-no-reservations`` is Fair Tree without reservations, for comparison."""
 
 
-def make_policy(name: str, grace_s: int) -> Policy:
-    if name == "fairshare":
-        return Policy(entitlement_tier=True, grace_s=grace_s)
-    if name == "fairshare-window":
-        return Policy(entitlement_tier=False, grace_s=grace_s)
+def make_policy(
+    name: str,
+    grace_s: int,
+    unallocated_grace_s: int = DEFAULT_UNALLOCATED_GRACE_S,
+    unallocated_settle_s: float = DEFAULT_UNALLOCATED_SETTLE_S,
+) -> Policy:
+    """``unallocated_grace_s`` is capped at ``grace_s`` (a shorter grace for all wins)."""
     if name == "fifo":
         return Policy(preemption=False, grace_s=grace_s, ordering=FIFO)
-    raise ValidationError("policy", f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    if name not in POLICIES:
+        choices = ", ".join(POLICIES)
+        raise ValidationError("policy", f"unknown policy {name!r}; choose from {choices}")
+    return Policy(
+        entitlement_tier=name != "fairshare-window",
+        grace_s=grace_s,
+        unallocated_grace_s=min(unallocated_grace_s, grace_s),
+        unallocated_settle_s=unallocated_settle_s,
+        reservations=name != "fairshare-no-reservations",
+    )

@@ -21,6 +21,12 @@ snapshot the cycle read, a fixed sequence of questions and stops at the first "y
 7. ``no-host-large-enough``: none of the above: not enough free GPUs in its shape, and
    nothing it may preempt (or preemption is off).
 
+Two answers come before these (after ``waiting-for-notice``): ``reserved-until`` when the
+cycle holds a reservation for it (``allot.core.reservations``: its hosts and time), and
+``after-preemption`` when it was requeued by a notice for another request, has no plan
+without allocated victims, and so waits (it may not preempt allocated work until it runs
+again: one request, one round of notices).
+
 The questions use the core's own placement and preemption planner on a fresh read-only
 ``ClusterView`` of the snapshot, so a reason never claims room the planner would not find.
 Held GPUs are counted after the cycle's placements (what the next cycle will see).
@@ -69,6 +75,8 @@ class PendingReason(StrEnum):
     PROTECTED_UNTIL = "protected-until"
     OVER_ENTITLEMENT = "over-entitlement"
     NO_HOST_LARGE_ENOUGH = "no-host-large-enough"
+    RESERVED_UNTIL = "reserved-until"
+    AFTER_PREEMPTION = "after-preemption"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +139,17 @@ def explain_pending(
 
 def estimated_start(why: Why, now: float) -> float | None:
     """An ESTIMATE of when the workload starts, from its reason: the notice deadline
-    (``waiting-for-notice``), the protection end (``protected-until``), ``now``
+    (``waiting-for-notice``), the protection end (``protected-until``, ``reserved-until``),
+    ``now``
     (``starts-next-cycle``); None for the other codes, which nothing bounds (running work
     declares no time limit). Work ahead of it may still take the room first."""
     if why.code is PendingReason.STARTS_NEXT_CYCLE:
         return now
-    key = {PendingReason.WAITING_FOR_NOTICE: "deadline", PendingReason.PROTECTED_UNTIL: "until"}
+    key = {
+        PendingReason.WAITING_FOR_NOTICE: "deadline",
+        PendingReason.PROTECTED_UNTIL: "until",
+        PendingReason.RESERVED_UNTIL: "until",
+    }
     name = key.get(why.code)
     if name is None:
         return None
@@ -182,6 +195,7 @@ class _Explainer:
         self.placed = {p.workload.id: p for p in result.placements}
         self.waiting = dict(result.waiting_on)
         self.notice_at = {p.workload_id: p.preempt_at for p in result.preemptions}
+        self.reserved = {r.workload_id: r for r in result.reservations}
         self._plans: dict[tuple[object, ...], Plan | None] = {}
         self._pools: dict[str, _Pool] = {}
         self._fits: dict[tuple[str, int], bool] = {}  # shape fits the empty healthy hosts
@@ -213,10 +227,32 @@ class _Explainer:
     def explain(self, w: Workload) -> Why:
         if w.id in self.waiting:
             return self._waiting(w, self.waiting[w.id])
+        reservation = self.reserved.get(w.id)
+        if reservation is not None:
+            return _why(
+                PendingReason.RESERVED_UNTIL,
+                requested=w.gpus,
+                until=reservation.start_at,
+                in_s=max(0.0, reservation.start_at - self.now),
+                hosts=",".join(reservation.hosts),
+                host_count=len(reservation.hosts),
+            )
+        preempted_for = self.snap.queue.preempted_for.get(w.id)
+        if preempted_for is not None and self._held_back(w) and self.fair_tree and w.allocated:
+            pool = self._pool(w)
+            if not (self._fits_free(pool, w.gpus) or self._plan_exists(w, pool)):
+                return _why(
+                    PendingReason.AFTER_PREEMPTION,
+                    requested=w.gpus,
+                    preemptor=preempted_for[0],
+                    until=preempted_for[1] + self.policy.requeue_hold_s,
+                    in_s=preempted_for[1] + self.policy.requeue_hold_s - self.now,
+                )
         # Past the reservation, the answer depends on the request's size and allocation
-        # (and a plugged-in victim rule) only, never on its id: one Why serves every
-        # workload with the same key (10,000 pending hold a few hundred keys).
-        key = (w.allocation, w.allocated, w.gpus, self._plugged_rule(w))
+        # (and a plugged-in victim rule, and whether it is held back after a preemption)
+        # only, never on its id: one Why serves every workload with the same key (10,000
+        # pending hold a few hundred keys).
+        key = (w.allocation, w.allocated, w.gpus, self._plugged_rule(w), self._held_back(w))
         why = self._answers.get(key)
         if why is None:
             why = self._answers[key] = self._explain(w)
@@ -381,6 +417,9 @@ class _Explainer:
             return False
         return reclaims(self.held.get(alloc, 0), self.entitlement.get(alloc, 0.0), gpus)
 
+    def _held_back(self, w: Workload) -> bool:
+        return self.snap.queue.held_back(w.id, self.now, self.policy.requeue_hold_s)
+
     def _plugged_rule(self, w: Workload) -> VictimRule | None:
         """The plugged-in victim rule of ``w`` (hashable: it keys the memos); None under
         Fair Tree, whose rule follows from the allocation and the size."""
@@ -394,7 +433,12 @@ class _Explainer:
         alloc = w.allocation
         assert alloc is not None
         reclaiming = self._reclaims(alloc, w.gpus)
-        return self.fair_share.rule(alloc, reclaiming, ignore_protection=ignore_protection)
+        return self.fair_share.rule(
+            alloc,
+            reclaiming,
+            ignore_protection=ignore_protection,
+            allocated_victims=not self._held_back(w),
+        )
 
     def _rule_key(self, w: Workload, pool: str, ignore_protection: bool) -> tuple[object, ...]:
         """What the victim rule depends on (besides the view, which is read-only)."""
@@ -402,7 +446,8 @@ class _Explainer:
         if plugged is not None:
             return (pool, plugged)
         a = w.allocation
-        return (pool, a, self._reclaims(a or "", w.gpus), ignore_protection)
+        restricted = self._held_back(w)
+        return (pool, a, self._reclaims(a or "", w.gpus), ignore_protection, restricted)
 
     def _plan(self, w: Workload, pool: str, *, ignore_protection: bool) -> Plan | None:
         """A preemption plan on the snapshot as the cycle found it (memoised: the answer
@@ -522,6 +567,16 @@ _TEXT: dict[PendingReason, Callable[[Mapping[str, Number]], str]] = {
         "work of allocations ranked below it and over their entitlement, and none runs "
         "any (work of allocations ranked as well or better is never its victim)"
     ),
+    PendingReason.RESERVED_UNTIL: lambda n: (
+        f"needs {n['requested']} GPUs: {n['host_count']} host(s) ({n['hosts']}) are held "
+        f"for it and it starts there when their protection ends, in "
+        f"{format_duration(float(n['in_s']))}; only work that ends by then may use them"
+    ),
+    PendingReason.AFTER_PREEMPTION: lambda n: (
+        f"it was preempted for {n['preemptor']}: for {format_duration(float(n['in_s']))} "
+        f"more it may take free GPUs and unallocated work only, not preempt allocated work "
+        f"(one request, one round of notices); needs {n['requested']}"
+    ),
     PendingReason.NO_HOST_LARGE_ENOUGH: lambda n: (
         f"needs {n['requested']} GPUs, {n['free_gpus']} free (largest block "
         f"{n['largest_free_block']} on hosts of {n['largest_host']}), and no work it may "
@@ -538,6 +593,7 @@ PREEMPT_TEXT: dict[PreemptReason, str] = {
     PreemptReason.HOST_DRAIN: "its host is draining and its protection has ended",
     PreemptReason.DISPLACED_UNALLOCATED: "unallocated work displaced by allocated work",
     PreemptReason.HIGHER_CLASS: "taken by a higher priority class (legacy policy)",
+    PreemptReason.RESERVATION: "its host was reserved for a large request, which starts now",
 }
 """One line per preemption reason (``docs/reasons.md``): the CLI, the dashboard."""
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import accumulate
 
@@ -26,6 +27,9 @@ from allot.core.errors import ValidationError
 from allot.core.model import Assignment, Host, HostState, Running, Workload
 
 DEFAULT_POOL = ""
+FREED_KEPT_S = 3600.0
+"""How long ``ClusterState.freed`` remembers a host's GPUs coming free (the longest
+``Policy.unallocated_settle_s``)."""
 _NEAR_HEAD = 64
 """Up to this position, suffix min/max come from the size counts, not a suffix array."""
 
@@ -65,6 +69,9 @@ class ClusterState:
         """Noticed workload -> the request its notice made room for (``Preemption.preemptor``):
         the request keeps those GPUs from one cycle to the next (``allot.core.cycle``)."""
         self._protect_heap: list[tuple[float, str]] = []
+        self.freed: deque[tuple[float, str]] = deque()
+        """(time, host) whenever work left a host, in the order reported; entries older
+        than ``FREED_KEPT_S`` are dropped as the clock moves (``prune_protection``)."""
         for host in ordered:
             self._index_host(host.id, add=True)
 
@@ -109,6 +116,9 @@ class ClusterState:
         return best
 
     def prune_protection(self, now: float) -> None:
+        freed = self.freed
+        while freed and freed[0][0] < now - FREED_KEPT_S:
+            freed.popleft()
         heap = self._protect_heap
         while heap:
             t, wid = heap[0]
@@ -180,9 +190,12 @@ class ClusterState:
             self.noticed_for[workload_id] = for_id
         return noticed
 
-    def finish(self, workload_id: str) -> Running:
-        """The workload ended (completed, failed, or left after its notice)."""
+    def finish(self, workload_id: str, now: float | None = None) -> Running:
+        """The workload ended (completed, failed, or left after its notice), at ``now``
+        when the caller knows it (``freed``)."""
         run = self._running(workload_id)
+        if now is not None:
+            self.freed.extend((now, h) for h, _ in run.assignment)
         del self.running[workload_id]
         self.running_gpus -= run.workload.gpus
         self.noticed.discard(workload_id)
@@ -289,6 +302,10 @@ class PendingQueue:
         self._sizes: dict[str | None, dict[int, int]] = {}
         self.fifo: list[tuple[tuple[float, str], Workload]] = []
         self._fifo_suffix_min: list[int] | None = None
+        self.preempted_for: dict[str, tuple[str, float]] = {}
+        """Requeued workload -> (the request whose notice preempted it, that notice's
+        deadline), until it runs again: for a while such work may displace only
+        unallocated work (one request, one round of notices; ``allot.core.cycle``)."""
         for w in workloads:
             self.add(w)
 
@@ -307,9 +324,13 @@ class PendingQueue:
     def group_of(w: Workload) -> str | None:
         return w.allocation if w.allocated else None
 
-    def add(self, w: Workload) -> None:
+    def add(self, w: Workload, preempted_for: tuple[str, float] | None = None) -> None:
+        """Queue ``w``; ``preempted_for``: it is requeued after a notice for that request,
+        with that deadline."""
         if w.id in self._group_of:
             raise ValidationError("workload", f"{w.id!r} is already pending")
+        if preempted_for is not None:
+            self.preempted_for[w.id] = preempted_for
         group = self.group_of(w)
         self._group_of[w.id] = group
         key = _within_key(w)
@@ -376,12 +397,19 @@ class PendingQueue:
             self._fifo_suffix_min.reverse()
         return self._fifo_suffix_min
 
+    def held_back(self, workload_id: str, now: float, hold_s: float) -> bool:
+        """Whether ``workload_id`` was requeued by a notice for another request less than
+        ``hold_s`` before ``now`` (it may displace only unallocated work meanwhile)."""
+        entry = self.preempted_for.get(workload_id)
+        return entry is not None and now < entry[1] + hold_s
+
     def remove(self, workload_id: str) -> Workload:
         try:
             group = self._group_of.pop(workload_id)
         except KeyError:
             raise ValidationError("workload", f"{workload_id!r} is not pending") from None
         key = self._key_of.pop(workload_id)
+        self.preempted_for.pop(workload_id, None)
         items = self.groups[group]
         sizes = self._sizes[group]
         # Keys are unique (they end with the id), so the first key >= ours is ours.

@@ -51,7 +51,13 @@ class FairShareVictims:
     now: float
 
     def rule(
-        self, requester: str, reclaiming: bool, *, ignore_protection: bool = False
+        self,
+        requester: str,
+        reclaiming: bool,
+        *,
+        ignore_protection: bool = False,
+        allocated_victims: bool = True,
+        for_reservation: bool = False,
     ) -> FairShareRule:
         return FairShareRule(
             requester=requester,
@@ -62,6 +68,8 @@ class FairShareVictims:
             entitlement=self.entitlement,
             now=self.now,
             ignores_protection=ignore_protection,
+            allocated_victims=allocated_victims,
+            for_reservation=for_reservation,
         )
 
 
@@ -88,8 +96,13 @@ class FairShareRule:
     now: float
     ignores_protection: bool = False  # earmarking: plan as if protection had ended
     unallocated_first: bool = True  # the planner may try unallocated victims on their own
+    # False: unallocated work only (a request requeued by another's notice: no cascade).
+    allocated_victims: bool = True
+    for_reservation: bool = False  # a reservation's start: notices say so
 
     def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
+        if not self.allocated_victims:
+            return False
         for alloc, held in victim_held.items():
             if alloc == self.requester or held <= 0:
                 continue
@@ -109,6 +122,8 @@ class FairShareRule:
             # Earmarking: unallocated work is as good as free room (it may leave at any
             # moment), so an earmark stays on the same hosts when fillers move onto them.
             return (0 if self.ignores_protection else 1, 0.0, lost, w.id)
+        if not self.allocated_victims:
+            return None
         if self.now < run.protected_until and not self.ignores_protection:
             return None
         alloc = w.allocation
@@ -147,6 +162,8 @@ class FairShareRule:
     def reason(self, victim: Running) -> PreemptReason:
         if not victim.workload.allocated:
             return PreemptReason.DISPLACED_UNALLOCATED
+        if self.for_reservation:
+            return PreemptReason.RESERVATION
         if self.under_entitlement:
             return PreemptReason.RECLAIMED_FOR_ENTITLEMENT
         return PreemptReason.BETTER_RANKED

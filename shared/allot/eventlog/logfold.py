@@ -269,7 +269,9 @@ class LogFold:
         if rec is None or rec.status not in ("running", "noticed"):
             return Applied(False, "not running")
         preempted = status == "preempted"
-        _, requeued = end_workload(self.state, self.queue, workload_id, preempted=preempted)
+        _, requeued = end_workload(
+            self.state, self.queue, workload_id, preempted=preempted, now=r.at
+        )
         rec.preempt_at = None  # the assignment stays: the last attempt's, for `allot status`
         if requeued is not None and not rec.cancel_requested:
             rec.status = "pending"

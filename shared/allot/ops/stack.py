@@ -62,6 +62,9 @@ from allot.config.budget_file import load_tree_file
 from allot.config.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
+from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
+from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S
+from allot.core.state import FREED_KEPT_S
 from allot.ops.auth_gen import ACCOUNT, GeneratedAuth, generate
 from allot.ops.run_dir import LOCK_FILE, PORTS_FILE
 from allot.ops.tls_certs import make_loopback_certs
@@ -124,6 +127,8 @@ class StackConfig:
     agents: tuple[AgentSpec, ...] = (AgentSpec("fake-a"), AgentSpec("fake-b"))
     placements: int = 2
     grace_s: int = 300
+    unallocated_grace_s: int = DEFAULT_UNALLOCATED_GRACE_S
+    unallocated_settle_s: float = DEFAULT_UNALLOCATED_SETTLE_S
     lease_ttl_s: float = 3.0
     rank_every_s: float = 300.0
     accrue_s: float = 30.0
@@ -236,6 +241,15 @@ def check_config(config: StackConfig) -> None:
     start (as a traceback in its log and a dead stack)."""
     if config.grace_s < 0:
         raise ValidationError("--grace-s", f"must be >= 0, got {config.grace_s}")
+    if config.unallocated_grace_s < 0:
+        raise ValidationError(
+            "--unallocated-grace-s", f"must be >= 0, got {config.unallocated_grace_s}"
+        )
+    if not 0 <= config.unallocated_settle_s <= FREED_KEPT_S:
+        raise ValidationError(
+            "--unallocated-settle-s",
+            f"must be from 0 to {FREED_KEPT_S:g}, got {config.unallocated_settle_s:g}",
+        )
     if not 0 < config.rank_every_s < math.inf:
         raise ValidationError("--rank-every-s", f"must be > 0, got {config.rank_every_s:g}")
     if config.budgets is not None:
@@ -395,6 +409,10 @@ class Stack(StartStop):
                 f"placement-{i + 1}",
                 "--grace-s",
                 str(c.grace_s),
+                "--unallocated-grace-s",
+                str(min(c.unallocated_grace_s, c.grace_s)),
+                "--unallocated-settle-s",
+                str(c.unallocated_settle_s),
                 "--lease-ttl-s",
                 str(c.lease_ttl_s),
             ]

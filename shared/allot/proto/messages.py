@@ -155,6 +155,7 @@ PreemptReason = Literal[
     "better-ranked",
     "host-drain",
     "higher-class",
+    "reservation",
 ]
 """The core's ``allot.core.decisions.PreemptReason`` values (a test keeps them equal)."""
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from allot.core.budgets import BudgetTree
 from allot.core.decisions import Placement, PreemptReason
 from allot.core.errors import ValidationError
-from allot.core.model import Running, Workload
-from allot.core.policy import Fifo, Policy, Reach, make_policy
+from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S, Running, Workload
+from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, Fifo, Policy, Reach, make_policy
 from allot.core.state import DEFAULT_POOL, ClusterState, PendingQueue
 from allot.sim.cluster import ClusterSpec
 from allot.sim.trace import TraceJob
@@ -39,6 +39,7 @@ LEGACY_CLASSES = {"HIGH": 2, "NORMAL": 1, "LOW": 0}
 POLICY_NAMES = (
     "fairshare",
     "fairshare-window",
+    "fairshare-no-reservations",
     "priority",
     "fifo",
     "partitioned",
@@ -47,9 +48,18 @@ POLICY_NAMES = (
 )
 
 
-def named_policy(name: str, tree: BudgetTree, capacity_gpus: int, grace_s: int) -> Policy:
+def named_policy(
+    name: str,
+    tree: BudgetTree,
+    capacity_gpus: int,
+    grace_s: int,
+    *,
+    unallocated_grace_s: int = DEFAULT_UNALLOCATED_GRACE_S,
+    unallocated_settle_s: float = DEFAULT_UNALLOCATED_SETTLE_S,
+) -> Policy:
     """The named policies of ``allot simulate --policy``: the placement service's
-    (``allot.core.policy.make_policy``) and the baselines."""
+    (``allot.core.policy.make_policy``, which alone read the unallocated knobs) and the
+    baselines."""
     if name not in POLICY_NAMES:
         raise ValueError(f"policy: unknown policy {name!r}")
     if name == "priority":
@@ -66,7 +76,7 @@ def named_policy(name: str, tree: BudgetTree, capacity_gpus: int, grace_s: int) 
         return Policy(preemption=False, grace_s=grace_s, ordering=STRICT_FIFO)
     if name == "partitioned-strict":
         return Policy(preemption=False, grace_s=grace_s, ordering=STRICT_PARTITIONED)
-    return make_policy(name, grace_s)
+    return make_policy(name, grace_s, unallocated_grace_s, unallocated_settle_s)
 
 
 class Baseline:

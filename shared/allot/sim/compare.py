@@ -19,6 +19,10 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any]:
         "completed": report["completed"],
         "preemptions": report["preemptions"],
         "requeues": report["requeues"],
+        "preemptions_per_1000_gpu_h": (report.get("preemption_rate") or {}).get("per_1000_gpu_h"),
+        "unallocated_goodput": (report.get("unallocated_goodput") or {}).get("goodput_fraction"),
+        "reserved_workloads": (report.get("reservations") or {}).get("workloads"),
+        "reservation_idle_gpu_h": (report.get("reservations") or {}).get("idle_gpu_h"),
         "occupancy": report["occupancy"],
         "occupancy_observed": report.get("occupancy_observed"),
         "unallocated_fraction": report["unallocated_fraction"],
@@ -53,6 +57,8 @@ def cell(value: Any, kind: str) -> str:
         return "-"
     if kind == "ratio":
         return f"{value:.3f}"
+    if kind == "num":
+        return f"{value:.1f}"
     if kind == "pct":
         return f"{value:.1%}"
     if kind == "dur":
@@ -65,6 +71,10 @@ ROWS: Sequence[tuple[str, str, str]] = (
     ("completed", "completed", "int"),
     ("preemptions", "preemptions", "int"),
     ("requeues", "requeues", "int"),
+    ("preemptions / 1,000 GPU-h", "preemptions_per_1000_gpu_h", "num"),
+    ("unallocated goodput", "unallocated_goodput", "pct"),
+    ("reserved workloads", "reserved_workloads", "int"),
+    ("reservation idle GPU-h", "reservation_idle_gpu_h", "num"),
     ("occupancy (span)", "occupancy", "pct"),
     ("occupancy (observed)", "occupancy_observed", "pct"),
     ("unallocated (span)", "unallocated_fraction", "pct"),

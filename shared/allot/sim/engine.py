@@ -116,6 +116,8 @@ class _Engine:
         self.running_gpus: dict[str, int] = {}
         self.charged_until: dict[str, float] = {}
         self.wakeups: set[float] = set()
+        self.reserved_idle = 0  # GPUs reservations hold free after the last cycle
+        self.reserved_since = self.first_submit
         self.last_rank = -float("inf")
         self.record = SimRecord(
             policy=config.policy_name,
@@ -187,7 +189,7 @@ class _Engine:
         self.record.capacity.append(CapacityChange(now, self.state.healthy_gpus))
 
     def _end(self, wid: str, now: float, *, preempted: bool) -> None:
-        run, requeued = end_workload(self.state, self.queue, wid, preempted=preempted)
+        run, requeued = end_workload(self.state, self.queue, wid, preempted=preempted, now=now)
         self.baseline.ended(wid)
         w = run.workload
         self._held_changed(w, now, -w.gpus)
@@ -230,6 +232,9 @@ class _Engine:
         self.order = {leaf: ranking.order_key(leaf) for leaf in self.tree.leaves()}
 
     def _cycle(self, now: float) -> None:
+        # The reservations' cost: GPUs they held free since the last cycle stayed idle.
+        self.record.reservation_idle_gpu_s += self.reserved_idle * (now - self.reserved_since)
+        self.reserved_idle, self.reserved_since = 0, now
         if not len(self.queue) and not self.state.draining:
             return
         self._refresh_ranking(now)
@@ -237,6 +242,9 @@ class _Engine:
             Snapshot(self.state, self.queue, self.shares, self.order), self.policy, now
         )
         apply_result(self.state, self.queue, result, now)
+        for reservation in result.reservations:
+            self.record.reserved.add(reservation.workload_id)
+            self.reserved_idle += sum(len(self.state.free[h]) for h in reservation.hosts)
         if result.placements:
             self.baseline.started(result.placements, self.state)
         for placement in result.placements:
@@ -254,7 +262,7 @@ class _Engine:
             self._push(p.preempt_at, _PREEMPT_END, (p.workload_id, self.attempt[p.workload_id]))
             self.record.preemptions.append(
                 Preemption(
-                    p.preempt_at - self.policy.grace_s,
+                    now,
                     p.workload_id,
                     p.allocation,
                     p.gpus,

@@ -88,6 +88,10 @@ class SimRecord:
     usage: dict[str, dict[int, float]] = field(default_factory=dict)
     """GPU-seconds charged per allocation and hour, as the accounting service's store holds
     them (``allot.core.usage``); empty for a record not made by the simulator."""
+    reserved: set[str] = field(default_factory=set)
+    """Workloads that held a reservation at some cycle (``allot.core.reservations``)."""
+    reservation_idle_gpu_s: float = 0.0
+    """GPU-seconds that reserved hosts held free and nobody used (the reservations' cost)."""
 
 
 def allocated_workloads(record: SimRecord) -> set[str]:

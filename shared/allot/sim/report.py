@@ -61,6 +61,15 @@ Keys:
   bucket); per observed bucket and allocation ``owed_gpu_h`` and ``delivered_gpu_h``.
 * ``final_fairshare``: ``record.final_fairshare`` (the Fair Tree factor per allocation at
   the end of the run).
+* ``preemption_rate``: notices per 1,000 GPU-hours run over the span (``per_1000_gpu_h``)
+  and those that hit allocated work (``allocated_per_1000_gpu_h``).
+* ``unallocated_goodput``: unallocated GPU-hours (``gpu_h``), of which in attempts longer
+  than ``startup_allowance_s`` (``goodput_gpu_h``, ``goodput_fraction``), ``attempts`` and
+  ``short_attempts``; per unallocated workload that ran, notices per minute of its life
+  (first start to last end, at least one minute): ``preemptions_per_minute_mean``/``max``.
+* ``reservations``: ``workloads`` that held a reservation at some point, and
+  ``idle_gpu_h``, the GPU-hours reserved hosts held free with nothing running on them
+  (what the reservations cost; unallocated work may use held GPUs).
 """
 
 from __future__ import annotations
@@ -177,6 +186,12 @@ def build_report(
             "delivered_gpu_h": delivered_series,
         },
         "final_fairshare": dict(record.final_fairshare),
+        "preemption_rate": _preemption_rate(record, sum(busy_s)),
+        "unallocated_goodput": unallocated_goodput(record),
+        "reservations": {
+            "workloads": len(record.reserved),
+            "idle_gpu_h": record.reservation_idle_gpu_s / HOUR,
+        },
     }
     if scenario is not None:
         report["scenario"] = dict(scenario)
@@ -189,6 +204,63 @@ def write_report(report: Json, out_dir: Path) -> None:
     text = json.dumps(report, sort_keys=True, indent=2, allow_nan=False) + "\n"
     (out_dir / "report.json").write_text(text, encoding="utf-8", newline="\n")
     (out_dir / "report.html").write_text(render_html(report), encoding="utf-8", newline="\n")
+
+
+# --- preemptions and churn -------------------------------------------------------------
+
+STARTUP_ALLOWANCE_S = 60.0
+"""An attempt shorter than this did no useful work: real jobs spend seconds to minutes
+starting (image, data, checkpoint load) before the first step."""
+
+
+def _preemption_rate(record: SimRecord, busy_gpu_s: float) -> Json:
+    """Notices per 1,000 delivered GPU-hours (every GPU-hour run over the span), all and
+    those that hit allocated work."""
+    per = busy_gpu_s / HOUR / 1000.0
+    allocated = sum(1 for p in record.preemptions if p.reason != "displaced-unallocated")
+    return {
+        "per_1000_gpu_h": _ratio(len(record.preemptions), per),
+        "allocated_per_1000_gpu_h": _ratio(allocated, per),
+    }
+
+
+def unallocated_goodput(record: SimRecord) -> Json:
+    """Unallocated attempts: GPU-hours in attempts longer than ``STARTUP_ALLOWANCE_S``
+    (goodput) of all unallocated GPU-hours, and how often one unallocated workload is
+    preempted: notices per minute of its life (first start to its last attempt's end, at
+    least a minute), mean and max over the unallocated workloads that ran."""
+    total = good = 0.0
+    attempts = short = 0
+    life: dict[str, list[float]] = {}
+    for seg in record.segments:
+        if seg.allocated:
+            continue
+        length = seg.end - seg.start
+        total += seg.gpus * length
+        attempts += 1
+        if length > STARTUP_ALLOWANCE_S:
+            good += seg.gpus * length
+        else:
+            short += 1
+        span = life.setdefault(seg.workload_id, [seg.start, seg.end])
+        span[0] = min(span[0], seg.start)
+        span[1] = max(span[1], seg.end)
+    notices: dict[str, int] = {}
+    for p in record.preemptions:
+        if p.workload_id in life and p.reason == "displaced-unallocated":
+            notices[p.workload_id] = notices.get(p.workload_id, 0) + 1
+    rates = [notices.get(w, 0) / max(1.0, (end - start) / 60.0) for w, (start, end) in life.items()]
+    return {
+        "startup_allowance_s": STARTUP_ALLOWANCE_S,
+        "gpu_h": total / HOUR,
+        "goodput_gpu_h": good / HOUR,
+        "goodput_fraction": _ratio(good, total),
+        "attempts": attempts,
+        "short_attempts": short,
+        "workloads": len(life),
+        "preemptions_per_minute_mean": sum(rates) / len(rates) if rates else None,
+        "preemptions_per_minute_max": max(rates, default=None),
+    }
 
 
 # --- bucketing ------------------------------------------------------------------------

@@ -1,0 +1,185 @@
+"""One request, one round of notices: work requeued by a notice for another request may
+displace only unallocated work for ``Policy.requeue_hold_s`` after that notice's deadline,
+so it does not reclaim from a third allocation in turn (a cascade)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+from builders import cluster, free_work, hosts, on, workload
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from allot.core.cycle import Snapshot, run_cycle
+from allot.core.decisions import Preemption, PreemptReason
+from allot.core.fold import apply_result, end_workload
+from allot.core.model import Workload
+from allot.core.policy import Policy
+from allot.core.state import ClusterState, PendingQueue
+
+
+def play(  # noqa: PLR0917 (the services' loop, spelled out)
+    state: ClusterState,
+    queue: PendingQueue,
+    shares: Mapping[str, float],
+    order: Mapping[str, int],
+    policy: Policy,
+    now: float,
+    rounds: int = 8,
+) -> list[Preemption]:
+    """Run cycles as the services do: apply each result, end noticed work at its deadline
+    (requeued when resumable), cycle again then; every notice issued, in order."""
+    notices: list[Preemption] = []
+    for _ in range(rounds):
+        result = run_cycle(Snapshot(state, queue, shares, order), policy, now)
+        apply_result(state, queue, result, now)
+        notices.extend(result.preemptions)
+        due = [r.preempt_at for r in state.running.values() if r.preempt_at is not None]
+        if not due:
+            break
+        now = min(due)
+        for wid, run in sorted(state.running.items()):
+            if run.preempt_at is not None and run.preempt_at <= now:
+                end_workload(state, queue, wid, preempted=True)
+    return notices
+
+
+# The demo's sequence (`make run`, 32 GPUs): nlp runs a 16-GPU gang, vision and search 8
+# GPUs each, all past their protection; nlp's second run waits; speech, holding nothing,
+# asks for 4. Shares: the embedded budget tree (nlp .3, vision .18, speech .12, search .2,
+# ads .2); speech has used nothing and ranks first.
+DEMO_SHARES = {"nlp": 0.3, "vision": 0.18, "speech": 0.12, "search": 0.2, "ads": 0.2}
+DEMO_ORDER = {"speech": 0, "ads": 1, "vision": 2, "search": 3, "nlp": 4}
+
+
+def demo(policy: Policy) -> list[Preemption]:
+    state = cluster(
+        hosts(4),
+        on(workload("nlp-1", 16, "nlp", min_runtime_s=10), "h1", "h2"),
+        on(workload("vision-1", 8, "vision", min_runtime_s=10), "h3"),
+        on(workload("search-1", 8, "search", min_runtime_s=10), "h4"),
+    )
+    queue = PendingQueue(
+        [
+            workload("nlp-2", 8, "nlp", min_runtime_s=10, submit=5.0),
+            workload("speech-1", 4, "speech", min_runtime_s=10, submit=20.0),
+        ]
+    )
+    return play(state, queue, DEMO_SHARES, DEMO_ORDER, policy, now=20.0)
+
+
+def test_the_demos_four_gpu_request_gives_one_round_of_notices() -> None:
+    notices = demo(Policy(grace_s=3))
+    assert [(p.workload_id, p.preemptor) for p in notices] == [("vision-1", "speech-1")]
+
+
+def test_without_the_hold_the_demo_cascades() -> None:
+    """The regression the hold fixes: vision's requeued run reclaims from search, whose
+    requeued run reclaims from nlp (three notices for one 4-GPU request)."""
+    notices = demo(Policy(grace_s=3, requeue_hold_s=0))
+    assert len(notices) >= 3
+    assert notices[0].preemptor == "speech-1"
+    assert {p.preemptor for p in notices[1:]} <= {"vision-1", "search-1", "nlp-1"}
+
+
+@pytest.mark.parametrize(
+    ("unallocated_host", "held_back", "noticed"),
+    [
+        pytest.param(False, False, {"x-1": "reclaimed-for-entitlement"}, id="free-to-reclaim"),
+        pytest.param(False, True, {}, id="held-back-takes-no-allocated-work"),
+        pytest.param(True, True, {"free": "displaced-unallocated"}, id="held-back-displaces"),
+    ],
+)
+def test_held_back_work_displaces_only_unallocated_work(
+    unallocated_host: bool, held_back: bool, noticed: dict[str, str]
+) -> None:
+    running = [on(workload("x-1", 8, "x", min_runtime_s=10), "h1")]
+    if unallocated_host:
+        running.append(on(free_work("free", 8), "h2"))
+    state = cluster(hosts(len(running)), *running)
+    queue = PendingQueue()
+    queue.add(workload("y-1", 8, "y", min_runtime_s=10), ("z-1", 90.0) if held_back else None)
+    result = run_cycle(
+        Snapshot(state, queue, {"x": 0.1, "y": 0.5}, {"y": 0, "x": 1}), Policy(), 100.0
+    )
+    assert {p.workload_id: p.reason.value for p in result.preemptions} == noticed
+
+
+def test_the_hold_lapses_after_requeue_hold_s() -> None:
+    queue = PendingQueue()
+    w = workload("v", 8, "v")
+    queue.add(w, ("r", 100.0))
+    assert queue.held_back("v", 100.0 + 59.0, 60.0)
+    assert not queue.held_back("v", 100.0 + 60.0, 60.0)
+    queue.remove("v")
+    assert "v" not in queue.preempted_for  # it ran again: nothing is remembered
+
+
+# -- property: over random clusters, a requeued victim never notices allocated work -------
+
+ALLOCS = ("a", "b", "c", "d")
+
+
+@st.composite
+def scenes(draw: st.DrawFn) -> tuple[ClusterState, list[Workload], dict[str, float]]:
+    n_hosts = draw(st.integers(2, 5))
+    state = cluster(hosts(n_hosts))
+    free = {f"h{i}": 8 for i in range(1, n_hosts + 1)}
+    for k in range(draw(st.integers(1, 10))):
+        host_id = draw(st.sampled_from(sorted(free)))
+        if free[host_id] == 0:
+            continue
+        gpus = draw(st.integers(1, free[host_id]))
+        alloc = draw(st.sampled_from((*ALLOCS, None)))
+        w = (
+            workload(f"r{k}", gpus, alloc, min_runtime_s=draw(st.integers(10, 100)))
+            if alloc is not None
+            else free_work(f"r{k}", gpus)
+        )
+        state.start(w, ((host_id, tuple(state.free[host_id][:gpus])),), 0.0)
+        free[host_id] -= gpus
+    pending = [
+        workload(
+            f"p{k}",
+            draw(st.sampled_from((1, 2, 4, 8, 16))),
+            draw(st.sampled_from(ALLOCS)),
+            min_runtime_s=draw(st.integers(10, 100)),
+            submit=float(k),
+        )
+        for k in range(draw(st.integers(1, 6)))
+    ]
+    weights = [draw(st.integers(1, 10)) for _ in ALLOCS]
+    shares = {a: w / sum(weights) for a, w in zip(ALLOCS, weights, strict=True)}
+    return state, pending, shares
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenes(), st.permutations(ALLOCS))
+def test_no_requeued_victim_preempts_allocated_work_within_the_hold(
+    scene: tuple[ClusterState, list[Workload], dict[str, float]], ranking: list[str]
+) -> None:
+    state, pending, shares = scene
+    queue = PendingQueue(pending)
+    order = {a: i for i, a in enumerate(ranking)}
+    victims_of: dict[str, str] = {}  # requeued victim -> its notice's request
+    now = 200.0  # past every protection
+    policy = Policy(grace_s=5, requeue_hold_s=10_000)
+    for _ in range(8):
+        result = run_cycle(Snapshot(state, queue, shares, order), policy, now)
+        for p in result.preemptions:
+            if p.preemptor in victims_of and p.reason is not PreemptReason.DISPLACED_UNALLOCATED:
+                raise AssertionError(
+                    f"{p.preemptor}, requeued for {victims_of[p.preemptor]}, noticed "
+                    f"{p.workload_id} ({p.reason})"
+                )
+            if p.preemptor is not None:
+                victims_of[p.workload_id] = p.preemptor
+        apply_result(state, queue, result, now)
+        due = [r.preempt_at for r in state.running.values() if r.preempt_at is not None]
+        if not due:
+            break
+        now = min(due)
+        for wid, run in sorted(state.running.items()):
+            if run.preempt_at is not None and run.preempt_at <= now:
+                end_workload(state, queue, wid, preempted=True)
