@@ -55,6 +55,7 @@ def _config(tmp_path: Path, nats_url: str, redis_url: str, **kw: object) -> Stac
         "redis_prefix": f"e2e{uuid.uuid4().hex[:8]}",
         "placements": 2,
         "grace_s": 3,
+        "unallocated_settle_s": 0.5,  # unallocated work follows the ends at once
         "lease_ttl_s": 1.0,
         "rank_every_s": 1.0,
         "accrue_s": 1.0,

@@ -131,6 +131,7 @@ async def test_every_message_on_the_wire_is_in_the_contract_and_every_channel_is
         agents=(AgentSpec("fk", hosts=2, gpus=4), AgentSpec("real1", gpus=2, fake=False)),
         placements=1,
         grace_s=2,
+        unallocated_settle_s=0.5,  # the real host's unallocated runs follow each other
         lease_ttl_s=1.0,
         rank_every_s=1.0,
         accrue_s=1.0,
