@@ -362,7 +362,9 @@ class LogTimeline:
         life = self._life(w.id)
         life.preemptor = r.preemptor
         self._by_reason[r.reason] += 1
-        self._preemptions.append(Preemption(r.at, w.id, w.allocation, w.gpus, r.reason, r.requeue))
+        # As the simulator records it: the allocation of allocated victims only.
+        charged = w.allocation if w.allocated else None
+        self._preemptions.append(Preemption(r.at, w.id, charged, w.gpus, r.reason, r.requeue))
         self._event(
             w.id,
             r.at,

@@ -43,7 +43,7 @@ class Waiting:
 class Preemption:
     time: float  # when the notice was issued
     workload_id: str
-    allocation: str | None
+    allocation: str | None  # the victim's, when it was allocated work; None otherwise
     gpus: int
     reason: str
     requeued: bool

@@ -215,9 +215,9 @@ starting (image, data, checkpoint load) before the first step."""
 
 def _preemption_rate(record: SimRecord, busy_gpu_s: float) -> Json:
     """Notices per 1,000 delivered GPU-hours (every GPU-hour run over the span), all and
-    those that hit allocated work."""
+    those that hit allocated work (a notice names the victim's allocation only then)."""
     per = busy_gpu_s / HOUR / 1000.0
-    allocated = sum(1 for p in record.preemptions if p.reason != "displaced-unallocated")
+    allocated = sum(1 for p in record.preemptions if p.allocation is not None)
     return {
         "per_1000_gpu_h": _ratio(len(record.preemptions), per),
         "allocated_per_1000_gpu_h": _ratio(allocated, per),
@@ -247,7 +247,7 @@ def unallocated_goodput(record: SimRecord) -> Json:
         span[1] = max(span[1], seg.end)
     notices: dict[str, int] = {}
     for p in record.preemptions:
-        if p.workload_id in life and p.reason == "displaced-unallocated":
+        if p.workload_id in life and p.allocation is None:
             notices[p.workload_id] = notices.get(p.workload_id, 0) + 1
     rates = [notices.get(w, 0) / max(1.0, (end - start) / 60.0) for w, (start, end) in life.items()]
     return {
