@@ -29,5 +29,13 @@ def test_the_demo_runs_twice_in_one_run_dir(tmp_path: Path) -> None:
     for _ in range(2):
         out = _demo(tmp_path / "demo")
         assert "NOTICE" in out and "reclaimed-for-entitlement" in out
+        # One request, one round of notices: speech's 4 GPUs cost vision one run, and
+        # vision's requeued run takes no one else's (it used to cascade to search, nlp).
+        taken = [
+            line
+            for line in out.splitlines()
+            if "NOTICE" in line and "displaced-unallocated" not in line
+        ]
+        assert len(taken) == 1 and "for speech's" in taken[0], taken
         assert "$ allot queue" in out and "$ allot owed" in out
         assert out.rstrip().endswith("== stack stopped")
