@@ -35,14 +35,24 @@ def play(  # noqa: PLR0917 (the services' loop, spelled out)
         result = run_cycle(Snapshot(state, queue, shares, order), policy, now)
         apply_result(state, queue, result, now)
         notices.extend(result.preemptions)
-        due = [r.preempt_at for r in state.running.values() if r.preempt_at is not None]
-        if not due:
+        later = leave_at_deadline(state, queue)
+        if later is None:
             break
-        now = min(due)
-        for wid, run in sorted(state.running.items()):
-            if run.preempt_at is not None and run.preempt_at <= now:
-                end_workload(state, queue, wid, preempted=True)
+        now = later
     return notices
+
+
+def leave_at_deadline(state: ClusterState, queue: PendingQueue) -> float | None:
+    """The earliest notice deadline, with the work due then ended (requeued when
+    resumable); None when nothing is under notice."""
+    due = [r.preempt_at for r in state.running.values() if r.preempt_at is not None]
+    if not due:
+        return None
+    now = min(due)
+    for wid, run in sorted(state.running.items()):
+        if run.preempt_at is not None and run.preempt_at <= now:
+            end_workload(state, queue, wid, preempted=True)
+    return now
 
 
 # The demo's sequence (`make run`, 32 GPUs): nlp runs a 16-GPU gang, vision and search 8
@@ -176,10 +186,7 @@ def test_no_requeued_victim_preempts_allocated_work_within_the_hold(
             if p.preemptor is not None:
                 victims_of[p.workload_id] = p.preemptor
         apply_result(state, queue, result, now)
-        due = [r.preempt_at for r in state.running.values() if r.preempt_at is not None]
-        if not due:
+        later = leave_at_deadline(state, queue)
+        if later is None:
             break
-        now = min(due)
-        for wid, run in sorted(state.running.items()):
-            if run.preempt_at is not None and run.preempt_at <= now:
-                end_workload(state, queue, wid, preempted=True)
+        now = later

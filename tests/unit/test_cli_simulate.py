@@ -211,6 +211,9 @@ def bad_inputs(scenario: Path, tmp: Path) -> dict[str, BadInput]:
             [*base, "--jobs", "0"], ("--jobs", "at least 1")
         ),
         "--jobs -1": BadInput([*base, "--jobs", "-1"], ("--jobs", "at least 1")),
+        "--unallocated-settle beyond what the state remembers": BadInput(
+            [*base, "--unallocated-settle", "2h"], ("--unallocated-settle", "from 0 to 3600")
+        ),
         "--min-runtime above the 8 h contract": BadInput(
             [*base, "--min-runtime", "9h"], ("--min-runtime", "8.0h", "9.0h")
         ),
@@ -252,6 +255,7 @@ BAD_IDS = [
     "--rank-every 0 (an interval)",
     "--jobs 0 (would read as the CPU count)",
     "--jobs -1",
+    "--unallocated-settle beyond what the state remembers",
     "--min-runtime above the 8 h contract",
     "--compare with no policy at all",
     "--compare that is empty",

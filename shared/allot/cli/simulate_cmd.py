@@ -41,8 +41,7 @@ from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.duration_text import format_duration
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_GRACE_S, DEFAULT_UNALLOCATED_GRACE_S, MAX_MIN_RUNTIME_S
-from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S
-from allot.core.state import FREED_KEPT_S
+from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, check_unallocated_knobs
 from allot.sim.baselines import POLICY_NAMES, named_policy
 from allot.sim.cluster import ClusterSpec, load_cluster
 from allot.sim.compare import render_compare_html, render_summary, summary
@@ -176,15 +175,12 @@ def _check_flags(args: argparse.Namespace) -> None:
         if args.philly is None:
             raise ValidationError("--philly-window", "needs --philly DIR")
         philly_window(args.philly_window)  # a bad window fails before the trace is read
-    if args.unallocated_grace < 0:
-        raise ValidationError(
-            "--unallocated-grace", f"must be >= 0, got {args.unallocated_grace:g}"
-        )
-    if not 0 <= args.unallocated_settle <= FREED_KEPT_S:
-        raise ValidationError(
-            "--unallocated-settle",
-            f"must be from 0 to {format_duration(FREED_KEPT_S)}, got {args.unallocated_settle:g}",
-        )
+    check_unallocated_knobs(
+        "--unallocated-grace",
+        args.unallocated_grace,
+        "--unallocated-settle",
+        args.unallocated_settle,
+    )
     for flag, value in (
         ("--window", args.window),
         ("--half-life", args.half_life),

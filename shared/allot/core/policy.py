@@ -12,6 +12,7 @@ through its own ``victims``; none means it never preempts for a request
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -94,11 +95,9 @@ class Policy:
                 "unallocated_grace_s",
                 f"must be in [0, grace_s={self.grace_s}], got {self.unallocated_grace_s}",
             )
-        if not 0 <= self.unallocated_settle_s <= FREED_KEPT_S:
-            raise ValidationError(
-                "unallocated_settle_s",
-                f"must be in [0, {FREED_KEPT_S:g}], got {self.unallocated_settle_s}",
-            )
+        check_unallocated_knobs(
+            "unallocated_grace_s", 0, "unallocated_settle_s", self.unallocated_settle_s
+        )
         if self.max_reservations < 0:
             raise ValidationError("max_reservations", f"must be >= 0, got {self.max_reservations}")
         if not 0 <= self.reservation_max_share <= 1:
@@ -126,6 +125,19 @@ class Policy:
     def preempts(self) -> bool:
         """Whether a request may preempt (drains move work regardless)."""
         return self.preemption and (self.ordering is None or self.victims is not None)
+
+
+def check_unallocated_knobs(
+    grace_field: str, grace_s: float, settle_field: str, settle_s: float
+) -> None:
+    """The unallocated victims' grace (>= 0) and the settling time (0 .. ``FREED_KEPT_S``,
+    what the state remembers); the error names the caller's field (a flag, a knob)."""
+    if not 0 <= grace_s < math.inf:
+        raise ValidationError(grace_field, f"must be >= 0 seconds, got {grace_s:g}")
+    if not 0 <= settle_s <= FREED_KEPT_S:
+        raise ValidationError(
+            settle_field, f"must be from 0 to {FREED_KEPT_S:g} seconds, got {settle_s:g}"
+        )
 
 
 class Fifo:

@@ -63,8 +63,7 @@ from allot.config.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
-from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S
-from allot.core.state import FREED_KEPT_S
+from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, check_unallocated_knobs
 from allot.ops.auth_gen import ACCOUNT, GeneratedAuth, generate
 from allot.ops.run_dir import LOCK_FILE, PORTS_FILE
 from allot.ops.tls_certs import make_loopback_certs
@@ -241,15 +240,12 @@ def check_config(config: StackConfig) -> None:
     start (as a traceback in its log and a dead stack)."""
     if config.grace_s < 0:
         raise ValidationError("--grace-s", f"must be >= 0, got {config.grace_s}")
-    if config.unallocated_grace_s < 0:
-        raise ValidationError(
-            "--unallocated-grace-s", f"must be >= 0, got {config.unallocated_grace_s}"
-        )
-    if not 0 <= config.unallocated_settle_s <= FREED_KEPT_S:
-        raise ValidationError(
-            "--unallocated-settle-s",
-            f"must be from 0 to {FREED_KEPT_S:g}, got {config.unallocated_settle_s:g}",
-        )
+    check_unallocated_knobs(
+        "--unallocated-grace-s",
+        config.unallocated_grace_s,
+        "--unallocated-settle-s",
+        config.unallocated_settle_s,
+    )
     if not 0 < config.rank_every_s < math.inf:
         raise ValidationError("--rank-every-s", f"must be > 0, got {config.rank_every_s:g}")
     if config.budgets is not None:
