@@ -29,12 +29,12 @@ demo: run ## alias of run
 up: $(STAMP) ## the whole live stack (embedded NATS + Redis, services, dashboard, 2 fake agents) until Ctrl-C
 	$(BIN)/allot up --run-dir $(OUT)/up
 
-compare: $(STAMP) ## simulator: Ai2-like month, legacy priority vs Allot fair share, side by side (~9 min)
+compare: $(STAMP) ## simulator: Ai2-like month, legacy priority vs Allot fair share, side by side (~4 min)
 	$(BIN)/allot scenario ai2 --seed 1 --out $(OUT)/ai2
 	$(BIN)/allot simulate --cluster $(OUT)/ai2/cluster.yaml --budgets $(OUT)/ai2/budgets.yaml \
 		--trace $(OUT)/ai2/trace.csv --compare priority,fairshare --out $(OUT)/ai2/sim
 
-compare-gangs: $(STAMP) ## simulator: the same month with gangs up to 128 GPUs from every team, Allot with and without reservations (~9 min)
+compare-gangs: $(STAMP) ## simulator: the same month with gangs up to 128 GPUs from every team, Allot with and without reservations (~4 min)
 	$(BIN)/allot scenario ai2 --seed 1 --max-gang 128 --out $(OUT)/ai2-gangs
 	$(BIN)/allot simulate --cluster $(OUT)/ai2-gangs/cluster.yaml --budgets $(OUT)/ai2-gangs/budgets.yaml \
 		--trace $(OUT)/ai2-gangs/trace.csv --compare fairshare-no-reservations,fairshare --out $(OUT)/ai2-gangs/sim
