@@ -346,15 +346,9 @@ class _Cycle:
         free = self.view.held_free(handle)
         self.view.unhold(handle, free, victims)
         if not self._decide(w, pool, bounded=False):
-            # Hold again what nobody took meanwhile (an earmark planned in between may have).
-            view = self.view
-            still = tuple(
-                (h, kept)
-                for h, g in free
-                if (kept := tuple(x for x in g if x in set(view.free_of(h))))
-            )
-            victims = tuple(r for r in victims if r.workload.id not in view.earmarked)
-            self._held[w.id] = (view.earmark(victims, still), reservation, victims)
+            # An earmark planned in between may have taken some of it.
+            earmarked = {r.workload.id for r in victims if r.workload.id in self.view.earmarked}
+            self._hold_again(reservation, free, victims, (), earmarked)
 
     def _serve_reserved(self) -> None:
         """Reserved requests the walk passed over (the bounds skip a group as a whole)
@@ -496,27 +490,48 @@ class _Cycle:
         """A preemption plan that may use a reservation's held hosts, for work whose
         protection ends by the reservation's start (the latest reservation first): the
         hosts are given back for one plan, and whatever it does not take is held again."""
-        ends = self.now + w.min_runtime_s
         view = self.view
-        held = sorted(self._held.items(), key=lambda h: (-h[1][1].start_at, h[0]))
-        for wid, (handle, reservation, victims) in held:
-            if reservation.start_at < ends:
-                continue
+        for handle, reservation, victims in self._holds_outlasting(w):
             free = view.held_free(handle)
             view.unhold(handle, free, victims)
             plan = plan_preemption(view, pool, w.gpus, rule)
-            taken = {} if plan is None else {h: set(g) for h, g in plan.free_taken}
-            used = set() if plan is None else {r.workload.id for r in plan.victims}
-            still = tuple(
-                (h, kept)
-                for h, g in free
-                if (kept := tuple(x for x in g if x not in taken.get(h, ())))
-            )
-            keep = tuple(r for r in victims if r.workload.id not in used)
-            self._held[wid] = (view.earmark(keep, still), reservation, keep)
-            if plan is not None:
-                return plan
+            if plan is None:
+                self._hold_again(reservation, free, victims, (), set())
+                continue
+            used = {r.workload.id for r in plan.victims}
+            self._hold_again(reservation, free, victims, plan.free_taken, used)
+            return plan
         return None
+
+    def _holds_outlasting(self, w: Workload) -> list[tuple[int, Reservation, tuple[Running, ...]]]:
+        """The holds whose reservation starts no earlier than ``w``'s protection would end
+        (backfill candidates), the latest first."""
+        ends = self.now + w.min_runtime_s
+        held = [h for h in self._held.values() if h[1].start_at >= ends]
+        return sorted(held, key=lambda h: (-h[1].start_at, h[1].workload_id))
+
+    def _hold_again(
+        self,
+        reservation: Reservation,
+        free: Assignment,
+        victims: tuple[Running, ...],
+        taken: Assignment,
+        used: set[str],
+    ) -> None:
+        """Hold for ``reservation`` again what it held (``free``, ``victims``) after it was
+        given back, except the GPUs ``taken`` and the victims ``used`` meanwhile and any
+        GPU no longer free."""
+        view = self.view
+        gone = {h: set(g) for h, g in taken}
+        still: list[tuple[str, tuple[int, ...]]] = []
+        for host, gpus in free:
+            free_now = set(view.free_of(host))
+            kept = tuple(x for x in gpus if x in free_now and x not in gone.get(host, ()))
+            if kept:
+                still.append((host, kept))
+        keep = tuple(r for r in victims if r.workload.id not in used)
+        handle = view.earmark(keep, tuple(still))
+        self._held[reservation.workload_id] = (handle, reservation, keep)
 
     def _backfill(self, w: Workload) -> Assignment | None:
         """Free GPUs a reservation holds, for allocated work on one host whose protection
@@ -524,11 +539,7 @@ class _Cycle:
         hosts, the latest reservation first."""
         if w.gpus > self.st.pool_max_gpus.get(DEFAULT_POOL, 0):
             return None
-        ends = self.now + w.min_runtime_s
-        held = sorted(self._held.values(), key=lambda h: (-h[1].start_at, h[1].workload_id))
-        for handle, reservation, _ in held:
-            if reservation.start_at < ends:
-                continue
+        for handle, _, _ in self._holds_outlasting(w):
             fits = [(len(g), h, g) for h, g in self.view.held_free(handle) if len(g) >= w.gpus]
             if fits:
                 _, host, gpus = min(fits)

@@ -65,10 +65,6 @@ class Policy:
     # Grace of unallocated victims; None: ``grace_s`` (the baselines, which know no
     # unallocated work).
     unallocated_grace_s: int | None = None
-    # Reservations for large work (``allot.core.reservations``; Fair Tree only): at most
-    # ``max_reservations`` a cycle, holding at most ``reservation_max_share`` of the healthy
-    # GPUs, for requests of at least one whole host whose allocation is below its
-    # entitlement or that waited ``reservation_after_s``.
     # GPUs that came free less than this ago are left to allocated work (which arrives all
     # the time under load) rather than started with unallocated work it would preempt at
     # once (churn: attempts too short to pass their start-up).
@@ -76,6 +72,10 @@ class Policy:
     # Work requeued by a notice for another request may displace only unallocated work
     # for this long after the notice's deadline (no cascade of reclaims).
     requeue_hold_s: float = 3600.0
+    # Reservations for large work (``allot.core.reservations``; Fair Tree only): at most
+    # ``max_reservations`` a cycle, holding at most ``reservation_max_share`` of the healthy
+    # GPUs, for requests of at least ``reservation_min_gpus`` (and a whole host) whose
+    # allocation is below its entitlement or that waited ``reservation_after_s``.
     reservations: bool = True
     reservation_min_gpus: int = 64
     max_reservations: int = 2
@@ -96,7 +96,10 @@ class Policy:
                 f"must be in [0, grace_s={self.grace_s}], got {self.unallocated_grace_s}",
             )
         check_unallocated_knobs(
-            "unallocated_grace_s", 0, "unallocated_settle_s", self.unallocated_settle_s
+            "unallocated_grace_s",
+            self.grace_of(allocated=False),
+            "unallocated_settle_s",
+            self.unallocated_settle_s,
         )
         if self.max_reservations < 0:
             raise ValidationError("max_reservations", f"must be >= 0, got {self.max_reservations}")

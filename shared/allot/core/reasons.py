@@ -23,9 +23,9 @@ snapshot the cycle read, a fixed sequence of questions and stops at the first "y
 
 Two answers come before these (after ``waiting-for-notice``): ``reserved-until`` when the
 cycle holds a reservation for it (``allot.core.reservations``: its hosts and time), and
-``after-preemption`` when it was requeued by a notice for another request, has no plan
-without allocated victims, and so waits (it may not preempt allocated work until it runs
-again: one request, one round of notices).
+``after-preemption`` when it was requeued by a notice for another request less than
+``Policy.requeue_hold_s`` ago and has no plan without allocated victims (meanwhile it may
+not preempt allocated work: one request, one round of notices).
 
 The questions use the core's own placement and preemption planner on a fresh read-only
 ``ClusterView`` of the snapshot, so a reason never claims room the planner would not find.
@@ -241,12 +241,14 @@ class _Explainer:
         if preempted_for is not None and self._held_back(w) and self.fair_tree and w.allocated:
             pool = self._pool(w)
             if not (self._fits_free(pool, w.gpus) or self._plan_exists(w, pool)):
+                preemptor, deadline = preempted_for
+                until = deadline + self.policy.requeue_hold_s
                 return _why(
                     PendingReason.AFTER_PREEMPTION,
                     requested=w.gpus,
-                    preemptor=preempted_for[0],
-                    until=preempted_for[1] + self.policy.requeue_hold_s,
-                    in_s=preempted_for[1] + self.policy.requeue_hold_s - self.now,
+                    preemptor=preemptor,
+                    until=until,
+                    in_s=until - self.now,
                 )
         # Past the reservation, the answer depends on the request's size and allocation
         # (and a plugged-in victim rule, and whether it is held back after a preemption)

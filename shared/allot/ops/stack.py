@@ -406,7 +406,7 @@ class Stack(StartStop):
                 "--grace-s",
                 str(c.grace_s),
                 "--unallocated-grace-s",
-                str(min(c.unallocated_grace_s, c.grace_s)),
+                str(c.unallocated_grace_s),  # make_policy caps it at --grace-s
                 "--unallocated-settle-s",
                 str(c.unallocated_settle_s),
                 "--lease-ttl-s",
