@@ -31,16 +31,16 @@ from allot.core.model import Host, Workload
 from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
 
-HOSTS, GPUS, PENDING, BUSY, ALLOCATIONS = 1000, 8, 10_000, 0.6, 100
+HOSTS, GPUS, PENDING, BUSY = 1000, 8, 10_000, 0.6
 TARGET_MS = 50.0
 
 
-def build(seed: int = 7) -> tuple[Snapshot, float]:
+def build(seed: int = 7, hosts: int = HOSTS, pending: int = PENDING) -> tuple[Snapshot, float]:
     rng = random.Random(seed)
     now = 100_000.0
-    allocs = [f"a{i:03d}" for i in range(ALLOCATIONS)]
-    state = ClusterState([Host(f"h{i:04d}", GPUS) for i in range(HOSTS)])
-    busy_target = int(HOSTS * GPUS * BUSY)
+    allocs = [f"a{i:03d}" for i in range(max(1, hosts // 10))]
+    state = ClusterState([Host(f"h{i:05d}", GPUS) for i in range(hosts)])
+    busy_target = int(hosts * GPUS * BUSY)
     busy = 0
     n = 0
     for host in state.host_ids:
@@ -58,8 +58,8 @@ def build(seed: int = 7) -> tuple[Snapshot, float]:
             n += 1
         if busy >= busy_target:
             break
-    queue = pending_queue(rng, allocs, now)
-    shares = dict.fromkeys(allocs, 1 / ALLOCATIONS)
+    queue = pending_queue(rng, allocs, now, pending)
+    shares = dict.fromkeys(allocs, 1 / len(allocs))
     order = {a: i for i, a in enumerate(rng.sample(allocs, len(allocs)))}
     return Snapshot(state, queue, shares, order), now
 
@@ -130,9 +130,14 @@ def machine_reference_s() -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", choices=("mixed", "full"), default="mixed")
+    parser.add_argument("--hosts", type=int, default=HOSTS, help="hosts (mixed layout)")
+    parser.add_argument("--pending", type=int, default=PENDING, help="pending (mixed layout)")
+    parser.add_argument("--repeat", type=int, default=50)
     args = parser.parse_args(argv)
     reference = machine_reference_s()
-    snapshot, now = build_full() if args.layout == "full" else build()
+    snapshot, now = (
+        build_full() if args.layout == "full" else build(hosts=args.hosts, pending=args.pending)
+    )
     # The snapshot is long-lived state (the placement service keeps it for its lifetime):
     # move it out of the collector's young generations, as a service would after loading.
     gc.collect()
@@ -140,14 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     policy = Policy()
     times = []
     result = run_cycle(snapshot, policy, now)
-    for _ in range(50):
+    for _ in range(args.repeat):
         t0 = time.perf_counter()
         result = run_cycle(snapshot, policy, now)
         times.append((time.perf_counter() - t0) * 1000)
     median = statistics.median(times)
-    busy = snapshot.cluster.running_gpus / (HOSTS * GPUS)
+    hosts = len(snapshot.cluster.host_ids)
+    busy = snapshot.cluster.running_gpus / (hosts * GPUS)
     print(
-        f"run_cycle ({args.layout}): {HOSTS} hosts x {GPUS} GPUs, {busy:.0%} busy, "
+        f"run_cycle ({args.layout}): {hosts} hosts x {GPUS} GPUs, {busy:.0%} busy, "
         f"{len(snapshot.queue)} pending, {len(snapshot.cluster.running)} running"
     )
     print(

@@ -18,8 +18,11 @@ issued and GPUs reserved during the cycle live here, never in the state.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Iterator
+from itertools import islice
 
+from allot.core.heap_order import OrderedIds, ascending
 from allot.core.model import Assignment, Running
 from allot.core.state import ClusterState
 
@@ -29,31 +32,38 @@ class ClusterView:
         self.st = state
         self.now = now
         self._free: dict[str, list[int]] = {}
-        self._buckets: dict[str, list[set[int]]] = {}
+        self._buckets: dict[str, list[OrderedIds]] = {}
         self.noticed: dict[str, float] = {}  # workload id -> preempt_at, issued this cycle
         self.claimed: set[str] = set()  # workloads under notice whose GPUs a requester awaits
         self.earmarked: set[str] = set()  # protected workloads a blocked request will reclaim
         self._earmarks: list[Assignment] = []  # free GPUs held back for those requests
         self.victim_held: dict[str, int] = dict(state.held)  # held, minus this cycle's victims
         self._candidates: dict[tuple[str, bool], list[str]] = {}
+        self._candidate_sets: dict[tuple[str, bool], set[str]] = {}
+        self._movable_by_allocation: dict[str, set[str]] | None = None
         # "Cheap room" per host: free GPUs + GPUs under notice nobody claimed yet + GPUs of
         # unallocated work (preemptible by any allocated request). Built on first use.
         self._room: dict[str, int] | None = None
         self._noticed_room: dict[str, int] | None = None  # unclaimed GPUs under notice
-        self._room_buckets: dict[str, list[set[int]]] = {}
+        self._room_buckets: dict[str, list[OrderedIds]] = {}
+        # Per pool, hosts of its largest size whose occupants could all move, as a heap by
+        # ``clear_cost`` (stale entries are skipped: ``_clear_key`` holds the current one).
+        # Built on first use, then kept current wherever cheap room is.
+        self._clear: dict[str, list[tuple[tuple[float, ...], int]]] | None = None
+        self._clear_key: dict[str, tuple[float, ...]] = {}
 
     # ------------------------------------------------------------------ reads
     def free_of(self, host_id: str) -> list[int]:
         free = self._free.get(host_id)
         return self.st.free[host_id] if free is None else free
 
-    def buckets(self, pool: str) -> list[set[int]] | None:
+    def buckets(self, pool: str) -> list[OrderedIds] | None:
         mine = self._buckets.get(pool)
         if mine is None:
             theirs = self.st.by_free.get(pool)
             if theirs is None:
                 return None
-            mine = [set(b) for b in theirs]
+            mine = [OrderedIds(b) for b in theirs]
             self._buckets[pool] = mine
         return mine
 
@@ -72,7 +82,7 @@ class ClusterView:
         whole = buckets[largest]
         if len(whole) < whole_count:
             return None
-        chosen = heapq.nsmallest(whole_count, whole)
+        chosen = list(islice(whole.ascending(), whole_count))
         parts = [(self.st.host_ids[i], tuple(self.free_of(self.st.host_ids[i]))) for i in chosen]
         if rest:
             host = self._best_fit(buckets, rest, exclude=set(chosen))
@@ -81,15 +91,15 @@ class ClusterView:
             parts.append((host, tuple(self.free_of(host)[:rest])))
         return tuple(sorted(parts))
 
-    def _best_fit(self, buckets: list[set[int]], gpus: int, exclude: Iterable[int]) -> str | None:
+    def _best_fit(self, buckets: list[OrderedIds], gpus: int, exclude: Iterable[int]) -> str | None:
         excluded = set(exclude)
         for free_count in range(gpus, len(buckets)):
             bucket = buckets[free_count]
             if not bucket:
                 continue
-            options = bucket - excluded if excluded else bucket
-            if options:
-                return self.st.host_ids[min(options)]
+            idx = bucket.first(excluded)
+            if idx is not None:
+                return self.st.host_ids[idx]
         return None
 
     def candidate_hosts(self, pool: str, respect_protection: bool) -> list[str]:
@@ -111,6 +121,27 @@ class ClusterView:
             pool_of = self.st.pool_of
             cached = sorted(h for h in hosts if pool_of[h] == pool and self.st.host(h).schedulable)
             self._candidates[key] = cached
+        return cached
+
+    def movable_by_allocation(self) -> dict[str, set[str]]:
+        """Allocation -> hosts where some of its allocated work is past its protection
+        (built on first use; a cycle's own decisions do not add any)."""
+        if self._movable_by_allocation is None:
+            index: dict[str, set[str]] = {}
+            now = self.now
+            for run in self.st.running.values():
+                w = run.workload
+                if w.allocated and run.protected_until <= now and w.allocation is not None:
+                    index.setdefault(w.allocation, set()).update(h for h, _ in run.assignment)
+            self._movable_by_allocation = index
+        return self._movable_by_allocation
+
+    def candidate_set(self, pool: str, respect_protection: bool) -> set[str]:
+        """``candidate_hosts`` as a set (for membership tests)."""
+        key = (pool, respect_protection)
+        cached = self._candidate_sets.get(key)
+        if cached is None:
+            cached = self._candidate_sets[key] = set(self.candidate_hosts(pool, respect_protection))
         return cached
 
     def noticed_room(self) -> dict[str, int]:
@@ -140,7 +171,7 @@ class ClusterView:
         assert self._room is not None
         return self._room.get(host_id, 0)
 
-    def room_buckets(self, pool: str) -> list[set[int]]:
+    def room_buckets(self, pool: str) -> list[OrderedIds]:
         """Schedulable hosts of ``pool`` by cheap room (see ``cheap_room``)."""
         self._build_room()
         return self._room_buckets.get(pool, [])
@@ -185,7 +216,7 @@ class ClusterView:
         buckets = self._room_buckets.setdefault(pool, [])
         size = self.st.host(host_id).gpus
         while len(buckets) <= size:
-            buckets.append(set())
+            buckets.append(OrderedIds())
         idx = self.st.host_index[host_id]
         old = room.get(host_id)
         if old is not None:
@@ -194,11 +225,105 @@ class ClusterView:
         buckets[value].add(idx)
 
     def touched(self, host_ids: Iterable[str]) -> None:
-        """Recompute cheap room where a decision changed something."""
-        if self._room is None:
+        """Recompute cheap room and clearing costs where a decision changed something."""
+        if self._room is None and self._clear is None:
             return
         for host_id in host_ids:
             self._set_room(host_id)
+            self._set_clear(host_id)
+
+    # ------------------------------------------------------ clearing whole hosts
+    def clear_cost(self, host_id: str) -> tuple[float, ...] | None:
+        """What preempting everything on ``host_id`` costs, as the preemption planner ranks
+        hosts: ``(worst victim class, GPUs of new victims, work lost, host order)`` with
+        classes 0 = under notice, 1 = unallocated, 2 = allocated (lost work is GPUs x time
+        since start, summed exactly so that the order of the occupants does not matter).
+        None when an occupant cannot move (allocated work still protected, earmarked work,
+        work under notice that a request already awaits) or some GPUs were taken this
+        cycle. Whether a given request may
+        take the allocated occupants is its rule's to say."""
+        worst = 0
+        gpus = 0
+        lost: list[float] = []
+        now = self.now
+        room = len(self.free_of(host_id))  # GPUs taken this cycle cannot be cleared
+        for wid in self.st.on_host[host_id]:
+            if wid in self.earmarked:
+                return None
+            run = self.st.running[wid]
+            for h, on in run.assignment:
+                if h == host_id:
+                    room += len(on)
+            if self.terminating(run):
+                if wid in self.claimed:
+                    return None
+                continue
+            w = run.workload
+            if w.allocated:
+                if run.protected_until > now:
+                    return None
+                worst = 2
+            elif worst == 0:
+                worst = 1
+            gpus += w.gpus
+            lost.append(w.gpus * (now - run.start_time))
+        if room < self.st.host(host_id).gpus:
+            return None
+        return (worst, gpus, math.fsum(lost), self.st.host_index[host_id])
+
+    def clear_order(self, pool: str) -> Iterator[tuple[tuple[float, ...], str]]:
+        """``(clear_cost, host)`` for the schedulable hosts of ``pool``'s largest size that
+        could be cleared, cheapest first (free hosts first of all). Lazy: a planner that
+        needs k hosts reads about k entries, not the pool. Do not change the view while
+        reading it."""
+        if self._clear is None:
+            self._build_clear()
+        assert self._clear is not None
+        heap = self._clear.get(pool)
+        if not heap:
+            return
+        keys = self._clear_key
+        ids = self.st.host_ids
+        while heap and keys.get(ids[heap[0][1]]) != heap[0][0]:
+            heapq.heappop(heap)  # hosts taken by earlier plans sit on top: drop them
+        seen: set[int] = set()
+        for key, idx in ascending(heap):
+            host_id = ids[idx]
+            if idx not in seen and keys.get(host_id) == key:
+                seen.add(idx)
+                yield key, host_id
+
+    def _build_clear(self) -> None:
+        self._clear = {}
+        largest = self.st.pool_max_gpus
+        for host_id in self.st.host_ids:
+            host = self.st.host(host_id)
+            pool = self.st.pool_of[host_id]
+            if host.gpus != largest.get(pool) or not host.schedulable:
+                continue
+            key = self.clear_cost(host_id)
+            if key is not None:
+                self._clear_key[host_id] = key
+                self._clear.setdefault(pool, []).append((key, self.st.host_index[host_id]))
+        for heap in self._clear.values():
+            heapq.heapify(heap)
+
+    def _set_clear(self, host_id: str) -> None:
+        heaps = self._clear
+        if heaps is None:
+            return
+        host = self.st.host(host_id)
+        pool = self.st.pool_of[host_id]
+        if host.gpus != self.st.pool_max_gpus.get(pool):
+            return
+        key = self.clear_cost(host_id) if host.schedulable else None
+        if key == self._clear_key.get(host_id):
+            return
+        if key is None:
+            del self._clear_key[host_id]
+            return
+        self._clear_key[host_id] = key
+        heapq.heappush(heaps.setdefault(pool, []), (key, self.st.host_index[host_id]))
 
     # ----------------------------------------------------------------- writes
     def take(self, assignment: Assignment) -> None:

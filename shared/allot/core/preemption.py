@@ -24,10 +24,12 @@ from an index by cheap room, and rule 4 compares the first ``CHEAP_CANDIDATES`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from allot.core.heap_order import OrderedIds
 from allot.core.model import Assignment, Running
 from allot.core.placement import ClusterView
 
@@ -81,6 +83,7 @@ class _CheapRule:
     already under notice that nobody claimed)."""
 
     now: float
+    costs_by_kind = True  # class 1 for unallocated work (see ``_clearable_in_order``)
 
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
         w = run.workload
@@ -106,16 +109,16 @@ def _plan_cheap(view: ClusterView, pool: str, gpus: int, largest: int) -> Plan |
     whole_count, rest = divmod(gpus, largest) if gpus > largest else (0, gpus)
     chosen: list[_HostPlan] = []
     if whole_count:
-        whole = buckets[largest] if len(buckets) > largest else set()
-        options = [
-            option
-            for idx in whole
-            if (option := _clear_host(view, view.st.host_ids[idx], largest, rule, held))
-        ]
-        if len(options) < whole_count:
+        # The hosts of cheap room ``largest`` are those the clearing order ranks below
+        # class 2 (no allocated occupant): free hosts first, then the fewest victims.
+        for key, host in view.clear_order(pool):
+            if key[0] == 2 or len(chosen) == whole_count:
+                break
+            option = _clear_host(view, host, largest, rule, held)
+            assert option is not None and option.cost == key, (host, key)
+            chosen.append(option)
+        if len(chosen) < whole_count:
             return None
-        options.sort(key=lambda o: o.cost)  # free hosts cost nothing, then fewest victims
-        chosen = options[:whole_count]
     if rest:
         exclude = {view.st.host_index[o.host] for o in chosen}
         extra = _noticed_host(view, pool, rest, exclude) or _cheap_host(
@@ -135,7 +138,7 @@ each costs a host plan (docs/decisions/0020)."""
 
 def _cheap_host(
     view: ClusterView,
-    buckets: list[set[int]],
+    buckets: list[OrderedIds],
     gpus: int,
     rule: VictimRule,
     held: dict[str, int],
@@ -152,8 +155,9 @@ def _cheap_host(
     best: _HostPlan | None = None
     seen = 0
     for room in range(gpus, len(buckets)):
-        options = buckets[room] - exclude if exclude else buckets[room]
-        for idx in sorted(options):
+        for idx in buckets[room].ascending():
+            if idx in exclude:
+                continue
             host = view.st.host_ids[idx]
             option = _best_host(view, [host], gpus, rule, held, exclude=set())
             if option is None:
@@ -206,26 +210,18 @@ def _plan_full(
     hosts = view.candidate_hosts(pool, respect)
     held = dict(view.victim_held)
     if gpus <= largest:
+        take_from = getattr(rule, "may_take_from", None)
+        if respect and take_from is not None and getattr(rule, "unallocated_first", False):
+            hosts = _hosts_with_victims(view, pool, take_from, held)
         best = _best_host(view, hosts, gpus, rule, held, exclude=set())
         return None if best is None else _plan([best], view)
     whole_count, rest = divmod(gpus, largest)
-    options: list[_HostPlan] = []
-    buckets = view.buckets(pool) or []
-    fully_free = buckets[largest] if len(buckets) > largest else set()
-    seen: set[str] = set()
-    for idx in sorted(fully_free):
-        host = view.st.host_ids[idx]
-        seen.add(host)
-        options.append(_HostPlan(host, (0, 0, 0.0, idx), [], tuple(view.free_of(host))))
-    for host in hosts:
-        if host in seen or view.st.host(host).gpus != largest:
-            continue
-        option = _clear_host(view, host, largest, rule, held)
-        if option is not None:
-            options.append(option)
-    options.sort(key=lambda o: o.cost)
     chosen: list[_HostPlan] = []
     taken: set[str] = set()
+    if respect and getattr(rule, "costs_by_kind", False):
+        options: Iterable[_HostPlan] = _clearable_in_order(view, pool, largest, rule, held)
+    else:
+        options = _clearable_scanned(view, pool, largest, rule, held, hosts=hosts)
     for option in options:
         if len(chosen) == whole_count:
             break
@@ -249,6 +245,70 @@ def _plan_full(
             return None
         chosen.append(extra)
     return _plan(chosen, view)
+
+
+def _hosts_with_victims(
+    view: ClusterView,
+    pool: str,
+    take_from: Callable[[str, Mapping[str, int]], bool],
+    held: Mapping[str, int],
+) -> list[str]:
+    """The candidate hosts where an allocation the rule may take from runs work past its
+    protection. After a failed cheap plan no host fits on free GPUs, notices and
+    unallocated work alone, so no other host can serve; the best host is the cheapest
+    by a cost that ends in the host's order, so the order of this list does not matter."""
+    movable = view.candidate_set(pool, True)
+    hosts: set[str] = set()
+    for alloc, on in view.movable_by_allocation().items():
+        if take_from(alloc, held):
+            hosts.update(on)
+    return [h for h in hosts if h in movable]
+
+
+def _clearable_in_order(
+    view: ClusterView, pool: str, largest: int, rule: VictimRule, held: Mapping[str, int]
+) -> Iterator[_HostPlan]:
+    """The hosts this rule may clear, cheapest first, read lazily from the view's clearing
+    order (a rule with ``costs_by_kind`` ranks a host as ``ClusterView.clear_cost`` does;
+    it only rules some hosts out). Each is costed as the cycle stood before this plan."""
+    movable = view.candidate_set(pool, True)
+    costed = dict(held)
+    for key, host in view.clear_order(pool):
+        if not view.st.on_host[host]:
+            yield _HostPlan(host, key, [], tuple(view.free_of(host)))
+        elif host in movable:
+            option = _clear_host(view, host, largest, rule, costed)
+            if option is not None:
+                assert option.cost == key, (host, key)
+                yield option
+
+
+def _clearable_scanned(
+    view: ClusterView,
+    pool: str,
+    largest: int,
+    rule: VictimRule,
+    held: Mapping[str, int],
+    *,
+    hosts: list[str],
+) -> list[_HostPlan]:
+    """The same for any other rule: every candidate host costed, then sorted."""
+    options: list[_HostPlan] = []
+    buckets = view.buckets(pool) or []
+    fully_free = buckets[largest] if len(buckets) > largest else set()
+    seen: set[str] = set()
+    for idx in sorted(fully_free):
+        host = view.st.host_ids[idx]
+        seen.add(host)
+        options.append(_HostPlan(host, (0, 0, 0.0, idx), [], tuple(view.free_of(host))))
+    for host in hosts:
+        if host in seen or view.st.host(host).gpus != largest:
+            continue
+        option = _clear_host(view, host, largest, rule, held)
+        if option is not None:
+            options.append(option)
+    options.sort(key=lambda o: o.cost)
+    return options
 
 
 def hosts_with_free(view: ClusterView, pool: str, candidates: list[str]) -> list[str]:
@@ -311,13 +371,15 @@ def _cost(
     view: ClusterView, host: str, victims: list[Running], klass: Mapping[str, object]
 ) -> tuple[float, ...]:
     """``(worst victim class, GPUs of new victims, work lost, host order)``; the class is
-    the first item of the rule's preference key (0 for work already under notice)."""
+    the first item of the rule's preference key (0 for work already under notice). The
+    exact sum makes the cost of a host independent of its occupants' order, so
+    ``ClusterView.clear_cost`` gives the same figure."""
     new = [r for r in victims if not view.terminating(r) and klass.get(r.workload.id, 0) != 0]
     worst = 0
     for r in new:
         c = klass.get(r.workload.id, 0)
         worst = max(worst, c if isinstance(c, int) else 0)
-    lost = sum(r.workload.gpus * (view.now - r.start_time) for r in new)
+    lost = math.fsum(r.workload.gpus * (view.now - r.start_time) for r in new)
     return (worst, sum(r.workload.gpus for r in new), lost, view.st.host_index[host])
 
 

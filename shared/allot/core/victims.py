@@ -99,21 +99,26 @@ class FairShareRule:
     # False: unallocated work only (a request requeued by another's notice: no cascade).
     allocated_victims: bool = True
     for_reservation: bool = False  # a reservation's start: notices say so
+    # Its classes are the planner's clearing costs (1 unallocated, 2 allocated): it may read
+    # hosts in ``ClusterView.clear_order`` when it respects protection.
+    costs_by_kind = True
 
     def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
-        if not self.allocated_victims:
+        return any(
+            held > 0 and self.may_take_from(alloc, victim_held)
+            for alloc, held in victim_held.items()
+        )
+
+    def may_take_from(self, alloc: str, victim_held: Mapping[str, int]) -> bool:
+        """Whether past-protection work of allocation ``alloc`` may be a victim at all
+        (``key`` adds the tests on the workload itself)."""
+        if not self.allocated_victims or alloc == self.requester:
             return False
-        for alloc, held in victim_held.items():
-            if alloc == self.requester or held <= 0:
-                continue
-            over = held - self.entitlement.get(alloc, 0.0)
-            worse = self.order.get(alloc, WORST_ORDER) > self.requester_order
-            if self.entitlement_tier:
-                if over > 0 and (self.under_entitlement or worse):
-                    return True
-            elif worse:
-                return True
-        return False
+        worse = self.order.get(alloc, WORST_ORDER) > self.requester_order
+        if self.entitlement_tier:
+            over = victim_held.get(alloc, 0) - self.entitlement.get(alloc, 0.0)
+            return over > 0 and (self.under_entitlement or worse)
+        return worse
 
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
         w = run.workload
@@ -122,23 +127,13 @@ class FairShareRule:
             # Earmarking: unallocated work is as good as free room (it may leave at any
             # moment), so an earmark stays on the same hosts when fillers move onto them.
             return (0 if self.ignores_protection else 1, 0.0, lost, w.id)
-        if not self.allocated_victims:
-            return None
         if self.now < run.protected_until and not self.ignores_protection:
             return None
         alloc = w.allocation
         assert alloc is not None
-        if alloc == self.requester:
+        if not self.may_take_from(alloc, victim_held):
             return None
         over = victim_held.get(alloc, 0) - self.entitlement.get(alloc, 0.0)
-        worse = self.order.get(alloc, WORST_ORDER) > self.requester_order
-        if self.entitlement_tier:
-            if over <= 0:
-                return None
-            if not (self.under_entitlement or worse):
-                return None
-        elif not worse:
-            return None
         # A requester at or above its own entitlement may take only what the victim holds
         # beyond its entitlement: pushing the victim below it makes the victim's work the
         # first in line for the freed GPUs (tier 0), and the requester never gets them

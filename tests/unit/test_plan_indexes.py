@@ -1,0 +1,140 @@
+"""The planner's indexes decide exactly as the scans they replace (hypothesis).
+
+A cycle keeps, beside its view of the cluster, the hosts that could be cleared whole in
+the order of what clearing them costs (``ClusterView.clear_order``), host sets that read
+in ascending order (``OrderedIds``), and per allocation the hosts of its movable work.
+Random clusters from ``test_core_properties`` are run through a whole cycle with the
+indexes built first, so every notice, placement, reservation and earmark of the cycle
+updates them; then each index must equal the one built from scratch, and the planners
+that read them must return what the scans over every host return.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_core_properties import NOW, Scenario, scenarios
+
+from allot.core.cycle import _Cycle
+from allot.core.heap_order import OrderedIds
+from allot.core.placement import ClusterView
+from allot.core.preemption import (
+    _best_host,
+    _CheapRule,
+    _clear_host,
+    _clearable_in_order,
+    _clearable_scanned,
+    _hosts_with_victims,
+    _plan_cheap,
+)
+from allot.core.victims import FairShareRule, FairShareVictims
+
+SETTINGS = settings(max_examples=200, deadline=None)
+
+
+def cycled_view(scenario: Scenario) -> tuple[_Cycle, ClusterView]:
+    """The view after a whole cycle whose indexes were built before it began."""
+    *_, snapshot = scenario.build()
+    cycle = _Cycle(snapshot, scenario.policy, NOW)
+    for pool in cycle.st.pool_max_gpus:
+        list(cycle.view.clear_order(pool))
+        cycle.view.room_buckets(pool)
+    cycle.run()
+    return cycle, cycle.view
+
+
+def rebuilt_order(view: ClusterView, pool: str) -> list[tuple[tuple[float, ...], str]]:
+    st_ = view.st
+    largest = st_.pool_max_gpus[pool]
+    entries = []
+    for host_id in st_.host_ids:
+        host = st_.host(host_id)
+        if st_.pool_of[host_id] != pool or host.gpus != largest or not host.schedulable:
+            continue
+        key = view.clear_cost(host_id)
+        if key is not None:
+            entries.append((key, host_id))
+    return sorted(entries)
+
+
+def fair_share_rules(cycle: _Cycle) -> list[FairShareRule]:
+    victims = FairShareVictims(cycle.order, cycle.entitlement, True, NOW)
+    return [
+        victims.rule(requester, reclaiming)
+        for requester in ("a", "b", "c", "d")
+        for reclaiming in (True, False)
+    ]
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_the_clearing_order_kept_through_a_cycle_equals_one_built_afresh(
+    scenario: Scenario,
+) -> None:
+    _, view = cycled_view(scenario)
+    for pool in view.st.pool_max_gpus:
+        assert list(view.clear_order(pool)) == rebuilt_order(view, pool)
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_clearing_costs_are_the_planners_costs(scenario: Scenario) -> None:
+    cycle, view = cycled_view(scenario)
+    cheap = _CheapRule(NOW)
+    for pool, largest in view.st.pool_max_gpus.items():
+        for key, host in view.clear_order(pool):
+            if key[0] <= 1:  # no allocated occupant: a cheap plan may clear it
+                option = _clear_host(view, host, largest, cheap, view.victim_held)
+                assert option is not None and option.cost == key
+        for rule in fair_share_rules(cycle):
+            ordered = list(_clearable_in_order(view, pool, largest, rule, view.victim_held))
+            hosts = view.candidate_hosts(pool, True)
+            scanned = _clearable_scanned(view, pool, largest, rule, view.victim_held, hosts=hosts)
+            assert [(o.host, o.cost, o.victims) for o in ordered] == [
+                (o.host, o.cost, o.victims) for o in scanned
+            ]
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_after_a_failed_cheap_plan_only_hosts_with_fair_victims_can_serve(
+    scenario: Scenario,
+) -> None:
+    cycle, view = cycled_view(scenario)
+    for pool, largest in view.st.pool_max_gpus.items():
+        for rule in fair_share_rules(cycle):
+            for gpus in range(1, largest + 1):
+                if _plan_cheap(view, pool, gpus, largest) is not None:
+                    continue
+                held = dict(view.victim_held)
+                some = _hosts_with_victims(view, pool, rule.may_take_from, held)
+                every = view.candidate_hosts(pool, True)
+                assert set(some) <= set(every)
+                narrow = _best_host(view, some, gpus, rule, dict(held), exclude=set())
+                wide = _best_host(view, every, gpus, rule, dict(held), exclude=set())
+                assert (narrow and (narrow.host, narrow.cost, narrow.victims)) == (
+                    wide and (wide.host, wide.cost, wide.victims)
+                )
+
+
+OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=80)
+
+
+@given(st.sets(st.integers(0, 30)), OPS, st.sets(st.integers(0, 30)))
+def test_ordered_ids_read_in_ascending_order_through_adds_and_discards(
+    start: set[int], ops: list[tuple[bool, int]], exclude: set[int]
+) -> None:
+    ids = OrderedIds(start)
+    model = set(start)
+    for i, (add, idx) in enumerate(ops):
+        if add:
+            ids.add(idx)
+            model.add(idx)
+        else:
+            ids.discard(idx)
+            model.discard(idx)
+        if i % 7 == 0:  # read now and then, so the heap is kept between changes
+            assert list(ids.ascending()) == sorted(model)
+    assert list(ids.ascending()) == sorted(model)
+    rest = model - exclude
+    assert ids.first(exclude) == (min(rest) if rest else None)
