@@ -121,7 +121,7 @@ OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=80)
 
 
 @given(st.sets(st.integers(0, 30)), OPS, st.sets(st.integers(0, 30)))
-def test_ordered_ids_read_in_ascending_order_through_adds_and_discards(
+def test_ordered_ids_give_their_smallest_members_through_adds_and_discards(
     start: set[int], ops: list[tuple[bool, int]], exclude: set[int]
 ) -> None:
     ids = OrderedIds(start)
@@ -134,7 +134,8 @@ def test_ordered_ids_read_in_ascending_order_through_adds_and_discards(
             ids.discard(idx)
             model.discard(idx)
         if i % 7 == 0:  # read now and then, so the heap is kept between changes
-            assert list(ids.ascending()) == sorted(model)
-    assert list(ids.ascending()) == sorted(model)
+            assert ids.smallest(i % 5 + 1) == sorted(model)[: i % 5 + 1]
+    assert ids.smallest(len(model) + 1) == sorted(model)
     rest = model - exclude
+    assert ids.smallest(3, exclude) == sorted(rest)[:3]
     assert ids.first(exclude) == (min(rest) if rest else None)

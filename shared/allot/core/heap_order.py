@@ -29,10 +29,10 @@ def ascending(heap: list[Any]) -> Iterator[Any]:
 
 
 class OrderedIds(set[int]):
-    """A set of host indices that also reads in ascending order for the price of the
-    items read: a heap built on the first ordered read, pushed to on ``add``; discarded
-    items stay in it until they reach the top (reads skip them), and it is rebuilt when
-    they outnumber the members."""
+    """A set of host indices whose smallest members cost O(k log n) to read: a heap built
+    on the first read, pushed to on ``add``. A discarded member stays in the heap until a
+    read pops it (each is popped once), and the heap is rebuilt when such entries
+    outnumber the members."""
 
     __slots__ = ("_heap",)
 
@@ -46,30 +46,26 @@ class OrderedIds(set[int]):
             if self._heap is not None:
                 heapq.heappush(self._heap, idx)
 
-    def _ordered(self) -> list[int]:
+    def smallest(self, k: int, exclude: Container[int] = ()) -> list[int]:
+        """The ``k`` smallest members not in ``exclude``, ascending (fewer if there are
+        not that many)."""
         heap = self._heap
         if heap is None or len(heap) > 2 * len(self) + 32:
             heap = self._heap = sorted(self)
-        while heap and heap[0] not in self:
-            heapq.heappop(heap)
-        return heap
-
-    def ascending(self) -> Iterator[int]:
-        """The members, smallest first, lazily. Do not change the set while reading."""
-        heap = self._ordered()
-        if not heap:
-            return
-        top = heap[0]  # a member: ``_ordered`` dropped what was above it
-        yield top  # most readers need only this one
-        seen = {top}
-        for idx in ascending(heap):
-            if idx in self and idx not in seen:
-                seen.add(idx)
-                yield idx
+        found: list[int] = []
+        kept: list[int] = []  # members popped on the way, pushed back below
+        while heap and len(found) < k:
+            idx = heapq.heappop(heap)
+            if idx not in self or (kept and kept[-1] == idx):
+                continue  # discarded, or a second entry of a member re-added
+            kept.append(idx)
+            if idx not in exclude:
+                found.append(idx)
+        for idx in kept:
+            heapq.heappush(heap, idx)
+        return found
 
     def first(self, exclude: Container[int] = ()) -> int | None:
         """The smallest member not in ``exclude``."""
-        for idx in self.ascending():
-            if idx not in exclude:
-                return idx
-        return None
+        found = self.smallest(1, exclude)
+        return found[0] if found else None

@@ -20,7 +20,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Iterator
-from itertools import islice
 
 from allot.core.heap_order import OrderedIds, ascending
 from allot.core.model import Assignment, Running
@@ -40,7 +39,7 @@ class ClusterView:
         self.victim_held: dict[str, int] = dict(state.held)  # held, minus this cycle's victims
         self._candidates: dict[tuple[str, bool], list[str]] = {}
         self._candidate_sets: dict[tuple[str, bool], set[str]] = {}
-        self._movable_by_allocation: dict[str, set[str]] | None = None
+        self._movable_of: dict[str, set[str]] = {}
         # "Cheap room" per host: free GPUs + GPUs under notice nobody claimed yet + GPUs of
         # unallocated work (preemptible by any allocated request). Built on first use.
         self._room: dict[str, int] | None = None
@@ -51,6 +50,7 @@ class ClusterView:
         # Built on first use, then kept current wherever cheap room is.
         self._clear: dict[str, list[tuple[tuple[float, ...], int]]] | None = None
         self._clear_key: dict[str, tuple[float, ...]] = {}
+        self._clear_stale: set[str] = set()  # hosts touched since the last read
 
     # ------------------------------------------------------------------ reads
     def free_of(self, host_id: str) -> list[int]:
@@ -82,7 +82,7 @@ class ClusterView:
         whole = buckets[largest]
         if len(whole) < whole_count:
             return None
-        chosen = list(islice(whole.ascending(), whole_count))
+        chosen = whole.smallest(whole_count)
         parts = [(self.st.host_ids[i], tuple(self.free_of(self.st.host_ids[i]))) for i in chosen]
         if rest:
             host = self._best_fit(buckets, rest, exclude=set(chosen))
@@ -123,18 +123,21 @@ class ClusterView:
             self._candidates[key] = cached
         return cached
 
-    def movable_by_allocation(self) -> dict[str, set[str]]:
-        """Allocation -> hosts where some of its allocated work is past its protection
-        (built on first use; a cycle's own decisions do not add any)."""
-        if self._movable_by_allocation is None:
-            index: dict[str, set[str]] = {}
+    def movable_hosts_of(self, allocation: str) -> set[str]:
+        """Schedulable hosts where some allocated work of ``allocation`` is past its
+        protection (per allocation on first use; a cycle's own decisions add none)."""
+        cached = self._movable_of.get(allocation)
+        if cached is None:
+            cached = set()
             now = self.now
-            for run in self.st.running.values():
-                w = run.workload
-                if w.allocated and run.protected_until <= now and w.allocation is not None:
-                    index.setdefault(w.allocation, set()).update(h for h, _ in run.assignment)
-            self._movable_by_allocation = index
-        return self._movable_by_allocation
+            running = self.st.running
+            for wid in self.st.running_of.get(allocation, ()):
+                run = running[wid]
+                if run.protected_until <= now:
+                    cached.update(h for h, _ in run.assignment)
+            cached = {h for h in cached if self.st.host(h).schedulable}
+            self._movable_of[allocation] = cached
+        return cached
 
     def candidate_set(self, pool: str, respect_protection: bool) -> set[str]:
         """``candidate_hosts`` as a set (for membership tests)."""
@@ -219,6 +222,8 @@ class ClusterView:
             buckets.append(OrderedIds())
         idx = self.st.host_index[host_id]
         old = room.get(host_id)
+        if old == value:
+            return
         if old is not None:
             buckets[old].discard(idx)
         room[host_id] = value
@@ -230,7 +235,8 @@ class ClusterView:
             return
         for host_id in host_ids:
             self._set_room(host_id)
-            self._set_clear(host_id)
+            if self._clear is not None:
+                self._clear_stale.add(host_id)  # re-costed on the next read
 
     # ------------------------------------------------------ clearing whole hosts
     def clear_cost(self, host_id: str) -> tuple[float, ...] | None:
@@ -279,6 +285,10 @@ class ClusterView:
         if self._clear is None:
             self._build_clear()
         assert self._clear is not None
+        if self._clear_stale:
+            for host_id in self._clear_stale:
+                self._set_clear(host_id)
+            self._clear_stale.clear()
         heap = self._clear.get(pool)
         if not heap:
             return

@@ -109,6 +109,8 @@ def _plan_cheap(view: ClusterView, pool: str, gpus: int, largest: int) -> Plan |
     whole_count, rest = divmod(gpus, largest) if gpus > largest else (0, gpus)
     chosen: list[_HostPlan] = []
     if whole_count:
+        if len(buckets) <= largest or len(buckets[largest]) < whole_count:
+            return None  # too few hosts with cheap room for all their GPUs
         # The hosts of cheap room ``largest`` are those the clearing order ranks below
         # class 2 (no allocated occupant): free hosts first, then the fewest victims.
         for key, host in view.clear_order(pool):
@@ -155,9 +157,7 @@ def _cheap_host(
     best: _HostPlan | None = None
     seen = 0
     for room in range(gpus, len(buckets)):
-        for idx in buckets[room].ascending():
-            if idx in exclude:
-                continue
+        for idx in buckets[room].smallest(CHEAP_CANDIDATES - seen, exclude):
             host = view.st.host_ids[idx]
             option = _best_host(view, [host], gpus, rule, held, exclude=set())
             if option is None:
@@ -253,16 +253,16 @@ def _hosts_with_victims(
     take_from: Callable[[str, Mapping[str, int]], bool],
     held: Mapping[str, int],
 ) -> list[str]:
-    """The candidate hosts where an allocation the rule may take from runs work past its
-    protection. After a failed cheap plan no host fits on free GPUs, notices and
+    """The hosts of ``pool`` where an allocation the rule may take from runs work past
+    its protection. After a failed cheap plan no host fits on free GPUs, notices and
     unallocated work alone, so no other host can serve; the best host is the cheapest
     by a cost that ends in the host's order, so the order of this list does not matter."""
-    movable = view.candidate_set(pool, True)
     hosts: set[str] = set()
-    for alloc, on in view.movable_by_allocation().items():
+    for alloc in view.st.running_of:
         if take_from(alloc, held):
-            hosts.update(on)
-    return [h for h in hosts if h in movable]
+            hosts.update(view.movable_hosts_of(alloc))
+    pool_of = view.st.pool_of
+    return [h for h in hosts if pool_of[h] == pool]
 
 
 def _clearable_in_order(

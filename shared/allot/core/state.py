@@ -62,6 +62,8 @@ class ClusterState:
         """GPUs held by running work (the sum over ``running``, kept as it changes)."""
         self.on_host: dict[str, set[str]] = {h.id: set() for h in ordered}
         self.held: dict[str, int] = {}
+        self.running_of: dict[str, set[str]] = {}
+        """Allocation -> its allocated running workloads (planners read one allocation's)."""
         self.healthy_gpus = 0
         self.draining: set[str] = set()
         self.noticed: set[str] = set()  # running workloads under a preemption notice
@@ -176,6 +178,7 @@ class ClusterState:
             alloc = workload.allocation
             assert alloc is not None
             self.held[alloc] = self.held.get(alloc, 0) + workload.gpus
+            self.running_of.setdefault(alloc, set()).add(workload.id)
             heapq.heappush(self._protect_heap, (run.protected_until, workload.id))
         return run
 
@@ -207,6 +210,10 @@ class ClusterState:
             alloc = run.workload.allocation
             assert alloc is not None
             self.held[alloc] -= run.workload.gpus
+            of = self.running_of[alloc]
+            of.discard(workload_id)
+            if not of:
+                del self.running_of[alloc]
         return run
 
     # -------------------------------------------------------------- internals
