@@ -50,12 +50,13 @@ browser: ## Debian's chromium for the browser tests, installed with apt-get if m
 		else sudo apt-get install -y --no-install-recommends chromium; fi; \
 	else echo "== no /usr/bin/chromium and no apt-get: the browser tests will fail saying what they need"; fi
 
-lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (layers, the core and the fold pure), no package import cycle
+lint: $(STAMP) ## ruff format check, ruff lint, import-linter contracts (layers, the core and the fold pure), no package import cycle, deploy/k8s rendered and schema-checked
 	$(BIN)/ruff format --check shared services tests bench tools
 	$(BIN)/ruff check --no-cache shared services tests bench tools
 	$(BIN)/lint-imports
 	$(BIN)/python tools/package_cycles.py
 	$(BIN)/python -m allot.proto.schema --check
+	$(BIN)/python -m pytest -q -m 'not integration' tests/unit/test_k8s_manifests.py
 
 type: $(STAMP) ## mypy --strict on the package
 	$(BIN)/mypy

@@ -1,0 +1,783 @@
+"""deploy/k8s, rendered and checked without a cluster (docs/deploy-kubernetes.md).
+
+Each overlay (dev, production) is rendered the way a user applies it: a copy of deploy/k8s
+gets a real ``allot auth gen`` output in ``overlays/<name>/auth`` (the overlay's own roles
+file, the base's budget tree), then ``kubectl kustomize`` renders it. No kubectl is a
+failure, not a skip: the manifests would go unchecked. Then:
+
+1. every object against the Kubernetes JSON schemas (the ``kubernetes-validate`` package,
+   strict: an unknown field fails), for the oldest and the newest version we claim;
+2. NATS: three servers of a StatefulSet with a claim each, routes naming every pod through
+   the headless Service, everything deploy/nats.conf sets, a configuration nats-server
+   accepts, and (integration) three servers started from it that serve the log's streams
+   at R3 to the services' user of the Secret;
+3. the services: compose.yaml's commands (compose.secure.yaml's for the dashboard), each a
+   real ``allot.services`` module whose parser takes its flags, the streams' replicas equal
+   to the NATS servers, placement's replicas and disruption budget, the agent DaemonSet;
+4. wiring: every ConfigMap and Secret a pod names is rendered, every selector selects pods,
+   every pod meets the `restricted` Pod Security Standard but the agent's hostPID;
+5. production: Redis replicated with Sentinel behind HAProxy, spread and budgeted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import copy
+import importlib
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+import yaml
+
+from allot import bus
+from allot.adapters.embedded import find_nats_server, free_ports
+from allot.cli.main import main as allot_main
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+SERVICES_DIR = ROOT / "services"
+OVERLAYS = ("dev", "production")
+SCHEMA_VERSIONS = ("1.30.0", "1.37.0")
+"""The oldest Kubernetes we claim (docs/deploy-kubernetes.md) and the newest bundled schema."""
+COMPOSE_SERVICES = ("intake", "accounting", "ranking", "placement", "health", "dispatch")
+COMPOSE_SERVICES += ("dashboard",)
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet"}
+
+Obj = dict[str, Any]
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+
+def _kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail(
+            "kubectl is not on PATH: deploy/k8s cannot be rendered (`kubectl kustomize`), so "
+            "none of its manifests would be checked. Install kubectl "
+            "(https://kubernetes.io/docs/tasks/tools/) and run again."
+        )
+    return found
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Obj]]:
+    """overlay -> its objects, rendered from a copy of deploy/k8s with fresh credentials
+    (a user's own overlays/*/auth is left out of the copy)."""
+    kubectl = _kubectl()
+    copy_dir = tmp_path_factory.mktemp("k8s") / "k8s"
+    shutil.copytree(K8S, copy_dir, ignore=shutil.ignore_patterns("auth"))
+    out: dict[str, list[Obj]] = {}
+    for overlay in OVERLAYS:
+        where = copy_dir / "overlays" / overlay
+        budgets, roles = copy_dir / "base" / "budgets.yaml", where / "roles.yaml"
+        argv = ["auth", "gen", "--budgets", str(budgets), "--roles", str(roles)]
+        argv += ["--out", str(where / "auth"), "--server", "nats://nats:4222", "--cost", "4"]
+        code = allot_main(argv)
+        assert code == 0, f"allot auth gen refuses overlays/{overlay}/roles.yaml"
+        proc = subprocess.run(
+            [kubectl, "kustomize", str(where)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, (
+            f"kubectl kustomize deploy/k8s/overlays/{overlay} failed:\n{proc.stderr}"
+        )
+        out[overlay] = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return out
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def _one(objs: list[Obj], kind: str, name: str) -> Obj:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def _generated(objs: list[Obj], kind: str, name: str) -> Obj:
+    """A ConfigMap or Secret of a generator: its name carries a hash suffix."""
+    found = [o for o in objs if o["kind"] == kind and _base_name(o["metadata"]["name"]) == name]
+    assert len(found) == 1, f"expected one {kind} {name}-<hash>, found {len(found)}"
+    return found[0]
+
+
+def _base_name(name: str) -> str:
+    return re.sub(r"-[a-z0-9]{10}$", "", name)
+
+
+def _pod_spec(obj: Mapping[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = obj["spec"]["template"]["spec"]
+    return spec
+
+
+def _containers(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+    spec = _pod_spec(obj)
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def _workloads(objs: list[Obj]) -> list[Obj]:
+    return [o for o in objs if o["kind"] in WORKLOADS]
+
+
+def _secret_text(secret: Mapping[str, Any], key: str) -> str:
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def _secret_env(secret: Mapping[str, Any]) -> dict[str, str]:
+    """A Secret made from an env file (`secretGenerator: envs:`): one key per variable."""
+    return {key: _secret_text(secret, key) for key in secret["data"]}
+
+
+def _expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion in env values, commands and args."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), value)
+
+
+# == 1. the Kubernetes schemas =================================================================
+
+
+def _kubernetes_validate() -> Any:
+    try:
+        import kubernetes_validate
+    except ModuleNotFoundError:
+        pytest.fail("the package kubernetes-validate is missing: `make install` (dev extra)")
+    return kubernetes_validate
+
+
+@pytest.mark.parametrize("version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_matches_the_kubernetes_schema(
+    rendered: dict[str, list[Obj]], overlay: str, version: str
+) -> None:
+    kubernetes_validate = _kubernetes_validate()
+    errors = []
+    for obj in rendered[overlay]:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            field = ".".join(str(p) for p in e.path) or "(the object)"
+            errors.append(f"{_name(obj)}: {field}: {e.message}")
+        except kubernetes_validate.SchemaNotFoundError:
+            errors.append(
+                f"{_name(obj)}: no schema for {obj['apiVersion']} in Kubernetes {version}"
+            )
+    assert not errors, (
+        f"overlays/{overlay} against the Kubernetes {version} schemas:\n" + "\n".join(errors)
+    )
+
+
+def test_the_schema_check_catches_a_misspelt_and_a_mistyped_field(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    kubernetes_validate = _kubernetes_validate()
+    placement = _one(rendered["production"], "Deployment", "placement")
+    misspelt = copy.deepcopy(placement)
+    misspelt["spec"]["replica"] = 2
+    mistyped = copy.deepcopy(placement)
+    mistyped["spec"]["replicas"] = "two"
+    for bad in (misspelt, mistyped):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(bad, SCHEMA_VERSIONS[-1], strict=True)
+
+
+# == 2. NATS ===================================================================================
+
+
+def _nats_config(objs: list[Obj]) -> str:
+    return str(_generated(objs, "ConfigMap", "nats-config")["data"]["nats.conf"])
+
+
+def _routes(conf: str) -> list[str]:
+    block = re.search(r"(?ms)^cluster \{.*?^\s*routes \[(.*?)\]", conf)
+    assert block, "nats.conf has no `cluster { routes [...] }`"
+    return block[1].split()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nats_runs_three_servers_with_jetstream_on_a_claim_each(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    objs = rendered[overlay]
+    sts = _one(objs, "StatefulSet", "nats")
+    assert sts["spec"]["replicas"] == 3
+    assert sts["spec"]["podManagementPolicy"] == "Parallel", "a quorum needs all pods started"
+    claims = {c["metadata"]["name"]: c for c in sts["spec"]["volumeClaimTemplates"]}
+    assert "data" in claims and claims["data"]["spec"]["resources"]["requests"]["storage"]
+    (container,) = _pod_spec(sts)["containers"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts["/data"] == "data", "JetStream's store_dir must be the claim"
+    assert re.search(r"(?m)^\s*store_dir: /data$", _nats_config(objs))
+    headless = _one(objs, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True, "routes resolve before ready"
+    pdb = _one(objs, "PodDisruptionBudget", "nats")
+    assert pdb["spec"]["maxUnavailable"] == 1, "a drain may take one server: two keep quorum"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nats_routes_name_every_server_through_the_headless_service(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    objs = rendered[overlay]
+    sts = _one(objs, "StatefulSet", "nats")
+    conf = _nats_config(objs)
+    port = re.search(r"(?ms)^cluster \{.*?^\s*port: (\d+)", conf)
+    assert port, "nats.conf's cluster block names no port"
+    (container,) = _pod_spec(sts)["containers"]
+    assert {"name": "cluster", "containerPort": int(port[1])} in container["ports"]
+    service = sts["spec"]["serviceName"]
+    expected = [f"nats://nats-{i}.{service}:{port[1]}" for i in range(sts["spec"]["replicas"])]
+    assert _routes(conf) == expected
+
+
+def _settings(conf: str) -> dict[str, str]:
+    """The `key: value` lines of a nats-server configuration, keyed by their block
+    (`jetstream.sync_interval`); lists and includes are left out."""
+    out, blocks, in_list = {}, [], False
+    for raw in conf.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if in_list or line.endswith("["):
+            in_list = not line.endswith("]")
+        elif opened := re.fullmatch(r"([a-z_]+)\s*[:=]?\s*\{", line):
+            blocks.append(opened[1])
+        elif line == "}":
+            blocks.pop()
+        elif setting := re.fullmatch(r"([a-z_]+)\s*[:=]\s*([^\[\]{}]+)", line):
+            out[".".join([*blocks, setting[1]])] = setting[2].strip()
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nats_conf_carries_everything_deploy_nats_conf_sets(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    compose_conf = _settings((ROOT / "deploy" / "nats.conf").read_text())
+    k8s_conf = _settings(_nats_config(rendered[overlay]))
+    missing = {k: v for k, v in compose_conf.items() if k8s_conf.get(k) != v}
+    assert not missing, f"deploy/k8s/base/nats/nats.conf differs from deploy/nats.conf: {missing}"
+    assert k8s_conf["jetstream.sync_interval"] == "always"
+    assert k8s_conf["cluster.port"] == "6222"
+
+
+def _nats_files(objs: list[Obj], into: Path, pod: int = 0) -> dict[str, str]:
+    """Write what the pod `nats-<pod>` sees at /etc/nats-config (its projected volume) into
+    `into`; return its container's environment."""
+    sts = _one(objs, "StatefulSet", "nats")
+    (container,) = _pod_spec(sts)["containers"]
+    volume = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}["/etc/nats-config"]
+    (projected,) = [v["projected"] for v in _pod_spec(sts)["volumes"] if v["name"] == volume]
+    for source in projected["sources"]:
+        kind, ref = (
+            ("ConfigMap", source["configMap"])
+            if "configMap" in source
+            else (
+                "Secret",
+                source["secret"],
+            )
+        )
+        obj = _one(objs, kind, ref["name"])
+        items = ref.get("items") or [{"key": k, "path": k} for k in obj["data"]]
+        for item in items:
+            text = obj["data"][item["key"]]
+            target = into / item["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(_secret_text(obj, item["key"]) if kind == "Secret" else text)
+    env: dict[str, str] = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = _expand(var["value"], env)
+        elif var["valueFrom"].get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[var["name"]] = f"nats-{pod}"
+    return env
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nats_server_accepts_the_rendered_configuration(
+    rendered: dict[str, list[Obj]], overlay: str, tmp_path: Path
+) -> None:
+    env = _nats_files(rendered[overlay], tmp_path)
+    assert env["SERVER_NAME"] == "nats-0", "POD_NAME must come before SERVER_NAME in env"
+    proc = subprocess.run(
+        [str(find_nats_server()), "-c", str(tmp_path / "nats.conf"), "-t"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0, f"nats-server -t rejects overlays/{overlay}'s nats.conf: {proc}"
+
+
+@pytest.fixture
+def nats_cluster(
+    rendered: dict[str, list[Obj]], tmp_path: Path
+) -> Iterator[tuple[list[int], list[int]]]:
+    """The production overlay's three servers on loopback, from the rendered configuration
+    (the pod's own files and environment), on free ports: the store, pid file and routes
+    pointed at this machine (`-p`, `-m`, `--cluster`, `--routes` override the file)."""
+    objs = rendered["production"]
+    ports = free_ports(9)
+    client, monitor, cluster = ports[0:3], ports[3:6], ports[6:9]
+    procs = []
+    try:
+        for i in range(3):
+            node = tmp_path / f"nats-{i}"
+            env = _nats_files(objs, node, pod=i)
+            conf = (node / "nats.conf").read_text()
+            conf = conf.replace("store_dir: /data", f"store_dir: {node / 'store'}")
+            conf = conf.replace("/var/run/nats/nats.pid", str(node / "nats.pid"))
+            (node / "nats.conf").write_text(conf)
+            routes = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(cluster) if j != i)
+            argv = [str(find_nats_server()), "-c", str(node / "nats.conf"), "-a", "127.0.0.1"]
+            argv += ["-p", str(client[i]), "-m", str(monitor[i])]
+            argv += ["--cluster", f"nats://127.0.0.1:{cluster[i]}", "--routes", routes]
+            log = (node / "nats.log").open("w")
+            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+        yield client, monitor
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=15)
+
+
+@pytest.mark.integration
+def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
+    rendered: dict[str, list[Obj]], nats_cluster: tuple[list[int], list[int]]
+) -> None:
+    objs = rendered["production"]
+    client, monitor = nats_cluster
+    deadline = time.monotonic() + 30
+    for port in monitor:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"no healthy cluster on :{port} in 30 s"
+                time.sleep(0.2)
+    creds = _secret_env(_generated(objs, "Secret", "allot-services"))
+    replicas = int(_generated(objs, "ConfigMap", "allot-env")["data"]["ALLOT_STREAM_REPLICAS"])
+    url = f"nats://{creds['ALLOT_NATS_USER']}:{creds['ALLOT_NATS_PASSWORD']}@127.0.0.1:{client[0]}"
+
+    async def streams() -> dict[str, tuple[int, str]]:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            while True:  # a fresh cluster may take a few seconds to place R3 streams
+                try:
+                    await bus.ensure_streams(js, replicas)
+                    break
+                except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                    assert time.monotonic() < deadline, "no R3 streams in 30 s"
+                    await asyncio.sleep(0.5)
+            out = {}
+            for name in ("WORKLOADS", "HOSTS", "USAGE"):
+                info = await js.stream_info(name)
+                assert info.cluster is not None
+                out[name] = (info.config.num_replicas or 0, info.cluster.name or "")
+            return out
+        finally:
+            await nc.close()
+
+    assert asyncio.run(streams()) == dict.fromkeys(("WORKLOADS", "HOSTS", "USAGE"), (3, "allot"))
+
+
+# == 3. the services and the agent =============================================================
+
+
+def _compose_commands() -> dict[str, list[str]]:
+    """compose.yaml's command of each service, compose.secure.yaml's where it sets one."""
+    plain = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    secure = yaml.safe_load((ROOT / "deploy" / "compose.secure.yaml").read_text())["services"]
+    return {
+        name: [str(a) for a in (secure.get(name, {}).get("command") or spec.get("command", []))]
+        for name, spec in plain.items()
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_service_runs_the_compose_command_with_logins(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    compose = _compose_commands()
+    for name in COMPOSE_SERVICES:
+        (container,) = _pod_spec(_one(rendered[overlay], "Deployment", name))["containers"]
+        assert container["command"] == compose[name], f"{name}: not compose's command"
+        assert "args" not in container, f"{name}: the command is the whole command line"
+
+
+def _allot_env(objs: list[Obj]) -> dict[str, str]:
+    data: dict[str, str] = _generated(objs, "ConfigMap", "allot-env")["data"]
+    return data
+
+
+def _parser_of(module_name: str) -> argparse.ArgumentParser:
+    """The module's `build_parser()` or `parser()`; a package's is in its `service` module,
+    whose `main` its `__main__` runs."""
+    for name in (module_name, f"{module_name}.service"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+        make = getattr(module, "build_parser", None) or getattr(module, "parser", None)
+        if callable(make):
+            parser: argparse.ArgumentParser = make()
+            return parser
+    pytest.fail(f"{module_name}: no build_parser() or parser() to check its flags with")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_allot_command_is_a_real_module_whose_parser_takes_its_flags(
+    rendered: dict[str, list[Obj]],
+    overlay: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env = _allot_env(rendered[overlay])
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    checked = 0
+    for obj in _workloads(rendered[overlay]):
+        for c in _pod_spec(obj)["containers"]:
+            if "allot" not in c["image"].rsplit("/", 1)[-1]:
+                continue
+            where = f"{_name(obj)} container {c['name']}"
+            command = [_expand(a, {"NODE_NAME": "gpu-node-01"}) for a in c["command"]]
+            assert command[:2] == ["python", "-m"], f"{where}: `python -m allot.services.X`"
+            module_name, args = command[2], command[3:]
+            short = module_name.removeprefix("allot.services.")
+            assert module_name.startswith("allot.services.") and (
+                (SERVICES_DIR / f"{short}.py").is_file() or (SERVICES_DIR / short).is_dir()
+            ), f"{where}: {module_name} is no module of services/"
+            parser = _parser_of(module_name)
+            parser.allow_abbrev = False  # `--gpu` for `--gpus` would pass here and be a typo
+            try:
+                parsed = parser.parse_args(args)
+            except SystemExit:
+                pytest.fail(f"{where}: {module_name} rejects {args}: {capsys.readouterr().err}")
+            assert parsed.nats_url == env["ALLOT_NATS_URL"], f"{where}: env URL not read"
+            checked += 1
+    assert checked >= len(COMPOSE_SERVICES) + 1
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_wait_for_nats_health_on_the_nats_service(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    objs = rendered[overlay]
+    nats_ports = {p["port"] for p in _one(objs, "Service", "nats")["spec"]["ports"]}
+    for name in COMPOSE_SERVICES:
+        (init,) = _pod_spec(_one(objs, "Deployment", name))["initContainers"]
+        assert init["command"][:2] == ["python", "-c"], f"{name}: {init['command']}"
+        code = init["command"][2]
+        compile(code, f"{name}/wait-for-nats", "exec")  # a syntax error fails here
+        url = re.search(r"http://nats:(\d+)/healthz", code)
+        assert url and int(url[1]) in nats_ports, f"{name}: waits on no port of Service/nats"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_services_reach_nats_and_redis_by_their_services_and_replicate_streams_like_nats(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    objs = rendered[overlay]
+    env = _allot_env(objs)
+    assert env["ALLOT_NATS_URL"] == "nats://nats:4222"
+    assert env["ALLOT_REDIS_URL"] == "redis://redis:6379"
+    assert _one(objs, "Service", "nats")["spec"]["ports"][0]["port"] == 4222
+    assert _one(objs, "Service", "redis")["spec"]["ports"][0]["port"] == 6379
+    assert env["ALLOT_STREAM_REPLICAS"] == str(
+        _one(objs, "StatefulSet", "nats")["spec"]["replicas"]
+    )
+    for obj in _workloads(objs):
+        for c in _pod_spec(obj)["containers"]:
+            if "allot" not in c["image"].rsplit("/", 1)[-1]:
+                continue
+            refs = [next(iter(r.values()))["name"] for r in c["envFrom"]]
+            assert _base_name(refs[-1]) == "allot-env", (
+                f"{_name(obj)}: allot-env must come last in envFrom, so its ALLOT_NATS_URL "
+                "wins over the one in the credentials file"
+            )
+            assert len(refs) == 2 and _base_name(refs[0]) in {"allot-services", "allot-agent"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_credentials_are_the_users_allot_auth_gen_wrote(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    objs = rendered[overlay]
+    services = _secret_env(_generated(objs, "Secret", "allot-services"))
+    agent = _secret_env(_generated(objs, "Secret", "allot-agent"))
+    assert services["ALLOT_NATS_USER"] == "allot-services" and services["ALLOT_NATS_PASSWORD"]
+    assert agent["ALLOT_NATS_USER"] == "allot-agent" and agent["ALLOT_NATS_PASSWORD"]
+    auth = _secret_text(_generated(objs, "Secret", "allot-nats-auth"), "nats.conf")
+    assert 'user: "allot-services"' in auth and 'user: "allot-agent"' in auth
+    users = _secret_text(
+        _generated(objs, "Secret", "allot-dashboard-users"), "dashboard-users.json"
+    )
+    assert '"allot-services"' in users
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_dashboard_serves_its_port_behind_its_service_with_logins(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    objs = rendered[overlay]
+    spec = _pod_spec(_one(objs, "Deployment", "dashboard"))
+    (c,) = spec["containers"]
+    port = int(c["command"][c["command"].index("--http-port") + 1])
+    assert c["command"][c["command"].index("--http-host") + 1] == "0.0.0.0"
+    assert {"name": "http", "containerPort": port} in c["ports"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+    (service_port,) = _one(objs, "Service", "dashboard")["spec"]["ports"]
+    assert service_port["targetPort"] == "http"
+    users = Path(c["command"][c["command"].index("--users") + 1])
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mounts[str(users.parent)]]
+    secret = _one(objs, "Secret", volume["secret"]["secretName"])
+    assert users.name in secret["data"]
+    # Root owns a Secret's files: the image's user 10001 reads it through its group.
+    assert spec["securityContext"]["fsGroup"] == 10001 and volume["secret"]["defaultMode"] == 0o440
+
+
+def test_secrets_never_enter_the_repository() -> None:
+    assert "overlays/*/auth/" in (K8S / ".gitignore").read_text().splitlines()
+    for path in K8S.rglob("*"):
+        if path.is_file() and "auth" not in path.relative_to(K8S).parts:
+            text = path.read_text(errors="replace")
+            assert "ALLOT_NATS_PASSWORD=" not in text and "$2a$" not in text, path
+
+
+@pytest.mark.parametrize(("overlay", "replicas"), [("dev", 1), ("production", 2)])
+def test_placement_replicas_and_disruption_budget(
+    rendered: dict[str, list[Obj]], overlay: str, replicas: int
+) -> None:
+    objs = rendered[overlay]
+    assert _one(objs, "Deployment", "placement")["spec"]["replicas"] == replicas
+    pdb = _one(objs, "PodDisruptionBudget", "placement")
+    assert pdb["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": {"app.kubernetes.io/name": "placement"}},
+    }
+
+
+def test_production_runs_the_agent_on_every_gpu_node_with_the_hosts_pids(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    ds = _one(rendered["production"], "DaemonSet", "agent")
+    spec = _pod_spec(ds)
+    assert spec["hostPID"] is True
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}, "a restart stops the workloads"
+    (agent,) = spec["containers"]
+    command = agent["command"]
+    assert command[command.index("--host") + 1] == "$(NODE_NAME)"
+    node_name = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    assert node_name in agent["env"]
+    assert "--fake" not in command
+
+
+def test_dev_simulates_exactly_the_hosts_its_agent_user_is_granted(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    objs = rendered["dev"]
+    assert not [o for o in objs if o["kind"] == "DaemonSet"], "dev has no GPU DaemonSet"
+    (agent,) = _pod_spec(_one(objs, "Deployment", "fake-agent"))["containers"]
+    cmd = agent["command"]
+    n, prefix = int(cmd[cmd.index("--hosts") + 1]), cmd[cmd.index("--host-prefix") + 1]
+    roles = yaml.safe_load((K8S / "overlays" / "dev" / "roles.yaml").read_text())["users"]
+    (row,) = [r for r in roles if r["name"] == "allot-agent"]
+    assert row["hosts"] == [f"{prefix}-{i:04d}" for i in range(n)]
+
+
+def test_the_base_budget_tree_is_deploy_budgets_example() -> None:
+    copy_text = (K8S / "base" / "budgets.yaml").read_text()
+    assert copy_text == (ROOT / "deploy" / "budgets.example.yaml").read_text(), (
+        "deploy/k8s/base/budgets.yaml must stay a copy of deploy/budgets.example.yaml"
+    )
+
+
+# == 4. wiring and pod security ================================================================
+
+
+def _referenced(spec: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """(kind, name) of every ConfigMap and Secret a pod spec names."""
+    refs = set()
+    for v in spec.get("volumes", []):
+        sources = [*v.get("projected", {}).get("sources", []), v]
+        for s in sources:
+            if "configMap" in s:
+                refs.add(("ConfigMap", s["configMap"]["name"]))
+            if "secret" in s:
+                refs.add(("Secret", s["secret"].get("secretName") or s["secret"].get("name")))
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        for r in c.get("envFrom", []):
+            if "configMapRef" in r:
+                refs.add(("ConfigMap", r["configMapRef"]["name"]))
+            if "secretRef" in r:
+                refs.add(("Secret", r["secretRef"]["name"]))
+    return refs
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    if not all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        inside = labels.get(e["key"]) in e.get("values", [])
+        if (e["operator"] == "In" and not inside) or (e["operator"] == "NotIn" and inside):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_configmap_and_secret_a_pod_names_is_rendered(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    objs = rendered[overlay]
+    present = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    for obj in _workloads(objs):
+        missing = _referenced(_pod_spec(obj)) - present
+        assert not missing, f"overlays/{overlay} {_name(obj)} names what is not rendered: {missing}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_selector_selects_pods_and_every_target_port_exists(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    objs = rendered[overlay]
+    pods = [(o["spec"]["template"]["metadata"]["labels"], o) for o in _workloads(objs)]
+    for obj in objs:
+        if obj["kind"] == "Service":
+            selector: Mapping[str, Any] = {"matchLabels": obj["spec"]["selector"]}
+        elif obj["kind"] in {"PodDisruptionBudget"}:
+            selector = obj["spec"]["selector"]
+        elif obj["kind"] == "NetworkPolicy":
+            selector = obj["spec"]["podSelector"]
+            for rule in obj["spec"]["ingress"]:
+                for peer in rule.get("from", []):
+                    assert any(_selects(peer["podSelector"], lbl) for lbl, _ in pods), (
+                        f"overlays/{overlay} {_name(obj)}: `from` selects no pod"
+                    )
+        elif obj["kind"] in WORKLOADS:
+            selector = obj["spec"]["selector"]
+            assert _selects(selector, obj["spec"]["template"]["metadata"]["labels"]), _name(obj)
+            continue
+        else:
+            continue
+        chosen = [o for lbl, o in pods if _selects(selector, lbl)]
+        assert chosen, f"overlays/{overlay} {_name(obj)} selects no pod"
+        if obj["kind"] == "Service":
+            names = {
+                p["name"]
+                for o in chosen
+                for c in _pod_spec(o)["containers"]
+                for p in c.get("ports", [])
+            }
+            for port in obj["spec"]["ports"]:
+                assert port["targetPort"] in names, f"{_name(obj)}: no port {port['targetPort']}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_agent_pods_where_workloads_run_reach_only_the_nats_client_port(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    """Workloads run inside the agents' pods: no NetworkPolicy lets those reach Redis (no
+    password), a NATS route (trusted without a login) or NATS monitoring."""
+    objs = rendered[overlay]
+    agents = [
+        o["spec"]["template"]["metadata"]["labels"]
+        for o in _workloads(objs)
+        if o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"
+    ]
+    assert agents
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert {p["metadata"]["name"] for p in policies} == {"nats", "redis"}
+    for policy in policies:
+        for rule in policy["spec"]["ingress"]:
+            ports = {p["port"] for p in rule["ports"]}
+            peers = [peer["podSelector"] for peer in rule.get("from", [])]
+            if not peers or any(_selects(s, lbl) for s in peers for lbl in agents):
+                assert ports == {4222}, f"{_name(policy)}: agent pods reach {ports}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_is_restricted_but_the_agents_host_pids(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    for obj in _workloads(rendered[overlay]):
+        spec = _pod_spec(obj)
+        where = f"overlays/{overlay} {_name(obj)}"
+        assert spec.get("hostPID", False) is (_name(obj) == "DaemonSet/agent"), where
+        assert not spec.get("hostNetwork") and not spec.get("hostIPC"), where
+        assert spec["securityContext"]["runAsNonRoot"] is True, where
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert spec["automountServiceAccountToken"] is False, where
+        for c in _containers(obj):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, f"{where} {c['name']}"
+            assert sc["capabilities"] == {"drop": ["ALL"]}, f"{where} {c['name']}"
+            assert not sc.get("privileged"), f"{where} {c['name']}"
+    namespace = _one(rendered[overlay], "Namespace", f"allot{'-dev' if overlay == 'dev' else ''}")
+    enforce = namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+    assert enforce == ("restricted" if overlay == "dev" else "privileged")
+
+
+# == 5. production: Redis replicated, everything stateful spread and budgeted =================
+
+
+def test_production_redis_is_a_primary_a_replica_and_three_sentinels_behind_haproxy(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    objs = rendered["production"]
+    assert not [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "redis"]
+    nodes = _one(objs, "StatefulSet", "redis-node")
+    assert nodes["spec"]["replicas"] == 2
+    sentinels = _one(objs, "StatefulSet", "redis-sentinel")
+    assert sentinels["spec"]["replicas"] == 3
+    scripts = _generated(objs, "ConfigMap", "redis-scripts")["data"]
+    quorum = re.search(r"sentinel monitor allot \S+ 6379 (\d+)", scripts["sentinel.sh"])
+    assert quorum and int(quorum[1]) == 3 // 2 + 1, "a failover needs a majority of Sentinels"
+    assert "redis-sentinel-$i.redis-sentinel" in scripts["redis-node.sh"]
+    cfg = _generated(objs, "ConfigMap", "redis-haproxy")["data"]["haproxy.cfg"]
+    servers = re.findall(r'(?m)^\s*server (\S+) "(\S+?)\.', cfg)
+    assert servers == [(f"redis-node-{i}", f"redis-node-{i}") for i in range(2)]
+    assert "expect string role:master" in cfg and "on-marked-down shutdown-sessions" in cfg
+    service = _one(objs, "Service", "redis")
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "redis-haproxy"}
+
+
+def test_production_spreads_and_budgets_every_stateful_piece(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    objs = rendered["production"]
+    for name in ("nats", "redis-node", "placement"):
+        kind = "Deployment" if name == "placement" else "StatefulSet"
+        rule = _pod_spec(_one(objs, kind, name))["affinity"]["podAntiAffinity"]
+        (term,) = rule["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname", name
+        assert term["labelSelector"] == {"matchLabels": {"app.kubernetes.io/name": name}}
+    budgets = {o["metadata"]["name"] for o in objs if o["kind"] == "PodDisruptionBudget"}
+    expected = {"nats", "placement", "accounting", "redis-node", "redis-sentinel", "redis-haproxy"}
+    assert budgets == expected
+    assert _one(objs, "Deployment", "accounting")["spec"]["replicas"] == 2
