@@ -20,7 +20,11 @@ are about the full trace, are not judged. The trace is sparse for its first 20 d
 writes the figures as JSON (``bench/run_all.py`` reads them).
 
 Exit status: 0 when both targets are met (or not judged), 1 when one is missed.
-Run: ``.venv/bin/python bench/bench_philly.py [--shared ../shared] [--limit-days 30]``.
+``--hosts 80`` pools 80 hosts instead (the contended case: about 15,000 preemptions;
+target <= 60 s).
+
+Run: ``.venv/bin/python bench/bench_philly.py [--shared ../shared] [--limit-days 30]
+[--hosts 80]``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from allot.sim.trace import TraceDefaults, read_trace
 REPO = Path(__file__).resolve().parents[1]
 POLICY = "fairshare"
 TARGET_WALL_S = 30.0
+TARGET_CONTENDED_WALL_S = 60.0  # --hosts 80: about 15,000 preemptions (issue 38)
 TARGET_RSS_MIB = 1024.0
 DAY = 86400
 
@@ -84,7 +89,7 @@ def progress_printer(started: float) -> Callable[[float], None]:
     return show
 
 
-def run(shared: Path, limit_days: int | None) -> dict[str, Any]:
+def run(shared: Path, limit_days: int | None, hosts: int | None = None) -> dict[str, Any]:
     traces = shared / "traces"
     args = cli_defaults(traces)
     t0 = time.perf_counter()
@@ -92,7 +97,12 @@ def run(shared: Path, limit_days: int | None) -> dict[str, Any]:
     defaults = TraceDefaults(min_runtime_s=args.min_runtime, resumable=args.resumable)
     jobs = read_trace(traces / PHILLY_TRACE, defaults)
     teams = sorted({j.workload.allocation for j in jobs if j.workload.allocation})
-    cluster = load_cluster(philly_cluster(traces / PHILLY_VCS, teams))
+    if hosts is None:
+        cluster = load_cluster(philly_cluster(traces / PHILLY_VCS, teams))
+    else:  # contended: fewer pooled hosts (fair share reads no partitions)
+        group = {"prefix": "philly-", "count": hosts, "gpus": 8}
+        cluster = load_cluster({"name": f"philly-{hosts}", "host_groups": [group]})
+    target_wall_s = TARGET_WALL_S if hosts is None else TARGET_CONTENDED_WALL_S
     tree = parse_tree(philly_budgets(traces / PHILLY_VCS, teams))
     total_jobs = len(jobs)
     if limit_days is not None:
@@ -144,10 +154,10 @@ def run(shared: Path, limit_days: int | None) -> dict[str, Any]:
         "report_s": round(t3 - t2, 3),
         "wall_s": round(wall, 3),
         "peak_rss_mib": round(rss, 1),
-        "target_wall_s": TARGET_WALL_S,
+        "target_wall_s": target_wall_s,
         "target_rss_mib": TARGET_RSS_MIB,
         "judged": judged,
-        "wall_pass": wall <= TARGET_WALL_S if judged else None,
+        "wall_pass": wall <= target_wall_s if judged else None,
         "rss_pass": rss <= TARGET_RSS_MIB if judged else None,
         "simulated_span_days": round(report["span_s"] / DAY, 1),
         "completed": report["completed"],
@@ -167,14 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", type=Path, default=Path("../shared"), help="shared folder")
     parser.add_argument("--limit-days", type=int, help="only jobs submitted in the first N days")
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    parser.add_argument(
+        "--hosts", type=int, help="pool this many 8-GPU hosts instead of the VCs' 352 (e.g. 80)"
+    )
     args = parser.parse_args(argv)
     if args.limit_days is not None and args.limit_days <= 0:
         parser.error("--limit-days must be > 0")
-    result = run(resolve_shared(args.shared), args.limit_days)
+    if args.hosts is not None and args.hosts <= 0:
+        parser.error("--hosts must be > 0")
+    result = run(resolve_shared(args.shared), args.limit_days, args.hosts)
     print(
         f"  load {result['load_s']:.1f} s + simulate {result['simulate_s']:.1f} s + report "
         f"{result['report_s']:.1f} s = wall {result['wall_s']:.1f} s "
-        f"(target <= {TARGET_WALL_S:.0f} s): {verdict(result['wall_pass'])}\n"
+        f"(target <= {result['target_wall_s']:.0f} s): {verdict(result['wall_pass'])}\n"
         f"  peak RSS {result['peak_rss_mib']:.0f} MiB (target <= {TARGET_RSS_MIB:.0f} MiB): "
         f"{verdict(result['rss_pass'])}\n"
         f"  simulated {result['simulated_span_days']} days: {result['completed']:,} completed, "

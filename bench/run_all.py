@@ -9,7 +9,9 @@ benchmark                   figure                                           tar
 ==========================  ===============================================  ==============
 ``bench_cycle.py``          median ``run_cycle`` (1,000 hosts x 8 GPUs,      <= 50 ms
                             10,000 pending), two layouts: ``mixed`` and
-                            ``--layout full`` (bench-live's full cluster)
+                            ``--layout full`` (bench-live's full cluster);
+                            ``mixed`` scaled 10x (10,000 hosts, 100,000      <= 250 ms,
+                            pending) and its time over the 1x one            <= 12x
 ``bench_fairshare.py``      median Fair Tree ``rank`` over 1,000 allocations <= 5 ms
 ``bench_reasons.py``        median uncached ``allot queue`` answer: dry        <= 200 ms
                             ``run_cycle`` + ``queue_order`` +
@@ -17,7 +19,8 @@ benchmark                   figure                                           tar
                             busy, 10,000 pending); also writes
                             ``bench/results/reasons.{md,json}``
 ``bench_philly.py``         full Philly trace (82,247 jobs, 352 x 8 GPUs,    <= 30 s,
-                            fairshare + preemption): wall time, peak RSS     <= 1 GiB
+                            fairshare + preemption): wall time, peak RSS     <= 1 GiB;
+                            and contended, on 80 hosts (``--hosts 80``)      <= 60 s
 ==========================  ===============================================  ==============
 
 The first three print their median as text (``median X ms``), which is parsed here; the
@@ -117,23 +120,26 @@ def median_bench(
     return result
 
 
-def philly_bench(shared: Path, limit_days: int | None) -> Result:
+def philly_bench(shared: Path, limit_days: int | None, hosts: int | None = None) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "philly.json"
         argv = [sys.executable, str(BENCH / "bench_philly.py"), "--shared", str(shared)]
         argv += ["--json", str(out)]
         if limit_days is not None:
             argv += ["--limit-days", str(limit_days)]
+        if hosts is not None:
+            argv += ["--hosts", str(hosts)]
         code, _, wall, rss = run_child(argv)
         details = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
     scope = details.get("scope", "full trace" if limit_days is None else f"{limit_days} days")
-    what = f"Philly, {scope}: 352 x 8 GPUs pooled, fairshare + preemption"
-    result = Result("philly", "bench_philly.py", what, code, round(wall, 2), round(rss, 1))
+    name, target = ("philly", 30.0) if hosts is None else (f"philly_{hosts}_hosts", 60.0)
+    what = f"Philly, {scope}: {hosts or 352} x 8 GPUs pooled, fairshare + preemption"
+    result = Result(name, "bench_philly.py", what, code, round(wall, 2), round(rss, 1))
     result.details = details
     if not details or code not in (0, 1):
         result.error = f"exit {code}; no figures written"
         result.figures += [
-            Figure("wall time", None, "s", 30.0, False),
+            Figure("wall time", None, "s", target, False),
             Figure("peak RSS", None, "MiB", 1024.0, False),
         ]
         return result
@@ -262,8 +268,7 @@ def markdown(
         lines.append(f"- **{r.name}** (`bench/{r.script}`): {r.what}; process wall {r.wall_s} s.")
         if r.error:
             lines.append(f"  ERROR: {r.error}")
-    philly = next((r.details for r in results if r.name == "philly" and r.details), None)
-    if philly:
+    for philly in (r.details for r in results if r.name.startswith("philly") and r.details):
         lines += [
             "",
             "Philly settings and outcome: policy "
@@ -276,7 +281,7 @@ def markdown(
             f"report {philly['report_s']} s. Simulated {philly['simulated_span_days']} days: "
             f"{philly['completed']:,} completed, {philly['preemptions']:,} preemptions, "
             f"{philly['requeues']:,} requeues, occupancy {philly['occupancy']:.1%}, "
-            f"owed->delivered {philly['owed_delivered']}.",
+            f"owed->delivered {philly['owed_delivered']} ({philly['hosts']} hosts).",
         ]
     return "\n".join(lines) + "\n"
 
@@ -313,6 +318,19 @@ def main(argv: list[str] | None = None) -> int:
             ("--layout", "full"),
         )
     )
+    print("== bench_cycle.py --hosts 10000 --pending 100000", flush=True)
+    scaled = median_bench(
+        "run_cycle_10x",
+        "bench_cycle.py",
+        "one cycle, the mixed layout scaled 10x: 10,000 hosts x 8 GPUs, 100,000 pending, "
+        "1,000 allocations",
+        250.0,
+        ("--hosts", "10000", "--pending", "100000", "--repeat", "20"),
+    )
+    one_x, ten_x = results[0].figures[0].value, scaled.figures[0].value
+    ratio = None if not (one_x and ten_x) else round(ten_x / one_x, 1)
+    scaled.figures.append(Figure("10x / 1x", ratio, "x", 12.0, ratio is not None and ratio <= 12))
+    results.append(scaled)
     print("== bench_fairshare.py", flush=True)
     results.append(
         median_bench("fairshare", "bench_fairshare.py", "Fair Tree rank, 1,000 allocations", 5.0)
@@ -329,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("== bench_philly.py", flush=True)
     results.append(philly_bench(shared, args.limit_days))
+    print("== bench_philly.py --hosts 80", flush=True)
+    results.append(philly_bench(shared, args.limit_days, hosts=80))
 
     errored = any(r.error for r in results)
     passed = not errored and all(f.passed is not False for r in results for f in r.figures)
