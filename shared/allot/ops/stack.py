@@ -9,6 +9,11 @@ and ``/metrics`` on a free loopback port: ``Stack.dashboard_url``) and the agent
 by default). Logs go to
 ``<run_dir>/logs/<name>.log`` (JSON lines).
 
+``nats_nodes`` 3 or 5 (``allot up --nats-cluster``) runs that many clustered nats-servers
+instead of one, the streams replicated on each (``allot.ops.nats_nodes``; ``allot up``
+then runs two accounting instances too, ``accountings``); 1, the default, is the one
+server above.
+
 ``supervise()``, which ``allot up`` calls every half second once the stack is ready,
 restarts a service or agent process that exited (same command line), after a backoff and
 within a budget per process (``restart_limit`` restarts within ``restart_window_s``);
@@ -17,7 +22,9 @@ the stack. The embedded servers are not restarted: every service needs them, and
 one would have to come back on the same port (the services' URLs) and, for NATS, on the
 same store with its staging links (``allot.adapters.batch_staging``); the embedded Redis
 would come back empty (accounting does rebuild a store that lost its marker). Not done:
-the stack stops, as it did before supervision.
+the stack stops, as it did before supervision. A node of a NATS cluster is the exception:
+the others carry the log while it is down, and it comes back on its own ports and store,
+so it is restarted as a service is (same budget, its name ``nats-<i>``).
 
 ``stop()`` stops in dependency order, each step SIGTERM then SIGKILL after ``timeout``:
 the agents first, while dispatch and health still answer the reports of the runs their
@@ -41,11 +48,11 @@ import sys
 import time
 import urllib.request
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Any, Self
 from urllib.parse import urlsplit
 
 import msgspec
@@ -54,16 +61,18 @@ import redis
 
 from allot.adapters import pid_lock
 from allot.adapters.batch_staging import DEFAULT_ACCOUNT
-from allot.adapters.embedded import Servers, StartStop, free_ports
+from allot.adapters.embedded import EmbeddedServerError, Servers, StartStop, free_ports
+from allot.adapters.nats_cluster import EmbeddedNatsCluster
 from allot.adapters.usage_store import check_redis_url, redis_failure
 from allot.auth.client import CA_ENV, client_tls, inbox_prefix_for_url, masked_url
-from allot.bus import ATOMIC_STREAMS, server_urls
+from allot.bus import ATOMIC_STREAMS, REPLICAS_ENV, server_urls
 from allot.config.budget_file import load_tree_file
 from allot.config.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, check_unallocated_knobs
+from allot.ops import nats_nodes
 from allot.ops.auth_gen import ACCOUNT, GeneratedAuth, generate
 from allot.ops.run_dir import LOCK_FILE, PORTS_FILE
 from allot.ops.tls_certs import make_loopback_certs
@@ -125,6 +134,12 @@ class StackConfig:
     budgets: Path | None = None
     agents: tuple[AgentSpec, ...] = (AgentSpec("fake-a"), AgentSpec("fake-b"))
     placements: int = 2
+    accountings: int = 1
+    """Accounting instances (they share its durable consumer; ``allot up --nats-cluster``
+    runs two). One is named ``accounting``, several ``accounting-1``..."""
+    nats_nodes: int = 1
+    """Embedded NATS: one server (1), or a cluster of 3 or 5 nodes with every stream
+    replicated on each (``allot.ops.nats_nodes``)."""
     grace_s: int = 300
     unallocated_grace_s: int = DEFAULT_UNALLOCATED_GRACE_S
     unallocated_settle_s: float = DEFAULT_UNALLOCATED_SETTLE_S
@@ -198,7 +213,23 @@ def remembered_port(run_dir: Path, name: str) -> int:
     return free_ports(1)[0]
 
 
-def remember_ports(run_dir: Path, **ports: int | None) -> None:
+def remembered_ports(run_dir: Path, name: str, count: int) -> list[int]:
+    """The ``count`` ports listed under ``name`` in the last stack of ``run_dir`` if they
+    are all free now, else free ones (a cluster's client ports: URLs that stay valid)."""
+    try:
+        ports = json.loads((run_dir / PORTS_FILE).read_text(encoding="utf-8")).get(name)
+    except (OSError, ValueError, AttributeError):
+        ports = None
+    if (
+        isinstance(ports, list)
+        and len(set(ports)) == len(ports) == count
+        and all(isinstance(p, int) and 0 < p < 65536 and _bindable(p) for p in ports)
+    ):
+        return ports
+    return free_ports(count)
+
+
+def remember_ports(run_dir: Path, **ports: int | list[int] | None) -> None:
     known = {name: port for name, port in ports.items() if port is not None}
     (run_dir / PORTS_FILE).write_text(json.dumps(known) + "\n", encoding="utf-8")
 
@@ -254,6 +285,11 @@ def check_config(config: StackConfig) -> None:
         except ValidationError as exc:
             text = str(exc) if str(config.budgets) in str(exc) else f"{config.budgets}: {exc}"
             raise ValidationError("--budgets", text) from None
+    nats_nodes.check_nodes(
+        config.nats_nodes, nats_url=config.nats_url, secure=config.secure, run_dir=config.run_dir
+    )
+    if config.accountings < 1:
+        raise ValidationError("accountings", f"must be at least 1, got {config.accountings}")
     if config.nats_url is not None:
         try:
             server_urls(config.nats_url)
@@ -308,7 +344,18 @@ class Stack(StartStop):
         self._server_url: str | None = None
         nats_config: Path | None = None
         port: int | None = None
-        if config.nats_url is None:
+        self.cluster: EmbeddedNatsCluster | None = None
+        """The NATS nodes of ``nats_nodes`` > 1 (``Servers`` then runs Redis only)."""
+        nats_url = config.nats_url
+        if config.nats_nodes > 1:
+            self.cluster = EmbeddedNatsCluster(
+                config.nats_nodes,
+                base_dir=config.run_dir / nats_nodes.CLUSTER_DIR,
+                sync_always=config.sync_always,
+                client_ports=remembered_ports(config.run_dir, "nats_nodes", config.nats_nodes),
+            )
+            nats_url = self.cluster.url
+        elif config.nats_url is None:
             port = remembered_port(config.run_dir, "nats")
         if config.secure:
             if config.nats_url is not None:
@@ -317,7 +364,7 @@ class Stack(StartStop):
             self._server_url = f"tls://127.0.0.1:{port}"
             nats_config = self._write_auth(port)
         self.servers = Servers(
-            nats_url=config.nats_url,
+            nats_url=nats_url,
             redis_url=config.redis_url,
             store_dir=config.run_dir / "jetstream" if config.nats_url is None else None,
             nats_config_file=nats_config,
@@ -361,18 +408,24 @@ class Stack(StartStop):
         c = self.config
         py = [sys.executable, "-m"]
         assert self.budgets_path is not None
-        out: dict[str, list[str]] = {
-            "intake": [*py, "allot.services.intake"],
-            "accounting": [
-                *py,
-                "allot.services.accounting",
-                "--slot-s",
-                str(c.slot_s),
-                "--accrue-s",
-                str(c.accrue_s),
-                "--prefix",
-                c.redis_prefix,
-            ],
+        accounting = [
+            *py,
+            "allot.services.accounting",
+            "--slot-s",
+            str(c.slot_s),
+            "--accrue-s",
+            str(c.accrue_s),
+            "--prefix",
+            c.redis_prefix,
+        ]
+        accountings = (
+            ["accounting"]
+            if c.accountings == 1
+            else [f"accounting-{i + 1}" for i in range(c.accountings)]
+        )
+        out: dict[str, list[str]] = {"intake": [*py, "allot.services.intake"]}
+        out |= {name: list(accounting) for name in accountings}
+        out |= {
             "ranking": [
                 *py,
                 "allot.services.ranking",
@@ -498,6 +551,8 @@ class Stack(StartStop):
             ALLOT_LOG_LEVEL=self.config.log_level,
             PYTHONUNBUFFERED="1",
         )
+        if self.cluster is not None:  # every stream and KV bucket a copy on each node
+            env[REPLICAS_ENV] = str(self.cluster.n)
         env.update(self.config.extra_env)
         return env
 
@@ -515,10 +570,16 @@ class Stack(StartStop):
             self.budgets_path = c.budgets
         self.servers.start()
         try:
+            if self.cluster is not None:
+                self._start_cluster(self.cluster)
             check_reachable(self.servers.nats_url, self.servers.redis_url)
+            nodes = [p.client for p in self.cluster.ports] if self.cluster else None
+            nats_port = self.servers.nats.port if self.servers.nats else None
             remember_ports(
                 c.run_dir,
-                nats=self.servers.nats.port if self.servers.nats else None,
+                # Of a cluster, the first node: the one the CLI finds (allot.ops.run_dir).
+                nats=nodes[0] if nodes else nats_port,
+                nats_nodes=nodes,
                 dashboard=self.dashboard_port,
                 # Read by the CLI only (allot accounting finds the stack's Redis).
                 redis=self.servers.redis.port if self.servers.redis else None,
@@ -530,6 +591,22 @@ class Stack(StartStop):
             self.stop()
             raise
         return self
+
+    def _start_cluster(self, cluster: EmbeddedNatsCluster) -> None:
+        """The NATS nodes, until each is current with a meta leader, then the streams at
+        one replica per node (``allot.ops.nats_nodes``)."""
+        if self.config.fresh_store:
+            shutil.rmtree(self.config.run_dir / nats_nodes.CLUSTER_DIR, ignore_errors=True)
+        try:
+            cluster.start()
+        except EmbeddedServerError as exc:
+            raise StackError(f"the NATS cluster did not start: {exc}") from None
+        try:
+            _blocking(lambda: nats_nodes.create_streams(cluster.url, cluster.n))
+        except Exception as exc:  # timed out past SETUP_TIMEOUT_S, refused
+            raise StackError(
+                f"the streams could not be created at {cluster.n} replicas: {exc!r}"
+            ) from None
 
     def spawn(self, name: str) -> subprocess.Popen[bytes]:
         """Start (or restart) one service process."""
@@ -559,33 +636,53 @@ class Stack(StartStop):
     def wait_ready(self, timeout: float) -> None:
         hosts = sum(a.host_count for a in self.config.agents)
         url = self.url_for()
-
-        def wait() -> None:
-            if self.ca_file is not None:
-                os.environ[CA_ENV] = str(self.ca_file)
-            asyncio.run(_wait_ready(url, hosts, timeout, self._dead, self.dashboard_url))
-
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            wait()
-            return
-        # Called from async code (tests): block it, but run our own loop in a thread.
-        with ThreadPoolExecutor(1) as pool:
-            pool.submit(wait).result()
+        if self.ca_file is not None:
+            os.environ[CA_ENV] = str(self.ca_file)
+        _blocking(lambda: _wait_ready(url, hosts, timeout, self._dead, self.dashboard_url))
 
     def _dead(self) -> str | None:
         """While starting: the first process that exited (a start does not restart)."""
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                return self._death(name, proc.returncode)
+        for name, code in self._exited().items():
+            return self._death(name, code)
         return None
 
+    def _exited(self) -> dict[str, int]:
+        """The processes that exited and wait for no restart: services and agents by name,
+        NATS nodes as ``nats-<i>``, with their exit statuses."""
+        out = {
+            name: proc.returncode
+            for name, proc in self.procs.items()
+            if name not in self._due and proc.poll() is not None
+        }
+        if self.cluster is not None:
+            for i, name in enumerate(self.node_names):
+                code = self.cluster.exit_status(i)
+                if name not in self._due and not self.cluster.running(i) and code is not None:
+                    out[name] = code
+        return out
+
+    def _respawn(self, name: str) -> int:
+        """Start ``name`` again (a NATS node on its ports and store); its pid."""
+        cluster = self.cluster
+        if cluster is not None and name in self.node_names:
+            i = self.node_names.index(name)
+            cluster.restart(i, wait=False)  # it catches up from the others on its own
+            return cluster.pid(i)
+        return self.spawn(name).pid
+
+    @property
+    def node_names(self) -> list[str]:
+        """The NATS nodes' names (``nats-1``...), none without a cluster."""
+        n = self.cluster.n if self.cluster is not None else 0
+        return [nats_nodes.node_name(i) for i in range(n)]
+
     def _death(self, name: str, code: int, why: str = "") -> str:
-        log = self.config.run_dir / "logs" / f"{name}.log"
+        what, log = f"service {name}", self.config.run_dir / "logs" / f"{name}.log"
+        if self.cluster is not None and name in self.node_names:
+            what, log = f"NATS node {name}", self.cluster.log_path(self.node_names.index(name))
         lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
         tail = "\n".join(f"  {line}" for line in lines[-DEAD_LOG_LINES:])
-        return f"service {name} exited with {_status(code)}{why}; the end of {log}:\n{tail}"
+        return f"{what} exited with {_status(code)}{why}; the end of {log}:\n{tail}"
 
     def supervise(self, say: Callable[[str], None] = print, now: float | None = None) -> str | None:
         """One round of supervision (``allot up`` runs one every half second): restart the
@@ -601,24 +698,25 @@ class Stack(StartStop):
         for name, due in list(self._due.items()):
             if due <= now:
                 del self._due[name]
-                proc = self.spawn(name)
+                try:
+                    pid = self._respawn(name)
+                except EmbeddedServerError as exc:  # the node's binary could not run
+                    return f"could not restart {name}: {exc}"
                 self.restarts[name] = self.restarts.get(name, 0) + 1
-                say(f"restarted {name}: pid {proc.pid}")
-        for name, proc in self.procs.items():
-            if name in self._due or proc.poll() is None:
-                continue
+                say(f"restarted {name}: pid {pid}")
+        for name, code in self._exited().items():
             recent = self._recent.setdefault(name, deque())
             while recent and recent[0] <= now - c.restart_window_s:
                 recent.popleft()
             if len(recent) >= c.restart_limit:
                 restarts = f"{len(recent)} restart{'s' if len(recent) > 1 else ''}"
                 why = f" after {restarts} within {c.restart_window_s:g} s" if recent else ""
-                return self._death(name, proc.returncode, why)
+                return self._death(name, code, why)
             delay = min(c.restart_backoff_s * 2 ** len(recent), MAX_BACKOFF_S)
             recent.append(now)
             self._due[name] = now + delay
             say(
-                f"{name} exited with {_status(proc.returncode)}; restarting it in {delay:g} s "
+                f"{name} exited with {_status(code)}; restarting it in {delay:g} s "
                 f"(restart {len(recent)} of {c.restart_limit} within {c.restart_window_s:g} s)"
             )
         return None
@@ -635,6 +733,8 @@ class Stack(StartStop):
             log.close()
         self._logs.clear()
         self.servers.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the run dir
             self._lock_fd = None
@@ -653,6 +753,18 @@ class Stack(StartStop):
                 proc.wait()
                 self.killed.append(name)
             self.exit_codes[name] = proc.returncode
+
+
+def _blocking(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run the coroutine ``work()`` makes to its end on a loop of its own; from async code
+    (tests), in a thread, blocking the caller's loop meanwhile."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(work())
+        return
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(work())).result()
 
 
 def _status(code: int) -> str:
