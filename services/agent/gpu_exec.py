@@ -15,7 +15,9 @@ argument vector itself.
 
 The environment of a part (``workload_env``) is the agent's own *minus every ``ALLOT_*``
 variable* (the agent's NATS user and password, its Redis URL, its inbox prefix: a workload
-must not log in as the host's agent; its user brings their own credentials), plus what
+must not log in as the host's agent; its user brings their own credentials) *and minus any
+other variable whose value holds the agent's NATS password or token* (``agent_secrets``: a
+``NATS_URL`` copied from a deployment's settings, say), plus what
 the workload needs to know: ``ALLOT_NATS_URL`` without any user or password,
 ``CUDA_VISIBLE_DEVICES``, ``ALLOT_WORKLOAD_ID``, ``ALLOT_ALLOCATION``, ``ALLOT_ATTEMPT``,
 ``ALLOT_HOST`` and, when the agent knows the assignment's hosts, ``ALLOT_HOSTS``,
@@ -38,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 Clock = Callable[[], float]
 
@@ -83,6 +85,36 @@ def without_userinfo(url: str) -> str:
     return ",".join(out)
 
 
+MIN_SECRET_LEN = 8
+"""A password or token shorter than this only withholds a variable whose value is exactly
+that secret (a short one would be found inside harmless values: ``PWD=/home/test``)."""
+
+
+def agent_secrets(nats_url: str, environ: Mapping[str, str]) -> frozenset[str]:
+    """The agent's NATS passwords and tokens: those in ``nats_url`` and in the environment's
+    ``ALLOT_NATS_URL`` (each server's, as written and percent-decoded) and
+    ``ALLOT_NATS_PASSWORD``."""
+    found: set[str] = set()
+    for url in (nats_url, environ.get("ALLOT_NATS_URL", "")):
+        for part in url.split(","):
+            pieces = urlsplit(part.strip())
+            userinfo, at, _ = pieces.netloc.rpartition("@")
+            if not at:
+                continue
+            user, colon, password = userinfo.partition(":")
+            secret = password if colon else user  # no password: the user part is a token
+            found.update((secret, unquote(secret)))
+    found.add(environ.get("ALLOT_NATS_PASSWORD", ""))
+    found.discard("")
+    return frozenset(found)
+
+
+def _holds(value: str, secrets: frozenset[str]) -> bool:
+    return any(
+        value == secret or (len(secret) >= MIN_SECRET_LEN and secret in value) for secret in secrets
+    )
+
+
 def workload_env(
     base: Mapping[str, str],
     *,
@@ -96,11 +128,17 @@ def workload_env(
     agent: str = "",
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The environment of one part (see the module docstring). ``ALLOT_ALLOCATION`` is empty
+    """The environment of one part (see the module docstring). ``base``: the agent's own
+    environment; ``nats_url``: the URL it connects with. ``ALLOT_ALLOCATION`` is empty
     for unallocated work. ``hosts``: the assignment's hosts, primary first (empty, or
     without ``host``: unknown, the three gang variables are not set). ``extra``: the
     submission's own ``env``, over the agent's; what the agent sets comes last and wins."""
-    env = {k: v for k, v in base.items() if not k.startswith("ALLOT_") or k in PASSED_ON}
+    secrets = agent_secrets(nats_url, base)
+    env = {
+        k: v
+        for k, v in base.items()
+        if (not k.startswith("ALLOT_") or k in PASSED_ON) and not _holds(v, secrets)
+    }
     env.update(extra or {})
     env.update(
         CUDA_VISIBLE_DEVICES=",".join(str(g) for g in gpus),

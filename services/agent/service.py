@@ -7,6 +7,10 @@ load tests): a fake part "runs" for the submission's ``duration_s`` with a timer
 An agent speaks and hears only for its own hosts (NATS permissions grant it nothing else,
 see ``allot.ops.auth_gen``); it never reads the log. What it does, and why that way:
 
+* **Its login stays its own.** Workloads run as the agent's user, which could read the
+  agent's environment (its NATS password) and memory through ``/proc``: the process makes
+  itself non-dumpable first thing (``process_guard``), and a part's environment holds
+  none of the agent's credentials (``gpu_exec.workload_env``). Limits: docs/security.md.
 * **Heartbeats** on core NATS every ``--heartbeat-s`` for each host (the health service
   registers a host from its first one). Many fake hosts are spread over the interval in at
   most ``SLOTS`` batches, so 1,000 hosts cost ~50 wake-ups a second, not 1,000.
@@ -65,7 +69,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,8 +82,9 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from allot import bus
 from allot.adapters import pid_lock
+from allot.auth.client import nats_url_from_env
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
-from allot.bus.service_main import base_parser, run_main
+from allot.bus.service_main import DEFAULT_NATS_URL, base_parser, run_main
 from allot.bus.tasks import stop_tasks
 from allot.core.errors import ValidationError
 from allot.eventlog.host_work import AGENT_STOPPING, RESTART_LOST, STOPPED_BEFORE_START
@@ -93,8 +98,10 @@ from allot.services.agent.gpu_exec import (
     ProcessPart,
     agent_marker,
     describe_exit,
+    without_userinfo,
     workload_env,
 )
+from allot.services.agent.process_guard import forbid_inspection
 from allot.services.agent.report_batch import ReportBatcher
 from allot.sim.output_files import make_out_dir
 
@@ -759,7 +766,16 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         raise ValidationError(option, e.reason) from None
 
 
+def password_on_command_line(url: str, environ: Mapping[str, str]) -> bool:
+    """Whether ``url`` (``--nats-url``) carries a password or token that the environment
+    did not give: one on the command line, which every process on the host can read in
+    ``/proc/<pid>/cmdline`` (non-dumpable or not)."""
+    return url != nats_url_from_env(environ, DEFAULT_NATS_URL) and without_userinfo(url) != url
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything else (``__main__`` already did, earlier still; it is idempotent).
+    unguarded = forbid_inspection()
     parser = build_parser()
 
     def build(args: argparse.Namespace) -> Agent:
@@ -768,6 +784,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValidationError as e:
             parser.error(f"{e.field}: {e.reason}")
         configure_logging("agent")
+        if unguarded is None:
+            log.info("agent process made non-dumpable: its workloads cannot read its memory")
+        else:
+            log.warning(
+                "agent process left dumpable: its workloads, running as the same user, may "
+                "read its environment and memory (its NATS login)",
+                reason=unguarded,
+            )
+        if password_on_command_line(config.nats_url, os.environ):
+            log.warning(
+                "the NATS password is on the agent's command line (--nats-url), which every "
+                "process on the host can read; give it in ALLOT_NATS_PASSWORD or "
+                "ALLOT_NATS_URL instead"
+            )
         return Agent(config, provider=tracer_provider("agent"))
 
     return run_main(build, parser, argv)

@@ -49,7 +49,7 @@ from nats.js.api import (
     StreamConfig,
     StreamInfo,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
@@ -145,24 +145,124 @@ def stream_configs(replicas: int = 1) -> list[StreamConfig]:
     return out
 
 
-async def ensure_streams(js: JetStreamContext, replicas: int | None = None) -> None:
+STREAMS_READY_TIMEOUT_S = 30.0
+"""How long ``ensure_streams`` waits for JetStream by default: a fresh cluster elects its
+meta leader and sees its peers within seconds; a service started with it must not crash
+meanwhile (it would be restarted, and start over)."""
+_RETRY_FIRST_S = 0.25
+_RETRY_MAX_S = 2.0
+_TRANSIENT_ERR_CODES = frozenset(
+    {
+        10005,  # no suitable peers for placement: a replicated stream before its peers are up
+        10008,  # JetStream system temporarily unavailable: no meta leader yet
+        10009,  # JetStream cluster can not handle request: a leader change
+        10023,  # insufficient resources: peers not all known yet
+    }
+)
+_PERMANENT_503 = frozenset(
+    {
+        10039,  # JetStream not enabled for account
+        10076,  # JetStream not enabled
+    }
+)
+
+
+class StreamsNotReadyError(RuntimeError):
+    """JetStream could not create or update the log's streams within the time given."""
+
+
+def _not_ready(e: BaseException) -> bool:
+    """Whether ``e`` says JetStream cannot answer *yet* (no reply, 503, a cluster still
+    electing or gathering its peers) rather than that the request is wrong (a config
+    conflict, overlapping subjects, replicas on a server with no cluster)."""
+    if isinstance(e, TimeoutError | nats.errors.NoRespondersError):
+        return True  # nats-py's TimeoutError is a TimeoutError
+    if isinstance(e, APIError):
+        if e.err_code in _TRANSIENT_ERR_CODES:
+            return True
+        return isinstance(e, ServiceUnavailableError) and e.err_code not in _PERMANENT_503
+    return False
+
+
+async def ensure_streams(
+    js: JetStreamContext,
+    replicas: int | None = None,
+    *,
+    ready_timeout_s: float = STREAMS_READY_TIMEOUT_S,
+) -> None:
     """Create the streams, or bring an existing one's subjects up to date. ``replicas``:
     default ``$ALLOT_STREAM_REPLICAS``; when neither says, a new stream gets 1 and an
     existing one keeps its own (a tool run without the variable must not scale a
-    cluster's replicated log down to one copy)."""
+    cluster's replicated log down to one copy).
+
+    While JetStream cannot answer yet (``_not_ready``: a fresh cluster without a meta
+    leader, or whose peers are not all up), each stream is tried again after a short
+    backoff (0.25 s doubling to 2 s), each retry logged, for at most ``ready_timeout_s``
+    in all (0: one try each); then ``StreamsNotReadyError`` names the stream and the last
+    error. Any other error (a configuration conflict) is raised at once."""
     if replicas is None and os.environ.get(REPLICAS_ENV, "").strip():
         replicas = stream_replicas()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ready_timeout_s
     for config in stream_configs(replicas or 1):
         assert config.name is not None
-        try:
-            info = await js.stream_info(config.name)
-        except NotFoundError:
-            await js.add_stream(config)
-        else:
-            _refuse_unnamed_events(config.name, info)
-            if replicas is None:
-                config.num_replicas = info.config.num_replicas
-            await js.update_stream(config)
+        delay, attempt = _RETRY_FIRST_S, 0
+        while True:
+            attempt += 1
+            left = deadline - loop.time()
+            try:
+                # A try that would start past the deadline still runs once, bounded by the
+                # requests' own timeouts (``ready_timeout_s=0``: one try, no retry).
+                await asyncio.wait_for(
+                    _ensure_stream(js, config, replicas), left if left > 0 else None
+                )
+                break
+            except Exception as e:
+                if not _not_ready(e):
+                    raise
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise StreamsNotReadyError(
+                        f"JetStream could not create or update stream {config.name} "
+                        f"(replicas {config.num_replicas}) within {ready_timeout_s:g} s, "
+                        f"{attempt} tries; last error: {_describe(e)}"
+                    ) from e
+                wait = min(delay, left)
+                log.warning(
+                    "jetstream not ready; retrying",
+                    stream=config.name,
+                    attempt=attempt,
+                    error=_describe(e),
+                    retry_in_s=round(wait, 2),
+                    gives_up_in_s=round(left, 1),
+                )
+                await asyncio.sleep(wait)
+                delay = min(delay * 2, _RETRY_MAX_S)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig, replicas: int | None) -> None:
+    """One stream, created or updated; idempotent, so a try cut short is simply repeated."""
+    assert config.name is not None
+    try:
+        info = await js.stream_info(config.name)
+    except NotFoundError:
+        await js.add_stream(config)
+    else:
+        _refuse_unnamed_events(config.name, info)
+        if replicas is None:
+            config.num_replicas = info.config.num_replicas
+        await js.update_stream(config)
+
+
+def _describe(e: BaseException) -> str:
+    no_responders = isinstance(e, ServiceUnavailableError) and e.code is None  # nats-py's form
+    if no_responders or isinstance(e, TimeoutError | nats.errors.NoRespondersError):
+        # A refused $JS.API request is not answered either: it ends the same way.
+        return (
+            f"no answer ({type(e).__name__}): no JetStream leader yet, JetStream not "
+            "enabled, or this user may not use $JS.API"
+        )
+    return f"{type(e).__name__}: {e}"
 
 
 UNNAMED_EVENTS = f"{s.PREFIX}.events.*.*"

@@ -21,8 +21,6 @@ survives losing any minority of them (one of three, two of five).
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import nats
@@ -95,10 +93,10 @@ def other_store_note(run_dir: Path, nodes: int) -> str | None:
 
 
 async def create_streams(url: str, replicas: int, timeout_s: float = SETUP_TIMEOUT_S) -> None:
-    """The log's streams at ``replicas`` replicas (``allot.bus.ensure_streams``), tried
-    again until ``timeout_s`` while the cluster cannot answer yet; every call is
-    idempotent. The placement's lease bucket is the placement's to create (with
-    ``ALLOT_STREAM_REPLICAS``); its lease loop retries until it can."""
+    """The log's streams at ``replicas`` replicas (``allot.bus.ensure_streams``, which
+    tries again until ``timeout_s`` while the cluster cannot answer yet). The placement's
+    lease bucket is the placement's to create (with ``ALLOT_STREAM_REPLICAS``); its lease
+    loop retries until it can."""
     nc = await nats.connect(
         bus.server_urls(url),
         name="allot-up-streams",
@@ -106,19 +104,8 @@ async def create_streams(url: str, replicas: int, timeout_s: float = SETUP_TIMEO
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
     )
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            try:
-                await bus.ensure_streams(nc.jetstream(), replicas)
-                return
-            except (
-                nats.errors.TimeoutError,
-                nats.errors.NoRespondersError,
-                nats.js.errors.ServiceUnavailableError,
-            ):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
+        # ensure_streams itself waits out a cluster that cannot answer yet (no leader).
+        await bus.ensure_streams(nc.jetstream(), replicas, ready_timeout_s=timeout_s)
     finally:
         await nc.close()
