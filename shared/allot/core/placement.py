@@ -38,7 +38,6 @@ class ClusterView:
         self._earmarks: list[Assignment] = []  # free GPUs held back for those requests
         self.victim_held: dict[str, int] = dict(state.held)  # held, minus this cycle's victims
         self._candidates: dict[tuple[str, bool], list[str]] = {}
-        self._candidate_sets: dict[tuple[str, bool], set[str]] = {}
         self._movable_of: dict[str, set[str]] = {}
         # "Cheap room" per host: free GPUs + GPUs under notice nobody claimed yet + GPUs of
         # unallocated work (preemptible by any allocated request). Built on first use.
@@ -139,13 +138,16 @@ class ClusterView:
             self._movable_of[allocation] = cached
         return cached
 
-    def candidate_set(self, pool: str, respect_protection: bool) -> set[str]:
-        """``candidate_hosts`` as a set (for membership tests)."""
-        key = (pool, respect_protection)
-        cached = self._candidate_sets.get(key)
-        if cached is None:
-            cached = self._candidate_sets[key] = set(self.candidate_hosts(pool, respect_protection))
-        return cached
+    def has_movable(self, host_id: str) -> bool:
+        """Whether some occupant of ``host_id`` is under notice or past its protection (a
+        ``candidate_hosts(..., True)`` host, asked of one host)."""
+        now = self.now
+        running = self.st.running
+        for wid in self.st.on_host[host_id]:
+            run = running[wid]
+            if run.preempt_at is not None or run.protected_until <= now:
+                return True
+        return False
 
     def noticed_room(self) -> dict[str, int]:
         """Per host, GPUs under notice that no request has claimed yet (built on first use,
@@ -192,9 +194,12 @@ class ClusterView:
             for i in bucket
         }
         hosts.update(self._free)
-        for run in self.st.running.values():
-            if self._cheap(run):
-                hosts.update(h for h, _ in run.assignment)
+        # Cheap occupants are unallocated work and work under notice (``_set_room`` then
+        # leaves out what is claimed or earmarked).
+        running = self.st.running
+        for wids in (self.st.running_of.get(None, ()), self.st.noticed, self.noticed):
+            for wid in wids:
+                hosts.update(h for h, _ in running[wid].assignment)
         for host_id in sorted(hosts):
             if self.st.host(host_id).schedulable:
                 self._set_room(host_id)

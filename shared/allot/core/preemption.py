@@ -207,12 +207,13 @@ def _plan_full(
     view: ClusterView, pool: str, gpus: int, largest: int, rule: VictimRule
 ) -> Plan | None:
     respect = not _ignores_protection(rule)
-    hosts = view.candidate_hosts(pool, respect)
     held = dict(view.victim_held)
     if gpus <= largest:
         take_from = getattr(rule, "may_take_from", None)
         if respect and take_from is not None and getattr(rule, "unallocated_first", False):
             hosts = _hosts_with_victims(view, pool, take_from, held)
+        else:
+            hosts = view.candidate_hosts(pool, respect)
         best = _best_host(view, hosts, gpus, rule, held, exclude=set())
         return None if best is None else _plan([best], view)
     whole_count, rest = divmod(gpus, largest)
@@ -221,6 +222,7 @@ def _plan_full(
     if respect and getattr(rule, "costs_by_kind", False):
         options: Iterable[_HostPlan] = _clearable_in_order(view, pool, largest, rule, held)
     else:
+        hosts = view.candidate_hosts(pool, respect)
         options = _clearable_scanned(view, pool, largest, rule, held, hosts=hosts)
     for option in options:
         if len(chosen) == whole_count:
@@ -238,9 +240,8 @@ def _plan_full(
         return None
     if rest:
         exclude = {o.host for o in chosen}
-        extra = _best_host(
-            view, hosts_with_free(view, pool, hosts), rest, rule, held, exclude=exclude
-        )
+        near = hosts_with_free(view, pool, view.candidate_hosts(pool, respect))
+        extra = _best_host(view, near, rest, rule, held, exclude=exclude)
         if extra is None:
             return None
         chosen.append(extra)
@@ -259,7 +260,7 @@ def _hosts_with_victims(
     by a cost that ends in the host's order, so the order of this list does not matter."""
     hosts: set[str] = set()
     for alloc in view.st.running_of:
-        if take_from(alloc, held):
+        if alloc is not None and take_from(alloc, held):
             hosts.update(view.movable_hosts_of(alloc))
     pool_of = view.st.pool_of
     return [h for h in hosts if pool_of[h] == pool]
@@ -271,12 +272,11 @@ def _clearable_in_order(
     """The hosts this rule may clear, cheapest first, read lazily from the view's clearing
     order (a rule with ``costs_by_kind`` ranks a host as ``ClusterView.clear_cost`` does;
     it only rules some hosts out). Each is costed as the cycle stood before this plan."""
-    movable = view.candidate_set(pool, True)
     costed = dict(held)
     for key, host in view.clear_order(pool):
         if not view.st.on_host[host]:
             yield _HostPlan(host, key, [], tuple(view.free_of(host)))
-        elif host in movable:
+        elif view.has_movable(host):
             option = _clear_host(view, host, largest, rule, costed)
             if option is not None:
                 assert option.cost == key, (host, key)

@@ -62,8 +62,9 @@ class ClusterState:
         """GPUs held by running work (the sum over ``running``, kept as it changes)."""
         self.on_host: dict[str, set[str]] = {h.id: set() for h in ordered}
         self.held: dict[str, int] = {}
-        self.running_of: dict[str, set[str]] = {}
-        """Allocation -> its allocated running workloads (planners read one allocation's)."""
+        self.running_of: dict[str | None, set[str]] = {}
+        """Allocation -> its allocated running workloads, None -> unallocated ones (planners
+        read one allocation's, or the unallocated work)."""
         self.healthy_gpus = 0
         self.draining: set[str] = set()
         self.noticed: set[str] = set()  # running workloads under a preemption notice
@@ -174,11 +175,12 @@ class ClusterState:
         run = Running(workload, now, assignment)
         self.running[workload.id] = run
         self.running_gpus += workload.gpus
+        key = workload.allocation if workload.allocated else None
+        self.running_of.setdefault(key, set()).add(workload.id)
         if workload.allocated:
             alloc = workload.allocation
             assert alloc is not None
             self.held[alloc] = self.held.get(alloc, 0) + workload.gpus
-            self.running_of.setdefault(alloc, set()).add(workload.id)
             heapq.heappush(self._protect_heap, (run.protected_until, workload.id))
         return run
 
@@ -206,14 +208,15 @@ class ClusterState:
         for host_id, gpus in run.assignment:
             self._give(host_id, gpus)
             self.on_host[host_id].discard(workload_id)
+        key = run.workload.allocation if run.workload.allocated else None
+        of = self.running_of[key]
+        of.discard(workload_id)
+        if not of:
+            del self.running_of[key]
         if run.workload.allocated:
             alloc = run.workload.allocation
             assert alloc is not None
             self.held[alloc] -= run.workload.gpus
-            of = self.running_of[alloc]
-            of.discard(workload_id)
-            if not of:
-                del self.running_of[alloc]
         return run
 
     # -------------------------------------------------------------- internals
