@@ -57,12 +57,15 @@ def rebuilt_order(view: ClusterView, pool: str) -> list[tuple[tuple[float, ...],
     return sorted(entries)
 
 
-def fair_share_rules(cycle: _Cycle) -> list[FairShareRule]:
+def fair_share_rules(cycle: _Cycle, *, ignoring: bool = False) -> list[FairShareRule]:
+    """Every requester's rule, reclaiming or not (and earmarks' rules, which ignore
+    protection, with ``ignoring``)."""
     victims = FairShareVictims(cycle.order, cycle.entitlement, True, NOW)
     return [
-        victims.rule(requester, reclaiming)
+        victims.rule(requester, reclaiming, ignore_protection=ignore)
         for requester in ("a", "b", "c", "d")
         for reclaiming in (True, False)
+        for ignore in ((False, True) if ignoring else (False,))
     ]
 
 
@@ -102,13 +105,14 @@ def test_after_a_failed_cheap_plan_only_hosts_with_fair_victims_can_serve(
 ) -> None:
     cycle, view = cycled_view(scenario)
     for pool, largest in view.st.pool_max_gpus.items():
-        for rule in fair_share_rules(cycle):
+        for rule in fair_share_rules(cycle, ignoring=True):
+            respect = not rule.ignores_protection
             for gpus in range(1, largest + 1):
                 if _plan_cheap(view, pool, gpus, largest) is not None:
                     continue
                 held = dict(view.victim_held)
-                some = _hosts_with_victims(view, pool, rule.may_take_from, held)
-                every = view.candidate_hosts(pool, True)
+                some = _hosts_with_victims(view, pool, rule.may_take_from, held, respect=respect)
+                every = view.candidate_hosts(pool, respect)
                 assert set(some) <= set(every)
                 narrow = _best_host(view, some, gpus, rule, dict(held), exclude=set())
                 wide = _best_host(view, every, gpus, rule, dict(held), exclude=set())

@@ -38,7 +38,7 @@ class ClusterView:
         self._earmarks: list[Assignment] = []  # free GPUs held back for those requests
         self.victim_held: dict[str, int] = dict(state.held)  # held, minus this cycle's victims
         self._candidates: dict[tuple[str, bool], list[str]] = {}
-        self._movable_of: dict[str, set[str]] = {}
+        self._movable_of: dict[tuple[str, bool], set[str]] = {}
         # "Cheap room" per host: free GPUs + GPUs under notice nobody claimed yet + GPUs of
         # unallocated work (preemptible by any allocated request). Built on first use.
         self._room: dict[str, int] | None = None
@@ -122,20 +122,22 @@ class ClusterView:
             self._candidates[key] = cached
         return cached
 
-    def movable_hosts_of(self, allocation: str) -> set[str]:
+    def movable_hosts_of(self, allocation: str, *, respect: bool = True) -> set[str]:
         """Schedulable hosts where some allocated work of ``allocation`` is past its
-        protection (per allocation on first use; a cycle's own decisions add none)."""
-        cached = self._movable_of.get(allocation)
+        protection (any of its work when not ``respect``); per allocation on first use, a
+        cycle's own decisions add none."""
+        key = (allocation, respect)
+        cached = self._movable_of.get(key)
         if cached is None:
             cached = set()
             now = self.now
             running = self.st.running
             for wid in self.st.running_of.get(allocation, ()):
                 run = running[wid]
-                if run.protected_until <= now:
+                if not respect or run.protected_until <= now:
                     cached.update(h for h, _ in run.assignment)
             cached = {h for h in cached if self.st.host(h).schedulable}
-            self._movable_of[allocation] = cached
+            self._movable_of[key] = cached
         return cached
 
     def has_movable(self, host_id: str) -> bool:

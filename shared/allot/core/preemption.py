@@ -210,8 +210,8 @@ def _plan_full(
     held = dict(view.victim_held)
     if gpus <= largest:
         take_from = getattr(rule, "may_take_from", None)
-        if respect and take_from is not None and getattr(rule, "unallocated_first", False):
-            hosts = _hosts_with_victims(view, pool, take_from, held)
+        if take_from is not None and getattr(rule, "unallocated_first", False):
+            hosts = _hosts_with_victims(view, pool, take_from, held, respect=respect)
         else:
             hosts = view.candidate_hosts(pool, respect)
         best = _best_host(view, hosts, gpus, rule, held, exclude=set())
@@ -253,15 +253,18 @@ def _hosts_with_victims(
     pool: str,
     take_from: Callable[[str, Mapping[str, int]], bool],
     held: Mapping[str, int],
+    *,
+    respect: bool = True,
 ) -> list[str]:
     """The hosts of ``pool`` where an allocation the rule may take from runs work past
-    its protection. After a failed cheap plan no host fits on free GPUs, notices and
-    unallocated work alone, so no other host can serve; the best host is the cheapest
-    by a cost that ends in the host's order, so the order of this list does not matter."""
+    its protection (any of its work, for a rule that ignores protection). After a failed
+    cheap plan no host fits on free GPUs, notices and unallocated work alone, so no other
+    host can serve; the best host is the cheapest by a cost that ends in the host's
+    order, so the order of this list does not matter."""
     hosts: set[str] = set()
     for alloc in view.st.running_of:
         if alloc is not None and take_from(alloc, held):
-            hosts.update(view.movable_hosts_of(alloc))
+            hosts.update(view.movable_hosts_of(alloc, respect=respect))
     pool_of = view.st.pool_of
     return [h for h in hosts if pool_of[h] == pool]
 
