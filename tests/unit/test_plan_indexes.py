@@ -11,6 +11,8 @@ that read them must return what the scans over every host return.
 
 from __future__ import annotations
 
+from itertools import takewhile
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_core_properties import NOW, Scenario, scenarios
@@ -32,12 +34,13 @@ from allot.core.victims import FairShareRule, FairShareVictims
 SETTINGS = settings(max_examples=200, deadline=None)
 
 
-def cycled_view(scenario: Scenario) -> tuple[_Cycle, ClusterView]:
-    """The view after a whole cycle whose indexes were built before it began."""
+def cycled_view(scenario: Scenario, *, cheap_only: bool = False) -> tuple[_Cycle, ClusterView]:
+    """The view after a whole cycle whose indexes were built before it began (the
+    clearing order of cheap hosts only, with ``cheap_only``)."""
     *_, snapshot = scenario.build()
     cycle = _Cycle(snapshot, scenario.policy, NOW)
     for pool in cycle.st.pool_max_gpus:
-        list(cycle.view.clear_order(pool))
+        list(cycle.view.clear_order(pool, cheap_only=cheap_only))
         cycle.view.room_buckets(pool)
     cycle.run()
     return cycle, cycle.view
@@ -77,6 +80,17 @@ def test_the_clearing_order_kept_through_a_cycle_equals_one_built_afresh(
     _, view = cycled_view(scenario)
     for pool in view.st.pool_max_gpus:
         assert list(view.clear_order(pool)) == rebuilt_order(view, pool)
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_the_cheap_clearing_order_is_the_cheap_part_of_the_whole_one(scenario: Scenario) -> None:
+    _, view = cycled_view(scenario, cheap_only=True)
+    for pool in view.st.pool_max_gpus:
+        cheap = [(key, host) for key, host in rebuilt_order(view, pool) if key[0] <= 1]
+        read = list(takewhile(lambda e: e[0][0] <= 1, view.clear_order(pool, cheap_only=True)))
+        assert read == cheap  # readers stop at allocated work (the cycle may have costed it)
+        assert list(view.clear_order(pool)) == rebuilt_order(view, pool)  # costs the rest
 
 
 @SETTINGS

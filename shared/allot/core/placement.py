@@ -50,6 +50,7 @@ class ClusterView:
         self._clear: dict[str, list[tuple[tuple[float, ...], int]]] | None = None
         self._clear_key: dict[str, tuple[float, ...]] = {}
         self._clear_stale: set[str] = set()  # hosts touched since the last read
+        self._clear_all = False  # every clearable host costed, not only the cheap ones
 
     # ------------------------------------------------------------------ reads
     def free_of(self, host_id: str) -> list[int]:
@@ -284,13 +285,22 @@ class ClusterView:
             return None
         return (worst, gpus, math.fsum(lost), self.st.host_index[host_id])
 
-    def clear_order(self, pool: str) -> Iterator[tuple[tuple[float, ...], str]]:
+    def clear_order(
+        self, pool: str, *, cheap_only: bool = False
+    ) -> Iterator[tuple[tuple[float, ...], str]]:
         """``(clear_cost, host)`` for the schedulable hosts of ``pool``'s largest size that
         could be cleared, cheapest first (free hosts first of all). Lazy: a planner that
-        needs k hosts reads about k entries, not the pool. Do not change the view while
-        reading it."""
+        needs k hosts reads about k entries, not the pool. ``cheap_only``: the reader stops
+        at the first host with allocated work (class 2), so only the hosts of cheap room
+        ``largest`` need costing until a reader wants the rest. Do not change the view
+        while reading it."""
         if self._clear is None:
-            self._build_clear()
+            self._build_clear(cheap_only)
+        elif not cheap_only and not self._clear_all:
+            self._clear_all = True  # cost every host not costed yet
+            for host_id in self.st.host_ids:
+                if host_id not in self._clear_key:
+                    self._set_clear(host_id)
         assert self._clear is not None
         if self._clear_stale:
             for host_id in self._clear_stale:
@@ -310,20 +320,39 @@ class ClusterView:
                 seen.add(idx)
                 yield key, host_id
 
-    def _build_clear(self) -> None:
+    def _build_clear(self, cheap_only: bool) -> None:
         self._clear = {}
+        self._clear_all = not cheap_only
+        if cheap_only:  # the hosts whose room is all cheap: those of room = their size
+            self._build_room()
+            hosts = [
+                self.st.host_ids[i]
+                for pool, buckets in self._room_buckets.items()
+                if len(buckets) > (size := self.st.pool_max_gpus.get(pool, 0))
+                for i in buckets[size]
+            ]
+        else:
+            hosts = self.st.host_ids
         largest = self.st.pool_max_gpus
-        for host_id in self.st.host_ids:
+        for host_id in hosts:
             host = self.st.host(host_id)
             pool = self.st.pool_of[host_id]
             if host.gpus != largest.get(pool) or not host.schedulable:
                 continue
-            key = self.clear_cost(host_id)
+            key = self._clear_cost_kept(host_id)
             if key is not None:
                 self._clear_key[host_id] = key
                 self._clear.setdefault(pool, []).append((key, self.st.host_index[host_id]))
         for heap in self._clear.values():
             heapq.heapify(heap)
+
+    def _clear_cost_kept(self, host_id: str) -> tuple[float, ...] | None:
+        """``clear_cost``, or None for a host with allocated work while only cheap hosts
+        are kept."""
+        key = self.clear_cost(host_id)
+        if key is not None and key[0] == 2 and not self._clear_all:
+            return None
+        return key
 
     def _set_clear(self, host_id: str) -> None:
         heaps = self._clear
@@ -333,7 +362,7 @@ class ClusterView:
         pool = self.st.pool_of[host_id]
         if host.gpus != self.st.pool_max_gpus.get(pool):
             return
-        key = self.clear_cost(host_id) if host.schedulable else None
+        key = self._clear_cost_kept(host_id) if host.schedulable else None
         if key == self._clear_key.get(host_id):
             return
         if key is None:

@@ -113,7 +113,7 @@ def _plan_cheap(view: ClusterView, pool: str, gpus: int, largest: int) -> Plan |
             return None  # too few hosts with cheap room for all their GPUs
         # The hosts of cheap room ``largest`` are those the clearing order ranks below
         # class 2 (no allocated occupant): free hosts first, then the fewest victims.
-        for key, host in view.clear_order(pool):
+        for key, host in view.clear_order(pool, cheap_only=True):
             if key[0] == 2 or len(chosen) == whole_count:
                 break
             option = _clear_host(view, host, largest, rule, held)
