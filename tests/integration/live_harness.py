@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -99,3 +101,37 @@ async def running_intake(url: str) -> AsyncIterator[Intake]:
         yield intake
     finally:
         await service_main.stop(intake)
+
+
+def assert_preempted_and_requeued(log: list[msgspec.Struct], workload_id: str) -> None:
+    """``workload_id``'s records in ``log`` tell a whole preempted-and-requeued life:
+    submitted, placed, started, noticed, preempted, requeued, completed, and placed again
+    after the requeue."""
+    kinds = [type(r).__name__ for r in log if getattr(r, "workload_id", None) == workload_id]
+    for expected in (
+        "WorkloadSubmitted",
+        "WorkloadPlaced",
+        "WorkloadStarted",
+        "PreemptionNotice",
+        "WorkloadPreempted",
+        "WorkloadRequeued",
+        "WorkloadCompleted",
+    ):
+        assert expected in kinds, (expected, kinds)
+    last_placed = len(kinds) - 1 - kinds[::-1].index("WorkloadPlaced")
+    assert kinds.index("WorkloadRequeued") < last_placed
+
+
+async def start_allot(argv: list[str], *, own_group: bool = False) -> asyncio.subprocess.Process:
+    """``allot <argv>`` as a child process, its output (unbuffered) piped; ``own_group``:
+    in a process group of its own (a signal to the group reaches the whole stack)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "allot.cli.main",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=own_group,
+    )

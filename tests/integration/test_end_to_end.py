@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as redis_asyncio
-from live_harness import eventually, of_type, records
+from live_harness import assert_preempted_and_requeued, eventually, of_type, records
 
 from allot.adapters.usage_store import RedisUsageStore
 from allot.core.usage import window_usage
@@ -157,19 +157,7 @@ async def test_preempted_subprocess_is_requeued_completes_and_is_charged_exactly
                 )
             finally:
                 await r.aclose()
-        kinds = [type(r).__name__ for r in log if getattr(r, "workload_id", None) == wid]
-        for expected in (
-            "WorkloadSubmitted",
-            "WorkloadPlaced",
-            "WorkloadStarted",
-            "PreemptionNotice",
-            "WorkloadPreempted",
-            "WorkloadRequeued",
-            "WorkloadCompleted",
-        ):
-            assert expected in kinds, (expected, kinds)
-        last_placed = len(kinds) - 1 - kinds[::-1].index("WorkloadPlaced")
-        assert kinds.index("WorkloadRequeued") < last_placed
+        assert_preempted_and_requeued(log, wid)
 
 
 def _js(c: Client):  # type: ignore[no-untyped-def]

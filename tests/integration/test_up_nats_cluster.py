@@ -19,7 +19,6 @@ import asyncio
 import os
 import re
 import signal
-import sys
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -28,7 +27,13 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as redis_asyncio
-from live_harness import eventually, of_type, records
+from live_harness import (
+    assert_preempted_and_requeued,
+    eventually,
+    of_type,
+    records,
+    start_allot,
+)
 from nats.js import JetStreamContext
 from test_end_to_end import _js
 from test_up_supervision import Up
@@ -56,16 +61,7 @@ async def allot_up_cluster(run_dir: Path) -> AsyncIterator[Up]:
     argv += ["--agents", "1", "--hosts", "1", "--gpus", "8", "--grace-s", "3"]
     argv += ["--rank-every-s", "1", "--unallocated-settle-s", "0.5"]
     argv += ["--restart-backoff-s", "0.2"]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "allot.cli.main",
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,  # its process group: the stack, whatever happens here
-    )
+    proc = await start_allot(argv, own_group=True)  # the stack, whatever happens here
     up = Up(proc, run_dir)
     try:
         await up.ready()
@@ -253,19 +249,7 @@ async def _end_to_end_with_the_log_leader_killed(up: Up, c: Client, urls: list[s
     log = await records(_js(c))
     placed = next(r for r in of_type(log, m.WorkloadPlaced) if r.workload_id == victim)
     assert notice.at >= placed.at + 3 - 0.05  # protection honoured
-    kinds = [type(r).__name__ for r in log if getattr(r, "workload_id", None) == victim]
-    for expected in (
-        "WorkloadSubmitted",
-        "WorkloadPlaced",
-        "WorkloadStarted",
-        "PreemptionNotice",
-        "WorkloadPreempted",
-        "WorkloadRequeued",
-        "WorkloadCompleted",
-    ):
-        assert expected in kinds, (expected, kinds)
-    last_placed = len(kinds) - 1 - kinds[::-1].index("WorkloadPlaced")
-    assert kinds.index("WorkloadRequeued") < last_placed
+    assert_preempted_and_requeued(log, victim)
     return [warm, victim, ads]
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
+from live_harness import start_allot
 
 pytestmark = pytest.mark.integration
 
@@ -24,16 +24,7 @@ async def test_sigterms_stop_allot_up_once_and_cleanly(
 ) -> None:
     argv = ["up", "--agents", "1", "--hosts", "1", "--run-dir", str(tmp_path / "run")]
     argv += ["--nats-url", fresh_log, "--redis-url", redis_url]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "allot.cli.main",
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,  # its process group: the stack, whatever happens here
-    )
+    proc = await start_allot(argv, own_group=True)  # the stack, whatever happens here
     assert proc.stdout is not None
     seen = b""
     try:

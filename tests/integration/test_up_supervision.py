@@ -13,7 +13,6 @@ import json
 import os
 import re
 import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from live_harness import eventually, of_type, records
+from live_harness import eventually, of_type, records, start_allot
 
 from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.proto import messages as m
@@ -74,15 +73,7 @@ class Up:
 async def allot_up(tmp_path: Path, nats_url: str, redis_url: str, *flags: str) -> AsyncIterator[Up]:
     argv = ["up", "--agents", "1", "--hosts", "2", "--run-dir", str(tmp_path / "run")]
     argv += ["--nats-url", nats_url, "--redis-url", redis_url, *flags]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "allot.cli.main",
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = await start_allot(argv)
     up = Up(proc, tmp_path / "run")
     try:
         await up.ready()
