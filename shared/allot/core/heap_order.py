@@ -1,8 +1,10 @@
-"""Reading a binary heap in ascending order without popping it.
+"""Reading the smallest items of a heap without sorting or scanning it all.
 
-A heap's node is no larger than its children, so a best-first walk of the tree (a small
-frontier heap of ``(item, position)``) yields the items in order: the first ``k`` cost
-O(k log k), whatever the heap's size. The heap must not change while the walk runs.
+``ascending``: a heap's node is no larger than its children, so a best-first walk of the
+tree (a small frontier heap of ``(item, position)``) yields the items in order without
+popping them: the first ``k`` cost O(k log k), whatever the heap's size. The heap must not
+change while the walk runs. ``OrderedIds``: a set of host indices that keeps such a heap
+beside it, for the planner's host buckets.
 """
 
 from __future__ import annotations

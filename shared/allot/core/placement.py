@@ -109,14 +109,8 @@ class ClusterView:
         cached = self._candidates.get(key)
         if cached is None:
             hosts: set[str] = set()
-            now = self.now
             for run in self.st.running.values():
-                movable = (
-                    run.preempt_at is not None
-                    or not respect_protection
-                    or run.protected_until <= now
-                )
-                if movable:
+                if not respect_protection or self._movable(run):
                     hosts.update(h for h, _ in run.assignment)
             pool_of = self.st.pool_of
             cached = sorted(h for h in hosts if pool_of[h] == pool and self.st.host(h).schedulable)
@@ -144,13 +138,12 @@ class ClusterView:
     def has_movable(self, host_id: str) -> bool:
         """Whether some occupant of ``host_id`` is under notice or past its protection (a
         ``candidate_hosts(..., True)`` host, asked of one host)."""
-        now = self.now
         running = self.st.running
-        for wid in self.st.on_host[host_id]:
-            run = running[wid]
-            if run.preempt_at is not None or run.protected_until <= now:
-                return True
-        return False
+        return any(self._movable(running[wid]) for wid in self.st.on_host[host_id])
+
+    def _movable(self, run: Running) -> bool:
+        """Under notice, or past its protection (as of the cycle's start)."""
+        return run.preempt_at is not None or run.protected_until <= self.now
 
     def noticed_room(self) -> dict[str, int]:
         """Per host, GPUs under notice that no request has claimed yet (built on first use,
@@ -254,8 +247,8 @@ class ClusterView:
         since start, summed exactly so that the order of the occupants does not matter).
         None when an occupant cannot move (allocated work still protected, earmarked work,
         work under notice that a request already awaits) or some GPUs were taken this
-        cycle. Whether a given request may
-        take the allocated occupants is its rule's to say."""
+        cycle. Whether a given request may take the allocated occupants is its rule's to
+        say."""
         worst = 0
         gpus = 0
         lost: list[float] = []

@@ -24,8 +24,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import nats
-import nats.errors
-import nats.js.errors
 
 from allot import bus
 from allot.core.errors import ValidationError
@@ -36,9 +34,6 @@ CLUSTER_DIR = "nats-cluster"
 """Where the nodes' stores, configs and logs go, under the run directory."""
 SINGLE_STORE_DIR = "jetstream"
 """The one embedded server's store, under the run directory (``allot.ops.stack``)."""
-SETUP_TIMEOUT_S = 30.0
-"""How long ``create_streams`` tries: a fresh cluster that reports a meta leader may still
-leave a JetStream API request unanswered for 5 s (seen once in CI)."""
 
 
 def node_name(i: int) -> str:
@@ -92,7 +87,9 @@ def other_store_note(run_dir: Path, nodes: int) -> str | None:
     return None
 
 
-async def create_streams(url: str, replicas: int, timeout_s: float = SETUP_TIMEOUT_S) -> None:
+async def create_streams(
+    url: str, replicas: int, timeout_s: float = bus.STREAMS_READY_TIMEOUT_S
+) -> None:
     """The log's streams at ``replicas`` replicas (``allot.bus.ensure_streams``, which
     tries again until ``timeout_s`` while the cluster cannot answer yet). The placement's
     lease bucket is the placement's to create (with ``ALLOT_STREAM_REPLICAS``); its lease
@@ -105,7 +102,6 @@ async def create_streams(url: str, replicas: int, timeout_s: float = SETUP_TIMEO
         reconnect_time_wait=0.25,
     )
     try:
-        # ensure_streams itself waits out a cluster that cannot answer yet (no leader).
         await bus.ensure_streams(nc.jetstream(), replicas, ready_timeout_s=timeout_s)
     finally:
         await nc.close()

@@ -603,7 +603,7 @@ class Stack(StartStop):
             raise StackError(f"the NATS cluster did not start: {exc}") from None
         try:
             _blocking(lambda: nats_nodes.create_streams(cluster.url, cluster.n))
-        except Exception as exc:  # timed out past SETUP_TIMEOUT_S, refused
+        except Exception as exc:  # StreamsNotReadyError past its bound, or refused
             raise StackError(
                 f"the streams could not be created at {cluster.n} replicas: {exc!r}"
             ) from None
