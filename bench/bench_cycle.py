@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"  placements={len(result.placements)} preemptions={len(result.preemptions)}"
-        " (50 repetitions, snapshot gc-frozen)"
+        f" ({args.repeat} repetitions, snapshot gc-frozen)"
     )
     print(
         f"  median {median:.1f} ms, p90 {sorted(times)[int(len(times) * 0.9)]:.1f} ms, "

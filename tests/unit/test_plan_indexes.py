@@ -24,6 +24,7 @@ from allot.core.preemption import (
     _best_host,
     _CheapRule,
     _clear_host,
+    _clearable_candidates,
     _clearable_in_order,
     _clearable_scanned,
     _hosts_with_victims,
@@ -133,6 +134,33 @@ def test_after_a_failed_cheap_plan_only_hosts_with_fair_victims_can_serve(
                 assert (narrow and (narrow.host, narrow.cost, narrow.victims)) == (
                     wide and (wide.host, wide.cost, wide.victims)
                 )
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_clearing_reads_only_hosts_a_rule_could_clear(scenario: Scenario) -> None:
+    """A gang's plan costs the hosts of cheap room = size plus those of the allocations
+    its rule may take from, and finds what costing every candidate finds (protection
+    respected or, for earmarks, ignored; the order built cheap-only, as a cycle does)."""
+    cycle, view = cycled_view(scenario, cheap_only=True)
+    held = view.victim_held
+    for pool, largest in view.st.pool_max_gpus.items():
+        for rule in fair_share_rules(cycle, ignoring=True):
+            respect = not rule.ignores_protection
+            some = _clearable_candidates(
+                view, pool, largest, rule.may_take_from, held, respect=respect
+            )
+            every = view.candidate_hosts(pool, respect)
+            assert set(some) <= set(every)
+            wide = [
+                (o.host, o.cost, o.victims)
+                for o in _clearable_scanned(view, pool, largest, rule, held, hosts=every)
+            ]
+            narrow = _clearable_scanned(view, pool, largest, rule, held, hosts=some)
+            assert [(o.host, o.cost, o.victims) for o in narrow] == wide
+            if respect:
+                ordered = _clearable_in_order(view, pool, largest, rule, held)
+                assert [(o.host, o.cost, o.victims) for o in ordered] == wide
 
 
 OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=80)

@@ -208,8 +208,8 @@ def _plan_full(
 ) -> Plan | None:
     respect = not _ignores_protection(rule)
     held = dict(view.victim_held)
+    take_from = getattr(rule, "may_take_from", None)
     if gpus <= largest:
-        take_from = getattr(rule, "may_take_from", None)
         if take_from is not None and getattr(rule, "unallocated_first", False):
             hosts = _hosts_with_victims(view, pool, take_from, held, respect=respect)
         else:
@@ -222,7 +222,10 @@ def _plan_full(
     if respect and getattr(rule, "costs_by_kind", False):
         options: Iterable[_HostPlan] = _clearable_in_order(view, pool, largest, rule, held)
     else:
-        hosts = view.candidate_hosts(pool, respect)
+        if take_from is None:
+            hosts = view.candidate_hosts(pool, respect)
+        else:
+            hosts = _clearable_candidates(view, pool, largest, take_from, held, respect=respect)
         options = _clearable_scanned(view, pool, largest, rule, held, hosts=hosts)
     for option in options:
         if len(chosen) == whole_count:
@@ -272,11 +275,18 @@ def _hosts_with_victims(
 def _clearable_in_order(
     view: ClusterView, pool: str, largest: int, rule: VictimRule, held: Mapping[str, int]
 ) -> Iterator[_HostPlan]:
-    """The hosts this rule may clear, cheapest first, read lazily from the view's clearing
-    order (a rule with ``costs_by_kind`` ranks a host as ``ClusterView.clear_cost`` does;
-    it only rules some hosts out). Each is costed as the cycle stood before this plan."""
+    """The hosts this rule may clear, cheapest first: the view's clearing order of hosts
+    with no allocated occupant (a rule with ``costs_by_kind`` ranks a host as
+    ``ClusterView.clear_cost`` does; it only rules some hosts out), then the hosts with
+    allocated work (class 2). A rule that names the allocations it may take from
+    (``may_take_from``) can clear a class-2 host only where such an allocation runs work
+    past its protection, so only those hosts are costed; the others read the view's whole
+    order. Each host is costed as the cycle stood before this plan."""
     costed = dict(held)
-    for key, host in view.clear_order(pool):
+    take_from = getattr(rule, "may_take_from", None)
+    for key, host in view.clear_order(pool, cheap_only=take_from is not None):
+        if take_from is not None and key[0] == 2:
+            break  # the order holds class 2 too once another reader asked for it whole
         if not view.st.on_host[host]:
             yield _HostPlan(host, key, [], tuple(view.free_of(host)))
         elif view.has_movable(host):
@@ -284,6 +294,44 @@ def _clearable_in_order(
             if option is not None:
                 assert option.cost == key, (host, key)
                 yield option
+    if take_from is None:
+        return
+    keyed: list[tuple[tuple[float, ...], str]] = []
+    for host in _hosts_with_victims(view, pool, take_from, costed):
+        if view.st.host(host).gpus == largest:
+            cost = view.clear_cost(host)
+            if cost is not None and cost[0] == 2:  # classes 0 and 1 came from the order
+                keyed.append((cost, host))
+    keyed.sort()
+    for cost, host in keyed:
+        option = _clear_host(view, host, largest, rule, costed)
+        if option is not None:
+            assert option.cost == cost, (host, cost)
+            yield option
+
+
+def _clearable_candidates(
+    view: ClusterView,
+    pool: str,
+    largest: int,
+    take_from: Callable[[str, Mapping[str, int]], bool],
+    held: Mapping[str, int],
+    *,
+    respect: bool,
+) -> list[str]:
+    """The ``candidate_hosts`` that a rule naming the allocations it may take from could
+    clear whole: every occupant movable, so either all of them cheap (cheap room = the
+    host's size) or some allocated work of such an allocation among them. The scan costs
+    these instead of every candidate; it sorts what it costs, so the order is free."""
+    buckets = view.room_buckets(pool)
+    cheap = buckets[largest] if len(buckets) > largest else ()
+    hosts = {view.st.host_ids[i] for i in cheap}
+    hosts.update(_hosts_with_victims(view, pool, take_from, held, respect=respect))
+    on_host = view.st.on_host
+    # ``candidate_hosts``' own test: any occupant, or (respecting protection) one that may move
+    if respect:
+        return [h for h in hosts if on_host[h] and view.has_movable(h)]
+    return [h for h in hosts if on_host[h]]
 
 
 def _clearable_scanned(
