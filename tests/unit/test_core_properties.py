@@ -209,6 +209,12 @@ def check_capacity(state: ClusterState) -> None:
         assert set(held[h.id]) <= set(range(h.gpus))
         assert sorted(held[h.id] + state.free[h.id]) == list(range(h.gpus))
     assert state.running_gpus == sum(len(g) for g in held.values())
+    cheap: dict[str, int] = {}  # GPUs of unallocated work and of work under notice
+    for run in state.running.values():
+        if run.preempt_at is not None or not run.workload.allocated:
+            for host_id, gpus in run.assignment:
+                cheap[host_id] = cheap.get(host_id, 0) + len(gpus)
+    assert state.cheap_gpus == cheap
 
 
 def largest_healthy(state: ClusterState, pool: str) -> int:

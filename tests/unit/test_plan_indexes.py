@@ -163,6 +163,45 @@ def test_clearing_reads_only_hosts_a_rule_could_clear(scenario: Scenario) -> Non
                 assert [(o.host, o.cost, o.victims) for o in ordered] == wide
 
 
+def counted_room(view: ClusterView, host_id: str) -> int:
+    """Cheap room from scratch: free GPUs plus those of occupants no request has claimed
+    or earmarked that are unallocated or under notice."""
+    room = len(view.free_of(host_id))
+    for wid in view.st.on_host[host_id]:
+        run = view.st.running[wid]
+        if wid in view.earmarked or (view.terminating(run) and wid in view.claimed):
+            continue
+        if view.terminating(run) or not run.workload.allocated:
+            room += sum(len(g) for h, g in run.assignment if h == host_id)
+    return room
+
+
+@SETTINGS
+@given(scenarios(steps=False), st.booleans())
+def test_cheap_room_built_before_or_during_a_cycle_is_counted_room(
+    scenario: Scenario, early: bool
+) -> None:
+    """Built from the state's cheap GPUs (a host the cycle has not changed) or by counting
+    occupants (one it has), before the cycle or when its first plan reads it, cheap room
+    ends the cycle equal to a count from scratch."""
+    *_, snapshot = scenario.build()
+    cycle = _Cycle(snapshot, scenario.policy, NOW)
+    if early:
+        for pool in cycle.st.pool_max_gpus:
+            cycle.view.room_buckets(pool)
+    cycle.run()
+    view = cycle.view
+    for pool, buckets in view._room_buckets.items():
+        for value, bucket in enumerate(buckets):
+            for idx in bucket:
+                host_id = view.st.host_ids[idx]
+                assert view.st.pool_of[host_id] == pool and view.st.host(host_id).schedulable
+                assert view.cheap_room(host_id) == value == counted_room(view, host_id)
+    for host_id in view.st.host_ids:
+        if view.st.host(host_id).schedulable and view._room is not None:
+            assert view.cheap_room(host_id) == counted_room(view, host_id)
+
+
 OPS = st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=80)
 
 

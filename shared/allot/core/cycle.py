@@ -405,8 +405,8 @@ class _Cycle:
             return False
         if w.allocated:
             self.served_allocated += 1
-        for victim in plan.new_victims:
-            self._notice(victim, rule.reason(victim), preemptor=w.id)
+        for victim in plan.new_victims:  # ``reserve`` re-indexes their hosts once for all
+            self._notice(victim, rule.reason(victim), preemptor=w.id, touch=False)
         self.view.reserve(plan.victims, plan.free_taken)
         waited = tuple(sorted(r.workload.id for r in plan.victims))
         if waited:
@@ -651,10 +651,12 @@ class _Cycle:
             self._rules[key] = rule
         return rule
 
-    def _notice(self, run: Running, reason: PreemptReason, preemptor: str | None) -> None:
+    def _notice(
+        self, run: Running, reason: PreemptReason, preemptor: str | None, *, touch: bool = True
+    ) -> None:
         w = run.workload
         at = self.now + self.policy.grace_of(w.allocated)
-        self.view.notice(run, at)
+        self.view.notice(run, at, touch=touch)
         alloc = w.allocation if w.allocated else None
         self.preemptions.append(
             Preemption(

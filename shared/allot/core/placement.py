@@ -51,6 +51,8 @@ class ClusterView:
         self._clear_key: dict[str, tuple[float, ...]] = {}
         self._clear_stale: set[str] = set()  # hosts touched since the last read
         self._clear_all = False  # every clearable host costed, not only the cheap ones
+        self._memo: dict[str, dict[object, object]] = {}  # see ``memo``
+        self._touched_early: set[str] = set()  # hosts changed before cheap room was built
 
     # ------------------------------------------------------------------ reads
     def free_of(self, host_id: str) -> list[int]:
@@ -190,15 +192,38 @@ class ClusterView:
             for i in bucket
         }
         hosts.update(self._free)
-        # Cheap occupants are unallocated work and work under notice (``_set_room`` then
-        # leaves out what is claimed or earmarked).
+        # Hosts with cheap occupants: unallocated work and work under notice, as the state
+        # counts them between cycles, and notices of this cycle.
+        hosts.update(self.st.cheap_gpus)
         running = self.st.running
-        for wids in (self.st.running_of.get(None, ()), self.st.noticed, self.noticed):
-            for wid in wids:
-                hosts.update(h for h, _ in running[wid].assignment)
-        for host_id in sorted(hosts):
-            if self.st.host(host_id).schedulable:
+        for wid in self.noticed:
+            hosts.update(h for h, _ in running[wid].assignment)
+        # A host this cycle has not changed has room = free GPUs + the state's cheap GPUs
+        # (nothing of it is claimed or earmarked yet); the others count their occupants.
+        # Sets and dicts keyed by host: the order of insertion does not matter.
+        early = self._touched_early
+        cheap = self.st.cheap_gpus
+        free = self.st.free
+        pool_of = self.st.pool_of
+        index_of = self.st.host_index
+        room = self._room
+        for host_id in hosts:
+            host = self.st.host(host_id)
+            if not host.schedulable:
+                continue
+            if host_id in early:
                 self._set_room(host_id)
+                continue
+            value = len(free[host_id]) + cheap.get(host_id, 0)
+            room[host_id] = value
+            self._pool_room(pool_of[host_id], host.gpus)[value].add(index_of[host_id])
+
+    def _pool_room(self, pool: str, size: int) -> list[OrderedIds]:
+        """The pool's cheap-room buckets, long enough for a host of ``size`` GPUs."""
+        buckets = self._room_buckets.setdefault(pool, [])
+        while len(buckets) <= size:
+            buckets.append(OrderedIds())
+        return buckets
 
     def _cheap(self, run: Running) -> bool:
         if run.workload.id in self.earmarked:
@@ -216,11 +241,7 @@ class ClusterView:
             run = self.st.running[wid]
             if self._cheap(run):
                 value += sum(len(g) for h, g in run.assignment if h == host_id)
-        pool = self.st.pool_of[host_id]
-        buckets = self._room_buckets.setdefault(pool, [])
-        size = self.st.host(host_id).gpus
-        while len(buckets) <= size:
-            buckets.append(OrderedIds())
+        buckets = self._pool_room(self.st.pool_of[host_id], self.st.host(host_id).gpus)
         idx = self.st.host_index[host_id]
         old = room.get(host_id)
         if old == value:
@@ -230,13 +251,28 @@ class ClusterView:
         room[host_id] = value
         buckets[value].add(idx)
 
+    def memo(self, host_id: str) -> dict[object, object]:
+        """Scratch space for what a planner computed from ``host_id``'s state in this view
+        alone (its free GPUs, its occupants, their notices, claims and earmarks): emptied
+        whenever a decision touches the host, so a value read from it is still true."""
+        memo = self._memo.get(host_id)
+        if memo is None:
+            memo = self._memo[host_id] = {}
+        return memo
+
     def touched(self, host_ids: Iterable[str]) -> None:
-        """Recompute cheap room and clearing costs where a decision changed something."""
-        if self._room is None and self._clear is None:
-            return
+        """Recompute cheap room and clearing costs where a decision changed something, and
+        forget what planners kept about those hosts."""
+        memo = self._memo
+        room_built = self._room is not None
+        clear_built = self._clear is not None
         for host_id in host_ids:
-            self._set_room(host_id)
-            if self._clear is not None:
+            memo.pop(host_id, None)
+            if room_built:
+                self._set_room(host_id)
+            else:
+                self._touched_early.add(host_id)  # counted in full when room is built
+            if clear_built:
                 self._clear_stale.add(host_id)  # re-costed on the next read
 
     # ------------------------------------------------------ clearing whole hosts
@@ -456,10 +492,13 @@ class ClusterView:
             buckets[len(back)].add(idx)
         self.touched(h for h, _ in assignment)
 
-    def notice(self, run: Running, preempt_at: float) -> None:
+    def notice(self, run: Running, preempt_at: float, *, touch: bool = True) -> None:
+        """``touch=False``: the caller touches the run's hosts itself before any read (a
+        plan's notices, then ``reserve`` of all its victims)."""
         self.noticed[run.workload.id] = preempt_at
         self._count_noticed(run, +1)
-        self.touched(h for h, _ in run.assignment)
+        if touch:
+            self.touched(h for h, _ in run.assignment)
         alloc = run.workload.allocation
         if run.workload.allocated and alloc is not None:
             self.victim_held[alloc] = self.victim_held.get(alloc, 0) - run.workload.gpus

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from allot.core.heap_order import OrderedIds
 from allot.core.model import Assignment, Running
@@ -142,7 +142,7 @@ def _cheap_host(
     view: ClusterView,
     buckets: list[OrderedIds],
     gpus: int,
-    rule: VictimRule,
+    rule: _CheapRule,
     held: dict[str, int],
     *,
     exclude: set[int],
@@ -159,10 +159,10 @@ def _cheap_host(
     for room in range(gpus, len(buckets)):
         for idx in buckets[room].smallest(CHEAP_CANDIDATES - seen, exclude):
             host = view.st.host_ids[idx]
-            option = _best_host(view, [host], gpus, rule, held, exclude=set())
+            option, exact = _cheap_option(view, host, gpus, rule, held)
             if option is None:
                 continue
-            if len(option.free) + sum(_gpus_on(r, host) for r in option.victims) == gpus:
+            if exact:
                 return option  # nothing to spare: no other host frees less
             if best is None or option.cost < best.cost:
                 best = option
@@ -170,6 +170,25 @@ def _cheap_host(
             if seen >= CHEAP_CANDIDATES:
                 return best
     return best
+
+
+def _cheap_option(
+    view: ClusterView, host: str, gpus: int, rule: _CheapRule, held: dict[str, int]
+) -> tuple[_HostPlan | None, bool]:
+    """``host``'s cheap plan for ``gpus`` and whether it frees exactly that many, kept in
+    the view's memo of the host: it depends on the host's state alone (cheap victims
+    charge no allocation), and the hosts a request compares but does not take are the
+    next request's candidates again."""
+    memo = view.memo(host)
+    key = (rule, gpus)
+    kept = memo.get(key)
+    if kept is None:
+        option = _best_host(view, [host], gpus, rule, held, exclude=set())
+        exact = option is not None and (
+            len(option.free) + sum(_gpus_on(r, host) for r in option.victims) == gpus
+        )
+        kept = memo[key] = (option, exact)
+    return cast(tuple[_HostPlan | None, bool], kept)
 
 
 class _NoNewVictims:

@@ -65,6 +65,9 @@ class ClusterState:
         self.running_of: dict[str | None, set[str]] = {}
         """Allocation -> its allocated running workloads, None -> unallocated ones (planners
         read one allocation's, or the unallocated work)."""
+        self.cheap_gpus: dict[str, int] = {}
+        """Per host, GPUs of unallocated work and of work under notice (hosts with none
+        are left out): a cycle's cheap room starts as free GPUs plus these."""
         self.healthy_gpus = 0
         self.draining: set[str] = set()
         self.noticed: set[str] = set()  # running workloads under a preemption notice
@@ -177,6 +180,8 @@ class ClusterState:
         self.running_gpus += workload.gpus
         key = workload.allocation if workload.allocated else None
         self.running_of.setdefault(key, set()).add(workload.id)
+        if not workload.allocated:
+            self._count_cheap(assignment, +1)
         if workload.allocated:
             alloc = workload.allocation
             assert alloc is not None
@@ -188,6 +193,8 @@ class ClusterState:
         """A preemption notice: the GPUs stay held until the workload has ended. ``for_id``:
         the request it makes room for (none for a drain or a cancel)."""
         run = self._running(workload_id)
+        if run.preempt_at is None and run.workload.allocated:
+            self._count_cheap(run.assignment, +1)  # unallocated work was counted at start
         noticed = Running(run.workload, run.start_time, run.assignment, preempt_at)
         self.running[workload_id] = noticed
         self.noticed.add(workload_id)
@@ -203,6 +210,8 @@ class ClusterState:
             self.freed.extend((now, h) for h, _ in run.assignment)
         del self.running[workload_id]
         self.running_gpus -= run.workload.gpus
+        if run.preempt_at is not None or not run.workload.allocated:
+            self._count_cheap(run.assignment, -1)
         self.noticed.discard(workload_id)
         self.noticed_for.pop(workload_id, None)
         for host_id, gpus in run.assignment:
@@ -225,6 +234,15 @@ class ClusterState:
             return self.running[workload_id]
         except KeyError:
             raise ValidationError("workload", f"{workload_id!r} is not running") from None
+
+    def _count_cheap(self, assignment: Assignment, sign: int) -> None:
+        cheap = self.cheap_gpus
+        for host_id, gpus in assignment:
+            left = cheap.get(host_id, 0) + sign * len(gpus)
+            if left:
+                cheap[host_id] = left
+            else:
+                del cheap[host_id]
 
     def _index_host(self, host_id: str, *, add: bool) -> None:
         host = self._hosts[host_id]
