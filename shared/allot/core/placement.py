@@ -39,6 +39,7 @@ class ClusterView:
         self.victim_held: dict[str, int] = dict(state.held)  # held, minus this cycle's victims
         self._candidates: dict[tuple[str, bool], list[str]] = {}
         self._movable_of: dict[tuple[str, bool], set[str]] = {}
+        self._movable_among: dict[tuple[tuple[str, ...], str, bool], list[str]] = {}
         # "Cheap room" per host: free GPUs + GPUs under notice nobody claimed yet + GPUs of
         # unallocated work (preemptible by any allocated request). Built on first use.
         self._room: dict[str, int] | None = None
@@ -135,6 +136,22 @@ class ClusterView:
                     cached.update(h for h, _ in run.assignment)
             cached = {h for h in cached if self.st.host(h).schedulable}
             self._movable_of[key] = cached
+        return cached
+
+    def movable_hosts_among(
+        self, allocations: tuple[str, ...], pool: str, *, respect: bool = True
+    ) -> list[str]:
+        """The hosts of ``pool`` in ``movable_hosts_of`` of any of ``allocations``, kept
+        per set asked for (requests of one cycle ask for the same few); do not change the
+        list returned."""
+        key = (allocations, pool, respect)
+        cached = self._movable_among.get(key)
+        if cached is None:
+            hosts: set[str] = set()
+            for alloc in allocations:
+                hosts.update(self.movable_hosts_of(alloc, respect=respect))
+            pool_of = self.st.pool_of
+            cached = self._movable_among[key] = [h for h in hosts if pool_of[h] == pool]
         return cached
 
     def has_movable(self, host_id: str) -> bool:

@@ -283,12 +283,8 @@ def _hosts_with_victims(
     cheap plan no host fits on free GPUs, notices and unallocated work alone, so no other
     host can serve; the best host is the cheapest by a cost that ends in the host's
     order, so the order of this list does not matter."""
-    hosts: set[str] = set()
-    for alloc in view.st.running_of:
-        if alloc is not None and take_from(alloc, held):
-            hosts.update(view.movable_hosts_of(alloc, respect=respect))
-    pool_of = view.st.pool_of
-    return [h for h in hosts if pool_of[h] == pool]
+    allowed = tuple(a for a in view.st.running_of if a is not None and take_from(a, held))
+    return view.movable_hosts_among(allowed, pool, respect=respect)
 
 
 def _clearable_in_order(
@@ -414,16 +410,21 @@ def _options_on(
     view: ClusterView, host: str, rule: VictimRule, held: Mapping[str, int]
 ) -> tuple[list[tuple[tuple[object, ...], Running]], bool]:
     """Movable occupants of ``host`` with their preference keys, and whether every
-    occupant is movable (needed to clear a host whole)."""
+    occupant is movable (needed to clear a host whole). Sorted by key, then workload id
+    (as a stable sort of the occupants by id would leave equal keys)."""
     options: list[tuple[tuple[object, ...], Running]] = []
     all_movable = True
-    for wid in sorted(view.st.on_host[host]):
-        run = view.st.running[wid]
-        if wid in view.earmarked:
+    running = view.st.running
+    earmarked = view.earmarked
+    claimed = view.claimed
+    noticed = view.noticed
+    for wid in view.st.on_host[host]:
+        run = running[wid]
+        if wid in earmarked:
             all_movable = False
             continue
-        if view.terminating(run):
-            if wid in view.claimed:
+        if run.preempt_at is not None or wid in noticed:  # ``view.terminating(run)``
+            if wid in claimed:
                 all_movable = False
                 continue
             options.append(((*_NOTICED_KEY, wid), run))
@@ -433,8 +434,12 @@ def _options_on(
             all_movable = False
             continue
         options.append((key, run))
-    options.sort(key=lambda o: o[0])
+    options.sort(key=_option_order)
     return options, all_movable
+
+
+def _option_order(option: tuple[tuple[object, ...], Running]) -> tuple[object, ...]:
+    return (option[0], option[1].workload.id)
 
 
 def _cost(
