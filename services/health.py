@@ -28,6 +28,23 @@ What started a drain is kept with the state, because it decides what may end it:
 Heartbeat receipt times live in memory only (they are not in the log), so after a restart
 every known host gets one full timeout before it can be declared missing.
 
+**Idle allocated GPUs** (``allot.eventlog.idle_watch``, the policy ``allot.core.idle``).
+Agents report their GPUs' utilization once per interval (``HostUtilization``, request on
+``allot.v1.host.<host>.util``; the host is the subject's, the times are checked against
+this service's clock, refusals name the field). Each report of a host running allocated
+work is recorded on ``allot.v1.usage.gpu.<host>`` (USAGE: ``HostUtilizationRecorded``,
+each run's GPUs and its idle evidence), and a run whose GPUs all stayed below
+``--idle-threshold-pct`` for ``--idle-after-s`` is flagged on
+``allot.v1.usage.idle.<allocation>.<workload>`` (``WorkloadFlaggedIdle``, then
+``WorkloadIdleCleared`` when it works again, ends, or stops being reported), which the
+allocation's team may subscribe to; ``allot.v1.query.idle[.<allocation>]`` lists the runs
+flagged now (``IdleSnapshot``). Flag only: nothing is preempted for being idle
+(``--idle-preempt`` is refused: decision 0050). For this the service also follows
+WORKLOADS (which run holds which GPUs) and the idle records, in the background: the
+heartbeat duties above do not wait for that replay. After a restart, the last record of
+each host and the open flags give back the evidence as it was (the log is the source of
+truth). Run one health service per stack: two would each record and flag.
+
 A drain for missed heartbeats is also what lets dispatch end the runs of a host whose agent
 died: once the host has stayed silent a while, it records them lost in the agent's place
 (``allot.eventlog.host_work.lost_run``), so their GPUs are freed and resumable work requeued.
@@ -58,7 +75,14 @@ from allot.bus.runtime import Delivery
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.bus.tasks import every, stop_tasks
 from allot.core.errors import ValidationError
+from allot.core.idle import (
+    DEFAULT_MAX_GAP_S,
+    DEFAULT_THRESHOLD_PCT,
+    DEFAULT_WINDOW_S,
+    IdlePolicy,
+)
 from allot.eventlog.host_work import AGENT_STOPPING, MISSED_HEARTBEATS
+from allot.eventlog.idle_watch import IdleWatch, msg_id
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -144,6 +168,7 @@ class HealthService:
         check_s: float = 1.0,
         provider: TracerProvider | None = None,
         clock: Callable[[], float] = runtime.wall_clock,
+        idle_policy: IdlePolicy | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValidationError("timeout_s", f"must be positive, got {timeout_s!r}")
@@ -168,6 +193,17 @@ class HealthService:
         self._checker: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
+        self.idle = IdleWatch(idle_policy or IdlePolicy())
+        """Idle detection (see the module docstring), ready once ``idle_ready`` is set."""
+        self.idle_ready = asyncio.Event()
+        self.util_reports = 0
+        """Utilization reports answered so far (refused ones included)."""
+        self.util_rejected: dict[str, int] = {}
+        """Field named by a refused utilization report -> how many."""
+        self._idle_lock = asyncio.Lock()
+        self._idle_follower: Follower | None = None
+        self._idle_tasks: list[asyncio.Task[None] | None] = []
+
         self.broker: NatsBroker = runtime.given_broker(broker, nats_url, SERVICE, provider)
         self._beats: Subscription | None = None
         """Heartbeats, read with nats-py (docs/decisions/0010-raw-nats-on-hot-subjects.md)."""
@@ -176,6 +212,9 @@ class HealthService:
             self.broker.subscriber(drains)(self._drain_handler)
         for undrains in (subjects.ALL_UNDRAIN, subjects.ALL_UNDRAIN_AS):
             self.broker.subscriber(undrains)(self._undrain_handler)
+        self.broker.subscriber(subjects.ALL_HOST_UTIL)(self._util_handler)
+        for query in (subjects.QUERY_IDLE, subjects.ALL_QUERY_IDLE):
+            self.broker.subscriber(query)(self._idle_query_handler)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -194,6 +233,8 @@ class HealthService:
         if nc is not None:
             self._beats = await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
             await bus.confirm_subscriptions(nc)
+        # Idle detection replays WORKLOADS: in the background, so hosts are served at once.
+        self._idle_tasks = [asyncio.create_task(self._start_idle())]
         log.info("started", hosts=len(self.book.hosts), timeout_s=self.timeout_s)
 
     async def on_stopping(self) -> None:
@@ -207,6 +248,11 @@ class HealthService:
         if self._checker is not None:
             await stop_tasks([self._checker])
             self._checker = None
+        await stop_tasks(self._idle_tasks)
+        self._idle_tasks = []
+        if self._idle_follower is not None:
+            await self._idle_follower.stop()
+            self._idle_follower = None
         if self._follower is not None:
             await self._follower.stop()
             self._follower = None
@@ -350,6 +396,99 @@ class HealthService:
                         msg_id=f"draining:{host}:{at}",
                     )
 
+    # -- idle allocated GPUs ------------------------------------------------------------
+
+    async def _start_idle(self) -> None:
+        assert self.record_log is not None
+        self._idle_follower = self.record_log.follower(
+            self._on_idle_record,
+            streams=("HOSTS", "WORKLOADS", "USAGE"),
+            subjects={"USAGE": subjects.ALL_IDLE},
+        )
+        await self._idle_follower.start()
+        seeded = 0
+        for host in sorted(self.idle.fold.state.host_ids):
+            raw = await self.record_log.read("USAGE", subjects.usage_gpu(host))
+            if raw is None or raw.subject is None or raw.data is None:
+                continue
+            try:
+                last = bus.decode_record(raw.subject, raw.data)
+            except ValidationError as e:
+                log.warning("utilization record skipped", host=host, field=e.field)
+                continue
+            if isinstance(last, m.HostUtilizationRecorded):
+                self.idle.seed(last)
+                seeded += 1
+        self.idle.adopt_open_flags()
+        self.idle_ready.set()
+        log.info(
+            "idle detection ready",
+            hosts_seeded=seeded,
+            flagged=len(self.idle.book.open_stretches()),
+            threshold_pct=self.idle.policy.threshold_pct,
+            window_s=self.idle.policy.window_s,
+        )
+        await every(self.check_s, self._closing, self.check_idle_ends, "idle end check failed")
+
+    def _on_idle_record(self, _subject: str, record: msgspec.Struct) -> None:
+        self.idle.apply(record)
+
+    async def _util_handler(self, msg: Delivery) -> bytes:
+        return codec.encode(await self.utilization(msg.raw_message.subject, msg.body))
+
+    async def utilization(self, subject: str, body: bytes) -> m.CommandAccepted | m.CommandRejected:
+        """Answer one ``HostUtilization``: record it, flag or clear what it shows."""
+        self.util_reports += 1
+        try:
+            report = codec.decode(Kind.HOST_UTIL, body)
+            assert isinstance(report, m.HostUtilization)
+            host = subjects.host_of(subject)
+            subjects.check_host(report.host, host)
+            await self.idle_ready.wait()
+            async with self._idle_lock:
+                judged = self.idle.judge(host, report, self.clock())
+                if judged.recorded is not None:
+                    await self._append(
+                        subjects.usage_gpu(host),
+                        judged.recorded,
+                        f"util:{host}:{report.sent_at!r}",
+                    )
+                for flag in judged.flags:
+                    await self._append_idle(flag)
+        except ValidationError as e:
+            self.util_rejected[e.field] = self.util_rejected.get(e.field, 0) + 1
+            log.warning("utilization refused", subject=subject, field=e.field, reason=e.reason)
+            return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
+        runs = 0 if judged.recorded is None else len(judged.recorded.parts)
+        return m.CommandAccepted(at=self.clock(), detail=f"{runs} allocated runs judged")
+
+    async def check_idle_ends(self) -> None:
+        """Clear the flags of runs that ended (their tracks go with them)."""
+        async with self._idle_lock:
+            for cleared in self.idle.ended(self.clock()):
+                await self._append_idle(cleared)
+
+    async def _append(self, subject: str, record: msgspec.Struct, msg_id: str) -> None:
+        assert self.record_log is not None
+        await self.record_log.append(subject, record, msg_id)
+
+    async def _append_idle(self, record: m.WorkloadFlaggedIdle | m.WorkloadIdleCleared) -> None:
+        await self._append(
+            subjects.idle(record.allocation, record.workload_id), record, msg_id(record)
+        )
+        log.info(type(record).__name__, **msgspec.structs.asdict(record))
+
+    async def _idle_query_handler(self, msg: Delivery) -> bytes:
+        subject = msg.raw_message.subject
+        allocation = None if subject == subjects.QUERY_IDLE else subject.rsplit(".", 1)[1]
+        if not self.idle_ready.is_set():
+            reply: msgspec.Struct = m.CommandRejected(
+                at=self.clock(), field="service", reason="health is still reading the log"
+            )
+        else:
+            reply = self.idle.snapshot(allocation, self.clock())
+        return codec.encode(reply)
+
     # -- operator commands -------------------------------------------------------------
 
     async def _drain_handler(self, msg: Delivery) -> bytes:
@@ -405,7 +544,26 @@ def build(args: argparse.Namespace) -> HealthService:
         timeout_s=args.timeout_s,
         check_s=args.check_s,
         provider=runtime.tracer_provider(SERVICE),
+        idle_policy=idle_policy(args),
     )
+
+
+def idle_policy(args: argparse.Namespace) -> IdlePolicy:
+    """The idle policy of the command line; a bad value exits naming its option."""
+    if args.idle_preempt:
+        raise SystemExit(
+            "--idle-preempt: flag only in this version: preempting idle work needs a "
+            "preemption reason in the scheduling core (docs/decisions/0050)"
+        )
+    try:
+        return IdlePolicy(
+            threshold_pct=args.idle_threshold_pct,
+            window_s=args.idle_after_s,
+            max_gap_s=args.idle_gap_s,
+        )
+    except ValidationError as e:
+        option = {"threshold_pct": "--idle-threshold-pct", "window_s": "--idle-after-s"}
+        raise SystemExit(f"{option.get(e.field, '--idle-gap-s')}: {e.reason}") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -421,6 +579,31 @@ def parser() -> argparse.ArgumentParser:
         type=positive_seconds,
         default=1.0,
         help="how often to look for silent hosts (seconds; default %(default)s)",
+    )
+    ap.add_argument(
+        "--idle-threshold-pct",
+        type=float,
+        default=DEFAULT_THRESHOLD_PCT,
+        help="a GPU below this utilization is idle (percent; default %(default)s)",
+    )
+    ap.add_argument(
+        "--idle-after-s",
+        type=positive_seconds,
+        default=DEFAULT_WINDOW_S,
+        help="flag allocated work whose GPUs all stay idle this long (seconds; default "
+        "%(default)s)",
+    )
+    ap.add_argument(
+        "--idle-gap-s",
+        type=positive_seconds,
+        default=DEFAULT_MAX_GAP_S,
+        help="longest silence between two utilization reports that still counts as "
+        "continuous evidence (seconds; default %(default)s)",
+    )
+    ap.add_argument(
+        "--idle-preempt",
+        action="store_true",
+        help="preempt flagged work (not in this version: refused; flag only)",
     )
     return ap
 

@@ -37,6 +37,13 @@ see ``allot.ops.auth_gen``); it never reads the log. What it does, and why that 
   user or to a server without users) the reports of every simulated host within 50 ms go
   as one ``PartReports`` request on ``allot.v1.hosts.report`` (``report_batch``): at 500
   runs a second that is about 20 requests a second instead of 1,000.
+* **GPU utilization** (``gpu_util``): every ``--util-every-s`` each host's per-GPU mean
+  utilization over the interval goes as one ``HostUtilization`` request on
+  ``allot.v1.host.<host>.util`` (answered by the health service, which flags allocated work
+  whose GPUs stay idle). A real host reads NVML every few seconds (none without a GPU
+  driver: the agent says so once and reports nothing); a fake host reports what its parts'
+  ``ALLOT_FAKE_UTIL`` asks (``idle``, ``busy``, a percent). An unanswered report is not
+  sent again: the next interval's says more.
 * **Restarts.** A listed part that the log shows started but this process does not run ran
   under an earlier agent process (we cannot reattach). Its processes may still run: parts
   live in sessions of their own, so a ``kill -9`` of the agent leaves them behind. As
@@ -101,6 +108,7 @@ from allot.services.agent.gpu_exec import (
     without_userinfo,
     workload_env,
 )
+from allot.services.agent.gpu_util import SAMPLE_S, NvmlGpus, UtilMeans, fake_util
 from allot.services.agent.process_guard import forbid_inspection
 from allot.services.agent.report_batch import ReportBatcher
 from allot.sim.output_files import make_out_dir
@@ -146,6 +154,8 @@ class AgentConfig:
     kill_after_s: float = 10.0
     stop_grace_s: float = 5.0
     resync_s: float = 30.0
+    util_every_s: float = 30.0
+    """How often each host's GPU utilization is reported (``gpu_util``)."""
     batch_reports: bool = False
     """Send the reports of all hosts as ``PartReports`` (fake mode only; see the module)."""
     output_dir: Path | None = None
@@ -172,7 +182,7 @@ class AgentConfig:
             raise ValidationError("hosts", "a host is named twice")
         if isinstance(self.gpus, bool) or not 1 <= self.gpus <= MAX_GPUS_PER_HOST:
             raise ValidationError("gpus", f"must be 1..{MAX_GPUS_PER_HOST}, got {self.gpus!r}")
-        for name in ("heartbeat_s", "fake_duration_s", "kill_after_s", "resync_s"):
+        for name in ("heartbeat_s", "fake_duration_s", "kill_after_s", "resync_s", "util_every_s"):
             value = getattr(self, name)
             if not 0.0 < value <= 86_400.0:
                 raise ValidationError(name, f"must be in (0, 86400] seconds, got {value!r}")
@@ -240,6 +250,10 @@ class Agent:
         self._marker = agent_marker()
         """This process as the parts it starts name it (``gpu_exec.AGENT_MARKER``)."""
         self._host_locks: list[int] = []
+        self.util_rejected = 0
+        """Utilization reports the health service refused (logged with the field)."""
+        self._gpus: NvmlGpus | None = None
+        self._means: dict[str, UtilMeans] = {}
         self._hold_reports_until = 0.0
         """Monotonic time before which a stopping agent's reports wait (``STOP_SETTLE_S``)."""
         self.log = log.bind(hosts=len(config.hosts), fake=config.fake)
@@ -265,6 +279,7 @@ class Agent:
         self._loops.append(asyncio.create_task(self._every(self.config.heartbeat_s, self._beat)))
         await self._sync_all()
         self._loops.append(asyncio.create_task(self._every(self.config.resync_s, self._sync)))
+        self._start_util()
         self.log.info("agent started", synced=self.synced, running=len(self._runs))
 
     async def on_stopping(self) -> None:
@@ -292,6 +307,9 @@ class Agent:
         if self._nc is not None:
             with contextlib.suppress(*_PUBLISH_ERRORS):
                 await self._nc.close()
+        if self._gpus is not None:
+            self._gpus.close()
+            self._gpus = None
         self._unlock_hosts()
         self.log.info("agent stopped")
 
@@ -676,6 +694,61 @@ class Agent:
         except _PUBLISH_ERRORS as e:
             log.warning("heartbeat not sent", error=repr(e))
 
+    # ------------------------------------------------------------------ GPU utilization
+    def _start_util(self) -> None:
+        every = self.config.util_every_s
+        if not self.config.fake:
+            self._gpus, why = NvmlGpus.open(self.config.gpus)
+            if self._gpus is None:
+                self.log.info("GPU utilization not reported", reason=why)
+                return
+            now = self._clock()
+            self._means = {h: UtilMeans(self.config.gpus, now) for h in self.config.hosts}
+            sample = min(SAMPLE_S, every)
+            self._loops.append(asyncio.create_task(self._every(sample, self._read_gpus)))
+            self.log.info("GPU utilization read through NVML", every_s=every)
+        else:
+            now = self._clock()
+            self._means = {h: UtilMeans(self.config.gpus, now) for h in self.config.hosts}
+        self._loops.append(asyncio.create_task(self._every(every, self._report_util)))
+
+    async def _read_gpus(self, hosts: Sequence[str]) -> None:
+        assert self._gpus is not None
+        reading = await asyncio.to_thread(self._gpus.read)
+        for host in hosts:
+            self._means[host].add(reading)
+
+    def utilization(self, host: str) -> m.HostUtilization:
+        """``host``'s report now: NVML's means since the last one, or the fake profiles."""
+        now = self._clock()
+        means = self._means[host]
+        if self.config.fake:
+            runs = self._by_host.get(host, {}).values()
+            means.add(fake_util(self.config.gpus, ((r.task.gpus, r.task.env) for r in runs)))
+        since, util = means.take(now)
+        if since >= now:  # a clock that did not move (or went back): a sliver of an interval
+            since = now - 1e-3
+        return m.HostUtilization(host=host, since=since, sent_at=now, util=util)
+
+    async def _report_util(self, hosts: Sequence[str]) -> None:
+        assert self._nc is not None
+        await asyncio.gather(*(self._send_util(h) for h in hosts))
+
+    async def _send_util(self, host: str) -> None:
+        assert self._nc is not None
+        report = self.utilization(host)
+        try:
+            reply = await self._nc.request(
+                subjects.host_util(host), codec.encode(report), REQUEST_TIMEOUT_S
+            )
+            answer = _ANSWER.decode(reply.data)
+        except (*_PUBLISH_ERRORS, msgspec.DecodeError) as e:
+            log.debug("utilization not answered", host=host, error=repr(e))
+            return
+        if isinstance(answer, m.CommandRejected):
+            self.util_rejected += 1
+            log.error("utilization refused", host=host, field=answer.field, reason=answer.reason)
+
     def _detail(self, logger: Any, message: str, **fields: Any) -> None:
         """Per-part lines: info for a real host, debug for fake ones (thousands a minute)."""
         (logger.debug if self.config.fake else logger.info)(message, **fields)
@@ -718,6 +791,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask dispatch for each host's whole work list this often (default %(default)s)",
     )
     ap.add_argument(
+        "--util-every-s",
+        type=float,
+        default=30.0,
+        help="report each host's GPU utilization this often (default %(default)s; NVML on a "
+        "real host, ALLOT_FAKE_UTIL on a fake one)",
+    )
+    ap.add_argument(
         "--output-dir",
         type=Path,
         help="real mode: write each workload's stdout and stderr to "
@@ -755,6 +835,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             kill_after_s=args.kill_after_s,
             stop_grace_s=args.stop_grace_s,
             resync_s=args.resync_s,
+            util_every_s=args.util_every_s,
             batch_reports=args.batch_reports,
             output_dir=args.output_dir,
         )

@@ -30,6 +30,7 @@ import structlog
 
 from allot.auth.dashboard import EVERYONE, Viewer
 from allot.core.errors import ValidationError
+from allot.eventlog.idle_book import IdleBook
 from allot.eventlog.logfold import LogFold
 from allot.eventlog.owed_query import owed_snapshot
 from allot.eventlog.timeline import LogTimeline
@@ -38,7 +39,12 @@ from allot.proto import subjects
 from allot.sdk import Client
 from allot.sdk.errors import SdkError
 from allot.services.dashboard.frame import PageView
-from allot.services.dashboard.metrics import MetricsInputs, QueueWaitHistogram, render_metrics
+from allot.services.dashboard.metrics import (
+    IdleCounter,
+    MetricsInputs,
+    QueueWaitHistogram,
+    render_metrics,
+)
 from allot.services.dashboard.pages import (
     WINDOWS,
     DrainDeadline,
@@ -129,14 +135,23 @@ def workload_labels(fold: LogFold, viewer: Viewer = EVERYONE) -> dict[str, str]:
 class DashboardViews:
     """One method per page; each returns a ``PageView`` (see the module docstring)."""
 
-    def __init__(self, client: Client, timeline: LogTimeline, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        client: Client,
+        timeline: LogTimeline,
+        timeout_s: float = 2.0,
+        idle: IdleBook | None = None,
+    ) -> None:
         self.client = client
         self.timeline = timeline
+        self.idle = IdleBook() if idle is None else idle
+        """Idle stretches from USAGE (``allot.eventlog.idle_book``)."""
         self.timeout_s = timeout_s
         self._history: dict[tuple[object, ...], tuple[float, Any]] = {}
         # Kept for the process's life: a Prometheus histogram must never go down, and the
         # timeline forgets placements older than its horizon.
         self.queue_waits = QueueWaitHistogram()
+        self.idle_counter = IdleCounter()
 
     def _recent(self, key: tuple[object, ...], now: float, compute: Callable[[], T]) -> T:
         """``compute()``, or its value from less than ``HISTORY_TTL_S`` ago."""
@@ -233,10 +248,13 @@ class DashboardViews:
         labels = workload_labels(fold, viewer)
         return hosts_page(now, snapshot, drain_deadlines(fold), labels=labels, errors=errors)
 
-    async def owed(self, now: float) -> PageView:
+    async def owed(self, now: float, viewer: Viewer = EVERYONE) -> PageView:
         def compute() -> list[tuple[str, m.OwedSnapshot]]:
             return [
-                (label, owed_snapshot(self.timeline, m.OwedQuery(window_s=window_s), now))
+                (
+                    label,
+                    owed_snapshot(self.timeline, m.OwedQuery(window_s=window_s), now, self.idle),
+                )
                 for label, window_s in OWED_WINDOWS
             ]
 
@@ -247,7 +265,17 @@ class DashboardViews:
             ]
 
         windows = self._recent(("owed",), now, compute)
-        return owed_page(now, windows, goodput=self._recent(("goodput",), now, goodput))
+        # The runs flagged idle now: every one to a login that sees every allocation, a
+        # team's own to a team (who runs what is not public; idle GPU-hours are).
+        scopes = viewer.scopes
+        flagged = [
+            stretch
+            for stretch in self.idle.open_stretches()
+            if scopes is None or stretch.allocation in scopes
+        ]
+        return owed_page(
+            now, windows, goodput=self._recent(("goodput",), now, goodput), idle=flagged
+        )
 
     async def metrics(self, now: float) -> bytes:
         errors: list[str] = []
@@ -267,6 +295,8 @@ class DashboardViews:
                 allocations=allocations,
                 placement_stats=stats,
                 queue_waits=self.queue_waits,
+                idle=self.idle,
+                idle_counter=self.idle_counter,
             )
 
         try:

@@ -78,6 +78,12 @@ Sources and formulas:
   ``allot_scheduling_cycle_decide_seconds_total`` and
   ``allot_scheduling_cycle_append_wait_seconds_total`` (``PlacementStats.decide_s`` and
   ``append_wait_s``).
+* idle allocated work, from the ``IdleBook`` of the idle records (USAGE;
+  ``allot.eventlog.idle_book``): ``allot_idle_gpu_seconds_total`` per allocation (GPU time
+  its work held while flagged idle: closed stretches, and open ones up to ``now``;
+  accumulated by ``IdleCounter``, kept by the caller, so a stretch that closes a little
+  before the last scrape's ``now`` does not make the counter go down), and NOW
+  ``allot_idle_workloads`` and ``allot_idle_gpus``, the runs flagged idle and their GPUs.
 """
 
 from __future__ import annotations
@@ -87,7 +93,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Final, Protocol, get_args
+from typing import Any, Final, Protocol, get_args
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -182,6 +188,27 @@ class QueueWaitHistogram:
         return list(accumulate(self.counts))
 
 
+class IdleView(Protocol):
+    """What the metrics read of ``allot.eventlog.idle_book.IdleBook``."""
+
+    def total_gpu_seconds(self, now: float) -> dict[str, float]: ...
+
+    def open_stretches(self, allocation: str | None = None) -> Sequence[Any]: ...
+
+
+class IdleCounter:
+    """Idle GPU-seconds per allocation, never lower than a value already exported (see the
+    module docstring); kept for the life of the process, as ``QueueWaitHistogram``."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+
+    def update(self, totals: dict[str, float]) -> dict[str, float]:
+        for allocation, value in totals.items():
+            self.totals[allocation] = max(self.totals.get(allocation, 0.0), value)
+        return dict(self.totals)
+
+
 @dataclass(frozen=True, slots=True)
 class MetricsInputs:
     """Everything one scrape reads (see the module docstring for who supplies what)."""
@@ -193,6 +220,8 @@ class MetricsInputs:
     allocations: m.AllocationsSnapshot | None = None
     placement_stats: m.PlacementStats | None = None
     queue_waits: QueueWaitHistogram = field(default_factory=QueueWaitHistogram)
+    idle: IdleView | None = None
+    idle_counter: IdleCounter = field(default_factory=IdleCounter)
 
     def __post_init__(self) -> None:
         if isinstance(self.now, bool) or not isinstance(self.now, int | float):
@@ -231,6 +260,8 @@ class _Collector:
             yield _cycle_durations(self.inputs.placement_stats)
             yield from _cycle_parts(self.inputs.placement_stats)
         yield from _ages(self.inputs)
+        if self.inputs.idle is not None:
+            yield from _idle(self.inputs.idle, self.inputs.idle_counter, self.inputs.now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +414,32 @@ def _preemptions(timeline: TimelineView) -> Iterator[Metric]:
         "GPU-seconds run by attempts that ended preempted (an upper bound of work lost).",
         value=timeline.preempted_gpu_seconds(),
     )
+
+
+def _idle(idle: IdleView, counter: IdleCounter, now: float) -> Iterator[Metric]:
+    totals = counter.update(idle.total_gpu_seconds(now))
+    held = CounterMetricFamily(
+        "allot_idle_gpu_seconds",
+        "GPU-seconds allocated work held while flagged idle (every GPU below the threshold), "
+        "by allocation.",
+        labels=["allocation"],
+    )
+    for allocation in sorted(totals):
+        held.add_metric([allocation], totals[allocation])
+    yield held
+    count: dict[str, int] = {}
+    gpus: dict[str, int] = {}
+    for stretch in idle.open_stretches():
+        count[stretch.allocation] = count.get(stretch.allocation, 0) + 1
+        gpus[stretch.allocation] = gpus.get(stretch.allocation, 0) + stretch.gpus
+    runs = _gauge("allot_idle_workloads", "NOW: runs flagged idle, by allocation.", ["allocation"])
+    held_now = _gauge(
+        "allot_idle_gpus", "NOW: GPUs held by runs flagged idle, by allocation.", ["allocation"]
+    )
+    for allocation in sorted(count):
+        runs.add_metric([allocation], count[allocation])
+        held_now.add_metric([allocation], gpus[allocation])
+    yield from (runs, held_now)
 
 
 def _cluster(fold: LogFold) -> Iterator[Metric]:

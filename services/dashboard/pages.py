@@ -9,7 +9,8 @@ Stable hooks: ``tr[data-workload-id][data-position][data-reason]`` in queue orde
 (``#queue``); ``#served-order [data-served-allocation]``, the allocations in the order they
 are served (``~``: unallocated work); ``tr[data-allocation]`` (fair share with
 ``td[data-held]``, ``td[data-entitlement]`` and ``td[data-fairshare]``; owed with
-``td[data-owed]`` and ``td[data-delivered]`` per ``data-window``);
+``td[data-owed]``, ``td[data-delivered]`` and ``td[data-idle]`` per ``data-window``);
+``tr[data-idle-workload]`` (``#idle``: runs flagged idle now, on the owed page);
 ``[data-chart-allocation]`` (with ``data-chart-from-s``: how many seconds back the axis
 starts) and ``[data-chart-window]`` around charts; ``#window`` (the chart window chosen);
 ``tr[data-host][data-state]`` with ``data-deadline`` on draining hosts and
@@ -26,6 +27,7 @@ from typing import Any
 import msgspec
 
 from allot.core.duration_text import format_duration
+from allot.eventlog.idle_book import Stretch
 from allot.proto import messages as m
 from allot.proto.subjects import UNALLOCATED
 from allot.render.live_format import gpu_h_cell, gpu_hours
@@ -453,11 +455,13 @@ def owed_page(
     windows: Sequence[tuple[str, m.OwedSnapshot]],
     errors: Sequence[str] = (),
     goodput: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    idle: Sequence[Stretch] = (),
 ) -> PageView:
     """Owed vs delivered GPU-hours per allocation for each (label, snapshot) window:
-    ``allot owed``'s numbers, computed from the log as the simulator's report does; then,
-    per (label, ``allot.sim.report.unallocated_goodput``) window, what unallocated work got
-    out of its attempts."""
+    ``allot owed``'s numbers, computed from the log as the simulator's report does, with
+    the GPU-hours held while flagged idle; the runs flagged idle now (``idle``, the ones the
+    viewer may see); then, per (label, ``allot.sim.report.unallocated_goodput``) window,
+    what unallocated work got out of its attempts."""
     parts = [error_banners(errors)]
     parts.append(
         '<p class="note">GPU-hours from the log up to now, running work included. Owed, '
@@ -474,7 +478,7 @@ def owed_page(
     heads: list[tuple[str, str]] = [("allocation", "l"), ("effective share", "")]
     for label, _ in windows:
         heads += [(f"owed GPU-h ({label})", ""), (f"delivered GPU-h ({label})", "")]
-        heads += [(f"delivered/owed ({label})", "")]
+        heads += [(f"delivered/owed ({label})", ""), (f"idle GPU-h ({label})", "")]
     rows = []
     for name in names:
         share = next((b[name].effective_share for b in by if name in b), 0.0)
@@ -488,6 +492,8 @@ def owed_page(
                 f'<td data-window="{key}" data-delivered="{r.delivered_gpu_h if r else 0.0!r}">'
                 f"{_gpu_h(r.delivered_gpu_h if r else 0.0)}</td>"
                 f"<td>{_ratio_cell(r.ratio if r else None)}</td>"
+                f'<td data-window="{key}" data-idle="{r.idle_gpu_h if r else 0.0!r}">'
+                f"{_gpu_h(r.idle_gpu_h if r else 0.0)}</td>"
             )
         rows.append(f'<tr data-allocation="{escape(name)}">' + "".join(cells) + "</tr>")
     overall = ['<td class="l"><b>overall</b></td><td></td>']
@@ -497,9 +503,11 @@ def owed_page(
         overall.append(
             f"<td>{_gpu_h(owed)}</td><td>{_gpu_h(delivered)}</td>"
             f"<td>{_ratio_cell(snap.overall)}</td>"
+            f"<td>{_gpu_h(sum(r.idle_gpu_h for r in snap.rows))}</td>"
         )
     rows.append('<tr data-overall="1">' + "".join(overall) + "</tr>")
     parts.append(table(tuple(heads), rows, table_id="owed"))
+    parts.append(_idle_table(idle, now))
     charts = []
     for label, snap in windows:
         labels: list[str] = []
@@ -525,8 +533,48 @@ def owed_page(
     data = {
         "windows": {label: msgspec.to_builtins(snap) for label, snap in windows},
         "unallocated_goodput": {label: dict(g) for label, g in goodput},
+        "idle": [
+            {
+                "workload_id": x.workload_id,
+                "allocation": x.allocation,
+                "attempt": x.attempt,
+                "gpus": x.gpus,
+                "idle_since": x.since,
+                "flagged_at": x.flagged_at,
+                "peak_pct": x.peak_pct,
+                "reason": x.reason,
+            }
+            for x in idle
+        ],
     }
     return PageView("owed", "Owed vs delivered", "\n".join(parts), data, now)
+
+
+def _idle_table(idle: Sequence[Stretch], now: float) -> str:
+    """The runs flagged idle now (``allot idle``): allocated GPUs nobody uses."""
+    head = "<h2>Idle allocated work</h2>"
+    if not idle:
+        return head + '<p class="note" id="idle-none">No allocated work is flagged idle.</p>'
+    heads = (
+        ("workload", "l"),
+        ("allocation", "l"),
+        ("GPUs", ""),
+        ("idle since", "l"),
+        ("idle GPU-h so far", ""),
+        ("highest %", ""),
+        ("reason", "l"),
+    )
+    rows = [
+        f'<tr data-idle-workload="{escape(x.workload_id)}">'
+        f'<td class="l">{workload_link(x.workload_id)}</td>'
+        f'<td class="l">{escape(x.allocation)}</td><td>{x.gpus}</td>'
+        f'<td class="l">{when(x.since, now)}</td>'
+        f"<td>{_gpu_h(x.gpu_seconds(x.since, now) / 3600.0)}</td>"
+        f"<td>{x.peak_pct:.1f}</td>"
+        f'<td class="l">{escape(x.reason)}</td></tr>'
+        for x in idle
+    ]
+    return head + table(heads, rows, table_id="idle")
 
 
 def _goodput_table(goodput: Sequence[tuple[str, Mapping[str, Any]]]) -> str:

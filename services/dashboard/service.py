@@ -3,7 +3,8 @@
 Follows the log like a placement standby (``LogFollower``: HOSTS, then the budget tree, then
 WORKLOADS, then all three live) into a ``LogTimeline``: the fold plus the history the pages
 need (GPU segments, waits, notices with their reasons, capacity changes, per-workload
-events). Once replayed it answers ``allot.v1.query.owed`` (``OwedQuery`` ->
+events), and the idle records of USAGE (``allot.v1.usage.idle.*.*``, written by the health
+service) into an ``IdleBook``. Once replayed it answers ``allot.v1.query.owed`` (``OwedQuery`` ->
 ``OwedSnapshot``, or ``CommandRejected`` naming the field) and reports healthy.
 
 HTTP (aiohttp) on ``--http-host`` (default 127.0.0.1: loopback only) ``--http-port``
@@ -16,7 +17,8 @@ HTTP (aiohttp) on ``--http-host`` (default 127.0.0.1: loopback only) ``--http-po
 ``/queue``             pending work in the leader's order, the order's inputs, reasons, est.
 ``/workload/<id>``     one workload's timeline from the log, and why it waits
 ``/hosts``             host states, drains and their deadlines
-``/owed``              owed vs delivered GPU-hours per allocation, last day and week
+``/owed``              owed vs delivered GPU-hours per allocation, last day and week, idle
+                       GPU-hours, and the runs flagged idle now (a team: its own)
 ``/api/<page>``        the same as JSON (``allot.services.dashboard.api.api_document``); each
                        page polls its own every 2 s
 ``/metrics``           Prometheus text (``allot.services.dashboard.metrics``)
@@ -51,6 +53,7 @@ from allot.auth.dashboard import EVERYONE, Access, Viewer
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.core.errors import ValidationError
+from allot.eventlog.idle_book import IdleBook
 from allot.eventlog.owed_query import owed_snapshot
 from allot.eventlog.timeline import LogTimeline
 from allot.proto import codec
@@ -100,10 +103,13 @@ class DashboardService:
         provider = tracer_provider("dashboard") if tracing else None
         self.broker = make_broker(nats_url, "dashboard", provider)
         self.timeline = LogTimeline()
+        self.idle = IdleBook()
+        """The idle records (USAGE), for ``allot owed``, the owed page and ``/metrics``."""
         self.client = Client(nats_url, name="allot-dashboard", timeout=query_timeout_s, retries=0)
-        self.views = DashboardViews(self.client, self.timeline, query_timeout_s)
+        self.views = DashboardViews(self.client, self.timeline, query_timeout_s, self.idle)
         self.nc: NatsClient | None = None
         self.follower: bus.LogFollower | None = None
+        self.idle_follower: bus.LogFollower | None = None
         self.caught_up = False
         self.records = 0
         self._owed_sub: Subscription | None = None
@@ -124,6 +130,13 @@ class DashboardService:
             subjects={"USAGE": s.BUDGET_TREE},
         )
         await self.follower.start()
+        self.idle_follower = bus.LogFollower(
+            js,
+            self._on_idle_record,
+            streams=("USAGE",),
+            subjects={"USAGE": s.ALL_IDLE},
+        )
+        await self.idle_follower.start()
         self.caught_up = True
         self._owed_sub = await self.nc.subscribe(
             s.QUERY_OWED, cb=bus.inbox_replies_only(self._on_owed)
@@ -134,12 +147,16 @@ class DashboardService:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self.follower is not None:
-            await self.follower.stop()
+        for follower in (self.follower, self.idle_follower):
+            if follower is not None:
+                await follower.stop()
         await self.client.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.close()
+
+    def _on_idle_record(self, _subject: str, record: msgspec.Struct) -> None:
+        self.idle.apply(record)
 
     def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
         self.timeline.apply(record)
@@ -150,7 +167,7 @@ class DashboardService:
         now = wall_clock()
         try:
             query = codec.decode_as(m.OwedQuery, msg.data)
-            reply: msgspec.Struct = owed_snapshot(self.timeline, query, now)
+            reply: msgspec.Struct = owed_snapshot(self.timeline, query, now, self.idle)
         except ValidationError as e:
             reply = m.CommandRejected(at=now, field=e.field, reason=e.reason)
         await msg.respond(_ENC.encode(reply))
@@ -162,12 +179,12 @@ class DashboardService:
             ("/", self._page(lambda r, now: self.views.fairshare(now, _window(r)))),
             ("/queue", self._page(lambda r, now: self.views.queue(now, _viewer(r)))),
             ("/hosts", self._page(lambda r, now: self.views.hosts(now, _viewer(r)))),
-            ("/owed", self._page(lambda _r, now: self.views.owed(now))),
+            ("/owed", self._page(lambda r, now: self.views.owed(now, _viewer(r)))),
             ("/workload/{workload_id}", self._page(self._workload)),
             ("/api/fairshare", self._api(lambda r, now: self.views.fairshare(now, _window(r)))),
             ("/api/queue", self._api(lambda r, now: self.views.queue(now, _viewer(r)))),
             ("/api/hosts", self._api(lambda r, now: self.views.hosts(now, _viewer(r)))),
-            ("/api/owed", self._api(lambda _r, now: self.views.owed(now))),
+            ("/api/owed", self._api(lambda r, now: self.views.owed(now, _viewer(r)))),
             ("/api/workload/{workload_id}", self._api(self._workload)),
             ("/metrics", self._metrics),
             ("/healthz", self._healthz),

@@ -136,6 +136,8 @@ async def test_every_message_on_the_wire_is_in_the_contract_and_every_channel_is
         rank_every_s=1.0,
         accrue_s=1.0,
         slot_s=1.0,
+        idle_after_s=2.0,  # nlp's fake runs ask to idle: flagged, then cleared by their cancel
+        util_every_s=0.5,
     )
     seen_on_wire: Seen = []
     spy = await nats.connect(fresh_log)
@@ -180,14 +182,25 @@ async def test_every_message_on_the_wire_is_in_the_contract_and_every_channel_is
             )
             assert {h["host"] for h in hosts["hosts"]} == {"fk-0000", "fk-0001", "real1"}
             # The fake hosts filled by nlp (the identity form, then the bare form as a batch).
-            a = await ask("allot.v1.submit.nlp.alice", submit("a", "nlp", 4, duration_s=600))
+            idle = {"env": {"ALLOT_FAKE_UTIL": "idle"}, "min_runtime_s": 60}
+            a = await ask(
+                "allot.v1.submit.nlp.alice", submit("a", "nlp", 4, duration_s=600, **idle)
+            )
             b = await ask(
                 "allot.v1.submit.nlp",
-                {"type": "SubmitBatch", "workloads": [submit("b", "nlp", 4, duration_s=600)]},
+                {
+                    "type": "SubmitBatch",
+                    "workloads": [submit("b", "nlp", 4, duration_s=600, **idle)],
+                },
             )
             wid_a, wid_b = a["workload_id"], b["results"][0]["workload_id"]
             await until(wid_a, "nlp", lambda s: s["state"] == "running")
             await until(wid_b, "nlp", lambda s: s["state"] == "running")
+            # Both idle (their env): flagged by health, listed by both forms of the query.
+            await eventually(
+                lambda: ask("allot.v1.query.idle.nlp"), lambda r: len(r.get("rows", ())) == 2, 30
+            )
+            await ask("allot.v1.query.idle")
             # The real host: a run that fails, then one that completes.
             fail = await ask(
                 "allot.v1.submit.vision.alice",

@@ -194,6 +194,7 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
         "allot.v1.query.queue.nlp",
         "allot.v1.query.prio.nlp",
         "allot.v1.query.status.nlp",
+        "allot.v1.query.idle.nlp",  # its own runs flagged idle
         "allot.v1.query.share",
         "allot.v1.query.allocations",
         "allot.v1.query.owed",
@@ -210,6 +211,7 @@ def test_team_grants_name_only_its_allocations(tree: BudgetTree) -> None:
         "allot.v1.preempt.nlp.*",
         "allot.v1.queued.nlp.*",  # its work's queue positions
         "allot.v1.watched.nlp.*",
+        "allot.v1.usage.idle.nlp.*",  # its runs flagged idle (USAGE, live)
         "allot.v1.ranking",
         "allot.v1.budget.tree",
     }
@@ -279,7 +281,7 @@ def test_agent_and_operator_grants(tree: BudgetTree) -> None:
     assert set(agent.publish) == {
         f"allot.v1.host.{h}.{kind}"
         for h in ("h01", "h02")
-        for kind in ("heartbeat", "health", "report", "sync")
+        for kind in ("heartbeat", "health", "report", "sync", "util")
     }
     assert agent.subscribe == ("_INBOX_a1.>", "allot.v1.host.h01.work", "allot.v1.host.h02.work")
     ops = permissions(UserSpec("o", "operator"), tree)

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from handler_harness import NOW, Clock, ask, broker, raw_msg, running
 
+from allot.core.idle import IdlePolicy
 from allot.proto import messages as m
 from allot.proto import subjects
 from allot.services.health import HealthService
@@ -229,3 +230,101 @@ async def test_a_report_from_the_wrong_host_is_ignored(
         await br.publish(msgspec.json.encode(sick), subjects.health(subject_host))
     assert new_records(log, 1) == []
     assert svc.ignored == {why: 1}
+
+
+# -- GPU utilization and idle flags ---------------------------------------------------------
+
+
+async def _placed_log() -> MemoryLog:
+    """h1 registered; nlp's w1 placed on GPUs 0-1 at NOW."""
+    log = await seeded(REGISTERED)
+    await log.seed(subjects.LEADER, m.LeaderElected(epoch=1, leader="p", at=NOW - 10))
+    await log.seed_events(
+        "nlp",
+        m.WorkloadSubmitted(
+            workload_id="w1",
+            client_id="w1",
+            user="alice",
+            gpus=2,
+            allocation="nlp",
+            min_runtime_s=600,
+            at=NOW - 5,
+        ),
+        m.WorkloadPlaced(
+            workload_id="w1",
+            allocation="nlp",
+            at=NOW,
+            gpus=2,
+            assignment=(m.HostGpus(host="h1", gpus=(0, 1)),),
+            min_runtime_s=600,
+            epoch=1,
+        ),
+    )
+    return log
+
+
+async def _report(svc: HealthService, clock: Clock, util: float) -> Reply:
+    since = clock.now
+    clock.advance(60.0)
+    body = m.HostUtilization(host="h1", since=since, sent_at=clock.now, util=(util,) * 8)
+    return await svc.utilization(subjects.host_util("h1"), msgspec.json.encode(body))
+
+
+def idle_service(log: MemoryLog, clock: Clock) -> HealthService:
+    policy = IdlePolicy(window_s=300.0, max_gap_s=120.0)
+    return HealthService(
+        broker=broker("health"),
+        record_log=log,
+        clock=clock,
+        timeout_s=3600.0,
+        check_s=3600.0,
+        idle_policy=policy,
+    )
+
+
+async def test_idle_gpus_are_recorded_flagged_once_and_the_flag_outlives_a_restart() -> None:
+    log, clock = await _placed_log(), Clock()
+    svc = idle_service(log, clock)
+    async with running(svc):
+        await svc.idle_ready.wait()
+        for _ in range(6):
+            assert isinstance(await _report(svc, clock, 1.0), m.CommandAccepted)
+        refused = await svc.utilization(
+            subjects.host_util("h1"),
+            msgspec.json.encode(
+                m.HostUtilization(host="h2", since=clock.now - 1, sent_at=clock.now, util=(0.0,))
+            ),
+        )
+        assert isinstance(refused, m.CommandRejected) and refused.field == "host"
+        await log.settled()
+        tracks = dict(svc.idle.tracks)
+    flags = log.records("USAGE", m.WorkloadFlaggedIdle)
+    assert [(f.workload_id, f.idle_since, f.at) for f in flags] == [("w1", NOW, NOW + 300)]
+    assert len(log.records("USAGE", m.HostUtilizationRecorded)) == 6
+    assert svc.util_rejected == {"host": 1}
+
+    # A new process on the same log: the same evidence, the flag still open; more idle
+    # reports flag nothing new, a busy one clears the stretch the log holds open.
+    again = idle_service(log, clock)
+    async with running(again):
+        await again.idle_ready.wait()
+        assert again.idle.tracks == tracks
+        assert [r.workload_id for r in again.idle.snapshot("nlp", clock.now).rows] == ["w1"]
+        await _report(again, clock, 1.0)
+        await _report(again, clock, 80.0)
+        await log.settled()
+    assert len(log.records("USAGE", m.WorkloadFlaggedIdle)) == 1
+    (cleared,) = log.records("USAGE", m.WorkloadIdleCleared)
+    assert isinstance(cleared, m.WorkloadIdleCleared)
+    assert (cleared.why, cleared.idle_since, cleared.until) == ("busy", NOW, NOW + 420)
+
+
+def test_preempting_idle_work_is_refused_on_the_command_line() -> None:
+    from allot.services import health
+
+    args = health.parser().parse_args(["--idle-preempt"])
+    with pytest.raises(SystemExit, match="flag only"):
+        health.idle_policy(args)
+    args = health.parser().parse_args(["--idle-threshold-pct", "0"])
+    with pytest.raises(SystemExit, match="--idle-threshold-pct"):
+        health.idle_policy(args)

@@ -27,6 +27,7 @@ from allot.core.budgets import parse_tree
 from allot.core.errors import ValidationError
 from allot.core.model import HostState
 from allot.eventlog.budget_wire import spec_from_tree
+from allot.eventlog.idle_book import IdleBook
 from allot.eventlog.logfold import LogFold
 from allot.eventlog.timeline import LogTimeline
 from allot.proto import messages as m
@@ -229,8 +230,42 @@ def full_inputs(**changes: object) -> MetricsInputs:
         queue=QUEUE,
         ranking=RANKING,
         placement_stats=STATS,
+        idle=idle_book(),
     )
     return replace(inputs, **changes)  # type: ignore[arg-type]
+
+
+def idle_book() -> IdleBook:
+    """nlp: a 2-GPU run idle from T-1000, flagged at T-100 and cleared at T (2,000 GPU-s),
+    and a 4-GPU run flagged idle since T-50, still open."""
+    book = IdleBook()
+
+    def flagged(wid: str, gpus: int, since: float, at: float) -> m.WorkloadFlaggedIdle:
+        return m.WorkloadFlaggedIdle(
+            workload_id=wid,
+            allocation="nlp",
+            gpus=gpus,
+            at=at,
+            idle_since=since,
+            threshold_pct=5.0,
+            window_s=60.0,
+        )
+
+    book.apply(flagged("w1", 2, T - 1000, T - 100))
+    book.apply(
+        m.WorkloadIdleCleared(
+            workload_id="w1",
+            allocation="nlp",
+            gpus=2,
+            at=T,
+            idle_since=T - 1000,
+            until=T,
+            why="busy",
+            idle_gpu_seconds=2000.0,
+        )
+    )
+    book.apply(flagged("w2", 4, T - 50, T - 10))
+    return book
 
 
 # ---------------------------------------------------------------------------- reading back
@@ -692,6 +727,7 @@ UNIT_SUFFIXES = ("_seconds", "_gpus", "_gpu_seconds", "_ratio")
 DIMENSIONLESS = {
     "allot_hosts",  # a count of hosts
     "allot_pending_workloads",  # a count of workloads
+    "allot_idle_workloads",  # a count of runs flagged idle
     "allot_preemptions",  # a count of notices (exposed as _total)
     "allot_allocation_fairtree_rank",  # an ordinal
     "allot_allocation_sort_key",  # tier + 1 - factor: a number with no unit
@@ -789,6 +825,34 @@ def documented() -> dict[str, str]:
             assert row[1] not in out, f"{row[1]} documented twice"
             out[row[1]] = row[2]
     return out
+
+
+def test_idle_gpu_seconds_count_closed_and_open_stretches_and_never_go_down() -> None:
+    inputs = full_inputs()  # now = T + 100
+    s = scrape(inputs)
+    # closed: 2 GPUs x 1000 s; open: 4 GPUs x (T+100 - (T-50)) = 600
+    assert s.by("allot_idle_gpu_seconds_total", "allocation") == {"nlp": 2600.0}
+    assert s.by("allot_idle_workloads", "allocation") == {"nlp": 1.0}
+    assert s.by("allot_idle_gpus", "allocation") == {"nlp": 4.0}
+    # The open stretch closes before the last scrape's now (its last idle evidence): the
+    # counter keeps what it exported.
+    assert inputs.idle is not None
+    book = inputs.idle
+    assert isinstance(book, IdleBook)
+    book.apply(
+        m.WorkloadIdleCleared(
+            workload_id="w2",
+            allocation="nlp",
+            gpus=4,
+            at=T + 120,
+            idle_since=T - 50,
+            until=T + 50,
+            why="busy",
+        )
+    )
+    again = scrape(replace(inputs, now=T + 200))
+    assert again.by("allot_idle_gpu_seconds_total", "allocation") == {"nlp": 2600.0}
+    assert again.by("allot_idle_workloads", "allocation") == {}
 
 
 def test_docs_list_exactly_the_exported_metrics_with_their_types() -> None:

@@ -177,9 +177,12 @@ def test_schema_lists_every_message_and_asyncapi_every_subject_kind() -> None:
         s.QUERY_PLACEMENT_STATS,
         s.QUERY_OWED,
         s.QUERY_USAGE,
+        s.QUERY_IDLE,
     }
     # the per-allocation forms too: the only query subjects a team may use under auth
-    scoped = {f"{q}.{{allocation}}" for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS)}
+    scoped = {
+        f"{q}.{{allocation}}" for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS, s.QUERY_IDLE)
+    }
     assert addresses == set(s.CHANNELS.values()) | queries | scoped
     assert set(api["components"]["messages"]) == {c.__name__ for c in m.MESSAGES}
 
@@ -197,7 +200,7 @@ def test_every_message_is_a_frozen_tagged_struct_that_forbids_unknown_fields() -
         config = cls.__struct_config__
         assert config.frozen and config.forbid_unknown_fields, cls
         assert config.tag == cls.__name__, cls
-    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 49
+    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 54
 
 
 # -- round trips ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
     allot queue [-l] | allot prio | allot share [-l] | allot hosts
     allot drain HOST [--operator NAME] [--reason R] | allot undrain HOST [--operator NAME]
     allot budgets set PATH SHARES [--by NAME]    (PATH root/nlp/pretrain, SHARES N|parent)
+    allot budgets history                        (allot.cli.history_cmds)
 
 Each takes ``--nats-url`` (env ``ALLOT_NATS_URL``; without either, the stack started from
 this folder: ``allot.cli.stack_url``), ``--timeout`` and ``--json`` (the envelope of
@@ -378,7 +379,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--operator", help=f"who returns it ({LOGIN_HELP})")
     p.set_defaults(func=run_undrain)
 
-    budgets = subparsers.add_parser("budgets", help="change the budget tree")
+    budgets = subparsers.add_parser("budgets", help="change the budget tree, or list its changes")
     actions = budgets.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = actions.add_parser(
         "set",
@@ -391,6 +392,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("shares", metavar="SHARES")
     p.add_argument("--by", help=f"who sets it ({LOGIN_HELP})")
     p.set_defaults(func=run_budget_set)
+    # Imported here: history_cmds imports this module's parsing helpers.
+    from allot.cli.history_cmds import register_budget_history  # noqa: PLC0415
+
+    register_budget_history(actions, common)
 
 
 # -- running -----------------------------------------------------------------------------------

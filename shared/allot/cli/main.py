@@ -18,6 +18,8 @@ from allot.cli import (
     auth_cmd,
     demo_cmd,
     fairshare_cmd,
+    history_cmds,
+    idle_cmd,
     live_cmds,
     owed_cmd,
     scenario_cmd,
@@ -48,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo_cmd.register(subparsers)
     live_cmds.register(subparsers)
     owed_cmd.register(subparsers)
+    idle_cmd.register(subparsers)
+    history_cmds.register(subparsers)
     accounting_cmd.add_parser(subparsers)
     auth_cmd.register(subparsers)
     return parser

@@ -8,9 +8,10 @@ Without ``--window`` it asks twice, for the last day and the last week, and prin
 table per window; ``--window`` asks once. Each table: ALLOCATION, BUDGET % (effective
 share), OWED GPU-h, DELIVERED GPU-h (``allot.render.live_format.gpu_h_cell``: a small figure
 keeps three significant digits), DELIVERED/OWED (a percentage, ``-`` when nothing was
-owed), then an ``overall`` row (sums, and the report's overall ratio). A legend under the
-tables says what each figure counts and as of when: the log up to the answer's ``at``,
-not the usage accounting has charged (``allot accounting usage``).
+owed), IDLE GPU-h (held by work flagged idle, ``allot idle``), then an ``overall`` row
+(sums, and the report's overall ratio). A legend under the tables says what each figure
+counts and as of when: the log up to the answer's ``at``, not the usage accounting has
+charged (``allot accounting usage``).
 
 ``--json`` prints one envelope (``allot.render.live_format``: ``{"kind": "OwedSnapshot",
 "at", "data"}``) per window, one per line (JSON Lines, as ``allot watch --json``), in the
@@ -46,6 +47,7 @@ OWED_COLUMNS = (
     fmt.Column("OWED GPU-h", ">"),
     fmt.Column("DELIVERED GPU-h", ">"),
     fmt.Column("DELIVERED/OWED", ">"),
+    fmt.Column("IDLE GPU-h", ">"),
 )
 
 OVERALL = "overall"
@@ -83,6 +85,7 @@ def owed_table(snapshot: m.OwedSnapshot) -> str:
             fmt.gpu_h_cell(r.owed_gpu_h),
             fmt.gpu_h_cell(r.delivered_gpu_h),
             ratio_cell(r.ratio),
+            fmt.gpu_h_cell(r.idle_gpu_h),
         )
         for r in snapshot.rows
     ]
@@ -93,6 +96,7 @@ def owed_table(snapshot: m.OwedSnapshot) -> str:
             fmt.gpu_h_cell(sum(r.owed_gpu_h for r in snapshot.rows)),
             fmt.gpu_h_cell(sum(r.delivered_gpu_h for r in snapshot.rows)),
             ratio_cell(snapshot.overall),
+            fmt.gpu_h_cell(sum(r.idle_gpu_h for r in snapshot.rows)),
         )
     )
     heading = (
@@ -110,6 +114,8 @@ def owed_legend(at: float) -> str:
             "then), per bucket:",
             "  OWED      = min(budget x healthy GPU-h, GPU-h its allocated work ran or waited)",
             "  DELIVERED = allocated GPU-h it ran, from each placement, at most OWED",
+            "  IDLE      = allocated GPU-h held while flagged idle, every GPU below the "
+            "threshold (allot idle)",
             "Not the usage accounting has charged (allot accounting usage): that counts from "
             "each run's",
             "reported start in whole slots, running work a slot or so behind.",

@@ -88,10 +88,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--compare", help="comma-separated policies to run side by side")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--seed", type=int, default=0, help="recorded in the report")
-    parser.add_argument("--window", type=parse_duration, default="7d", help="usage window")
-    parser.add_argument(
-        "--half-life", type=parse_duration, default=None, help="decay usage (Slurm-like)"
-    )
     parser.add_argument(
         "--min-runtime",
         type=parse_duration,
@@ -103,6 +99,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action=argparse.BooleanOptionalAction,
         default=True,
         help="resumable for trace rows without the column (default yes)",
+    )
+    add_engine_options(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="policies simulated in parallel with --compare (default: CPU count)",
+    )
+    parser.set_defaults(func=run)
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The engine's and the policy's knobs (``allot simulate``, ``allot whatif``)."""
+    parser.add_argument("--window", type=parse_duration, default="7d", help="usage window")
+    parser.add_argument(
+        "--half-life", type=parse_duration, default=None, help="decay usage (Slurm-like)"
     )
     parser.add_argument(
         "--grace", type=parse_duration, default=DEFAULT_GRACE_S, help="preemption grace"
@@ -124,14 +137,44 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--rank-every", type=parse_duration, default=300, help="Fair Tree refresh interval"
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help="policies simulated in parallel with --compare (default: CPU count)",
+
+
+def check_engine_options(args: argparse.Namespace) -> None:
+    """Refuse engine knobs the run cannot honour, naming the flag."""
+    check_unallocated_knobs(
+        "--unallocated-grace",
+        args.unallocated_grace,
+        "--unallocated-settle",
+        args.unallocated_settle,
     )
-    parser.set_defaults(func=run)
+    for flag, value in (
+        ("--window", args.window),
+        ("--half-life", args.half_life),
+        ("--rank-every", args.rank_every),
+    ):
+        if value is not None and value <= 0:
+            raise ValidationError(flag, f"must be more than 0 seconds, got {value:g}")
+
+
+def engine_config(
+    args: argparse.Namespace, name: str, tree: BudgetTree, cluster: ClusterSpec
+) -> SimConfig:
+    """The ``SimConfig`` of policy ``name`` under ``tree`` with the engine options."""
+    return SimConfig(
+        policy_name=name,
+        policy=named_policy(
+            name,
+            tree,
+            _capacity(cluster),
+            args.grace,
+            unallocated_grace_s=int(args.unallocated_grace),
+            unallocated_settle_s=args.unallocated_settle,
+        ),
+        seed=getattr(args, "seed", 0),
+        window_s=args.window,
+        half_life_s=args.half_life,
+        rank_every_s=args.rank_every,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,19 +218,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         if args.philly is None:
             raise ValidationError("--philly-window", "needs --philly DIR")
         philly_window(args.philly_window)  # a bad window fails before the trace is read
-    check_unallocated_knobs(
-        "--unallocated-grace",
-        args.unallocated_grace,
-        "--unallocated-settle",
-        args.unallocated_settle,
-    )
-    for flag, value in (
-        ("--window", args.window),
-        ("--half-life", args.half_life),
-        ("--rank-every", args.rank_every),
-    ):
-        if value is not None and value <= 0:
-            raise ValidationError(flag, f"must be more than 0 seconds, got {value:g}")
+    check_engine_options(args)
     if args.min_runtime > MAX_MIN_RUNTIME_S:
         raise ValidationError(
             "--min-runtime",
@@ -237,21 +268,7 @@ def _run_one(
     *,
     per_policy_folder: bool,
 ) -> dict[str, Any]:
-    config = SimConfig(
-        policy_name=name,
-        policy=named_policy(
-            name,
-            tree,
-            _capacity(cluster),
-            args.grace,
-            unallocated_grace_s=int(args.unallocated_grace),
-            unallocated_settle_s=args.unallocated_settle,
-        ),
-        seed=args.seed,
-        window_s=args.window,
-        half_life_s=args.half_life,
-        rank_every_s=args.rank_every,
-    )
+    config = engine_config(args, name, tree, cluster)
     started = time.perf_counter()
     progress = None if args.quiet else _progress_bar(name)
     record = simulate(cluster, tree, jobs, config, progress)

@@ -11,6 +11,11 @@ def tree_from_spec(spec: BudgetNodeSpec) -> BudgetTree:
     return parse_tree(_as_mapping(spec, is_root=True))
 
 
+def tree_mapping(tree: BudgetTree) -> dict[str, object]:
+    """``tree`` in the nested mapping form ``parse_tree`` reads (a budgets.yaml's)."""
+    return _as_mapping(spec_from_tree(tree), is_root=True)
+
+
 def _as_mapping(spec: BudgetNodeSpec, *, is_root: bool) -> dict[str, object]:
     out: dict[str, object] = {"name": spec.name}
     if not is_root:

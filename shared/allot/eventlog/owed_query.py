@@ -5,20 +5,30 @@
 block into an ``OwedSnapshot``: one row per allocation, sorted by name, with the
 allocation's effective share of the tree current at ``now``. ``overall`` is total delivered
 / total owed (null when nothing was owed). The numbers are the report's, rounded as it
-rounds them (6 decimals). Pure: the caller passes ``now``.
+rounds them (6 decimals). Given the ``IdleBook`` of the idle records (USAGE), each row also carries
+``idle_gpu_h``: GPU-hours of the allocation's flagged idle stretches within the window
+(an open one up to ``now``); an allocation idle but absent from the report gets a row of
+its own. Pure: the caller passes ``now``.
 """
 
 from __future__ import annotations
 
+from allot.eventlog.idle_book import IdleBook
 from allot.eventlog.timeline import LogTimeline
 from allot.proto import messages as m
 
 
-def owed_snapshot(timeline: LogTimeline, query: m.OwedQuery, now: float) -> m.OwedSnapshot:
+def owed_snapshot(
+    timeline: LogTimeline, query: m.OwedQuery, now: float, idle: IdleBook | None = None
+) -> m.OwedSnapshot:
     """The ``OwedSnapshot`` of ``query`` at ``now``; a window longer than the timeline's
     history raises ``ValidationError("window_s", ...)`` (reply ``CommandRejected``)."""
     owed = timeline.owed(now, query.window_s, query.bucket_s)
     shares = timeline.fold.shares()
+    idle_s = {} if idle is None else idle.gpu_seconds(now - query.window_s, now)
+    by_allocation = dict(owed["by_allocation"])
+    for name in idle_s.keys() - by_allocation.keys():
+        by_allocation[name] = {"owed_gpu_h": 0.0, "delivered_gpu_h": 0.0, "ratio": None}
     rows = tuple(
         m.OwedRow(
             allocation=name,
@@ -27,8 +37,9 @@ def owed_snapshot(timeline: LogTimeline, query: m.OwedQuery, now: float) -> m.Ow
             ratio=row["ratio"],
             # Shares sum to 1; min() only guards the last bit of a float sum.
             effective_share=min(1.0, shares.get(name, 0.0)),
+            idle_gpu_h=round(idle_s.get(name, 0.0) / 3600.0, 6),
         )
-        for name, row in sorted(owed["by_allocation"].items())
+        for name, row in sorted(by_allocation.items())
     )
     return m.OwedSnapshot(
         at=now,

@@ -18,8 +18,9 @@ Roles (one per row, see ``deploy/roles.example.yaml``):
   grants (its own password, credentials file, inbox and dashboard login), and the row's
   name is only the team's; without ``users`` the row is one login named by the row.
   Publishes ``submit.<a>.<login>``, ``cancel.<a>.*.user.<login>``, ``watch.<a>``,
-  ``query.{queue,prio,status}.<a>`` and the cluster-wide ``TEAM_QUERIES``; subscribes
-  ``events.<a>.>``, ``preempt.<a>.*``, ``queued.<a>.*``, ``watched.<a>.*``, ``ranking``
+  ``query.{queue,prio,status,idle}.<a>`` and the cluster-wide ``TEAM_QUERIES``; subscribes
+  ``events.<a>.>``, ``preempt.<a>.*``, ``queued.<a>.*``, ``watched.<a>.*``,
+  ``usage.idle.<a>.*`` (its runs flagged idle; not for ``~``), ``ranking``
   and ``budget.tree``; reads the log only through watches the intake service opens for it
   (``allot.bus.log_watch``), never through the JetStream API.
 * ``manager``: ``node: <name>`` in the budget tree. Publishes
@@ -32,9 +33,10 @@ Roles (one per row, see ``deploy/roles.example.yaml``):
   drain here) and ``allot.v1.cancel.*.*.operator.<login>``: cancelling anyone's workload,
   as ``scancel`` run by root (a team's grant names only the owner's form, ``.user.``).
 * ``agent``: ``hosts: [h, ...]``. Per host, the literal subjects ``host.<h>.heartbeat``,
-  ``.health``, ``.report`` and ``.sync`` to publish and ``host.<h>.work`` to read; nothing of
-  JetStream. The dispatch service reads the log for agents and appends a report only when
-  the subject's host is the primary host of that workload's current attempt.
+  ``.health``, ``.report``, ``.sync`` and ``.util`` to publish and ``host.<h>.work`` to
+  read; nothing of JetStream. The dispatch service reads the log for agents and appends a
+  report only when the subject's host is the primary host of that workload's current
+  attempt.
 * ``service``: everything (``>``).
 
 No user but the services may publish anything of JetStream (``NOT_SERVICES``: the API,
@@ -306,6 +308,9 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
             pub += [f"{s.PREFIX}.submit.{a}.{user.name}", _own_cancels(a, s.OWNER, user.name)]
             pub += [s.query_scoped(q, a) for q in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS)]
             sub.append(s.allocation_queued(None if a == s.UNALLOCATED else a))
+            if a != s.UNALLOCATED:  # only allocated work is flagged idle
+                pub.append(s.query_scoped(s.QUERY_IDLE, a))
+                sub.append(s.allocation_idle(a))
             # The log through the services' watches only (``allot.bus.log_watch``).
             pub.append(s.watch(a))
             sub += [s.allocation_events(a), s.allocation_preempt(a), s.allocation_watched(a)]
@@ -340,6 +345,7 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
     agent_sub = [inbox]
     for h in user.hosts:
         agent_pub += [s.heartbeat(h), s.health(h), s.host_report(h), s.host_sync(h)]
+        agent_pub.append(s.host_util(h))
         agent_sub.append(s.host_work(h))
     return Permissions(
         publish=tuple(agent_pub), subscribe=tuple(agent_sub), deny_publish=NOT_SERVICES

@@ -150,6 +150,10 @@ class StackConfig:
     heartbeat_timeout_s: float = 10.0
     heartbeat_s: float = 1.0
     fake_duration_s: float = 60.0
+    idle_after_s: float | None = None
+    """Health's ``--idle-after-s`` (None: its default, 30 minutes)."""
+    util_every_s: float | None = None
+    """The agents' ``--util-every-s`` (None: their default, 30 s)."""
     batch_reports: bool = True
     """Fake agents send their hosts' reports in batches (``allot.services.agent.report_batch``),
     unless ``secure``: there each agent is its own NATS user, granted its hosts' subjects
@@ -436,7 +440,13 @@ class Stack(StartStop):
                 "--redis-prefix",
                 c.redis_prefix,
             ],
-            "health": [*py, "allot.services.health", "--timeout-s", str(c.heartbeat_timeout_s)],
+            "health": [
+                *py,
+                "allot.services.health",
+                "--timeout-s",
+                str(c.heartbeat_timeout_s),
+                *([] if c.idle_after_s is None else ["--idle-after-s", str(c.idle_after_s)]),
+            ],
             "dispatch": [*py, "allot.services.dispatch"],
         }
         if self.dashboard_port is not None:
@@ -468,6 +478,8 @@ class Stack(StartStop):
         for agent in c.agents:
             argv = [*py, "allot.services.agent", *agent.argv()]
             argv += ["--heartbeat-s", str(c.heartbeat_s)]
+            if c.util_every_s is not None:
+                argv += ["--util-every-s", str(c.util_every_s)]
             if agent.fake:
                 argv += ["--fake-duration-s", str(c.fake_duration_s)]
                 if c.batch_reports and not c.secure:

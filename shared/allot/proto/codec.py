@@ -53,6 +53,7 @@ TYPES: Final[dict[Kind, Any]] = {
     Kind.HEALTH: m.HealthReport,
     Kind.HOST_REPORT: m.PartReport,
     Kind.HOST_SYNC: m.HostSync,
+    Kind.HOST_UTIL: m.HostUtilization,
     Kind.HOSTS_REPORT: m.PartReports,
     Kind.HOST_WORK: m.HostWork,
     Kind.DRAIN: m.DrainHost,
@@ -64,6 +65,8 @@ TYPES: Final[dict[Kind, Any]] = {
     Kind.RANKING: m.RankingUpdated,
     Kind.LEADER: m.LeaderElected,
     Kind.BUDGET_TREE: m.BudgetTreeSet,
+    Kind.USAGE_GPU: m.HostUtilizationRecorded,
+    Kind.IDLE: m.IdleEvent,
     Kind.WATCH: m.WatchLog,
     Kind.WATCHED: m.WorkloadEvent | m.PreemptionNotice,
 }

@@ -271,6 +271,24 @@ class HealthReport(_Message, frozen=True, kw_only=True):
     detail: Text = ""
 
 
+UtilPct = Annotated[
+    float, msgspec.Meta(ge=0.0, le=100.0, description="GPU utilization, percent 0..100")
+]
+
+
+class HostUtilization(_Message, frozen=True, kw_only=True):
+    """``allot.v1.host.<host>.util`` (request, from the host's agent): the mean utilization
+    of each of the host's GPUs over ``[since, sent_at]``, ``util[i]`` for GPU index ``i``
+    (null: not read); one message per host per report interval. Answered
+    ``CommandAccepted`` or ``CommandRejected`` naming the field (a time ahead of the
+    clock, an interval too long, more GPUs than the host registered)."""
+
+    host: Name
+    since: Timestamp
+    sent_at: Timestamp
+    util: Annotated[tuple[UtilPct | None, ...], msgspec.Meta(min_length=1, max_length=1024)]
+
+
 # == the agents' channel (per host, core NATS) ==================================================
 
 MAX_HOST_TASKS = 1024
@@ -627,6 +645,75 @@ class HostHealthy(_Message, frozen=True, kw_only=True):
     at: Timestamp
 
 
+# == GPU utilization and idle allocated work (USAGE stream, written by the health service) =====
+
+
+class PartUtilization(_Wire, frozen=True, kw_only=True):
+    """One allocated run's GPUs on the host, as the health service judged a report:
+    ``util_pct`` the highest of their utilizations (null: one was not read), ``idle_since``
+    since when every sample of them was below the idle threshold (null: not idle) and
+    ``peak_pct`` the highest utilization since then (``allot.core.idle``)."""
+
+    workload_id: Name
+    allocation: Name
+    attempt: Attempt
+    gpus: Annotated[tuple[GpuIndex, ...], msgspec.Meta(min_length=1, max_length=1024)]
+    util_pct: UtilPct | None = None
+    idle_since: Timestamp | None = None
+    peak_pct: UtilPct = 0.0
+
+
+class HostUtilizationRecorded(_Message, frozen=True, kw_only=True):
+    """``allot.v1.usage.gpu.<host>``: one ``HostUtilization`` of a host running allocated
+    work, checked and attributed to the runs holding its GPUs, with each run's idle evidence
+    after it. The last one per host re-seeds the detection after a restart."""
+
+    host: Name
+    since: Timestamp
+    until: Timestamp
+    at: Timestamp
+    parts: Annotated[tuple[PartUtilization, ...], msgspec.Meta(max_length=1024)] = ()
+
+
+IdleClearWhy = Literal["busy", "ended", "no-samples"]
+"""Why an idle flag ends: a sample at or above the threshold, the run's end, or no sample
+for longer than the allowed gap (``allot.core.idle.ClearWhy``)."""
+
+
+class WorkloadFlaggedIdle(_Message, frozen=True, kw_only=True):
+    """``allot.v1.usage.idle.<allocation>.<workload>``: every GPU of the run stayed below
+    ``threshold_pct`` from ``idle_since`` to ``at`` (at least ``window_s``). Flagged only:
+    nothing is preempted (``preempt`` says what the policy asked for)."""
+
+    workload_id: Name
+    allocation: Name
+    attempt: Attempt = 1
+    user: Name | None = None
+    gpus: Gpus
+    at: Timestamp
+    idle_since: Timestamp
+    threshold_pct: UtilPct
+    window_s: Seconds
+    peak_pct: UtilPct = 0.0
+    reason: Text = ""
+    preempt: bool = False
+
+
+class WorkloadIdleCleared(_Message, frozen=True, kw_only=True):
+    """The end of a flagged idle stretch ``[idle_since, until]``: ``idle_gpu_seconds`` =
+    ``gpus x (until - idle_since)``, GPU time charged while idle."""
+
+    workload_id: Name
+    allocation: Name
+    attempt: Attempt = 1
+    gpus: Gpus
+    at: Timestamp
+    idle_since: Timestamp
+    until: Timestamp
+    why: IdleClearWhy
+    idle_gpu_seconds: NonNegative = 0.0
+
+
 # == budgets ===================================================================================
 
 
@@ -913,6 +1000,9 @@ class OwedRow(_Wire, frozen=True, kw_only=True):
     delivered_gpu_h: NonNegative
     ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     effective_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    idle_gpu_h: NonNegative = 0.0
+    """GPU-hours its allocated work held in flagged idle stretches within the window
+    (``WorkloadFlaggedIdle``; a stretch still open counts up to the answer's ``at``)."""
 
 
 class OwedSnapshot(_Message, frozen=True, kw_only=True):
@@ -955,6 +1045,31 @@ class UsageSnapshot(_Message, frozen=True, kw_only=True):
     rows: Annotated[tuple[UsageRow, ...], msgspec.Meta(max_length=100_000)] = ()
 
 
+class IdleRow(_Wire, frozen=True, kw_only=True):
+    """One run flagged idle now (``WorkloadFlaggedIdle`` not cleared)."""
+
+    workload_id: Name
+    allocation: Name
+    attempt: Attempt = 1
+    user: Name | None = None
+    gpus: Gpus
+    idle_since: Timestamp
+    flagged_at: Timestamp
+    peak_pct: UtilPct = 0.0
+    reason: Text = ""
+
+
+class IdleSnapshot(_Message, frozen=True, kw_only=True):
+    """``allot.v1.query.idle`` (every allocation; operators, managers) or
+    ``allot.v1.query.idle.<allocation>`` (a team's own), answered by the health service:
+    the runs flagged idle now, oldest stretch first, and the policy that flagged them."""
+
+    at: Timestamp
+    threshold_pct: UtilPct
+    window_s: Seconds
+    rows: Annotated[tuple[IdleRow, ...], msgspec.Meta(max_length=100_000)] = ()
+
+
 # == groups ====================================================================================
 
 WorkloadEvent = (
@@ -969,6 +1084,7 @@ WorkloadEvent = (
     | WorkloadCancelled
 )
 HostEvent = HostRegistered | HostDraining | HostDrained | HostHealthy
+IdleEvent = WorkloadFlaggedIdle | WorkloadIdleCleared
 
 EVENT_NAME: dict[type[msgspec.Struct], str] = {
     WorkloadSubmitted: "submitted",
@@ -995,6 +1111,7 @@ COMMANDS: tuple[type[msgspec.Struct], ...] = (
     UndrainHost,
     Heartbeat,
     HealthReport,
+    HostUtilization,
     PartReport,
     PartReports,
     HostSync,
@@ -1022,6 +1139,9 @@ EVENTS: tuple[type[msgspec.Struct], ...] = (
     RankingUpdated,
     BudgetTreeSet,
     HostWork,
+    HostUtilizationRecorded,
+    WorkloadFlaggedIdle,
+    WorkloadIdleCleared,
 )
 REPLIES: tuple[type[msgspec.Struct], ...] = (
     SubmitBatchAnswered,
@@ -1039,6 +1159,7 @@ REPLIES: tuple[type[msgspec.Struct], ...] = (
     OwedSnapshot,
     UsageQuery,
     UsageSnapshot,
+    IdleSnapshot,
     WatchStarted,
 )
 MESSAGES = COMMANDS + EVENTS + REPLIES

@@ -28,6 +28,7 @@ from allot.proto.subjects import (
     PREFIX,
     QUERY_ALLOCATIONS,
     QUERY_HOSTS,
+    QUERY_IDLE,
     QUERY_OWED,
     QUERY_PLACEMENT_STATS,
     QUERY_PRIO,
@@ -54,6 +55,7 @@ _ACTION: dict[Kind, str] = {
     Kind.HEALTH: "send",
     Kind.HOST_REPORT: "send",
     Kind.HOST_SYNC: "send",
+    Kind.HOST_UTIL: "send",
     Kind.HOSTS_REPORT: "send",
     Kind.HOST_WORK: "receive",
     Kind.DRAIN: "send",
@@ -65,6 +67,8 @@ _ACTION: dict[Kind, str] = {
     Kind.RANKING: "receive",
     Kind.LEADER: "receive",
     Kind.BUDGET_TREE: "receive",
+    Kind.USAGE_GPU: "receive",
+    Kind.IDLE: "receive",
     Kind.WATCH: "send",
     Kind.WATCHED: "receive",
 }
@@ -81,6 +85,7 @@ _REPLIES: dict[Kind, tuple[type[msgspec.Struct], ...]] = {
     Kind.UNDRAIN: _COMMAND_REPLY,
     Kind.HOST_REPORT: _COMMAND_REPLY,
     Kind.HOST_SYNC: (m.HostWork,),
+    Kind.HOST_UTIL: _COMMAND_REPLY,
     Kind.HOSTS_REPORT: (m.PartReportsAnswered, m.CommandRejected),
     Kind.WATCH: (m.WatchStarted, m.CommandRejected),
 }
@@ -114,6 +119,12 @@ _QUERIES: dict[
     "query_placement_stats": (QUERY_PLACEMENT_STATS, (), (m.PlacementStats, m.CommandRejected)),
     "query_owed": (QUERY_OWED, (m.OwedQuery,), (m.OwedSnapshot, m.CommandRejected)),
     "query_usage": (QUERY_USAGE, (m.UsageQuery,), (m.UsageSnapshot, m.CommandRejected)),
+    "query_idle": (QUERY_IDLE, (), (m.IdleSnapshot, m.CommandRejected)),
+    "query_idle_allocation": (
+        f"{QUERY_IDLE}.{{allocation}}",
+        (),
+        (m.IdleSnapshot, m.CommandRejected),
+    ),
 }
 """Query channels: address, request message (none: an empty body), reply messages."""
 
@@ -130,6 +141,7 @@ _GRANTED: dict[str, tuple[str, ...]] = {
     Kind.HEALTH.value: (_AGENT,),
     Kind.HOST_REPORT.value: (_AGENT,),
     Kind.HOST_SYNC.value: (_AGENT,),
+    Kind.HOST_UTIL.value: (_AGENT,),
     Kind.HOST_WORK.value: (_AGENT,),
     Kind.HOST_STATE.value: (_OPERATOR,),
     Kind.EVENTS.value: (_TEAM,),
@@ -139,6 +151,7 @@ _GRANTED: dict[str, tuple[str, ...]] = {
     Kind.WATCHED.value: (_TEAM,),
     Kind.RANKING.value: (_TEAM, _MANAGER),
     Kind.BUDGET_TREE.value: (_TEAM, _MANAGER),
+    Kind.IDLE.value: (_TEAM,),
     "query_queue": (_MANAGER, _OPERATOR),
     "query_prio": (_MANAGER, _OPERATOR),
     "query_status": (_MANAGER, _OPERATOR),
@@ -151,6 +164,8 @@ _GRANTED: dict[str, tuple[str, ...]] = {
     "query_usage": (_TEAM, _MANAGER, _OPERATOR),
     "query_hosts": (_TEAM, _MANAGER, _OPERATOR),
     "query_placement_stats": (_TEAM, _MANAGER, _OPERATOR),
+    "query_idle": (_MANAGER, _OPERATOR),
+    "query_idle_allocation": (_TEAM, _MANAGER, _OPERATOR),
 }
 """Who ``allot auth gen`` grants each channel to (publish for a send, subscribe for a
 receive), besides the services, which are granted everything; a channel not listed is the

@@ -29,6 +29,7 @@ subject                                     message(s)                    grant 
 ...host.<host>.health                       HealthReport (agent)          ...host.h01.health
 ...host.<host>.report                       PartReport (agent request)    ...host.h01.report
 ...host.<host>.sync                         HostSync (agent request)      ...host.h01.sync
+...host.<host>.util                         HostUtilization (request)     ...host.h01.util
 ...hosts.report                             PartReports (request)         (services only)
 ...host.<host>.work                         HostWork (agent subscribes)   ...host.h01.work
 ...host.<host>.state                        HostDraining/Drained/Healthy  ...host.*.state
@@ -40,6 +41,8 @@ subject                                     message(s)                    grant 
 ...ranking                                  RankingUpdated                ...ranking
 ...leader                                   LeaderElected                 (services only)
 ...budget.tree                              BudgetTreeSet (current tree)  ...budget.tree
+...usage.gpu.<host>                         HostUtilizationRecorded       (services only)
+...usage.idle.<a>.<w>                       WorkloadFlaggedIdle/Cleared   ...usage.idle.nlp.*
 ...query.{queue,prio,hosts,share,...}       queries (request/reply)       ...query.*
 ==========================================  ============================  ==========================
 
@@ -92,6 +95,10 @@ Rules behind the shape:
    is granted them. A budget change's login comes before the path (``by.<login>.root...``)
    because the path has variable depth; a cancel's form (``user``, ``operator``,
    ``manager``) before the login, so the bare on-behalf forms stay one token shorter.
+7. **GPU utilization**: an agent reports its host's GPUs on ``...host.<h>.util`` (a
+   request the health service answers); health records what it judged on
+   ``...usage.gpu.<h>`` and flags idle allocated work on ``...usage.idle.<a>.<w>`` (both in
+   USAGE), where the allocation's team, granted ``...usage.idle.<a>.*``, hears it.
 """
 
 from __future__ import annotations
@@ -126,6 +133,7 @@ class Kind(StrEnum):
     HEALTH = "host.health"
     HOST_REPORT = "host.report"
     HOST_SYNC = "host.sync"
+    HOST_UTIL = "host.util"
     HOSTS_REPORT = "hosts.report"
     HOST_WORK = "host.work"
     DRAIN = "host.drain"
@@ -137,6 +145,8 @@ class Kind(StrEnum):
     RANKING = "ranking"
     LEADER = "leader"
     BUDGET_TREE = "budget.tree"
+    USAGE_GPU = "usage.gpu"
+    IDLE = "usage.idle"
     WATCH = "watch"
     WATCHED = "watched"
     SUBMIT_AS = "submit.as"
@@ -345,6 +355,11 @@ def host_work(host: str) -> str:
     return _host_subject(host, "work")
 
 
+def host_util(host: str) -> str:
+    """Where a host's agent reports its GPUs' utilization (``HostUtilization``)."""
+    return _host_subject(host, "util")
+
+
 def drain(host: str) -> str:
     return _host_subject(host, "drain")
 
@@ -442,15 +457,31 @@ def watched(allocation: str | None, deliver: str) -> str:
     return f"{PREFIX}.watched.{allocation_token(allocation)}.{validate_token(deliver, 'deliver')}"
 
 
+def usage_gpu(host: str) -> str:
+    """Where the health service records a host's judged utilization (USAGE)."""
+    return f"{PREFIX}.usage.gpu.{validate_token(host, 'host')}"
+
+
+def idle(allocation: str, workload: str) -> str:
+    """Where a run of ``allocation``'s is flagged idle and cleared (USAGE)."""
+    a = validate_token(allocation, "allocation")
+    return f"{PREFIX}.usage.idle.{a}.{validate_token(workload, 'workload')}"
+
+
+def allocation_idle(allocation: str) -> str:
+    """Every idle flag of one allocation's workloads: what its team is granted to read."""
+    return f"{PREFIX}.usage.idle.{validate_token(allocation, 'allocation')}.*"
+
+
 def allocation_watched(allocation: str | None) -> str:
     """Every watch delivery of one allocation: what its team is granted to read."""
     return f"{PREFIX}.watched.{allocation_token(allocation)}.*"
 
 
 def query_scoped(query: str, allocation: str | None) -> str:
-    """``QUERY_QUEUE``, ``QUERY_PRIO`` or ``QUERY_STATUS`` for one allocation's work only
-    (``~``: unallocated work): ``allot.v1.query.queue.nlp``."""
-    if query not in (QUERY_QUEUE, QUERY_PRIO, QUERY_STATUS):
+    """``QUERY_QUEUE``, ``QUERY_PRIO``, ``QUERY_STATUS`` or ``QUERY_IDLE`` for one
+    allocation's work only (``~``: unallocated work): ``allot.v1.query.queue.nlp``."""
+    if query not in (QUERY_QUEUE, QUERY_PRIO, QUERY_STATUS, QUERY_IDLE):
         raise ValidationError("query", f"has no per-allocation form: {query!r}")
     return f"{query}.{allocation_token(allocation)}"
 
@@ -482,6 +513,10 @@ QUERY_PLACEMENT_STATS = f"{PREFIX}.query.placement_stats"
 """PlacementStats (scheduling-cycle durations), answered by the placement leader."""
 QUERY_OWED = f"{PREFIX}.query.owed"
 """OwedQuery -> OwedSnapshot or CommandRejected, answered by the dashboard service."""
+QUERY_IDLE = f"{PREFIX}.query.idle"
+"""IdleSnapshot: the runs flagged idle now, answered by the health service; the
+per-allocation form ``...query.idle.<a>`` (``query_scoped``) lists that allocation's."""
+ALL_QUERY_IDLE = f"{QUERY_IDLE}.*"
 QUERY_USAGE = f"{PREFIX}.query.usage"
 """UsageQuery (or an empty body) -> UsageSnapshot or CommandRejected: the GPU-seconds charged
 to each allocation, answered by the accounting service."""
@@ -502,6 +537,9 @@ ALL_HEARTBEATS = f"{PREFIX}.host.*.heartbeat"
 ALL_HEALTH = f"{PREFIX}.host.*.health"
 ALL_HOST_REPORT = f"{PREFIX}.host.*.report"
 ALL_HOST_SYNC = f"{PREFIX}.host.*.sync"
+ALL_HOST_UTIL = f"{PREFIX}.host.*.util"
+ALL_USAGE_GPU = f"{PREFIX}.usage.gpu.*"
+ALL_IDLE = f"{PREFIX}.usage.idle.*.*"
 HOSTS_REPORT = f"{PREFIX}.hosts.report"
 """Many hosts' reports in one request (``PartReports``): a fake agent's, for any host, so
 only users granted every subject (services) may send it."""
@@ -546,6 +584,7 @@ CHANNELS: dict[Kind, str] = {
     Kind.HEALTH: f"{PREFIX}.host.{{host}}.health",
     Kind.HOST_REPORT: f"{PREFIX}.host.{{host}}.report",
     Kind.HOST_SYNC: f"{PREFIX}.host.{{host}}.sync",
+    Kind.HOST_UTIL: f"{PREFIX}.host.{{host}}.util",
     Kind.HOSTS_REPORT: HOSTS_REPORT,
     Kind.HOST_WORK: f"{PREFIX}.host.{{host}}.work",
     Kind.DRAIN: f"{PREFIX}.host.{{host}}.drain",
@@ -557,6 +596,8 @@ CHANNELS: dict[Kind, str] = {
     Kind.RANKING: RANKING,
     Kind.LEADER: LEADER,
     Kind.BUDGET_TREE: BUDGET_TREE,
+    Kind.USAGE_GPU: f"{PREFIX}.usage.gpu.{{host}}",
+    Kind.IDLE: f"{PREFIX}.usage.idle.{{allocation}}.{{workload}}",
     Kind.WATCH: f"{PREFIX}.watch.{{allocation}}",
     Kind.WATCHED: f"{PREFIX}.watched.{{allocation}}.{{deliver}}",
     Kind.SUBMIT_AS: f"{PREFIX}.submit.{{allocation}}.{{login}}",
@@ -634,4 +675,8 @@ def kind_of(subject: str) -> Kind:
         return Kind.LEADER
     if head == "budget" and n == 2 and rest[1] == "tree":
         return Kind.BUDGET_TREE
+    if head == "usage" and n == 3 and rest[1] == "gpu":
+        return Kind.USAGE_GPU
+    if head == "usage" and n == 4 and rest[1] == "idle":
+        return Kind.IDLE
     raise ValidationError("subject", f"{subject!r} is not a known {PREFIX} subject")

@@ -112,6 +112,7 @@ _ALLOCATIONS_REPLY = msgspec.json.Decoder(m.AllocationsSnapshot | m.CommandRejec
 _PLACEMENT_STATS_REPLY = msgspec.json.Decoder(m.PlacementStats | m.CommandRejected)
 _OWED_REPLY = msgspec.json.Decoder(m.OwedSnapshot | m.CommandRejected)
 _USAGE_REPLY = msgspec.json.Decoder(m.UsageSnapshot | m.CommandRejected)
+_IDLE_REPLY = msgspec.json.Decoder(m.IdleSnapshot | m.CommandRejected)
 
 # Who answers what: named in the "no responder" and timeout errors.
 INTAKE = "intake service"
@@ -123,6 +124,7 @@ DASHBOARD = "dashboard service"
 ACCOUNTING = "accounting service"
 
 PreemptionCallback = Callable[[m.PreemptionNotice], Awaitable[None] | None]
+IdleCallback = Callable[[m.WorkloadFlaggedIdle | m.WorkloadIdleCleared], Awaitable[None] | None]
 
 
 def new_client_id() -> str:
@@ -232,7 +234,7 @@ def _scoped(query: str, scope: str | None) -> str:
 
 
 class PreemptionSubscription:
-    """Handle returned by ``Client.on_preemption``."""
+    """Handle returned by ``Client.on_preemption`` (and ``Client.on_idle``)."""
 
     def __init__(self, sub: Subscription, subject: str) -> None:
         self._sub = sub
@@ -709,6 +711,23 @@ class Client:
         body = _checked(m.UsageQuery(window_s=window_s))
         return await self._ask(subjects.QUERY_USAGE, body, _USAGE_REPLY, ACCOUNTING, timeout)
 
+    async def idle(
+        self, *, scope: str | None = None, timeout: float | None = None
+    ) -> m.IdleSnapshot:
+        """The runs flagged idle now (health service); with ``scope``, that allocation's
+        (what a team is granted)."""
+        if scope == subjects.UNALLOCATED:
+            raise ValidationError("scope", "unallocated work is never flagged idle")
+        subject = _scoped(subjects.QUERY_IDLE, scope)
+        return await self._ask(subject, b"", _IDLE_REPLY, HEALTH, timeout)
+
+    async def on_idle(self, callback: IdleCallback, *, allocation: str) -> PreemptionSubscription:
+        """Call ``callback(record)`` (sync or async) for each ``WorkloadFlaggedIdle`` and
+        ``WorkloadIdleCleared`` of ``allocation``'s workloads from now on (core NATS: what
+        the health service appends to USAGE reaches subscribers as it is stored)."""
+        subject = subjects.allocation_idle(_require_name(allocation, "allocation"))
+        return await self._on_messages(subject, Kind.IDLE, callback, "idle record")
+
     async def drain(
         self,
         host: str,
@@ -878,19 +897,27 @@ class Client:
         else:
             subject = subjects.ALL_PREEMPT
 
+        return await self._on_messages(subject, Kind.PREEMPT, callback, "notice")
+
+    async def _on_messages(
+        self, subject: str, kind: Kind, callback: Callable[[Any], Any], what: str
+    ) -> PreemptionSubscription:
+        """Subscribe ``subject``: each message decoded as ``kind`` goes to ``callback``
+        (sync or async); one that does not decode is skipped, a callback's exception
+        logged, and later messages still arrive."""
+
         async def handle(msg: Msg) -> None:
             try:
-                notice = codec.decode(Kind.PREEMPT, msg.data)
+                record = codec.decode(kind, msg.data)
             except ValidationError as exc:
-                log.warning("notice skipped on %s: %s", msg.subject, exc)
+                log.warning("%s skipped on %s: %s", what, msg.subject, exc)
                 return
-            assert isinstance(notice, m.PreemptionNotice)
             try:
-                result: Any = callback(notice)
+                result: Any = callback(record)
                 if inspect.isawaitable(result):
                     await result
             except Exception:
-                log.exception("preemption callback failed for %s", notice.workload_id)
+                log.exception("%s callback failed on %s", what, msg.subject)
 
         if not callable(callback):
             raise ValidationError("callback", f"must be callable, got {type(callback).__name__}")

@@ -3,8 +3,10 @@
 Input (``cluster.yaml`` after loading; names must be strings, so quote hex-like team names)::
 
     name: "ai2-like"                  # optional, informational
-    host_groups:                      # required, non-empty
+    host_groups:                      # required unless ``hosts`` is given; non-empty
       - {prefix: "node-", count: 48, gpus: 8}
+    hosts:                            # optional: hosts by name (``allot export`` writes these)
+      - {id: "h01", gpus: 8}
     partitions:                       # optional: team -> number of hosts
       "pretrain": 12
       "evals": 4
@@ -15,7 +17,8 @@ Input (``cluster.yaml`` after loading; names must be strings, so quote hex-like 
 Output: ``ClusterSpec`` with
 
 * ``hosts``: for each group in order, ``count`` hosts named ``f"{prefix}{i:04d}"`` for
-  ``i = 0 .. count-1``, each with ``gpus`` GPUs, all HEALTHY. Host ids must be unique.
+  ``i = 0 .. count-1``, each with ``gpus`` GPUs, then the named ``hosts`` in file order;
+  all HEALTHY. Host ids must be unique.
 * ``partitions``: team -> host ids, for the ``partitioned`` baseline (static monopolies).
   Hosts are dealt out in host order, teams in the mapping's order: the first team gets the
   first ``n`` hosts, and so on. The counts must sum to at most the number of hosts.
@@ -41,8 +44,9 @@ from allot.core.errors import ValidationError
 from allot.core.model import Host
 
 HEALTH_EVENTS = ("unhealthy", "repaired")
-_TOP_KEYS = frozenset({"name", "host_groups", "partitions", "health_events"})
+_TOP_KEYS = frozenset({"name", "host_groups", "hosts", "partitions", "health_events"})
 _GROUP_KEYS = frozenset({"prefix", "count", "gpus"})
+_HOST_KEYS = frozenset({"id", "gpus"})
 _EVENT_KEYS = frozenset({"host", "time", "event"})
 
 
@@ -69,7 +73,11 @@ def load_cluster(data: Mapping[str, object]) -> ClusterSpec:
     if not isinstance(data, Mapping):
         raise ValidationError("cluster", f"must be a mapping, got {type(data).__name__}")
     _reject_unknown("cluster", data, _TOP_KEYS)
-    hosts = _hosts(data.get("host_groups"))
+    named = data.get("hosts")
+    grouped = data.get("host_groups")
+    seen: dict[str, str] = {}  # host id -> the field that made it
+    hosts = () if grouped is None and named is not None else _hosts(grouped, seen)
+    hosts += _named_hosts(named, seen)
     partitions = _partitions(data.get("partitions"), hosts)
     events = _health_events(data.get("health_events"), {host.id for host in hosts})
     return ClusterSpec(hosts=hosts, partitions=partitions, health_events=events)
@@ -109,14 +117,15 @@ def _list(where: str, value: object) -> list[object]:
     return list(value)
 
 
-def _hosts(groups: object) -> tuple[Host, ...]:
+def _hosts(groups: object, seen: dict[str, str]) -> tuple[Host, ...]:
     if groups is None:
-        raise ValidationError("host_groups", "required: a list of {prefix, count, gpus}")
+        raise ValidationError(
+            "host_groups", "required: a list of {prefix, count, gpus} (or hosts: [{id, gpus}])"
+        )
     items = _list("host_groups", groups)
     if not items:
         raise ValidationError("host_groups", "must list at least one group")
     hosts: list[Host] = []
-    seen: dict[str, int] = {}
     for g, raw in enumerate(items):
         where = f"host_groups[{g}]"
         group = _record(where, raw, _GROUP_KEYS)
@@ -129,11 +138,32 @@ def _hosts(groups: object) -> tuple[Host, ...]:
             host_id = f"{prefix}{i:04d}"
             if host_id in seen:
                 raise ValidationError(
-                    f"{where}.prefix",
-                    f"host {host_id!r} is also made by host_groups[{seen[host_id]}]",
+                    f"{where}.prefix", f"host {host_id!r} is also made by {seen[host_id]}"
                 )
-            seen[host_id] = g
+            seen[host_id] = where
             hosts.append(Host(id=host_id, gpus=gpus))
+    return tuple(hosts)
+
+
+def _named_hosts(value: object, seen: dict[str, str]) -> tuple[Host, ...]:
+    """``hosts: [{id, gpus}]``: hosts kept under their own names (a live cluster's)."""
+    if value is None:
+        return ()
+    hosts: list[Host] = []
+    for h, raw in enumerate(_list("hosts", value)):
+        where = f"hosts[{h}]"
+        item = _record(where, raw, _HOST_KEYS)
+        host_id = item["id"]
+        if not isinstance(host_id, str) or not host_id:
+            raise ValidationError(f"{where}.id", f"must be a non-empty string, got {host_id!r}")
+        if host_id in seen:
+            raise ValidationError(
+                f"{where}.id", f"host {host_id!r} is also made by {seen[host_id]}"
+            )
+        seen[host_id] = where
+        hosts.append(Host(id=host_id, gpus=_positive_int(f"{where}.gpus", item["gpus"])))
+    if not hosts:
+        raise ValidationError("hosts", "must list at least one host")
     return tuple(hosts)
 
 

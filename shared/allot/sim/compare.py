@@ -133,9 +133,17 @@ def render_summary(reports: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def render_compare_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
+def render_compare_html(
+    reports: Mapping[str, Mapping[str, Any]],
+    *,
+    title: str | None = None,
+    note: str | None = None,
+    before: str = "",
+) -> str:
     """``compare.html``: the printed table as a page, each policy's column headed by a link
-    to its ``<policy>/report.html``. Deterministic (no timestamp), self-contained."""
+    to its ``<name>/report.html``. Deterministic (no timestamp), self-contained.
+    ``title`` and ``note`` (plain text) replace the policies' heading and note; ``before``
+    (HTML) comes ahead of the table (``allot whatif`` puts its per-allocation tables there)."""
     summaries = {name: summary(r) for name, r in reports.items()}
     names = list(summaries)
     made = next((r.get("scenario") for r in reports.values() if r.get("scenario")), None)
@@ -143,6 +151,15 @@ def render_compare_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
         f"scenario {escape(str(made.get('name', '?')))} seed {escape(str(made.get('seed', '?')))}"
         if isinstance(made, Mapping)
         else "a trace"
+    )
+    heading = escape(title) if title is not None else f"{escape(' vs '.join(names))}, side by side"
+    tab = escape(title) if title is not None else f"{escape(', '.join(names))} side by side"
+    intro = (
+        escape(note)
+        if note is not None
+        else f"The same trace ({origin}) under each policy. Allocated and "
+        "unallocated waits are apart: unallocated work waits by design, for free GPUs. The "
+        "span is the submissions and the drain after the last of them."
     )
     head = "".join(f'<th><a href="{escape(n)}/report.html">{escape(n)}</a></th>' for n in names)
     rows = []
@@ -168,12 +185,10 @@ def render_compare_html(reports: Mapping[str, Mapping[str, Any]]) -> str:
         )
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>Allot simulation: {escape(', '.join(names))} side by side</title>\n"
+        f"<title>Allot simulation: {tab}</title>\n"
         f"<style>{_CSS}</style>\n</head>\n<body>\n"
-        f"<h1>{escape(' vs '.join(names))}, side by side</h1>\n"
-        f'<p class="note">The same trace ({origin}) under each policy. Allocated and '
-        "unallocated waits are apart: unallocated work waits by design, for free GPUs. The "
-        "span is the submissions and the drain after the last of them.</p>\n"
+        f"<h1>{heading}</h1>\n"
+        f'<p class="note">{intro}</p>\n{before}'
         f"<table>\n<thead><tr><th>figure</th>{head}</tr></thead>\n<tbody>\n"
         + "\n".join(rows)
         + "\n</tbody>\n</table>\n</body>\n</html>\n"

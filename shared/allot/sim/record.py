@@ -62,6 +62,30 @@ class JobOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptCost:
+    """What one attempt cost beyond its progress (``allot.sim.checkpoints``): kept for every
+    preempted attempt and every attempt that restored or saved periodically.
+
+    ``lost_s``: seconds lost to preemption (work since the last checkpoint, the notice
+    save, the restore; a non-resumable workload's whole attempt), ``restore_s`` of them
+    restoring; ``saves_s``: seconds in completed periodic saves (overhead, not lost);
+    ``notice``: ``saved``, ``too-short`` (the save did not fit in the grace period) or
+    empty (not preempted, or not checkpointing on notice). Multiply by ``gpus``."""
+
+    workload_id: str
+    allocation: str | None
+    allocated: bool
+    kind: str
+    gpus: int
+    end: float  # when the attempt ended
+    preempted: bool
+    lost_s: float
+    restore_s: float
+    saves_s: float
+    notice: str
+
+
+@dataclass(frozen=True, slots=True)
 class CapacityChange:
     """From ``time`` on, ``healthy_gpus`` GPUs are on HEALTHY hosts."""
 
@@ -92,6 +116,10 @@ class SimRecord:
     """Workloads that held a reservation at some cycle (``allot.core.reservations``)."""
     reservation_idle_gpu_s: float = 0.0
     """GPU-seconds that reserved hosts held free and nobody used (the reservations' cost)."""
+    checkpointing: dict[str, object] | None = None
+    """The checkpointing settings per kind (``CheckpointPlan.as_json``); None: not modelled
+    (a record not made by ``allot simulate``), so no loss is reported."""
+    attempt_costs: list[AttemptCost] = field(default_factory=list)
 
 
 def allocated_workloads(record: SimRecord) -> set[str]:

@@ -70,6 +70,19 @@ Keys:
 * ``reservations``: ``workloads`` that held a reservation at some point, and
   ``idle_gpu_h``, the GPU-hours reserved hosts held free with nothing running on them
   (what the reservations cost; unallocated work may use held GPUs).
+* ``checkpointing`` and ``lost_to_preemption``, only when the record models checkpointing
+  (``allot simulate``; ``allot.sim.checkpoints``). ``checkpointing``: the settings per
+  kind (``*``: every kind not named), each ``{every_s, on_notice, save_s, restore_s}``.
+  ``lost_to_preemption``: GPU-hours lost (``gpu_h``: work since the last checkpoint, the
+  notice save, restores, and the whole attempt of non-resumable work), split into
+  ``allocated_gpu_h`` and ``unallocated_gpu_h`` (the contract's meaning), of which
+  ``restore_gpu_h`` restoring; ``of_busy`` = lost / busy GPU-hours over the span;
+  ``by_allocation``: per allocation, its allocated work's ``gpu_h`` lost and ``of_run``
+  (lost / its allocated GPU-hours run; null when none ran), for every allocation of the
+  report; ``by_kind``: GPU-hours lost per kind; ``preempted_attempts``, of which
+  ``saved_on_notice`` and ``notice_too_short`` (the save did not fit in that notice's
+  grace); ``periodic_save_gpu_h``: GPU-hours spent in completed periodic saves, paid
+  whether or not the work is preempted (overhead, not lost).
 """
 
 from __future__ import annotations
@@ -193,6 +206,9 @@ def build_report(
             "idle_gpu_h": record.reservation_idle_gpu_s / HOUR,
         },
     }
+    if record.checkpointing is not None:
+        report["checkpointing"] = record.checkpointing
+        report["lost_to_preemption"] = lost_to_preemption(record, sum(busy_s))
     if scenario is not None:
         report["scenario"] = dict(scenario)
     return {key: _round(value) for key, value in report.items()}
@@ -260,6 +276,54 @@ def unallocated_goodput(record: SimRecord) -> Json:
         "workloads": len(life),
         "preemptions_per_minute_mean": sum(rates) / len(rates) if rates else None,
         "preemptions_per_minute_max": max(rates, default=None),
+    }
+
+
+def lost_to_preemption(record: SimRecord, busy_gpu_s: float) -> Json:
+    """GPU-hours lost to preemption, overall, per allocation and per kind (module
+    docstring: ``lost_to_preemption``), from ``record.attempt_costs``."""
+    ran: dict[str, float] = {}
+    for seg in record.segments:
+        if seg.allocated and seg.allocation is not None:
+            ran[seg.allocation] = ran.get(seg.allocation, 0.0) + seg.gpus * (seg.end - seg.start)
+    lost_by_alloc: dict[str, float] = {}
+    by_kind: dict[str, float] = {}
+    allocated = unallocated = restore = saves = 0.0
+    attempts = saved = too_short = 0
+    for cost in record.attempt_costs:
+        lost = cost.gpus * cost.lost_s
+        restore += cost.gpus * cost.restore_s
+        saves += cost.gpus * cost.saves_s
+        by_kind[cost.kind] = by_kind.get(cost.kind, 0.0) + lost
+        if cost.allocated:
+            allocated += lost
+            if cost.allocation is not None:
+                lost_by_alloc[cost.allocation] = lost_by_alloc.get(cost.allocation, 0.0) + lost
+        else:
+            unallocated += lost
+        attempts += cost.preempted
+        saved += cost.notice == "saved"
+        too_short += cost.notice == "too-short"
+    names = sorted(set(record.effective_shares) | set(ran) | set(lost_by_alloc))
+    kinds = {job.kind for job in record.jobs} | set(by_kind)
+    return {
+        "gpu_h": (allocated + unallocated) / HOUR,
+        "allocated_gpu_h": allocated / HOUR,
+        "unallocated_gpu_h": unallocated / HOUR,
+        "restore_gpu_h": restore / HOUR,
+        "of_busy": _ratio(allocated + unallocated, busy_gpu_s),
+        "by_allocation": {
+            name: {
+                "gpu_h": lost_by_alloc.get(name, 0.0) / HOUR,
+                "of_run": _ratio(lost_by_alloc.get(name, 0.0), ran.get(name, 0.0)),
+            }
+            for name in names
+        },
+        "by_kind": {kind: by_kind.get(kind, 0.0) / HOUR for kind in sorted(kinds)},
+        "preempted_attempts": attempts,
+        "saved_on_notice": saved,
+        "notice_too_short": too_short,
+        "periodic_save_gpu_h": saves / HOUR,
     }
 
 

@@ -96,6 +96,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from allot.core.budgets import PARENT
 from allot.core.errors import ValidationError
 from allot.core.model import MAX_MIN_RUNTIME_S, Workload
 from allot.sim.input_files import csv_rows
@@ -365,17 +366,23 @@ def dump_budgets_yaml(tree: Mapping[str, object]) -> str:
 
 def dump_cluster_yaml(cluster: Mapping[str, object]) -> str:
     """A cluster dict (see ``allot.sim.cluster``) as YAML with quoted names, keys in the
-    order name, host_groups, partitions, health_events."""
+    order name, host_groups, hosts, partitions, health_events."""
     lines: list[str] = []
     if "name" in cluster:
         lines.append(f"name: {_q(cluster['name'])}")
-    lines.append("host_groups:")
-    for group in _seq(cluster.get("host_groups")):
-        g = _map(group)
-        lines.append(
-            f"  - {{prefix: {_q(g['prefix'])}, count: {_scalar(g['count'])}, "
-            f"gpus: {_scalar(g['gpus'])}}}"
-        )
+    if "host_groups" in cluster or "hosts" not in cluster:  # named hosts alone need none
+        lines.append("host_groups:")
+        for group in _seq(cluster.get("host_groups")):
+            g = _map(group)
+            lines.append(
+                f"  - {{prefix: {_q(g['prefix'])}, count: {_scalar(g['count'])}, "
+                f"gpus: {_scalar(g['gpus'])}}}"
+            )
+    if "hosts" in cluster:
+        lines.append("hosts:")
+        for host in _seq(cluster.get("hosts")):
+            h = _map(host)
+            lines.append(f"  - {{id: {_q(h['id'])}, gpus: {_scalar(h['gpus'])}}}")
     partitions = cluster.get("partitions")
     if partitions:
         lines.append("partitions:")
@@ -652,7 +659,8 @@ def _budget_node(node: object, indent: str, lines: list[str], *, in_list: bool) 
     children = n.get("children")
     fields = [f"name: {_q(n['name'])}"]
     if "shares" in n:
-        fields.append(f"shares: {_scalar(n['shares'])}")
+        shares = n["shares"]  # Slurm's ``parent`` stays a word; numbers are numbers
+        fields.append(f"shares: {PARENT if shares == PARENT else _scalar(shares)}")
     if in_list and not children:
         lines.append(f"{indent}- {{{', '.join(fields)}}}")
         return
