@@ -136,6 +136,7 @@ class _Cycle:
         self.preempt_bound: dict[object, float] = {}
         self.earmarked_for: set[str] = set()  # allocations that earmarked GPUs this cycle
         self._due_earmarks: list[tuple[Workload, str, FairShareRule]] = []  # not planned yet
+        self._left: dict[str | None, tuple[int, dict[int, int]]] = {}  # see ``_sizes_left``
         self._room_base: tuple[float, dict[str, int], dict[str | None, int]] | None = None
         self._own_victims: dict[str, list[Running]] = {}  # see ``_hold_own_victims``
         self.reservations: list[Reservation] = []
@@ -240,12 +241,9 @@ class _Cycle:
             # An item of g GPUs can neither fit nor preempt any more when
             # g >= (a if g <= limit else b) (see ``_dead_bounds``).
             a, b, limit = self._dead_bounds(group)
-            low = self.queue.min_gpus_from(group, pos)
-            if (
-                low >= max(a, b)
-                or (low > limit and low >= b)
-                or (low >= a and self.queue.max_gpus_from(group, pos) <= limit)
-            ):
+            left = self._sizes_left(group, pos)
+            low = min(left)
+            if low >= max(a, b) or (low > limit and low >= b) or (low >= a and max(left) <= limit):
                 continue  # nothing left in this group can happen this cycle
             start, end = pos, len(items)
             while pos < end and items[pos][1].gpus >= (a if items[pos][1].gpus <= limit else b):
@@ -262,6 +260,22 @@ class _Cycle:
             if pos < len(items):
                 heapq.heappush(heads, (self._head_key(group, pos), seq, group))
         self._serve_reserved()
+
+    def _sizes_left(self, group: str | None, pos: int) -> dict[int, int]:
+        """GPU sizes (with counts) of the group's items at positions >= ``pos``: the
+        queue's counts, less the items the walk has passed (the walk only moves forward,
+        so each item is subtracted once per cycle)."""
+        kept = self._left.get(group)
+        at, sizes = (0, dict(self.queue.size_counts(group))) if kept is None else kept
+        assert at <= pos, (group, at, pos)
+        items = self.queue.groups[group]
+        for i in range(at, pos):
+            gpus = items[i][1].gpus
+            sizes[gpus] -= 1
+            if not sizes[gpus]:
+                del sizes[gpus]
+        self._left[group] = (pos, sizes)
+        return sizes
 
     def _dead_bounds(self, group: str | None) -> tuple[float, float, float]:
         """``(a, b, limit)``: an item of this group asking for g GPUs can neither be placed

@@ -382,6 +382,10 @@ class PendingQueue:
             self._suffix_min[group] = cached
         return cached
 
+    def size_counts(self, group: str | None) -> Mapping[int, int]:
+        """How many of the group's workloads ask for each GPU count (do not change it)."""
+        return self._sizes[group]
+
     def min_gpus_from(self, group: str | None, pos: int) -> int:
         """The fewest GPUs any workload at position >= ``pos`` of the group asks for."""
         if pos <= _NEAR_HEAD and group not in self._suffix_min:
