@@ -98,11 +98,13 @@ from allot.bus.runtime import (
 )
 from allot.bus.service_main import base_parser, run_main
 from allot.core.errors import ValidationError
+from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.reasons import fits_empty
 from allot.eventlog.logfold import LogFold
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.proto.checkpoint_rules import check_checkpoint
 from allot.proto.env_vars import check_env
 
 EXPECT_NEW_SUBJECT = {"Nats-Expected-Last-Subject-Sequence": "0"}
@@ -121,6 +123,8 @@ log = structlog.get_logger("allot.intake")
 
 
 BATCH_ITEM_STEP_S = 1e-6
+DEFAULT_GRACE_S = 300
+"""Placement's default ``--grace-s`` (intake's, for the checkpoint timeout's bound)."""
 """Submit-time step between the items of one ``SubmitBatch`` (see ``on_submit``)."""
 
 
@@ -139,6 +143,8 @@ class Intake:
         provider: TracerProvider | None = None,
         broker: NatsBroker | None = None,
         record_log: RecordLog | None = None,
+        grace_s: float = DEFAULT_GRACE_S,
+        unallocated_grace_s: float = DEFAULT_UNALLOCATED_GRACE_S,
     ) -> None:
         """``provider``: the tracer provider (default: from ``ALLOT_OTEL_EXPORTER``).
         ``broker`` (default: one for ``nats_url``) and ``record_log`` (default: the log on a
@@ -179,6 +185,10 @@ class Intake:
         self.accepted = 0
         self.rejected = 0
         self.duplicates = 0
+        self.grace_s = grace_s
+        self.unallocated_grace_s = min(unallocated_grace_s, grace_s)
+        """Placement's grace periods (the same flags): a checkpoint timeout beyond them
+        is refused (issue 40)."""
 
     async def on_started(self) -> None:
         if self.record_log is None:
@@ -282,6 +292,13 @@ class Intake:
                     "allocation", f"unknown allocation {cmd.allocation!r} (allocations: {known})"
                 )
         check_env(cmd.env)  # the names the agent sets, and the total size
+        allocated = cmd.allocation is not None and cmd.min_runtime_s > 0
+        check_checkpoint(
+            signal=cmd.checkpoint_signal,
+            timeout_s=cmd.checkpoint_timeout_s,
+            directory=cmd.checkpoint_dir,
+            grace_s=self.grace_s if allocated else self.unallocated_grace_s,
+        )
         sizes, total = self._sizes()
         if cmd.gpus > total:
             raise ValidationError(
@@ -560,12 +577,21 @@ def _shown_text(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    return base_parser("python -m allot.services.intake", __doc__)
+    ap = base_parser("python -m allot.services.intake", __doc__)
+    # Placement's grace periods, given the same values (``allot up`` does): a checkpoint
+    # timeout longer than the victim's grace is refused at submit (issue 40).
+    ap.add_argument("--grace-s", type=float, default=DEFAULT_GRACE_S)
+    ap.add_argument("--unallocated-grace-s", type=float, default=DEFAULT_UNALLOCATED_GRACE_S)
+    return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("intake")
-    return run_main(lambda a: Intake(a.nats_url), build_parser(), argv)
+    return run_main(
+        lambda a: Intake(a.nats_url, grace_s=a.grace_s, unallocated_grace_s=a.unallocated_grace_s),
+        build_parser(),
+        argv,
+    )
 
 
 if __name__ == "__main__":

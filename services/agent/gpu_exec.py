@@ -55,6 +55,10 @@ class Part(Protocol):
 
     def kill(self) -> None: ...
 
+    def send_signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the part now (the checkpoint protocol's notice)."""
+        ...
+
     @property
     def stopped(self) -> bool:
         """``terminate`` or ``kill`` reached the part while it still ran: its end is the
@@ -127,12 +131,16 @@ def workload_env(
     hosts: Sequence[str] = (),
     agent: str = "",
     extra: Mapping[str, str] | None = None,
+    checkpoint_dir: str = "",
+    session_dir: str = "",
 ) -> dict[str, str]:
     """The environment of one part (see the module docstring). ``base``: the agent's own
     environment; ``nats_url``: the URL it connects with. ``ALLOT_ALLOCATION`` is empty
     for unallocated work. ``hosts``: the assignment's hosts, primary first (empty, or
     without ``host``: unknown, the three gang variables are not set). ``extra``: the
-    submission's own ``env``, over the agent's; what the agent sets comes last and wins."""
+    submission's own ``env``, over the agent's; what the agent sets comes last and wins.
+    ``checkpoint_dir``, ``session_dir``: ``ALLOT_CHECKPOINT_DIR`` and ``ALLOT_SESSION_DIR``
+    of work under the checkpoint protocol (issue 40; empty: not set)."""
     secrets = agent_secrets(nats_url, base)
     env = {
         k: v
@@ -150,6 +158,10 @@ def workload_env(
     )
     if agent:
         env[AGENT_MARKER] = agent
+    if checkpoint_dir:
+        env["ALLOT_CHECKPOINT_DIR"] = checkpoint_dir
+    if session_dir:
+        env["ALLOT_SESSION_DIR"] = session_dir
     if host in hosts:
         env.update(
             ALLOT_HOSTS=",".join(hosts),
@@ -237,6 +249,10 @@ class ProcessPart:
             self._note_stop()
             self._signal(signal.SIGKILL)
 
+    def send_signal(self, sig: signal.Signals) -> None:
+        if self._proc.returncode is None:
+            self._signal(sig)
+
     def _note_stop(self) -> None:
         """Remember whether this stop reached a running launcher. ``returncode`` is set a
         moment after the child exits (the child watcher reaps it, then tells the loop), so
@@ -285,6 +301,9 @@ class FakePart:
 
     def terminate(self, kill_at: float) -> None:
         self._stop.set()
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        """A fake part has no process to signal."""
 
     def kill(self) -> None:
         if not self._stop.is_set():

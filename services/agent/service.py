@@ -74,6 +74,8 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -97,6 +99,7 @@ from allot.core.errors import ValidationError
 from allot.eventlog.host_work import AGENT_STOPPING, RESTART_LOST, STOPPED_BEFORE_START
 from allot.proto import codec, subjects
 from allot.proto import messages as m
+from allot.services.agent import checkpoint
 from allot.services.agent.gpu_exec import (
     Clock,
     FakePart,
@@ -122,6 +125,8 @@ MAX_FAKE_HOSTS = 100_000
 MAX_RUNNING_IN_HEARTBEAT = 1024
 NO_COMMAND = "the workload has no command (submit it with command=[program, args...])"
 REQUEST_TIMEOUT_S = 5.0
+CHECKPOINT_POLL_S = 0.1
+"""How often a part under notice is checked for its checkpoint's confirmation."""
 STOP_SETTLE_S = 0.5
 """How long a stopping real agent holds the reports of the runs it stops after asking health
 to take its hosts out of service (a core NATS publish, then a HOSTS record that placement
@@ -162,6 +167,11 @@ class AgentConfig:
     """Real mode: each part's stdout and stderr go to
     ``<output_dir>/<workload>.<attempt>.<host>.out`` (appended; Slurm's ``slurm-%j.out``),
     instead of the agent's own output."""
+    checkpoint_root: Path | None = None
+    """Real mode: where the agent keeps checkpoint directories it manages (``checkpoint``;
+    shared storage in a real cluster: the next attempt may land on any host)."""
+    checkpoint_allow: tuple[Path, ...] = ()
+    """Real mode: roots inside which a workload may name its own ``checkpoint_dir``."""
 
     def __post_init__(self) -> None:
         if self.batch_reports and not self.fake:
@@ -174,6 +184,15 @@ class AgentConfig:
             if self.fake:
                 raise ValidationError("output_dir", "is for real mode: fake parts print nothing")
             make_out_dir(self.output_dir, "output_dir")
+        for name, roots in (
+            ("checkpoint_root", () if self.checkpoint_root is None else (self.checkpoint_root,)),
+            ("checkpoint_allow", self.checkpoint_allow),
+        ):
+            for root in roots:
+                if self.fake:
+                    raise ValidationError(name, "is for real mode: fake parts write nothing")
+                if not root.is_absolute():
+                    raise ValidationError(name, f"{root} is not an absolute path")
         if not self.hosts:
             raise ValidationError("hosts", "name at least one host")
         for i, host in enumerate(self.hosts):
@@ -206,6 +225,16 @@ class Run:
     """When this agent reported the start (the terminal report repeats it)."""
     shutdown: bool = False
     """Stopped because the agent is stopping (a planned host shutdown)."""
+    checkpoints: Path | None = None
+    """``ALLOT_CHECKPOINT_DIR`` (the checkpoint protocol; ``checkpoint``)."""
+    session: Path | None = None
+    """A session's live state directory (``ALLOT_SESSION_DIR``)."""
+    began_at: float | None = None
+    """When this process started the part (any host; ``started_at``: the primary's report)."""
+    noticed_at: float | None = None
+    """When the notice was delivered to the part (checkpoint protocol)."""
+    confirm_by: float | None = None
+    terminated_at: float | None = None
 
     @property
     def workload_id(self) -> str:
@@ -415,7 +444,7 @@ class Agent:
             run = self._runs.get(key)
             if run is not None:
                 if task.stop == "notice" and task.kill_at is not None:
-                    self._stop_run(run, task.kill_at)
+                    self._stop_run(run, task.kill_at, notice=True)
                 elif task.stop == "cancel":
                     self._stop_run(run, self._clock() + self.config.kill_after_s)
                 continue
@@ -504,12 +533,56 @@ class Agent:
             if not runs:
                 del self._by_host[run.host]
 
-    def _stop_run(self, run: Run, kill_at: float) -> None:
+    def _stop_run(self, run: Run, kill_at: float, *, notice: bool = False) -> None:
         if run.stop_at is None:
             run.log.info("stopping part", kill_at=kill_at)
         run.stop_at = kill_at if run.stop_at is None else min(run.stop_at, kill_at)
-        if run.part is not None:
-            run.part.terminate(run.stop_at)
+        if run.part is None:
+            return
+        if notice and run.task.checkpoint and run.noticed_at is None:
+            if self.config.fake:
+                run.noticed_at = self._clock()  # a fake part checkpoints at once
+                self._terminate(run)
+            else:
+                self._notice(run)
+        elif run.noticed_at is None or not notice:  # a cancel cuts a checkpoint short
+            self._terminate(run)
+
+    def _terminate(self, run: Run) -> None:
+        assert run.part is not None and run.stop_at is not None
+        if run.terminated_at is None:
+            run.terminated_at = self._clock()
+        run.part.terminate(run.stop_at)
+
+    def _notice(self, run: Run) -> None:
+        """The checkpoint protocol's notice (``checkpoint``): the notice file and signal
+        now, SIGTERM at the confirmation or the timeout."""
+        assert run.part is not None and run.stop_at is not None
+        task, now = run.task, self._clock()
+        run.noticed_at = now
+        timeout = task.checkpoint_timeout_s
+        if timeout is None:
+            # A session told by file alone has nothing to wait for (its state is saved
+            # after it ends); otherwise the checkpoint may take the whole grace period.
+            timeout = 0.0 if task.session and task.checkpoint_signal is None else run.stop_at - now
+        run.confirm_by = min(now + timeout, run.stop_at)
+        if run.checkpoints is not None:
+            checkpoint.write_notice(run.checkpoints, run.stop_at)
+        if task.checkpoint_signal is not None:
+            run.part.send_signal(signal.Signals[f"SIG{task.checkpoint_signal}"])
+        run.log.info("checkpoint asked", signal=task.checkpoint_signal, confirm_by=run.confirm_by)
+        self._spawn(self._await_checkpoint(run))
+
+    async def _await_checkpoint(self, run: Run) -> None:
+        """SIGTERM once the part confirms its checkpoint, or at ``confirm_by``."""
+        assert run.noticed_at is not None and run.confirm_by is not None
+        while run.terminated_at is None and run.key in self._runs:
+            now = self._clock()
+            confirmed = checkpoint.confirmed_at(run.checkpoints)
+            if now >= run.confirm_by or (confirmed is not None and confirmed >= run.noticed_at):
+                self._terminate(run)
+                return
+            await asyncio.sleep(min(CHECKPOINT_POLL_S, max(0.0, run.confirm_by - now)))
 
     async def _supervise(self, run: Run) -> None:
         try:
@@ -520,13 +593,15 @@ class Agent:
                 return
             run.part = part
             if run.stop_at is not None:
-                part.terminate(run.stop_at)
+                self._terminate(run)
             self._detail(run.log, "part started", pid=part.pid, gpus=list(run.task.gpus))
+            run.began_at = self._clock()
             if run.task.primary:
-                run.started_at = self._clock()
+                run.started_at = run.began_at
                 await self._report(run.host, run.task, "started", pid=part.pid, run=run)
             code = await part.wait()
             self._detail(run.log, "part ended", exit=describe_exit(code))
+            ended = self._checkpoint_outcome(run, code)
             stopping = run.shutdown and part.stopped
             # A gang's other part reports only an end that ends the attempt (see the
             # module): a clean exit is the primary's to report.
@@ -540,9 +615,43 @@ class Agent:
                     run=run,
                     # Ended by the agent's own stop, not on its own (dispatch requeues it).
                     stopping=stopping,
+                    ended=ended,
                 )
         finally:
             self._forget(run)
+            if run.session is not None:
+                shutil.rmtree(run.session, ignore_errors=True)
+
+    def _checkpoint_outcome(self, run: Run, code: int) -> checkpoint.Outcome | None:
+        """What the ended part's report says of its checkpoint (None: no protocol). A
+        session's state is saved here, after its process ended and before the report that
+        lets the next attempt start."""
+        if not run.task.checkpoint:
+            return None
+        exited_at = self._clock()
+        assert run.began_at is not None
+        if self.config.fake:  # a fake checkpoint is instant
+            noticed = run.noticed_at
+            return checkpoint.Outcome("done" if noticed else None, noticed)
+        if run.session is not None and run.checkpoints is not None:
+            if run.noticed_at is None:
+                return checkpoint.Outcome(None, None)
+            try:
+                checkpoint.save_session(run.session, run.checkpoints)
+            except OSError as e:
+                run.log.error("session state not saved", error=repr(e))
+                return checkpoint.Outcome("missed", None)
+            run.log.info("session state saved", to=str(run.checkpoints))
+            return checkpoint.Outcome("done", exited_at)
+        return checkpoint.outcome(
+            started_at=run.began_at,
+            noticed_at=run.noticed_at,
+            confirm_by=run.confirm_by,
+            confirmed=checkpoint.confirmed_at(run.checkpoints),
+            exit_code=code,
+            exited_at=exited_at,
+            terminated_at=run.terminated_at,
+        )
 
     def output_path(self, workload_id: str, attempt: int, host: str) -> Path | None:
         """Where a part's output goes (``AgentConfig.output_dir``); None: inherited."""
@@ -559,8 +668,24 @@ class Agent:
             # on a fake host and as Slurm's ``salloc --time`` holds an allocation. Failing it
             # here would come after placement, which may have preempted others for it.
             return FakePart(task.duration_s)
-        if not task.command:
-            reason: str | None = NO_COMMAND
+        reason: str | None = None
+        if task.checkpoint:
+            try:
+                run.checkpoints = checkpoint.checkpoint_dir(
+                    task, self.config.checkpoint_root, self.config.checkpoint_allow
+                )
+                if task.session:
+                    run.session = checkpoint.session_dir(task, run.host)
+                    restored = checkpoint.restore_session(run.checkpoints, run.session)
+                    run.log.info("session state", restored=restored, at=str(run.session))
+            except ValidationError as e:
+                reason = f"{e.field}: {e.reason}"
+            except OSError as e:
+                reason = f"checkpoint_dir: session state not restored: {e.strerror or e}"
+        if reason is not None:
+            pass
+        elif not task.command:
+            reason = NO_COMMAND
         else:
             env = workload_env(
                 os.environ,
@@ -573,6 +698,8 @@ class Agent:
                 hosts=task.hosts,
                 agent=self._marker,
                 extra=task.env,
+                checkpoint_dir="" if run.checkpoints is None else str(run.checkpoints),
+                session_dir="" if run.session is None else str(run.session),
             )
             output = self.output_path(task.workload_id, task.attempt, run.host)
             try:
@@ -604,6 +731,7 @@ class Agent:
         detail: str = "",
         run: Run | None = None,
         stopping: bool = False,
+        ended: checkpoint.Outcome | None = None,
     ) -> None:
         """Sent until dispatch answers; a refusal is final (logged and counted). Given up
         only when the agent is stopping and NATS keeps failing."""
@@ -619,6 +747,13 @@ class Agent:
             exit_code=exit_code,
             detail=detail[: m.MAX_TEXT_LEN],
             stopping=stopping,
+            checkpoint=None if ended is None else ended.outcome,
+            checkpointed_at=None if ended is None else ended.checkpointed_at,
+            checkpoint_dir=(
+                str(run.checkpoints)
+                if event == "started" and run is not None and run.checkpoints is not None
+                else None
+            ),
         )
         self._detail(log, "reporting", workload=task.workload_id, part_event=event, host=host)
         body = codec.encode(report)
@@ -804,6 +939,20 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR/<workload>.<attempt>.<host>.out (default: this agent's own output)",
     )
     ap.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        help="real mode: keep workloads' checkpoint directories under DIR/<allocation>/"
+        "<workload> (shared storage: a requeued attempt may land on any host)",
+    )
+    ap.add_argument(
+        "--checkpoint-allow",
+        type=Path,
+        action="append",
+        default=[],
+        help="real mode: a root inside which a workload may name its own checkpoint_dir "
+        "(repeatable; none by default)",
+    )
+    ap.add_argument(
         "--batch-reports",
         action="store_true",
         help="fake mode: send every host's reports in batches on allot.v1.hosts.report "
@@ -838,6 +987,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             util_every_s=args.util_every_s,
             batch_reports=args.batch_reports,
             output_dir=args.output_dir,
+            checkpoint_root=args.checkpoint_root,
+            checkpoint_allow=tuple(args.checkpoint_allow),
         )
     except ValidationError as e:
         if e.field.startswith("hosts"):

@@ -152,6 +152,8 @@ class TimelineView(Protocol):
 
     def preempted_gpu_seconds(self) -> float: ...
 
+    def lost_gpu_seconds_total(self) -> dict[str, float]: ...
+
     @property
     def placements(self) -> int: ...
 
@@ -414,6 +416,15 @@ def _preemptions(timeline: TimelineView) -> Iterator[Metric]:
         "GPU-seconds run by attempts that ended preempted (an upper bound of work lost).",
         value=timeline.preempted_gpu_seconds(),
     )
+    lost = CounterMetricFamily(
+        "allot_preemption_lost_gpu_seconds",
+        "GPU-seconds of allocated work lost to preemption (since each attempt's last "
+        "confirmed checkpoint, the whole attempt without one), by allocation.",
+        labels=["allocation"],
+    )
+    for allocation, value in timeline.lost_gpu_seconds_total().items():
+        lost.add_metric([allocation], value)
+    yield lost
 
 
 def _idle(idle: IdleView, counter: IdleCounter, now: float) -> Iterator[Metric]:

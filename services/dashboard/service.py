@@ -5,7 +5,10 @@ WORKLOADS, then all three live) into a ``LogTimeline``: the fold plus the histor
 need (GPU segments, waits, notices with their reasons, capacity changes, per-workload
 events), and the idle records of USAGE (``allot.v1.usage.idle.*.*``, written by the health
 service) into an ``IdleBook``. Once replayed it answers ``allot.v1.query.owed`` (``OwedQuery`` ->
-``OwedSnapshot``, or ``CommandRejected`` naming the field) and reports healthy.
+``OwedSnapshot``, or ``CommandRejected`` naming the field) and ``allot.v1.query.history``
+(``HistoryQuery`` -> one bounded page of a log stream, read with the dashboard's own
+credentials: ``allot.bus.history_pages``; at most ``HISTORY_IN_FLIGHT`` pages at once), and
+reports healthy.
 
 HTTP (aiohttp) on ``--http-host`` (default 127.0.0.1: loopback only) ``--http-port``
 (default 8265):
@@ -50,6 +53,8 @@ from nats.aio.subscription import Subscription
 
 from allot import bus
 from allot.auth.dashboard import EVERYONE, Access, Viewer
+from allot.bus.history_pages import answer as history_answer
+from allot.bus.request_server import RequestServer
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.core.errors import ValidationError
@@ -74,6 +79,9 @@ VIEWER = web.RequestKey("viewer", Viewer)
 """Request key of the logged-in ``Viewer``."""
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8265
+HISTORY_IN_FLIGHT = 2
+"""History pages read at once (``allot.v1.query.history``); more wait their turn: a login
+asking many pages at once cannot make the dashboard read much of the log at a time."""
 
 _ENC = msgspec.json.Encoder()
 
@@ -113,6 +121,7 @@ class DashboardService:
         self.caught_up = False
         self.records = 0
         self._owed_sub: Subscription | None = None
+        self._history: RequestServer | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
         """``http://host:port`` once serving (the bound port when ``http_port`` is 0)."""
@@ -141,12 +150,23 @@ class DashboardService:
         self._owed_sub = await self.nc.subscribe(
             s.QUERY_OWED, cb=bus.inbox_replies_only(self._on_owed)
         )
+        self._history = RequestServer(
+            self.nc,
+            s.QUERY_HISTORY,
+            "dashboard-history",
+            lambda _subject, body: history_answer(js, body),
+            max_in_flight=HISTORY_IN_FLIGHT,
+        )
+        await self._history.start()  # inbox replies only, as every request server
         log.info("log replayed", records=self.records, url=self.url)
 
     async def on_stopping(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._history is not None:
+            await self._history.stop()
+            self._history = None
         for follower in (self.follower, self.idle_follower):
             if follower is not None:
                 await follower.stop()

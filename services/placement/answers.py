@@ -147,6 +147,9 @@ def workload_status(fold: LogFold, rec: WorkloadRecord, position: int | None) ->
         requeue_reason=rec.requeue_reason if requeued else "",
         command=rec.command,
         env_names=tuple(sorted(rec.env)),
+        checkpoints=rec.checkpoints,  # issue 40: empty for work without the protocol
+        checkpoint_dir=rec.checkpoint_dir,
+        kind=rec.workload.kind,
     )
 
 

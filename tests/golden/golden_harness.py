@@ -7,7 +7,8 @@ mapping each policy the case runs (``CASES``) to its report, written as
 
 A case runs through the pieces ``allot simulate`` uses (``load_yaml``, ``load_cluster``,
 ``parse_tree``, ``read_trace``, ``named_policy``, ``simulate``, ``build_report``), with the
-defaults of the real ``allot simulate`` parser (grace, window, min_runtime, resumable, ...),
+defaults of the real ``allot simulate`` parser (grace, window, min_runtime, resumable,
+checkpointing, ...),
 so a default changed in the CLI shows up here as a golden diff.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from allot.cli.main import build_parser
+from allot.cli.simulate_cmd import checkpoint_plan
 from allot.config.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
 from allot.sim.baselines import named_policy
@@ -63,6 +65,7 @@ def simulate_case(name: str, policy: str) -> tuple[SimRecord, dict[str, Any]]:
         window_s=args.window,
         half_life_s=args.half_life,
         rank_every_s=args.rank_every,
+        checkpointing=checkpoint_plan(args.checkpoint, args.grace),
     )
     record = simulate(cluster, tree, jobs, config)
     return record, build_report(record)

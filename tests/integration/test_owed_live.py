@@ -151,8 +151,8 @@ async def test_allot_owed_from_the_live_log(
         printed = capsys.readouterr().out.splitlines()
         assert code == 0
         text = printed[next(i for i, line in enumerate(printed) if line.startswith("last 1d: ")) :]
-        assert text[3].split() == ["nlp", "50.0", "0.37", "0.33", "90.9%", "0.00"]
-        assert text[5].split() == ["overall", "100.0", "0.62", "0.50", "81.1%", "0.00"]
+        assert text[3].split() == ["nlp", "50.0", "0.37", "0.33", "90.9%", "0.00", "0.00"]
+        assert text[5].split() == ["overall", "100.0", "0.62", "0.50", "81.1%", "0.00", "0.00"]
 
         code = await asyncio.to_thread(
             cli_main.main, ["owed", "--window", "30d", "--nats-url", fresh_log]

@@ -292,6 +292,7 @@ async def test_every_message_on_the_wire_is_in_the_contract_and_every_channel_is
             for q in ("share", "allocations", "hosts", "placement_stats"):
                 await ask(f"allot.v1.query.{q}")
             await ask("allot.v1.query.owed", {"type": "OwedQuery"})
+            await ask("allot.v1.query.history", {"type": "HistoryQuery", "stream": "HOSTS"})
             await ask("allot.v1.query.usage", {"type": "UsageQuery", "window_s": 3600})
             await asyncio.sleep(1.0)  # the last answers and records reach the recorder
     finally:

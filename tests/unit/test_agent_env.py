@@ -116,5 +116,7 @@ def test_the_reserved_names_are_exactly_what_the_agent_sets() -> None:
         host="h1",
         hosts=("h1", "h2"),
         agent="1:2",
+        checkpoint_dir="/ck/nlp/w1",
+        session_dir="/tmp/s/w1",
     )
     assert set(env) == set(m.RESERVED_ENV)

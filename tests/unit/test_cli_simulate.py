@@ -38,6 +38,8 @@ REPORT_KEYS = {  # allot.sim.report's module docstring, "Keys"
     "preemption_rate",
     "unallocated_goodput",
     "reservations",
+    "checkpointing",
+    "lost_to_preemption",
 }
 OWED_KEYS = {"overall", "by_allocation", "by_program", "teams", "teams_at_or_above_095"}
 WAIT_KEYS = {

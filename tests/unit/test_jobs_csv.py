@@ -39,6 +39,7 @@ def test_each_job_is_a_row_with_its_wait_jct_and_notices() -> None:
         "300.5",
         "2",
         "completed",
+        "",
     ]
-    assert rows[2] == ["b", "", "false", "filler", "1", "10", "", "", "", "", "0", "pending"]
+    assert rows[2] == ["b", "", "false", "filler", "1", "10", "", "", "", "", "0", "pending", ""]
     assert jobs_csv(record) == jobs_csv(record)  # the same bytes

@@ -66,6 +66,9 @@ class RecordedTimeline:
     def preempted_gpu_seconds(self) -> float:
         return self.lost_gpu_s
 
+    def lost_gpu_seconds_total(self) -> dict[str, float]:
+        return {"nlp": self.lost_gpu_s / 2} if self.lost_gpu_s else {}
+
     @property
     def placements(self) -> int:
         return len(self.waits)

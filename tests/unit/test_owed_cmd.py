@@ -31,6 +31,7 @@ def snapshot(window_s: float = DAY, overall: float | None = 0.95) -> m.OwedSnaps
                 ratio=0.914761,
                 effective_share=0.25,
                 idle_gpu_h=2.5,
+                lost_gpu_h=1.25,
             ),
             m.OwedRow(
                 allocation="ops",
@@ -53,12 +54,12 @@ def snapshot(window_s: float = DAY, overall: float | None = 0.95) -> m.OwedSnaps
 def test_the_table_shows_budget_owed_delivered_ratio_and_overall() -> None:
     assert owed_cmd.owed_table(snapshot()).splitlines() == [
         "last 1d: 2027-01-14T08:00:00Z .. 2027-01-15T08:00:00Z, 1h buckets",
-        "ALLOCATION  BUDGET %  OWED GPU-h  DELIVERED GPU-h  DELIVERED/OWED  IDLE GPU-h",
-        "----------  --------  ----------  ---------------  --------------  ----------",
-        "nlp             25.0      120.25           110.00           91.5%        2.50",
-        "ops             50.0        0.00             0.00               -        0.00",
-        "vision          25.0     1000.00          1000.00          100.0%        0.00",
-        "overall        100.0     1120.25          1110.00           95.0%        2.50",
+        "ALLOCATION  BUDGET %  OWED GPU-h  DELIVERED GPU-h  DELIVERED/OWED  IDLE GPU-h  LOST GPU-h",
+        "----------  --------  ----------  ---------------  --------------  ----------  ----------",
+        "nlp             25.0      120.25           110.00           91.5%        2.50        1.25",
+        "ops             50.0        0.00             0.00               -        0.00        0.00",
+        "vision          25.0     1000.00          1000.00          100.0%        0.00        0.00",
+        "overall        100.0     1120.25          1110.00           95.0%        2.50        1.25",
     ]
 
 
@@ -79,6 +80,7 @@ def test_a_young_stacks_hundredths_are_not_printed_as_zeros_beside_their_ratio()
         "0.00403",
         "97.7%",
         "0.00",
+        "0.00",
     ]
 
 
@@ -94,7 +96,7 @@ def test_nothing_owed_shows_a_dash_for_the_overall_ratio() -> None:
     empty = m.OwedSnapshot(at=AT, since=AT - DAY, window_s=DAY, bucket_s=600)
     lines = owed_cmd.owed_table(empty).splitlines()
     assert lines[0].endswith("10m buckets")
-    assert lines[-1].split() == ["overall", "0.0", "0.00", "0.00", "-", "0.00"]
+    assert lines[-1].split() == ["overall", "0.0", "0.00", "0.00", "-", "0.00", "0.00"]
     assert owed_cmd.owed_text([]) == ""
 
 
@@ -119,6 +121,7 @@ def test_two_windows_are_two_tables_and_two_json_lines() -> None:
         "ratio": 0.914761,
         "effective_share": 0.25,
         "idle_gpu_h": 2.5,
+        "lost_gpu_h": 1.25,
     }
 
 

@@ -178,6 +178,7 @@ def test_schema_lists_every_message_and_asyncapi_every_subject_kind() -> None:
         s.QUERY_OWED,
         s.QUERY_USAGE,
         s.QUERY_IDLE,
+        s.QUERY_HISTORY,
     }
     # the per-allocation forms too: the only query subjects a team may use under auth
     scoped = {
@@ -200,7 +201,7 @@ def test_every_message_is_a_frozen_tagged_struct_that_forbids_unknown_fields() -
         config = cls.__struct_config__
         assert config.frozen and config.forbid_unknown_fields, cls
         assert config.tag == cls.__name__, cls
-    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 54
+    assert len(m.MESSAGES) == len({c.__name__ for c in m.MESSAGES}) == 56
 
 
 # -- round trips ------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from allot.ops.run_dir import NoStackError
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.proto.checkpoint_rules import SIGNALS, check_checkpoint, parse_signal
 from allot.proto.env_vars import MAX_ENV_BYTES, MAX_VALUE_CHARS, check_env
 from allot.proto.subjects import BUDGET_ROOT
 from allot.render import live_format as fmt
@@ -79,6 +80,9 @@ SUBMIT_OPTIONS = {
     "duration_s": "--duration",
     "command": "CMD",
     "env": "--env",
+    "checkpoint_signal": "--checkpoint-signal",
+    "checkpoint_timeout_s": "--checkpoint-timeout",
+    "checkpoint_dir": "--checkpoint-dir",
 }
 """Wire field -> the option that set it, so an error names what the user typed."""
 
@@ -217,6 +221,47 @@ def renamed(exc: ValidationError, options: dict[str, str]) -> ValidationError:
 # -- registration ------------------------------------------------------------------------------
 
 
+CHECKPOINT_DIR_HELP = (
+    "checkpoint protocol: where checkpoints go, an absolute path on shared storage inside "
+    "the roots the agents allow (default: a directory the agents manage); given to the "
+    "workload as ALLOT_CHECKPOINT_DIR"
+)
+
+
+def add_checkpoint_options(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint-signal`` and ``--checkpoint-timeout`` (issue 40; ``allot submit``
+    and ``allot session start``)."""
+    p.add_argument(
+        "--checkpoint-signal",
+        help=f"checkpoint protocol: signal sent at a preemption notice, before SIGTERM "
+        f"({', '.join(SIGNALS)}; USR1 or SIGUSR1)",
+    )
+    p.add_argument(
+        "--checkpoint-timeout",
+        help="checkpoint protocol: how long the checkpoint may take after the notice (60s, "
+        "2m), at most the grace period; SIGTERM follows the confirmation or this",
+    )
+
+
+def checkpoint_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The checkpoint options as wire fields, checked (``ValidationError`` naming the
+    option)."""
+    signal = None if args.checkpoint_signal is None else parse_signal(args.checkpoint_signal)
+    timeout = None
+    if args.checkpoint_timeout is not None:
+        timeout = float(parse_duration_option("--checkpoint-timeout", args.checkpoint_timeout))
+    directory = getattr(args, "checkpoint_dir", None)
+    try:
+        check_checkpoint(signal=signal, timeout_s=timeout, directory=directory, grace_s=None)
+    except ValidationError as exc:
+        raise renamed(exc, SUBMIT_OPTIONS) from None
+    return {
+        "checkpoint_signal": signal,
+        "checkpoint_timeout_s": timeout,
+        "checkpoint_dir": directory,
+    }
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # No default server: the stack started from this folder, or an error saying what to
@@ -287,6 +332,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "refused: OPTION: REASON'; exit status 0 when every task is accepted or a "
         "duplicate, 2 when any is refused (the others stay queued)",
     )
+    add_checkpoint_options(p)
+    p.add_argument("--checkpoint-dir", help=CHECKPOINT_DIR_HELP)
     p.add_argument("cmd", nargs="*", metavar="CMD", help="the command to run (after --)")
     p.set_defaults(func=run_submit)
 
@@ -495,6 +542,7 @@ def run_submit(args: argparse.Namespace) -> int:
         "command": tuple(args.cmd),
         "env": parse_env_options(args.env, array=args.array is not None),
         "duration_s": None if duration is None else float(duration),
+        **checkpoint_fields(args),
     }
     if args.array is not None:
         return _submit_array(args, parse_int_option("--array", args.array, 1, MAX_ARRAY), fields)

@@ -23,7 +23,9 @@ from allot.cli import (
     live_cmds,
     owed_cmd,
     scenario_cmd,
+    session_cmd,
     simulate_cmd,
+    twin_cmd,
     up_cmd,
 )
 from allot.core.errors import ValidationError
@@ -49,9 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     up_cmd.register(subparsers)
     demo_cmd.register(subparsers)
     live_cmds.register(subparsers)
+    session_cmd.register(subparsers)
     owed_cmd.register(subparsers)
     idle_cmd.register(subparsers)
     history_cmds.register(subparsers)
+    twin_cmd.register(subparsers)
     accounting_cmd.add_parser(subparsers)
     auth_cmd.register(subparsers)
     return parser

@@ -48,6 +48,7 @@ OWED_COLUMNS = (
     fmt.Column("DELIVERED GPU-h", ">"),
     fmt.Column("DELIVERED/OWED", ">"),
     fmt.Column("IDLE GPU-h", ">"),
+    fmt.Column("LOST GPU-h", ">"),
 )
 
 OVERALL = "overall"
@@ -86,6 +87,7 @@ def owed_table(snapshot: m.OwedSnapshot) -> str:
             fmt.gpu_h_cell(r.delivered_gpu_h),
             ratio_cell(r.ratio),
             fmt.gpu_h_cell(r.idle_gpu_h),
+            fmt.gpu_h_cell(r.lost_gpu_h),
         )
         for r in snapshot.rows
     ]
@@ -97,6 +99,7 @@ def owed_table(snapshot: m.OwedSnapshot) -> str:
             fmt.gpu_h_cell(sum(r.delivered_gpu_h for r in snapshot.rows)),
             ratio_cell(snapshot.overall),
             fmt.gpu_h_cell(sum(r.idle_gpu_h for r in snapshot.rows)),
+            fmt.gpu_h_cell(sum(r.lost_gpu_h for r in snapshot.rows)),
         )
     )
     heading = (
@@ -116,6 +119,8 @@ def owed_legend(at: float) -> str:
             "  DELIVERED = allocated GPU-h it ran, from each placement, at most OWED",
             "  IDLE      = allocated GPU-h held while flagged idle, every GPU below the "
             "threshold (allot idle)",
+            "  LOST      = allocated GPU-h lost to preemptions ended in the window: since each "
+            "attempt's last confirmed checkpoint (docs/decisions/0053)",
             "Not the usage accounting has charged (allot accounting usage): that counts from "
             "each run's",
             "reported start in whole slots, running work a slot or so behind.",

@@ -5,6 +5,7 @@
                    [--seed N] [--window 7d] [--half-life 3d] [--min-runtime 2h]
                    [--resumable/--no-resumable] [--grace 300] [--unallocated-grace 30]
                    [--unallocated-settle 60] [--rank-every 300] [--jobs N]
+                   [--checkpoint KIND:SPEC ...]
     allot simulate --philly TRACES_DIR --compare partitioned,fairshare --out DIR
 
 ``--philly`` replaces ``--cluster``, ``--budgets`` and ``--trace``, and ``--compare``
@@ -19,6 +20,15 @@ One policy: ``DIR/report.json``, ``DIR/report.html`` and ``DIR/jobs.csv`` (one r
 job: waits, JCT, preemptions; ``allot.sim.jobs_csv``). ``--compare``: one folder per policy
 (``DIR/<policy>/``), ``DIR/compare.json`` and ``DIR/compare.html`` (side by side, linking
 each policy's report); the summary prints side by side.
+
+``--checkpoint KIND:SPEC`` (repeatable) says how workloads of a kind checkpoint
+(``allot.sim.checkpoints``); ``KIND`` is a kind of the trace or ``*`` (every kind not
+named); ``SPEC`` is comma-separated: ``notice`` (save on a preemption notice), ``every=DUR``
+(save after each DUR of progress), or ``none``; ``save=DUR`` and ``restore=DUR`` (what a
+save and a restore take; 0 by default). A kind no entry names (and every kind, without
+``--checkpoint``) saves on notice at no cost: what the simulator always did. With and
+without checkpoint on notice: ``--checkpoint '*:notice,save=1m,restore=2m'`` and
+``--checkpoint '*:every=1h,save=1m,restore=2m'`` (decision 0052).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +54,7 @@ from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_GRACE_S, DEFAULT_UNALLOCATED_GRACE_S, MAX_MIN_RUNTIME_S
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, check_unallocated_knobs
 from allot.sim.baselines import POLICY_NAMES, named_policy
+from allot.sim.checkpoints import ALL_KINDS, TODAY, Checkpointing, CheckpointPlan
 from allot.sim.cluster import ClusterSpec, load_cluster
 from allot.sim.compare import render_compare_html, render_summary, summary
 from allot.sim.engine import SimConfig, simulate
@@ -101,6 +113,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="resumable for trace rows without the column (default yes)",
     )
     add_engine_options(parser)
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="KIND:SPEC",
+        help="how workloads of KIND (or * for every other kind) checkpoint: SPEC is "
+        "comma-separated 'notice' (save on a preemption notice), 'every=DUR', or 'none', "
+        "with 'save=DUR' and 'restore=DUR' (default 0); repeatable. Default: on notice at "
+        "no cost. E.g. '*:notice,save=1m,restore=2m' or 'training:every=1h,save=1m'",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument(
         "--jobs",
@@ -185,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     for name in policies if len(policies) > 1 else ():
         make_out_dir(args.out / name, "--out")
     cluster, tree, jobs = _load_inputs(args)
+    _check_checkpoint_kinds(args.checkpoint, {j.workload.kind for j in jobs})
     workers = min(args.jobs or os.cpu_count() or 1, len(policies))
     with writing_to("--out"):
         reports = _run_all(args, cluster, tree, jobs, policies=policies, workers=workers)
@@ -219,6 +242,7 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise ValidationError("--philly-window", "needs --philly DIR")
         philly_window(args.philly_window)  # a bad window fails before the trace is read
     check_engine_options(args)
+    args.checkpoint_plan = checkpoint_plan(args.checkpoint, args.grace)
     if args.min_runtime > MAX_MIN_RUNTIME_S:
         raise ValidationError(
             "--min-runtime",
@@ -228,6 +252,90 @@ def _check_flags(args: argparse.Namespace) -> None:
     # 0 would read as "not given" (the CPU count) and a negative count means nothing.
     if args.jobs is not None and args.jobs < 1:
         raise ValidationError("--jobs", f"must be at least 1, got {args.jobs}")
+
+
+_SPEC_EXAMPLES = "e.g. '*:notice,save=1m,restore=2m' or 'training:every=1h,save=1m'"
+
+
+def checkpoint_plan(specs: Sequence[str], grace_s: float) -> CheckpointPlan:
+    """The ``--checkpoint`` values as a plan; a kind named twice, a bad word or duration,
+    or a save on notice longer than ``grace_s`` (it could never finish) is refused."""
+    by_kind: dict[str, Checkpointing] = {}
+    for text in specs:
+        kind, cp = _checkpoint_spec(text, grace_s)
+        if kind in by_kind:
+            raise ValidationError("--checkpoint", f"names kind {kind!r} twice ({text!r})")
+        by_kind[kind] = cp
+    default = by_kind.pop(ALL_KINDS, TODAY)
+    return CheckpointPlan(by_kind, default)
+
+
+def _checkpoint_spec(text: str, grace_s: float) -> tuple[str, Checkpointing]:
+    kind, colon, spec = (part.strip() for part in text.partition(":"))
+    if not colon or not kind or not spec:
+        raise ValidationError("--checkpoint", f"{text!r} is not KIND:SPEC ({_SPEC_EXAMPLES})")
+    words: dict[str, str] = {}
+    for word in (w.strip() for w in spec.split(",")):
+        name, equals, value = (part.strip() for part in word.partition("="))
+        takes_value = name in ("every", "save", "restore")
+        if name not in ("notice", "none") and not takes_value:
+            raise ValidationError(
+                "--checkpoint",
+                f"{text!r}: unknown word {word!r} (notice, none, every=DUR, save=DUR, restore=DUR)",
+            )
+        if bool(equals) != takes_value:
+            hint = f"{name}=DUR" if takes_value else name
+            raise ValidationError("--checkpoint", f"{text!r}: write {hint}, not {word!r}")
+        if name in words:
+            raise ValidationError("--checkpoint", f"{text!r}: {name} given twice")
+        words[name] = value
+    seconds = {
+        name: _spec_duration(text, name, value)
+        for name, value in words.items()
+        if name in ("every", "save", "restore")
+    }
+    if "none" in words and len(words) > 1:
+        raise ValidationError(
+            "--checkpoint", f"{text!r}: none saves nothing, so takes no other word"
+        )
+    if not words.keys() & {"notice", "every", "none"}:
+        raise ValidationError(
+            "--checkpoint", f"{text!r}: say when it saves: notice, every=DUR, or none"
+        )
+    if seconds.get("every") == 0:
+        raise ValidationError("--checkpoint", f"{text!r}: every must be more than 0 seconds")
+    save = seconds.get("save", 0)
+    if "notice" in words and save > grace_s:
+        raise ValidationError(
+            "--checkpoint",
+            f"{text!r}: save={format_duration(save)} is longer than the grace period "
+            f"(--grace {format_duration(grace_s)}): a save on notice could never finish",
+        )
+    return kind, Checkpointing(
+        every_s=seconds.get("every"),
+        on_notice="notice" in words,
+        save_s=float(save),
+        restore_s=float(seconds.get("restore", 0)),
+    )
+
+
+def _spec_duration(text: str, name: str, value: str) -> float:
+    try:
+        return float(parse_duration(value))
+    except argparse.ArgumentTypeError as exc:
+        raise ValidationError("--checkpoint", f"{text!r}: {name}: {exc}") from None
+
+
+def _check_checkpoint_kinds(specs: Sequence[str], kinds: set[str]) -> None:
+    """A ``--checkpoint`` kind no workload has would change nothing: likely a typo."""
+    for text in specs:
+        kind = text.partition(":")[0].strip()
+        if kind != ALL_KINDS and kind not in kinds:
+            raise ValidationError(
+                "--checkpoint",
+                f"{text!r}: no workload of kind {kind!r} in the trace "
+                f"(kinds: {', '.join(sorted(kinds))})",
+            )
 
 
 def _given(args: argparse.Namespace, flag: str) -> bool:
@@ -268,7 +376,7 @@ def _run_one(
     *,
     per_policy_folder: bool,
 ) -> dict[str, Any]:
-    config = engine_config(args, name, tree, cluster)
+    config = replace(engine_config(args, name, tree, cluster), checkpointing=args.checkpoint_plan)
     started = time.perf_counter()
     progress = None if args.quiet else _progress_bar(name)
     record = simulate(cluster, tree, jobs, config, progress)

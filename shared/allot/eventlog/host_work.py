@@ -58,6 +58,7 @@ import msgspec
 
 from allot.core.errors import ValidationError
 from allot.eventlog.logfold import LogFold, WorkloadRecord
+from allot.eventlog.lost_work import lost_gpu_seconds
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto.messages import LIVE_STATES, PreemptReason
@@ -91,6 +92,22 @@ room for the subject and headers."""
 HOST_SHUTDOWN: PreemptReason = "host-drain"
 """The reason of a preemption by the agent's own stop: a planned host shutdown is a drain."""
 _ENDS = (m.WorkloadCompleted, m.WorkloadFailed, m.WorkloadPreempted, m.WorkloadCancelled)
+
+
+def _with_checkpoint(task: m.HostTask, rec: WorkloadRecord) -> m.HostTask:
+    """``task`` with the submission's checkpoint protocol (issue 40); work that asked for
+    none goes as it is."""
+    spec = rec.checkpoint
+    if spec is None:
+        return task
+    return msgspec.structs.replace(
+        task,
+        checkpoint=True,
+        checkpoint_signal=spec.signal,
+        checkpoint_timeout_s=spec.timeout_s,
+        checkpoint_dir=spec.directory,
+        session=spec.session,
+    )
 
 
 def primary_host(rec: WorkloadRecord) -> str:
@@ -165,6 +182,14 @@ def check_report_times(
             )
     if report.event == "started":
         return
+    ck = report.checkpointed_at
+    if ck is not None and (ck > at or ck < placed_at - skew_s):
+        # The lost work runs from it: a checkpoint after the end or before the placement
+        # would hide work lost to the preemption (docs/decisions/0053).
+        raise ValidationError(
+            "checkpointed_at",
+            f"{ck!r} is outside attempt {report.attempt}'s run ({placed_at!r} .. {at!r})",
+        )
     if started_at is not None and at < started_at:
         raise ValidationError("at", f"the end {at!r} is before the start {started_at!r}")
     if started_at is None and logged_start is not None and at < logged_start - skew_s:
@@ -284,22 +309,21 @@ class DispatchBook:
             # it, stops it, or knows it lost), so it goes without what only a start reads:
             # a host's list stays small however large its runs' commands and env are.
             bare = has_started or stop is not None
-            out.append(
-                m.HostTask(
-                    workload_id=wid,
-                    allocation=rec.workload.allocation,
-                    attempt=rec.attempt,
-                    gpus=tuple(gpus),
-                    primary=primary_host(rec) == host,
-                    hosts=() if bare else assignment_hosts(rec),
-                    command=() if bare else rec.command,
-                    env={} if bare else rec.env,
-                    duration_s=rec.duration_s,
-                    started=has_started,
-                    stop=stop,
-                    kill_at=kill_at,
-                )
+            task = m.HostTask(
+                workload_id=wid,
+                allocation=rec.workload.allocation,
+                attempt=rec.attempt,
+                gpus=tuple(gpus),
+                primary=primary_host(rec) == host,
+                hosts=() if bare else assignment_hosts(rec),
+                command=() if bare else rec.command,
+                env={} if bare else rec.env,
+                duration_s=rec.duration_s,
+                started=has_started,
+                stop=stop,
+                kill_at=kill_at,
             )
+            out.append(_with_checkpoint(task, rec))
         return tuple(out[: m.MAX_HOST_TASKS])
 
     def encoded_work(self, host: str, seq: int, at: float, limit: int = WORK_LIST_LIMIT) -> bytes:
@@ -443,6 +467,7 @@ class DispatchBook:
                 attempt=report.attempt,
                 gpus=w.gpus,
                 allocated=w.allocated,
+                checkpoint_dir=report.checkpoint_dir if rec.checkpoint is not None else None,
             )
         end = self._terminal(rec, report, started)
         if subject_host != primary:
@@ -500,6 +525,9 @@ class DispatchBook:
                 gpus=w.gpus,
                 started_at=started_at,
                 allocated=w.allocated,
+                checkpoint=report.checkpoint if rec.checkpoint is not None else None,
+                checkpointed_at=report.checkpointed_at,
+                lost_gpu_seconds=lost_gpu_seconds(w.gpus, started_at, at, report.checkpointed_at),
             )
         if report.event == "exited" and report.exit_code == 0:
             return m.WorkloadCompleted(

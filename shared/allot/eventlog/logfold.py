@@ -53,6 +53,7 @@ from allot.core.fold import end_workload
 from allot.core.model import Assignment, Host, HostState, Workload
 from allot.core.state import ClusterState, PendingQueue
 from allot.eventlog.budget_wire import tree_from_spec
+from allot.eventlog.lost_work import CheckpointSpec
 from allot.proto import messages as m
 
 Status = Literal[
@@ -92,6 +93,13 @@ class WorkloadRecord:
     requeue_reason: str = ""
     """When and why (a preemption's code) its last attempt ended and sent it back to the
     queue; shown while it is pending again."""
+    checkpoint: CheckpointSpec | None = None
+    """Issue 40: the submission's checkpoint protocol (None: it asked for none)."""
+    checkpoint_dir: str | None = None
+    """Where the last started attempt's checkpoints go, as its agent reported it."""
+    checkpoints: tuple[m.AttemptCheckpoint, ...] = ()
+    """Each preempted attempt's checkpoint (``allot status``): kept only for work under
+    the protocol, so other work keeps nothing more."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +130,8 @@ CANCEL_LEAVES_S = 10.0
 KEPT_REASON_LEN = 200
 """Characters of an end reason an ended workload keeps (the log has the whole text)."""
 SHARED_ASSIGNMENTS = 65_536
+MAX_KEPT_CHECKPOINTS = 1024
+"""Preempted attempts' checkpoints a workload keeps (``WorkloadStatus.checkpoints``)."""
 """Distinct assignments remembered for sharing; the table starts over when full."""
 
 
@@ -178,7 +188,9 @@ class LogFold:
             priority=r.priority,
             submit_time=r.at,
         )
-        self.records[w.id] = WorkloadRecord(w, r.client_id, r.command, r.duration_s, r.env)
+        self.records[w.id] = WorkloadRecord(
+            w, r.client_id, r.command, r.duration_s, r.env, checkpoint=CheckpointSpec.of(r)
+        )
         self.queue.add(w)
         return Applied(True)
 
@@ -273,6 +285,16 @@ class LogFold:
             self.state, self.queue, workload_id, preempted=preempted, now=r.at
         )
         rec.preempt_at = None  # the assignment stays: the last attempt's, for `allot status`
+        if isinstance(r, m.WorkloadPreempted) and rec.checkpoint is not None:
+            rec.checkpoints = (
+                *rec.checkpoints[-(MAX_KEPT_CHECKPOINTS - 1) :],
+                m.AttemptCheckpoint(
+                    attempt=r.attempt,
+                    outcome=r.checkpoint,
+                    checkpointed_at=r.checkpointed_at,
+                    lost_gpu_seconds=r.lost_gpu_seconds,
+                ),
+            )
         if requeued is not None and not rec.cancel_requested:
             rec.status = "pending"
             rec.requeued_at = r.at
@@ -299,6 +321,8 @@ class LogFold:
         # placement service reads starts only when asked, ``DECISION_INPUTS``).
         # What ``allot status`` shows; nothing the scheduler decides on changes (no cycle).
         rec.run_started_at = r.at
+        if r.checkpoint_dir is not None:
+            rec.checkpoint_dir = r.checkpoint_dir
         return _INFO
 
     def _current(self, workload_id: str, attempt: int) -> WorkloadRecord | None:

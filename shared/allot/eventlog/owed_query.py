@@ -8,7 +8,10 @@ allocation's effective share of the tree current at ``now``. ``overall`` is tota
 rounds them (6 decimals). Given the ``IdleBook`` of the idle records (USAGE), each row also carries
 ``idle_gpu_h``: GPU-hours of the allocation's flagged idle stretches within the window
 (an open one up to ``now``); an allocation idle but absent from the report gets a row of
-its own. Pure: the caller passes ``now``.
+its own. ``lost_gpu_h``: GPU-hours lost to preemptions that ended within the window, from
+the agents' checkpoint reports (``LogTimeline.lost_gpu_seconds``; docs/decisions/0053), an
+allocation with lost work but absent from the report likewise. Pure: the caller passes
+``now``.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ def owed_snapshot(
     owed = timeline.owed(now, query.window_s, query.bucket_s)
     shares = timeline.fold.shares()
     idle_s = {} if idle is None else idle.gpu_seconds(now - query.window_s, now)
+    lost_s = timeline.lost_gpu_seconds(now - query.window_s, now)
     by_allocation = dict(owed["by_allocation"])
-    for name in idle_s.keys() - by_allocation.keys():
+    for name in (idle_s.keys() | lost_s.keys()) - by_allocation.keys():
         by_allocation[name] = {"owed_gpu_h": 0.0, "delivered_gpu_h": 0.0, "ratio": None}
     rows = tuple(
         m.OwedRow(
@@ -38,6 +42,7 @@ def owed_snapshot(
             # Shares sum to 1; min() only guards the last bit of a float sum.
             effective_share=min(1.0, shares.get(name, 0.0)),
             idle_gpu_h=round(idle_s.get(name, 0.0) / 3600.0, 6),
+            lost_gpu_h=round(lost_s.get(name, 0.0) / 3600.0, 6),
         )
         for name, row in sorted(by_allocation.items())
     )

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -143,6 +143,10 @@ class LogTimeline:
         self._queue_waits: list[tuple[float, float]] = []  # (placed at, waited s)
         self._by_reason: Counter[str] = Counter()
         self._preempted_gpu_s = 0.0
+        self._lost: list[tuple[float, str, float]] = []  # (at, allocation, GPU-s), log order
+        self._lost_total: defaultdict[str, float] = defaultdict(float)
+        """Issue 40: GPU-seconds lost to preemption per allocation, as the agents reported
+        (``WorkloadPreempted.lost_gpu_seconds``; docs/decisions/0053)."""
         self.placements = 0
         """Placements applied so far (``queue_waits`` keeps those within the horizon)."""
 
@@ -270,6 +274,18 @@ class LogTimeline:
     def preempted_gpu_seconds(self) -> float:
         """GPU-seconds run by attempts that ended preempted (an upper bound of work lost)."""
         return self._preempted_gpu_s
+
+    def lost_gpu_seconds(self, since: float, now: float) -> dict[str, float]:
+        """GPU-seconds lost to preemptions that ended in ``[since, now]``, per allocation."""
+        out: defaultdict[str, float] = defaultdict(float)
+        for at, allocation, lost in self._lost:
+            if since <= at <= now:
+                out[allocation] += lost
+        return dict(out)
+
+    def lost_gpu_seconds_total(self) -> dict[str, float]:
+        """GPU-seconds lost to preemption per allocation so far (a Prometheus counter)."""
+        return dict(sorted(self._lost_total.items()))
 
     def queue_waits(self) -> list[float]:
         """Seconds each placement waited since its submission or requeue, in log order
@@ -402,6 +418,11 @@ class LogTimeline:
         detail: dict[str, Any] = {"gpus": w.gpus, "gpu_seconds": gpu_s}
         if isinstance(r, m.WorkloadPreempted):
             self._preempted_gpu_s += gpu_s
+            if w.allocation is not None and run is not None:
+                # At most what the attempt ran here (a record's figure is the agent's).
+                lost = min(r.lost_gpu_seconds, gpu_s)
+                self._lost.append((r.at, w.allocation, lost))
+                self._lost_total[w.allocation] += lost
             detail["reason"] = r.reason
             detail["preemptor"] = life.preemptor
         elif isinstance(r, m.WorkloadFailed):
@@ -510,6 +531,7 @@ class LogTimeline:
         _drop_prefix(self._segments, lambda x: x.end, cutoff)
         _drop_prefix(self._waits, lambda x: x.end, cutoff)
         _drop_prefix(self._preemptions, lambda x: x.time, cutoff)
+        _drop_prefix(self._lost, lambda x: x[0], cutoff)
         _drop_prefix(self._requeued_at, lambda x: x, cutoff)
         _drop_prefix(self._queue_waits, lambda x: x[0], cutoff)
         # Capacity: the last change at or before the cutoff still gives the value there.

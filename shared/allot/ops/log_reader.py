@@ -3,30 +3,42 @@ whatif``, ``allot budgets history``): the streams are replayed as the services r
 (``allot.bus.LogFollower``: HOSTS, the budget tree, WORKLOADS; each to the end it had when
 read), handed to a callback one record at a time, and the connection closed.
 
-Reading uses the JetStream API (ordered consumers). ``allot auth gen`` grants that API to
-the services alone (``docs/security.md``: whoever may create a consumer may make the server
-publish the log onto any subject, and a JetStream request's reply subject is the asker's
-choice too). Under logins these commands therefore need the services' credentials, or a
-folder ``allot export`` wrote; NATS refuses anyone else's request, which arrives here as
-no answer and is raised as ``LogUnreadableError`` saying so.
+Two ways, the first that answers (``docs/decisions/0054-history-pages-from-the-dashboard.md``):
+
+1. *Pages from the dashboard service* (``allot.v1.query.history``: ``Client.history_page``),
+   which reads the log with its own credentials. This is how operators and managers read
+   it under ``allot auth gen``'s logins, which have no JetStream API (``docs/security.md``:
+   whoever may create a consumer may make the server publish the log onto any subject).
+   A submission's record comes without its ``command`` and ``env``; nothing here needs them.
+2. *Ordered consumers* (the JetStream API), when no dashboard answers (no responders: a
+   stack run without one): the services' credentials, or no logins at all. Under logins
+   NATS refuses anyone else's JetStream request, which arrives as no answer and is raised
+   as ``LogUnreadableError`` saying so.
+
+``via`` forces one (``"query"``, ``"jetstream"``); a login the server refuses the query
+(a team) gets ``allot.sdk.PermissionDeniedError``, with no fallback.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Literal
 
 import msgspec
 import nats.errors
 from nats.js.errors import NotFoundError
 
 from allot import bus
+from allot.core.errors import ValidationError
 from allot.proto import subjects as s
-from allot.sdk import Client
+from allot.sdk import Client, CommandRejectedError, NoResponderError
 
 WHOLE_LOG: tuple[str, ...] = ("HOSTS", "USAGE", "WORKLOADS")
 """What a history needs, in the order the services replay it."""
 BUDGET_TREES: dict[str, str | tuple[str, ...]] = {"USAGE": s.BUDGET_TREE}
 """USAGE's filter: the budget trees, not the rankings."""
+PAGE_RECORDS = 1000
+"""Records asked for per history page (the service may send fewer: its byte bound)."""
 
 
 class LogUnreadableError(RuntimeError):
@@ -40,29 +52,92 @@ async def read_log(
     streams: Sequence[str] = WHOLE_LOG,
     subjects: Mapping[str, str | tuple[str, ...]] = BUDGET_TREES,
     timeout: float = 5.0,
+    via: Literal["auto", "query", "jetstream"] = "auto",
 ) -> None:
     """Hand every record of ``streams`` (``subjects``: a filter per stream) to
     ``on_record``, in replay order; returns once each stream is read to its end. The SDK's
-    connection errors (``allot.sdk.SdkError``) pass through."""
+    connection errors (``allot.sdk.SdkError``) pass through. ``via``: see the module
+    docstring (the query serves only ``BUDGET_TREES``' filter)."""
+    pageable = all(subjects.get(x, ">") == BUDGET_TREES.get(x, ">") for x in streams)
+    if via == "query" and not pageable:
+        raise LogUnreadableError("the history query reads USAGE's budget trees only")
+    async with Client(url, name="allot-cli-log", timeout=timeout, retries=0) as client:
+        paged = via != "jetstream" and pageable
+        if paged and await read_pages(client, on_record, streams, probe=via == "auto"):
+            return
+        await _read_consumers(client, on_record, streams, subjects, timeout)
 
+
+async def read_pages(
+    client: Client,
+    on_record: Callable[[msgspec.Struct], None],
+    streams: Sequence[str],
+    *,
+    probe: bool = False,
+) -> bool:
+    """Read ``streams`` page by page through ``allot.v1.query.history``; False (nothing
+    read) when ``probe`` and no service answers the first page. Each stream is read to the
+    last sequence its first page reported; a record that does not decode is skipped, as
+    ``LogFollower`` skips it."""
+    first = True
+    for stream in streams:
+        start = 1
+        end_seq: int | None = None
+        while True:
+            try:
+                page = await client.history_page(stream, start_seq=start, limit=PAGE_RECORDS)
+            except NoResponderError as e:
+                if probe and first:
+                    return False
+                raise LogUnreadableError(str(e)) from e
+            except CommandRejectedError as e:
+                raise LogUnreadableError(f"the history query was refused: {e}") from e
+            first = False
+            if end_seq is None:
+                end_seq = page.last_seq
+            for rec in page.records:
+                if rec.seq > end_seq:
+                    break
+                try:
+                    record = bus.decode_record(rec.subject, bytes(rec.record))
+                except ValidationError:
+                    continue
+                on_record(record)
+            if page.end or page.next_seq > end_seq:
+                break
+            if page.next_seq <= start:
+                raise LogUnreadableError(
+                    f"the history of {stream} did not move past sequence {start}: try again"
+                )
+            start = page.next_seq
+    return True
+
+
+async def _read_consumers(
+    client: Client,
+    on_record: Callable[[msgspec.Struct], None],
+    streams: Sequence[str],
+    subjects: Mapping[str, str | tuple[str, ...]],
+    timeout: float,
+) -> None:
     def take(_subject: str, record: msgspec.Struct) -> None:
         on_record(record)
 
-    async with Client(url, name="allot-cli-log", timeout=timeout, retries=0) as client:
-        js = client.nc.jetstream(timeout=timeout)
-        follower = bus.LogFollower(js, take, streams=tuple(streams), subjects=dict(subjects))
-        try:
-            await follower.start()
-        except NotFoundError as e:
-            raise LogUnreadableError(
-                f"the server holds no Allot log (a stream of {', '.join(streams)} is missing): "
-                "has a stack run against it?"
-            ) from e
-        except (TimeoutError, nats.errors.NoRespondersError) as e:
-            raise LogUnreadableError(
-                f"JetStream did not answer within {timeout:g} s. Under allot auth gen's "
-                "logins only the services may read the log (docs/security.md): use the "
-                "services' credentials, or a folder allot export wrote"
-            ) from e
-        finally:
-            await follower.stop()
+    js = client.nc.jetstream(timeout=timeout)
+    follower = bus.LogFollower(js, take, streams=tuple(streams), subjects=dict(subjects))
+    try:
+        await follower.start()
+    except NotFoundError as e:
+        raise LogUnreadableError(
+            f"the server holds no Allot log (a stream of {', '.join(streams)} is missing): "
+            "has a stack run against it?"
+        ) from e
+    except (TimeoutError, nats.errors.NoRespondersError) as e:
+        raise LogUnreadableError(
+            f"no dashboard service answers {s.QUERY_HISTORY}, and JetStream did not answer "
+            f"within {timeout:g} s. Under allot auth gen's logins only the services may "
+            "read the log directly (docs/security.md): start the stack's dashboard, use the "
+            "services' credentials, or a folder allot export wrote"
+        ) from e
+    finally:
+        await follower.stop()

@@ -107,6 +107,10 @@ class AgentSpec:
     hosts: int = 4
     gpus: int = 8
     fake: bool = True
+    checkpoint_root: str | None = None
+    """A real agent's ``--checkpoint-root`` (issue 40): where it keeps workloads' checkpoints."""
+    checkpoint_allow: tuple[str, ...] = ()
+    """A real agent's ``--checkpoint-allow`` roots: where a workload may name its own."""
 
     def argv(self) -> list[str]:
         if self.fake:
@@ -119,7 +123,12 @@ class AgentSpec:
                 "--host-prefix",
                 self.prefix,
             ]
-        return ["--host", self.prefix, "--gpus", str(self.gpus)]
+        checkpoints = (
+            [] if self.checkpoint_root is None else ["--checkpoint-root", self.checkpoint_root]
+        )
+        for root in self.checkpoint_allow:
+            checkpoints += ["--checkpoint-allow", root]
+        return ["--host", self.prefix, "--gpus", str(self.gpus), *checkpoints]
 
     @property
     def host_count(self) -> int:
@@ -427,7 +436,17 @@ class Stack(StartStop):
             if c.accountings == 1
             else [f"accounting-{i + 1}" for i in range(c.accountings)]
         )
-        out: dict[str, list[str]] = {"intake": [*py, "allot.services.intake"]}
+        out: dict[str, list[str]] = {
+            "intake": [
+                *py,
+                "allot.services.intake",
+                # placement's grace periods: intake refuses a checkpoint timeout beyond them
+                "--grace-s",
+                str(c.grace_s),
+                "--unallocated-grace-s",
+                str(c.unallocated_grace_s),
+            ]
+        }
         out |= {name: list(accounting) for name in accountings}
         out |= {
             "ranking": [

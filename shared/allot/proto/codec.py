@@ -128,6 +128,7 @@ PATTERN_WORDS: Final = {
     m.ENV_NAME_PATTERN: "Expected a variable name of letters, digits and '_', not starting "
     "with a digit",
     m.ENV_VALUE_PATTERN: "Expected a value without NUL",
+    m.CHECKPOINT_DIR_PATTERN: "Expected an absolute path (starting with '/') without NUL",
 }
 """msgspec quotes a pattern; a user reads what it allows instead."""
 _PLAIN_KEY = re.compile(rb'"([^"]*)"\s*:')  # a key token when the body has no backslash

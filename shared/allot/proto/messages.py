@@ -140,6 +140,8 @@ RESERVED_ENV = frozenset(
         "ALLOT_HOST_RANK",
         "ALLOT_NUM_HOSTS",
         "ALLOT_AGENT",
+        "ALLOT_CHECKPOINT_DIR",
+        "ALLOT_SESSION_DIR",
     }
 )
 """What the agent sets itself (``allot.services.agent.gpu_exec.workload_env``): a workload's ``env``
@@ -158,6 +160,49 @@ PreemptReason = Literal[
     "reservation",
 ]
 """The core's ``allot.core.decisions.PreemptReason`` values (a test keeps them equal)."""
+
+# -- checkpoint protocol on notice (issue 40; docs/decisions/0053) ------------------------------
+CheckpointSignal = Literal["USR1", "USR2", "HUP", "INT", "QUIT", "ALRM", "WINCH", "CONT"]
+"""Signals a workload may ask for before SIGTERM (by name, no ``SIG``): never TERM or KILL,
+which the agent sends itself, nor STOP, which would freeze the checkpoint it asks for."""
+CheckpointOutcome = Literal["done", "late", "missed"]
+"""How a workload answered its notice: confirmed within its ``checkpoint_timeout_s``,
+after it but before the SIGKILL, or never (docs/decisions/0053)."""
+MAX_CHECKPOINT_DIR_LEN = 1024
+CHECKPOINT_DIR_PATTERN = r"^/[^\x00]*(?!\n)$"
+CheckpointDir = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=MAX_CHECKPOINT_DIR_LEN,
+        pattern=CHECKPOINT_DIR_PATTERN,
+        description="an absolute path on shared storage, inside the roots the agents allow",
+    ),
+]
+CheckpointTimeout = Annotated[
+    float,
+    msgspec.Meta(
+        gt=0.0,
+        le=86_400.0,
+        description="seconds the checkpoint may take after the notice, at most the grace period",
+    ),
+]
+SESSION_KIND = "session"
+"""``kind`` of an interactive session (``allot session start``): its state directory is
+saved by the agent after a notice and restored at its next placement."""
+
+
+class AttemptCheckpoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One preempted attempt's checkpoint, as its agent reported it (``allot status``).
+    ``lost_gpu_seconds``: GPUs x (end - the last confirmed checkpoint, or the start)."""
+
+    attempt: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
+    outcome: CheckpointOutcome | None = None
+    checkpointed_at: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TIME)] | None = None
+    lost_gpu_seconds: Annotated[float, msgspec.Meta(ge=0.0, le=1e18)] = 0.0
+
+
+# -- end of the checkpoint block ------------------------------------------------------------------
 
 
 class _Wire(
@@ -200,6 +245,12 @@ class SubmitWorkload(_Message, frozen=True, kw_only=True):
     """Environment variables for the workload's processes (``RESERVED_ENV`` excepted)."""
     duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
     """Fake agents only: how long to pretend to run."""
+    checkpoint_signal: CheckpointSignal | None = None
+    """Issue 40: the signal the agent sends at a notice, before SIGTERM."""
+    checkpoint_timeout_s: CheckpointTimeout | None = None
+    """How long the checkpoint may take (at most the grace period; None: until the deadline)."""
+    checkpoint_dir: CheckpointDir | None = None
+    """Where checkpoints go (shared storage; None: a directory the agents manage)."""
 
 
 MAX_BATCH = 256
@@ -322,6 +373,12 @@ class HostTask(_Wire, frozen=True, kw_only=True):
     """The attempt's hosts, primary first, then the others in assignment order: the part
     gets them as ``ALLOT_HOSTS``, its index as ``ALLOT_HOST_RANK`` (empty: not sent, as by
     a dispatch service older than this field)."""
+    checkpoint: bool = False
+    """Issue 40: the part follows the checkpoint protocol (the fields below, a session)."""
+    checkpoint_signal: CheckpointSignal | None = None
+    checkpoint_timeout_s: CheckpointTimeout | None = None
+    checkpoint_dir: CheckpointDir | None = None
+    session: bool = False
 
 
 class HostWork(_Message, frozen=True, kw_only=True):
@@ -366,6 +423,12 @@ class PartReport(_Message, frozen=True, kw_only=True):
     detail: Text = ""
     stopping: bool = False
     """The agent is shutting down (a non-zero exit is its doing, not the workload's)."""
+    checkpoint: CheckpointOutcome | None = None
+    """Issue 40: how the part answered its notice (an end after a notice, protocol on)."""
+    checkpointed_at: Timestamp | None = None
+    """The last checkpoint the part confirmed in this attempt (None: none)."""
+    checkpoint_dir: CheckpointDir | None = None
+    """A start's: where the attempt's checkpoints go (``ALLOT_CHECKPOINT_DIR``)."""
 
 
 MAX_REPORTS = 200
@@ -462,6 +525,12 @@ class WorkloadSubmitted(_Message, frozen=True, kw_only=True):
     command: Command = ()
     env: Env = {}
     duration_s: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_TIME)] | None = None
+    checkpoint_signal: CheckpointSignal | None = None
+    """Issue 40: the signal the agent sends at a notice, before SIGTERM."""
+    checkpoint_timeout_s: CheckpointTimeout | None = None
+    """How long the checkpoint may take (at most the grace period; None: until the deadline)."""
+    checkpoint_dir: CheckpointDir | None = None
+    """Where checkpoints go (shared storage; None: a directory the agents manage)."""
     at: Timestamp
 
 
@@ -524,6 +593,9 @@ class WorkloadStarted(_Message, frozen=True, kw_only=True):
     gpus: GpuCount = 0
     allocated: bool = False
     """Charged to ``allocation`` (allocated work); accounting charges nothing otherwise."""
+    checkpoint_dir: CheckpointDir | None = None
+    """Issue 40: where this attempt's checkpoints go (``ALLOT_CHECKPOINT_DIR``), as its
+    agent reported it; None for work without the checkpoint protocol."""
 
 
 class PreemptionNotice(_Message, frozen=True, kw_only=True):
@@ -566,6 +638,14 @@ class WorkloadPreempted(_Message, frozen=True, kw_only=True):
     gpus: GpuCount = 0
     started_at: RunStart | None = None
     allocated: bool = False
+    checkpoint: CheckpointOutcome | None = None
+    """Issue 40: how the attempt answered its notice (None: no checkpoint protocol, or no
+    notice: a host's drain or loss)."""
+    checkpointed_at: Timestamp | None = None
+    """The attempt's last confirmed checkpoint, as its agent reported it."""
+    lost_gpu_seconds: NonNegative = 0.0
+    """GPU-seconds of the attempt lost to the preemption: gpus x (at - checkpointed_at, or
+    started_at without one) (docs/decisions/0053)."""
 
 
 class WorkloadRequeued(_Message, frozen=True, kw_only=True):
@@ -848,6 +928,11 @@ class WorkloadStatus(_Message, frozen=True, kw_only=True):
     requeue_reason: Text = ""
     command: Command = ()
     env_names: Annotated[tuple[EnvName, ...], msgspec.Meta(max_length=MAX_ENV)] = ()
+    checkpoints: Annotated[tuple[AttemptCheckpoint, ...], msgspec.Meta(max_length=1024)] = ()
+    """Issue 40: each preempted attempt's checkpoint outcome, oldest first (the last 1,024)."""
+    checkpoint_dir: CheckpointDir | None = None
+    """Where the last started attempt's checkpoints (a session's state) go."""
+    kind: Name = "training"
 
 
 class QueueRow(_Wire, frozen=True, kw_only=True):
@@ -1003,6 +1088,9 @@ class OwedRow(_Wire, frozen=True, kw_only=True):
     idle_gpu_h: NonNegative = 0.0
     """GPU-hours its allocated work held in flagged idle stretches within the window
     (``WorkloadFlaggedIdle``; a stretch still open counts up to the answer's ``at``)."""
+    lost_gpu_h: NonNegative = 0.0
+    """Issue 40: GPU-hours of its work lost to preemptions that ended within the window:
+    since each attempt's last confirmed checkpoint (docs/decisions/0053)."""
 
 
 class OwedSnapshot(_Message, frozen=True, kw_only=True):
@@ -1068,6 +1156,54 @@ class IdleSnapshot(_Message, frozen=True, kw_only=True):
     threshold_pct: UtilPct
     window_s: Seconds
     rows: Annotated[tuple[IdleRow, ...], msgspec.Meta(max_length=100_000)] = ()
+
+
+# == the log's history (allot.v1.query.history, answered by the dashboard service) =========
+
+HISTORY_STREAMS = ("WORKLOADS", "HOSTS", "USAGE")
+"""What ``HistoryQuery`` may read: USAGE is read on its budget-tree subject only."""
+HISTORY_PAGE_MAX = 1000
+"""The most records one ``HistoryPage`` holds (the service may hold fewer: its byte bound)."""
+HistorySeq = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+
+
+class HistoryQuery(_Message, frozen=True, kw_only=True):
+    """``allot.v1.query.history`` (``allot export``, ``allot whatif``, ``allot budgets
+    history`` under logins): one page of a log stream, from ``start_seq`` or from the first
+    record stored at or after ``start_time`` (neither: from the stream's first record; not
+    both). The answering service reads at most ``limit`` records and a bounded number of
+    bytes; a submission's record comes without its ``command`` and ``env``."""
+
+    stream: Literal["WORKLOADS", "HOSTS", "USAGE"]
+    start_seq: HistorySeq | None = None
+    start_time: Timestamp | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=HISTORY_PAGE_MAX)] = 500
+
+
+class HistoryRecord(_Wire, frozen=True, kw_only=True):
+    """One record of the log: its stream sequence, subject, and the record as the log holds
+    it (JSON; decode it by its subject), a submission's without ``command`` and ``env``."""
+
+    seq: HistorySeq
+    subject: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    record: msgspec.Raw
+
+
+class HistoryPage(_Message, frozen=True, kw_only=True):
+    """One page of ``stream``: ``records`` in sequence order; ask again from ``next_seq``
+    until ``end`` (the stream's end when read; ``last_seq`` was its last sequence then).
+    ``omitted``: records of the page the service could not decode, left out."""
+
+    stream: Literal["WORKLOADS", "HOSTS", "USAGE"]
+    records: Annotated[tuple[HistoryRecord, ...], msgspec.Meta(max_length=HISTORY_PAGE_MAX)]
+    next_seq: HistorySeq
+    last_seq: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+    end: bool
+    omitted: Annotated[int, msgspec.Meta(ge=0)] = 0
+    at: Timestamp
+
+
+# == end of the log's history ================================================================
 
 
 # == groups ====================================================================================
@@ -1161,5 +1297,7 @@ REPLIES: tuple[type[msgspec.Struct], ...] = (
     UsageSnapshot,
     IdleSnapshot,
     WatchStarted,
+    HistoryQuery,
+    HistoryPage,
 )
 MESSAGES = COMMANDS + EVENTS + REPLIES

@@ -27,6 +27,7 @@ from allot.proto.subjects import (
     IDENTITY_FORMS,
     PREFIX,
     QUERY_ALLOCATIONS,
+    QUERY_HISTORY,
     QUERY_HOSTS,
     QUERY_IDLE,
     QUERY_OWED,
@@ -119,6 +120,7 @@ _QUERIES: dict[
     "query_placement_stats": (QUERY_PLACEMENT_STATS, (), (m.PlacementStats, m.CommandRejected)),
     "query_owed": (QUERY_OWED, (m.OwedQuery,), (m.OwedSnapshot, m.CommandRejected)),
     "query_usage": (QUERY_USAGE, (m.UsageQuery,), (m.UsageSnapshot, m.CommandRejected)),
+    "query_history": (QUERY_HISTORY, (m.HistoryQuery,), (m.HistoryPage, m.CommandRejected)),
     "query_idle": (QUERY_IDLE, (), (m.IdleSnapshot, m.CommandRejected)),
     "query_idle_allocation": (
         f"{QUERY_IDLE}.{{allocation}}",
@@ -165,6 +167,7 @@ _GRANTED: dict[str, tuple[str, ...]] = {
     "query_hosts": (_TEAM, _MANAGER, _OPERATOR),
     "query_placement_stats": (_TEAM, _MANAGER, _OPERATOR),
     "query_idle": (_MANAGER, _OPERATOR),
+    "query_history": (_MANAGER, _OPERATOR),
     "query_idle_allocation": (_TEAM, _MANAGER, _OPERATOR),
 }
 """Who ``allot auth gen`` grants each channel to (publish for a send, subscribe for a

@@ -520,6 +520,9 @@ ALL_QUERY_IDLE = f"{QUERY_IDLE}.*"
 QUERY_USAGE = f"{PREFIX}.query.usage"
 """UsageQuery (or an empty body) -> UsageSnapshot or CommandRejected: the GPU-seconds charged
 to each allocation, answered by the accounting service."""
+QUERY_HISTORY = f"{PREFIX}.query.history"
+"""HistoryQuery -> HistoryPage or CommandRejected: one page of a log stream, answered by the
+dashboard service (operators and managers: ``allot export``, ``whatif``, ``budgets history``)."""
 
 # -- wildcards (subscriptions and grants) -----------------------------------------------------
 

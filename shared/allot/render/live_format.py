@@ -447,9 +447,24 @@ def status_text(
         ("cancelled by", status.cancelled_by or NONE),
         ("command", one_line(shlex.join(status.command)) if status.command else NONE),
         ("env", " ".join(status.env_names) or NONE),
+        ("kind", status.kind if status.kind == m.SESSION_KIND else NONE),
+        ("checkpoint dir", status.checkpoint_dir or NONE),
+        *(
+            (f"checkpoint {c.attempt}", checkpoint_cell(c))
+            for c in status.checkpoints  # issue 40: each preempted attempt's outcome
+        ),
     ]
     width = max(len(k) for k, _ in lines)
     return "\n".join(f"{k + ':':{width + 1}} {v}" for k, v in lines if v != NONE)
+
+
+def checkpoint_cell(c: m.AttemptCheckpoint) -> str:
+    """``done, checkpointed 12:00:03, lost 0.01 GPU-h`` (issue 40)."""
+    parts: list[str] = [c.outcome or "no notice"]
+    if c.checkpointed_at is not None:
+        parts.append(f"checkpointed {timestamp(c.checkpointed_at)}")
+    parts.append(f"lost {c.lost_gpu_seconds / 3600:.2f} GPU-h")
+    return ", ".join(parts)
 
 
 # -- events ------------------------------------------------------------------------------------

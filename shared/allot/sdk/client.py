@@ -54,8 +54,10 @@ from allot.bus import confirm_subscriptions, decode_record, server_urls
 from allot.core.errors import ValidationError
 from allot.proto import codec, subjects
 from allot.proto import messages as m
+from allot.proto.checkpoint_rules import check_checkpoint, parse_signal
 from allot.proto.env_vars import check_env
 from allot.proto.subjects import Kind
+from allot.sdk.checkpointing import CheckpointFn, confirming
 from allot.sdk.errors import (
     BadReplyError,
     CommandRejectedError,
@@ -113,6 +115,7 @@ _PLACEMENT_STATS_REPLY = msgspec.json.Decoder(m.PlacementStats | m.CommandReject
 _OWED_REPLY = msgspec.json.Decoder(m.OwedSnapshot | m.CommandRejected)
 _USAGE_REPLY = msgspec.json.Decoder(m.UsageSnapshot | m.CommandRejected)
 _IDLE_REPLY = msgspec.json.Decoder(m.IdleSnapshot | m.CommandRejected)
+_HISTORY_REPLY = msgspec.json.Decoder(m.HistoryPage | m.CommandRejected)
 
 # Who answers what: named in the "no responder" and timeout errors.
 INTAKE = "intake service"
@@ -520,6 +523,9 @@ class Client:
         env: Mapping[str, str] | None = None,
         duration_s: float | None = None,
         timeout: float | None = None,
+        checkpoint_signal: str | None = None,
+        checkpoint_timeout_s: float | None = None,
+        checkpoint_dir: str | None = None,
     ) -> m.WorkloadAccepted:
         """Submit a workload; raises ``SubmitRejectedError`` (a ``ValidationError``) when intake
         refuses it. Retrying with the same ``client_id`` never queues a second workload
@@ -535,8 +541,21 @@ class Client:
         NAME=VALUE``); the names the agent sets itself (``messages.RESERVED_ENV``:
         ``CUDA_VISIBLE_DEVICES``, ``ALLOT_WORKLOAD_ID``, ...) are refused.
 
-        ``user``: who submits (default: the login; see the module docstring)."""
+        ``user``: who submits (default: the login; see the module docstring).
+
+        The checkpoint protocol (issue 40; docs/user-guide.md): ``checkpoint_signal``
+        (``"USR1"``...) is sent at a notice before SIGTERM, ``checkpoint_timeout_s`` bounds
+        the checkpoint (at most the grace period), ``checkpoint_dir`` names a directory on
+        shared storage (default: one the agents manage); any of them turns it on."""
         user = self.identity("user", user)
+        if checkpoint_signal is not None:
+            checkpoint_signal = parse_signal(checkpoint_signal)
+        check_checkpoint(
+            signal=checkpoint_signal,
+            timeout_s=checkpoint_timeout_s,
+            directory=checkpoint_dir,
+            grace_s=None,  # intake knows it
+        )
         msg = m.SubmitWorkload(
             client_id=new_client_id() if client_id is None else client_id,
             user=user,
@@ -549,6 +568,9 @@ class Client:
             command=_argv(command),
             env=check_env({} if env is None else env),
             duration_s=duration_s,
+            checkpoint_signal=checkpoint_signal,  # type: ignore[arg-type]  # checked above
+            checkpoint_timeout_s=checkpoint_timeout_s,
+            checkpoint_dir=checkpoint_dir,
         )
         body = _checked(msg)
         subject = subjects.submit_as(allocation, user)
@@ -556,6 +578,53 @@ class Client:
         if isinstance(reply, m.WorkloadRejected):
             raise SubmitRejectedError(reply.field, reply.reason, reply.client_id)
         return reply
+
+    async def start_session(
+        self,
+        *,
+        allocation: str,
+        gpus: int,
+        min_runtime_s: int,
+        command: Sequence[str] = (),
+        client_id: str | None = None,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        checkpoint_signal: str | None = None,
+        checkpoint_timeout_s: float | None = None,
+        duration_s: float | None = None,
+        timeout: float | None = None,
+    ) -> m.WorkloadAccepted:
+        """An interactive session (issue 40): an allocated workload of kind ``session``
+        whose ``ALLOT_SESSION_DIR`` the agent saves after a notice and restores at its next
+        placement (same id, original submit time: an ordinary resumable workload to the
+        policy). ``session(id)`` tells where it runs now."""
+        return await self.submit(
+            client_id=client_id,
+            user=user,
+            gpus=gpus,
+            allocation=allocation,
+            min_runtime_s=min_runtime_s,
+            kind=m.SESSION_KIND,
+            command=command,
+            env=env,
+            duration_s=duration_s,
+            timeout=timeout,
+            checkpoint_signal=checkpoint_signal,
+            checkpoint_timeout_s=checkpoint_timeout_s,
+        )
+
+    async def session(
+        self, workload_id: str, *, scope: str | None = None, timeout: float | None = None
+    ) -> m.WorkloadStatus:
+        """Where a session runs now: ``assignment`` (hosts), ``attempt``, ``checkpoint_dir``
+        (its saved state) and ``checkpoints`` (each preemption's outcome); ``ValidationError``
+        naming ``workload_id`` for work that is not a session."""
+        status = await self.status(workload_id, scope=scope, timeout=timeout)
+        if status.state != "unknown" and status.kind != m.SESSION_KIND:
+            raise ValidationError(
+                "workload_id", f"{workload_id} is a {status.kind!r}, not a session"
+            )
+        return status
 
     async def submit_batch(
         self, workloads: Sequence[m.SubmitWorkload], *, timeout: float | None = None
@@ -710,6 +779,27 @@ class Client:
         service; running work counted up to ``charged_until``)."""
         body = _checked(m.UsageQuery(window_s=window_s))
         return await self._ask(subjects.QUERY_USAGE, body, _USAGE_REPLY, ACCOUNTING, timeout)
+
+    async def history_page(
+        self,
+        stream: str,
+        *,
+        start_seq: int | None = None,
+        start_time: float | None = None,
+        limit: int = 500,
+        timeout: float | None = None,
+    ) -> m.HistoryPage:
+        """One page of a log stream (``WORKLOADS``, ``HOSTS``, or ``USAGE``: its budget
+        trees), read by the dashboard service for a login that may not read the log itself
+        (operators, managers); ask again from ``next_seq`` until ``end``."""
+        query = m.HistoryQuery(
+            stream=stream,  # type: ignore[arg-type]  # checked by _checked
+            start_seq=start_seq,
+            start_time=start_time,
+            limit=limit,
+        )
+        body = _checked(query)
+        return await self._ask(subjects.QUERY_HISTORY, body, _HISTORY_REPLY, DASHBOARD, timeout)
 
     async def idle(
         self, *, scope: str | None = None, timeout: float | None = None
@@ -870,6 +960,7 @@ class Client:
         *,
         allocation: str | None = None,
         workload_id: str | None = None,
+        checkpoint: CheckpointFn | None = None,
     ) -> PreemptionSubscription:
         """Call ``callback(notice)`` (sync or async) for each preemption notice published
         from now on: of one workload (``workload_id``; with ``allocation`` when known, any
@@ -877,7 +968,11 @@ class Client:
         ``subjects.UNALLOCATED`` for unallocated work), or of all (neither). An exception
         in the callback is logged; later notices still arrive. An empty ``allocation``
         (``ALLOT_ALLOCATION`` of unallocated work, as the agent sets it) means unallocated,
-        as ``subjects.UNALLOCATED`` does."""
+        as ``subjects.UNALLOCATED`` does. ``checkpoint``: inside a workload under the
+        checkpoint protocol, ``checkpoint(notice)`` runs after ``callback`` and, if it
+        returns, confirms the checkpoint to the agent (``checkpointing.confirm_checkpoint``)."""
+        if checkpoint is not None:
+            callback = confirming(callback, checkpoint)
         if allocation == "":
             allocation = None if workload_id is not None else subjects.UNALLOCATED
         # Checked as names, not only as tokens: a subscription to a subject no service

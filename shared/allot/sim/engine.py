@@ -20,8 +20,12 @@ runs, so this is what charging each run gives, in O(1) per allocation; unlike th
 window, which lags a slot, the simulator's is exact up to now. Fair Tree is recomputed from
 the window at each refresh.
 
-A preempted resumable workload resumes where it stopped (it checkpoints during the grace
-period, which is what the grace period is for); a non-resumable one ends as preempted.
+A preempted resumable workload is requeued and resumes from what its attempt kept; a
+non-resumable one ends as preempted. What an attempt keeps and loses, and how long a run
+takes with its saves and restores, follow the kind's checkpointing
+(``SimConfig.checkpointing``, ``allot.sim.checkpoints``). The default, a save on notice at
+no cost, resumes where it stopped at the grace deadline; with ``checkpointing`` None the
+run is the same and no attempt cost is recorded.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
 from allot.core.usage import charged_allocation, run_hours, window_usage
 from allot.sim.baselines import baseline_of
+from allot.sim.checkpoints import CheckpointPlan, attempt_end
 from allot.sim.cluster import ClusterSpec, HealthEvent
 from allot.sim.record import (
+    AttemptCost,
     CapacityChange,
     JobOutcome,
     Preemption,
@@ -66,6 +72,7 @@ class SimConfig:
     window_s: int = 7 * 86400
     half_life_s: float | None = None
     rank_every_s: float = 300.0
+    checkpointing: CheckpointPlan | None = None  # None: the default, costs not recorded
 
 
 def simulate(
@@ -109,6 +116,11 @@ class _Engine:
         self.last_submit = max(submits, default=0.0)
         self.remaining: dict[str, float] = {w: j.duration_s for w, j in self.jobs.items()}
         self.attempt: dict[str, int] = {}
+        self.plan = config.checkpointing or CheckpointPlan()
+        self.costs = config.checkpointing is not None
+        self.restore: dict[str, float] = {}  # running workload -> its attempt's restore
+        self.noticed_at: dict[str, float] = {}  # running workload -> when noticed
+        self.checkpointed: set[str] = set()  # workloads with progress saved
         self.queued_since: dict[str, float] = {}
         self.first_start: dict[str, float] = {}
         self.ended: dict[str, tuple[float, str]] = {}
@@ -127,6 +139,7 @@ class _Engine:
             end_time=self.first_submit,
             effective_shares=dict(self.shares),
             programs={leaf: tree.program(leaf) for leaf in tree.leaves()},
+            checkpointing=self.plan.as_json() if self.costs else None,
         )
         self.buckets = self.record.usage  # charged as the run goes
 
@@ -196,7 +209,35 @@ class _Engine:
         self.record.segments.append(
             Segment(wid, w.allocation, w.allocated, w.gpus, run.start_time, now)
         )
-        self.remaining[wid] -= now - run.start_time
+        wall = now - run.start_time
+        restore = self.restore.pop(wid, 0.0)
+        noticed = self.noticed_at.pop(wid, now)
+        end = attempt_end(
+            self.plan.of(w.kind),
+            wall_s=wall,
+            restore_s=restore,
+            grace_s=now - noticed if preempted else None,
+            resumable=w.resumable,
+        )
+        self.remaining[wid] -= end.kept_s
+        if end.kept_s > 0:
+            self.checkpointed.add(wid)
+        if self.costs and (preempted or end.lost_s or end.saves_s):
+            self.record.attempt_costs.append(
+                AttemptCost(
+                    wid,
+                    w.allocation,
+                    w.allocated,
+                    w.kind,
+                    w.gpus,
+                    now,
+                    preempted,
+                    end.lost_s,
+                    min(restore, wall),
+                    end.saves_s,
+                    end.notice,
+                )
+            )
         if requeued is not None:
             self.queued_since[wid] = now
             self.record.requeues += 1
@@ -257,8 +298,13 @@ class _Engine:
             )
             self.first_start.setdefault(wid, now)
             self._held_changed(w, now, w.gpus)
-            self._push(now + max(self.remaining[wid], 0.0), _END, (wid, attempt))
+            cp = self.plan.of(w.kind)
+            restore = cp.restore_s if wid in self.checkpointed else 0.0
+            self.restore[wid] = restore
+            run_s = restore + cp.wall_for(max(self.remaining[wid], 0.0))
+            self._push(now + run_s, _END, (wid, attempt))
         for p in result.preemptions:
+            self.noticed_at[p.workload_id] = now
             self._push(p.preempt_at, _PREEMPT_END, (p.workload_id, self.attempt[p.workload_id]))
             self.record.preemptions.append(
                 Preemption(

@@ -10,7 +10,9 @@ Sections: summary table; owed vs delivered (overall, per allocation and per prog
 tables, then one small chart per allocation with cumulative owed and delivered GPU-hours
 over the observed period); occupancy and unallocated share over time (averaged over
 groups of buckets when there are more than 720); preemptions over time (bars per bucket,
-or per day when there are more than 168 buckets); queue wait (table by kind and by size,
+or per day when there are more than 168 buckets); work lost to preemption (when the report
+models checkpointing: the settings per kind, GPU-hours lost overall, per allocation and
+per kind); queue wait (table by kind and by size,
 CDF per kind on a log time axis); the Fair Tree fairshare factor per allocation at the end.
 """
 
@@ -49,6 +51,7 @@ def render_html(report: Mapping[str, object]) -> str:
         _owed_delivered(report),
         _occupancy(report),
         _preemptions(report),
+        _lost(report),
         _waits(report),
         _fairshare(report),
     ]
@@ -56,7 +59,7 @@ def render_html(report: Mapping[str, object]) -> str:
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-        + "\n".join(body)
+        + "\n".join(part for part in body if part)
         + "\n</body>\n</html>\n"
     )
 
@@ -99,6 +102,7 @@ def _summary(report: Mapping[str, object]) -> str:
         ("completed", _int(report.get("completed"))),
         ("preemptions", _int(report.get("preemptions"))),
         ("requeues", _int(report.get("requeues"))),
+        *_lost_summary(report),
         ("occupancy (span)", _pct(_f(report.get("occupancy")))),
         ("occupancy (observed period)", _pct(_f(report.get("occupancy_observed")))),
         ("unallocated share of delivered GPU time", _pct(_f(report.get("unallocated_fraction")))),
@@ -226,6 +230,65 @@ def _preemptions(report: Mapping[str, object]) -> str:
         width=900,
     )
     return "<h2>Preemptions</h2>\n" + chart
+
+
+def _lost_summary(report: Mapping[str, object]) -> list[tuple[str, str]]:
+    lost = _d(report.get("lost_to_preemption"))
+    if not lost:
+        return []
+    share = _f(lost.get("of_busy"))
+    of_busy = "" if share is None else f" ({_pct(share)} of GPU-hours run)"
+    return [("GPU-hours lost to preemption", _num(_f(lost.get("gpu_h")), 1) + of_busy)]
+
+
+def _lost(report: Mapping[str, object]) -> str:
+    lost = _d(report.get("lost_to_preemption"))
+    if not lost:
+        return ""
+    settings = _d(report.get("checkpointing"))
+    setting_rows = []
+    for kind in sorted(settings, key=lambda k: (k != "*", k)):
+        cp = _d(settings[kind])
+        every = _f(cp.get("every_s"))
+        setting_rows.append(
+            (
+                escape("every other kind" if kind == "*" else kind),
+                "-" if every is None else format_duration(every),
+                "yes" if cp.get("on_notice") else "no",
+                format_duration(_f(cp.get("save_s"))),
+                format_duration(_f(cp.get("restore_s"))),
+            )
+        )
+    alloc_rows = [
+        (escape(name), _num(_f(_d(e).get("gpu_h")), 1), _pct(_f(_d(e).get("of_run"))))
+        for name, e in sorted(_d(lost.get("by_allocation")).items())
+    ]
+    kind_rows = [
+        (escape(kind), _num(_f(v), 1)) for kind, v in sorted(_d(lost.get("by_kind")).items())
+    ]
+    figures = [
+        ("GPU-hours lost", _num(_f(lost.get("gpu_h")), 1)),
+        ("of which allocated work", _num(_f(lost.get("allocated_gpu_h")), 1)),
+        ("of which unallocated work", _num(_f(lost.get("unallocated_gpu_h")), 1)),
+        ("of which restoring", _num(_f(lost.get("restore_gpu_h")), 1)),
+        ("share of GPU-hours run", _pct(_f(lost.get("of_busy")))),
+        ("preempted attempts", _int(lost.get("preempted_attempts"))),
+        ("saved on notice", _int(lost.get("saved_on_notice"))),
+        ("notice too short to save", _int(lost.get("notice_too_short"))),
+        ("GPU-hours in periodic saves (not lost)", _num(_f(lost.get("periodic_save_gpu_h")), 1)),
+    ]
+    return "\n".join(
+        [
+            "<h2>Work lost to preemption</h2>",
+            '<p class="note">Lost: a preempted attempt\'s work since its last checkpoint, its '
+            "save on notice and its restore; a non-resumable workload's whole attempt. "
+            "Checkpointing per kind:</p>",
+            _table(("kind", "save every", "save on notice", "save", "restore"), setting_rows),
+            _table(("figure", "value"), figures),
+            _table(("allocation", "lost GPU-h", "of its GPU-hours run"), alloc_rows),
+            _table(("kind", "lost GPU-h"), kind_rows),
+        ]
+    )
 
 
 def _waits(report: Mapping[str, object]) -> str:

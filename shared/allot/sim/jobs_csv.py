@@ -6,7 +6,9 @@ meaning: charged and protected), ``kind``, ``gpus``, ``submit_s``, ``first_start
 ``end_s`` (the trace's clock; empty: never started / not ended by the run's end),
 ``wait_s = first_start - submit``, ``jct_s = end - submit``, ``preemptions`` (notices the
 job received), ``state`` (``completed``, ``preempted``, ``pending`` or ``running`` at the
-end). Rows in the record's job order; the same record gives the same bytes."""
+end), ``lost_gpu_s`` (GPU-seconds its attempts lost to preemption, restores included,
+rounded to 6 decimals: ``allot.sim.checkpoints``; empty when the record does not model
+checkpointing). Rows in the record's job order; the same record gives the same bytes."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ COLUMNS = (
     "jct_s",
     "preemptions",
     "state",
+    "lost_gpu_s",
 )
 
 
@@ -38,6 +41,10 @@ def jobs_csv(record: SimRecord) -> str:
     """The CSV text (see the module docstring)."""
     notices = Counter(p.workload_id for p in record.preemptions)
     allocated = allocated_workloads(record)
+    lost: dict[str, float] = {}
+    for cost in record.attempt_costs:
+        lost[cost.workload_id] = lost.get(cost.workload_id, 0.0) + cost.gpus * cost.lost_s
+    modelled = record.checkpointing is not None
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
@@ -57,6 +64,7 @@ def jobs_csv(record: SimRecord) -> str:
                 _cell(None if end is None else end - job.submit_time),
                 notices[job.workload_id],
                 job.state,
+                _cell(round(lost.get(job.workload_id, 0.0), 6) + 0.0) if modelled else "",
             )
         )
     return out.getvalue()

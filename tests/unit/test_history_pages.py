@@ -1,0 +1,161 @@
+"""``allot.bus.history_pages`` (the pure half: a bounded page, what a record shows) and
+``allot.ops.log_reader.read_pages`` against a fake client; the query's validation."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+
+from allot.bus import encode
+from allot.bus import history_pages as hp
+from allot.core.errors import ValidationError
+from allot.ops import log_reader
+from allot.proto import codec
+from allot.proto import messages as m
+from allot.proto import subjects as s
+from allot.sdk import NoResponderError
+
+SUBMITTED = m.WorkloadSubmitted(
+    workload_id="w-1",
+    client_id="c-1",
+    user="u",
+    gpus=1,
+    allocation="nlp",
+    command=("train.py", "--token=s3cret"),
+    env={"API_TOKEN": "s3cret"},
+    at=1.0,
+)
+SUBJECT = s.events("nlp", "w-1", m.EVENT_NAME[m.WorkloadSubmitted])
+LEADER = m.LeaderElected(epoch=1, leader="p1", at=1.0)
+
+
+def test_a_submission_is_shown_without_its_command_and_env() -> None:
+    body = hp.shown(SUBJECT, encode(SUBMITTED))
+    assert body is not None and b"s3cret" not in body
+    record = msgspec.json.decode(body, type=m.WorkloadSubmitted)
+    assert record == msgspec.structs.replace(SUBMITTED, command=(), env={})
+
+
+def test_other_records_go_as_stored_and_undecodable_ones_not_at_all() -> None:
+    data = encode(LEADER)
+    assert hp.shown(s.LEADER, data) is data
+    assert hp.shown(s.LEADER, b'{"type": "LeaderElected"') is None
+    # A submission filed under another event's name is refused as every reader refuses it.
+    assert hp.shown(s.events("nlp", "w-1", "completed"), encode(SUBMITTED)) is None
+
+
+def test_a_page_stops_at_its_limit_and_names_the_next_sequence() -> None:
+    b = hp.PageBuilder(limit=2)
+    for seq in (5, 6, 7, 8):
+        b.add(seq, s.LEADER, encode(LEADER))
+    page = b.page("WORKLOADS", 99, last_seq=8, end=True, at=2.0)
+    assert [r.seq for r in page.records] == [5, 6]
+    assert (page.next_seq, page.end) == (7, False)
+
+
+def test_undecodable_records_count_against_the_limit() -> None:
+    b = hp.PageBuilder(limit=2)
+    for seq in (1, 2, 3):
+        b.add(seq, s.LEADER, b"not json")
+    page = b.page("WORKLOADS", 3, last_seq=3, end=True, at=2.0)
+    assert (page.records, page.omitted, page.next_seq, page.end) == ((), 2, 3, False)
+
+
+def test_a_page_stops_at_its_byte_bound_but_always_takes_one_record() -> None:
+    size = len(encode(LEADER)) + len(s.LEADER) + 40
+    b = hp.PageBuilder(limit=100, max_bytes=2 * size)
+    for seq in range(1, 6):
+        b.add(seq, s.LEADER, encode(LEADER))
+    page = b.page("WORKLOADS", 6, last_seq=5, end=True, at=2.0)
+    assert [r.seq for r in page.records] == [1, 2] and page.next_seq == 3 and not page.end
+    one = hp.PageBuilder(limit=100, max_bytes=1)
+    one.add(1, s.LEADER, encode(LEADER))
+    assert len(one.records) == 1
+
+
+def test_a_page_fits_a_nats_message() -> None:
+    big = m.LeaderElected(epoch=1, leader="p" * 64, at=1.0)
+    b = hp.PageBuilder(limit=m.HISTORY_PAGE_MAX)
+    for seq in range(1, m.HISTORY_PAGE_MAX + 1):
+        b.add(seq, s.LEADER, encode(big))
+    reply = msgspec.json.encode(b.page("WORKLOADS", 1, 1, True, 2.0))
+    assert len(reply) <= hp.MAX_REPLY_BYTES
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"type": "HistoryQuery", "stream": "WORKLOADS", "limit": 0}', "limit"),
+        (b'{"type": "HistoryQuery", "stream": "WORKLOADS", "limit": 1001}', "limit"),
+        (b'{"type": "HistoryQuery", "stream": "RANKINGS"}', "stream"),
+        (b'{"type": "HistoryQuery", "stream": "HOSTS", "start_seq": 0}', "start_seq"),
+        (b'{"type": "HistoryQuery", "stream": "HOSTS", "colour": 1}', "colour"),
+    ],
+)
+def test_a_bad_query_is_refused_naming_the_field(body: bytes, field: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        codec.decode_as(m.HistoryQuery, body)
+    assert caught.value.field == field
+
+
+def test_both_starts_are_refused_naming_start_time() -> None:
+    query = m.HistoryQuery(stream="HOSTS", start_seq=1, start_time=5.0)
+    with pytest.raises(ValidationError) as caught:
+        hp.check_query(query)
+    assert caught.value.field == "start_time"
+    reply = asyncio.run(hp.answer(None, codec.encode(query)))  # type: ignore[arg-type]
+    rejected = msgspec.json.decode(reply, type=m.CommandRejected)
+    assert rejected.field == "start_time"
+
+
+class FakeClient:
+    """``history_page`` over a list of (seq, subject, data), pages of ``page`` records."""
+
+    def __init__(self, records: dict[str, list[tuple[int, str, bytes]]], page: int) -> None:
+        self.records, self.page = records, page
+        self.asked: list[tuple[str, int]] = []
+
+    async def history_page(self, stream: str, *, start_seq: int, limit: int) -> m.HistoryPage:
+        self.asked.append((stream, start_seq))
+        rows = [r for r in self.records[stream] if r[0] >= start_seq][: self.page]
+        last = self.records[stream][-1][0] if self.records[stream] else 0
+        nxt = rows[-1][0] + 1 if rows else start_seq
+        recs = tuple(m.HistoryRecord(seq=q, subject=j, record=msgspec.Raw(d)) for q, j, d in rows)
+        return m.HistoryPage(
+            stream=stream,  # type: ignore[arg-type]
+            records=recs,
+            next_seq=nxt,
+            last_seq=last,
+            end=nxt > last,
+            at=1.0,
+        )
+
+
+def test_read_pages_reads_each_stream_to_its_end_in_order() -> None:
+    rows = [
+        (k, s.LEADER, encode(m.LeaderElected(epoch=k, leader="p", at=1.0))) for k in (1, 2, 4, 5, 6)
+    ]
+    client = FakeClient({"HOSTS": [], "USAGE": [], "WORKLOADS": rows}, page=2)
+    got: list[Any] = []
+    assert asyncio.run(log_reader.read_pages(client, got.append, log_reader.WHOLE_LOG))  # type: ignore[arg-type]
+    assert [r.epoch for r in got] == [1, 2, 4, 5, 6]
+    assert client.asked == [
+        ("HOSTS", 1),
+        ("USAGE", 1),
+        ("WORKLOADS", 1),
+        ("WORKLOADS", 3),
+        ("WORKLOADS", 6),
+    ]
+
+
+def test_read_pages_falls_back_only_when_no_one_answers_the_first_page() -> None:
+    class Nobody:
+        async def history_page(self, *_a: object, **_k: object) -> m.HistoryPage:
+            raise NoResponderError(s.QUERY_HISTORY, "dashboard service")
+
+    assert not asyncio.run(log_reader.read_pages(Nobody(), print, ("HOSTS",), probe=True))  # type: ignore[arg-type]
+    with pytest.raises(log_reader.LogUnreadableError):
+        asyncio.run(log_reader.read_pages(Nobody(), print, ("HOSTS",)))  # type: ignore[arg-type]
