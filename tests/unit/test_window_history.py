@@ -281,6 +281,38 @@ def test_a_window_that_ends_before_it_starts_is_refused() -> None:
 # -- hosts ---------------------------------------------------------------------------------------
 
 
+def test_allocated_runs_before_the_window_are_its_prior_usage() -> None:
+    """Usage before ``since`` is charged on the trace's clock (hours before 0), so a replay
+    ranks from the usage the live ranking had: a run that ended before the window counts
+    whole, one running at ``since`` up to it, unallocated work not at all."""
+    records = [
+        sub(0, wid="a"),
+        place(100, wid="a"),
+        done(400, wid="a"),  # 2 GPUs x 300 s, all before since (T0 + 1000)
+        sub(0, alloc=None, wid="c"),
+        place(450, wid="c"),  # the same GPUs, one run after another
+        done(700, wid="c"),
+        sub(0, wid="b"),
+        place(800, wid="b"),  # 2 GPUs x 200 s up to since, then inside the window
+    ]
+    prior = history(records).prior_usage
+    assert set(prior) == {"nlp"}
+    assert sum(prior["nlp"].values()) == pytest.approx(2 * 300 + 2 * 200)
+    assert all(hour < 0 for hour in prior["nlp"])  # all before the trace's 0
+
+
+def test_prior_usage_reads_back_from_export_json(tmp_path: Path) -> None:
+    from allot.cli.history_cmds import EXPORT, _prior_usage, export_meta
+
+    exported = history([sub(0), place(100), done(400)])
+    meta = export_meta(exported)
+    (tmp_path / EXPORT).write_text(msgspec.json.encode(meta).decode(), encoding="utf-8")
+    assert _prior_usage(meta, tmp_path / EXPORT) == exported.prior_usage
+    with pytest.raises(ValidationError, match="prior_usage") as bad:
+        _prior_usage({"prior_usage": {"nlp": {"-1": -5.0}}}, tmp_path / EXPORT)
+    assert bad.value.field == "--from"
+
+
 def test_hosts_keep_their_names_and_their_states_become_health_events() -> None:
     got = history(
         [

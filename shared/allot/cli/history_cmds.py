@@ -36,10 +36,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +255,29 @@ def export_meta(history: ExportedHistory) -> dict[str, Any]:
         "running_at_start": history.running_at_start,
         "left_out": dict(history.left_out),
         "hosts": len(hosts) if isinstance(hosts, list) else 0,
+        # JSON keys are strings: hours of the trace's clock (negative: before since).
+        "prior_usage": {
+            alloc: {str(hour): gpu_s for hour, gpu_s in sorted(hours.items())}
+            for alloc, hours in sorted(history.prior_usage.items())
+        },
     }
+
+
+def _prior_usage(meta: dict[str, Any], where: Path) -> dict[str, dict[int, float]]:
+    """export.json's ``prior_usage`` (absent in a folder written before it existed: none)."""
+    raw = meta.get("prior_usage", {})
+    out: dict[str, dict[int, float]] = {}
+    try:
+        for alloc, hours in raw.items():
+            out[str(alloc)] = {int(h): float(v) for h, v in hours.items()}
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ValidationError(
+            "--from", f"{where}: prior_usage must map allocations to {{hour: GPU-seconds}} ({exc})"
+        ) from None
+    for alloc, hours in out.items():
+        if any(not (math.isfinite(v) and v >= 0) for v in hours.values()):
+            raise ValidationError("--from", f"{where}: prior_usage of {alloc} must be >= 0")
+    return out
 
 
 def _window_line(meta: dict[str, Any]) -> str:
@@ -277,6 +300,7 @@ class _Inputs:
     cluster: ClusterSpec
     tree: BudgetTree
     meta: dict[str, Any] = field(default_factory=dict)
+    prior_usage: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 def parse_edit(text: str) -> tuple[tuple[str, ...], int | None]:
@@ -333,6 +357,7 @@ def _from_folder(folder: Path) -> _Inputs:
         cluster=load_cluster(data),
         tree=load_tree_file(folder / BUDGETS),
         meta=meta,
+        prior_usage=_prior_usage(meta, folder / EXPORT),
     )
 
 
@@ -347,6 +372,7 @@ def _from_log(args: argparse.Namespace) -> _Inputs | int:
         cluster=load_cluster(history.cluster),
         tree=history.tree,
         meta=export_meta(history),
+        prior_usage=history.prior_usage,
     )
 
 
@@ -369,7 +395,9 @@ def run_whatif(args: argparse.Namespace) -> int:
     window_s = float(inputs.meta["window_s"])
     reports, records = {}, {}
     for side, tree in trees.items():
-        config = engine_config(args, args.policy, tree, inputs.cluster)
+        config = replace(
+            engine_config(args, args.policy, tree, inputs.cluster), prior_usage=inputs.prior_usage
+        )
         record = window_record(simulate(inputs.cluster, tree, inputs.jobs, config), 0.0, window_s)
         records[side] = record
         reports[side] = build_report(record)

@@ -40,6 +40,9 @@ then:
   ``unhealthy`` at 0; in the window ``HostDraining`` is ``unhealthy``, ``HostHealthy`` and
   a later registration ``repaired``. ``HostDrained`` adds nothing (the simulation drains).
 * ``tree``: the budget tree the log holds at ``until`` (its last ``BudgetTreeSet``).
+* ``prior_usage``: GPU-seconds of allocated runs before ``since`` per allocation and hour
+  of the trace's clock (negative hours), charged as the simulator charges (``run_hours``):
+  the simulation's ranking starts from the usage the live one had.
 
 ``result()`` refuses (``ValidationError("since")``) a window that starts before the log's
 first record: its history is not all there. No I/O, no clock.
@@ -55,6 +58,7 @@ import msgspec
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
 from allot.core.model import Workload
+from allot.core.usage import charged_allocation, run_hours
 from allot.eventlog.timeline import LogTimeline, TimelineEvent
 from allot.proto import messages as m
 from allot.sim.trace import TraceJob
@@ -84,6 +88,9 @@ class ExportedHistory:
     running_at_start: int
     left_out: dict[str, int] = field(default_factory=dict)
     """Workloads of the window not in ``jobs``, by why."""
+    prior_usage: dict[str, dict[int, float]] = field(default_factory=dict)
+    """GPU-seconds allocated work ran before ``since``, per allocation and hour of the
+    trace's clock (negative hours): the usage the ranking had at the window's start."""
 
     @property
     def window_s(self) -> float:
@@ -140,9 +147,11 @@ class WindowHistory:
             raise ValidationError("hosts", "no host is registered in the log by the window's end")
         jobs: list[tuple[float, TraceJob]] = []
         left_out: dict[str, int] = {}
+        prior: dict[str, dict[int, float]] = {}
         pending = running = 0
         for record in self.timeline.fold.records.values():
             w = record.workload
+            self._charge_before(w, prior)
             if record.ended_at is not None and record.ended_at <= self.since:
                 continue  # over before the window
             life = self._life(self.timeline.events(w.id))
@@ -167,22 +176,33 @@ class WindowHistory:
             pending_at_start=pending,
             running_at_start=running,
             left_out=left_out,
+            prior_usage=prior,
         )
+
+    def _charge_before(self, w: Workload, prior: dict[str, dict[int, float]]) -> None:
+        """Charge ``w``'s runs (placement to end, as ``_life`` reads them) up to ``since``
+        as the simulator charges (``run_hours``), on the trace's clock: a replay's ranking
+        then starts from the usage the live one had, not from zero."""
+        allocation = charged_allocation(w.allocated, w.allocation, w.gpus)
+        if allocation is None:
+            return
+        runs = _runs(self.timeline.events(w.id), self.since)  # open: charged up to since
+        for began, ended in runs:
+            until = min(ended, self.since)
+            if until > began:
+                hours = prior.setdefault(allocation, {})
+                for hour, gpu_s in run_hours(
+                    began - self.since, until - self.since, w.gpus
+                ).items():
+                    hours[hour] = hours.get(hour, 0.0) + gpu_s
 
     # ------------------------------------------------------------------ workloads
     def _life(self, events: list[TimelineEvent]) -> _Life:
-        """Sum the workload's runs (placement to end, never before the start: the
-        timeline's rule) before and inside the window; a run still open ends at until."""
+        """Sum the workload's runs before and inside the window; a run still open ends at
+        until."""
         life = _Life()
-        start: float | None = None
-        for e in events:
-            if e.kind == "placed":
-                start = e.at
-            elif e.kind in _RUN_ENDS and start is not None:
-                self._add_run(life, start, max(e.at, start))
-                start = None
-        if start is not None:
-            self._add_run(life, start, max(self.until, start))
+        for start, end in _runs(events, self.until):
+            self._add_run(life, start, end)
         return life
 
     def _add_run(self, life: _Life, start: float, end: float) -> None:
@@ -247,3 +267,19 @@ class WindowHistory:
         if events:
             out["health_events"] = events
         return out
+
+
+def _runs(events: list[TimelineEvent], open_until: float) -> list[tuple[float, float]]:
+    """A workload's runs, placement to end (never before the start: the timeline's rule);
+    a run still open ends at ``open_until``."""
+    runs: list[tuple[float, float]] = []
+    start: float | None = None
+    for e in events:
+        if e.kind == "placed":
+            start = e.at
+        elif e.kind in _RUN_ENDS and start is not None:
+            runs.append((start, max(e.at, start)))
+            start = None
+    if start is not None:
+        runs.append((start, max(open_until, start)))
+    return runs

@@ -73,6 +73,9 @@ class SimConfig:
     half_life_s: float | None = None
     rank_every_s: float = 300.0
     checkpointing: CheckpointPlan | None = None  # None: the default, costs not recorded
+    # GPU-seconds per allocation and hour charged before the trace starts (a replay of the
+    # live log from a window's start: ``allot whatif``); the ranking reads them as usage.
+    prior_usage: Mapping[str, Mapping[int, float]] | None = None
 
 
 def simulate(
@@ -142,6 +145,8 @@ class _Engine:
             checkpointing=self.plan.as_json() if self.costs else None,
         )
         self.buckets = self.record.usage  # charged as the run goes
+        for allocation, hours in (config.prior_usage or {}).items():
+            self.buckets[allocation] = dict(hours)
 
     def _push(self, t: float, priority: int, payload: object) -> None:
         heapq.heappush(self.heap, (t, priority, next(self.seq), payload))
