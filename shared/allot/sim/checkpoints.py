@@ -84,7 +84,9 @@ class Checkpointing:
         """Seconds after the restore to make ``progress`` (saves before it included)."""
         if self.every_s is None or progress <= 0:
             return progress
-        return progress + self.save_s * (math.ceil(progress / self.every_s) - 1)
+        # One save after each whole interval but the last; never negative, even when the
+        # quotient of a tiny progress underflows to 0.
+        return progress + self.save_s * max(0, math.ceil(progress / self.every_s) - 1)
 
     def as_json(self) -> dict[str, object]:
         return {
