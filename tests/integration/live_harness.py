@@ -1,5 +1,5 @@
 """Helpers for the live-system tests: seed the log, read it back, poll with a deadline, run
-an intake."""
+an intake, run the CLI."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import msgspec
+import pytest
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 from allot import bus
 from allot.bus import service_main
+from allot.cli import main as cli_main
 from allot.core.budgets import parse_tree
 from allot.eventlog.budget_wire import spec_from_tree
 from allot.proto import messages as m
@@ -103,11 +105,16 @@ async def running_intake(url: str) -> AsyncIterator[Intake]:
         await service_main.stop(intake)
 
 
+def life(log: list[msgspec.Struct], workload_id: str) -> list[str]:
+    """The type names of ``workload_id``'s records in ``log``, in order."""
+    return [type(r).__name__ for r in log if getattr(r, "workload_id", None) == workload_id]
+
+
 def assert_preempted_and_requeued(log: list[msgspec.Struct], workload_id: str) -> None:
     """``workload_id``'s records in ``log`` tell a whole preempted-and-requeued life:
     submitted, placed, started, noticed, preempted, requeued, completed, and placed again
     after the requeue."""
-    kinds = [type(r).__name__ for r in log if getattr(r, "workload_id", None) == workload_id]
+    kinds = life(log, workload_id)
     for expected in (
         "WorkloadSubmitted",
         "WorkloadPlaced",
@@ -135,3 +142,13 @@ async def start_allot(argv: list[str], *, own_group: bool = False) -> asyncio.su
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         start_new_session=own_group,
     )
+
+
+async def allot(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``allot <argv>`` in-process (``allot.cli.main.main``, in a thread: it runs its own
+    event loop): its exit status, stdout and stderr. The stack's services are processes of
+    their own, so what is captured is the command's alone."""
+    capsys.readouterr()
+    code = await asyncio.to_thread(cli_main.main, list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -2,11 +2,14 @@
 the real agent: a counter that saves its count on USR1 is preempted on a live stack
 (``allot.ops.stack.Stack``: real placement, intake, dispatch) and resumes from the saved
 count; one that ignores the signal is reported ``missed``, one that confirms after its
-timeout ``late``; a session keeps its state over two preemptions; bad input is refused
-naming the field. The agent-level cases play the placement leader (``test_agent.Log``)."""
+timeout ``late``; a session started with ``allot session start`` keeps its state, id and
+submit time over two preemptions by the real leader (``allot session attach`` after each);
+bad input is refused naming the field. The agent-level cases play the placement leader
+(``test_agent.Log``)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
@@ -17,7 +20,7 @@ from typing import Any
 import nats
 import pytest
 import test_agent
-from live_harness import eventually, records, running_intake, seed
+from live_harness import allot, eventually, life, of_type, records, running_intake, seed
 from nats.js import JetStreamContext
 from test_agent import Events, Log, py, wait_file
 
@@ -26,7 +29,6 @@ from allot.bus import service_main
 from allot.core.errors import ValidationError
 from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.proto import messages as m
-from allot.proto import subjects
 from allot.sdk import Client, SubmitRejectedError
 from allot.services.agent.service import Agent, AgentConfig
 from allot.services.dispatch import DispatchService
@@ -167,6 +169,106 @@ async def test_a_counter_preempted_on_a_live_stack_checkpoints_and_resumes_from_
     assert final.checkpoint_dir == str(root / "nlp" / wid)
 
 
+async def test_a_session_started_and_attached_with_the_cli_survives_two_real_preemptions(
+    fresh_log: str, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``allot session start`` on a live stack; twice, ads (owed, holding nothing) submits
+    work once the session's protection has ended, and placement preempts the session for
+    it: its state directory is saved and restored at each new placement, it keeps its id
+    and submit time, and ``allot session attach`` names where each attempt runs."""
+    root, out = tmp_path / "checkpoints", tmp_path / "session.log"
+    url = ["--nats-url", fresh_log]
+    start = ["session", "start", *url, "--alloc", "nlp", "--user", "ann"]
+    with Stack(_stack(tmp_path, fresh_log, redis_url, root)):
+        # Bad input is refused naming the option, exit 2: by the CLI, and by intake (a
+        # checkpoint timeout over the stack's 6 s grace period).
+        for bad, option in (
+            (["--gpus", "0"], "--gpus"),
+            (["--gpus", "1", "--min-runtime", "0"], "--min-runtime"),
+            (["--gpus", "1", "--checkpoint-signal", "BOGUS"], "--checkpoint-signal"),
+            (["--gpus", "1", "--checkpoint-timeout", "10s"], "--checkpoint-timeout"),
+        ):
+            code, _, err = await allot(capsys, *start, *bad, "--command", "true")
+            assert (code, err.startswith(f"allot session: {option}: ")) == (2, True), err
+        for bad in (["--gpus", "1"], ["--gpus", "1", "--command", ""]):  # none; no program
+            code, _, err = await allot(capsys, *start, *bad)
+            assert (code, err.startswith("allot session: --command: ")) == (2, True), err
+
+        command = ["--command", sys.executable, "-c", SESSION, str(out)]
+        code, printed, err = await allot(
+            capsys, *start, "--gpus", "8", "--min-runtime", "3s", "--json", *command
+        )
+        assert code == 0, err
+        wid = json.loads(printed)["data"]["workload_id"]
+        async with Client(fresh_log) as c:
+            submitted: list[float] = []
+            preemptors: list[str] = []
+            for attempt in (1, 2, 3):
+                status = await eventually(
+                    lambda: c.status(wid),
+                    lambda s, n=attempt: (
+                        (s.attempt, s.state) == (n, "running")  # type: ignore[misc]
+                        and s.run_started_at is not None
+                    ),
+                    timeout=30,
+                )
+                code, printed, err = await allot(capsys, "session", "attach", wid, *url)
+                assert code == 0, err
+                attached = dict(line.split(": ", 1) for line in printed.splitlines())
+                assert attached["session"].strip() == wid
+                assert attached["state"].strip() == "running"
+                assert attached["host"].strip() == "gpu01"
+                assert attached["attempt"].strip() == str(attempt)
+                assert attached["state dir"].strip() == str(root / "nlp" / wid)
+                assert len([k for k in attached if k.startswith("preempted ")]) == attempt - 1
+                code, printed, err = await allot(capsys, "status", wid, *url, "--json")
+                assert code == 0, err
+                submitted.append(json.loads(printed)["data"]["submitted_at"])
+                assert status.submitted_at == submitted[-1]
+                if attempt < 3:
+                    ads = await c.submit(
+                        client_id=f"ads-{attempt}",
+                        user="bo",
+                        allocation="ads",
+                        gpus=2,
+                        min_runtime_s=60,
+                        command=[sys.executable, "-c", "import time; time.sleep(2)"],
+                    )
+                    preemptors.append(ads.workload_id)
+            # Attempt 3 found what attempts 1 and 2 wrote in ALLOT_SESSION_DIR.
+            await eventually(lambda: _read(out), lambda text: text.count("|") == 3)
+            assert out.read_text() == "1:|2:1,|3:1,2,|"
+            assert (root / "nlp" / wid / "session-state" / "history.txt").read_text() == "1,2,"
+            log = await records(c._nc.jetstream())  # type: ignore[union-attr]
+    # One id, one submission, three placements; two real preemptions, each checkpointed.
+    (sub,) = [r for r in of_type(log, m.WorkloadSubmitted) if r.workload_id == wid]
+    assert submitted == [sub.at] * 3
+    placed = [r.attempt for r in of_type(log, m.WorkloadPlaced) if r.workload_id == wid]
+    assert placed == [1, 2, 3]
+    notices = [r for r in of_type(log, m.PreemptionNotice) if r.workload_id == wid]
+    assert [(n.attempt, n.requeue) for n in notices] == [(1, True), (2, True)]
+    # For ads's work, which is below its entitlement and ranks better (which of the two a
+    # notice names depends on whether ranking has run since the ads work arrived).
+    assert [(n.preemptor, n.preemptor_allocation) for n in notices] == [
+        (ads, "ads") for ads in preemptors
+    ]
+    assert {n.reason for n in notices} <= {"reclaimed-for-entitlement", "better-ranked"}
+    preempted = [r for r in of_type(log, m.WorkloadPreempted) if r.workload_id == wid]
+    assert [(p.attempt, p.checkpoint) for p in preempted] == [(1, "done"), (2, "done")]
+    requeued = [r.attempt for r in of_type(log, m.WorkloadRequeued) if r.workload_id == wid]
+    assert requeued == [1, 2]
+    kinds = life(log, wid)
+    assert kinds.count("WorkloadSubmitted") == 1
+    order = [k for k in kinds if k in ("WorkloadPlaced", "WorkloadPreempted", "WorkloadRequeued")]
+    assert order == ["WorkloadPlaced", "WorkloadPreempted", "WorkloadRequeued"] * 2 + [
+        "WorkloadPlaced"
+    ]
+
+
+async def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
 # ---------------------------------------------------------------------- agent level
 js = test_agent.js  # the agent tests' fixtures: a fresh log's JetStream, its events
 events = test_agent.events
@@ -270,51 +372,6 @@ async def test_a_checkpoint_dir_outside_the_agents_roots_is_refused_naming_the_f
     await log.place("kept", {"h01": (3,)})
     await events.wait(m.WorkloadCompleted, "kept")
     assert out.read_text() == str(inside)
-
-
-async def test_a_session_keeps_its_state_id_and_submit_time_over_two_preemptions(
-    js: JetStreamContext, events: Events, agent: Agent, tmp_path: Path
-) -> None:
-    out = tmp_path / "session.log"
-    log = await _submitted(js, "sess", py(SESSION, out), kind=m.SESSION_KIND)
-
-    async def written() -> str:
-        return out.read_text() if out.exists() else ""
-
-    async def preempted_attempts() -> list[int]:
-        return [p.attempt for p in events.of(m.WorkloadPreempted, "sess")]
-
-    for attempt in (1, 2, 3):
-        await log.place("sess", {"h01": (0,)}, attempt=attempt)
-        await eventually(written, lambda text, n=attempt: text.count("|") == n)  # type: ignore[misc]
-        if attempt < 3:
-            await _notice(js, "sess", attempt, grace_s=3.0)
-            await eventually(preempted_attempts, lambda seen, n=attempt: n in seen)  # type: ignore[misc]
-    # Each attempt found what the ones before it wrote.
-    assert out.read_text() == "1:|2:1,|3:1,2,|"
-    preempted = events.of(m.WorkloadPreempted, "sess")
-    assert [p.checkpoint for p in preempted] == ["done", "done"]
-    kinds = {type(r).__name__ for r in await records(js) if getattr(r, "workload_id", "") == "sess"}
-    assert "WorkloadSubmitted" in kinds  # one submission, one id: requeued, never resubmitted
-    subs = [r for r in await records(js) if isinstance(r, m.WorkloadSubmitted)]
-    assert len([r for r in subs if r.workload_id == "sess"]) == 1
-
-
-async def _notice(js: JetStreamContext, wid: str, attempt: int, grace_s: float) -> None:
-    """``Log.notice`` of a later attempt."""
-    now = time.time()
-    rec = m.PreemptionNotice(
-        workload_id=wid,
-        allocation="nlp",
-        at=now,
-        reason="better-ranked",
-        grace_deadline=now + grace_s,
-        requeue=True,
-        gpus=1,
-        attempt=attempt,
-        epoch=1,
-    )
-    await bus.publish(js, subjects.preempt("nlp", wid), rec)
 
 
 # ---------------------------------------------------------------------- refusals

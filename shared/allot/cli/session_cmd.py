@@ -15,6 +15,8 @@ from allot.render import live_format as fmt
 from allot.sdk import Client
 
 DEFAULT_MIN_RUNTIME = "8h"
+START_OPTIONS = {**live.SUBMIT_OPTIONS, "command": "--command"}
+"""Wire field -> ``session start``'s option (its program is ``--command``, not ``CMD``)."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     live.add_checkpoint_options(p)
     p.add_argument(
         "--command",
+        # Not ``command``: that is the subcommand's name (``allot session``), which errors
+        # and the client's connection name are printed with.
+        dest="program",
         nargs=argparse.REMAINDER,
         default=[],
         help="the session's program and its arguments (the rest of the line)",
@@ -63,7 +68,7 @@ def run_start(args: argparse.Namespace) -> int:
     duration = (
         None if args.duration is None else live.parse_duration_option("--duration", args.duration)
     )
-    if not args.command and duration is None:
+    if not args.program and duration is None:
         raise ValidationError(
             "--command", "give the session's program, or --duration for a fake run"
         )
@@ -78,13 +83,13 @@ def run_start(args: argparse.Namespace) -> int:
                 allocation=args.alloc,
                 gpus=gpus,
                 min_runtime_s=min_runtime,
-                command=args.command,
+                command=args.program,
                 duration_s=None if duration is None else float(duration),
                 checkpoint_signal=checkpoint["checkpoint_signal"],  # type: ignore[arg-type]
                 checkpoint_timeout_s=checkpoint["checkpoint_timeout_s"],  # type: ignore[arg-type]
             )
         except ValidationError as exc:
-            raise live.renamed(exc, live.SUBMIT_OPTIONS) from None
+            raise live.renamed(exc, START_OPTIONS) from None
         text = reply.workload_id + (" (duplicate)" if reply.duplicate else "")
         return live._print_reply(args, reply, text)
 
