@@ -195,8 +195,11 @@ async def test_a_session_started_and_attached_with_the_cli_survives_two_real_pre
             assert (code, err.startswith("allot session: --command: ")) == (2, True), err
 
         command = ["--command", sys.executable, "-c", SESSION, str(out)]
+        # 8 s of protection: each attempt's checks (attach, status, the log) end well before
+        # any waiting ads work may preempt it (a displaced ads workload waits and preempts
+        # again as soon as the protection ends).
         code, printed, err = await allot(
-            capsys, *start, "--gpus", "8", "--min-runtime", "3s", "--json", *command
+            capsys, *start, "--gpus", "8", "--min-runtime", "8s", "--json", *command
         )
         assert code == 0, err
         wid = json.loads(printed)["data"]["workload_id"]
