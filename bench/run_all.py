@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from allot import compiled_core
 from bench_cycle import machine_reference_s  # a sibling script (sys.path[0])
 
 BENCH = Path(__file__).resolve().parent
@@ -190,6 +191,7 @@ def machine(reference_ms: list[float]) -> dict[str, Any]:
         "commit": git("rev-parse", "--short", "HEAD"),
         "uncommitted_changes": None if dirty is None else bool(dirty),
         "reference_loop_ms": reference_ms,
+        "core": compiled_core.STATE,
     }
 
 
@@ -251,7 +253,8 @@ def markdown(
         "",
         f"- date: {info['date']}",
         f"- machine: {info['nproc']} CPUs (nproc), {info['cpu']}, {info['platform']}",
-        f"- Python: {info['implementation']} {info['python']}",
+        f"- Python: {info['implementation']} {info['python']}; scheduling core: {info['core']} "
+        "(`compiled`: mypyc, `make core`; `pure`: the source, `ALLOT_PURE_CORE=1`)",
         "- speed: a 1M-iteration Python loop took "
         f"{info['reference_loop_ms'][0]} ms before the run, {info['reference_loop_ms'][1]} ms "
         "after (this shared VM drifts: 20 to 93 ms on 2026-12-02 alone; the timings scale with it)",

@@ -373,6 +373,7 @@ def test_an_earmark_holds_its_room_against_later_requests(
     assert set(preempted(result)) == noticed
 
 
+@pytest.mark.source_core  # patches the cycle's own call of plan_preemption
 def test_an_earmark_that_nothing_reads_is_never_planned(monkeypatch: pytest.MonkeyPatch) -> None:
     """A full cluster and an owed request blocked by protected work (the usual state under
     load): the earmark plan, a scan of every host as if unprotected, is not computed when no

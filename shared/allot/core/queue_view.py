@@ -50,6 +50,7 @@ def queue_order(snapshot: Snapshot, policy: Policy) -> list[QueueEntry]:
     tiered = policy.entitlement_tier
     meta: dict[str | None, tuple[int, int | None]] = {}
     heads: list[tuple[tuple[object, ...], int, str | None]] = []
+    group: str | None  # mypyc infers a loop variable's type from its first use
     for seq, group in enumerate(sorted(queue.groups, key=lambda g: (g is None, g or ""))):
         if group is None:
             meta[group] = (UNALLOCATED, None)
