@@ -38,8 +38,11 @@ each run's GPUs and its idle evidence), and a run whose GPUs all stayed below
 ``allot.v1.usage.idle.<allocation>.<workload>`` (``WorkloadFlaggedIdle``, then
 ``WorkloadIdleCleared`` when it works again, ends, or stops being reported), which the
 allocation's team may subscribe to; ``allot.v1.query.idle[.<allocation>]`` lists the runs
-flagged now (``IdleSnapshot``). Flag only: nothing is preempted for being idle
-(``--idle-preempt`` is refused: decision 0050). For this the service also follows
+flagged now (``IdleSnapshot``). By default flag only: nothing is preempted for being idle
+(decision 0050). With ``--idle-preempt`` each flag asks for preemption
+(``WorkloadFlaggedIdle.preempt``): the placement leader, which follows the flags, gives
+the run a notice (reason ``idle``, not requeued) once its minimum runtime has passed
+(decision 0055); this service preempts nothing itself. For this the service also follows
 WORKLOADS (which run holds which GPUs) and the idle records, in the background: the
 heartbeat duties above do not wait for that replay. After a restart, the last record of
 each host and the open flags give back the evidence as it was (the log is the source of
@@ -427,6 +430,7 @@ class HealthService:
             flagged=len(self.idle.book.open_stretches()),
             threshold_pct=self.idle.policy.threshold_pct,
             window_s=self.idle.policy.window_s,
+            preempt=self.idle.policy.preempt,
         )
         await every(self.check_s, self._closing, self.check_idle_ends, "idle end check failed")
 
@@ -550,16 +554,12 @@ def build(args: argparse.Namespace) -> HealthService:
 
 def idle_policy(args: argparse.Namespace) -> IdlePolicy:
     """The idle policy of the command line; a bad value exits naming its option."""
-    if args.idle_preempt:
-        raise SystemExit(
-            "--idle-preempt: flag only in this version: preempting idle work needs a "
-            "preemption reason in the scheduling core (docs/decisions/0050)"
-        )
     try:
         return IdlePolicy(
             threshold_pct=args.idle_threshold_pct,
             window_s=args.idle_after_s,
             max_gap_s=args.idle_gap_s,
+            preempt=args.idle_preempt,
         )
     except ValidationError as e:
         option = {"threshold_pct": "--idle-threshold-pct", "window_s": "--idle-after-s"}
@@ -603,7 +603,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--idle-preempt",
         action="store_true",
-        help="preempt flagged work (not in this version: refused; flag only)",
+        help="ask for the preemption of flagged work: the placement leader gives it a "
+        "notice (reason idle, not requeued) once its minimum runtime has passed (default: "
+        "flag only)",
     )
     return ap
 

@@ -42,8 +42,9 @@ class LastRanking:
         )
 
     def snapshot(self, fold: LogFold) -> Snapshot:
-        """What a cycle reads: the fold's cluster, queue and shares, in this order."""
-        return Snapshot(fold.state, fold.queue, fold.shares(), self.order)
+        """What a cycle reads: the fold's cluster, queue and shares, in this order, and the
+        runs flagged idle for preemption."""
+        return Snapshot(fold.state, fold.queue, fold.shares(), self.order, idle=fold.idle_preempt())
 
     def notice_numbers(self, victim: str | None, preemptor: str | None) -> dict[str, Any]:
         """The Fair Tree numbers behind a notice: window usage, rank and fairshare factor of

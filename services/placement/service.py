@@ -1,8 +1,10 @@
 """Placement: the one writer of scheduling decisions, calling the core's ``run_cycle``.
 
 Every instance follows the log from the start (``LogFollower`` into a ``LogFold``: HOSTS,
-then the budget tree, then WORKLOADS), so a standby is always warm. One instance holds the
-leader lease and decides, each decision carrying its epoch (``lease``).
+then the budget tree, then WORKLOADS; and, with a follower of their own, the idle flags of
+USAGE, fenced by attempt in the fold: docs/decisions/0055), so a standby is always warm.
+One instance holds the leader lease and decides, each decision carrying its epoch
+(``lease``).
 
 The leader runs a cycle when the fold changed (a submission, an end, a host change, a new
 budget tree or ranking) or at the core's ``next_wakeup``, and never while its previous
@@ -97,6 +99,9 @@ class PlacementService:
         self.js: JetStreamContext | None = None
         self._appends: group_commit.GroupCommit | None = None
         self.follower: bus.LogFollower | None = None
+        self.idle_follower: bus.LogFollower | None = None
+        """The idle flags (USAGE ``allot.v1.usage.idle.*.*``): a follower of their own, so
+        the main one keeps its single USAGE filter (a server before 2.10 takes one)."""
         self.epoch = 0  # ours while leader; 0 otherwise
         self.leader = False
         self.ranking = LastRanking()
@@ -138,12 +143,17 @@ class PlacementService:
             else {"USAGE": s.BUDGET_TREE, "WORKLOADS": DECISION_INPUTS},
         )
         await self.follower.start()
+        self.idle_follower = bus.LogFollower(
+            self.js, self._on_record, streams=("USAGE",), subjects={"USAGE": s.ALL_IDLE}
+        )
+        await self.idle_follower.start()
         self.caught_up = True
         log.info(
             "log replayed",
             hosts=len(self.fold.state.host_ids),
             pending=len(self.fold.queue),
             running=len(self.fold.state.running),
+            idle_flagged=len(self.fold.idle_flags),
             epoch=self.fold.epoch,
         )
         self._tasks = [
@@ -155,8 +165,9 @@ class PlacementService:
         self.stopping = True
         await stop_tasks(self._tasks)
         await self.step_down("stopping")
-        if self.follower is not None:
-            await self.follower.stop()
+        for follower in (self.follower, self.idle_follower):
+            if follower is not None:
+                await follower.stop()
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.close()

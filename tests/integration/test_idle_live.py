@@ -8,6 +8,12 @@ may not subscribe there; a busy run of the same team is never flagged; ``allot i
 it; the idle GPU-hours appear in ``allot owed --json`` and in ``/metrics``; its cancel
 clears the flag (``ended``). An agent can report only its own hosts, and the health service
 refuses a report whose time the clock contradicts, naming the field.
+
+With the health service's ``--idle-preempt`` (``allot up --idle-preempt``; decision 0055)
+the flag asks for preemption: the placement leader gives the idle run a notice, reason
+``idle``, once its minimum runtime has passed (not before, though flagged earlier), and
+does not requeue it; a busy run beside it is left alone. Without the switch the same run
+is flagged and keeps running past its protection.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from live_harness import eventually
+from live_harness import eventually, of_type
 
 from allot.cli import main as cli_main
 from allot.ops.stack import AgentSpec, Stack, StackConfig
@@ -172,6 +178,94 @@ async def test_an_idle_fake_workload_is_flagged_its_owner_told_and_its_idle_hour
             assert (await nlp.idle(scope="nlp")).rows == ()
 
         await _agents_speak_only_for_their_hosts(stack)
+
+
+PROTECTED_S = 8
+"""The runs' minimum runtime: their flag (about ``THRESHOLD_S + EVERY_S`` after placement)
+comes while they are protected."""
+
+
+@pytest.mark.parametrize("switch", [True, False], ids=["idle-preempt-on", "idle-preempt-off"])
+async def test_idle_preempt_preempts_a_flagged_run_once_its_protection_ends(
+    redis_url: str, tmp_path: Path, switch: bool
+) -> None:
+    config = StackConfig(
+        run_dir=tmp_path,
+        redis_url=redis_url,
+        redis_prefix=f"idlep{int(time.time() * 1000) % 10**8}",
+        agents=(AgentSpec("fk", hosts=1, gpus=4),),
+        placements=1,
+        grace_s=2,
+        rank_every_s=1.0,
+        idle_after_s=THRESHOLD_S,
+        util_every_s=EVERY_S,
+        idle_preempt=switch,
+        dashboard=False,
+    )
+    with Stack(config) as stack:
+        async with Client(stack.url_for(), timeout=5.0) as c:
+            notices: list[m.PreemptionNotice] = []
+            idle: list[msgspec.Struct] = []
+            await c.on_preemption(notices.append, allocation="nlp")
+            await c.on_idle(idle.append, allocation="nlp")
+
+            async def submit(client_id: str, env: dict[str, str]) -> m.WorkloadAccepted:
+                return await c.submit(
+                    client_id=client_id,
+                    allocation="nlp",
+                    user="ann",
+                    gpus=2,
+                    min_runtime_s=PROTECTED_S,
+                    duration_s=600,
+                    env=env,
+                )
+
+            squat = await submit("squat", {"ALLOT_FAKE_UTIL": "idle"})
+            busy = await submit("train", {})
+            placed = await eventually(
+                lambda: c.status(squat.workload_id, scope="nlp"),
+                lambda st: st.state == "running",
+                timeout=30,
+            )
+            assert placed.started_at is not None and placed.protected_until is not None
+            flags = await eventually(
+                lambda: asyncio.sleep(0.1, of_type(idle, m.WorkloadFlaggedIdle)),
+                bool,
+                timeout=THRESHOLD_S + 20,
+            )
+            (flag,) = flags
+            assert (flag.workload_id, flag.preempt) == (squat.workload_id, switch)
+            assert flag.at < placed.protected_until  # flagged while protected
+
+            if switch:
+                (notice,) = await eventually(
+                    lambda: asyncio.sleep(0.1, list(notices)), bool, timeout=PROTECTED_S + 20
+                )
+                assert (notice.workload_id, notice.reason) == (squat.workload_id, "idle")
+                assert (notice.requeue, notice.preemptor, notice.attempt) == (False, None, 1)
+                assert notice.at >= placed.protected_until  # its protection held
+                ended = await eventually(
+                    lambda: c.status(squat.workload_id, scope="nlp"),
+                    lambda st: st.state not in ("running", "noticed"),
+                    timeout=30,
+                )
+                # Preempted for good: resumable, yet not requeued.
+                assert (ended.state, ended.reason, ended.attempt) == ("preempted", "idle", 1)
+                assert ended.requeued_at is None
+                cleared = await eventually(
+                    lambda: asyncio.sleep(0.1, of_type(idle, m.WorkloadIdleCleared)),
+                    bool,
+                    timeout=20,
+                )
+                assert cleared[0].why == "ended"
+            else:
+                # Past its protection, and then some: flagged, never noticed.
+                await asyncio.sleep(max(0.0, placed.protected_until - time.time()) + 3.0)
+                assert notices == []
+                still = await c.status(squat.workload_id, scope="nlp")
+                assert (still.state, still.attempt) == ("running", 1)
+            assert (await c.status(busy.workload_id, scope="nlp")).state == "running"
+            assert all(n.workload_id != busy.workload_id for n in notices)
 
 
 async def _agents_speak_only_for_their_hosts(stack: Stack) -> None:

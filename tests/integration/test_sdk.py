@@ -814,6 +814,72 @@ async def test_cli_watch_prints_one_line_per_event(
     assert kinds == [type(r).__name__ for _, r in story]
 
 
+def _idle_record(
+    wl: str, *, cleared: bool = False
+) -> m.WorkloadFlaggedIdle | m.WorkloadIdleCleared:
+    if cleared:
+        return m.WorkloadIdleCleared(
+            workload_id=wl,
+            allocation="nlp",
+            gpus=2,
+            at=NOW + 200,
+            idle_since=NOW + 2,
+            until=NOW + 200,
+            why="busy",
+            idle_gpu_seconds=396.0,
+        )
+    return m.WorkloadFlaggedIdle(
+        workload_id=wl,
+        allocation="nlp",
+        user="ann",
+        gpus=2,
+        at=NOW + 100,
+        idle_since=NOW + 2,
+        threshold_pct=5.0,
+        window_s=60.0,
+        reason="every GPU below 5% for 1m38s",
+    )
+
+
+async def test_cli_watch_prints_the_workloads_idle_flags_among_its_events(
+    fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``allot watch`` of an allocation's workload also follows its idle subject: each flag
+    and clear the health service appends from then on is a line among the events (another
+    workload's flags are not)."""
+    js = responders.nc.jetstream()
+    await bus.ensure_streams(js)
+    story = _story("wl-i", "nlp", requeue=False)
+    await _publish(js, story[:3])
+    out: list[str] = []
+
+    async def lines(n: int) -> None:
+        def enough() -> bool:
+            out.extend(capsys.readouterr().out.splitlines())
+            return len(out) >= n
+
+        await wait_for(enough, timeout=10.0)
+
+    watching = asyncio.create_task(cli(fresh_log, "watch", "wl-i", "--alloc", "nlp"))
+    await lines(3)  # the past replayed: the idle subscription came before it
+    await bus.publish(js, subjects.idle("nlp", "wl-other"), _idle_record("wl-other"))
+    await bus.publish(js, subjects.idle("nlp", "wl-i"), _idle_record("wl-i"))
+    await lines(4)
+    await bus.publish(js, subjects.idle("nlp", "wl-i"), _idle_record("wl-i", cleared=True))
+    await lines(5)
+    await _publish(js, story[3:])  # the notice, then its end: not requeued, the watch ends
+    assert await asyncio.wait_for(watching, 30.0) == 0
+    out.extend(capsys.readouterr().out.splitlines())
+    assert [line.split()[1] for line in out] == [
+        *(type(r).__name__ for _, r in story[:3]),
+        "WorkloadFlaggedIdle",
+        "WorkloadIdleCleared",
+        *(type(r).__name__ for _, r in story[3:]),
+    ]
+    assert 'reason="every GPU below 5%' in out[3] and "why=busy" in out[4]
+    assert "idle_since=2027-01-15T08:00:02Z" in out[3]  # times read as times
+
+
 async def test_cli_status_and_watch_of_an_unknown_workload_are_errors(
     fresh_log: str, responders: Responders, capsys: pytest.CaptureFixture[str]
 ) -> None:

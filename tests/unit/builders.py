@@ -102,8 +102,11 @@ def snapshot(
     *pending: Workload,
     shares: Mapping[str, float] | None = None,
     order: Mapping[str, int] | None = None,
+    idle: Iterable[str] = (),
 ) -> Snapshot:
-    return Snapshot(state, PendingQueue(pending), dict(shares or {}), dict(order or {}))
+    return Snapshot(
+        state, PendingQueue(pending), dict(shares or {}), dict(order or {}), frozenset(idle)
+    )
 
 
 def decide(
@@ -112,10 +115,13 @@ def decide(
     shares: Mapping[str, float] | None = None,
     order: Mapping[str, int] | None = None,
     now: float = 0.0,
+    idle: Iterable[str] = (),
     **policy: Any,
 ) -> CycleResult:
-    """One cycle over ``state`` with ``pending`` queued, under ``Policy(**policy)``."""
-    return run_cycle(snapshot(state, *pending, shares=shares, order=order), Policy(**policy), now)
+    """One cycle over ``state`` with ``pending`` queued, under ``Policy(**policy)``;
+    ``idle``: the runs flagged idle for preemption (``Snapshot.idle``)."""
+    snap = snapshot(state, *pending, shares=shares, order=order, idle=idle)
+    return run_cycle(snap, Policy(**policy), now)
 
 
 # -- reading results -----------------------------------------------------------------------

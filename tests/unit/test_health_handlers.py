@@ -270,8 +270,8 @@ async def _report(svc: HealthService, clock: Clock, util: float) -> Reply:
     return await svc.utilization(subjects.host_util("h1"), msgspec.json.encode(body))
 
 
-def idle_service(log: MemoryLog, clock: Clock) -> HealthService:
-    policy = IdlePolicy(window_s=300.0, max_gap_s=120.0)
+def idle_service(log: MemoryLog, clock: Clock, *, preempt: bool = False) -> HealthService:
+    policy = IdlePolicy(window_s=300.0, max_gap_s=120.0, preempt=preempt)
     return HealthService(
         broker=broker("health"),
         record_log=log,
@@ -319,12 +319,26 @@ async def test_idle_gpus_are_recorded_flagged_once_and_the_flag_outlives_a_resta
     assert (cleared.why, cleared.idle_since, cleared.until) == ("busy", NOW, NOW + 420)
 
 
-def test_preempting_idle_work_is_refused_on_the_command_line() -> None:
+async def test_under_idle_preempt_the_flag_asks_for_preemption() -> None:
+    """The switch is the flag's: the placement leader acts on ``preempt`` (decision 0055)."""
+    for preempt in (False, True):
+        log, clock = await _placed_log(), Clock()
+        svc = idle_service(log, clock, preempt=preempt)
+        async with running(svc):
+            await svc.idle_ready.wait()
+            for _ in range(6):
+                await _report(svc, clock, 1.0)
+            await log.settled()
+        (flag,) = log.records("USAGE", m.WorkloadFlaggedIdle)
+        assert isinstance(flag, m.WorkloadFlaggedIdle) and flag.preempt is preempt
+
+
+def test_idle_preempt_is_off_unless_asked_on_the_command_line() -> None:
     from allot.services import health
 
+    assert health.idle_policy(health.parser().parse_args([])).preempt is False
     args = health.parser().parse_args(["--idle-preempt"])
-    with pytest.raises(SystemExit, match="flag only"):
-        health.idle_policy(args)
+    assert health.idle_policy(args).preempt is True
     args = health.parser().parse_args(["--idle-threshold-pct", "0"])
     with pytest.raises(SystemExit, match="--idle-threshold-pct"):
         health.idle_policy(args)

@@ -499,6 +499,7 @@ def test_preemptions_are_a_counter_per_reason_with_every_reason_present() -> Non
         "host-drain": 1.0,
         "higher-class": 0.0,
         "reservation": 0.0,
+        "idle": 0.0,
     }
     assert set(PREEMPT_REASONS) == set(s.by("allot_preemptions_total", "reason"))
     assert s.types["allot_preempted_gpu_seconds"] == "counter"

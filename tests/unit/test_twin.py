@@ -99,6 +99,19 @@ def placed(
     )
 
 
+def idle_flag(wid: str, at: float, *, preempt: bool = True) -> m.WorkloadFlaggedIdle:
+    return m.WorkloadFlaggedIdle(
+        workload_id=wid,
+        allocation="nlp",
+        gpus=4,
+        at=T0 + at,
+        idle_since=T0 + at - 2.0,
+        threshold_pct=5.0,
+        window_s=2.0,
+        preempt=preempt,
+    )
+
+
 @dataclass
 class Log:
     """A history being recorded; ``decide`` is a leader's cycle on what it has read."""
@@ -264,6 +277,27 @@ def interleaved_leaders() -> Log:
     return log
 
 
+def an_idle_run_preempted_after_its_protection() -> Log:
+    log = start(host("a", 0.0))
+    log.add(submit("sq", 1.0, 4, "nlp", 5), submit("fl", 1.0, 4, "nlp", 5))
+    log.decide(1.01)  # both on a, protected until 6.01
+    log.add(idle_flag("sq", 3.0), idle_flag("fl", 3.0, preempt=False))
+    assert log.decide(3.01) == []  # flagged while protected: nothing yet
+    notices = log.decide(6.5)  # sq's notice (reason idle); fl is flagged only
+    assert [(n.workload_id, getattr(n, "reason", "")) for n in notices] == [("sq", "idle")]
+    return log
+
+
+def an_idle_flag_in_flight() -> Log:
+    log = start(host("a", 0.0), host("b", 0.0))
+    log.add(submit("sq", 1.0, 4, "nlp", 1))
+    log.decide(1.01)  # sq on a, protected until 2.01
+    log.add(submit("w", 5.0, 4, "vision", 60))
+    log.in_flight(idle_flag("sq", 5.0005))
+    log.decide(5.001)  # w placed; the flag (stored meanwhile) would also notice sq
+    return log
+
+
 def a_refused_decision() -> Log:
     log = start(host("a", 0.0))
     log.add(submit("w1", 1.0, 4))
@@ -315,6 +349,8 @@ CASES = [
     Case(a_ranking_in_flight, Verdict.WITHIN_TOLERANCE, "ranking-in-flight"),
     Case(a_budget_change_in_flight, Verdict.WITHIN_TOLERANCE, "budget-change-in-flight"),
     Case(a_host_change_in_flight, Verdict.WITHIN_TOLERANCE, "host-change-in-flight"),
+    Case(an_idle_run_preempted_after_its_protection, Verdict.IDENTICAL, None),
+    Case(an_idle_flag_in_flight, Verdict.WITHIN_TOLERANCE, "idle-flag-in-flight"),
     Case(a_stale_leader_fenced, Verdict.DIFFERENT, "fenced"),
     Case(another_leaders_decision_in_flight, Verdict.WITHIN_TOLERANCE, "decision-in-flight"),
     Case(interleaved_leaders, Verdict.IDENTICAL, None, cycle=0, interleaved=True),

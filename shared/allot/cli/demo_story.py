@@ -21,6 +21,7 @@ REASON_WORDS = {
     "better-ranked": "for better-ranked work (a higher fairshare factor)",
     "host-drain": "its host is draining",
     "higher-class": "for work of a higher class",
+    "idle": "its GPUs sat idle past its protection (the idle policy preempts)",
 }
 """A notice's reason code in words (the codes are in docs/reasons.md)."""
 

@@ -75,7 +75,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parents=[_common()],
         help="allocated work whose GPUs sit idle (flagged by the health service)",
         description="Allocated work whose GPUs all stayed below the idle threshold long "
-        "enough to be flagged (squatting). Flag only: nothing is preempted for it.",
+        "enough to be flagged (squatting). Flag only, unless the health service runs with "
+        "--idle-preempt: then a flagged run is preempted (reason idle, not requeued) once "
+        "its minimum runtime has passed.",
     )
     p.add_argument("--alloc", help="this allocation's work only (what a team may ask)")
     p.add_argument(

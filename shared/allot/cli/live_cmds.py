@@ -6,7 +6,7 @@
     allot cancel WORKLOAD [--alloc A] [--user U | --operator [NAME] | --manager [NAME]]
                  [--reason R]
     allot status WORKLOAD
-    allot watch WORKLOAD [--alloc A]
+    allot watch WORKLOAD [--alloc A]           (its events, notices and idle flags)
     allot queue [-l] | allot prio | allot share [-l] | allot hosts
     allot drain HOST [--operator NAME] [--reason R] | allot undrain HOST [--operator NAME]
     allot budgets set PATH SHARES [--by NAME]    (PATH root/nlp/pretrain, SHARES N|parent)
@@ -383,7 +383,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run_status)
 
     p = subparsers.add_parser(
-        "watch", parents=common, help="follow one workload's events until it ends"
+        "watch",
+        parents=common,
+        help="follow one workload's events, notices and idle flags until it ends",
+        description="Follow one workload: its events and preemption notices from the log "
+        "(replayed, then live), and, for an allocation's workload, each idle flag and clear "
+        "from now on (allot idle lists the runs flagged before), until it ends.",
     )
     p.add_argument("workload", metavar="WORKLOAD")
     p.add_argument("--alloc", help="its allocation; omitted = unallocated")
@@ -749,8 +754,20 @@ def run_status(args: argparse.Namespace) -> int:
 def run_watch(args: argparse.Namespace) -> int:
     """Asks the leader first, so a mistyped id or ``--alloc`` is an error at once instead of
     a wait for records that will never come. The log alone serves the watch: without a
-    leader's answer it goes on (``Client.watch`` then waits for the workload's records)."""
+    leader's answer it goes on (``Client.watch`` then waits for the workload's records).
+
+    An allocation's workload is also followed on its idle subject
+    (``allot.v1.usage.idle.<a>.<w>``): each idle flag and clear the health service records
+    from now on is a line of its own among the events (the flags before the watch began:
+    ``allot idle``). A login that may not read that subject watches the events alone, told
+    so on stderr."""
     given = parse_scope(args.alloc)
+
+    def show(record: msgspec.Struct) -> None:
+        if args.json:
+            print(fmt.envelope_json(record, time.time(), indent=None), flush=True)
+        else:
+            print(fmt.event_line(record), flush=True)
 
     async def work(c: Client) -> int:
         try:
@@ -759,13 +776,41 @@ def run_watch(args: argparse.Namespace) -> int:
                 status = await c.status(args.workload, scope=scope)
                 _require_known(status, args.workload, scope)
             allocation = None if scope == s.UNALLOCATED else scope
-            # Closed here, while the client is open, whatever ends the loop.
-            async with contextlib.aclosing(c.watch(args.workload, allocation)) as events:
-                async for record in events:
-                    if args.json:
-                        print(fmt.envelope_json(record, time.time(), indent=None), flush=True)
-                    else:
-                        print(fmt.event_line(record), flush=True)
+            # One queue, printed in one place: the log's records and the idle records in
+            # the order they came (and a closed stdout ends the command from here).
+            lines: asyncio.Queue[msgspec.Struct | None] = asyncio.Queue()
+            idle = None
+            if allocation is not None:  # unallocated work is never flagged idle
+                try:
+                    idle = await c.on_idle(
+                        lines.put_nowait, allocation=allocation, workload_id=args.workload
+                    )
+                except PermissionDeniedError as exc:
+                    print(f"allot {args.command}: idle flags not shown: {exc}", file=sys.stderr)
+
+            async def follow() -> None:
+                try:
+                    # Closed here, while the client is open, whatever ends the loop.
+                    async with contextlib.aclosing(c.watch(args.workload, allocation)) as events:
+                        async for record in events:
+                            lines.put_nowait(record)
+                finally:
+                    lines.put_nowait(None)
+
+            following = asyncio.create_task(follow())
+            try:
+                while (record := await lines.get()) is not None:
+                    show(record)
+                await following  # its error, if any
+            finally:
+                if not following.done():
+                    following.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await following
+                elif not following.cancelled():
+                    following.exception()  # raised above, or dropped for stdout's own error
+                if idle is not None and not c.nc.is_closed:
+                    await idle.unsubscribe()
         except ValidationError as exc:
             raise renamed(exc, CANCEL_OPTIONS) from None
         return 0

@@ -130,7 +130,9 @@ def run(args: argparse.Namespace) -> int:
         until = time.time()
         since = until - seconds
         records = []
-        failed = _read(args, records.append, subjects={"USAGE": (s.BUDGET_TREE, s.RANKING)})
+        failed = _read(
+            args, records.append, subjects={"USAGE": (s.BUDGET_TREE, s.RANKING, s.ALL_IDLE)}
+        )
         if failed is not None:
             return failed
         if args.save is not None:

@@ -85,6 +85,12 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--roles", type=Path, help="roles file for --secure (default: generated)")
     p.add_argument(
+        "--idle-preempt",
+        action="store_true",
+        help="preempt allocated work flagged idle once its minimum runtime has passed "
+        "(reason idle, not requeued; the health service's --idle-preempt); default: flag only",
+    )
+    p.add_argument(
         "--dashboard-port",
         type=int,
         default=None,
@@ -145,6 +151,7 @@ def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
         # losing one instance does not stop the charging either.
         accountings=2 if args.nats_cluster > 1 else 1,
         roles=getattr(args, "roles", None),
+        idle_preempt=getattr(args, "idle_preempt", False),
         dashboard_port=dashboard_port,
         restart_limit=args.restart_limit,
         restart_window_s=args.restart_window_s,

@@ -7,7 +7,9 @@ A cycle, in order:
 
 1. **Drains.** Every DRAINING host: each workload on it gets a notice (reason host-drain) at
    max(now, its protection end), or when the policy's plugged-in ``Victims`` say; an empty
-   draining host becomes DRAINED.
+   draining host becomes DRAINED. Then **idle runs**: each run of ``Snapshot.idle`` (flagged
+   idle by a policy that preempts idle work) gets a notice (reason idle, not requeued) at
+   max(now, its protection end), whatever the policy.
 2. **Queue order** (Fair Tree). Allocated work before unallocated work. Among allocated
    work, tier 0 is work of allocations holding fewer GPUs than their entitlement
    (effective share x GPUs on healthy hosts), tier 1 the rest (one tier when
@@ -89,12 +91,16 @@ class Snapshot:
     """The inputs of one cycle. ``shares``: effective share per allocation (the budget tree's
     product of normalised shares; every notice carries the victim's entitlement from it);
     ``order``: Fair Tree order key per allocation, smaller is served first
-    (``Ranking.order_key``); Fair Tree alone orders by them."""
+    (``Ranking.order_key``); Fair Tree alone orders by them. ``idle``: running workloads
+    flagged idle whose flag asks for their preemption (the health service's
+    ``--idle-preempt``; docs/decisions/0055); empty unless that switch is on, and always
+    in the simulator, which has no utilization."""
 
     cluster: ClusterState
     queue: PendingQueue
     shares: Mapping[str, float]
     order: Mapping[str, int]
+    idle: frozenset[str] = frozenset()
 
 
 def run_cycle(snapshot: Snapshot, policy: Policy, now: float) -> CycleResult:
@@ -107,6 +113,7 @@ class _Cycle:
         self.queue = snapshot.queue
         self.shares = snapshot.shares
         self.order = snapshot.order
+        self.idle = snapshot.idle
         self.policy = policy
         self.now = now
         self.view = ClusterView(self.st, now)
@@ -138,6 +145,7 @@ class _Cycle:
         self._due_earmarks: list[tuple[Workload, str, FairShareRule]] = []  # not planned yet
         self._left: dict[str | None, tuple[int, dict[int, int]]] = {}  # see ``_sizes_left``
         self._room_base: tuple[float, dict[str, int], dict[str | None, int]] | None = None
+        self._idle_noticed: list[str] = []  # noticed for idleness this cycle
         self._own_victims: dict[str, list[Running]] = {}  # see ``_hold_own_victims``
         self.reservations: list[Reservation] = []
         # Reserved request -> (earmark handle, its reservation, the occupants held for it).
@@ -148,6 +156,8 @@ class _Cycle:
     # ------------------------------------------------------------------ driver
     def run(self) -> CycleResult:
         transitions = self._drains()
+        if self.idle:
+            self._idle()
         if len(self.queue):
             self._hold_own_victims()
             if self.policy.ordering is None:
@@ -201,6 +211,24 @@ class _Cycle:
                     continue
                 self._notice(run, PreemptReason.HOST_DRAIN, preemptor=None)
         return transitions
+
+    def _idle(self) -> None:
+        """Runs flagged idle for a policy that preempts them: a notice (reason idle, not
+        requeued: a parked run would park again) once the protection has ended; a
+        protected one wakes the cycle when it ends. The contract holds: no protected run
+        is preempted, idle or not."""
+        running = self.st.running
+        noticed = self.view.noticed
+        for wid in sorted(self.idle):
+            run = running.get(wid)
+            if run is None or run.preempt_at is not None or wid in noticed:
+                continue
+            due = run.protected_until
+            if due > self.now:
+                self.wakeups.append(due)
+                continue
+            self._notice(run, PreemptReason.IDLE, preemptor=None, requeue=False)
+            self._idle_noticed.append(wid)
 
     # -------------------------------------------------------------- scheduling
     def _walk(self, ordering: Ordering) -> None:
@@ -581,7 +609,9 @@ class _Cycle:
             unallocated = st.running_gpus - sum(st.held.values())
             over = {a: h for a, h in st.held.items() if h > self.entitlement.get(a, 0.0) and h > 0}
             noticed: dict[str | None, int] = {}
-            for wid in st.noticed:
+            # This cycle's idle notices are room as well (drains' are on hosts no request
+            # may use).
+            for wid in (*st.noticed, *self._idle_noticed):
                 run = st.running[wid].workload
                 key = run.allocation if run.allocated else None
                 noticed[key] = noticed.get(key, 0) + run.gpus
@@ -666,8 +696,15 @@ class _Cycle:
         return rule
 
     def _notice(
-        self, run: Running, reason: PreemptReason, preemptor: str | None, *, touch: bool = True
+        self,
+        run: Running,
+        reason: PreemptReason,
+        preemptor: str | None,
+        *,
+        touch: bool = True,
+        requeue: bool = True,
     ) -> None:
+        """``requeue``: False when the victim must not come back even if resumable."""
         w = run.workload
         at = self.now + self.policy.grace_of(w.allocated)
         self.view.notice(run, at, touch=touch)
@@ -679,7 +716,7 @@ class _Cycle:
                 gpus=w.gpus,
                 reason=reason,
                 preempt_at=at,
-                requeue=w.resumable,
+                requeue=requeue and w.resumable,
                 preemptor=preemptor,
                 victim_held_gpus=self.st.held.get(alloc, 0) if alloc else 0,
                 victim_entitlement_gpus=self.entitlement.get(alloc, 0.0) if alloc else 0.0,

@@ -15,6 +15,7 @@ class PreemptReason(StrEnum):
     HOST_DRAIN = "host-drain"  # the host is unhealthy and the protection ended
     RESERVATION = "reservation"  # its host was reserved for a large request, now due
     HIGHER_CLASS = "higher-class"  # the simulator's legacy priority baseline only
+    IDLE = "idle"  # flagged idle under a policy that preempts it, past its protection
 
 
 @dataclass(frozen=True, slots=True)

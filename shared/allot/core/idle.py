@@ -49,7 +49,8 @@ included) to its clearing: ``until >= flagged_at >= since + window_s`` always.
 
 NOT A BUG: the flag's time is the evidence's (``min(seen_until)``), not a clock's: the same
 samples give the same flags in every replay. Never preempts anything: ``IdleFlag.preempt``
-only says what the policy asks for.
+only says what the policy asks for; the placement leader acts on it (``Snapshot.idle`` of
+``allot.core.cycle``; docs/decisions/0055).
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class IdlePolicy:
     window_s: float = DEFAULT_WINDOW_S
     max_gap_s: float = DEFAULT_MAX_GAP_S
     preempt: bool = False
-    """Ask for the flagged run's preemption (``IdleFlag.preempt``); default: flag only."""
+    """Ask for the flagged run's preemption (``IdleFlag.preempt``): the placement leader
+    notices it once its protection has ended; default: flag only."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold_pct <= 100.0:

@@ -596,6 +596,7 @@ PREEMPT_TEXT: dict[PreemptReason, str] = {
     PreemptReason.DISPLACED_UNALLOCATED: "unallocated work displaced by allocated work",
     PreemptReason.HIGHER_CLASS: "taken by a higher priority class (legacy policy)",
     PreemptReason.RESERVATION: "its host was reserved for a large request, which starts now",
+    PreemptReason.IDLE: "its GPUs were flagged idle and its protection has ended",
 }
 """One line per preemption reason (``docs/reasons.md``): the CLI, the dashboard."""
 

@@ -35,6 +35,15 @@ Drains (``allot hosts``, like ``sinfo -R``): the last ``HostDraining`` of a host
 healthy again is kept in ``drains`` (its reason, operator and time), dropped by
 ``HostHealthy``.
 
+Idle flags (USAGE, ``allot.v1.usage.idle.<a>.<w>``; docs/decisions/0055): a
+``WorkloadFlaggedIdle`` asking for preemption (``preempt``) is kept per workload with its
+attempt and ``idle_since`` until its ``WorkloadIdleCleared``, its attempt's end or a later
+placement; ``idle_preempt()`` is the running workloads whose *current* attempt is so
+flagged (what placement hands the core), so a flag of an earlier attempt never touches a
+later one, whichever stream a reader reads first. A flag only (``preempt`` false) changes
+nothing. A notice saying ``requeue`` false (idleness) is kept until the run ends: the run
+is then not requeued, resumable or not.
+
 No I/O, no clock: times come from the records.
 """
 
@@ -152,6 +161,10 @@ class LogFold:
         self.records: dict[str, WorkloadRecord] = {}
         self.drains: dict[str, Drain] = {}
         """host -> the drain in force (draining or drained), until ``HostHealthy``."""
+        self.idle_flags: dict[str, tuple[int, float]] = {}
+        """workload -> (attempt, idle_since) of its open idle flag asking for preemption."""
+        self._not_requeued: set[str] = set()
+        """Runs under a notice that says they do not come back (``requeue`` false)."""
         self._assignments: dict[Assignment, Assignment] = {}
         self.applied = 0
         self.ignored = 0
@@ -172,6 +185,19 @@ class LogFold:
 
     def shares(self) -> dict[str, float]:
         return self.tree.effective_shares() if self.tree is not None else {}
+
+    def idle_preempt(self) -> frozenset[str]:
+        """Running workloads whose current attempt is flagged idle with ``preempt``."""
+        if not self.idle_flags:
+            return frozenset()
+        records = self.records
+        return frozenset(
+            wid
+            for wid, (attempt, _) in self.idle_flags.items()
+            if (rec := records.get(wid)) is not None
+            and rec.attempt == attempt
+            and rec.status == "running"
+        )
 
     # ------------------------------------------------------------------ workloads
     def _submitted(self, r: m.WorkloadSubmitted) -> Applied:
@@ -241,6 +267,9 @@ class LogFold:
             return Applied(False, str(e))  # GPUs not free: a decision that would double-book
         self.queue.remove(rec.workload.id)
         self.state.prune_protection(r.at)  # as apply_result does: lapsed entries leave the heap
+        flag = self.idle_flags.get(rec.workload.id)
+        if flag is not None and flag[0] < r.attempt:
+            del self.idle_flags[rec.workload.id]
         rec.status = "running"
         rec.attempt = r.attempt
         rec.started_at = r.at
@@ -267,6 +296,8 @@ class LogFold:
         if rec is None or rec.status != "running":
             return Applied(False, "not running")
         self.state.notice(rec.workload.id, r.grace_deadline, r.preemptor)
+        if not r.requeue:
+            self._not_requeued.add(rec.workload.id)
         rec.status = "noticed"
         rec.preempt_at = r.grace_deadline
         return Applied(True)
@@ -281,8 +312,13 @@ class LogFold:
         if rec is None or rec.status not in ("running", "noticed"):
             return Applied(False, "not running")
         preempted = status == "preempted"
+        comes_back = workload_id not in self._not_requeued
+        self._not_requeued.discard(workload_id)
+        flag = self.idle_flags.get(workload_id)
+        if flag is not None and flag[0] <= r.attempt:
+            del self.idle_flags[workload_id]
         _, requeued = end_workload(
-            self.state, self.queue, workload_id, preempted=preempted, now=r.at
+            self.state, self.queue, workload_id, preempted=preempted, now=r.at, requeue=comes_back
         )
         rec.preempt_at = None  # the assignment stays: the last attempt's, for `allot status`
         if isinstance(r, m.WorkloadPreempted) and rec.checkpoint is not None:
@@ -365,6 +401,32 @@ class LogFold:
             return Applied(False, "not draining")
         return self._host_state(r.host, HostState.DRAINED)
 
+    # ------------------------------------------------------------------ idle flags
+    def _flagged_idle(self, r: m.WorkloadFlaggedIdle) -> Applied:
+        if not r.preempt:
+            return _INFO  # flag only: nothing the scheduler decides on
+        wid = r.workload_id
+        rec = self.records.get(wid)
+        # A record not read yet (USAGE is replayed before WORKLOADS) is kept: the
+        # attempt decides once it is.
+        if rec is not None and (
+            r.attempt < rec.attempt or (r.attempt == rec.attempt and rec.status in TERMINAL)
+        ):
+            return Applied(False, "the flagged attempt has ended")
+        kept = self.idle_flags.get(wid)
+        if kept is not None and kept[0] > r.attempt:
+            return Applied(False, f"attempt {r.attempt} after {kept[0]}")
+        if kept == (r.attempt, r.idle_since):
+            return Applied(False, "already flagged")
+        self.idle_flags[wid] = (r.attempt, r.idle_since)
+        return Applied(True)
+
+    def _idle_cleared(self, r: m.WorkloadIdleCleared) -> Applied:
+        if self.idle_flags.get(r.workload_id) != (r.attempt, r.idle_since):
+            return _INFO  # a flag only, or one already gone with its attempt
+        del self.idle_flags[r.workload_id]
+        return Applied(True)
+
     # ------------------------------------------------------------------ budgets
     def _tree(self, r: m.BudgetTreeSet) -> Applied:
         try:
@@ -392,4 +454,6 @@ _HANDLERS: dict[type, _Handler] = {
     m.HostHealthy: LogFold._healthy,
     m.HostDrained: LogFold._drained,
     m.BudgetTreeSet: LogFold._tree,
+    m.WorkloadFlaggedIdle: LogFold._flagged_idle,
+    m.WorkloadIdleCleared: LogFold._idle_cleared,
 }

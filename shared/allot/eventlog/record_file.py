@@ -3,9 +3,9 @@ twin --from FILE``), so a live history can be kept with a measurement and replay
 server runs.
 
 One line per record, its wire JSON (the ``type`` field names it), in the order the log was
-read (``allot.ops.log_reader``: HOSTS, then USAGE's budget trees and rankings, then
-WORKLOADS; each stream in its own order). Only what the twin replay reads is kept
-(``RECORD_TYPES``): runs' starts, usage and idle records are left out. No I/O: the caller
+read (``allot.ops.log_reader``: HOSTS, then USAGE's budget trees, rankings and idle flags,
+then WORKLOADS; each stream in its own order). Only what the twin replay reads is kept
+(``RECORD_TYPES``): runs' starts and usage records are left out. No I/O: the caller
 reads and writes the bytes.
 """
 

@@ -1,10 +1,10 @@
 """Twin parity: the live leader's decisions, decided again from the log (``allot twin``).
 
 Input: the log's records as ``allot.ops.log_reader`` hands them over (each stream in its own
-order; the USAGE stream's budget trees *and* rankings), the placement service's policy, the
-window of cycles to compare and a timing tolerance. Output: a ``Parity``, every live cycle
-compared, with the fraction of identical placements and each difference's kind (``KINDS``).
-No I/O, no clock.
+order; the USAGE stream's budget trees, rankings *and* idle flags), the placement service's
+policy, the window of cycles to compare and a timing tolerance. Output: a ``Parity``, every
+live cycle compared, with the fraction of identical placements and each difference's kind
+(``KINDS``). No I/O, no clock.
 
 1. **A live cycle** is the decision records one leader wrote at once: ``WorkloadPlaced`` and
    ``PreemptionNotice`` (WORKLOADS) and ``HostDrained`` (HOSTS) with the same ``(epoch,
@@ -23,11 +23,12 @@ No I/O, no clock.
    fold, so it had read that far.
 4. **The replay**: ``run_cycle``, the core's one scheduling entry point (the simulator's
    too), at ``now`` on the cut's snapshot made as placement makes it (``Snapshot(fold.state,
-   fold.queue, fold.shares(), order)``, ``order`` from the ranking as placement's
-   ``LastRanking`` computes it). Its placements (workload, hosts and GPUs, in order), notices
-   (workload, reason, deadline, preemptor) and drains are compared with the recorded ones.
-   The log's decisions, not the replay's, then go into the fold: each cycle is judged on the
-   state the live leader had, and a difference does not carry into later cycles.
+   fold.queue, fold.shares(), order, idle=fold.idle_preempt())``, ``order`` from the
+   ranking as placement's ``LastRanking`` computes it). Its placements (workload, hosts and
+   GPUs, in order), notices (workload, reason, deadline, preemptor) and drains are compared
+   with the recorded ones. The log's decisions, not the replay's, then go into the fold:
+   each cycle is judged on the state the live leader had, and a difference does not carry
+   into later cycles.
 
 **Timing tolerance.** A cycle runs when records arrive; a record stored while the leader was
 computing (or still queued in its reader: a loaded leader reads the log tens of milliseconds
@@ -102,7 +103,12 @@ HOSTS_RECORDS: tuple[type[msgspec.Struct], ...] = (
     m.HostHealthy,
     m.HostDrained,
 )
-USAGE_RECORDS: tuple[type[msgspec.Struct], ...] = (m.BudgetTreeSet, m.RankingUpdated)
+USAGE_RECORDS: tuple[type[msgspec.Struct], ...] = (
+    m.BudgetTreeSet,
+    m.RankingUpdated,
+    m.WorkloadFlaggedIdle,
+    m.WorkloadIdleCleared,
+)
 _STREAM_OF: dict[type, int] = {
     **dict.fromkeys(HOSTS_RECORDS, 0),
     **dict.fromkeys(USAGE_RECORDS, 1),
@@ -132,6 +138,8 @@ _IN_FLIGHT: dict[type, str] = {
     m.WorkloadCancelled: "run-end-in-flight",
     m.RankingUpdated: "ranking-in-flight",
     m.BudgetTreeSet: "budget-change-in-flight",
+    m.WorkloadFlaggedIdle: "idle-flag-in-flight",
+    m.WorkloadIdleCleared: "idle-flag-in-flight",
     m.WorkloadPlaced: "decision-in-flight",
     m.PreemptionNotice: "decision-in-flight",
     **dict.fromkeys(HOSTS_RECORDS, "host-change-in-flight"),
@@ -145,6 +153,8 @@ KINDS: dict[str, str] = {
     "ranking-in-flight": "a ranking published while the leader was deciding: it decided "
     "with the previous one",
     "budget-change-in-flight": "a budget tree stored while the leader was deciding",
+    "idle-flag-in-flight": "an idle flag or its clear stored while the leader was deciding "
+    "(only with the health service's --idle-preempt)",
     "host-change-in-flight": "a host's registration or health change stored while the "
     "leader was deciding",
     "decision-in-flight": "another leader's decisions stored while this one was deciding",
@@ -291,7 +301,7 @@ def _merged(records: Iterable[msgspec.Struct]) -> list[_Step]:
     for record in records:
         stream = _STREAM_OF.get(type(record))
         if stream is None:
-            continue  # runs' starts, usage and idle records: nothing placement decides on
+            continue  # runs' starts, usage records: nothing placement decides on
         at = getattr(record, "at")  # noqa: B009 - every record of the three tuples has one
         latest[stream] = max(latest[stream], at)
         streams[stream].append(_Step(latest[stream], stream, record))
@@ -350,7 +360,10 @@ class _Replay:
             self.pos += 1
 
     def decide(self, policy: Policy, now: float) -> Decisions:
-        snapshot = Snapshot(self.fold.state, self.fold.queue, self.fold.shares(), self.order)
+        fold = self.fold
+        snapshot = Snapshot(
+            fold.state, fold.queue, fold.shares(), self.order, idle=fold.idle_preempt()
+        )
         return _replayed(run_cycle(snapshot, policy, now))
 
     def seen_by(self, live: Decisions) -> int:

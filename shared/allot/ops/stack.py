@@ -161,6 +161,9 @@ class StackConfig:
     fake_duration_s: float = 60.0
     idle_after_s: float | None = None
     """Health's ``--idle-after-s`` (None: its default, 30 minutes)."""
+    idle_preempt: bool = False
+    """Health's ``--idle-preempt``: runs flagged idle are preempted once their minimum
+    runtime has passed (docs/decisions/0055); default flag only."""
     util_every_s: float | None = None
     """The agents' ``--util-every-s`` (None: their default, 30 s)."""
     batch_reports: bool = True
@@ -465,6 +468,7 @@ class Stack(StartStop):
                 "--timeout-s",
                 str(c.heartbeat_timeout_s),
                 *([] if c.idle_after_s is None else ["--idle-after-s", str(c.idle_after_s)]),
+                *(["--idle-preempt"] if c.idle_preempt else []),
             ],
             "dispatch": [*py, "allot.services.dispatch"],
         }

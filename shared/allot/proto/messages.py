@@ -158,6 +158,7 @@ PreemptReason = Literal[
     "host-drain",
     "higher-class",
     "reservation",
+    "idle",
 ]
 """The core's ``allot.core.decisions.PreemptReason`` values (a test keeps them equal)."""
 
@@ -762,8 +763,10 @@ for longer than the allowed gap (``allot.core.idle.ClearWhy``)."""
 
 class WorkloadFlaggedIdle(_Message, frozen=True, kw_only=True):
     """``allot.v1.usage.idle.<allocation>.<workload>``: every GPU of the run stayed below
-    ``threshold_pct`` from ``idle_since`` to ``at`` (at least ``window_s``). Flagged only:
-    nothing is preempted (``preempt`` says what the policy asked for)."""
+    ``threshold_pct`` from ``idle_since`` to ``at`` (at least ``window_s``). ``preempt``:
+    the health service's policy asks for its preemption (``--idle-preempt``): the
+    placement leader then notices it, reason ``idle``, once its protection has ended, and
+    does not requeue it (docs/decisions/0055); otherwise flagged only."""
 
     workload_id: Name
     allocation: Name

@@ -509,7 +509,7 @@ def _value_text(name: str, value: object, at: float | None) -> str:
         return assignment_text(value)
     if name == "grace_deadline" and isinstance(value, float) and at is not None:
         return f"{timestamp(value)}(+{format_duration(value - at)})"
-    if name.endswith("_at") and isinstance(value, float):
+    if isinstance(value, float) and (name.endswith(("_at", "since")) or name == "until"):
         return timestamp(value)
     if isinstance(value, float):
         return f"{value:g}"

@@ -811,11 +811,18 @@ class Client:
         subject = _scoped(subjects.QUERY_IDLE, scope)
         return await self._ask(subject, b"", _IDLE_REPLY, HEALTH, timeout)
 
-    async def on_idle(self, callback: IdleCallback, *, allocation: str) -> PreemptionSubscription:
+    async def on_idle(
+        self, callback: IdleCallback, *, allocation: str, workload_id: str | None = None
+    ) -> PreemptionSubscription:
         """Call ``callback(record)`` (sync or async) for each ``WorkloadFlaggedIdle`` and
-        ``WorkloadIdleCleared`` of ``allocation``'s workloads from now on (core NATS: what
-        the health service appends to USAGE reaches subscribers as it is stored)."""
-        subject = subjects.allocation_idle(_require_name(allocation, "allocation"))
+        ``WorkloadIdleCleared`` of ``allocation``'s workloads (of ``workload_id`` only, when
+        given) from now on (core NATS: what the health service appends to USAGE reaches
+        subscribers as it is stored)."""
+        _require_name(allocation, "allocation")
+        if workload_id is None:
+            subject = subjects.allocation_idle(allocation)
+        else:
+            subject = subjects.idle(allocation, _require_name(workload_id, "workload_id"))
         return await self._on_messages(subject, Kind.IDLE, callback, "idle record")
 
     async def drain(

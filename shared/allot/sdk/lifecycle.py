@@ -2,10 +2,10 @@
 
 Completed, failed and cancelled are final. A preemption is final only when the workload
 is not coming back: the ``PreemptionNotice`` says ``requeue`` (placement decides it from
-``resumable``), and placement may log ``WorkloadRequeued`` before or after the agent's
-``WorkloadPreempted``, so both orders are handled. Without a notice (not expected), the
-submission's ``resumable`` decides, and a workload submitted before the watch began is
-taken as resumable (the wire default).
+``resumable``; never for a run preempted for idleness), and placement may log
+``WorkloadRequeued`` before or after the agent's ``WorkloadPreempted``, so both orders are
+handled. Without a notice (not expected), the submission's ``resumable`` decides, and a
+workload submitted before the watch began is taken as resumable (the wire default).
 """
 
 from __future__ import annotations
