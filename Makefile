@@ -25,7 +25,7 @@ install: $(STAMP) $(CORE_BUILD) ## create .venv and install allot with its dev t
 
 # The core's hot modules compiled with mypyc (tools/build_core.py); rebuilt when a core
 # source changes (until then every process runs the source core: allot.compiled_core).
-$(CORE_BUILD): $(STAMP) $(wildcard shared/allot/core/*.py) tools/build_core.py
+$(CORE_BUILD): $(STAMP) $(wildcard shared/allot/core/*.py tools/build_core.py)
 	$(BIN)/python tools/build_core.py
 
 core: $(CORE_BUILD) ## compile the core's hot modules with mypyc (same decisions, less CPU; needs a C compiler)
