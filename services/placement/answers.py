@@ -15,10 +15,10 @@ from allot.core.errors import ValidationError
 from allot.core.model import HostState
 from allot.core.queue_view import TIER_NAMES, UNALLOCATED, QueueEntry
 from allot.core.reasons import PrioRow, Why, estimated_start
+from allot.eventlog.last_ranking import LastRanking
 from allot.eventlog.logfold import TERMINAL, LogFold, WorkloadRecord
 from allot.proto import messages as m
 from allot.proto import subjects as s
-from allot.services.placement.ranking import LastRanking
 
 MAX_REASON_NUMBERS = 16
 

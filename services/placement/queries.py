@@ -45,6 +45,7 @@ from allot.core.errors import ValidationError
 from allot.core.policy import Policy
 from allot.core.queue_view import QueueEntry, queue_order
 from allot.core.reasons import Why, explain_pending, priority_breakdown
+from allot.eventlog.last_ranking import LastRanking
 from allot.eventlog.logfold import LogFold, WorkloadRecord
 from allot.proto import codec
 from allot.proto import messages as m
@@ -60,7 +61,6 @@ from allot.services.placement.answers import (
     workload_status,
 )
 from allot.services.placement.histogram import CycleDurations
-from allot.services.placement.ranking import LastRanking
 
 STALE_OK_S = 1.0
 """A queue answer (positions and reasons) at most this old is served even if records

@@ -26,10 +26,10 @@ import msgspec
 from allot.bus import event_subject
 from allot.core.decisions import CycleResult
 from allot.core.model import HostState
+from allot.eventlog.last_ranking import LastRanking
 from allot.eventlog.logfold import WorkloadRecord
 from allot.proto import messages as m
 from allot.proto import subjects as s
-from allot.services.placement.ranking import LastRanking
 
 R = TypeVar("R", bound=msgspec.Struct)
 

@@ -47,6 +47,7 @@ from allot.bus.tasks import stop_tasks
 from allot.core.cycle import run_cycle
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, POLICIES, make_policy
+from allot.eventlog.last_ranking import LastRanking
 from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -55,7 +56,6 @@ from allot.services.placement.histogram import CycleDurations
 from allot.services.placement.lease import claim_epoch, hold_lease
 from allot.services.placement.queries import STALE_OK_S, Queries
 from allot.services.placement.queued import OwedPositions, queued
-from allot.services.placement.ranking import LastRanking
 from allot.services.placement.records import Outgoing, cancelled, cycle_records, requeued
 
 DECISION_INPUTS: tuple[str, ...] = (

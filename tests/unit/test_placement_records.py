@@ -20,10 +20,10 @@ from allot.core.decisions import (
     PreemptReason,
 )
 from allot.core.model import HostState, Workload
+from allot.eventlog.last_ranking import LastRanking
 from allot.eventlog.logfold import WorkloadRecord
 from allot.proto import messages as m
 from allot.services.placement.queued import QUEUED_COST_SHARE, QUEUED_EVERY_S, OwedPositions
-from allot.services.placement.ranking import LastRanking
 from allot.services.placement.records import (
     CycleRecords,
     Outgoing,

@@ -22,12 +22,12 @@ from allot.core.errors import ValidationError
 from allot.core.fairshare import rank
 from allot.core.policy import Policy, make_policy
 from allot.eventlog.budget_wire import spec_from_tree
+from allot.eventlog.last_ranking import LastRanking
 from allot.eventlog.logfold import LogFold
 from allot.eventlog.record_file import decode_records, encode_records
-from allot.eventlog.twin import KINDS, Verdict, ranking_order, twin_parity
+from allot.eventlog.twin import KINDS, Verdict, twin_parity
 from allot.eventlog.twin_figures import figures
 from allot.proto import messages as m
-from allot.services.placement.ranking import LastRanking
 from allot.services.placement.records import cycle_records
 from allot.services.ranking import rank_row
 
@@ -430,11 +430,6 @@ def test_only_the_window_is_compared() -> None:
     log = replay_matches_a_leader_that_read_everything()
     parity = twin_parity(log.records, POLICY, since=T0 + 2.5, until=T0 + 5.0)
     assert [round(c.at - T0, 2) for c in parity.cycles] == [3.01, 4.01]
-
-
-def test_the_order_of_allocations_is_the_placement_service_s() -> None:
-    update = ranking(0.0, "vision", "nlp", "speech")
-    assert ranking_order(update) == dict(LastRanking.of(update, 1).order)
 
 
 @pytest.mark.parametrize(

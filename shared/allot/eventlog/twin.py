@@ -22,9 +22,8 @@ live cycle compared, with the fraction of identical placements and each differen
    ``LeaderElected``): the leader decides again only once its decisions are back in its
    fold, so it had read that far.
 4. **The replay**: ``run_cycle``, the core's one scheduling entry point (the simulator's
-   too), at ``now`` on the cut's snapshot made as placement makes it (``Snapshot(fold.state,
-   fold.queue, fold.shares(), order, idle=fold.idle_preempt())``, ``order`` from the
-   ranking as placement's ``LastRanking`` computes it). Its placements (workload, hosts and
+   too), at ``now`` on the cut's snapshot, made by placement's own ``LastRanking.snapshot``
+   from the fold and the last ranking read. Its placements (workload, hosts and
    GPUs, in order), notices (workload, reason, deadline, preemptor) and drains are compared
    with the recorded ones. The log's decisions, not the replay's, then go into the fold:
    each cycle is judged on the state the live leader had, and a difference does not carry
@@ -68,11 +67,12 @@ from enum import StrEnum
 
 import msgspec
 
-from allot.core.cycle import Snapshot, run_cycle
+from allot.core.cycle import run_cycle
 from allot.core.decisions import CycleResult
 from allot.core.errors import ValidationError
 from allot.core.model import Assignment, HostState
 from allot.core.policy import Policy
+from allot.eventlog.last_ranking import LastRanking
 from allot.eventlog.logfold import Applied, LogFold
 from allot.proto import messages as m
 
@@ -276,14 +276,6 @@ def twin_parity(
     return Parity(tuple(compared), float(tolerance_s), since, until, records=len(steps))
 
 
-def ranking_order(update: m.RankingUpdated) -> dict[str, int]:
-    """The cycle's order key per ranked leaf, as placement's ``LastRanking.of`` computes it
-    (``n - rank``, smaller served first; a test keeps the two equal)."""
-    leaves = [row for row in update.nodes if row.leaf and row.rank is not None]
-    n = len(leaves)
-    return {row.name: n - row.rank for row in leaves if row.rank is not None}
-
-
 # -- the steps ---------------------------------------------------------------------------------
 
 
@@ -313,13 +305,13 @@ def _first_pass(steps: Sequence[_Step]) -> tuple[list[bool], dict[int, Applied]]
     """Per step, whether it changes what a cycle reads (the fold, or the ranking's order);
     and what the fold made of each decision record (fenced, refused)."""
     fold = LogFold()
-    order: dict[str, int] = {}
+    order: Mapping[str, int] = {}
     effects = []
     outcomes: dict[int, Applied] = {}
     for k, step in enumerate(steps):
         record = step.record
         if isinstance(record, m.RankingUpdated):
-            new = ranking_order(record)
+            new = LastRanking.of(record, 0).order
             effects.append(new != order)
             order = new
             continue
@@ -339,7 +331,7 @@ class _Replay:
     def __init__(self, steps: Sequence[_Step]) -> None:
         self.steps = steps
         self.fold = LogFold()
-        self.order: dict[str, int] = {}
+        self.ranking = LastRanking()
         self.pos = 0
         self.queued_at: dict[str, int] = {}
         self.placed_at: dict[str, int] = {}
@@ -348,7 +340,7 @@ class _Replay:
         while self.pos < to:
             record = self.steps[self.pos].record
             if isinstance(record, m.RankingUpdated):
-                self.order = ranking_order(record)
+                self.ranking = LastRanking.of(record, self.ranking.version + 1)
             else:
                 applied = self.fold.apply(record)
                 if applied.requeued or (
@@ -360,11 +352,7 @@ class _Replay:
             self.pos += 1
 
     def decide(self, policy: Policy, now: float) -> Decisions:
-        fold = self.fold
-        snapshot = Snapshot(
-            fold.state, fold.queue, fold.shares(), self.order, idle=fold.idle_preempt()
-        )
-        return _replayed(run_cycle(snapshot, policy, now))
+        return _replayed(run_cycle(self.ranking.snapshot(self.fold), policy, now))
 
     def seen_by(self, live: Decisions) -> int:
         """The shortest cut that holds what ``live`` shows its leader had read: each placed

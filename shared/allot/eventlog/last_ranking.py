@@ -1,7 +1,7 @@
-"""The last ranking as placement uses it: the ranking service's ``RankingUpdated`` (on
-``allot.v1.ranking``, the last one read from USAGE at start) turned into the cycle's order
-of allocations, each leaf's rank and Fair Tree factor for the answers, and the numbers
-behind a preemption notice."""
+"""The last ranking as placement (and ``allot twin``, replaying it) uses it: the ranking
+service's ``RankingUpdated`` (on ``allot.v1.ranking``, the last one read from USAGE at
+start) turned into the cycle's order of allocations, each leaf's rank and Fair Tree factor
+for the answers, and the numbers behind a preemption notice."""
 
 from __future__ import annotations
 
