@@ -268,8 +268,8 @@ async def test_cli_array_refusals_name_the_option(intake_url: str) -> None:
 async def test_cli_array_sent_again_larger_labels_each_task_and_fails_for_the_refused(
     intake_url: str,
 ) -> None:
-    # Found by a user trial: the first three tasks differ from the first run's (their
-    # task count), the fourth is new and was printed as a bare id under three refusals.
+    # The first three tasks differ from the first run's (their task count) and are refused;
+    # the fourth is new and is labelled like the others, not printed as a bare id.
     argv = ["--alloc", "nlp", "--user", "ann", "--gpus", "1", "--client-id", "arr"]
     assert (await _cli(intake_url, *argv, "--array", "3")).returncode == 0
     done = await _cli(intake_url, *argv, "--array", "4")
@@ -291,8 +291,7 @@ def batching_nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 async def test_a_large_batch_is_group_committed_and_each_item_keeps_its_answer(
     batching_nats_url: str,
 ) -> None:
-    # As many items as fit the 64 KiB payload bound with every optional field encoded
-    # (a 250-item batch of these passed the bound once the checkpoint fields came).
+    # As many items as fit the 64 KiB payload bound with every optional field encoded.
     count = 200
     async with _running_intake(batching_nats_url) as intake:
         earlier = list(range(0, count, 20))  # submitted first, then repeated inside the batch

@@ -161,8 +161,8 @@ settings_st = st.builds(
 
 
 @given(settings_st, seconds)
-# Found by a CI run: a progress whose quotient by every_s underflows to 0 once made wall_for
-# count -1 saves (a negative wall time).
+# A progress whose quotient by every_s underflows to 0 must not count -1 saves (a negative
+# wall time).
 @example(Checkpointing(every_s=2.0, on_notice=False, save_s=1.0), 5e-324)
 def test_progress_in_inverts_wall_for(settings: Checkpointing, progress: float) -> None:
     assert math.isclose(
