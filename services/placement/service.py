@@ -58,11 +58,7 @@ from allot.services.placement.queries import STALE_OK_S, Queries
 from allot.services.placement.queued import OwedPositions, queued
 from allot.services.placement.records import Outgoing, cancelled, cycle_records, requeued
 
-DECISION_INPUTS: tuple[str, ...] = (
-    *(s.every_workload(e) for e in s.EVENT_NAMES if e != "started"),
-    s.ALL_PREEMPT,
-    s.LEADER,
-)
+DECISION_INPUTS = s.RUNS_WITHOUT_STARTS
 """What of WORKLOADS the placement follower reads: everything but runs' starts, which
 decide nothing (protection counts from the placement) and come in bursts ahead of the
 submissions placement waits for in the same stream; ``allot status`` reads a run's start

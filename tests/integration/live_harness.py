@@ -1,5 +1,5 @@
 """Helpers for the live-system tests: seed the log, read it back, poll with a deadline, run
-an intake, run the CLI."""
+an intake, run the CLI, configure a whole stack."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import contextlib
 import os
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import msgspec
 import pytest
@@ -21,6 +23,7 @@ from allot.bus import service_main
 from allot.cli import main as cli_main
 from allot.core.budgets import parse_tree
 from allot.eventlog.budget_wire import spec_from_tree
+from allot.ops.stack import StackConfig
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.intake import Intake
@@ -152,3 +155,19 @@ async def allot(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, st
     code = await asyncio.to_thread(cli_main.main, list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def quick_stack(run_dir: Path, redis_url: str, name: str, **knobs: Any) -> StackConfig:
+    """A whole stack (``allot.ops.stack``) whose notices and rankings take seconds (grace 2
+    s, a ranking every second), under a Redis prefix of its own (``name`` and a random
+    suffix); ``knobs`` are the test's other ``StackConfig`` fields."""
+    return StackConfig(
+        **{
+            "run_dir": run_dir,
+            "redis_url": redis_url,
+            "redis_prefix": f"{name}{uuid.uuid4().hex[:8]}",
+            "grace_s": 2,
+            "rank_every_s": 1.0,
+            **knobs,
+        }
+    )

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from live_harness import eventually
+from live_harness import allot, eventually, quick_stack
 
-from allot.cli import main as cli_main
 from allot.cli.live_cmds import EXIT_REFUSED
-from allot.ops.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client
@@ -33,28 +32,19 @@ SECRET = "hunter2-token-in-env"
 _REPLY = msgspec.json.Decoder(m.HistoryPage | m.CommandRejected)
 
 
-async def allot(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = await asyncio.to_thread(cli_main.main, list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 async def test_operators_and_managers_read_the_history_through_the_dashboard(
     redis_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = StackConfig(
-        run_dir=tmp_path / "run",
-        redis_url=redis_url,
-        redis_prefix=f"hist{int(time.time() * 1000) % 10**8}",
+    config = quick_stack(
+        tmp_path / "run",
+        redis_url,
+        "hist",
         secure=True,
         agents=(AgentSpec("fk", hosts=2, gpus=4),),
         placements=1,
-        grace_s=2,
-        rank_every_s=1.0,
     )
     with Stack(config) as stack:
         assert stack.auth is not None and stack.ca_file is not None

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from live_harness import eventually, of_type
+from live_harness import eventually, of_type, quick_stack
 
 from allot.cli import main as cli_main
-from allot.ops.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -65,15 +65,13 @@ async def test_an_idle_fake_workload_is_flagged_its_owner_told_and_its_idle_hour
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    config = StackConfig(
-        run_dir=tmp_path,
-        redis_url=redis_url,
-        redis_prefix=f"idle{int(time.time() * 1000) % 10**8}",
+    config = quick_stack(
+        tmp_path,
+        redis_url,
+        "idle",
         secure=True,
         agents=(AgentSpec("fk", hosts=2, gpus=4),),
         placements=1,
-        grace_s=2,
-        rank_every_s=1.0,
         idle_after_s=THRESHOLD_S,
         util_every_s=EVERY_S,
     )
@@ -189,14 +187,12 @@ comes while they are protected."""
 async def test_idle_preempt_preempts_a_flagged_run_once_its_protection_ends(
     redis_url: str, tmp_path: Path, switch: bool
 ) -> None:
-    config = StackConfig(
-        run_dir=tmp_path,
-        redis_url=redis_url,
-        redis_prefix=f"idlep{int(time.time() * 1000) % 10**8}",
+    config = quick_stack(
+        tmp_path,
+        redis_url,
+        "idlep",
         agents=(AgentSpec("fk", hosts=1, gpus=4),),
         placements=1,
-        grace_s=2,
-        rank_every_s=1.0,
         idle_after_s=THRESHOLD_S,
         util_every_s=EVERY_S,
         idle_preempt=switch,

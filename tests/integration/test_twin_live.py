@@ -11,15 +11,14 @@ import asyncio
 import json
 import math
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from live_harness import eventually
+from live_harness import eventually, quick_stack
 from test_whatif_live import BUDGETS, allot
 
 from allot.eventlog.twin import KINDS, UNEXPLAINED
-from allot.ops.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack
 from allot.sdk import Client
 
 pytestmark = pytest.mark.integration
@@ -33,18 +32,16 @@ async def test_a_contended_live_history_is_replayed_placement_for_placement(
 ) -> None:
     budgets = tmp_path / "budgets.yaml"
     budgets.write_text(BUDGETS)
-    config = StackConfig(
-        run_dir=tmp_path / "run",
+    config = quick_stack(
+        tmp_path / "run",
+        redis_url,
+        "twin",
         nats_url=fresh_log,
-        redis_url=redis_url,
-        redis_prefix=f"twin{uuid.uuid4().hex[:8]}",
         budgets=budgets,
         agents=(AgentSpec("gpu", hosts=2, gpus=8),),
-        grace_s=2,
         unallocated_grace_s=1,
         unallocated_settle_s=1.0,
         lease_ttl_s=1.0,
-        rank_every_s=1.0,
         accrue_s=1.0,
         slot_s=1.0,
         dashboard=False,

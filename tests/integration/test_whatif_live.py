@@ -16,14 +16,12 @@ import asyncio
 import json
 import math
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from live_harness import eventually
+from live_harness import allot, eventually, quick_stack
 
-from allot.cli import main as cli_main
-from allot.ops.stack import AgentSpec, Stack, StackConfig
+from allot.ops.stack import AgentSpec, Stack
 from allot.sdk import Client
 
 pytestmark = pytest.mark.integration
@@ -47,32 +45,22 @@ ENGINE = [
 ]
 
 
-async def allot(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``allot <argv>`` in this process (it runs its own event loop: a thread)."""
-    capsys.readouterr()
-    code = await asyncio.to_thread(cli_main.main, list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 async def test_whatif_export_and_budget_history_on_a_live_history(
     fresh_log: str, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     budgets = tmp_path / "budgets.yaml"
     budgets.write_text(BUDGETS)
-    config = StackConfig(
-        run_dir=tmp_path / "run",
+    config = quick_stack(
+        tmp_path / "run",
+        redis_url,
+        "whatif",
         nats_url=fresh_log,
-        redis_url=redis_url,
-        redis_prefix=f"whatif{uuid.uuid4().hex[:8]}",
         budgets=budgets,
         agents=(AgentSpec("gpu", hosts=2, gpus=8),),
         placements=1,
-        grace_s=2,
         unallocated_grace_s=2,
         unallocated_settle_s=1.0,
         lease_ttl_s=1.0,
-        rank_every_s=1.0,
         accrue_s=1.0,
         slot_s=1.0,
         dashboard=False,

@@ -556,6 +556,16 @@ ALL_PREEMPT = f"{PREFIX}.preempt.*.*"
 ALL_QUEUED = f"{PREFIX}.queued.*.*"
 ALL_WATCH = f"{PREFIX}.watch.*"
 
+RUNS_WITHOUT_STARTS: tuple[str, ...] = (
+    *(every_workload(e) for e in EVENT_NAMES if e != "started"),
+    ALL_PREEMPT,
+    LEADER,
+)
+"""Everything of WORKLOADS but runs' starts, for a follower whose fold decides nothing on
+them (placement: protection counts from the placement; health's idle watch: a run's GPUs
+are its placement's). A server before 2.10 ignores several filters and delivers starts too
+(``bus.takes_several_filters``); ``LogFold`` takes them either way."""
+
 
 def allocation_events(allocation: str | None) -> str:
     """Every lifecycle event of one allocation's workloads."""
