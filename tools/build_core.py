@@ -7,9 +7,11 @@ byte-identical on either core: ``make test`` checks both) with a fraction of the
 found, nothing is built and every process runs the source core, only slower.
 
 Output: ``<venv>/allot-native/`` (``allot.compiled_core.build_dir()``) holds the extension
-modules and ``manifest.json``, which records the SHA-256 of each compiled source. A process
-uses the build only while each of those sources is unchanged (``allot.compiled_core``):
-an edited core file is never shadowed by a stale build, and ``make`` rebuilds it.
+modules and ``manifest.json``, which records the SHA-256 of every core source, compiled
+or not: mypyc compiles a module against the types of those it imports, so the build stands
+for the whole core as it was. A process uses the build only while each of those sources is
+unchanged (``allot.compiled_core``): an edited core file is never shadowed by a stale
+build, and ``make`` rebuilds it.
 
 Compiled: the modules a cycle and a fold run (``COMPILED``). Not compiled: those whose
 classes are subclassed outside the core (``policy``'s orderings by the simulator's
@@ -78,8 +80,8 @@ def build(out: Path) -> dict[str, object]:
         (work / "allot" / "__init__.py").write_text("")
         for source in CORE.glob("*.py"):  # the others too: mypyc type-checks the imports
             shutil.copy2(source, package / source.name)
-        # The digests are of the copies: exactly what was compiled.
-        digests = {name: compiled_core.digest(package / name) for name in COMPILED}
+        # The digests are of the copies: exactly what was compiled, and compiled against.
+        digests = {p.name: compiled_core.digest(p) for p in sorted(package.glob("*.py"))}
         started = time.perf_counter()
         run = subprocess.run(
             [sys.executable, "-m", "mypyc", *(f"allot/core/{name}" for name in COMPILED)],

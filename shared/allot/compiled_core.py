@@ -3,7 +3,8 @@
 ``allot/__init__.py`` calls ``use()`` once, before any core module is imported. The build
 (``build_dir()``: ``<sys.prefix>/allot-native``, or ``ALLOT_CORE_BUILD``) is used only when
 its ``manifest.json`` says it compiled, for this interpreter (``python_tag``), the very
-sources the core holds now (SHA-256 of each); then its folder goes first on
+sources the core holds now (SHA-256 of each core source: the compiled modules were
+type-checked against the others too); then its folder goes first on
 ``allot.core.__path__``, so the compiled modules load instead of their sources, and the
 modules it does not compile load from source as always. Otherwise, or with
 ``ALLOT_PURE_CORE=1``, nothing changes: the pure-Python core decides the same, slower.

@@ -100,3 +100,15 @@ def test_this_process_runs_the_build_make_made() -> None:
         assert compiled_core.STATE == "compiled", "the build is stale: make core"
         assert not allot.core.cycle.__file__.endswith(".py")
         assert Path(allot.core.cycle.__file__).is_relative_to(root)
+
+
+def test_a_build_stands_for_every_core_source_not_only_the_compiled_ones() -> None:
+    """mypyc compiles a module against the types of those it imports: an edit of a module
+    it does not compile (``model``, ``policy``) must make the build stale too."""
+    path = compiled_core.build_dir() / compiled_core.MANIFEST
+    assert path.exists(), "no build: make core (make test makes one)"
+    manifest = json.loads(path.read_text())
+    if manifest["compiled"] is not True:  # a machine without a compiler: it says why
+        assert manifest["reason"]
+        return
+    assert set(manifest["sources"]) == {p.name for p in CORE.glob("*.py")}
