@@ -6,11 +6,12 @@ service stands between them and it:
 
 * **Work.** It replays then follows HOSTS and WORKLOADS into a ``LogFold`` (the same fold
   placement uses: a stale epoch's placement or a double booking is ignored here as
-  everywhere) and, whenever a record changes what a host runs, publishes that host's whole
-  list on core NATS ``allot.v1.host.<host>.work`` (``HostWork``, see
-  ``allot.eventlog.host_work``). After its replay it publishes every known host's list once, so
-  a host learns what changed while this service was down. An agent asks for its list with
-  ``allot.v1.host.<host>.sync`` when it starts and every few seconds after.
+  everywhere), taking the records in batches every ``READ_EVERY_S``, and, whenever a
+  record changes what a host runs, publishes that host's whole list on core NATS
+  ``allot.v1.host.<host>.work`` (``HostWork``, see ``allot.eventlog.host_work``). After its
+  replay it publishes every known host's list once, so a host learns what changed while
+  this service was down. An agent asks for its list with ``allot.v1.host.<host>.sync``
+  when it starts and every few seconds after.
 * **Reports.** ``allot.v1.host.<host>.report`` (``PartReport``, request/reply): the host is
   the subject's fourth token (what NATS lets the agent publish), and only the primary host
   of the workload's current attempt may report its start; a gang's other host may report
@@ -76,6 +77,9 @@ from allot.proto.subjects import Kind
 
 SERVICE = "dispatch"
 CATCH_UP_TIMEOUT_S = 5.0
+READ_EVERY_S = 0.05
+"""The log is read in batches this often: a run starts at most this much later, and records
+handed over one at a time cost several times more (decision 0057)."""
 """Longest wait to read the log to its end before refusing an unknown workload."""
 REPORT_WORKERS = 512
 """Reports handled at once (each waits for its JetStream ack: fsync on every write)."""
@@ -182,7 +186,7 @@ class DispatchService:
                 linger_s=REPORT_BATCH_LINGER_S,
             )
             self.record_log = JetStreamLog(js, appends)
-        self._follower = self.record_log.follower(self._on_record)
+        self._follower = self.record_log.follower(self._on_record, every_s=READ_EVERY_S)
         await self._follower.start()
         self._ready.set()
         # Every host's list once: what changed while we were down reaches its agent now.
@@ -350,7 +354,9 @@ class DispatchService:
         # Answered once stored, not once folded back: a retry is deduplicated by its msg id
         # (and refused by every fold), and the agent never starts a part it has had twice,
         # so nothing needs this instance's fold to be ahead of the reply.
-        await self.record_log.append(bus.event_subject(allocation, record), record, msg_id)
+        ack = await self.record_log.append(bus.event_subject(allocation, record), record, msg_id)
+        if ack.duplicate:  # stored before, not yet read back into this instance's fold
+            return m.CommandAccepted(at=self.clock(), detail="already in the log")
         log.debug(
             type(record).__name__,
             workload=report.workload_id,

@@ -131,6 +131,7 @@ class MemoryLog:
         on_record: bus.OnRecord,
         streams: Sequence[str] = FOLLOWED,
         subjects: Mapping[str, str | tuple[str, ...]] | None = None,
+        every_s: float | None = None,
     ) -> MemoryFollower:
         return MemoryFollower(self, on_record, tuple(streams), dict(subjects or {}))
 

@@ -1,6 +1,8 @@
 """``allot.bus.publish`` sends a msg-id'd record again when its ack does not come (a
 stream leader's hand-over can lose it), the same bytes and msg id each time; a
-``LogFollower`` replays, then follows, past a callback that fails."""
+``LogFollower`` replays, then follows, past a callback that fails; so does a
+``PolledLogFollower`` (the same cases, records taken in batches), which also makes its
+consumer again when it is lost."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import nats.errors
 import pytest
 
 from allot import bus
+from allot.bus.polled_follower import PolledLogFollower
 from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -19,6 +22,18 @@ from allot.proto import subjects as s
 pytestmark = pytest.mark.integration
 
 SUBJECT = "allot.test.publish.x"
+
+
+@pytest.fixture(params=["pushed", "polled"])
+def follower_kind(request: pytest.FixtureRequest) -> type[bus.LogFollower]:
+    """Each follower case runs with records pushed one at a time and taken in batches."""
+    if request.param == "pushed":
+        return bus.LogFollower
+
+    def polled(*args: object, **kwargs: object) -> bus.LogFollower:
+        return PolledLogFollower(*args, every_s=0.05, **kwargs)  # type: ignore[arg-type]
+
+    return polled  # type: ignore[return-value]
 
 
 async def test_an_unacknowledged_publish_is_sent_again_with_the_same_msg_id(
@@ -66,7 +81,7 @@ async def test_a_publish_never_acknowledged_fails_after_the_last_try(nats_url: s
 
 
 async def test_a_follower_replays_then_follows_and_survives_a_failing_callback(
-    fresh_log: str,
+    fresh_log: str, follower_kind: type[bus.LogFollower]
 ) -> None:
     """Records are handed over once each, in stream order, replayed then live; one whose
     callback raises is counted and logged, and the records after it still arrive."""
@@ -87,7 +102,7 @@ async def test_a_follower_replays_then_follows_and_survives_a_failing_callback(
             raise RuntimeError("a bug in a fold")
         seen.append(rec.at)
 
-    follower = bus.LogFollower(js, on_record, streams=("WORKLOADS",))
+    follower = follower_kind(js, on_record, streams=("WORKLOADS",))
     await follower.start()
     tasks = follower.tasks
     try:
@@ -98,14 +113,16 @@ async def test_a_follower_replays_then_follows_and_survives_a_failing_callback(
         assert await follower.wait_for("WORKLOADS", last, timeout=5.0)
         assert seen == [1.0, 3.0, 4.0, 5.0, 6.0]
         assert follower.last_seq["WORKLOADS"] == last
-        assert len(tasks) == 1 and all(t is not None and not t.done() for t in tasks)
+        assert tasks and all(t is not None and not t.done() for t in tasks)
     finally:
         await follower.stop()
         await nc.close()
     assert all(t is not None and t.done() for t in tasks)  # stop() ends the delivery task
 
 
-async def test_a_placement_waits_for_the_registration_of_its_host(fresh_log: str) -> None:
+async def test_a_placement_waits_for_the_registration_of_its_host(
+    fresh_log: str, follower_kind: type[bus.LogFollower]
+) -> None:
     """HOSTS and WORKLOADS are delivered by two consumers, so a placement on a host
     registered a moment before can reach a reader first: here it is appended first, saying
     its writer had read HOSTS one record further. The follower hands it over only after the
@@ -124,7 +141,7 @@ async def test_a_placement_waits_for_the_registration_of_its_host(fresh_log: str
     def on_record(_subject: str, record: msgspec.Struct) -> None:
         fold.apply(record)
 
-    follower = bus.LogFollower(js, on_record)
+    follower = follower_kind(js, on_record)
     await follower.start()
     try:
         assert follower.last_seq["HOSTS"] == 1 and fold.records["w1"].status == "pending"
@@ -153,7 +170,7 @@ async def test_a_placement_waits_for_the_registration_of_its_host(fresh_log: str
 
 
 async def test_a_reader_does_not_stop_on_hosts_that_never_come(
-    fresh_log: str, monkeypatch: pytest.MonkeyPatch
+    fresh_log: str, monkeypatch: pytest.MonkeyPatch, follower_kind: type[bus.LogFollower]
 ) -> None:
     """Records naming HOSTS sequences that never come (HOSTS deleted and made again) are
     handed over after one wait in vain, not one wait each."""
@@ -174,7 +191,7 @@ async def test_a_reader_does_not_stop_on_hosts_that_never_come(
         if isinstance(record, m.WorkloadRequeued):
             seen.append(record.at)
 
-    follower = bus.LogFollower(js, on_record)
+    follower = follower_kind(js, on_record)
     waits: list[int] = []
     wait_for = follower.wait_for
 
@@ -193,7 +210,9 @@ async def test_a_reader_does_not_stop_on_hosts_that_never_come(
         await nc.close()
 
 
-async def test_a_filter_that_matches_nothing_yet_is_caught_up_at_once(fresh_log: str) -> None:
+async def test_a_filter_that_matches_nothing_yet_is_caught_up_at_once(
+    fresh_log: str, follower_kind: type[bus.LogFollower]
+) -> None:
     """USAGE holds a ranking but no budget tree: a reader of the tree alone (intake,
     placement) starts at once, and then reads the tree when it comes; so does a reader
     with several filters (which nats-server before 2.10 ignores: it delivers everything)."""
@@ -205,10 +224,10 @@ async def test_a_filter_that_matches_nothing_yet_is_caught_up_at_once(fresh_log:
     def on_record(subject: str, _record: msgspec.Struct) -> None:
         seen.append(subject)
 
-    one = bus.LogFollower(
+    one = follower_kind(
         js, lambda _s, _r: None, streams=("USAGE",), subjects={"USAGE": s.BUDGET_TREE}
     )
-    several = bus.LogFollower(
+    several = follower_kind(
         js,
         on_record,
         streams=("USAGE", "WORKLOADS"),
@@ -228,6 +247,7 @@ async def test_a_filter_that_matches_nothing_yet_is_caught_up_at_once(fresh_log:
         assert await one.wait_for("USAGE", tree, timeout=5.0)
         assert one.last_seq["USAGE"] == tree
         assert await several.wait_for("WORKLOADS", leader, timeout=5.0)
+        assert await several.wait_for("USAGE", tree, timeout=5.0)  # its own consumer
         assert seen.count(s.BUDGET_TREE) == 1 and seen.count(s.LEADER) == 1
         version = nc.connected_server_version
         if (version.major, version.minor) >= (2, 10):  # an older server ignores filters
@@ -292,4 +312,41 @@ async def test_an_empty_stream_of_the_old_form_is_brought_up_to_date(fresh_log: 
         subjects = (await js.stream_info("WORKLOADS")).config.subjects or []
         assert s.ALL_EVENTS in subjects and bus.UNNAMED_EVENTS not in subjects
     finally:
+        await nc.close()
+
+
+async def test_a_polled_follower_makes_its_lost_consumer_again_past_what_it_handed_over(
+    fresh_log: str,
+) -> None:
+    """The polled follower's consumer removed (as a nats-server restart loses it) while
+    records keep coming: it is made again from the last record handed over, so every
+    record arrives once, in order, none lost in the gap and none handed over twice."""
+    nc, js = await bus.connect(fresh_log, "test-polled-lost")
+    await bus.ensure_streams(js)
+    subject = s.events("nlp", "w1", "requeued")
+    seen: list[int] = []
+
+    def on_record(_subject: str, rec: msgspec.Struct) -> None:
+        assert isinstance(rec, m.WorkloadRequeued)
+        seen.append(rec.attempt)
+
+    def record(i: int) -> m.WorkloadRequeued:
+        return m.WorkloadRequeued(workload_id="w1", allocation="nlp", at=float(i), attempt=i)
+
+    for i in range(1, 4):
+        await bus.publish(js, subject, record(i))
+    follower = PolledLogFollower(js, on_record, streams=("WORKLOADS",), every_s=0.05)
+    await follower.start()
+    try:
+        assert seen == [1, 2, 3]
+        lost = follower.consumers["WORKLOADS"]
+        await js.delete_consumer("WORKLOADS", lost)
+        last = 0
+        for i in range(4, 8):
+            last = await bus.publish(js, subject, record(i))
+        assert await follower.wait_for("WORKLOADS", last, timeout=10.0)
+        assert seen == list(range(1, 8))
+        assert follower.consumers["WORKLOADS"] != lost
+    finally:
+        await follower.stop()
         await nc.close()

@@ -101,8 +101,9 @@ async def test_read_gives_the_first_or_last_record_on_a_wildcard_subject(
     assert (first.seq, last.seq) == (1, 2)
 
 
+@pytest.mark.parametrize("every_s", [None, 0.05], ids=["pushed", "polled"])
 async def test_a_follower_replays_then_follows_only_what_it_filters(
-    record_log: RecordLog,
+    record_log: RecordLog, every_s: float | None
 ) -> None:
     tree = m.BudgetTreeSet(at=1.0, by="t", tree=m.BudgetNodeSpec(name="root"))
     ranking = m.RankingUpdated(at=1.0, window_s=60.0, nodes=())
@@ -114,6 +115,7 @@ async def test_a_follower_replays_then_follows_only_what_it_filters(
         lambda subject, record: got.append((subject, record)),
         streams=("HOSTS", "USAGE"),
         subjects={"USAGE": s.BUDGET_TREE},
+        every_s=every_s,
     )
     await follower.start()
     try:

@@ -20,6 +20,7 @@ from nats.js.errors import NotFoundError
 
 from allot.bus import LogFollower, OnRecord, encode, record_headers, send_record
 from allot.bus.group_commit import GroupCommit
+from allot.bus.polled_follower import PolledLogFollower
 
 FOLLOWED = ("HOSTS", "WORKLOADS")
 """The streams a follower reads by default, in this order (``LogFollower``'s default)."""
@@ -63,9 +64,11 @@ class RecordLog(Protocol):
         on_record: OnRecord,
         streams: Sequence[str] = FOLLOWED,
         subjects: Mapping[str, str | tuple[str, ...]] | None = None,
+        every_s: float | None = None,
     ) -> Follower:
         """A follower handing ``streams``' records (filtered by ``subjects``, per stream) to
-        ``on_record``, one at a time, replay first; started by its ``start``."""
+        ``on_record``, one at a time, replay first; started by its ``start``. With
+        ``every_s``, the records are taken in batches that often (``PolledLogFollower``)."""
 
 
 @dataclass
@@ -102,5 +105,10 @@ class JetStreamLog:
         on_record: OnRecord,
         streams: Sequence[str] = FOLLOWED,
         subjects: Mapping[str, str | tuple[str, ...]] | None = None,
+        every_s: float | None = None,
     ) -> LogFollower:
+        if every_s is not None:
+            return PolledLogFollower(
+                self.js, on_record, streams=streams, subjects=dict(subjects or {}), every_s=every_s
+            )
         return LogFollower(self.js, on_record, streams=streams, subjects=dict(subjects or {}))
