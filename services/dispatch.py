@@ -149,6 +149,8 @@ class DispatchService:
         self._flusher: asyncio.Task[None] | None = None
         self._lost_checker: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
+        self._wrote = 0
+        """The WORKLOADS sequence of the last record this instance appended."""
 
         self._provider = provider
         self.broker: NatsBroker = runtime.given_broker(broker, nats_url, SERVICE, provider)
@@ -250,6 +252,7 @@ class DispatchService:
                 return
             # Let a burst of records land first: one list per host per burst, not per record.
             await asyncio.sleep(0)
+            await self._read_own_records()  # no list says a part reported ended still runs
             hosts, self._dirty = self._dirty, set()
             at, seq = self.clock(), self.seq
             try:
@@ -275,6 +278,7 @@ class DispatchService:
         except ValidationError as e:
             return codec.encode(self._reject(subject, e))
         self.heard[host] = self.clock()
+        await self._read_own_records()
         return self.book.encoded_work(host, self.seq, self.clock())
 
     # -- reports -------------------------------------------------------------------------
@@ -288,6 +292,7 @@ class DispatchService:
         report = self._decode(Kind.HOST_REPORT, m.PartReport, subject, body)
         if isinstance(report, m.CommandRejected):
             return report
+        await self._read_own_records()  # an end judged against its run's start
         return await self._judge(subject, subjects.host_of(subject), report)
 
     def _decode(
@@ -318,6 +323,7 @@ class DispatchService:
         batch = self._decode(Kind.HOSTS_REPORT, m.PartReports, subject, body)
         if isinstance(batch, m.CommandRejected):
             return batch
+        await self._read_own_records()
         answers = await asyncio.gather(
             *(
                 self._judge(subject, r.host, r, where=f"reports[{i}].")
@@ -355,6 +361,7 @@ class DispatchService:
         # (and refused by every fold), and the agent never starts a part it has had twice,
         # so nothing needs this instance's fold to be ahead of the reply.
         ack = await self.record_log.append(bus.event_subject(allocation, record), record, msg_id)
+        self._wrote = max(self._wrote, ack.seq)
         if ack.duplicate:  # stored before, not yet read back into this instance's fold
             return m.CommandAccepted(at=self.clock(), detail="already in the log")
         log.debug(
@@ -383,9 +390,10 @@ class DispatchService:
             if (wid, attempt) in self._lost_sent:
                 continue  # appended; its echo has not reached the fold yet
             allocation = getattr(record, "allocation", None)
-            await self.record_log.append(
+            ack = await self.record_log.append(
                 bus.event_subject(allocation, record), record, f"ended:{wid}:{attempt}"
             )
+            self._wrote = max(self._wrote, ack.seq)
             self._lost_sent.add((wid, attempt))
             appended += 1
             self.lost_recorded += 1
@@ -408,6 +416,15 @@ class DispatchService:
     def _still_live(self, wid: str, attempt: int) -> bool:
         rec = self.book.fold.records.get(wid)
         return rec is not None and rec.attempt == attempt and rec.status in ("running", "noticed")
+
+    async def _read_own_records(self) -> None:
+        """Fold what this instance appended before answering from the fold: a restarted
+        agent told a part it reported started is still to start would start it again. The
+        follower takes the log every ``READ_EVERY_S``, so without this its own records
+        come back up to that much later; with it, at once (one request)."""
+        assert self._follower is not None
+        if self._follower.last_seq.get("WORKLOADS", 0) < self._wrote:
+            await self._follower.wait_for("WORKLOADS", self._wrote, CATCH_UP_TIMEOUT_S)
 
     async def _catch_up(self) -> None:
         assert self._follower is not None

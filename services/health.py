@@ -208,6 +208,8 @@ class HealthService:
         """Field named by a refused utilization report -> how many."""
         self._idle_lock = asyncio.Lock()
         self._idle_follower: Follower | None = None
+        self._flagged_seq = 0
+        """The USAGE sequence of the last idle flag or clear this instance appended."""
         self._idle_tasks: list[asyncio.Task[None] | None] = []
 
         self.broker: NatsBroker = runtime.given_broker(broker, nats_url, SERVICE, provider)
@@ -456,6 +458,7 @@ class HealthService:
             subjects.check_host(report.host, host)
             await self.idle_ready.wait()
             async with self._idle_lock:
+                await self._read_own_flags()
                 judged = self.idle.judge(host, report, self.clock())
                 if judged.recorded is not None:
                     await self._append(
@@ -483,10 +486,19 @@ class HealthService:
         await self.record_log.append(subject, record, msg_id)
 
     async def _append_idle(self, record: m.WorkloadFlaggedIdle | m.WorkloadIdleCleared) -> None:
-        await self._append(
+        assert self.record_log is not None
+        ack = await self.record_log.append(
             subjects.idle(record.allocation, record.workload_id), record, msg_id(record)
         )
+        self._flagged_seq = max(self._flagged_seq, ack.seq)
         log.info(type(record).__name__, **msgspec.structs.asdict(record))
+
+    async def _read_own_flags(self) -> None:
+        """Fold the flags this instance appended before judging or answering from the idle
+        watch (its follower takes the log every ``IDLE_READ_EVERY_S``)."""
+        follower = self._idle_follower
+        if follower is not None and follower.last_seq.get("USAGE", 0) < self._flagged_seq:
+            await follower.wait_for("USAGE", self._flagged_seq, ECHO_TIMEOUT_S)
 
     async def _idle_query_handler(self, msg: Delivery) -> bytes:
         subject = msg.raw_message.subject
@@ -496,6 +508,7 @@ class HealthService:
                 at=self.clock(), field="service", reason="health is still reading the log"
             )
         else:
+            await self._read_own_flags()
             reply = self.idle.snapshot(allocation, self.clock())
         return codec.encode(reply)
 

@@ -229,6 +229,10 @@ class MemoryFollower:
             return False
         return True
 
+    async def wait_for(self, stream: str, seq: int, timeout: float) -> bool:
+        """Everything appended so far is queued: ``seq`` is handed over once it is empty."""
+        return await self.catch_up(stream, timeout)
+
     async def stop(self) -> None:
         with contextlib.suppress(ValueError):
             self.log._followers.remove(self)

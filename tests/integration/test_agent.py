@@ -26,6 +26,7 @@ from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects
 from allot.services.agent.service import NO_COMMAND, Agent, AgentConfig
+from allot.services import dispatch as dispatch_module
 from allot.services.dispatch import DispatchService
 from process_probe import running, session
 
@@ -761,6 +762,40 @@ async def test_fake_agent_batches_its_hosts_reports(
         assert agent.rejected == 0
     finally:
         await nc.close()
+
+
+async def test_dispatch_answers_a_sync_with_the_records_it_appended_itself(
+    js: JetStreamContext, fresh_log: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dispatch takes the log in batches; what it appended itself is in its fold before it
+    answers from it: a host syncing right after its part's start was stored is told the
+    part started (an agent restarted in that moment would otherwise start it again).
+    Batches every 30 s here, so only the read of its own records can show it."""
+    monkeypatch.setattr(dispatch_module, "READ_EVERY_S", 30.0)
+    log = Log(js)
+    await log.host("h01", 4)
+    await log.leader(1)
+    await log.submit("s1", gpus=1)
+    await log.place("s1", {"h01": (0,)})
+    service = DispatchService(fresh_log)
+    await service_main.start(service)
+    nc = await nats.connect(fresh_log)
+    try:
+        report = m.PartReport(
+            host="h01", workload_id="s1", attempt=1, event="started", at=time.time()
+        )
+        reply = await nc.request(
+            subjects.host_report("h01"), msgspec.json.encode(report), timeout=10
+        )
+        assert msgspec.json.decode(reply.data, type=m.CommandAccepted).detail == "WorkloadStarted"
+        reply = await nc.request(
+            subjects.host_sync("h01"), msgspec.json.encode(m.HostSync(host="h01")), timeout=10
+        )
+        work = msgspec.json.decode(reply.data, type=m.HostWork)
+        assert [(task.workload_id, task.started) for task in work.tasks] == [("s1", True)]
+    finally:
+        await nc.close()
+        await service_main.stop(service)
 
 
 async def test_dispatch_answers_each_report_of_a_batch_on_its_own(

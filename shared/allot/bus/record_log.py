@@ -40,6 +40,10 @@ class Follower(Protocol):
     async def catch_up(self, stream: str, timeout: float) -> bool:
         """Wait until every record ``stream`` holds now has been handed over."""
 
+    async def wait_for(self, stream: str, seq: int, timeout: float) -> bool:
+        """Wait until the record at ``seq`` of ``stream`` (one this follower takes) has been
+        handed over."""
+
 
 class RecordLog(Protocol):
     """Appending to, reading and following the log (``allot.bus`` says what is where)."""
