@@ -25,8 +25,8 @@ from allot.core.errors import ValidationError
 from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects
-from allot.services.agent.service import NO_COMMAND, Agent, AgentConfig
 from allot.services import dispatch as dispatch_module
+from allot.services.agent.service import NO_COMMAND, Agent, AgentConfig
 from allot.services.dispatch import DispatchService
 from process_probe import running, session
 
