@@ -1,14 +1,15 @@
 """Dashboard: the live web pages of the stack, ``allot owed`` and ``/metrics``.
 
-Follows the log like a placement standby (``LogFollower``: HOSTS, then the budget tree, then
-WORKLOADS, then all three live) into a ``LogTimeline``: the fold plus the history the pages
-need (GPU segments, waits, notices with their reasons, capacity changes, per-workload
-events), and the idle records of USAGE (``allot.v1.usage.idle.*.*``, written by the health
-service) into an ``IdleBook``. Once replayed it answers ``allot.v1.query.owed`` (``OwedQuery`` ->
-``OwedSnapshot``, or ``CommandRejected`` naming the field) and ``allot.v1.query.history``
-(``HistoryQuery`` -> one bounded page of a log stream, read with the dashboard's own
-credentials: ``allot.bus.history_pages``; at most ``HISTORY_IN_FLIGHT`` pages at once), and
-reports healthy.
+Follows the log like a placement standby (HOSTS, then the budget tree, then WORKLOADS, then
+all three live, taken in batches every ``READ_EVERY_S``) into a ``LogTimeline``: the fold
+plus the history the pages need (GPU segments, waits, notices with their reasons,
+capacity changes, per-workload events), and the idle records of USAGE
+(``allot.v1.usage.idle.*.*``, written by the health service) into an ``IdleBook``. Once
+replayed it answers ``allot.v1.query.owed`` (``OwedQuery`` -> ``OwedSnapshot``, or
+``CommandRejected`` naming the field) and ``allot.v1.query.history`` (``HistoryQuery`` ->
+one bounded page of a log stream, read with the dashboard's own credentials:
+``allot.bus.history_pages``; at most ``HISTORY_IN_FLIGHT`` pages at once), and reports
+healthy.
 
 HTTP (aiohttp) on ``--http-host`` (default 127.0.0.1: loopback only) ``--http-port``
 (default 8265):
@@ -54,6 +55,7 @@ from nats.aio.subscription import Subscription
 from allot import bus
 from allot.auth.dashboard import EVERYONE, Access, Viewer
 from allot.bus.history_pages import answer as history_answer
+from allot.bus.polled_follower import PolledLogFollower
 from allot.bus.request_server import RequestServer
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.bus.service_main import base_parser, positive_seconds, run_main
@@ -80,6 +82,9 @@ VIEWER = web.RequestKey("viewer", Viewer)
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8265
 HISTORY_IN_FLIGHT = 2
+READ_EVERY_S = 0.25
+"""The log is taken in batches this often: pages poll every 2 s, and records handed over
+one at a time cost several times more (decision 0057)."""
 """History pages read at once (``allot.v1.query.history``); more wait their turn: a login
 asking many pages at once cannot make the dashboard read much of the log at a time."""
 
@@ -132,18 +137,20 @@ class DashboardService:
         self.nc, js = await bus.connect(self.nats_url, "allot-dashboard")
         await bus.ensure_streams(js)
         await self.client.open()
-        self.follower = bus.LogFollower(
+        self.follower = PolledLogFollower(
             js,
             self._on_record,
             streams=("HOSTS", "USAGE", "WORKLOADS"),
             subjects={"USAGE": s.BUDGET_TREE},
+            every_s=READ_EVERY_S,
         )
         await self.follower.start()
-        self.idle_follower = bus.LogFollower(
+        self.idle_follower = PolledLogFollower(
             js,
             self._on_idle_record,
             streams=("USAGE",),
             subjects={"USAGE": s.ALL_IDLE},
+            every_s=READ_EVERY_S,
         )
         await self.idle_follower.start()
         self.caught_up = True

@@ -290,7 +290,11 @@ async def test_queue_and_hosts_pages_agree_with_the_placement_leader(
                 row = re.search(rf'<tr data-host="{host}"[^>]*>', page)
                 return row.group() if row else ""
 
-            row = await eventually(host_row, lambda r: 'data-state="draining"' in r)
+            # The drain and its deadline (the leader's, once it has read the drain) may
+            # reach the page one refresh apart.
+            row = await eventually(
+                host_row, lambda r: 'data-state="draining"' in r and "data-deadline=" in r
+            )
             deadline = float(re.findall(r'data-deadline="([\d.]+)"', row)[0])
             assert deadline == pytest.approx(run.protected_until, abs=1e-3)
     finally:
