@@ -6,12 +6,11 @@ service stands between them and it:
 
 * **Work.** It replays then follows HOSTS and WORKLOADS into a ``LogFold`` (the same fold
   placement uses: a stale epoch's placement or a double booking is ignored here as
-  everywhere), taking the records in batches every ``READ_EVERY_S``, and, whenever a
-  record changes what a host runs, publishes that host's whole list on core NATS
-  ``allot.v1.host.<host>.work`` (``HostWork``, see ``allot.eventlog.host_work``). After its
-  replay it publishes every known host's list once, so a host learns what changed while
-  this service was down. An agent asks for its list with ``allot.v1.host.<host>.sync``
-  when it starts and every few seconds after.
+  everywhere) and, whenever a record changes what a host runs, publishes that host's whole
+  list on core NATS ``allot.v1.host.<host>.work`` (``HostWork``, see
+  ``allot.eventlog.host_work``). After its replay it publishes every known host's list
+  once, so a host learns what changed while this service was down. An agent asks for its
+  list with ``allot.v1.host.<host>.sync`` when it starts and every few seconds after.
 * **Reports.** ``allot.v1.host.<host>.report`` (``PartReport``, request/reply): the host is
   the subject's fourth token (what NATS lets the agent publish), and only the primary host
   of the workload's current attempt may report its start; a gang's other host may report
@@ -77,9 +76,10 @@ from allot.proto.subjects import Kind
 
 SERVICE = "dispatch"
 CATCH_UP_TIMEOUT_S = 5.0
-READ_EVERY_S = 0.05
-"""The log is read in batches this often: a run starts at most this much later, and records
-handed over one at a time cost several times more (decision 0057)."""
+READ_EVERY_S: float | None = None
+"""None: records pushed one at a time. Taken in batches every 50 ms (decision 0057) halved
+dispatch's CPU, but the demo's one-round-of-notices test then failed in 2 of 5 fresh-clone
+runs; pushed again until that is understood."""
 """Longest wait to read the log to its end before refusing an unknown workload."""
 REPORT_WORKERS = 512
 """Reports handled at once (each waits for its JetStream ack: fsync on every write)."""
@@ -420,7 +420,7 @@ class DispatchService:
     async def _read_own_records(self) -> None:
         """Fold what this instance appended before answering from the fold: a restarted
         agent told a part it reported started is still to start would start it again. The
-        follower takes the log every ``READ_EVERY_S``, so without this its own records
+        follower may take the log in batches (``READ_EVERY_S``), so without this its own records
         come back up to that much later; with it, at once (one request)."""
         assert self._follower is not None
         if self._follower.last_seq.get("WORKLOADS", 0) < self._wrote:
