@@ -497,13 +497,19 @@ class LogFollower:
     _hosts_waited_in_vain: int = -1
     """HOSTS' last sequence read when a wait for it ran out (``HOSTS_WAIT_S``)."""
 
+    async def _stream_end(self, stream: str) -> tuple[int, asyncio.Event]:
+        """``stream``'s last sequence now, and the event its replay sets on reaching it (set
+        at once for an empty stream)."""
+        info = await self.js.stream_info(stream)
+        caught_up = asyncio.Event()
+        if info.state.messages == 0:
+            caught_up.set()
+        return info.state.last_seq, caught_up
+
     async def start(self) -> None:
         """Returns once every stream has been replayed to the end it had when read."""
         for stream in self.streams:
-            info = await self.js.stream_info(stream)
-            caught_up = asyncio.Event()
-            if info.state.messages == 0:
-                caught_up.set()
+            last, caught_up = await self._stream_end(stream)
             # A callback, not ``sub.messages``: nats-py's iterator creates a task and an
             # ``asyncio.wait`` per message (docs/decisions/0016). The callback runs in the
             # subscription's one task, so records are still handed over one at a time.
@@ -512,7 +518,7 @@ class LogFollower:
             sub = await self.js.subscribe(
                 wanted if isinstance(wanted, str) else wanted[0],
                 stream=stream,
-                cb=self._receiver(stream, info.state.last_seq, caught_up),
+                cb=self._receiver(stream, last, caught_up),
                 ordered_consumer=True,
                 deliver_policy=DeliverPolicy.ALL,
                 # A lost consumer (nats-server restarted) is noticed after two missed

@@ -212,15 +212,12 @@ class PolledLogFollower(LogFollower):
     async def start(self) -> None:
         """Returns once every stream has been replayed to the end it had when read."""
         for stream in self.streams:
-            info = await self.js.stream_info(stream)
-            caught_up = asyncio.Event()
-            if info.state.messages == 0:
-                caught_up.set()
+            last, caught_up = await self._stream_end(stream)
             poll = _Poll(
                 self.js,
                 stream,
                 self.subjects.get(stream, ">"),
-                self._receiver(stream, info.state.last_seq, caught_up),
+                self._receiver(stream, last, caught_up),
                 handed_over=functools.partial(self._handed_over, stream),
                 caught_up=caught_up,
             )
