@@ -39,7 +39,11 @@ A cycle, in order:
    the reservation's time may use those hosts (``_backfill``, ``_backfill_plan``), and at
    that time the request preempts there. Large requests use reservations, not earmarks.
 7. **No cascades.** Work requeued by a notice for another request may displace only
-   unallocated work for ``Policy.requeue_hold_s`` (``PendingQueue.held_back``).
+   unallocated work for ``Policy.requeue_hold_s`` (``PendingQueue.held_back``). What a
+   request's victims leave is its own until its turn (``PendingQueue.room_for``, held in
+   ``_hold_own_victims`` with the free GPUs its plan took beside them), so no one ranked
+   above it (a victim's requeued run among them) takes that room and sends it to notice
+   again: one request, one round of notices.
 8. **Settling.** Before unallocated work is placed, hosts whose GPUs came free less than
    ``Policy.unallocated_settle_s`` ago keep them for allocated work (``_hold_settling``).
 
@@ -54,7 +58,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from allot.core.decisions import (
@@ -147,6 +151,7 @@ class _Cycle:
         self._room_base: tuple[float, dict[str, int], dict[str | None, int]] | None = None
         self._idle_noticed: list[str] = []  # noticed for idleness this cycle
         self._own_victims: dict[str, list[Running]] = {}  # see ``_hold_own_victims``
+        self._own_room: dict[str, Assignment] = {}  # the same for GPUs its victims left
         self.reservations: list[Reservation] = []
         # Reserved request -> (earmark handle, its reservation, the occupants held for it).
         self._held: dict[str, tuple[int, Reservation, tuple[Running, ...]]] = {}
@@ -239,6 +244,7 @@ class _Cycle:
             pool = ordering.pool(w, st)
             if w.gpus < reach(pool):
                 self._consider(w, pool)
+        self._serve_own_room(ordering)
 
     def _reach(self, pool: str) -> float:
         """The fewest GPUs a plugged-in ordering's request in ``pool`` can neither be placed
@@ -261,6 +267,7 @@ class _Cycle:
             _, seq, group = heapq.heappop(heads)
             if group is None:
                 self._serve_reserved()
+                self._serve_own_room()
                 self._plan_due_earmarks()
                 self.view.release_earmarks()  # allocated work is done: free work may fill
                 self._hold_settling()
@@ -288,6 +295,7 @@ class _Cycle:
             if pos < len(items):
                 heapq.heappush(heads, (self._head_key(group, pos), seq, group))
         self._serve_reserved()
+        self._serve_own_room()
 
     def _sizes_left(self, group: str | None, pos: int) -> dict[int, int]:
         """GPU sizes (with counts) of the group's items at positions >= ``pos``: the
@@ -363,9 +371,11 @@ class _Cycle:
 
     def _hold_own_victims(self) -> None:
         """Work under notice for a request still pending is that request's, from one cycle
-        to the next: claimed for it before the walk, given back to it when its turn comes
-        (``_consider``). Without this each cycle plans afresh, and an earlier request could
-        take the GPUs a later one's notices freed, which then preempts more."""
+        to the next, and so are the GPUs such work left (``PendingQueue.room_for``): claimed
+        for it before the walk, given back to it when its turn comes (``_consider``).
+        Without this each cycle plans afresh, and an earlier request (the victim's own
+        requeued run among them) could take the GPUs a later one's notices freed, which
+        then preempts more."""
         own: dict[str, list[Running]] = {}
         for wid, for_id in sorted(self.st.noticed_for.items()):
             run = self.st.running.get(wid)
@@ -374,6 +384,78 @@ class _Cycle:
         if own:
             self.view.reserve([r for runs in own.values() for r in runs], ())
         self._own_victims = own
+        # A victim's GPUs stay its request's until every victim of that round is due to
+        # have left (the notices of one round are at most ``grace_s`` apart).
+        kept_after = self.now - self.policy.grace_s
+        rooms = {
+            for_id: [(h, g) for deadline, h, g in parts if deadline > kept_after]
+            for for_id, parts in self.queue.room_for.items()
+        }
+        for for_id in sorted(own.keys() | {r for r, parts in rooms.items() if parts}):
+            victims = own.get(for_id, ())
+            room = self._still_free(rooms.get(for_id, ()))
+            self.view.take(room)
+            # Its plan took free GPUs beside its victims too, and a gang whole free hosts:
+            # as many stay beside them, then on the free hosts a fit would take first.
+            short = self.queue.workload(for_id).gpus
+            short -= sum(len(g) for _, g in room) + sum(r.workload.gpus for r in victims)
+            if short > 0:
+                hosts = {h for h, _ in rooms.get(for_id, ())}
+                hosts.update(h for r in victims for h, _ in r.assignment)
+                ordered = sorted(hosts)
+                beside = self._free_on(ordered, short)
+                short -= sum(len(g) for _, g in beside)
+                if short > 0:
+                    beside += self._free_on(self._whole_free_hosts(ordered[0], short), short)
+                self.view.take(beside)
+                room += beside
+            if room:
+                self._own_room[for_id] = room
+
+    def _still_free(self, parts: Iterable[tuple[str, tuple[int, ...]]]) -> Assignment:
+        """Of ``parts``, the GPUs still free on schedulable hosts, one part per host."""
+        gpus_of: dict[str, set[int]] = {}
+        for host_id, gpus in parts:
+            gpus_of.setdefault(host_id, set()).update(gpus)
+        room = []
+        for host_id, left in sorted(gpus_of.items()):
+            if self._schedulable(host_id):
+                free = tuple(g for g in self.view.free_of(host_id) if g in left)
+                if free:
+                    room.append((host_id, free))
+        return tuple(room)
+
+    def _free_on(self, host_ids: list[str], gpus: int) -> Assignment:
+        """Up to ``gpus`` free GPUs of ``host_ids`` (schedulable ones, in order)."""
+        room = []
+        for host_id in host_ids:
+            if gpus <= 0:
+                break
+            if self._schedulable(host_id):
+                free = tuple(self.view.free_of(host_id)[:gpus])
+                if free:
+                    room.append((host_id, free))
+                    gpus -= len(free)
+        return tuple(room)
+
+    def _whole_free_hosts(self, beside: str, gpus: int) -> list[str]:
+        """Enough wholly free hosts of ``beside``'s pool for ``gpus``, lowest ids first."""
+        pool = self.st.pool_of[beside]
+        buckets = self.view.buckets(pool)
+        if buckets is None:
+            return []
+        size = self.st.pool_max_gpus[pool]
+        return [self.st.host_ids[i] for i in buckets[size].smallest(-(-gpus // size))]
+
+    def _schedulable(self, host_id: str) -> bool:
+        return host_id in self.st.free and self.st.host(host_id).schedulable
+
+    def _serve_own_room(self, ordering: Ordering | None = None) -> None:
+        """Requests whose room the walk passed over (the bounds skip a group as a whole)
+        get their turn before unallocated work: their victims' GPUs are theirs."""
+        for wid in sorted(self._own_room):
+            w = self.queue.workload(wid)
+            self._consider(w, DEFAULT_POOL if ordering is None else ordering.pool(w, self.st))
 
     def _consider(self, w: Workload, pool: str) -> None:
         """Place ``w``, or plan room for it by preemption, or record why neither. A reserved
@@ -407,9 +489,16 @@ class _Cycle:
         gpus = w.gpus
         may_preempt = self._preempts and (w.allocated or not self._fair_tree)
         own = self._own_victims.pop(w.id, None)
+        room = self._own_room.pop(w.id, None)
+        if own or room:
+            # Earmarks asked for before this turn were planned without this room.
+            self._plan_due_earmarks()
+            bounded = False  # its own work under notice, and what such work left, is
+            # room no bound counted
         if own:
             self.view.unclaim(own)
-            bounded = False  # its own work under notice is room no bound counted
+        if room:
+            self.view.give(room)
         if not bounded or gpus < self.place_bound.get(pool, math.inf):
             self._plan_due_earmarks()
             assignment = self.view.find_fit(pool, gpus)

@@ -36,12 +36,15 @@ def end_workload(
 ) -> tuple[Running, Workload | None]:
     """The workload left its GPUs. A preempted resumable workload is requeued with its
     original submit time (a preemption does not send it to the back of its allocation's
-    queue), remembering the request it made room for, if any; returns the ended run and the
+    queue), remembering the request it made room for, if any, and the GPUs it left for
+    that request (``PendingQueue.keep_room``); returns the ended run and the
     requeued workload, if any. ``now``: when it left (the hosts' GPUs settle from then
     before unallocated work may take them). ``requeue`` False: its notice said it does not
     come back (``Preemption.requeue``: a run preempted for idleness)."""
     for_id = state.noticed_for.get(workload_id)
     run = state.finish(workload_id, now)
+    if for_id is not None and run.preempt_at is not None:
+        queue.keep_room(for_id, run.assignment, run.preempt_at)
     if preempted and requeue and run.workload.resumable:
         since = run.preempt_at if run.preempt_at is not None else run.start_time
         queue.add(run.workload, None if for_id is None else (for_id, since))

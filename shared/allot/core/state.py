@@ -334,6 +334,10 @@ class PendingQueue:
         """Requeued workload -> (the request whose notice preempted it, that notice's
         deadline), until it runs again: for a while such work may displace only
         unallocated work (one request, one round of notices; ``allot.core.cycle``)."""
+        self.room_for: dict[str, list[tuple[float, str, tuple[int, ...]]]] = {}
+        """Pending request -> the GPUs its notices' victims left, each with that victim's
+        notice deadline (``keep_room``), until it leaves the queue: for a while no other
+        work may take them before its turn (``allot.core.cycle``)."""
         for w in workloads:
             self.add(w)
 
@@ -429,6 +433,18 @@ class PendingQueue:
             self._fifo_suffix_min.reverse()
         return self._fifo_suffix_min
 
+    def workload(self, workload_id: str) -> Workload:
+        """The pending workload ``workload_id``."""
+        items = self.groups[self._group_of[workload_id]]
+        # Keys are unique (they end with the id), so the first key >= ours is ours.
+        return items[bisect_left(items, self._key_of[workload_id], key=lambda item: item[0])][1]
+
+    def keep_room(self, for_id: str, assignment: Assignment, deadline: float) -> None:
+        """A victim of ``for_id``'s notice (due to leave by ``deadline``) left
+        ``assignment``; kept while ``for_id`` waits."""
+        if for_id in self._group_of:
+            self.room_for.setdefault(for_id, []).extend((deadline, h, g) for h, g in assignment)
+
     def held_back(self, workload_id: str, now: float, hold_s: float) -> bool:
         """Whether ``workload_id`` was requeued by a notice for another request less than
         ``hold_s`` before ``now`` (it may displace only unallocated work meanwhile)."""
@@ -442,6 +458,7 @@ class PendingQueue:
             raise ValidationError("workload", f"{workload_id!r} is not pending") from None
         key = self._key_of.pop(workload_id)
         self.preempted_for.pop(workload_id, None)
+        self.room_for.pop(workload_id, None)
         items = self.groups[group]
         sizes = self._sizes[group]
         # Keys are unique (they end with the id), so the first key >= ours is ours.
