@@ -592,16 +592,17 @@ class Accounting:
         # The durable pull consumer is read with nats-py directly, a whole fetched batch at
         # a time, its acks in one socket write (decision 0008).
         filters = charged_filters(self.broker.connection.connected_server_version)
+        one, several = bus.consumer_filter(filters)
         config = ConsumerConfig(
             durable_name=DURABLE,
             ack_policy=AckPolicy.EXPLICIT,
             max_deliver=self.max_deliver,
             ack_wait=60.0,
-            filter_subject=filters[0] if len(filters) == 1 else None,
-            filter_subjects=filters if len(filters) > 1 else None,
+            filter_subject=one,
+            filter_subjects=several,
         )
         pull = await js.pull_subscribe(
-            filters[0] if len(filters) == 1 else "",
+            one or "",
             durable=DURABLE,
             stream="WORKLOADS",
             config=config,

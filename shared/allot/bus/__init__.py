@@ -476,6 +476,13 @@ def stream_position(msg: Msg) -> tuple[int, int]:
     return meta.sequence.stream, meta.num_pending
 
 
+def consumer_filter(wanted: str | Sequence[str]) -> tuple[str | None, list[str] | None]:
+    """``(filter_subject, filter_subjects)`` of a consumer reading ``wanted``: one subject
+    goes in the first (any server), several in the second (nats-server 2.10 and later)."""
+    subjects = [wanted] if isinstance(wanted, str) else list(wanted)
+    return (subjects[0], None) if len(subjects) == 1 else (None, subjects)
+
+
 @dataclass
 class LogFollower:
     """Replays then follows the given streams (see the module docstring)."""
@@ -513,10 +520,10 @@ class LogFollower:
             # A callback, not ``sub.messages``: nats-py's iterator creates a task and an
             # ``asyncio.wait`` per message (docs/decisions/0016). The callback runs in the
             # subscription's one task, so records are still handed over one at a time.
-            wanted = self.subjects.get(stream, ">")
-            several = isinstance(wanted, tuple) and len(wanted) > 1
+            one, several = consumer_filter(self.subjects.get(stream, ">"))
             sub = await self.js.subscribe(
-                wanted if isinstance(wanted, str) else wanted[0],
+                # With several subjects nats-py takes them from ``filter_subjects``.
+                one or ">",
                 stream=stream,
                 cb=self._receiver(stream, last, caught_up),
                 ordered_consumer=True,
@@ -524,7 +531,7 @@ class LogFollower:
                 # A lost consumer (nats-server restarted) is noticed after two missed
                 # heartbeats and re-created from the last sequence: 1 s, not nats-py's 10 s.
                 idle_heartbeat=ORDERED_HEARTBEAT_S,
-                config=ConsumerConfig(filter_subjects=list(wanted)) if several else None,
+                config=ConsumerConfig(filter_subjects=several) if several else None,
             )
             self._subs.append(sub)
             if not caught_up.is_set():

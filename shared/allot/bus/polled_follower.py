@@ -33,7 +33,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError
 
-from allot.bus import LogFollower, stream_position
+from allot.bus import LogFollower, consumer_filter, stream_position
 from allot.bus.tasks import stop_tasks
 
 log = structlog.get_logger("allot.bus")
@@ -91,13 +91,13 @@ class _Poll:
 
     async def _make_consumer(self) -> None:
         after = self.handed_over()
-        several = isinstance(self.wanted, tuple) and len(self.wanted) > 1
+        one, several = consumer_filter(self.wanted)
         config = ConsumerConfig(
             ack_policy=AckPolicy.NONE,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE if after else DeliverPolicy.ALL,
             opt_start_seq=after + 1 if after else None,
-            filter_subject=None if several else _one(self.wanted),
-            filter_subjects=list(self.wanted) if several else None,
+            filter_subject=one,
+            filter_subjects=several,
             inactive_threshold=INACTIVE_S,
             mem_storage=True,
             num_replicas=1,
@@ -193,10 +193,6 @@ RETRY_S = 0.5
 """Between two attempts to make a lost consumer again."""
 WAIT_EVERY_S = 0.02
 """How often ``wait_for`` asks while a reader waits for a record not stored yet."""
-
-
-def _one(wanted: str | tuple[str, ...]) -> str:
-    return wanted if isinstance(wanted, str) else wanted[0]
 
 
 @dataclass
