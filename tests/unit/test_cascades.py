@@ -270,3 +270,50 @@ def test_every_request_gets_its_notices_in_one_round(
             if later is None:
                 break
             now = later
+
+
+# -- how long, and where, the room is held ---------------------------------------------------
+
+
+def room_scene() -> tuple[ClusterState, PendingQueue]:
+    """``asker`` (4 GPUs, ranked last) noticed ``victim`` (8 GPUs on h1) at t=0 with a 3 s
+    grace; the victim left at t=1; ``other`` (8 GPUs, ranked first) arrived meanwhile and
+    would take h1 whole. h2 is full of protected work."""
+    state = cluster(
+        hosts(2),
+        on(workload("victim", 8, "v", min_runtime_s=0), "h1"),
+        on(workload("wall", 8, "w", min_runtime_s=10_000), "h2"),
+    )
+    queue = PendingQueue([workload("asker", 4, "a", min_runtime_s=10, submit=0.0)])
+    state.notice("victim", 3.0, "asker")
+    end_workload(state, queue, "victim", preempted=False, now=1.0)
+    queue.add(workload("other", 8, "o", min_runtime_s=10, submit=0.5))
+    return state, queue
+
+
+ROOM_ORDER = {"o": 0, "w": 1, "a": 2, "v": 3}
+ROOM_SHARES = {"o": 0.25, "w": 0.25, "a": 0.25, "v": 0.25}
+
+
+@pytest.mark.parametrize(
+    ("now", "placed"),
+    [
+        pytest.param(1.5, ["asker"], id="held-for-its-request"),
+        pytest.param(5.9, ["asker"], id="held-until-grace-after-the-deadline"),
+        pytest.param(6.0, ["other"], id="released-grace-after-the-deadline"),
+    ],
+)
+def test_the_room_a_victim_left_is_held_for_a_while(now: float, placed: list[str]) -> None:
+    state, queue = room_scene()
+    result = run_cycle(Snapshot(state, queue, ROOM_SHARES, ROOM_ORDER), Policy(grace_s=3), now)
+    assert [p.workload.id for p in result.placements] == placed
+
+
+def test_the_room_goes_with_its_request() -> None:
+    """A request that leaves the queue (cancelled, or placed) leaves no room behind."""
+    state, queue = room_scene()
+    assert "asker" in queue.room_for
+    queue.remove("asker")
+    assert "asker" not in queue.room_for
+    result = run_cycle(Snapshot(state, queue, ROOM_SHARES, ROOM_ORDER), Policy(grace_s=3), 1.5)
+    assert [p.workload.id for p in result.placements] == ["other"]
