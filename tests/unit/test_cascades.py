@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
-from builders import cluster, free_work, hosts, on, workload
+from builders import cluster, free_work, host, hosts, on, workload
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,7 +152,7 @@ def scenes(draw: st.DrawFn) -> tuple[ClusterState, list[Workload], dict[str, flo
     pending = [
         workload(
             f"p{k}",
-            draw(st.sampled_from((1, 2, 4, 8, 16))),
+            draw(st.sampled_from((1, 2, 4, 8, 12, 16, 24))),
             draw(st.sampled_from(ALLOCS)),
             min_runtime_s=draw(st.integers(10, 100)),
             submit=float(k),
@@ -317,3 +317,93 @@ def test_the_room_goes_with_its_request() -> None:
     assert "asker" not in queue.room_for
     result = run_cycle(Snapshot(state, queue, ROOM_SHARES, ROOM_ORDER), Policy(grace_s=3), 1.5)
     assert [p.workload.id for p in result.placements] == ["other"]
+
+
+# -- requests' rooms side by side (shapes a review found) -------------------------------------
+
+
+def rounds_of(
+    state: ClusterState,
+    queue: PendingQueue,
+    shares: Mapping[str, float],
+    order: Mapping[str, int],
+    cycles: int = 4,
+) -> tuple[dict[str, set[int]], list[str]]:
+    """Cycles one second apart, noticed work leaving at once after each: per request the
+    cycles its notices came in, and every placement in order."""
+    rounds: dict[str, set[int]] = {}
+    placed: list[str] = []
+    now = 100.0
+    for k in range(cycles):
+        result = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=30), now)
+        for p in result.preemptions:
+            if p.preemptor is not None:
+                rounds.setdefault(p.preemptor, set()).add(k)
+        placed.extend(p.workload.id for p in result.placements)
+        apply_result(state, queue, result, now)
+        now += 1.0
+        leave_now(state, queue, now)
+    return rounds, placed
+
+
+def test_a_gangs_top_up_does_not_take_another_requests_room() -> None:
+    """r1 (a 12-GPU gang) tops up its room with free hosts; h1 is r9's room (its victim
+    left), and r9 ranks first: r1's top-up must not take it."""
+    state = cluster(
+        [host("h1"), host("h2"), host("h3", 4), host("h4")],
+        on(workload("va", 8, "x", min_runtime_s=10), "h1", start=90.0),
+        on(workload("vb", 8, "y", min_runtime_s=10), "h2"),
+        on(workload("z", 8, "x", min_runtime_s=10), "h4"),
+    )
+    queue = PendingQueue(
+        [
+            workload("r9", 8, "a", min_runtime_s=10),
+            workload("r1", 12, "b", min_runtime_s=10),
+        ]
+    )
+    rounds, placed = rounds_of(
+        state, queue, {"a": 0.4, "b": 0.4, "x": 0.1, "y": 0.1}, {"a": 0, "b": 1, "x": 2, "y": 3}
+    )
+    assert rounds == {"r9": {0}, "r1": {0}}
+    assert placed == ["r9", "r1"]
+
+
+def test_a_gangs_remainder_on_a_partly_used_host_is_held_too() -> None:
+    """r's 12 GPUs: h1 cleared (its victims v1, v2) and 4 free GPUs of h2; the victims'
+    requeued runs rank above r and must not take those 4."""
+    state = cluster(
+        hosts(3),
+        on(workload("v1", 4, "v", min_runtime_s=10), "h1"),
+        on(workload("v2", 4, "v", min_runtime_s=10), "h1"),
+        on(workload("w", 4, "w", min_runtime_s=10_000), "h2"),
+        on(workload("x", 8, "w", min_runtime_s=10), "h3"),
+    )
+    queue = PendingQueue([workload("r", 12, "r", min_runtime_s=10)])
+    rounds, placed = rounds_of(
+        state, queue, {"v": 0.1, "w": 0.1, "r": 0.8}, {"v": 0, "r": 1, "w": 2}
+    )
+    assert rounds == {"r": {0}}
+    assert placed[0] == "r"
+
+
+def test_a_one_host_request_holds_no_free_host_elsewhere() -> None:
+    """r (8 GPUs) planned with x (under a cancel's notice, for nobody) and a new victim v on
+    h1; h2 then comes free and q, ranked first, arrives: q takes h2, nothing is noticed."""
+    state = cluster(
+        hosts(3),
+        on(workload("x", 4, "x", min_runtime_s=10), "h1"),
+        on(workload("v", 4, "x", min_runtime_s=10), "h1"),
+        on(workload("done", 8, "x", min_runtime_s=10_000), "h2"),
+        on(workload("w", 8, "x", min_runtime_s=10), "h3"),
+    )
+    state.notice("x", 130.0)  # cancelled by its owner: leaves within its grace, for nobody
+    queue = PendingQueue([workload("r", 8, "r", min_runtime_s=10)])
+    shares, order = {"q": 0.4, "r": 0.4, "x": 0.2}, {"q": 0, "r": 1, "x": 2}
+    first = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=30), 100.0)
+    assert [(p.workload_id, p.preemptor) for p in first.preemptions] == [("v", "r")]
+    apply_result(state, queue, first, 100.0)
+    end_workload(state, queue, "done", preempted=False, now=101.0)
+    queue.add(workload("q", 8, "q", min_runtime_s=10, submit=101.0))
+    result = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=30), 101.0)
+    assert [p.workload.id for p in result.placements] == ["q"]
+    assert result.preemptions == ()

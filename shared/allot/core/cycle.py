@@ -384,33 +384,81 @@ class _Cycle:
         if own:
             self.view.reserve([r for runs in own.values() for r in runs], ())
         self._own_victims = own
-        # A victim's GPUs stay its request's until every victim of that round is due to
-        # have left (the notices of one round are at most ``grace_s`` apart).
+        # What the victims left stays the request's until every victim of that round is
+        # due to have left (the notices of one round are at most ``grace_s`` apart). Every
+        # request's room first, then, in the walk's order, what its plan took beside its
+        # victims: no request's top-up takes another's room.
         kept_after = self.now - self.policy.grace_s
-        rooms = {
-            for_id: [(h, g) for deadline, h, g in parts if deadline > kept_after]
-            for for_id, parts in self.queue.room_for.items()
-        }
-        for for_id in sorted(own.keys() | {r for r, parts in rooms.items() if parts}):
+        rooms: dict[str, Assignment] = {}
+        hosts_of: dict[str, set[str]] = {}
+        for for_id, parts in sorted(self.queue.room_for.items()):
+            live = [(h, g) for deadline, h, g in parts if deadline > kept_after]
+            room = self._still_free(live)
+            if room:
+                self.view.take(room)
+                rooms[for_id] = room
+                hosts_of[for_id] = {h for h, _ in live}
+                self.wakeups.append(max(d for d, _, _ in parts) + self.policy.grace_s)
+        for for_id in sorted(own.keys() | rooms.keys(), key=self._queue_key):
+            w = self.queue.workload(for_id)
             victims = own.get(for_id, ())
-            room = self._still_free(rooms.get(for_id, ()))
-            self.view.take(room)
-            # Its plan took free GPUs beside its victims too, and a gang whole free hosts:
-            # as many stay beside them, then on the free hosts a fit would take first.
-            short = self.queue.workload(for_id).gpus
-            short -= sum(len(g) for _, g in room) + sum(r.workload.gpus for r in victims)
+            room = rooms.get(for_id, ())
+            short = w.gpus - sum(len(g) for _, g in room) - sum(r.workload.gpus for r in victims)
             if short > 0:
-                hosts = {h for h, _ in rooms.get(for_id, ())}
+                hosts = hosts_of.get(for_id, set())
                 hosts.update(h for r in victims for h, _ in r.assignment)
                 ordered = sorted(hosts)
                 beside = self._free_on(ordered, short)
-                short -= sum(len(g) for _, g in beside)
-                if short > 0:
-                    beside += self._free_on(self._whole_free_hosts(ordered[0], short), short)
                 self.view.take(beside)
+                short -= sum(len(g) for _, g in beside)
+                pool = self.st.pool_of[ordered[0]]
+                if short > 0 and w.gpus > self.st.pool_max_gpus[pool]:
+                    rest = self._gang_rest(pool, short)  # whole hosts, the rest by fit
+                    self.view.take(rest)
+                    beside += rest
                 room += beside
             if room:
                 self._own_room[for_id] = room
+
+    def _queue_key(self, workload_id: str) -> tuple[object, ...]:
+        """Where the walk meets ``workload_id`` (``_head_key``'s order)."""
+        w = self.queue.workload(workload_id)
+        if not w.allocated or w.allocation is None:
+            return (1, 0, 0, w.submit_time, w.id)
+        alloc = w.allocation
+        return (0, self._tier(alloc), self.order.get(alloc, WORST_ORDER), w.submit_time, w.id)
+
+    def _gang_rest(self, pool: str, gpus: int) -> Assignment:
+        """Free GPUs for ``gpus`` of a gang as a fit would take them: wholly free hosts of
+        the pool's largest size, lowest ids first, then the rest on the best-fitting host."""
+        buckets = self.view.buckets(pool)
+        if buckets is None:
+            return ()
+        size = self.st.pool_max_gpus[pool]
+        whole, rest = divmod(gpus, size)
+        chosen = buckets[size].smallest(whole)
+        host_ids = [self.st.host_ids[i] for i in chosen]
+        parts = [(h, tuple(self.view.free_of(h))) for h in host_ids]
+        if rest:
+            host = self.view.best_fit(buckets, rest, exclude=chosen)
+            if host is not None:
+                parts.append((host, tuple(self.view.free_of(host)[:rest])))
+        return tuple(parts)
+
+    def _fit_in_room(self, room: Assignment, pool: str, gpus: int) -> Assignment | None:
+        """A one-host request's best fit among its room's hosts (else None): what its
+        victims left is where it starts, not elsewhere with its room left idle."""
+        if gpus > self.st.pool_max_gpus.get(pool, 0):
+            return None
+        fits = []
+        for host_id in {h for h, _ in room}:
+            free = len(self.view.free_of(host_id))
+            if self.st.pool_of[host_id] == pool and free >= gpus:
+                fits.append((free, host_id))
+        if not fits:
+            return None
+        host = min(fits)[1]
+        return ((host, tuple(self.view.free_of(host)[:gpus])),)
 
     def _still_free(self, parts: Iterable[tuple[str, tuple[int, ...]]]) -> Assignment:
         """Of ``parts``, the GPUs still free on schedulable hosts, one part per host."""
@@ -437,15 +485,6 @@ class _Cycle:
                     room.append((host_id, free))
                     gpus -= len(free)
         return tuple(room)
-
-    def _whole_free_hosts(self, beside: str, gpus: int) -> list[str]:
-        """Enough wholly free hosts of ``beside``'s pool for ``gpus``, lowest ids first."""
-        pool = self.st.pool_of[beside]
-        buckets = self.view.buckets(pool)
-        if buckets is None:
-            return []
-        size = self.st.pool_max_gpus[pool]
-        return [self.st.host_ids[i] for i in buckets[size].smallest(-(-gpus // size))]
 
     def _schedulable(self, host_id: str) -> bool:
         return host_id in self.st.free and self.st.host(host_id).schedulable
@@ -501,7 +540,9 @@ class _Cycle:
             self.view.give(room)
         if not bounded or gpus < self.place_bound.get(pool, math.inf):
             self._plan_due_earmarks()
-            assignment = self.view.find_fit(pool, gpus)
+            assignment = self._fit_in_room(room, pool, gpus) if room else None
+            if assignment is None:
+                assignment = self.view.find_fit(pool, gpus)
             if assignment is None and w.allocated and self._held:
                 assignment = self._backfill(w)
             if assignment is not None:

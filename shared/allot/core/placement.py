@@ -79,7 +79,7 @@ class ClusterView:
             return None
         largest = self.st.pool_max_gpus[pool]
         if gpus <= largest:
-            host = self._best_fit(buckets, gpus, exclude=())
+            host = self.best_fit(buckets, gpus, exclude=())
             return None if host is None else ((host, tuple(self.free_of(host)[:gpus])),)
         whole_count, rest = divmod(gpus, largest)
         whole = buckets[largest]
@@ -88,13 +88,13 @@ class ClusterView:
         chosen = whole.smallest(whole_count)
         parts = [(self.st.host_ids[i], tuple(self.free_of(self.st.host_ids[i]))) for i in chosen]
         if rest:
-            host = self._best_fit(buckets, rest, exclude=set(chosen))
+            host = self.best_fit(buckets, rest, exclude=set(chosen))
             if host is None:
                 return None
             parts.append((host, tuple(self.free_of(host)[:rest])))
         return tuple(sorted(parts))
 
-    def _best_fit(self, buckets: list[OrderedIds], gpus: int, exclude: Iterable[int]) -> str | None:
+    def best_fit(self, buckets: list[OrderedIds], gpus: int, exclude: Iterable[int]) -> str | None:
         excluded = set(exclude)
         for free_count in range(gpus, len(buckets)):
             bucket = buckets[free_count]
