@@ -355,7 +355,10 @@ class _Cycle:
         return (self._tier(w.allocation), self._reclaims(w))
 
     def _head_key(self, group: str | None, pos: int) -> tuple[object, ...]:
-        w = self.queue.groups[group][pos][1]
+        return self._walk_key(group, self.queue.groups[group][pos][1])
+
+    def _walk_key(self, group: str | None, w: Workload) -> tuple[object, ...]:
+        """Where the walk meets ``w``, the head of ``group``: smaller first."""
         if group is None:
             return (1, 0, 0, w.submit_time, "")
         return (0, self._tier(group), self.order.get(group, WORST_ORDER), w.submit_time, group)
@@ -399,7 +402,7 @@ class _Cycle:
                 rooms[for_id] = room
                 hosts_of[for_id] = {h for h, _ in live}
                 self.wakeups.append(max(d for d, _, _ in parts) + self.policy.grace_s)
-        for for_id in sorted(own.keys() | rooms.keys(), key=self._queue_key):
+        for for_id in sorted(sorted(own.keys() | rooms.keys()), key=self._queue_key):
             w = self.queue.workload(for_id)
             victims = own.get(for_id, ())
             room = rooms.get(for_id, ())
@@ -421,12 +424,8 @@ class _Cycle:
                 self._own_room[for_id] = room
 
     def _queue_key(self, workload_id: str) -> tuple[object, ...]:
-        """Where the walk meets ``workload_id`` (``_head_key``'s order)."""
         w = self.queue.workload(workload_id)
-        if not w.allocated or w.allocation is None:
-            return (1, 0, 0, w.submit_time, w.id)
-        alloc = w.allocation
-        return (0, self._tier(alloc), self.order.get(alloc, WORST_ORDER), w.submit_time, w.id)
+        return self._walk_key(PendingQueue.group_of(w), w)
 
     def _gang_rest(self, pool: str, gpus: int) -> Assignment:
         """Free GPUs for ``gpus`` of a gang as a fit would take them: wholly free hosts of

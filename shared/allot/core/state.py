@@ -436,8 +436,7 @@ class PendingQueue:
     def workload(self, workload_id: str) -> Workload:
         """The pending workload ``workload_id``."""
         items = self.groups[self._group_of[workload_id]]
-        # Keys are unique (they end with the id), so the first key >= ours is ours.
-        return items[bisect_left(items, self._key_of[workload_id], key=lambda item: item[0])][1]
+        return items[_position(items, self._key_of[workload_id])][1]
 
     def keep_room(self, for_id: str, assignment: Assignment, deadline: float) -> None:
         """A victim of ``for_id``'s notice (due to leave by ``deadline``) left
@@ -461,9 +460,7 @@ class PendingQueue:
         self.room_for.pop(workload_id, None)
         items = self.groups[group]
         sizes = self._sizes[group]
-        # Keys are unique (they end with the id), so the first key >= ours is ours.
-        i = bisect_left(items, key, key=lambda item: item[0])
-        w = items.pop(i)[1]
+        w = items.pop(_position(items, key))[1]
         sizes[w.gpus] -= 1
         if not sizes[w.gpus]:
             del sizes[w.gpus]
@@ -476,3 +473,11 @@ class PendingQueue:
         del self.fifo[j]
         self._fifo_suffix_min = None
         return w
+
+
+def _position(
+    items: list[tuple[tuple[int, float, str], Workload]], key: tuple[int, float, str]
+) -> int:
+    """Where ``key`` is in a group's sorted items: keys are unique (they end with the id),
+    so the first key >= ours is ours."""
+    return bisect_left(items, key, key=lambda item: item[0])
