@@ -6,11 +6,12 @@ service stands between them and it:
 
 * **Work.** It replays then follows HOSTS and WORKLOADS into a ``LogFold`` (the same fold
   placement uses: a stale epoch's placement or a double booking is ignored here as
-  everywhere) and, whenever a record changes what a host runs, publishes that host's whole
-  list on core NATS ``allot.v1.host.<host>.work`` (``HostWork``, see
-  ``allot.eventlog.host_work``). After its replay it publishes every known host's list
-  once, so a host learns what changed while this service was down. An agent asks for its
-  list with ``allot.v1.host.<host>.sync`` when it starts and every few seconds after.
+  everywhere), taking the records in batches every ``READ_EVERY_S``, and, whenever a
+  record changes what a host runs, publishes that host's whole list on core NATS
+  ``allot.v1.host.<host>.work`` (``HostWork``, see ``allot.eventlog.host_work``). After its
+  replay it publishes every known host's list once, so a host learns what changed while
+  this service was down. An agent asks for its list with ``allot.v1.host.<host>.sync``
+  when it starts and every few seconds after.
 * **Reports.** ``allot.v1.host.<host>.report`` (``PartReport``, request/reply): the host is
   the subject's fourth token (what NATS lets the agent publish), and only the primary host
   of the workload's current attempt may report its start; a gang's other host may report
