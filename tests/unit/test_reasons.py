@@ -16,6 +16,7 @@ from test_core_properties import NOW, SETTINGS, Scenario, dump, scenarios
 
 from allot.core.cycle import Snapshot, run_cycle
 from allot.core.decisions import PreemptReason
+from allot.core.fold import end_workload
 from allot.core.model import HostState
 from allot.core.policy import FIFO, Policy
 from allot.core.queue_view import queue_order
@@ -108,7 +109,31 @@ def after_preemption() -> Snapshot:
     return snap
 
 
+def room_held(*, victims_left: bool = True) -> Snapshot:
+    # ``asker`` (4 GPUs, ranked last) noticed ``victim`` (8 GPUs on h1) with a 300 s grace;
+    # ``other`` (8 GPUs, ranked first) arrived since and would take h1 whole, but what the
+    # victim leaves, or the victim itself under notice, is asker's until its turn. h2 is
+    # full of protected work.
+    st = cluster(
+        hosts(2),
+        on(workload("victim", 8, "v", min_runtime_s=0), "h1"),
+        on(workload("wall", 8, "w", min_runtime_s=8 * HOUR), "h2", start=T - 60),
+    )
+    snap = snapshot(
+        st,
+        workload("asker", 4, "a", min_runtime_s=60, submit=T - 100),
+        workload("other", 8, "o", min_runtime_s=60, submit=T - 50),
+        shares={"o": 0.25, "w": 0.25, "a": 0.25, "v": 0.25},
+        order={"o": 0, "w": 1, "a": 2, "v": 3},
+    )
+    st.notice("victim", T - 10 + 300, "asker")
+    if victims_left:
+        end_workload(st, snap.queue, "victim", preempted=False, now=T - 5)
+    return snap
+
+
 CASES: dict[PendingReason, tuple[Callable[[], Snapshot], str]] = {
+    PendingReason.ROOM_HELD: (room_held, "other"),
     PendingReason.RESERVED_UNTIL: (reserved_until, "a1"),
     PendingReason.AFTER_PREEMPTION: (after_preemption, "a1"),
     PendingReason.STARTS_NEXT_CYCLE: (starts_next_cycle, "a1"),
@@ -314,6 +339,33 @@ def test_better_ranked_first_when_an_earmark_holds_the_free_gpus() -> None:
     assert (r.numbers["free_gpus"], r.numbers["placed_workloads"]) == (2, 0)
     assert r.numbers["waiting_requesters"] == 0
     assert "earmarked" in r.text
+
+
+@pytest.mark.parametrize("victims_left", [True, False], ids=["room-left", "victim-under-notice"])
+def test_room_held_names_the_request_the_room_is_held_for(victims_left: bool) -> None:
+    """Ranked first, ``other`` would fit h1 (free, or under a notice it could use), but
+    that room is asker's: the reason says so, not that work ahead of it took the room."""
+    snap = room_held(victims_left=victims_left)
+    result = run_cycle(snap, Policy(), T)
+    assert "other" not in {p.workload.id for p in result.placements}
+    r = explain_pending(snap, Policy(), T, result)["other"]
+    assert r.code is PendingReason.ROOM_HELD
+    assert r.numbers["holders"] == "asker"
+    assert r.numbers["holder_count"] == 1
+    assert r.numbers["room_gpus"] == 8
+    assert r.numbers["until"] == T - 10 + 300 + Policy().grace_s  # the deadline + the grace
+    assert "held for asker" in r.text
+    held = [(h.workload_id, h.gpus) for h in result.rooms]
+    assert held == ([("asker", (("h1", tuple(range(8))),))] if victims_left else [])
+
+
+def test_without_a_hold_the_room_went_to_work_ahead() -> None:
+    """The same scene with the room's request gone: other takes h1 (no reason at all)."""
+    snap = room_held()
+    snap.queue.remove("asker")
+    result = run_cycle(snap, Policy(), T)
+    assert [p.workload.id for p in result.placements] == ["other"]
+    assert result.rooms == ()
 
 
 def test_protected_until_gives_the_protection_end_and_the_hosts() -> None:

@@ -68,6 +68,7 @@ from allot.core.decisions import (
     Preemption,
     PreemptReason,
     Reservation,
+    RoomHold,
 )
 from allot.core.model import Assignment, HostState, Running, Workload
 from allot.core.placement import ClusterView
@@ -152,6 +153,7 @@ class _Cycle:
         self._idle_noticed: list[str] = []  # noticed for idleness this cycle
         self._own_victims: dict[str, list[Running]] = {}  # see ``_hold_own_victims``
         self._own_room: dict[str, Assignment] = {}  # the same for GPUs its victims left
+        self._room_holds: list[RoomHold] = []  # ``_own_room`` as the walk began (reported)
         self.reservations: list[Reservation] = []
         # Reserved request -> (earmark handle, its reservation, the occupants held for it).
         self._held: dict[str, tuple[int, Reservation, tuple[Running, ...]]] = {}
@@ -183,6 +185,7 @@ class _Cycle:
             next_wakeup=min(self.wakeups) if self.wakeups else None,
             waiting_on=tuple(self.waiting_on),
             reservations=tuple(r for r in self.reservations if r.workload_id in self._held),
+            rooms=tuple(self._room_holds),
         )
 
     def _blocked_allocated(self) -> bool:
@@ -391,9 +394,11 @@ class _Cycle:
         # due to have left (the notices of one round are at most ``grace_s`` apart). Every
         # request's room first, then, in the walk's order, what its plan took beside its
         # victims: no request's top-up takes another's room.
-        kept_after = self.now - self.policy.grace_s
+        grace = self.policy.grace_s
+        kept_after = self.now - grace
         rooms: dict[str, Assignment] = {}
         hosts_of: dict[str, set[str]] = {}
+        last_deadline: dict[str, float] = {}
         for for_id, parts in sorted(self.queue.room_for.items()):
             live = [(h, g) for deadline, h, g in parts if deadline > kept_after]
             room = self._still_free(live)
@@ -401,7 +406,8 @@ class _Cycle:
                 self.view.take(room)
                 rooms[for_id] = room
                 hosts_of[for_id] = {h for h, _ in live}
-                self.wakeups.append(max(d for d, _, _ in parts) + self.policy.grace_s)
+                last_deadline[for_id] = max(d for d, _, _ in parts)
+                self.wakeups.append(last_deadline[for_id] + grace)
         for for_id in sorted(sorted(own.keys() | rooms.keys()), key=self._queue_key):
             w = self.queue.workload(for_id)
             victims = own.get(for_id, ())
@@ -422,6 +428,11 @@ class _Cycle:
                 room += beside
             if room:
                 self._own_room[for_id] = room
+                deadlines = [r.preempt_at for r in victims if r.preempt_at is not None]
+                if for_id in last_deadline:
+                    deadlines.append(last_deadline[for_id])
+                until = max(deadlines, default=self.now) + grace
+                self._room_holds.append(RoomHold(for_id, room, until))
 
     def _queue_key(self, workload_id: str) -> tuple[object, ...]:
         w = self.queue.workload(workload_id)

@@ -56,6 +56,17 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class RoomHold:
+    """Free GPUs a cycle held for request ``workload_id`` from its start (decision 0059):
+    what its victims left and what its plan took beside them, no other request's until its
+    turn; held at most until ``until`` (its victims' last notice deadline + the grace)."""
+
+    workload_id: str
+    gpus: Assignment
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
 class HostTransition:
     host: str
     state: HostState
@@ -77,3 +88,5 @@ class CycleResult:
     # large requests that cannot start yet: where and when they will (still held at the
     # end of the cycle; ``allot.core.reservations``)
     reservations: tuple[Reservation, ...] = ()
+    # free GPUs held for requests whose notices freed them, as the cycle began its walk
+    rooms: tuple[RoomHold, ...] = ()

@@ -53,7 +53,7 @@ from types import MappingProxyType
 from allot.core.cycle import Snapshot
 from allot.core.decisions import CycleResult, Preemption, PreemptReason
 from allot.core.duration_text import format_duration
-from allot.core.model import Workload
+from allot.core.model import Running, Workload
 from allot.core.placement import ClusterView
 from allot.core.policy import Policy
 from allot.core.preemption import Plan, VictimRule, plan_preemption
@@ -63,6 +63,7 @@ from allot.core.victims import FairShareVictims, reclaims
 
 Number = float | int | str
 _NEVER = 1 << 62  # no failed plan size yet
+HOLDERS_NAMED = 5  # ``room-held`` names this many requests, then counts the rest
 
 
 class PendingReason(StrEnum):
@@ -77,6 +78,7 @@ class PendingReason(StrEnum):
     NO_HOST_LARGE_ENOUGH = "no-host-large-enough"
     RESERVED_UNTIL = "reserved-until"
     AFTER_PREEMPTION = "after-preemption"
+    ROOM_HELD = "room-held"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +199,21 @@ class _Explainer:
         self.notice_at = {p.workload_id: p.preempt_at for p in result.preemptions}
         self.reserved = {r.workload_id: r for r in result.reservations}
         self._plans: dict[tuple[object, ...], Plan | None] = {}
+        # Requests whose notices made room (``allot.core.cycle._hold_own_victims``): the
+        # free GPUs their victims left or their plans took, and their victims still under
+        # notice, are no other request's; request id -> when the hold lapses at the latest.
+        self.holders: dict[str, float] = {r.workload_id: r.until for r in result.rooms}
+        self.own_victims: list[Running] = []
+        grace = policy.grace_s
+        for wid, for_id in sorted(self.st.noticed_for.items()):
+            run = self.st.running.get(wid)
+            if run is None or for_id not in snapshot.queue:
+                continue
+            self.own_victims.append(run)
+            until = (run.preempt_at if run.preempt_at is not None else now) + grace
+            self.holders[for_id] = max(until, self.holders.get(for_id, until))
+        self._held_view: ClusterView | None = None
+        self._held_answers: dict[tuple[object, ...], bool] = {}
         self._pools: dict[str, _Pool] = {}
         self._fits: dict[tuple[str, int], bool] = {}  # shape fits the empty healthy hosts
         self._free_fits: dict[tuple[str, int], bool] = {}  # fits the free GPUs
@@ -254,13 +271,15 @@ class _Explainer:
         # (and a plugged-in victim rule, and whether it is held back after a preemption)
         # only, never on its id: one Why serves every workload with the same key (10,000
         # pending hold a few hundred keys).
+        if w.id in self.holders:
+            return self._explain(w, holder=True)  # its own room is no reason to wait
         key = (w.allocation, w.allocated, w.gpus, self._plugged_rule(w), self._held_back(w))
         why = self._answers.get(key)
         if why is None:
             why = self._answers[key] = self._explain(w)
         return why
 
-    def _explain(self, w: Workload) -> Why:
+    def _explain(self, w: Workload, *, holder: bool = False) -> Why:
         g = w.gpus
         pool = self._pool(w)
         shape = self._shape(w, pool)
@@ -277,6 +296,8 @@ class _Explainer:
             )
         may_preempt = self.policy.preempts and (w.allocated or not self.fair_tree)
         if self._fits_free(pool, g) or (may_preempt and self._plan_exists(w, pool)):
+            if self.holders and not holder and not self._room_outside_holds(w, pool, may_preempt):
+                return self._room_held(w)
             return _why(
                 PendingReason.BETTER_RANKED_FIRST,
                 requested=g,
@@ -344,6 +365,41 @@ class _Explainer:
             deadline=deadline,
             in_s=max(0.0, deadline - self.now),
         )
+
+    def _room_held(self, w: Workload) -> Why:
+        holders = sorted(self.holders)
+        until = max(self.holders.values())
+        room = sum(len(g) for r in self.result.rooms for _, g in r.gpus)
+        room += sum(r.workload.gpus for r in self.own_victims)
+        return _why(
+            PendingReason.ROOM_HELD,
+            requested=w.gpus,
+            holders=",".join(holders[:HOLDERS_NAMED]),
+            holder_count=len(holders),
+            room_gpus=room,
+            until=until,
+            in_s=max(0.0, until - self.now),
+        )
+
+    def _room_outside_holds(self, w: Workload, pool: str, may_preempt: bool) -> bool:
+        """Whether ``w`` fits, or a plan exists for it, with the holds the cycle made before
+        its walk taken out of the view (memoised per victim rule and size)."""
+        key = (self._rule_key(w, pool, False), w.gpus) if may_preempt else (pool, w.gpus)
+        answer = self._held_answers.get(key)
+        if answer is None:
+            view = self._held_view
+            if view is None:
+                view = self._held_view = ClusterView(self.st, self.now)
+                if self.own_victims:
+                    view.reserve(self.own_victims, ())
+                for r in self.result.rooms:
+                    view.take(r.gpus)
+            answer = view.find_fit(pool, w.gpus) is not None or (
+                may_preempt
+                and plan_preemption(view, pool, w.gpus, self._rule(w, False)) is not None
+            )
+            self._held_answers[key] = answer
+        return answer
 
     def _shape(self, w: Workload, pool: str) -> Why | None:
         """``too-large`` or ``hosts-draining`` when no set of the pool's healthy hosts, even
@@ -578,6 +634,17 @@ _TEXT: dict[PendingReason, Callable[[Mapping[str, Number]], str]] = {
         f"it was preempted for {n['preemptor']}: for {format_duration(float(n['in_s']))} "
         f"more it may take free GPUs and unallocated work only, not preempt allocated work "
         f"(one request, one round of notices); needs {n['requested']}"
+    ),
+    PendingReason.ROOM_HELD: lambda n: (
+        f"needs {n['requested']} GPUs: the room it could use ({n['room_gpus']} GPUs, free or "
+        f"under notice) is held for {n['holders']}"
+        + (
+            f" and {int(n['holder_count']) - HOLDERS_NAMED} more"
+            if int(n["holder_count"]) > HOLDERS_NAMED
+            else ""
+        )
+        + ", whose notices made it (one request, one round of notices), until their turn "
+        f"or at most {format_duration(float(n['in_s']))}"
     ),
     PendingReason.NO_HOST_LARGE_ENOUGH: lambda n: (
         f"needs {n['requested']} GPUs, {n['free_gpus']} free (largest block "
