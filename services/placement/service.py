@@ -66,6 +66,9 @@ when asked (``Queries._read_start``). Measured in
 docs/decisions/0005-placement-on-the-workloads-stream.md."""
 
 _RANKING = msgspec.json.Decoder(m.RankingUpdated)
+ECHO_WAIT_S = 5.0
+"""Longest wait for a cycle's own records to come back before the next cycle (tried again
+after it: the next cycle must see them)."""
 
 log = structlog.get_logger("allot.placement")
 tracer = trace.get_tracer("allot.placement")
@@ -171,7 +174,7 @@ class PlacementService:
     # ------------------------------------------------------------------ the log
     def _on_record(self, _subject: str, record: msgspec.Struct) -> None:
         applied = self.fold.apply(record)
-        if applied.changed:
+        if applied.changed and not self._own_decision(record):
             self._dirty.set()
         if isinstance(record, m.BudgetTreeSet):
             self._dirty.set()
@@ -191,6 +194,16 @@ class PlacementService:
             self._trace_of.pop(rec.workload.id, None)
             if rec.status == "cancelled":  # it was pending: nobody else will say it ended
                 self._spawn_publish(cancelled(rec, record))
+
+    def _own_decision(self, record: msgspec.Struct) -> bool:
+        """A placement or notice of this leader's epoch: the cycle that decided it took it
+        into account, so its echo wakes no cycle (nor does the simulator run one after its
+        own decisions); the next event does, once the echo is in (``_cycle_loop``)."""
+        return (
+            self.leader
+            and isinstance(record, m.WorkloadPlaced | m.PreemptionNotice)
+            and record.epoch == self.epoch
+        )
 
     async def _append(self, out: Outgoing[m.WorkloadPlaced], *, together: bool) -> int:
         """Append a decision; its stream sequence. ``together``: one of several placements of
@@ -273,7 +286,14 @@ class PlacementService:
             if not self.leader or self.fold.epoch != self.epoch or self.follower is None:
                 continue
             if self.follower.last_seq.get("WORKLOADS", 0) < self._awaiting_seq:
-                continue  # our last decisions are not back yet: the record will wake us
+                # Our last decisions are not back yet: wait for them here (their echo wakes
+                # no cycle), keeping what woke us; the next cycle must see them.
+                back = await self.follower.wait_for("WORKLOADS", self._awaiting_seq, ECHO_WAIT_S)
+                if not back:
+                    self._dirty.set()
+                    continue
+                if not self.leader or self.fold.epoch != self.epoch:
+                    continue
             try:
                 await self._cycle()
             except Exception:
