@@ -149,6 +149,17 @@ def scenes(draw: st.DrawFn) -> tuple[ClusterState, list[Workload], dict[str, flo
         )
         state.start(w, ((host_id, tuple(state.free[host_id][:gpus])),), 0.0)
         free[host_id] -= gpus
+    # A running gang across two hosts (a whole one and 4 GPUs of another): its notice
+    # leaves room on a host the request may not use.
+    whole = [h for h, n in sorted(free.items()) if n == 8]
+    part = [h for h, n in sorted(free.items()) if n >= 4 and h not in whole[:1]]
+    if whole and part and draw(st.booleans()):
+        alloc = draw(st.sampled_from(ALLOCS))
+        w = workload("g", 12, alloc, min_runtime_s=draw(st.integers(10, 100)))
+        state.start(
+            w, ((whole[0], tuple(range(8))), (part[0], tuple(state.free[part[0]][:4]))), 0.0
+        )
+        free[whole[0]], free[part[0]] = 0, free[part[0]] - 4
     pending = [
         workload(
             f"p{k}",
@@ -384,6 +395,45 @@ def test_a_gangs_remainder_on_a_partly_used_host_is_held_too() -> None:
     )
     assert rounds == {"r": {0}}
     assert placed[0] == "r"
+
+
+def test_a_gangs_top_up_keeps_the_hosts_its_plan_takes_whole() -> None:
+    """p1 (12 GPUs on 8-GPU hosts) planned h2 whole (r1 noticed, 7 free) and 4 on h1 (r3
+    noticed, 1 free). Topping its room up host by host in id order held h1's 3 free GPUs
+    and 5 of h2's, so r1's requeued run (d ranks first) took one of h2's last two: h2 was no
+    longer whole and p1 noticed r4 in a second round (found by the property above)."""
+    state = cluster(
+        hosts(3),
+        on(workload("r0", 3, "b", min_runtime_s=10), "h3"),
+        on(workload("r1", 1, "d", min_runtime_s=10), "h2"),
+        on(workload("r2", 2, "a", min_runtime_s=10), "h3"),
+        on(workload("r3", 3, "d", min_runtime_s=10), "h1"),
+        on(workload("r4", 2, "b", min_runtime_s=10), "h1"),
+    )
+    queue = PendingQueue(
+        [
+            workload("p0", 1, "b", min_runtime_s=10, submit=0.0),
+            workload("p1", 12, "c", min_runtime_s=10, submit=1.0),
+            workload("p2", 1, "a", min_runtime_s=10, submit=2.0),
+            workload("p3", 1, "a", min_runtime_s=10, submit=3.0),
+        ]
+    )
+    shares = {"a": 1 / 9, "b": 2 / 9, "c": 5 / 9, "d": 1 / 9}
+    order = {"d": 0, "c": 1, "b": 2, "a": 3}
+    notices: list[tuple[int, str, str | None]] = []
+    placed: list[str] = []
+    now: float | None = 200.0
+    for k in range(4):
+        assert now is not None
+        result = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), now)
+        notices.extend((k, p.workload_id, p.preemptor) for p in result.preemptions)
+        placed.extend(p.workload.id for p in result.placements)
+        apply_result(state, queue, result, now)
+        now = leave_at_deadline(state, queue)
+        if now is None:
+            break
+    assert [(k, v) for k, v, by in notices if by == "p1"] == [(0, "r1"), (0, "r3")]
+    assert "p1" in placed
 
 
 def test_a_one_host_request_holds_no_free_host_elsewhere() -> None:

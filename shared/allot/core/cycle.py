@@ -412,20 +412,30 @@ class _Cycle:
             w = self.queue.workload(for_id)
             victims = own.get(for_id, ())
             room = rooms.get(for_id, ())
-            short = w.gpus - sum(len(g) for _, g in room) - sum(r.workload.gpus for r in victims)
-            if short > 0:
-                hosts = hosts_of.get(for_id, set())
-                hosts.update(h for r in victims for h, _ in r.assignment)
-                ordered = sorted(hosts)
-                beside = self._free_on(ordered, short)
+            hosts = hosts_of.get(for_id, set())
+            hosts.update(h for r in victims for h, _ in r.assignment)
+            ordered = sorted(hosts)
+            if self._is_gang(w, ordered[0]):
+                # Every free GPU on its hosts: a fit takes its plan's hosts whole, in any
+                # order (topping up host by host kept the wrong ones); then the whole free
+                # hosts and the remainder its plan took beside them.
+                short = w.gpus - sum(len(g) for _, g in room)
+                short -= sum(r.workload.gpus for r in victims)
+                beside = self._free_on(ordered, sum(self.st.host(h).gpus for h in ordered))
                 self.view.take(beside)
                 short -= sum(len(g) for _, g in beside)
-                pool = self.st.pool_of[ordered[0]]
-                if short > 0 and w.gpus > self.st.pool_max_gpus[pool]:
-                    rest = self._gang_rest(pool, short)  # whole hosts, the rest by fit
+                if short > 0:
+                    rest = self._gang_rest(self.st.pool_of[ordered[0]], short)
                     self.view.take(rest)
                     beside += rest
                 room += beside
+            else:
+                host_id, covered = self._room_host(room, victims)
+                short = w.gpus - covered - sum(len(g) for h, g in room if h == host_id)
+                if short > 0:
+                    beside = self._free_on([host_id], short)  # its plan's free GPUs there
+                    self.view.take(beside)
+                    room += beside
             if room:
                 self._own_room[for_id] = room
                 deadlines = [r.preempt_at for r in victims if r.preempt_at is not None]
@@ -433,6 +443,24 @@ class _Cycle:
                     deadlines.append(last_deadline[for_id])
                 until = max(deadlines, default=self.now) + grace
                 self._room_holds.append(RoomHold(for_id, room, until))
+
+    def _is_gang(self, w: Workload, host_id: str) -> bool:
+        return w.gpus > self.st.pool_max_gpus.get(self.st.pool_of[host_id], 0)
+
+    @staticmethod
+    def _room_host(room: Assignment, victims: Iterable[Running]) -> tuple[str, int]:
+        """The host where a one-host request's room and its victims under notice hold the
+        most GPUs (its plan's host; a victim may span others), with its GPUs under notice."""
+        held: dict[str, int] = {}
+        under_notice: dict[str, int] = {}
+        for r in victims:
+            for host_id, gpus in r.assignment:
+                under_notice[host_id] = under_notice.get(host_id, 0) + len(gpus)
+                held[host_id] = held.get(host_id, 0) + len(gpus)
+        for host_id, gpus in room:
+            held[host_id] = held.get(host_id, 0) + len(gpus)
+        host = min(held, key=lambda h: (-held[h], h))
+        return host, under_notice.get(host, 0)
 
     def _queue_key(self, workload_id: str) -> tuple[object, ...]:
         w = self.queue.workload(workload_id)
