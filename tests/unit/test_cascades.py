@@ -436,6 +436,70 @@ def test_a_gangs_top_up_keeps_the_hosts_its_plan_takes_whole() -> None:
     assert "p1" in placed
 
 
+def test_a_gangs_room_counts_a_host_it_cannot_have_whole_only_for_the_rest() -> None:
+    """p1 (16 GPUs) planned h2 and the free h4 whole, noticing g (12 GPUs: all of h2, 4
+    of h1). What g left on h1 cannot make h1 whole (r0 stays), so p1 still lacks a whole
+    host: h4 is held whole. Counting h1's 4 as room held only 4 of h4, p2 (ranked above
+    p1) took one of the others, and p1 noticed r0 in a second round (found by the property
+    once its scenes had gangs across hosts)."""
+    state = cluster(
+        hosts(4),
+        on(workload("g", 12, "d", min_runtime_s=10), "h2", "h1"),
+        on(workload("r0", 4, "a", min_runtime_s=10), "h1"),
+        on(workload("wall", 8, "x", min_runtime_s=10_000), "h3", start=150.0),
+    )
+    queue = PendingQueue([workload("p1", 16, "c", min_runtime_s=10, submit=100.0)])
+    shares = {"a": 0.1, "c": 0.5, "d": 0.25, "x": 0.15}
+    order = {"d": 0, "c": 1, "a": 2, "x": 3}
+    first = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), 200.0)
+    assert [(p.workload_id, p.preemptor) for p in first.preemptions] == [("g", "p1")]
+    apply_result(state, queue, first, 200.0)
+    queue.add(workload("p2", 1, "d", min_runtime_s=10, submit=200.2))
+    leave_now(state, queue, 200.5)
+    second = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), 200.5)
+    assert "p1" in [p.workload.id for p in second.placements]
+    assert [p.workload_id for p in second.preemptions if p.preemptor == "p1"] == []
+
+
+def test_a_gang_takes_nothing_on_a_host_its_victim_merely_spans() -> None:
+    """p1 (24 GPUs) cleared h1 and h3 and took the free h4; its victim g spans h2 too.
+    p0 (4 GPUs) planned r5 and h2's 3 free GPUs. The gang's top-up must leave those 3 to
+    p0: holding every free GPU on the gang's victims' hosts took them, the victims'
+    requeued runs (ranked above p0) had them once p1 started, and p0 noticed r6 in a
+    second round (found by the property)."""
+    state = cluster(
+        hosts(5),
+        on(workload("g", 12, "a", min_runtime_s=10), "h3", "h2"),
+        *(
+            on(workload(f"r{i}", n, "a", min_runtime_s=10), "h1")
+            for i, n in enumerate((1, 2, 2, 3))
+        ),
+        on(workload("r5", 1, "b", min_runtime_s=10), "h2"),
+        on(workload("r6", 4, "b", min_runtime_s=10), "h5"),
+        on(workload("r7", 1, "c", min_runtime_s=10), "h5"),
+    )
+    queue = PendingQueue(
+        [
+            workload("p0", 4, "d", min_runtime_s=10, submit=0.0),
+            workload("p1", 24, "c", min_runtime_s=10, submit=1.0),
+        ]
+    )
+    shares = {"a": 2 / 11, "b": 1 / 11, "c": 4 / 11, "d": 4 / 11}
+    order = {"b": 0, "c": 1, "a": 2, "d": 3}
+    first = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), 200.0)
+    assert sorted((p.workload_id, p.preemptor) for p in first.preemptions) == [
+        ("g", "p1"),
+        *((f"r{i}", "p1") for i in range(4)),
+        ("r5", "p0"),
+    ]
+    apply_result(state, queue, first, 200.0)
+    now = leave_at_deadline(state, queue)
+    assert now is not None
+    second = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), now)
+    assert {"p0", "p1"} <= {p.workload.id for p in second.placements}
+    assert [p.workload_id for p in second.preemptions if p.preemptor] == []
+
+
 def test_a_one_host_request_holds_no_free_host_elsewhere() -> None:
     """r (8 GPUs) planned with x (under a cancel's notice, for nobody) and a new victim v on
     h1; h2 then comes free and q, ranked first, arrives: q takes h2, nothing is noticed."""

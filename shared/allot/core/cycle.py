@@ -416,18 +416,8 @@ class _Cycle:
             hosts.update(h for r in victims for h, _ in r.assignment)
             ordered = sorted(hosts)
             if self._is_gang(w, ordered[0]):
-                # Every free GPU on its hosts: a fit takes its plan's hosts whole, in any
-                # order (topping up host by host kept the wrong ones); then the whole free
-                # hosts and the remainder its plan took beside them.
-                short = w.gpus - sum(len(g) for _, g in room)
-                short -= sum(r.workload.gpus for r in victims)
-                beside = self._free_on(ordered, sum(self.st.host(h).gpus for h in ordered))
+                beside = self._gang_top_up(w, room, victims, ordered)
                 self.view.take(beside)
-                short -= sum(len(g) for _, g in beside)
-                if short > 0:
-                    rest = self._gang_rest(self.st.pool_of[ordered[0]], short)
-                    self.view.take(rest)
-                    beside += rest
                 room += beside
             else:
                 host_id, covered = self._room_host(room, victims)
@@ -443,6 +433,51 @@ class _Cycle:
                     deadlines.append(last_deadline[for_id])
                 until = max(deadlines, default=self.now) + grace
                 self._room_holds.append(RoomHold(for_id, room, until))
+
+    def _gang_top_up(
+        self, w: Workload, room: Assignment, victims: Iterable[Running], hosts: list[str]
+    ) -> Assignment:
+        """The free GPUs a gang's plan took beside its victims, found again in its shape
+        (whole hosts of the pool's largest size, the rest on one more host): the free GPUs
+        of each of its hosts that its room, its victims and those GPUs make whole; for the
+        rest, only what the host its victims hold most of still lacks; then, for what is
+        still missing, whole free hosts and a best-fitting remainder (``_gang_rest``). A
+        host a victim merely spanned gives nothing: another request's plan may be there."""
+        cover: dict[str, int] = dict.fromkeys(hosts, 0)
+        for host_id, gpus in room:
+            cover[host_id] += len(gpus)
+        for r in victims:
+            for host_id, gpus in r.assignment:
+                cover[host_id] = cover.get(host_id, 0) + len(gpus)
+        pool = self.st.pool_of[hosts[0]]
+        size = self.st.pool_max_gpus[pool]
+        whole, rest = divmod(w.gpus, size)
+        parts: list[tuple[str, tuple[int, ...]]] = []
+        partial: list[tuple[int, str]] = []
+        for host_id in hosts:
+            if not self._schedulable(host_id):
+                continue
+            free = tuple(self.view.free_of(host_id))
+            if self.st.host(host_id).gpus == size and cover[host_id] + len(free) == size:
+                if free:
+                    parts.append((host_id, free))
+                whole -= 1
+            elif cover[host_id]:
+                partial.append((-cover[host_id], host_id))
+        if whole < 0:  # a spare whole host holds the rest
+            whole, rest = 0, 0
+        if rest and partial:
+            _, host_id = min(partial)
+            if cover[host_id] + len(self.view.free_of(host_id)) >= rest:
+                parts.extend(self._free_on([host_id], rest - cover[host_id]))
+                rest = 0
+        missing = max(0, whole) * size + rest
+        if missing:
+            self.view.take(tuple(parts))  # not offered again as a free whole host
+            extra = self._gang_rest(pool, missing)
+            self.view.give(tuple(parts))
+            parts.extend(extra)
+        return tuple(parts)
 
     def _is_gang(self, w: Workload, host_id: str) -> bool:
         return w.gpus > self.st.pool_max_gpus.get(self.st.pool_of[host_id], 0)
