@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from allot.core.cycle import Snapshot, run_cycle
 from allot.core.decisions import Preemption, PreemptReason
 from allot.core.fold import apply_result, end_workload
-from allot.core.model import Workload
+from allot.core.model import HostState, Workload
 from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
 
@@ -498,6 +498,25 @@ def test_a_gang_takes_nothing_on_a_host_its_victim_merely_spans() -> None:
     second = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), now)
     assert {"p0", "p1"} <= {p.workload.id for p in second.placements}
     assert [p.workload_id for p in second.preemptions if p.preemptor] == []
+
+
+def test_a_gangs_room_in_a_pool_with_no_schedulable_host_left() -> None:
+    """Every host of the gang's victims drains while they are under notice: its pool has
+    no schedulable host (no gang unit), and the cycle holds nothing, without failing."""
+    state = cluster(
+        hosts(2),
+        on(workload("v1", 8, "v", min_runtime_s=10), "h1"),
+        on(workload("v2", 8, "v", min_runtime_s=10), "h2"),
+    )
+    queue = PendingQueue([workload("gang", 16, "a", min_runtime_s=10)])
+    shares = {"a": 0.9, "v": 0.1}
+    first = run_cycle(Snapshot(state, queue, shares, {"a": 0, "v": 1}), Policy(grace_s=5), 200.0)
+    assert sorted(p.workload_id for p in first.preemptions) == ["v1", "v2"]
+    apply_result(state, queue, first, 200.0)
+    for host_id in ("h1", "h2"):
+        state.set_host_state(host_id, HostState.DRAINING)
+    result = run_cycle(Snapshot(state, queue, shares, {"a": 0, "v": 1}), Policy(grace_s=5), 201.0)
+    assert result.placements == () and result.rooms == ()
 
 
 def test_a_one_host_request_holds_no_free_host_elsewhere() -> None:

@@ -450,7 +450,9 @@ class _Cycle:
             for host_id, gpus in r.assignment:
                 cover[host_id] = cover.get(host_id, 0) + len(gpus)
         pool = self.st.pool_of[hosts[0]]
-        size = self.st.pool_max_gpus[pool]
+        size = self.st.pool_max_gpus.get(pool)
+        if size is None:
+            return ()  # no schedulable host left in its pool
         whole, rest = divmod(w.gpus, size)
         parts: list[tuple[str, tuple[int, ...]]] = []
         partial: list[tuple[int, str]] = []
