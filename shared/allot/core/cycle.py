@@ -112,6 +112,28 @@ def run_cycle(snapshot: Snapshot, policy: Policy, now: float) -> CycleResult:
     return _Cycle(snapshot, policy, now).run()
 
 
+def victims_held_for(cluster: ClusterState, queue: PendingQueue) -> dict[str, list[Running]]:
+    """Pending request -> its victims still running under notice (``noticed_for``): no
+    other request's until its turn (``_Cycle._hold_own_victims``)."""
+    own: dict[str, list[Running]] = {}
+    for wid, for_id in sorted(cluster.noticed_for.items()):
+        run = cluster.running.get(wid)
+        if run is not None and for_id in queue:
+            own.setdefault(for_id, []).append(run)
+    return own
+
+
+def hold_until(
+    victims: Iterable[Running], left_by: float | None, now: float, grace_s: float
+) -> float:
+    """When a request's hold lapses at the latest: ``grace_s`` after the last deadline of
+    its victims under notice and of those that left (``left_by``)."""
+    deadlines = [r.preempt_at for r in victims if r.preempt_at is not None]
+    if left_by is not None:
+        deadlines.append(left_by)
+    return max(deadlines, default=now) + grace_s
+
+
 class _Cycle:
     def __init__(self, snapshot: Snapshot, policy: Policy, now: float) -> None:
         self.st = snapshot.cluster
@@ -382,11 +404,7 @@ class _Cycle:
         Without this each cycle plans afresh, and an earlier request (the victim's own
         requeued run among them) could take the GPUs a later one's notices freed, which
         then preempts more."""
-        own: dict[str, list[Running]] = {}
-        for wid, for_id in sorted(self.st.noticed_for.items()):
-            run = self.st.running.get(wid)
-            if run is not None and for_id in self.queue:
-                own.setdefault(for_id, []).append(run)
+        own = victims_held_for(self.st, self.queue)
         if own:
             self.view.reserve([r for runs in own.values() for r in runs], ())
         self._own_victims = own
@@ -415,7 +433,7 @@ class _Cycle:
             hosts = hosts_of.get(for_id, set())
             hosts.update(h for r in victims for h, _ in r.assignment)
             ordered = sorted(hosts)
-            if self._is_gang(w, ordered[0]):
+            if self._is_gang(w.gpus, self.st.pool_of[ordered[0]]):
                 beside = self._gang_top_up(w, room, victims, ordered)
                 self.view.take(beside)
                 room += beside
@@ -428,10 +446,7 @@ class _Cycle:
                     room += beside
             if room:
                 self._own_room[for_id] = room
-                deadlines = [r.preempt_at for r in victims if r.preempt_at is not None]
-                if for_id in last_deadline:
-                    deadlines.append(last_deadline[for_id])
-                until = max(deadlines, default=self.now) + grace
+                until = hold_until(victims, last_deadline.get(for_id), self.now, grace)
                 self._room_holds.append(RoomHold(for_id, room, until))
 
     def _gang_top_up(
@@ -443,12 +458,7 @@ class _Cycle:
         rest, only what the host its victims hold most of still lacks; then, for what is
         still missing, whole free hosts and a best-fitting remainder (``_gang_rest``). A
         host a victim merely spanned gives nothing: another request's plan may be there."""
-        cover: dict[str, int] = dict.fromkeys(hosts, 0)
-        for host_id, gpus in room:
-            cover[host_id] += len(gpus)
-        for r in victims:
-            for host_id, gpus in r.assignment:
-                cover[host_id] = cover.get(host_id, 0) + len(gpus)
+        cover, _ = _coverage(room, victims)
         pool = self.st.pool_of[hosts[0]]
         size = self.st.pool_max_gpus.get(pool)
         if size is None:
@@ -460,11 +470,11 @@ class _Cycle:
             if not self._schedulable(host_id):
                 continue
             free = tuple(self.view.free_of(host_id))
-            if self.st.host(host_id).gpus == size and cover[host_id] + len(free) == size:
+            if self.st.host(host_id).gpus == size and cover.get(host_id, 0) + len(free) == size:
                 if free:
                     parts.append((host_id, free))
                 whole -= 1
-            elif cover[host_id]:
+            elif cover.get(host_id, 0):
                 partial.append((-cover[host_id], host_id))
         if whole < 0:  # a spare whole host holds the rest
             whole, rest = 0, 0
@@ -481,21 +491,15 @@ class _Cycle:
             parts.extend(extra)
         return tuple(parts)
 
-    def _is_gang(self, w: Workload, host_id: str) -> bool:
-        return w.gpus > self.st.pool_max_gpus.get(self.st.pool_of[host_id], 0)
+    def _is_gang(self, gpus: int, pool: str) -> bool:
+        """More GPUs than the pool's largest schedulable host (none left: any request)."""
+        return gpus > self.st.pool_max_gpus.get(pool, 0)
 
     @staticmethod
     def _room_host(room: Assignment, victims: Iterable[Running]) -> tuple[str, int]:
         """The host where a one-host request's room and its victims under notice hold the
         most GPUs (its plan's host; a victim may span others), with its GPUs under notice."""
-        held: dict[str, int] = {}
-        under_notice: dict[str, int] = {}
-        for r in victims:
-            for host_id, gpus in r.assignment:
-                under_notice[host_id] = under_notice.get(host_id, 0) + len(gpus)
-                held[host_id] = held.get(host_id, 0) + len(gpus)
-        for host_id, gpus in room:
-            held[host_id] = held.get(host_id, 0) + len(gpus)
+        held, under_notice = _coverage(room, victims)
         host = min(held, key=lambda h: (-held[h], h))
         return host, under_notice.get(host, 0)
 
@@ -523,7 +527,7 @@ class _Cycle:
     def _fit_in_room(self, room: Assignment, pool: str, gpus: int) -> Assignment | None:
         """A one-host request's best fit among its room's hosts (else None): what its
         victims left is where it starts, not elsewhere with its room left idle."""
-        if gpus > self.st.pool_max_gpus.get(pool, 0):
+        if self._is_gang(gpus, pool):
             return None
         fits = []
         for host_id in {h for h, _ in room}:
@@ -784,7 +788,7 @@ class _Cycle:
         """Free GPUs a reservation holds, for allocated work on one host whose protection
         ends by the reservation's start (it is preemptible then): best fit over the held
         hosts, the latest reservation first."""
-        if w.gpus > self.st.pool_max_gpus.get(DEFAULT_POOL, 0):
+        if self._is_gang(w.gpus, DEFAULT_POOL):
             return None
         for handle, _, _ in self._holds_outlasting(w):
             fits = [(len(g), h, g) for h, g in self.view.held_free(handle) if len(g) >= w.gpus]
@@ -927,3 +931,19 @@ class _Cycle:
                 victim_entitlement_gpus=self.entitlement.get(alloc, 0.0) if alloc else 0.0,
             )
         )
+
+
+def _coverage(
+    room: Assignment, victims: Iterable[Running]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Per host, the GPUs a request's room and its victims under notice hold, and those of
+    its victims alone."""
+    held: dict[str, int] = {}
+    under_notice: dict[str, int] = {}
+    for r in victims:
+        for host_id, gpus in r.assignment:
+            under_notice[host_id] = under_notice.get(host_id, 0) + len(gpus)
+            held[host_id] = held.get(host_id, 0) + len(gpus)
+    for host_id, gpus in room:
+        held[host_id] = held.get(host_id, 0) + len(gpus)
+    return held, under_notice

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
-from allot.core.cycle import Snapshot
+from allot.core.cycle import Snapshot, hold_until, victims_held_for
 from allot.core.decisions import CycleResult, Preemption, PreemptReason
 from allot.core.duration_text import format_duration
 from allot.core.model import Running, Workload
@@ -204,13 +204,9 @@ class _Explainer:
         # notice, are no other request's; request id -> when the hold lapses at the latest.
         self.holders: dict[str, float] = {r.workload_id: r.until for r in result.rooms}
         self.own_victims: list[Running] = []
-        grace = policy.grace_s
-        for wid, for_id in sorted(self.st.noticed_for.items()):
-            run = self.st.running.get(wid)
-            if run is None or for_id not in snapshot.queue:
-                continue
-            self.own_victims.append(run)
-            until = (run.preempt_at if run.preempt_at is not None else now) + grace
+        for for_id, runs in victims_held_for(self.st, snapshot.queue).items():
+            self.own_victims += runs
+            until = hold_until(runs, None, now, policy.grace_s)
             self.holders[for_id] = max(until, self.holders.get(for_id, until))
         self._held_view: ClusterView | None = None
         self._held_answers: dict[tuple[object, ...], bool] = {}
