@@ -22,7 +22,6 @@ Run: ``make bench`` (or ``python bench/bench_cycle.py [--layout full] [--hosts N
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import statistics
 import sys
@@ -36,6 +35,7 @@ from allot.core.cycle import Snapshot, run_cycle
 from allot.core.model import Host, Workload
 from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
+from allot.long_lived import tune_gc
 
 HOSTS, GPUS, PENDING, BUSY = 1000, 8, 10_000, 0.6
 TARGET_MS = 50.0
@@ -144,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     snapshot, now = (
         build_full() if args.layout == "full" else build(hosts=args.hosts, pending=args.pending)
     )
-    # The snapshot is long-lived state (the placement service keeps it for its lifetime):
-    # move it out of the collector's young generations, as a service would after loading.
-    gc.collect()
-    gc.freeze()
+    # As the placement service holds it: its fold drops lapsed protections as the clock
+    # moves (``apply_result``), and the snapshot is long-lived state, out of every
+    # collection, with the service's young threshold (``tune_gc`` after its replay).
+    snapshot.cluster.prune_protection(now)
+    tune_gc()
     policy = Policy()
     times = []
     result = run_cycle(snapshot, policy, now)

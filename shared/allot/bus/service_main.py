@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from allot.auth.client import add_nats_url_argument
+from allot.long_lived import tune_gc
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
@@ -66,22 +66,6 @@ async def stop(service: Service) -> None:
         await service.on_stopping()
     finally:
         await service.broker.stop()
-
-
-GC_YOUNG_THRESHOLD = 50_000
-"""Allocations between two young-generation collections (CPython's default: 700)."""
-
-
-def tune_gc() -> None:
-    """For a service process, once it has replayed the log. What exists now (imports, the
-    folded log: tens of thousands of objects in placement) lives as long as the process:
-    ``gc.freeze`` takes it out of every collection, so a full collection no longer walks it
-    (a pause of tens of ms between two messages). Each message allocates many short-lived
-    objects; a higher young threshold collects them in fewer, equally cheap passes.
-    Reference counting frees almost everything anyway: the collector only finds cycles."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def app_of(service: Service) -> FastStream:

@@ -1,5 +1,5 @@
-"""``allot.bus.service_main``: the collector settings a service process takes after its
-replay (``tune_gc``)."""
+"""``allot.long_lived``: the collector settings a service process takes after its replay
+(``tune_gc``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from allot.bus.service_main import GC_YOUNG_THRESHOLD, tune_gc
+from allot.long_lived import GC_YOUNG_THRESHOLD, tune_gc
 
 
 @pytest.fixture
