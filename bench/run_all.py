@@ -12,6 +12,8 @@ benchmark                   figure                                           tar
                             ``--layout full`` (bench-live's full cluster);
                             ``mixed`` scaled 10x (10,000 hosts, 100,000      <= 250 ms,
                             pending) and its time over the 1x one            <= 12x
+``bench_hosts.py``          median fold of the HOSTS log: 10,000 hosts       <= 1,000 ms
+                            joining in random order, then drains
 ``bench_fairshare.py``      median Fair Tree ``rank`` over 1,000 allocations <= 5 ms
 ``bench_reasons.py``        median uncached ``allot queue`` answer: dry        <= 200 ms
                             ``run_cycle`` + ``queue_order`` +
@@ -23,7 +25,7 @@ benchmark                   figure                                           tar
                             and contended, on 80 hosts (``--hosts 80``)      <= 60 s
 ==========================  ===============================================  ==============
 
-The first three print their median as text (``median X ms``), which is parsed here; the
+The first four print their median as text (``median X ms``), which is parsed here; the
 Philly benchmark writes its figures as JSON. No timeout anywhere: the simulator may take
 minutes. The results (figures, targets, machine: nproc, Python, platform, CPU, date,
 commit) are written even when a target is missed; the exit status is then 1 (2 when a
@@ -334,6 +336,16 @@ def main(argv: list[str] | None = None) -> int:
     ratio = None if not (one_x and ten_x) else round(ten_x / one_x, 1)
     scaled.figures.append(Figure("10x / 1x", ratio, "x", 12.0, ratio is not None and ratio <= 12))
     results.append(scaled)
+    print("== bench_hosts.py", flush=True)
+    results.append(
+        median_bench(
+            "host_records",
+            "bench_hosts.py",
+            "the HOSTS log folded: 10,000 hosts x 8 GPUs joining in random order, "
+            "1,000 drained, 500 healthy again",
+            1000.0,
+        )
+    )
     print("== bench_fairshare.py", flush=True)
     results.append(
         median_bench("fairshare", "bench_fairshare.py", "Fair Tree rank, 1,000 allocations", 5.0)

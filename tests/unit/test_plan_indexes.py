@@ -194,7 +194,7 @@ def test_cheap_room_built_before_or_during_a_cycle_is_counted_room(
     for pool, buckets in view._room_buckets.items():
         for value, bucket in enumerate(buckets):
             for idx in bucket:
-                host_id = view.st.host_ids[idx]
+                host_id = view.st.host_at[idx]
                 assert view.st.pool_of[host_id] == pool and view.st.host(host_id).schedulable
                 assert view.cheap_room(host_id) == value == counted_room(view, host_id)
     for host_id in view.st.host_ids:

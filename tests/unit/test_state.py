@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from builders import HOUR, cluster, free_work, host, hosts, on, workload
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
 from allot.core.model import MAX_MIN_RUNTIME_S, Host, HostState, Running, Workload
@@ -24,7 +26,13 @@ ALL8 = list(range(8))
 
 def buckets(state: ClusterState, pool: str = "") -> dict[int, set[str]]:
     """by_free as {free count: host ids}, empty buckets left out."""
-    return {n: {state.host_ids[i] for i in idx} for n, idx in enumerate(state.by_free[pool]) if idx}
+    return {n: {state.host_at[i] for i in idx} for n, idx in enumerate(state.by_free[pool]) if idx}
+
+
+def in_key_order(state: ClusterState) -> list[str]:
+    """Host ids by order key, checked against ``host_at``."""
+    assert {k: h for h, k in state.host_index.items()} == state.host_at
+    return sorted(state.host_index, key=state.host_index.__getitem__)
 
 
 def charged(state: ClusterState) -> dict[str, int]:
@@ -37,7 +45,7 @@ def charged(state: ClusterState) -> dict[str, int]:
 def test_a_new_cluster_sorts_hosts_and_frees_every_gpu() -> None:
     state = cluster([host("h2", 4), host("h3", 8, HostState.CORDONED), host("h1", 8)])
     assert state.host_ids == ["h1", "h2", "h3"]
-    assert state.host_index == {"h1": 0, "h2": 1, "h3": 2}
+    assert in_key_order(state) == ["h1", "h2", "h3"]
     assert state.free == {"h1": ALL8, "h2": [0, 1, 2, 3], "h3": ALL8}
     # The cordoned host is not schedulable: not counted, not in the buckets.
     assert state.healthy_gpus == 12
@@ -237,12 +245,14 @@ def test_a_host_back_to_healthy_is_bucketed_by_what_is_free_now() -> None:
     assert state.healthy_gpus == 16
 
 
-def test_add_host_reindexes_by_sorted_position() -> None:
+def test_add_host_takes_a_key_between_its_neighbours() -> None:
     state = cluster([host("h1"), host("h3")], on(A3, "h1"))
+    before = dict(state.host_index)
     state.add_host(host("h2", 4))
     state.add_host(host("h0", 8, HostState.DRAINING))
     assert state.host_ids == ["h0", "h1", "h2", "h3"]
-    assert state.host_index == {"h0": 0, "h1": 1, "h2": 2, "h3": 3}
+    assert in_key_order(state) == ["h0", "h1", "h2", "h3"]
+    assert {h: state.host_index[h] for h in before} == before  # nothing else moved
     assert buckets(state) == {5: {"h1"}, 4: {"h2"}, 8: {"h3"}}
     assert state.draining == {"h0"}
     assert state.healthy_gpus == 20
@@ -432,3 +442,56 @@ def test_queue_remove_and_requeue_keep_the_order() -> None:
     queue.add(a2)  # requeued with its original submit time: back in its place
     assert [w.id for w in queue] == ["a1", "a2", "a3"]
     assert len(queue) == 3
+
+
+def test_hosts_joining_between_the_same_two_neighbours_renumber_and_keep_the_index() -> None:
+    state = cluster([host("a", 8), host("b", 4)], on(A3, "a"))
+    # Each joins between the previous one and "b": the keys' gap halves every time.
+    for i in range(40):
+        state.add_host(host(f"a{i:03d}", 2 if i % 2 else 8))
+    whole = cluster([host(h, state.host(h).gpus) for h in state.host_ids], on(A3, "a"))
+    assert in_key_order(state) == state.host_ids == whole.host_ids
+    assert buckets(state) == buckets(whole)
+    assert state.pool_max_gpus == whole.pool_max_gpus == {"": 8}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 999),
+            st.sampled_from([2, 4, 8]),
+            st.sampled_from(list(HostState)),
+            st.sampled_from(["", "p"]),
+        ),
+        min_size=1,
+        max_size=40,
+        unique_by=lambda t: t[0],
+    ),
+    st.integers(0, 40),
+    st.randoms(use_true_random=False),
+)
+def test_hosts_joining_one_by_one_index_as_a_cluster_built_whole(
+    specs: list[tuple[int, int, HostState, str]], at_start: int, rng: Any
+) -> None:
+    """Some hosts at construction, the rest joining in any order, then some change state:
+    the same order and the same free index, pool units and counts as all at once."""
+    made = [Host(f"h{n:03d}", gpus, state) for n, gpus, state, _ in specs]
+    pools = {f"h{n:03d}": pool for n, _, _, pool in specs}
+    rng.shuffle(made)
+    first, rest = made[:at_start], made[at_start:]
+    joined = ClusterState(first, {h.id: pools[h.id] for h in first})
+    for h in rest:
+        joined.pool_of[h.id] = pools[h.id]
+        joined.add_host(h)
+    whole = ClusterState(made, pools)
+    for h in made[::3]:
+        for state in (joined, whole):
+            state.set_host_state(h.id, HostState.DRAINING)
+    assert in_key_order(joined) == joined.host_ids == whole.host_ids
+    for pool in whole.by_free:
+        assert buckets(joined, pool) == buckets(whole, pool)
+    assert set(joined.by_free) == set(whole.by_free)
+    assert joined.pool_max_gpus == whole.pool_max_gpus
+    assert joined.healthy_gpus == whole.healthy_gpus
+    assert joined.draining == whole.draining

@@ -516,7 +516,7 @@ class _Cycle:
         size = self.st.pool_max_gpus[pool]
         whole, rest = divmod(gpus, size)
         chosen = buckets[size].smallest(whole)
-        host_ids = [self.st.host_ids[i] for i in chosen]
+        host_ids = [self.st.host_at[i] for i in chosen]
         parts = [(h, tuple(self.view.free_of(h))) for h in host_ids]
         if rest:
             host = self.view.best_fit(buckets, rest, exclude=chosen)

@@ -86,7 +86,7 @@ class ClusterView:
         if len(whole) < whole_count:
             return None
         chosen = whole.smallest(whole_count)
-        parts = [(self.st.host_ids[i], tuple(self.free_of(self.st.host_ids[i]))) for i in chosen]
+        parts = [(self.st.host_at[i], tuple(self.free_of(self.st.host_at[i]))) for i in chosen]
         if rest:
             host = self.best_fit(buckets, rest, exclude=set(chosen))
             if host is None:
@@ -102,7 +102,7 @@ class ClusterView:
                 continue
             idx = bucket.first(excluded)
             if idx is not None:
-                return self.st.host_ids[idx]
+                return self.st.host_at[idx]
         return None
 
     def candidate_hosts(self, pool: str, respect_protection: bool) -> list[str]:
@@ -203,7 +203,7 @@ class ClusterView:
         # Only hosts with free GPUs or a cheap occupant can have room; the rest would sit
         # in bucket 0, which no request reads (hosts touched later are indexed then).
         hosts = {
-            self.st.host_ids[i]
+            self.st.host_at[i]
             for buckets in self.st.by_free.values()
             for bucket in buckets[1:]
             for i in bucket
@@ -356,7 +356,7 @@ class ClusterView:
         if not heap:
             return
         keys = self._clear_key
-        ids = self.st.host_ids
+        ids = self.st.host_at
         while heap and keys.get(ids[heap[0][1]]) != heap[0][0]:
             heapq.heappop(heap)  # hosts taken by earlier plans sit on top: drop them
         seen: set[int] = set()
@@ -372,7 +372,7 @@ class ClusterView:
         if cheap_only:  # the hosts whose room is all cheap: those of room = their size
             self._build_room()
             hosts = [
-                self.st.host_ids[i]
+                self.st.host_at[i]
                 for pool, buckets in self._room_buckets.items()
                 if len(buckets) > (size := self.st.pool_max_gpus.get(pool, 0))
                 for i in buckets[size]

@@ -158,7 +158,7 @@ def _cheap_host(
     seen = 0
     for room in range(gpus, len(buckets)):
         for idx in buckets[room].smallest(CHEAP_CANDIDATES - seen, exclude):
-            host = view.st.host_ids[idx]
+            host = view.st.host_at[idx]
             option, exact = _cheap_option(view, host, gpus, rule, held)
             if option is None:
                 continue
@@ -340,7 +340,7 @@ def _clearable_candidates(
     these instead of every candidate; it sorts what it costs, so the order is free."""
     buckets = view.room_buckets(pool)
     cheap = buckets[largest] if len(buckets) > largest else ()
-    hosts = {view.st.host_ids[i] for i in cheap}
+    hosts = {view.st.host_at[i] for i in cheap}
     hosts.update(_hosts_with_victims(view, pool, take_from, held, respect=respect))
     on_host = view.st.on_host
     # ``candidate_hosts``' own test: any occupant, or (respecting protection) one that may move
@@ -364,7 +364,7 @@ def _clearable_scanned(
     fully_free = buckets[largest] if len(buckets) > largest else set()
     seen: set[str] = set()
     for idx in sorted(fully_free):
-        host = view.st.host_ids[idx]
+        host = view.st.host_at[idx]
         seen.add(host)
         options.append(_HostPlan(host, (0, 0, 0.0, idx), [], tuple(view.free_of(host))))
     for host in hosts:
@@ -380,7 +380,7 @@ def _clearable_scanned(
 def hosts_with_free(view: ClusterView, pool: str, candidates: list[str]) -> list[str]:
     """Candidate hosts plus every schedulable host of the pool with some free GPU."""
     buckets = view.buckets(pool) or []
-    free_hosts = {view.st.host_ids[i] for b in buckets[1:] for i in b}
+    free_hosts = {view.st.host_at[i] for b in buckets[1:] for i in b}
     return sorted(free_hosts.union(candidates))
 
 

@@ -10,7 +10,9 @@ Indexes kept:
 - free GPU indices per host (GPUs under a preemption notice are *not* free until the victim
   has ended);
 - for schedulable (HEALTHY) hosts, per pool, the set of hosts by free-GPU count: best-fit
-  placement reads it in O(host size);
+  placement reads it in O(host size); it holds hosts' order keys (``host_index``: integers
+  in the order of the host ids, with gaps, so a host that joins takes a key between its
+  neighbours' and nothing else moves);
 - GPUs held per allocation by allocated (charged) work, including work under notice;
 - a heap of protection ends, so the next moment protection lapses is found in O(log n).
 """
@@ -30,6 +32,11 @@ DEFAULT_POOL = ""
 FREED_KEPT_S = 3600.0
 """How long ``ClusterState.freed`` remembers a host's GPUs coming free (the longest
 ``Policy.unallocated_settle_s``)."""
+HOST_KEY_SPACING = 1 << 32
+"""The gap between neighbouring hosts' order keys when keys are (re)assigned. A host that
+joins between two others takes the midpoint of their keys, so keys run out (all hosts are
+renumbered and the free index rebuilt, O(hosts)) only after 32 joins between the same two
+neighbours; hosts joining one by one cost O(log hosts) each, not O(hosts)."""
 _NEAR_HEAD = 64
 """Up to this position, suffix min/max come from the size counts, not a suffix array."""
 
@@ -47,7 +54,11 @@ class ClusterState:
                 raise ValidationError("hosts", f"duplicate host id {host.id!r}")
             self._hosts[host.id] = host
         self.host_ids: list[str] = [h.id for h in ordered]
-        self.host_index: dict[str, int] = {h: i for i, h in enumerate(self.host_ids)}
+        self.host_index: dict[str, int] = {}
+        """Host id -> its order key: smaller for an earlier id (ties in the planners break
+        by it); the indexes hold keys, ``host_at`` maps a key back to its host."""
+        self.host_at: dict[int, str] = {}
+        self._number_hosts()
         self.pool_of: dict[str, str] = {h.id: DEFAULT_POOL for h in ordered}
         if pools:
             for host_id, pool in pools.items():
@@ -57,6 +68,8 @@ class ClusterState:
         self.free: dict[str, list[int]] = {h.id: list(range(h.gpus)) for h in ordered}
         self.by_free: dict[str, list[set[int]]] = {}
         self.pool_max_gpus: dict[str, int] = {}
+        self._pool_sizes: dict[str, dict[int, int]] = {}
+        """Per pool, schedulable hosts by GPU count (``pool_max_gpus`` is the largest)."""
         self.running: dict[str, Running] = {}
         self.running_gpus = 0
         """GPUs held by running work (the sum over ``running``, kept as it changes)."""
@@ -140,13 +153,21 @@ class ClusterState:
         if host.id in self._hosts:
             raise ValidationError("host", f"duplicate host id {host.id!r}")
         self._hosts[host.id] = host
-        insort(self.host_ids, host.id)
-        self.host_index = {h: i for i, h in enumerate(self.host_ids)}
-        # Indexes hold host positions: rebuild them after the order changed.
+        pos = bisect_left(self.host_ids, host.id)
+        self.host_ids.insert(pos, host.id)
         self.pool_of.setdefault(host.id, DEFAULT_POOL)
         self.free[host.id] = list(range(host.gpus))
         self.on_host[host.id] = set()
-        self._rebuild_free_index()
+        key = self._key_between(pos)
+        if key is None:
+            # No integer left between its neighbours' keys: renumber every host, and
+            # rebuild the index that holds keys.
+            self._number_hosts()
+            self._rebuild_free_index()
+            return
+        self.host_index[host.id] = key
+        self.host_at[key] = host.id
+        self._index_host(host.id, add=True)
 
     def set_host_state(self, host_id: str, state: HostState) -> None:
         host = self.host(host_id)
@@ -244,6 +265,22 @@ class ClusterState:
             else:
                 del cheap[host_id]
 
+    def _number_hosts(self) -> None:
+        self.host_index = {h: i * HOST_KEY_SPACING for i, h in enumerate(self.host_ids)}
+        self.host_at = {k: h for h, k in self.host_index.items()}
+
+    def _key_between(self, pos: int) -> int | None:
+        """An order key for the host at ``pos`` of ``host_ids`` between its neighbours'
+        keys; None when they are adjacent integers."""
+        ids = self.host_ids
+        below = self.host_index[ids[pos - 1]] if pos > 0 else None
+        above = self.host_index[ids[pos + 1]] if pos + 1 < len(ids) else None
+        if below is None:
+            return 0 if above is None else above - HOST_KEY_SPACING
+        if above is None:
+            return below + HOST_KEY_SPACING
+        return (below + above) // 2 if above - below > 1 else None
+
     def _index_host(self, host_id: str, *, add: bool) -> None:
         host = self._hosts[host_id]
         if host.state is HostState.DRAINING:
@@ -258,24 +295,24 @@ class ClusterState:
         idx = self.host_index[host_id]
         bucket = buckets[len(self.free[host_id])]
         (bucket.add if add else bucket.discard)(idx)
-        if add:
-            self.pool_max_gpus[pool] = max(self.pool_max_gpus.get(pool, 0), host.gpus)
+        # The gang unit is the largest *schedulable* host of the pool.
+        sizes = self._pool_sizes.setdefault(pool, {})
+        left = sizes.get(host.gpus, 0) + (1 if add else -1)
+        if left:
+            sizes[host.gpus] = left
         else:
-            # The gang unit is the largest *schedulable* host: recompute when one leaves.
-            sizes = [
-                h.gpus
-                for h in self._hosts.values()
-                if h.schedulable and h.id != host_id and self.pool_of[h.id] == pool
-            ]
-            if sizes:
-                self.pool_max_gpus[pool] = max(sizes)
-            else:
-                self.pool_max_gpus.pop(pool, None)
-                del self.by_free[pool]
+            del sizes[host.gpus]
+        if sizes:
+            self.pool_max_gpus[pool] = max(sizes)
+        else:
+            self.pool_max_gpus.pop(pool, None)
+            del self.by_free[pool]
+            del self._pool_sizes[pool]
 
     def _rebuild_free_index(self) -> None:
         self.by_free = {}
         self.pool_max_gpus = {}
+        self._pool_sizes = {}
         self.healthy_gpus = 0
         self.draining = set()
         for host_id in self.host_ids:
