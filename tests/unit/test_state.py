@@ -495,3 +495,14 @@ def test_hosts_joining_one_by_one_index_as_a_cluster_built_whole(
     assert joined.pool_max_gpus == whole.pool_max_gpus
     assert joined.healthy_gpus == whole.healthy_gpus
     assert joined.draining == whole.draining
+
+
+def test_order_keys_spread_their_low_bits_as_positions_do() -> None:
+    """Sets and dicts of ints hash on the low bits first: keys sharing them (a gap of 2^32)
+    made every lookup in the free index probe slot after slot."""
+    state = cluster(hosts(1024))
+    assert len({k & 1023 for k in state.host_index.values()}) == 1024
+    for i in range(1, 101):
+        state.add_host(host(f"h{i}x"))  # after every h{i}..., before h{i+1}
+    assert state.host_ids.index("h7x") == state.host_ids.index("h8") - 1
+    assert len({k & 2047 for k in state.host_index.values()}) >= 1024

@@ -32,11 +32,13 @@ DEFAULT_POOL = ""
 FREED_KEPT_S = 3600.0
 """How long ``ClusterState.freed`` remembers a host's GPUs coming free (the longest
 ``Policy.unallocated_settle_s``)."""
-HOST_KEY_SPACING = 1 << 32
+HOST_KEY_SPACING = (1 << 32) + 1
 """The gap between neighbouring hosts' order keys when keys are (re)assigned. A host that
 joins between two others takes the midpoint of their keys, so keys run out (all hosts are
 renumbered and the free index rebuilt, O(hosts)) only after 32 joins between the same two
-neighbours; hosts joining one by one cost O(log hosts) each, not O(hosts)."""
+neighbours; a host joining costs a bisection and a list insert, not a reindex of every host.
+Odd, so the keys' low bits (all a set or dict of ints hashes on at first) vary as the
+positions do: with 2^32 every key hashed to the same slot."""
 _NEAR_HEAD = 64
 """Up to this position, suffix min/max come from the size counts, not a suffix array."""
 
