@@ -57,6 +57,7 @@ from hdrh.histogram import HdrHistogram
 
 from allot.adapters.embedded import unwind_on_sigterm
 from allot.ops.stack import AgentSpec, Stack, StackConfig
+from allot.proto import messages as m
 from allot.proto import subjects as s
 from bench_cycle import machine_reference_s  # a sibling script (sys.path[0])
 
@@ -772,6 +773,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.pause_off_path:
         args.pause = OFF_PATH
     free = _free_gpus(args)
+    if _never_fits(args) > m.MAX_GPUS:
+        # The pending runs ask for one host more than the free GPUs: intake refuses more.
+        ap.error(
+            f"--hosts {args.hosts} with --fill-hosts {args.fill_hosts} leaves {free} GPUs free; "
+            f"a request may ask for at most {m.MAX_GPUS}: fill more hosts"
+        )
     no_runs = [n for n in args.pause if n in RUNS_NEED]
     if no_runs and max(args.rates) * args.probe_s > free:
         # No run starts or ends while the agent or dispatch is stopped: every probe must fit.

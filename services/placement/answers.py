@@ -5,6 +5,7 @@ allocation a per-allocation query names, and an answer cut to fit one NATS messa
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -153,12 +154,22 @@ def workload_status(fold: LogFold, rec: WorkloadRecord, position: int | None) ->
     )
 
 
-def host_rows(fold: LogFold) -> tuple[m.HostRow, ...]:
-    """``allot hosts``: every host's state, free GPUs and work, and for a draining or
-    drained one the drain that put it there (reason, operator, time; like ``sinfo -R``)."""
+HOSTS_PER_PAGE = 4096
+"""Rows a hosts page is built from before it is trimmed to one NATS message (a row is
+~150 bytes, more with many workloads on the host)."""
+
+
+def host_rows(
+    fold: LogFold, after: str | None = None, limit: int | None = None
+) -> tuple[m.HostRow, ...]:
+    """``allot hosts``: each host's state, free GPUs and work, and for a draining or
+    drained one the drain that put it there (reason, operator, time; like ``sinfo -R``),
+    in id order: those after ``after``, at most ``limit``."""
     st = fold.state
     rows: list[m.HostRow] = []
-    for h in st.host_ids:
+    start = 0 if after is None else bisect.bisect_right(st.host_ids, after)
+    stop = len(st.host_ids) if limit is None else min(len(st.host_ids), start + limit)
+    for h in st.host_ids[start:stop]:
         host = st.host(h)
         drain = fold.drains.get(h) if host.state is not HostState.HEALTHY else None
         rows.append(
@@ -196,6 +207,18 @@ def query_scope(subject: str, query: str, tree: BudgetTree | None) -> str | None
     raise ValidationError(
         "allocation", f"no allocation {token!r} in the budget tree (allocations: {known})"
     )
+
+
+def hosts_page(fold: LogFold, query: m.HostsQuery, now: float, limit: int) -> bytes:
+    """``HostsSnapshot``: the hosts after ``query.after``, as many as ``limit`` bytes hold
+    (10,000 hosts' rows are more than NATS's 1 MiB), and how many hosts there are."""
+    rows = host_rows(fold, query.after, HOSTS_PER_PAGE)
+    total = len(fold.state.host_ids)
+
+    def page(n: int) -> m.HostsSnapshot:
+        return m.HostsSnapshot(at=now, hosts=rows[:n], total=total)
+
+    return encode_within(page, len(rows), limit)
 
 
 def encode_within(build: Callable[[int], msgspec.Struct], n: int, limit: int) -> bytes:

@@ -54,7 +54,7 @@ from allot.services.placement.answers import (
     allocations,
     encode_within,
     free_gpus,
-    host_rows,
+    hosts_page,
     prio_rows,
     query_scope,
     queue_row,
@@ -264,8 +264,16 @@ class Queries:
         return limit if limit > 0 else 1024 * 1024
 
     async def _on_query_hosts(self, msg: Msg) -> None:
-        snapshot = m.HostsSnapshot(at=wall_clock(), hosts=host_rows(self.leader.fold))
-        await msg.respond(_ENC.encode(snapshot))
+        """One page: the hosts after the query's ``after``, as many as one message holds
+        (10,000 hosts' rows are more than NATS's 1 MiB)."""
+        now = wall_clock()
+        try:
+            first = msg.data.strip() in (b"", b"{}")  # as this query was asked before pages
+            query = m.HostsQuery() if first else codec.decode_as(m.HostsQuery, msg.data)
+        except ValidationError as e:
+            await _refuse(msg, now, e)
+            return
+        await msg.respond(hosts_page(self.leader.fold, query, now, self._max_payload()))
 
     async def _on_query_status(self, msg: Msg) -> None:
         leader = self.leader

@@ -328,6 +328,14 @@ async def test_queue_rows_carry_reasons_and_the_leader_answers_allocations_and_s
         hosts = await query(s.QUERY_HOSTS, m.HostsSnapshot)
         on_h1 = next(h for h in hosts.hosts if h.host == "h1")
         assert on_h1.workloads == (vision.workload_id,) and on_h1.free_gpus == 0  # vision's 8
+        assert [h.host for h in hosts.hosts] == ["h1", "h2"] and hosts.total == 2
+        # The next page starts after the host it names; a bad ``after`` is refused by name.
+        reply = await nc.request(s.QUERY_HOSTS, codec.encode(m.HostsQuery(after="h1")), timeout=5)
+        page = msgspec.json.decode(reply.data, type=m.HostsSnapshot)
+        assert [h.host for h in page.hosts] == ["h2"] and page.total == 2
+        reply = await nc.request(s.QUERY_HOSTS, b'{"type": "HostsQuery", "after": 7}', timeout=5)
+        refused = msgspec.json.decode(reply.data, type=m.CommandRejected)
+        assert refused.field == "after"
         assert (by["vision"].held_gpus, by["vision"].pending_workloads) == (8, 0)
         assert (by["nlp"].held_gpus, by["nlp"].pending_workloads, by["nlp"].pending_gpus) == (
             0,

@@ -381,7 +381,7 @@ async def test_queries_decode_the_leaders_answers(responders: Responders, client
         ),
     )
     hosts = m.HostsSnapshot(
-        at=NOW, hosts=(m.HostRow(host="h01", state="healthy", gpus=8, free_gpus=8),)
+        at=NOW, hosts=(m.HostRow(host="h01", state="healthy", gpus=8, free_gpus=8),), total=1
     )
     ranking = m.RankingUpdated(at=NOW, window_s=3600, nodes=())
     queries: list[bytes] = []
@@ -399,6 +399,32 @@ async def test_queries_decode_the_leaders_answers(responders: Responders, client
     assert await client.queue() == queue
     assert await client.hosts() == hosts
     assert await client.share() == ranking
+
+
+async def test_hosts_reads_every_page_and_asks_each_after_the_last_host(
+    responders: Responders, client: Client
+) -> None:
+    rows = tuple(
+        m.HostRow(host=f"h{i:02d}", state="healthy", gpus=8, free_gpus=8) for i in range(5)
+    )
+    asked: list[bytes] = []
+
+    def page(msg: Msg) -> msgspec.Struct:
+        asked.append(msg.data)
+        after = msgspec.json.decode(msg.data)["after"] if msg.data else None
+        rest = [r for r in rows if after is None or r.host > after]
+        return m.HostsSnapshot(at=NOW, hosts=tuple(rest[:2]), total=len(rows))
+
+    await responders.answer(subjects.QUERY_HOSTS, page)
+    got = await client.hosts()
+    assert got.hosts == rows and got.total == 5
+    assert asked[0] == b""
+    assert [msgspec.json.decode(a) for a in asked[1:]] == [
+        {"type": "HostsQuery", "after": "h01"},
+        {"type": "HostsQuery", "after": "h03"},
+    ]
+    with pytest.raises(ValidationError, match="after"):
+        await client.hosts_page(after="")
 
 
 async def test_drain_undrain_and_budget_subjects_and_bodies(
@@ -771,6 +797,7 @@ async def test_cli_tables_and_commands(
     hosts = m.HostsSnapshot(
         at=NOW,
         hosts=(m.HostRow(host="h01", state="draining", gpus=8, free_gpus=6, workloads=("wl-a",)),),
+        total=1,
     )
     await responders.answer(subjects.QUERY_HOSTS, lambda msg: hosts)
     await responders.answer(subjects.drain_as("h01", "ops"), lambda msg: m.CommandAccepted(at=NOW))

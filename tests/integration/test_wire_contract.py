@@ -291,6 +291,7 @@ async def test_every_message_on_the_wire_is_in_the_contract_and_every_channel_is
             await ask("allot.v1.query.status", {"type": "StatusQuery", "workload_id": wid_done})
             for q in ("share", "allocations", "hosts", "placement_stats"):
                 await ask(f"allot.v1.query.{q}")
+            await ask("allot.v1.query.hosts", {"type": "HostsQuery", "after": "fk-0000"})
             await ask("allot.v1.query.owed", {"type": "OwedQuery"})
             await ask("allot.v1.query.history", {"type": "HistoryQuery", "stream": "HOSTS"})
             await ask("allot.v1.query.usage", {"type": "UsageQuery", "window_s": 3600})

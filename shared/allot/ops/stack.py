@@ -831,7 +831,7 @@ async def _wait_ready(
                 raise StackError(problem)
             try:
                 reply = await nc.request(s.QUERY_HOSTS, b"", timeout=1.0)
-                seen = len(decode_hosts.decode(reply.data).hosts)
+                seen = decode_hosts.decode(reply.data).total  # a page says how many in all
                 if seen >= hosts:
                     await nc.request(s.QUERY_SHARE, b"", timeout=1.0)
                     if dashboard_url is None or await asyncio.to_thread(

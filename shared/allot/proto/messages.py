@@ -1026,9 +1026,21 @@ class HostRow(_Wire, frozen=True, kw_only=True):
     drain_at: Timestamp | None = None
 
 
+class HostsQuery(_Message, frozen=True, kw_only=True):
+    """``allot hosts``, one page: the hosts whose ids sort after ``after`` (none: from the
+    first). An empty request body, or ``{}``, asks for the first page."""
+
+    after: Name | None = None
+
+
 class HostsSnapshot(_Message, frozen=True, kw_only=True):
+    """One page of hosts in id order, as many as one NATS message holds, and ``total``,
+    the hosts registered in all: ask again with ``after`` = the last row's host for the
+    next page (``AllotClient.hosts`` reads every page)."""
+
     at: Timestamp
     hosts: Annotated[tuple[HostRow, ...], msgspec.Meta(max_length=1_000_000)] = ()
+    total: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class AllocationRow(_Wire, frozen=True, kw_only=True):
@@ -1291,6 +1303,7 @@ REPLIES: tuple[type[msgspec.Struct], ...] = (
     WorkloadStatus,
     QueueSnapshot,
     PrioSnapshot,
+    HostsQuery,
     HostsSnapshot,
     AllocationsSnapshot,
     PlacementStats,

@@ -108,7 +108,7 @@ _QUERIES: dict[
         (),
         (m.PrioSnapshot, m.CommandRejected),
     ),
-    "query_hosts": (QUERY_HOSTS, (), (m.HostsSnapshot, m.CommandRejected)),
+    "query_hosts": (QUERY_HOSTS, (m.HostsQuery,), (m.HostsSnapshot, m.CommandRejected)),
     "query_status": (QUERY_STATUS, (m.StatusQuery,), (m.WorkloadStatus, m.CommandRejected)),
     "query_status_allocation": (
         f"{QUERY_STATUS}.{{allocation}}",

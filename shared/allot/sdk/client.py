@@ -747,7 +747,22 @@ class Client:
         return await self._ask(subject, b"", _PRIO_REPLY, PLACEMENT, timeout)
 
     async def hosts(self, *, timeout: float | None = None) -> m.HostsSnapshot:
-        return await self._ask(subjects.QUERY_HOSTS, b"", _HOSTS_REPLY, PLACEMENT, timeout)
+        """Every host, page by page (one answer holds as many rows as one NATS message
+        does), as one snapshot with the first page's time; ``timeout`` per page."""
+        first = await self.hosts_page(timeout=timeout)
+        rows = list(first.hosts)
+        page = first
+        while page.hosts and len(rows) < page.total:
+            page = await self.hosts_page(after=rows[-1].host, timeout=timeout)
+            rows.extend(page.hosts)
+        return m.HostsSnapshot(at=first.at, hosts=tuple(rows), total=len(rows))
+
+    async def hosts_page(
+        self, *, after: str | None = None, timeout: float | None = None
+    ) -> m.HostsSnapshot:
+        """One page of ``allot hosts``: the hosts whose ids sort after ``after``."""
+        body = b"" if after is None else _checked(m.HostsQuery(after=after))
+        return await self._ask(subjects.QUERY_HOSTS, body, _HOSTS_REPLY, PLACEMENT, timeout)
 
     async def share(self, *, timeout: float | None = None) -> m.RankingUpdated:
         return await self._ask(subjects.QUERY_SHARE, b"", _SHARE_REPLY, RANKING, timeout)
