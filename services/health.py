@@ -92,15 +92,29 @@ from allot.proto.subjects import Kind
 
 SERVICE = "health"
 ECHO_TIMEOUT_S = 5.0
+"""Longest wait for one of our records to come back from the HOSTS stream."""
 IDLE_READ_EVERY_S = 0.5
 """The idle watch reads the log in batches this often: its windows are minutes long, and
 records handed over one at a time cost several times more (decision 0057)."""
-"""Longest wait for one of our records to come back from the HOSTS stream."""
+ONE_MIB = 1024 * 1024
+"""NATS's default message limit, when the server's own is not known yet."""
 MISSED_PREFIX = MISSED_HEARTBEATS
 """Start of the reason of a drain for missed heartbeats (how a replay tells the cause, and
 how dispatch tells a host whose runs nobody will report: ``allot.eventlog.host_work``)."""
 
 log = structlog.get_logger("allot.health", service=SERVICE)  # lazy: configured in main
+
+
+def idle_answer(snapshot: m.IdleSnapshot, limit: int) -> bytes:
+    """``allot idle``'s answer: the first rows that fit in ``limit`` bytes and the total
+    (thousands of runs flagged at once would not fit in one NATS message)."""
+    rows = snapshot.rows
+
+    def first(n: int) -> m.IdleSnapshot:
+        return msgspec.structs.replace(snapshot, rows=rows[:n], total=len(rows))
+
+    return codec.encode_within(first, len(rows), limit)
+
 
 State = Literal["healthy", "draining", "drained"]
 Cause = Literal["operator", "heartbeat", "health"]
@@ -509,7 +523,8 @@ class HealthService:
             )
         else:
             await self._read_own_flags()
-            reply = self.idle.snapshot(allocation, self.clock())
+            snapshot = self.idle.snapshot(allocation, self.clock())
+            return idle_answer(snapshot, self.broker.connection.max_payload or ONE_MIB)
         return codec.encode(reply)
 
     # -- operator commands -------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -18,6 +18,7 @@ from allot.core.queue_view import TIER_NAMES, UNALLOCATED, QueueEntry
 from allot.core.reasons import PrioRow, Why, estimated_start
 from allot.eventlog.last_ranking import LastRanking
 from allot.eventlog.logfold import TERMINAL, LogFold, WorkloadRecord
+from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
 
@@ -218,20 +219,7 @@ def hosts_page(fold: LogFold, query: m.HostsQuery, now: float, limit: int) -> by
     def page(n: int) -> m.HostsSnapshot:
         return m.HostsSnapshot(at=now, hosts=rows[:n], total=total)
 
-    return encode_within(page, len(rows), limit)
-
-
-def encode_within(build: Callable[[int], msgspec.Struct], n: int, limit: int) -> bytes:
-    """``build(k)`` encoded for the largest ``k <= n`` tried whose encoding fits in ``limit``
-    bytes: a listing answer carries its first rows and its ``total``, never more than one
-    NATS message holds (rows with long reasons are ~600 bytes: 2,000 of them do not fit
-    in 1 MiB). Shrinks ``k`` in proportion to the overshoot, with a 10% margin."""
-    k = n
-    while True:
-        data = _ENC.encode(build(k))
-        if len(data) <= limit or k == 0:
-            return data
-        k = min(k - 1, int(k * limit / len(data) * 0.9))
+    return codec.encode_within(page, len(rows), limit)
 
 
 def _text(text: str) -> str:

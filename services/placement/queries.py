@@ -52,7 +52,6 @@ from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.services.placement.answers import (
     allocations,
-    encode_within,
     free_gpus,
     hosts_page,
     prio_rows,
@@ -206,7 +205,7 @@ class Queries:
                 at=now, epoch=leader.epoch, free_gpus=free, rows=rows[:n], total=len(entries)
             )
 
-        await msg.respond(encode_within(snapshot, len(rows), self._max_payload()))
+        await msg.respond(codec.encode_within(snapshot, len(rows), self._max_payload()))
 
     async def _on_query_allocations(self, msg: Msg) -> None:
         await msg.respond(_ENC.encode(allocations(self.leader.fold, wall_clock())))
@@ -255,7 +254,7 @@ class Queries:
         def prio_snapshot(n: int) -> m.PrioSnapshot:
             return m.PrioSnapshot(at=now, rows=wire[:n], total=len(rows))
 
-        await msg.respond(encode_within(prio_snapshot, len(wire), self._max_payload()))
+        await msg.respond(codec.encode_within(prio_snapshot, len(wire), self._max_payload()))
 
     def _max_payload(self) -> int:
         """The server's message size limit (its INFO), 1 MiB before we know it."""

@@ -27,10 +27,10 @@ from allot.cli import live_cmds
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.proto.codec import encode_within
 from allot.sdk import Client, CommandRejectedError
 from allot.services.dashboard.pages import queue_page
 from allot.services.intake import Intake
-from allot.services.placement.answers import encode_within
 from allot.services.placement.service import PlacementService
 
 pytestmark = pytest.mark.integration

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from allot.auth.dashboard import EVERYONE, Viewer
@@ -13,6 +14,7 @@ from allot.cli import main as cli_main
 from allot.eventlog.idle_book import IdleBook
 from allot.eventlog.timeline import LogTimeline
 from allot.proto import messages as m
+from allot.services import health
 from allot.services.dashboard.api import DashboardViews
 
 AT = 1_800_000_000.0
@@ -56,6 +58,35 @@ def test_allot_idle_prints_the_policy_and_one_row_per_flagged_run() -> None:
     ]  # fmt: skip
     empty = m.IdleSnapshot(at=AT, threshold_pct=5.0, window_s=1800.0)
     assert idle_cmd.idle_text(empty).splitlines()[1] == "no allocated work is idle"
+
+
+def test_allot_idle_answers_the_first_rows_that_fit_in_one_message_and_the_total() -> None:
+    """Thousands of runs flagged at once are more than one NATS message: the health
+    service sends the oldest that fit and how many there are; the text says so."""
+    rows = tuple(
+        m.IdleRow(
+            workload_id=f"w{i:05d}",
+            allocation="nlp",
+            user="ann",
+            gpus=2,
+            idle_since=AT - 3600,
+            flagged_at=AT - 1800,
+            reason="every GPU below 5% for 30.0m (threshold 30.0m; highest 1.5%) " * 3,
+        )
+        for i in range(6000)
+    )
+    snap = m.IdleSnapshot(at=AT, threshold_pct=5.0, window_s=1800.0, rows=rows)
+    limit = 1024 * 1024
+    assert len(msgspec.json.encode(snap)) > limit
+    data = health.idle_answer(snap, limit)
+    got = msgspec.json.decode(data, type=m.IdleSnapshot)
+    assert len(data) <= limit and got.total == 6000 and 1000 < len(got.rows) < 6000
+    assert got.rows == rows[: len(got.rows)]
+    assert idle_cmd.idle_text(got).splitlines()[-1] == (
+        f"6000 flagged idle (first {len(got.rows)} shown)"
+    )
+    few = msgspec.structs.replace(snap, rows=rows[:3])
+    assert msgspec.json.decode(health.idle_answer(few, limit), type=m.IdleSnapshot).total == 3
 
 
 @pytest.mark.parametrize(

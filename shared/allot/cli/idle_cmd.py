@@ -61,7 +61,10 @@ def idle_text(snapshot: m.IdleSnapshot) -> str:
         )
         for r in snapshot.rows
     ]
-    return f"{head}\n{fmt.render_table(IDLE_COLUMNS, rows)}"
+    table = fmt.render_table(IDLE_COLUMNS, rows)
+    if snapshot.total > len(snapshot.rows):
+        table += f"\n{snapshot.total} flagged idle (first {len(snapshot.rows)} shown)"
+    return f"{head}\n{table}"
 
 
 def idle_line(record: msgspec.Struct) -> str:

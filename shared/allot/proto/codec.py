@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Final, NamedTuple, TypeVar
 
 import msgspec
@@ -225,6 +226,19 @@ def item_field(field: str) -> str:
 def encode(msg: msgspec.Struct) -> bytes:
     """The JSON bytes of ``msg`` (with its ``type`` tag)."""
     return _ENCODER.encode(msg)
+
+
+def encode_within(build: Callable[[int], msgspec.Struct], n: int, limit: int) -> bytes:
+    """``build(k)`` encoded for the largest ``k <= n`` tried whose encoding fits in ``limit``
+    bytes: a listing answer carries its first rows and its ``total``, never more than one
+    NATS message holds (rows with long reasons are ~600 bytes: 2,000 of them do not fit
+    in 1 MiB). Shrinks ``k`` in proportion to the overshoot, with a 10% margin."""
+    k = n
+    while True:
+        data = _ENCODER.encode(build(k))
+        if len(data) <= limit or k == 0:
+            return data
+        k = min(k - 1, int(k * limit / len(data) * 0.9))
 
 
 def _schema_error(text: str) -> ValidationError:

@@ -1165,12 +1165,14 @@ class IdleRow(_Wire, frozen=True, kw_only=True):
 class IdleSnapshot(_Message, frozen=True, kw_only=True):
     """``allot.v1.query.idle`` (every allocation; operators, managers) or
     ``allot.v1.query.idle.<allocation>`` (a team's own), answered by the health service:
-    the runs flagged idle now, oldest stretch first, and the policy that flagged them."""
+    the runs flagged idle now, oldest stretch first (the first that fit in one NATS
+    message), ``total`` of them, and the policy that flagged them."""
 
     at: Timestamp
     threshold_pct: UtilPct
     window_s: Seconds
     rows: Annotated[tuple[IdleRow, ...], msgspec.Meta(max_length=100_000)] = ()
+    total: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 # == the log's history (allot.v1.query.history, answered by the dashboard service) =========
