@@ -120,6 +120,14 @@ def pending_queue(
     return queue
 
 
+def hold_as_the_service_does(snapshot: Snapshot, now: float) -> None:
+    """As the placement service holds its state: its fold drops lapsed protections as the
+    clock moves (``apply_result``), and the state is long-lived, out of every collection,
+    with the service's young threshold (``tune_gc`` after its replay; decision 0060)."""
+    snapshot.cluster.prune_protection(now)
+    tune_gc()
+
+
 def machine_reference_s() -> float:
     """Seconds for a fixed pure-Python loop: how fast this machine is right now. A shared
     machine's speed drifts, so the figure travels with the result (docs/decisions/0025)."""
@@ -144,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     snapshot, now = (
         build_full() if args.layout == "full" else build(hosts=args.hosts, pending=args.pending)
     )
-    # As the placement service holds it: its fold drops lapsed protections as the clock
-    # moves (``apply_result``), and the snapshot is long-lived state, out of every
-    # collection, with the service's young threshold (``tune_gc`` after its replay).
-    snapshot.cluster.prune_protection(now)
-    tune_gc()
+    hold_as_the_service_does(snapshot, now)
     policy = Policy()
     times = []
     result = run_cycle(snapshot, policy, now)

@@ -41,8 +41,11 @@ from allot.core.policy import Policy
 from allot.core.queue_view import queue_order
 from allot.core.reasons import explain_pending
 from allot.core.state import ClusterState
-from allot.long_lived import tune_gc
-from bench_cycle import machine_reference_s, pending_queue  # a sibling script (sys.path[0])
+from bench_cycle import (  # a sibling script (sys.path[0])
+    hold_as_the_service_does,
+    machine_reference_s,
+    pending_queue,
+)
 
 HOSTS, GPUS, PENDING, ALLOCATIONS = 1000, 8, 10_000, 15
 REPETITIONS = 15
@@ -109,8 +112,7 @@ def measure(shape: Shape, repetitions: int) -> dict[str, Any]:
     """The service's sequence (``PlacementService._reasons``): dry run, positions, then the
     reasons over those positions (``entries``: the order is not computed twice)."""
     snapshot, now = build(shape)
-    snapshot.cluster.prune_protection(now)  # as the service holds it (see bench_cycle.py)
-    tune_gc()
+    hold_as_the_service_does(snapshot, now)
     policy = Policy()
     cycle_t, explain_t, order_t, total_t, cpu_t = [], [], [], [], []
     result = run_cycle(snapshot, policy, now)

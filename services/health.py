@@ -96,8 +96,6 @@ ECHO_TIMEOUT_S = 5.0
 IDLE_READ_EVERY_S = 0.5
 """The idle watch reads the log in batches this often: its windows are minutes long, and
 records handed over one at a time cost several times more (decision 0057)."""
-ONE_MIB = 1024 * 1024
-"""NATS's default message limit, when the server's own is not known yet."""
 MISSED_PREFIX = MISSED_HEARTBEATS
 """Start of the reason of a drain for missed heartbeats (how a replay tells the cause, and
 how dispatch tells a host whose runs nobody will report: ``allot.eventlog.host_work``)."""
@@ -524,7 +522,8 @@ class HealthService:
         else:
             await self._read_own_flags()
             snapshot = self.idle.snapshot(allocation, self.clock())
-            return idle_answer(snapshot, self.broker.connection.max_payload or ONE_MIB)
+            limit = codec.answer_limit(self.broker.connection.max_payload)
+            return idle_answer(snapshot, limit)
         return codec.encode(reply)
 
     # -- operator commands -------------------------------------------------------------

@@ -257,10 +257,8 @@ class Queries:
         await msg.respond(codec.encode_within(prio_snapshot, len(wire), self._max_payload()))
 
     def _max_payload(self) -> int:
-        """The server's message size limit (its INFO), 1 MiB before we know it."""
         nc = self.leader.nc
-        limit = nc.max_payload if nc is not None else 0
-        return limit if limit > 0 else 1024 * 1024
+        return codec.answer_limit(nc.max_payload if nc is not None else 0)
 
     async def _on_query_hosts(self, msg: Msg) -> None:
         """One page: the hosts after the query's ``after``, as many as one message holds

@@ -228,6 +228,16 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _ENCODER.encode(msg)
 
 
+NATS_MAX_PAYLOAD: Final = 1024 * 1024
+"""NATS's default message size limit."""
+
+
+def answer_limit(server_max_payload: int) -> int:
+    """What one answer may hold: the server's message size limit (its INFO), NATS's
+    default before the server said (0)."""
+    return server_max_payload if server_max_payload > 0 else NATS_MAX_PAYLOAD
+
+
 def encode_within(build: Callable[[int], msgspec.Struct], n: int, limit: int) -> bytes:
     """``build(k)`` encoded for the largest ``k <= n`` tried whose encoding fits in ``limit``
     bytes: a listing answer carries its first rows and its ``total``, never more than one
