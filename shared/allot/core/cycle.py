@@ -288,39 +288,53 @@ class _Cycle:
             cursor[group] = 0
             heads.append((self._head_key(group, 0), seq, group))
         heapq.heapify(heads)
-        while heads:
-            _, seq, group = heapq.heappop(heads)
-            if group is None:
-                self._serve_reserved()
-                self._serve_own_room()
-                self._plan_due_earmarks()
-                self.view.release_earmarks()  # allocated work is done: free work may fill
-                self._hold_settling()
-            items = groups[group]
-            pos = cursor[group]
-            # An item of g GPUs can neither fit nor preempt any more when
-            # g >= (a if g <= limit else b) (see ``_dead_bounds``).
-            a, b, limit = self._dead_bounds(group)
-            left = self._sizes_left(group, pos)
-            low = min(left)
-            if low >= max(a, b) or (low > limit and low >= b) or (low >= a and max(left) <= limit):
-                continue  # nothing left in this group can happen this cycle
-            start, end = pos, len(items)
-            while pos < end and items[pos][1].gpus >= (a if items[pos][1].gpus <= limit else b):
-                pos += 1
-            if pos == end:
-                continue
-            if pos != start:
-                cursor[group] = pos  # the head moved: re-sort the group by its new head
-                heapq.heappush(heads, (self._head_key(group, pos), seq, group))
-                continue
-            self._consider(items[pos][1], DEFAULT_POOL)
-            pos += 1
-            cursor[group] = pos
-            if pos < len(items):
-                heapq.heappush(heads, (self._head_key(group, pos), seq, group))
+        # The group served goes back with its next head through ``heappushpop``: one
+        # comparison while it stays first (the usual case: a group's key changes only in
+        # its submit time), a push and a pop otherwise, so the same order as both.
+        entry = heapq.heappop(heads) if heads else None
+        while entry is not None:
+            _, seq, group = entry
+            nxt = self._serve_head(group, cursor)
+            if nxt is not None:
+                entry = heapq.heappushpop(heads, (nxt, seq, group))
+            else:
+                entry = heapq.heappop(heads) if heads else None
         self._serve_reserved()
         self._serve_own_room()
+
+    def _serve_head(
+        self, group: str | None, cursor: dict[str | None, int]
+    ) -> tuple[object, ...] | None:
+        """Consider the head of ``group`` (or move past what can no longer happen this
+        cycle); the group's next head key, or None when nothing of it is left."""
+        groups = self.queue.groups
+        if group is None:
+            self._serve_reserved()
+            self._serve_own_room()
+            self._plan_due_earmarks()
+            self.view.release_earmarks()  # allocated work is done: free work may fill
+            self._hold_settling()
+        items = groups[group]
+        pos = cursor[group]
+        # An item of g GPUs can neither fit nor preempt any more when
+        # g >= (a if g <= limit else b) (see ``_dead_bounds``).
+        a, b, limit = self._dead_bounds(group)
+        left = self._sizes_left(group, pos)
+        low = min(left)
+        if low >= max(a, b) or (low > limit and low >= b) or (low >= a and max(left) <= limit):
+            return None  # nothing left in this group can happen this cycle
+        start, end = pos, len(items)
+        while pos < end and items[pos][1].gpus >= (a if items[pos][1].gpus <= limit else b):
+            pos += 1
+        if pos == end:
+            return None
+        if pos != start:
+            cursor[group] = pos  # the head moved: re-sort the group by its new head
+            return self._head_key(group, pos)
+        self._consider(items[pos][1], DEFAULT_POOL)
+        pos += 1
+        cursor[group] = pos
+        return self._head_key(group, pos) if pos < len(items) else None
 
     def _sizes_left(self, group: str | None, pos: int) -> dict[int, int]:
         """GPU sizes (with counts) of the group's items at positions >= ``pos``: the
