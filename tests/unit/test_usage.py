@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
-from allot.core.usage import charged_span, split_into_hours, window_usage
+from allot.core.usage import (
+    HOUR_S,
+    SlidingWindow,
+    charged_span,
+    run_hours,
+    split_into_hours,
+    window_usage,
+)
 
 H = 3600  # one hour, in seconds
 
@@ -281,3 +288,73 @@ def test_window_usage_rejects_bad_input(kwargs: dict[str, Any], field: str) -> N
     with pytest.raises(ValidationError) as err:
         window_usage(**args)
     assert err.value.field == field
+
+
+# -- SlidingWindow: the simulator's window, kept between rankings ---------------------------
+
+# A run of charges as the simulator makes them: (allocation, seconds since the previous
+# step, seconds charged back from now, GPUs), with a ranking after some of them.
+_charges = st.lists(
+    st.tuples(
+        st.sampled_from(("a", "b", "c")),
+        st.floats(0, 3 * H, allow_nan=False),
+        st.floats(0, 12 * H, allow_nan=False),
+        st.integers(1, 64),
+        st.booleans(),
+    ),
+    max_size=60,
+)
+
+
+@given(_charges, st.sampled_from((H, 5 * H, 48 * H, 7 * 24 * H)))
+def test_the_sliding_window_ranks_to_the_bit_as_window_usage_does(
+    steps: list[tuple[str, float, float, int, bool]], window_s: int
+) -> None:
+    """Charges land in the current hour, in hours the window holds whole and in hours it
+    has left; after each ranking the kept sums give ``window_usage``'s figures exactly."""
+    window = SlidingWindow(window_s)
+    buckets: dict[str, dict[int, float]] = {}
+    now = at(1000)
+    rankings = 0
+    for allocation, step, back, gpus, rank in steps:
+        now += step
+        since = now - back
+        hours = buckets.setdefault(allocation, {})
+        for hour, gpu_s in run_hours(since, now, gpus).items():
+            hours[hour] = hours.get(hour, 0.0) + gpu_s
+        window.charged(allocation, math.floor(since / HOUR_S))
+        if rank:
+            rankings += 1
+            assert window.usage(buckets, now) == window_usage(buckets, now, window_s)
+    assert window.usage(buckets, now) == window_usage(buckets, now, window_s)
+
+
+def test_a_charge_inside_the_window_is_counted_at_the_next_ranking() -> None:
+    """Kept interior sums are dropped when a charge lands in them: an hour the window holds
+    whole, charged after a ranking, counts at the next one (it would not if the kept sum
+    were reused), while a charge in the current hour alone keeps them."""
+    window = SlidingWindow(48 * H)
+    buckets = {"a": dict.fromkeys(range(950, 1000), 100.0)}
+    now = at(999.5)
+    first = window.usage(buckets, now)
+    buckets["a"][990] += 3600.0
+    window.charged("a", 990)
+    second = window.usage(buckets, now)
+    assert second["a"] == first["a"] + 3600.0 == window_usage(buckets, now, 48 * H)["a"]
+    buckets["a"][999] += 50.0
+    kept = window._interior["a"]
+    window.charged("a", 999)  # the current hour: an edge, always read again
+    assert window._interior["a"] is kept
+    assert window.usage(buckets, now)["a"] == second["a"] + 50.0
+
+
+def test_the_sliding_window_refuses_what_window_usage_refuses() -> None:
+    with pytest.raises(ValidationError) as err:
+        SlidingWindow(0)
+    assert err.value.field == "window_s"
+    with pytest.raises(ValidationError) as err:
+        SlidingWindow(H).usage({"a": {1: 1.0}}, math.nan)
+    assert err.value.field == "now"
+    with pytest.raises(ValidationError) as err:
+        SlidingWindow(48 * H).usage({"a": {1: -5.0, 2: 1.0, 3: 1.0}}, at(3.5))
+    assert err.value.field == "buckets['a'][1]"

@@ -81,8 +81,7 @@ def window_usage(
     """GPU-seconds per allocation inside the window ending at ``now`` (see the module
     docstring for the pro-rata and decay rules)."""
     _check_time(now, "now")
-    if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s <= 0:
-        raise ValidationError("window_s", f"must be a positive integer, got {window_s!r}")
+    _check_window(window_s)
     if half_life_s is not None and (
         isinstance(half_life_s, bool)
         or not isinstance(half_life_s, int | float)
@@ -98,8 +97,10 @@ def window_usage(
     result: dict[str, float] = {}
     for allocation, hours in buckets.items():
         if half_life_s is None:
-            result[allocation] = _window_sum(
-                allocation, hours, start=start, now=now, first_hour=first_hour, span=span
+            # Interior hours count whole, the two edge hours through ``_weight``.
+            interior = _interior_sum(allocation, hours, first_hour, span)
+            result[allocation] = _with_edges(
+                interior, allocation, hours, start=start, now=now, first_hour=first_hour, span=span
             )
             continue
         # A store keeps more history than the window: look up the window's hours rather
@@ -120,19 +121,11 @@ def window_usage(
     return result
 
 
-def _window_sum(
-    allocation: str,
-    hours: Mapping[int, float],
-    *,
-    start: float,
-    now: float,
-    first_hour: int,
-    span: int,
-) -> float:
-    """The sliding window without decay: interior hours count whole, the two edge hours
-    through ``_weight``. The simulator calls this every few virtual minutes over months of
-    buckets, so the interior is summed in C (``map`` over ``dict.get``) and validated in
-    bulk; only a bad value pays for the per-bucket check that names it."""
+def _interior_sum(allocation: str, hours: Mapping[int, float], first_hour: int, span: int) -> float:
+    """The hours strictly inside the window, which count whole. The simulator calls this
+    every few virtual minutes over months of buckets, so the sum is taken in C (``map``
+    over ``dict.get``) and validated in bulk; only a bad value pays for the per-bucket
+    check that names it."""
     last_hour = first_hour + span - 1
     if len(hours) > span:
         interior: list[float] = list(
@@ -148,13 +141,71 @@ def _window_sum(
     if not valid:
         for h, amount in hours.items():
             _check_amount(amount, allocation, h)
-    terms = [total]
+    return total
+
+
+def _with_edges(
+    interior: float,
+    allocation: str,
+    hours: Mapping[int, float],
+    *,
+    start: float,
+    now: float,
+    first_hour: int,
+    span: int,
+) -> float:
+    """``interior`` plus the two edge hours, each weighed by how much of it is inside."""
+    terms = [interior]
+    last_hour = first_hour + span - 1
     for h in (first_hour, last_hour) if span > 1 else (first_hour,):
         edge = hours.get(h)
         if edge:
             _check_amount(edge, allocation, h)
             terms.append(edge * _weight(h, start, now, None))
     return math.fsum(terms)
+
+
+class SlidingWindow:
+    """``window_usage`` without decay for a caller that keeps its own buckets and reports
+    every hour it adds to (``charged``): the simulator, which ranks every few virtual
+    minutes over months of buckets. Each allocation's interior sum (the hours strictly
+    inside the window, counted whole) is kept until the window's hours move or a charge
+    lands at or before its last hour, so a ranking re-adds only the two edge hours. The
+    result is ``window_usage``'s to the bit: the same ``fsum`` of the same amounts."""
+
+    def __init__(self, window_s: int = DEFAULT_WINDOW_S) -> None:
+        _check_window(window_s)
+        self.window_s = window_s
+        self._interior: dict[str, tuple[int, int, float]] = {}
+        """Allocation -> (first hour, last hour, sum of the hours strictly between)."""
+
+    def charged(self, allocation: str, first_hour: int) -> None:
+        """``allocation``'s buckets changed from hour ``first_hour`` on."""
+        kept = self._interior.get(allocation)
+        if kept is not None and first_hour < kept[1]:
+            del self._interior[allocation]
+
+    def usage(self, buckets: Mapping[str, Mapping[int, float]], now: float) -> dict[str, float]:
+        """``window_usage(buckets, now, self.window_s)``; ``buckets`` must have changed
+        only as ``charged`` was told."""
+        _check_time(now, "now")
+        start = now - self.window_s
+        first_hour = math.floor(start / HOUR_S)
+        last_hour = math.floor(now / HOUR_S)
+        span = last_hour - first_hour + 1
+        kept_all = self._interior
+        result: dict[str, float] = {}
+        for allocation, hours in buckets.items():
+            kept = kept_all.get(allocation)
+            if kept is not None and kept[0] == first_hour and kept[1] == last_hour:
+                interior = kept[2]
+            else:
+                interior = _interior_sum(allocation, hours, first_hour, span)
+                kept_all[allocation] = (first_hour, last_hour, interior)
+            result[allocation] = _with_edges(
+                interior, allocation, hours, start=start, now=now, first_hour=first_hour, span=span
+            )
+        return result
 
 
 def split_into_hours(start: float, end: float, gpus: int) -> dict[int, float]:
@@ -372,6 +423,11 @@ def _weight(h: int, start: float, now: float, half_life_s: float | None) -> floa
     age = now - midpoint
     decay: float = 2.0 ** (-age / half_life_s)
     return coverage * decay
+
+
+def _check_window(window_s: int) -> None:
+    if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s <= 0:
+        raise ValidationError("window_s", f"must be a positive integer, got {window_s!r}")
 
 
 def _check_time(value: object, name: str) -> None:

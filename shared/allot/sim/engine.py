@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -42,7 +43,7 @@ from allot.core.fold import apply_result, end_workload
 from allot.core.model import HostState, Workload
 from allot.core.policy import Policy
 from allot.core.state import ClusterState, PendingQueue
-from allot.core.usage import charged_allocation, run_hours, window_usage
+from allot.core.usage import HOUR_S, SlidingWindow, charged_allocation, run_hours, window_usage
 from allot.sim.baselines import baseline_of
 from allot.sim.checkpoints import CheckpointPlan, attempt_end
 from allot.sim.cluster import ClusterSpec, HealthEvent
@@ -147,6 +148,8 @@ class _Engine:
         self.buckets = self.record.usage  # charged as the run goes
         for allocation, hours in (config.prior_usage or {}).items():
             self.buckets[allocation] = dict(hours)
+        # The sliding window's interior sums, kept between rankings (told of every charge).
+        self.window = SlidingWindow(config.window_s) if config.half_life_s is None else None
 
     def _push(self, t: float, priority: int, payload: object) -> None:
         heapq.heappush(self.heap, (t, priority, next(self.seq), payload))
@@ -259,6 +262,8 @@ class _Engine:
             buckets = self.buckets.setdefault(allocation, {})
             for hour, gpu_s in run_hours(since, now, gpus).items():
                 buckets[hour] = buckets.get(hour, 0.0) + gpu_s
+            if self.window is not None:
+                self.window.charged(allocation, math.floor(since / HOUR_S))
         self.charged_until[allocation] = now
 
     def _held_changed(self, w: Workload, now: float, delta: int) -> None:
@@ -273,7 +278,10 @@ class _Engine:
         self.last_rank = now
         for allocation in self.running_gpus:
             self._charge(allocation, now)
-        usage = window_usage(self.buckets, now, self.config.window_s, self.config.half_life_s)
+        if self.window is not None:
+            usage = self.window.usage(self.buckets, now)
+        else:
+            usage = window_usage(self.buckets, now, self.config.window_s, self.config.half_life_s)
         ranking = rank(self.tree, usage)
         self.order = {leaf: ranking.order_key(leaf) for leaf in self.tree.leaves()}
 
