@@ -28,7 +28,7 @@ from allot.core.cycle import Snapshot, run_cycle
 from allot.core.decisions import Preemption, PreemptReason
 from allot.core.fold import apply_result, end_workload
 from allot.core.model import HostState, Workload
-from allot.core.policy import Policy
+from allot.core.policy import Policy, make_policy
 from allot.core.state import PendingQueue
 
 NOW = 10_000.0
@@ -551,3 +551,68 @@ def test_entitlement_on_a_notice_counts_healthy_gpus_only() -> None:
     (notice,) = result.preemptions
     assert (notice.workload_id, notice.reason) == ("b1", RECLAIMED)
     assert (notice.victim_held_gpus, notice.victim_entitlement_gpus) == (8, 4.0)
+
+
+# -- keep_gangs_at_entitlement: a reclaim leaves a gang's allocation at its entitlement -----
+
+# Four 8-GPU hosts. b (share 0.25 -> 8 GPUs) runs one 16-GPU gang on h1-h2 past its
+# protection: 8 over its entitlement. a (share 0.75 -> 24, holds nothing) reclaims 4 GPUs.
+# h3-h4 hold c's protected work (c has no share: always over).
+KEEP_GANGS = [
+    pytest.param(
+        (on(workload("g", 16, "b"), "h1", "h2"),),
+        False,
+        "g",
+        id="a-reclaim-may-take-a-gang-whose-team-it-leaves-below-its-share",
+    ),
+    pytest.param(
+        (on(workload("g", 16, "b"), "h1", "h2"),),
+        True,
+        None,
+        id="with-the-switch-not-a-gang-whose-team-it-would-leave-below-its-share",
+    ),
+    pytest.param(
+        # b holds 24: 16 over, the gang's 16 GPUs are all beyond its share.
+        (on(workload("g", 16, "b"), "h1", "h2"), on(workload("b8", 8, "b"), "h3", start=NOW)),
+        True,
+        "g",
+        id="with-the-switch-a-gang-wholly-beyond-its-teams-share",
+    ),
+    pytest.param(
+        # Two single-host runs of 8: one leaves b below its share, still a fair victim.
+        (on(workload("s1", 8, "b"), "h1"), on(workload("s2", 8, "b"), "h2")),
+        True,
+        "s1",
+        id="with-the-switch-single-host-runs-as-before",
+    ),
+]
+
+
+@pytest.mark.parametrize(("running", "keep", "victim"), KEEP_GANGS)
+def test_keep_gangs_at_entitlement(running: tuple[On, ...], keep: bool, victim: str | None) -> None:
+    protected_c = [
+        on(workload(f"c{h}", 8, "c"), h, start=NOW)
+        for h in ("h3", "h4")
+        if h not in {host for r in running for host in r.hosts}
+    ]
+    state = cluster(hosts(4), *running, *protected_c)
+    result = decide(
+        state,
+        workload("a1", 4),
+        shares={"a": 0.75, "b": 0.25},
+        order={"a": 0, "b": 1, "c": 2},
+        now=NOW,
+        keep_gangs_at_entitlement=keep,
+    )
+    if victim is None:
+        assert result.preemptions == ()
+        assert result.placements == ()
+    else:
+        assert set(preempted(result)) == {victim}
+        assert preempted(result)[victim].reason is RECLAIMED
+
+
+def test_the_keep_gangs_policy_is_fair_share_with_the_switch() -> None:
+    assert make_policy("fairshare-keep-gangs", 300).keep_gangs_at_entitlement
+    assert not make_policy("fairshare", 300).keep_gangs_at_entitlement
+    assert make_policy("fairshare-keep-gangs", 300).reservations

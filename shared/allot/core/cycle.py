@@ -157,7 +157,11 @@ class _Cycle:
         self._tiered = self._fair_tree and policy.entitlement_tier
         self._preempts = policy.preempts
         self._fair_share = FairShareVictims(
-            self.order, self.entitlement, policy.entitlement_tier, now
+            self.order,
+            self.entitlement,
+            policy.entitlement_tier,
+            now,
+            keep_gangs=policy.keep_gangs_at_entitlement,
         )
         # Two monotone bounds (see the module docstring): within one cycle free GPUs only
         # shrink, so once g GPUs failed to fit in a pool, >= g never fits there again; and

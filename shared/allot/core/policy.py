@@ -81,6 +81,10 @@ class Policy:
     max_reservations: int = 2
     reservation_max_share: float = 0.5
     reservation_after_s: float = 3600.0
+    # A reclaim may not take a gang (a run over several hosts) whose allocation it would
+    # leave below its entitlement (``FairShareRule.key``): more owed time delivered to
+    # teams whose share is a gang or two, longer waits for small work (decision 0065).
+    keep_gangs_at_entitlement: bool = False
     ordering: Ordering | None = None  # None: Fair Tree
     victims: Victims | None = None  # a plugged-in ordering's preemption rule
 
@@ -168,9 +172,16 @@ FIFO = Fifo()
 DEFAULT_UNALLOCATED_SETTLE_S = 60.0
 """Fair Tree's ``unallocated_settle_s`` (decision 0045)."""
 
-POLICIES = ("fairshare", "fairshare-window", "fairshare-no-reservations", "fifo")
+POLICIES = (
+    "fairshare",
+    "fairshare-window",
+    "fairshare-no-reservations",
+    "fairshare-keep-gangs",
+    "fifo",
+)
 """The policies of the placement service (the simulator adds its baselines);
-``fairshare-no-reservations`` is Fair Tree without reservations, for comparison."""
+``fairshare-no-reservations`` is Fair Tree without reservations, for comparison;
+``fairshare-keep-gangs`` is Fair Tree with ``keep_gangs_at_entitlement``."""
 
 
 def make_policy(
@@ -191,4 +202,5 @@ def make_policy(
         unallocated_grace_s=min(unallocated_grace_s, grace_s),
         unallocated_settle_s=unallocated_settle_s,
         reservations=name != "fairshare-no-reservations",
+        keep_gangs_at_entitlement=name == "fairshare-keep-gangs",
     )

@@ -182,7 +182,11 @@ class _Explainer:
         capacity = self.st.healthy_gpus
         self.entitlement = {a: s * capacity for a, s in snapshot.shares.items()}
         self.fair_share = FairShareVictims(
-            snapshot.order, self.entitlement, policy.entitlement_tier, now
+            snapshot.order,
+            self.entitlement,
+            policy.entitlement_tier,
+            now,
+            keep_gangs=policy.keep_gangs_at_entitlement,
         )
         self.held = dict(self.st.held)
         placed_gpus: dict[str, int] = {}

@@ -49,6 +49,7 @@ class FairShareVictims:
     entitlement: Mapping[str, float]
     entitlement_tier: bool
     now: float
+    keep_gangs: bool = False  # ``Policy.keep_gangs_at_entitlement``
 
     def rule(
         self,
@@ -70,6 +71,7 @@ class FairShareVictims:
             ignores_protection=ignore_protection,
             allocated_victims=allocated_victims,
             for_reservation=for_reservation,
+            keep_gangs=self.keep_gangs,
         )
 
 
@@ -99,6 +101,7 @@ class FairShareRule:
     # False: unallocated work only (a request requeued by another's notice: no cascade).
     allocated_victims: bool = True
     for_reservation: bool = False  # a reservation's start: notices say so
+    keep_gangs: bool = False  # a reclaim leaves a gang's allocation at its entitlement
     # Its classes are the planner's clearing costs (1 unallocated, 2 allocated): it may read
     # hosts in ``ClusterView.clear_order`` when it respects protection.
     costs_by_kind = True
@@ -139,6 +142,14 @@ class FairShareRule:
         # first in line for the freed GPUs (tier 0), and the requester never gets them
         # (a 16-GPU run was preempted every min_runtime for the same requester).
         if self.entitlement_tier and not self.under_entitlement and over < w.gpus:
+            return None
+        # With ``keep_gangs``, the same limit for a reclaim when the victim is a gang: a
+        # gang larger than its team's share otherwise falls to the next small reclaim, and
+        # the team, below its share again, waits for a whole gang's room once more. The
+        # victim and its allocation alone decide, so victim sets still shrink down the
+        # queue order (the cycle's bounds).
+        keeps_gang = self.keep_gangs and self.entitlement_tier and self.under_entitlement
+        if keeps_gang and over < w.gpus and len(run.assignment) > 1:
             return None
         # Prefer victims whose allocation stays at or above its entitlement: taking more
         # only turns the victim into the next reclaimer.

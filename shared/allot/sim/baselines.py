@@ -40,6 +40,7 @@ POLICY_NAMES = (
     "fairshare",
     "fairshare-window",
     "fairshare-no-reservations",
+    "fairshare-keep-gangs",
     "priority",
     "fifo",
     "partitioned",
