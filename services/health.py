@@ -516,15 +516,14 @@ class HealthService:
         subject = msg.raw_message.subject
         allocation = None if subject == subjects.QUERY_IDLE else subject.rsplit(".", 1)[1]
         if not self.idle_ready.is_set():
-            reply: msgspec.Struct = m.CommandRejected(
-                at=self.clock(), field="service", reason="health is still reading the log"
+            return codec.encode(
+                m.CommandRejected(
+                    at=self.clock(), field="service", reason="health is still reading the log"
+                )
             )
-        else:
-            await self._read_own_flags()
-            snapshot = self.idle.snapshot(allocation, self.clock())
-            limit = codec.answer_limit(self.broker.connection.max_payload)
-            return idle_answer(snapshot, limit)
-        return codec.encode(reply)
+        await self._read_own_flags()
+        snapshot = self.idle.snapshot(allocation, self.clock())
+        return idle_answer(snapshot, codec.answer_limit(self.broker.connection.max_payload))
 
     # -- operator commands -------------------------------------------------------------
 

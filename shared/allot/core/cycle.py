@@ -311,14 +311,13 @@ class _Cycle:
     ) -> tuple[object, ...] | None:
         """Consider the head of ``group`` (or move past what can no longer happen this
         cycle); the group's next head key, or None when nothing of it is left."""
-        groups = self.queue.groups
         if group is None:
             self._serve_reserved()
             self._serve_own_room()
             self._plan_due_earmarks()
             self.view.release_earmarks()  # allocated work is done: free work may fill
             self._hold_settling()
-        items = groups[group]
+        items = self.queue.groups[group]
         pos = cursor[group]
         # An item of g GPUs can neither fit nor preempt any more when
         # g >= (a if g <= limit else b) (see ``_dead_bounds``).
@@ -338,7 +337,7 @@ class _Cycle:
         self._consider(items[pos][1], DEFAULT_POOL)
         pos += 1
         cursor[group] = pos
-        return self._head_key(group, pos) if pos < len(items) else None
+        return self._head_key(group, pos) if pos < end else None
 
     def _sizes_left(self, group: str | None, pos: int) -> dict[int, int]:
         """GPU sizes (with counts) of the group's items at positions >= ``pos``: the

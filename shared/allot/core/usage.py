@@ -90,10 +90,7 @@ def window_usage(
     ):
         raise ValidationError("half_life_s", f"must be a positive number, got {half_life_s!r}")
 
-    start = now - window_s
-    first_hour = math.floor(start / HOUR_S)
-    last_hour = math.floor(now / HOUR_S)
-    span = last_hour - first_hour + 1
+    start, first_hour, last_hour, span = _window_hours(now, window_s)
     result: dict[str, float] = {}
     for allocation, hours in buckets.items():
         if half_life_s is None:
@@ -119,6 +116,15 @@ def window_usage(
         # fsum: exact-then-rounded, so the total does not depend on the buckets' order.
         result[allocation] = math.fsum(terms)
     return result
+
+
+def _window_hours(now: float, window_s: int) -> tuple[float, int, int, int]:
+    """The window ``(now - window_s, now]``: its start, its first and last hour (the edge
+    buckets, counted pro rata) and how many hours it touches."""
+    start = now - window_s
+    first_hour = math.floor(start / HOUR_S)
+    last_hour = math.floor(now / HOUR_S)
+    return start, first_hour, last_hour, last_hour - first_hour + 1
 
 
 def _interior_sum(allocation: str, hours: Mapping[int, float], first_hour: int, span: int) -> float:
@@ -189,10 +195,7 @@ class SlidingWindow:
         """``window_usage(buckets, now, self.window_s)``; ``buckets`` must have changed
         only as ``charged`` was told."""
         _check_time(now, "now")
-        start = now - self.window_s
-        first_hour = math.floor(start / HOUR_S)
-        last_hour = math.floor(now / HOUR_S)
-        span = last_hour - first_hour + 1
+        start, first_hour, last_hour, span = _window_hours(now, self.window_s)
         kept_all = self._interior
         result: dict[str, float] = {}
         for allocation, hours in buckets.items():

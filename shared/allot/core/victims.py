@@ -140,16 +140,14 @@ class FairShareRule:
         # A requester at or above its own entitlement may take only what the victim holds
         # beyond its entitlement: pushing the victim below it makes the victim's work the
         # first in line for the freed GPUs (tier 0), and the requester never gets them
-        # (a 16-GPU run was preempted every min_runtime for the same requester).
-        if self.entitlement_tier and not self.under_entitlement and over < w.gpus:
-            return None
-        # With ``keep_gangs``, the same limit for a reclaim when the victim is a gang: a
-        # gang larger than its team's share otherwise falls to the next small reclaim, and
-        # the team, below its share again, waits for a whole gang's room once more. The
-        # victim and its allocation alone decide, so victim sets still shrink down the
-        # queue order (the cycle's bounds).
-        keeps_gang = self.keep_gangs and self.entitlement_tier and self.under_entitlement
-        if keeps_gang and over < w.gpus and len(run.assignment) > 1:
+        # (a 16-GPU run was preempted every min_runtime for the same requester). With
+        # ``keep_gangs`` a reclaim may not either when the victim is a gang (a run over
+        # several hosts): one larger than its team's share otherwise falls to the next
+        # small reclaim, and the team waits for a whole gang's room once more. Victim and
+        # allocation alone decide, so victim sets still shrink down the queue order.
+        below = self.entitlement_tier and over < w.gpus
+        gang = self.keep_gangs and len(run.assignment) > 1
+        if below and (not self.under_entitlement or gang):
             return None
         # Prefer victims whose allocation stays at or above its entitlement: taking more
         # only turns the victim into the next reclaimer.

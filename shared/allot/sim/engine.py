@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from allot.core.budgets import BudgetTree
 from allot.core.cycle import Snapshot, run_cycle
-from allot.core.fairshare import rank
+from allot.core.fairshare import Ranking, rank
 from allot.core.fold import apply_result, end_workload
 from allot.core.model import HostState, Workload
 from allot.core.policy import Policy
@@ -272,9 +272,10 @@ class _Engine:
             self._charge(allocation, now)
             self.running_gpus[allocation] = self.running_gpus.get(allocation, 0) + delta
 
-    def _refresh_ranking(self, now: float) -> None:
+    def _refresh_ranking(self, now: float) -> Ranking | None:
+        """Charge what runs and rank again when due; the new ranking (None when not due)."""
         if not self.policy.fair_tree or now < self.last_rank + self.config.rank_every_s:
-            return
+            return None
         self.last_rank = now
         for allocation in self.running_gpus:
             self._charge(allocation, now)
@@ -284,6 +285,7 @@ class _Engine:
             usage = window_usage(self.buckets, now, self.config.window_s, self.config.half_life_s)
         ranking = rank(self.tree, usage)
         self.order = {leaf: ranking.order_key(leaf) for leaf in self.tree.leaves()}
+        return ranking
 
     def _cycle(self, now: float) -> None:
         # The reservations' cost: GPUs they held free since the last cycle stayed idle.
@@ -367,6 +369,6 @@ class _Engine:
             )
         if self.policy.fair_tree:
             self.last_rank = -float("inf")
-            self._refresh_ranking(now)
-            usage = window_usage(self.buckets, now, self.config.window_s, self.config.half_life_s)
-            record.final_fairshare = dict(rank(self.tree, usage).fairshare_of)
+            final = self._refresh_ranking(now)
+            assert final is not None  # due: the last ranking was reset
+            record.final_fairshare = dict(final.fairshare_of)
