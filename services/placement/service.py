@@ -42,9 +42,10 @@ from opentelemetry import trace
 from allot import bus
 from allot.bus import group_commit
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
-from allot.bus.service_main import base_parser, run_main
+from allot.bus.service_main import base_parser, host_ids, run_main
 from allot.bus.tasks import stop_tasks
 from allot.core.cycle import run_cycle
+from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, POLICIES, make_policy
 from allot.eventlog.last_ranking import LastRanking
@@ -83,17 +84,20 @@ class PlacementService:
         grace_s: int = 300,
         unallocated_grace_s: int = DEFAULT_UNALLOCATED_GRACE_S,
         unallocated_settle_s: float = DEFAULT_UNALLOCATED_SETTLE_S,
+        short_lane: Sequence[str] = (),
         lease_ttl_s: float = 3.0,
         name: str | None = None,
         tracing: bool = True,
     ) -> None:
         self.nats_url = nats_url
         self.policy = make_policy(policy, grace_s, unallocated_grace_s, unallocated_settle_s)
+        if short_lane and self.policy.ordering is not None:
+            raise ValidationError("--short-lane", f"is Fair Tree's; --policy {policy} has none")
         self.lease_ttl_s = lease_ttl_s
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"[:64].replace(".", "-")
         provider = tracer_provider("placement") if tracing else None
         self.broker = make_broker(nats_url, "placement", provider)
-        self.fold = LogFold()
+        self.fold = LogFold(short_lane)
         self.nc: NatsClient | None = None
         self.js: JetStreamContext | None = None
         self._appends: group_commit.GroupCommit | None = None
@@ -419,6 +423,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_UNALLOCATED_SETTLE_S,
         help="GPUs that came free less than this ago go to allocated work only (seconds)",
     )
+    ap.add_argument(
+        "--short-lane",
+        type=host_ids,
+        default=(),
+        metavar="HOSTS",
+        help="comma-separated host ids forming the short lane: there only unallocated work "
+        "and allocated work of at most 2 GPUs protected for at most 15 min start (Fair Tree)",
+    )
     ap.add_argument("--lease-ttl-s", type=float, default=3.0, help="leader lease TTL")
     ap.add_argument("--name", default=None, help="instance name (default host-pid)")
     return ap
@@ -433,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grace_s=a.grace_s,
             unallocated_grace_s=a.unallocated_grace_s,
             unallocated_settle_s=a.unallocated_settle_s,
+            short_lane=a.short_lane,
             lease_ttl_s=a.lease_ttl_s,
             name=a.name,
         ),

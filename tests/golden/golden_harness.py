@@ -37,6 +37,7 @@ CASES: dict[str, tuple[str, ...]] = {
     "reclaim": ("fairshare",),
     "drain": ("fairshare",),
     "gang": ("fairshare",),
+    "short-lane": ("fairshare",),
     "baselines": ("fifo", "partitioned", "priority"),
 }
 """Case folder -> the policies it is run under (one report each)."""

@@ -186,6 +186,24 @@ def check_gang(record: SimRecord, report: dict[str, Any]) -> None:
     assert report["completed"] == report["workloads"] == 7
 
 
+def check_short_lane(record: SimRecord, report: dict[str, Any]) -> None:
+    # Short work starts in the lane: after the filler's 30 s grace, then on free GPUs.
+    assert first_start(record, "alpha-dbg-1") == 930.0
+    assert first_start(record, "alpha-dbg-2") == 1200.0
+    # The filler was the lane's one victim; beta's protected work was nobody's until 8 h.
+    notices = [(p.workload_id, p.time, p.reason) for p in record.preemptions]
+    assert notices == [
+        ("fill-1", 900.0, "displaced-unallocated"),
+        ("beta-1", 28800.0, "reclaimed-for-entitlement"),
+    ]
+    # Long allocated work never takes the lane, even its unallocated work: it waits for
+    # beta's protection to end, then the grace.
+    assert first_start(record, "alpha-long") == 29100.0
+    # The filler resumes once the first debug job has left and its GPU settled (60 s).
+    assert segments(record, "fill-1") == [(0.0, 930.0), (1890.0, 22560.0)]
+    assert report["completed"] == report["workloads"] == 6
+
+
 def check_fifo(record: SimRecord, report: dict[str, Any]) -> None:
     assert report["preemptions"] == 0
     assert first_start(record, "red-1") == 7200.0
@@ -212,6 +230,7 @@ FACTS: dict[tuple[str, str], Callable[[SimRecord, dict[str, Any]], None]] = {
     ("reclaim", "fairshare"): check_reclaim,
     ("drain", "fairshare"): check_drain,
     ("gang", "fairshare"): check_gang,
+    ("short-lane", "fairshare"): check_short_lane,
     ("baselines", "fifo"): check_fifo,
     ("baselines", "partitioned"): check_partitioned,
     ("baselines", "priority"): check_priority,

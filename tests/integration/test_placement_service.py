@@ -17,13 +17,15 @@ import msgspec
 import nats
 import nats.js.errors
 import pytest
-from live_harness import eventually, of_type, placements, records, seed
+from live_harness import eventually, of_type, placements, records, running_intake, seed
 from nats.aio.msg import Msg
 
 from allot import bus
 from allot.adapters.embedded import EmbeddedNats
 from allot.bus import service_main
 from allot.cli import live_cmds
+from allot.core.policy import make_policy
+from allot.eventlog.twin import twin_parity
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -598,3 +600,52 @@ async def test_a_blocked_gang_shows_its_reservation_in_allot_queue_and_the_dashb
         await service_main.stop(placement)
         await service_main.stop(intake)
         await nc.close()
+
+
+async def test_the_short_lane_starts_only_short_and_free_work_and_the_twin_agrees(
+    fresh_log: str,
+) -> None:
+    """``--short-lane h2``: with h1 full, long allocated work waits and short work (2 GPUs
+    or fewer, protected 15 min or less) and unallocated work start on h2; the twin replays
+    the same decisions with the lane given, and other ones without it."""
+    nc = await nats.connect(fresh_log)
+    js = nc.jetstream()
+    await seed(js, {"h1": 8, "h2": 8})
+    placement = PlacementService(
+        fresh_log, short_lane=("h2",), lease_ttl_s=1.0, name="p1", tracing=False
+    )
+    await service_main.start(placement)
+    try:
+        async with running_intake(fresh_log):
+            bodies = [
+                ("fill", "nlp", 8, 3600),  # h1, all of it
+                ("long", "nlp", 1, 3600),  # not short: waits, though h2 is free
+                ("wide", "vision", 3, 600),  # not short either: 3 GPUs
+                ("dbg", "vision", 1, 600),  # short
+                ("free", None, 2, 0),  # unallocated
+            ]
+            ids = {}
+            for cid, alloc, gpus, protection in bodies:
+                fields = {"client_id": cid, "gpus": gpus, "min_runtime_s": protection}
+                if alloc is not None:
+                    fields["allocation"] = alloc
+                reply = await request(nc, s.submit(alloc), submit_body(**fields))
+                assert isinstance(reply, m.WorkloadAccepted), reply
+                ids[reply.workload_id] = cid
+                if cid == "fill":  # on h1 before the rest arrive
+                    await eventually(lambda: placements(js), lambda p: len(p) == 1)
+            placed = await eventually(lambda: placements(js), lambda p: len(p) == 3)
+            await asyncio.sleep(0.5)  # and no more
+            where = {
+                ids[p.workload_id]: {hg.host for hg in p.assignment} for p in await placements(js)
+            }
+            assert where == {"fill": {"h1"}, "dbg": {"h2"}, "free": {"h2"}}, placed
+    finally:
+        await service_main.stop(placement)
+    log = await records(js, "WORKLOADS") + await records(js, "HOSTS")
+    log += await records(js, "USAGE")
+    await nc.close()
+    with_lane = twin_parity(log, make_policy("fairshare", 300), short_lane=("h2",))
+    assert with_lane.fraction_identical == 1.0
+    without = twin_parity(log, make_policy("fairshare", 300))
+    assert without.fraction_identical < 1.0

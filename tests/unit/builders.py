@@ -86,9 +86,12 @@ def fill(state: ClusterState, gpus: int, host_ids: Iterable[str]) -> Assignment:
 
 
 def cluster(
-    host_list: Iterable[Host], *running: On, pools: Mapping[str, str] | None = None
+    host_list: Iterable[Host],
+    *running: On,
+    pools: Mapping[str, str] | None = None,
+    short_lane: Iterable[str] = (),
 ) -> ClusterState:
-    state = ClusterState(host_list, pools)
+    state = ClusterState(host_list, pools, short_lane=short_lane)
     for r in running:
         assignment = fill(state, r.workload.gpus, r.hosts)
         state.start(r.workload, assignment, r.start)

@@ -209,6 +209,10 @@ def bad_inputs(scenario: Path, tmp: Path) -> dict[str, BadInput]:
         "--rank-every 0 (an interval)": BadInput(
             [*base, "--rank-every", "0"], ("--rank-every", "more than 0")
         ),
+        "--short-lane as many hosts as the cluster": BadInput(
+            [*base, "--short-lane", "9999"], ("--short-lane", "outside the lane")
+        ),
+        "--short-lane -1": BadInput([*base, "--short-lane", "-1"], ("--short-lane", ">= 0")),
         "--jobs 0 (would read as the CPU count)": BadInput(
             [*base, "--jobs", "0"], ("--jobs", "at least 1")
         ),
@@ -257,6 +261,8 @@ BAD_IDS = [
     "--rank-every 0 (an interval)",
     "--jobs 0 (would read as the CPU count)",
     "--jobs -1",
+    "--short-lane as many hosts as the cluster",
+    "--short-lane -1",
     "--unallocated-settle beyond what the state remembers",
     "--min-runtime above the 8 h contract",
     "--compare with no policy at all",

@@ -48,6 +48,12 @@ def test_partitions_deal_hosts_in_order_and_allow_an_empty_team() -> None:
     }
 
 
+def test_the_short_lane_is_the_last_hosts_in_host_order() -> None:
+    assert load_cluster(cluster(short_lane=2)).short_lane == ("b-0000", "b-0001")
+    assert load_cluster(cluster(short_lane=0)).short_lane == ()
+    assert load_cluster(cluster()).short_lane == ()
+
+
 def test_health_events_are_sorted_by_time_then_file_order() -> None:
     spec = load_cluster(
         cluster(
@@ -164,6 +170,9 @@ partitions:
             ">= 0",
             id="negative-event-time",
         ),
+        pytest.param(cluster(short_lane=-1), "short_lane", ">= 0", id="negative-lane"),
+        pytest.param(cluster(short_lane="1"), "short_lane", "integer", id="lane-as-a-string"),
+        pytest.param(cluster(short_lane=5), "short_lane", "outside the lane", id="all-in-the-lane"),
         pytest.param(
             cluster(health_events=[{"host": "a-0000", "event": "repaired"}]),
             "health_events[0].time",

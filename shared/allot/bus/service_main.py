@@ -20,7 +20,9 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from allot.auth.client import add_nats_url_argument
+from allot.core.errors import ValidationError
 from allot.long_lived import tune_gc
+from allot.proto.subjects import validate_token
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
@@ -43,6 +45,15 @@ def positive_seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
+
+
+def host_ids(text: str) -> tuple[str, ...]:
+    """argparse type: comma-separated host ids (``--short-lane``), each one subject token."""
+    ids = [h.strip() for h in text.split(",")] if text.strip() else []
+    try:
+        return tuple(dict.fromkeys(validate_token(h, "host id") for h in ids))
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(f"{exc.field}: {exc.reason}") from None
 
 
 def base_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
@@ -86,6 +97,9 @@ def run_main(
     argv: Sequence[str] | None = None,
 ) -> int:
     args = parser.parse_args(argv)
-    service = build(args)
+    try:
+        service = build(args)
+    except ValidationError as exc:  # a bad option value: its name and why, no traceback
+        parser.error(str(exc))
     asyncio.run(app_of(service).run())
     return 0

@@ -5,7 +5,7 @@
                    [--seed N] [--window 7d] [--half-life 3d] [--min-runtime 2h]
                    [--resumable/--no-resumable] [--grace 300] [--unallocated-grace 30]
                    [--unallocated-settle 60] [--rank-every 300] [--jobs N]
-                   [--checkpoint KIND:SPEC ...]
+                   [--short-lane N] [--checkpoint KIND:SPEC ...]
     allot simulate --philly TRACES_DIR --compare partitioned,fairshare --out DIR
 
 ``--philly`` replaces ``--cluster``, ``--budgets`` and ``--trace``, and ``--compare``
@@ -55,7 +55,7 @@ from allot.core.model import DEFAULT_GRACE_S, DEFAULT_UNALLOCATED_GRACE_S, MAX_M
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, check_unallocated_knobs
 from allot.sim.baselines import POLICY_NAMES, named_policy
 from allot.sim.checkpoints import ALL_KINDS, TODAY, Checkpointing, CheckpointPlan
-from allot.sim.cluster import ClusterSpec, load_cluster
+from allot.sim.cluster import ClusterSpec, load_cluster, short_lane_of
 from allot.sim.compare import render_compare_html, render_summary, summary
 from allot.sim.engine import SimConfig, simulate
 from allot.sim.jobs_csv import write_jobs_csv
@@ -113,6 +113,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="resumable for trace rows without the column (default yes)",
     )
     add_engine_options(parser)
+    parser.add_argument(
+        "--short-lane",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Fair Tree: the last N hosts form the short lane (default: the cluster file's "
+        "short_lane, else none)",
+    )
     parser.add_argument(
         "--checkpoint",
         action="append",
@@ -207,6 +215,12 @@ def run(args: argparse.Namespace) -> int:
     for name in policies if len(policies) > 1 else ():
         make_out_dir(args.out / name, "--out")
     cluster, tree, jobs = _load_inputs(args)
+    if args.short_lane is not None:
+        try:
+            lane = short_lane_of(cluster.hosts, args.short_lane)
+        except ValidationError as exc:
+            raise ValidationError("--short-lane", exc.reason) from None
+        cluster = replace(cluster, short_lane=lane)
     _check_checkpoint_kinds(args.checkpoint, {j.workload.kind for j in jobs})
     workers = min(args.jobs or os.cpu_count() or 1, len(policies))
     with writing_to("--out"):

@@ -1,7 +1,8 @@
 """``allot twin``: does the core, replayed on the live log, decide what the live leader did?
 
     allot twin (--since 1h | --from FILE) [--save FILE] [--tolerance-s 1] [--policy P]
-               [--grace-s 300] [--unallocated-grace-s 30] [--unallocated-settle-s 60] [--json]
+               [--grace-s 300] [--unallocated-grace-s 30] [--unallocated-settle-s 60]
+               [--short-lane HOSTS] [--json]
 
 Reads the whole log once through NATS (``allot.ops.log_reader``, as ``allot export`` and
 ``allot whatif`` do; ``--nats-url`` and the stack discovery of the live commands), or a file
@@ -27,6 +28,7 @@ from typing import Any
 
 import msgspec
 
+from allot.bus.service_main import host_ids
 from allot.cli.history_cmds import _envelope, _read, parse_since
 from allot.cli.live_cmds import _common
 from allot.core.errors import ValidationError
@@ -96,6 +98,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=DEFAULT_UNALLOCATED_SETTLE_S,
         help="the stack's settling time of freed GPUs (default %(default)g)",
     )
+    p.add_argument(
+        "--short-lane",
+        type=host_ids,
+        default=(),
+        metavar="HOSTS",
+        help="the placement service's short-lane hosts (comma-separated; default none)",
+    )
     p.set_defaults(func=run)
 
 
@@ -137,7 +146,14 @@ def run(args: argparse.Namespace) -> int:
             return failed
         if args.save is not None:
             _save(args.save, records)
-    parity = twin_parity(records, policy, since=since, until=until, tolerance_s=args.tolerance_s)
+    parity = twin_parity(
+        records,
+        policy,
+        since=since,
+        until=until,
+        tolerance_s=args.tolerance_s,
+        short_lane=args.short_lane,
+    )
     if args.json:
         print(_envelope("TwinParity", figures(parity)))
         return 0

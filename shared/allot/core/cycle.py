@@ -73,9 +73,9 @@ from allot.core.decisions import (
 from allot.core.model import Assignment, HostState, Running, Workload
 from allot.core.placement import ClusterView
 from allot.core.policy import Ordering, Policy, RequestRule
-from allot.core.preemption import Plan, plan_preemption
+from allot.core.preemption import Plan, plan_cheap, plan_preemption
 from allot.core.reservations import plan_reservation
-from allot.core.state import DEFAULT_POOL, ClusterState, PendingQueue
+from allot.core.state import DEFAULT_POOL, SHORT_LANE_POOL, ClusterState, PendingQueue
 from allot.core.victims import (
     WORST_ORDER,
     FairShareRule,
@@ -185,6 +185,13 @@ class _Cycle:
         self._held: dict[str, tuple[int, Reservation, tuple[Running, ...]]] = {}
         self._reserved_turns: set[str] = set()  # reserved requests already considered
         self._reservation_tier: dict[str, int] = {}  # its allocation's tier when planned
+        # The short lane (``Policy.short``), Fair Tree's while it has a schedulable host. No
+        # GPUs of the lane are free for a request of ``_lane_fit_bound`` or more any more
+        # this cycle; neither free nor cheap ones for ``_lane_bound`` or more (both only
+        # shrink within a cycle, whoever asks: cheap victims are any allocated request's).
+        self._lane = self._fair_tree and SHORT_LANE_POOL in self.st.pool_max_gpus
+        self._lane_fit_bound = math.inf
+        self._lane_bound = math.inf
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CycleResult:
@@ -322,12 +329,18 @@ class _Cycle:
         # An item of g GPUs can neither fit nor preempt any more when
         # g >= (a if g <= limit else b) (see ``_dead_bounds``).
         a, b, limit = self._dead_bounds(group)
+        lane = self._lane_reach(group)  # and the short lane can serve none of >= lane
         left = self._sizes_left(group, pos)
         low = min(left)
-        if low >= max(a, b) or (low > limit and low >= b) or (low >= a and max(left) <= limit):
+        if low >= lane and (
+            low >= max(a, b) or (low > limit and low >= b) or (low >= a and max(left) <= limit)
+        ):
             return None  # nothing left in this group can happen this cycle
         start, end = pos, len(items)
-        while pos < end and items[pos][1].gpus >= (a if items[pos][1].gpus <= limit else b):
+        while pos < end:
+            gpus = items[pos][1].gpus
+            if gpus < lane or gpus < (a if gpus <= limit else b):
+                break
             pos += 1
         if pos == end:
             return None
@@ -376,6 +389,15 @@ class _Cycle:
             max(bound, pb.get(_TIER0_RANKED, math.inf)),
             limit,
         )
+
+    def _lane_reach(self, group: str | None) -> float:
+        """The fewest GPUs the short lane can no longer give an item of ``group`` in this
+        cycle (sizes only: an item that is not short asks in vain); 0 without a lane."""
+        if not self._lane:
+            return 0
+        if group is None:
+            return self._lane_fit_bound
+        return min(self.policy.short_lane_max_gpus + 1, self._lane_bound)
 
     def _reclaims(self, w: Workload) -> bool:
         """``allot.core.victims.reclaims`` with the GPUs the allocation holds so far in this
@@ -541,15 +563,19 @@ class _Cycle:
                 parts.append((host, tuple(self.view.free_of(host)[:rest])))
         return tuple(parts)
 
-    def _fit_in_room(self, room: Assignment, pool: str, gpus: int) -> Assignment | None:
+    def _fit_in_room(
+        self, room: Assignment, pool: str, gpus: int, *, lane: bool = False
+    ) -> Assignment | None:
         """A one-host request's best fit among its room's hosts (else None): what its
-        victims left is where it starts, not elsewhere with its room left idle."""
+        victims left is where it starts, not elsewhere with its room left idle. ``lane``:
+        the short lane's hosts count too (a short request's room may be there)."""
         if self._is_gang(gpus, pool):
             return None
         fits = []
         for host_id in {h for h, _ in room}:
             free = len(self.view.free_of(host_id))
-            if self.st.pool_of[host_id] == pool and free >= gpus:
+            host_pool = self.st.pool_of[host_id]
+            if (host_pool == pool or (lane and host_pool == SHORT_LANE_POOL)) and free >= gpus:
                 fits.append((free, host_id))
         if not fits:
             return None
@@ -636,22 +662,18 @@ class _Cycle:
             self.view.give(room)
         if not bounded or gpus < self.place_bound.get(pool, math.inf):
             self._plan_due_earmarks()
-            assignment = self._fit_in_room(room, pool, gpus) if room else None
+            lane = self._lane and self.policy.short(w)
+            assignment = self._fit_in_room(room, pool, gpus, lane=lane) if room else None
             if assignment is None:
                 assignment = self.view.find_fit(pool, gpus)
             if assignment is None and w.allocated and self._held:
                 assignment = self._backfill(w)
             if assignment is not None:
-                self.view.take(assignment)
-                self.placements.append(Placement(w, assignment))
-                if w.allocated:
-                    alloc = w.allocation
-                    assert alloc is not None
-                    self.held[alloc] = self.held.get(alloc, 0) + gpus
-                    self._tiers.pop(alloc, None)
-                    self.served_allocated += 1
+                self._place(w, assignment)
                 return True
             self.place_bound[pool] = min(gpus, self.place_bound.get(pool, math.inf))
+        if self._lane and pool == DEFAULT_POOL and self._in_lane(w):
+            return True
         if not may_preempt:
             return False
         bound_key = self._bound_key(w, pool)
@@ -671,6 +693,20 @@ class _Cycle:
             self.preempt_bound[bound_key] = min(gpus, self.preempt_bound.get(bound_key, math.inf))
             self._earmark(w, pool)
             return False
+        self._apply_plan(w, plan, rule)
+        return True
+
+    def _place(self, w: Workload, assignment: Assignment) -> None:
+        self.view.take(assignment)
+        self.placements.append(Placement(w, assignment))
+        if w.allocated:
+            alloc = w.allocation
+            assert alloc is not None
+            self.held[alloc] = self.held.get(alloc, 0) + w.gpus
+            self._tiers.pop(alloc, None)
+            self.served_allocated += 1
+
+    def _apply_plan(self, w: Workload, plan: Plan, rule: RequestRule) -> None:
         if w.allocated:
             self.served_allocated += 1
         for victim in plan.new_victims:  # ``reserve`` re-indexes their hosts once for all
@@ -679,7 +715,54 @@ class _Cycle:
         waited = tuple(sorted(r.workload.id for r in plan.victims))
         if waited:
             self.waiting_on.append((w.id, waited))
+
+    def _in_lane(self, w: Workload) -> bool:
+        """After its fit elsewhere failed, start ``w`` in the short lane, or plan its room
+        with cheap victims, when it may (True). Unallocated work takes the lane's free GPUs.
+        Short allocated work (``Policy.short``), before any allocated victim: the lane's
+        free GPUs; else cheap victims elsewhere that leave within an unallocated victim's
+        grace; else whichever cheap plan, elsewhere or in the lane, frees its GPUs first
+        (GPUs already under notice may free only minutes later)."""
+        gpus = w.gpus
+        view = self.view
+        if not w.allocated:
+            if gpus >= self._lane_fit_bound:
+                return False
+            assignment = view.find_fit(SHORT_LANE_POOL, gpus)
+            if assignment is None:
+                self._lane_fit_bound = float(gpus)
+                return False
+            self._place(w, assignment)
+            return True
+        if gpus >= self._lane_bound or not self.policy.short(w):
+            return False
+        assignment = view.find_fit(SHORT_LANE_POOL, gpus)
+        if assignment is not None:
+            self._place(w, assignment)
+            return True
+        self._plan_due_earmarks()
+        plan = plan_cheap(view, DEFAULT_POOL, gpus)
+        if plan is None or self._frees_in(plan) > self.policy.grace_of(allocated=False):
+            here = plan_cheap(view, SHORT_LANE_POOL, gpus)
+            if here is None:
+                self._lane_bound = float(gpus)
+            elif plan is None or self._frees_in(here) < self._frees_in(plan):
+                plan = here
+        if plan is None:
+            return False
+        self._apply_plan(w, plan, self._victim_rule(w))
         return True
+
+    def _frees_in(self, plan: Plan) -> float:
+        """Seconds until every victim of ``plan`` has left (a new notice: its grace)."""
+        wait = 0.0
+        for run in plan.victims:
+            at = run.preempt_at
+            if at is None:
+                at = self.view.noticed.get(run.workload.id)
+            left = self.policy.grace_of(run.workload.allocated) if at is None else at - self.now
+            wait = max(wait, left)
+        return wait
 
     def _held_back(self, w: Workload) -> bool:
         """Requeued by a notice for another request not long ago: it may displace only

@@ -19,7 +19,13 @@ from typing import Protocol
 
 from allot.core.decisions import PreemptReason
 from allot.core.errors import ValidationError
-from allot.core.model import DEFAULT_GRACE_S, DEFAULT_UNALLOCATED_GRACE_S, Running, Workload
+from allot.core.model import (
+    DEFAULT_GRACE_S,
+    DEFAULT_UNALLOCATED_GRACE_S,
+    MAX_MIN_RUNTIME_S,
+    Running,
+    Workload,
+)
 from allot.core.preemption import VictimRule
 from allot.core.state import DEFAULT_POOL, FREED_KEPT_S, ClusterState, PendingQueue
 
@@ -85,6 +91,13 @@ class Policy:
     # leave below its entitlement (``FairShareRule.key``): more owed time delivered to
     # teams whose share is a gang or two, longer waits for small work (decision 0065).
     keep_gangs_at_entitlement: bool = False
+    # The short lane (hosts named by ``ClusterState(short_lane=...)``): besides unallocated
+    # work, only allocated requests of at most ``short_lane_max_gpus`` GPUs protected for at
+    # most ``short_lane_max_protection_s`` start there. When allocated work fills the rest of
+    # the cluster, such short work still finds free GPUs or an unallocated victim (its short
+    # grace) instead of waiting out an allocated victim's (decision 0066).
+    short_lane_max_gpus: int = 2
+    short_lane_max_protection_s: int = 900
     ordering: Ordering | None = None  # None: Fair Tree
     victims: Victims | None = None  # a plugged-in ordering's preemption rule
 
@@ -115,12 +128,29 @@ class Policy:
             raise ValidationError(
                 "reservation_after_s", f"must be >= 0 and finite, got {self.reservation_after_s}"
             )
+        if self.short_lane_max_gpus < 0:
+            raise ValidationError(
+                "short_lane_max_gpus", f"must be >= 0, got {self.short_lane_max_gpus}"
+            )
+        if not 0 <= self.short_lane_max_protection_s <= MAX_MIN_RUNTIME_S:
+            raise ValidationError(
+                "short_lane_max_protection_s",
+                f"must be in [0, {MAX_MIN_RUNTIME_S}], got {self.short_lane_max_protection_s}",
+            )
         if self.victims is not None and self.ordering is None:
             raise ValidationError("victims", "Fair Tree has its own: plug in an ordering too")
 
     @property
     def fair_tree(self) -> bool:
         return self.ordering is None
+
+    def short(self, w: Workload) -> bool:
+        """Whether allocated ``w`` may start in the short lane."""
+        return (
+            w.allocated
+            and w.gpus <= self.short_lane_max_gpus
+            and w.min_runtime_s <= self.short_lane_max_protection_s
+        )
 
     def grace_of(self, allocated: bool) -> int:
         """The grace period a victim gets: allocated or not."""

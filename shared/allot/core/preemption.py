@@ -98,6 +98,14 @@ class _CheapRule:
         return False
 
 
+def plan_cheap(view: ClusterView, pool: str, gpus: int) -> Plan | None:
+    """A plan of cheap victims alone (free GPUs, unallocated work, work under notice that
+    nobody claimed), the first step of ``plan_preemption`` for a Fair Tree request; None
+    when there is none. Any allocated request may take cheap victims."""
+    largest = view.st.pool_max_gpus.get(pool)
+    return None if largest is None else _plan_cheap(view, pool, gpus, largest)
+
+
 def _plan_cheap(view: ClusterView, pool: str, gpus: int, largest: int) -> Plan | None:
     """Rules 3-5 restricted to cheap victims, found through the cheap-room index in
     O(host size): GPUs already under notice first (no new notice at all), then the host

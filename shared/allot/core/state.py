@@ -29,6 +29,9 @@ from allot.core.errors import ValidationError
 from allot.core.model import Assignment, Host, HostState, Running, Workload
 
 DEFAULT_POOL = ""
+SHORT_LANE_POOL = "short-lane"
+"""The pool of the short lane's hosts (``ClusterState(short_lane=...)``): Fair Tree starts
+only unallocated and short allocated work there (``Policy.short_lane_max_gpus``)."""
 FREED_KEPT_S = 3600.0
 """How long ``ClusterState.freed`` remembers a host's GPUs coming free (the longest
 ``Policy.unallocated_settle_s``)."""
@@ -46,9 +49,16 @@ _NEAR_HEAD = 64
 class ClusterState:
     """Hosts and running work. Apply events through the methods; read freely."""
 
-    def __init__(self, hosts: Iterable[Host], pools: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        hosts: Iterable[Host],
+        pools: Mapping[str, str] | None = None,
+        *,
+        short_lane: Iterable[str] = (),
+    ) -> None:
         """``pools`` maps host id -> pool name (the simulator's partitioned baseline);
-        default: one pool."""
+        default: one pool. ``short_lane``: ids of hosts, present or joining later, that
+        form the pool ``SHORT_LANE_POOL`` (Fair Tree's short lane)."""
         ordered = sorted(hosts, key=lambda h: h.id)
         self._hosts: dict[str, Host] = {}
         for host in ordered:
@@ -61,7 +71,10 @@ class ClusterState:
         by it); the indexes hold keys, ``host_at`` maps a key back to its host."""
         self.host_at: dict[int, str] = {}
         self._number_hosts()
-        self.pool_of: dict[str, str] = {h.id: DEFAULT_POOL for h in ordered}
+        self.short_lane = frozenset(short_lane)
+        if pools and self.short_lane:
+            raise ValidationError("short_lane", "a short lane needs one pool, not partitions")
+        self.pool_of: dict[str, str] = {h.id: self._pool_at_join(h.id) for h in ordered}
         if pools:
             for host_id, pool in pools.items():
                 if host_id not in self._hosts:
@@ -157,7 +170,7 @@ class ClusterState:
         self._hosts[host.id] = host
         pos = bisect_left(self.host_ids, host.id)
         self.host_ids.insert(pos, host.id)
-        self.pool_of.setdefault(host.id, DEFAULT_POOL)
+        self.pool_of.setdefault(host.id, self._pool_at_join(host.id))
         self.free[host.id] = list(range(host.gpus))
         self.on_host[host.id] = set()
         key = self._key_between(pos)
@@ -266,6 +279,9 @@ class ClusterState:
                 cheap[host_id] = left
             else:
                 del cheap[host_id]
+
+    def _pool_at_join(self, host_id: str) -> str:
+        return SHORT_LANE_POOL if host_id in self.short_lane else DEFAULT_POOL
 
     def _number_hosts(self) -> None:
         self.host_index = {h: i * HOST_KEY_SPACING for i, h in enumerate(self.host_ids)}

@@ -50,7 +50,7 @@ No I/O, no clock: times come from the records.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -152,8 +152,9 @@ def _kept(text: str | None) -> str | None:
 class LogFold:
     """State rebuilt from the log. Read ``state``, ``queue``, ``tree``, ``records``."""
 
-    def __init__(self) -> None:
-        self.state = ClusterState([])
+    def __init__(self, short_lane: Iterable[str] = ()) -> None:
+        """``short_lane``: the placement service's short-lane hosts (``ClusterState``)."""
+        self.state = ClusterState([], short_lane=short_lane)
         self.queue = PendingQueue()
         self.tree: BudgetTree | None = None
         self.epoch = 0

@@ -256,16 +256,18 @@ def twin_parity(
     since: float = -math.inf,
     until: float = math.inf,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
+    short_lane: Iterable[str] = (),
 ) -> Parity:
     """Compare each live cycle of ``[since, until]`` in ``records`` with ``run_cycle``'s
-    decision under ``policy`` (see the module docstring)."""
+    decision under ``policy`` (see the module docstring); ``short_lane``: the placement
+    service's short-lane hosts."""
     if not (isinstance(tolerance_s, int | float) and 0 <= tolerance_s < math.inf):
         raise ValidationError("tolerance_s", f"must be a finite number >= 0, got {tolerance_s!r}")
     if not since <= until:
         raise ValidationError("since", f"must not be after until ({since:g} > {until:g})")
     steps = _merged(records)
     effects, outcomes = _first_pass(steps)
-    judge = _Judge(steps, effects, policy, tolerance_s)
+    judge = _Judge(steps, effects, policy, tolerance_s, tuple(short_lane))
     cycles = _live_cycles(steps, judge.keys, outcomes)
     compared = [
         judge.compare(cycle)
@@ -328,9 +330,9 @@ class _Replay:
     """The fold of ``steps[:pos]``, the ranking's order there, and where each workload last
     became pending (its submission, or the end that requeued it) and last started."""
 
-    def __init__(self, steps: Sequence[_Step]) -> None:
+    def __init__(self, steps: Sequence[_Step], short_lane: tuple[str, ...]) -> None:
         self.steps = steps
-        self.fold = LogFold()
+        self.fold = LogFold(short_lane)
         self.ranking = LastRanking()
         self.pos = 0
         self.queued_at: dict[str, int] = {}
@@ -480,14 +482,20 @@ class _Judge:
     that decided on an older state)."""
 
     def __init__(
-        self, steps: Sequence[_Step], effects: Sequence[bool], policy: Policy, tolerance_s: float
+        self,
+        steps: Sequence[_Step],
+        effects: Sequence[bool],
+        policy: Policy,
+        tolerance_s: float,
+        short_lane: tuple[str, ...],
     ) -> None:
         self.steps = steps
         self.keys = [s.key for s in steps]
         self.effects = effects
         self.policy = policy
         self.tolerance_s = tolerance_s
-        self.replays = [_Replay(steps), _Replay(steps)]
+        self.short_lane = short_lane
+        self.replays = [_Replay(steps, short_lane), _Replay(steps, short_lane)]
 
     def compare(self, cycle: _Live) -> CycleParity:
         base, behind = self._at(0, cycle.natural), self._at(1, cycle.floor)
@@ -533,7 +541,7 @@ class _Judge:
     def _at(self, i: int, to: int) -> _Replay:
         """``replays[i]`` moved forward to ``to``; a new one if it is past it."""
         if self.replays[i].pos > to:
-            self.replays[i] = _Replay(self.steps)
+            self.replays[i] = _Replay(self.steps, self.short_lane)
         self.replays[i].advance(to)
         return self.replays[i]
 

@@ -152,6 +152,8 @@ class StackConfig:
     grace_s: int = 300
     unallocated_grace_s: int = DEFAULT_UNALLOCATED_GRACE_S
     unallocated_settle_s: float = DEFAULT_UNALLOCATED_SETTLE_S
+    short_lane: tuple[str, ...] = ()
+    """Placement's ``--short-lane`` hosts (Fair Tree's short lane); none by default."""
     lease_ttl_s: float = 3.0
     rank_every_s: float = 300.0
     accrue_s: float = 30.0
@@ -498,6 +500,8 @@ class Stack(StartStop):
                 "--lease-ttl-s",
                 str(c.lease_ttl_s),
             ]
+            if c.short_lane:
+                out[f"placement-{i + 1}"] += ["--short-lane", ",".join(c.short_lane)]
         for agent in c.agents:
             argv = [*py, "allot.services.agent", *agent.argv()]
             argv += ["--heartbeat-s", str(c.heartbeat_s)]

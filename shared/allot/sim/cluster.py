@@ -10,6 +10,7 @@ Input (``cluster.yaml`` after loading; names must be strings, so quote hex-like 
     partitions:                       # optional: team -> number of hosts
       "pretrain": 12
       "evals": 4
+    short_lane: 1                     # optional: the last N hosts form the short lane
     health_events:                    # optional
       - {host: "node-0003", time: 86400, event: "unhealthy"}
       - {host: "node-0003", time: 172800, event: "repaired"}
@@ -26,6 +27,9 @@ Output: ``ClusterSpec`` with
   wait for ever (the report counts them as never started), which is what a static
   monopoly does to a team that was not given one. Hosts left over after the last team
   belong to nobody and stay idle under that baseline. Other policies ignore partitions.
+* ``short_lane``: the ids of the last ``short_lane`` hosts in host order: Fair Tree's short
+  lane (``allot.core.policy.Policy.short``: there, allocated work starts only if it is
+  small and briefly protected); the baselines ignore it. Default 0: no lane.
 * ``health_events``: sorted by (time, file order); ``event`` is ``unhealthy`` (the host
   starts draining) or ``repaired`` (healthy again). Each names a known host.
 
@@ -44,7 +48,7 @@ from allot.core.errors import ValidationError
 from allot.core.model import Host
 
 HEALTH_EVENTS = ("unhealthy", "repaired")
-_TOP_KEYS = frozenset({"name", "host_groups", "hosts", "partitions", "health_events"})
+_TOP_KEYS = frozenset({"name", "host_groups", "hosts", "partitions", "short_lane", "health_events"})
 _GROUP_KEYS = frozenset({"prefix", "count", "gpus"})
 _HOST_KEYS = frozenset({"id", "gpus"})
 _EVENT_KEYS = frozenset({"host", "time", "event"})
@@ -62,6 +66,7 @@ class ClusterSpec:
     hosts: tuple[Host, ...]
     partitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
     health_events: tuple[HealthEvent, ...] = ()
+    short_lane: tuple[str, ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -80,7 +85,18 @@ def load_cluster(data: Mapping[str, object]) -> ClusterSpec:
     hosts += _named_hosts(named, seen)
     partitions = _partitions(data.get("partitions"), hosts)
     events = _health_events(data.get("health_events"), {host.id for host in hosts})
-    return ClusterSpec(hosts=hosts, partitions=partitions, health_events=events)
+    lane = short_lane_of(hosts, data.get("short_lane", 0))
+    return ClusterSpec(hosts=hosts, partitions=partitions, health_events=events, short_lane=lane)
+
+
+def short_lane_of(hosts: tuple[Host, ...], count: object) -> tuple[str, ...]:
+    """The ids of the last ``count`` hosts (``short_lane``), checked."""
+    n = _positive_int("short_lane", count, zero_ok=True)
+    if n >= len(hosts):
+        raise ValidationError(
+            "short_lane", f"must leave some of the {len(hosts)} hosts outside the lane, got {n}"
+        )
+    return tuple(host.id for host in hosts[len(hosts) - n :]) if n else ()
 
 
 def _reject_unknown(where: str, data: Mapping[str, object], allowed: frozenset[str]) -> None:

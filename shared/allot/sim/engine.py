@@ -101,7 +101,9 @@ class _Engine:
         self.config = config
         self.baseline, self.policy = baseline_of(config.policy).start(config.policy)
         self.tree = tree
-        self.state = ClusterState(cluster.hosts, self.baseline.pools(cluster))
+        # The short lane is Fair Tree's (``Policy.short``); the baselines ignore it.
+        lane = cluster.short_lane if self.policy.ordering is None else ()
+        self.state = ClusterState(cluster.hosts, self.baseline.pools(cluster), short_lane=lane)
         self.queue = PendingQueue()
         self.shares: Mapping[str, float] = tree.effective_shares()
         self.order: dict[str, int] = {}
