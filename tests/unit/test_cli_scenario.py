@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from allot.sim.cluster import load_cluster
+
 EXIT_BAD_INPUT = 2
 
 
@@ -43,6 +45,8 @@ def existing_file(tmp: Path) -> Path:
         pytest.param(["--hosts", "0"], ("--hosts", "positive"), id="no-hosts"),
         pytest.param(["--max-gang", "32"], ("--max-gang", "from 64"), id="gang-too-small"),
         pytest.param(["--debug-share", "0.9"], ("--debug-share", "room"), id="debug-too-big"),
+        pytest.param(["--short-lane", "-1"], ("--short-lane", "from 0"), id="negative-lane"),
+        pytest.param(["--short-lane", "48"], ("--short-lane", "hosts - 1"), id="all-in-the-lane"),
     ],
 )
 def test_bad_knob_flag_is_exit_2_and_one_line_naming_the_flag(
@@ -98,3 +102,21 @@ def test_host_failures_follow_hosts(hosts: int, failures: int, tmp_path: Path) -
     cluster = yaml.safe_load((tmp_path / "cluster.yaml").read_text(encoding="utf-8"))
     failing = {e["host"] for e in cluster["health_events"] if e["event"] == "unhealthy"}
     assert len(failing) == failures
+
+
+@pytest.mark.parametrize(
+    ("flags", "lane"),
+    [
+        pytest.param([], ["node-0047"], id="one-host-by-default"),
+        pytest.param(["--short-lane", "2"], ["node-0046", "node-0047"], id="two"),
+        pytest.param(["--short-lane", "0"], [], id="none"),
+        pytest.param(["--hosts", "1"], [], id="a-one-host-cluster-keeps-its-host"),
+    ],
+)
+def test_the_short_lane_is_written_with_the_cluster(
+    flags: list[str], lane: list[str], tmp_path: Path
+) -> None:
+    done = allot("scenario", "ai2", "--days", "1", *flags, "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    data = yaml.safe_load((tmp_path / "cluster.yaml").read_text(encoding="utf-8"))
+    assert list(load_cluster(data).short_lane) == lane

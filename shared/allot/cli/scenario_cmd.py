@@ -1,7 +1,8 @@
 """``allot scenario ai2 --seed N --out DIR``: write an Ai2-like month (cluster.yaml,
 budgets.yaml, trace.csv, and scenario.json: its name and seed, which ``allot simulate``
 carries into the report). The mix and its knobs: ``allot.sim.scenario`` and the README.
-Host failures (4 by default) are capped at ``--hosts``; a bad flag is named as typed."""
+Host failures (4 by default) are capped at ``--hosts``, the short lane (1 host) at
+``--hosts`` - 1; a bad flag is named as typed."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(default: only the pretraining and multimodal programs, capped by entitlement)",
     )
     parser.add_argument(
+        "--short-lane",
+        type=int,
+        help="the last N hosts form Fair Tree's short lane (default 1; 0: none)",
+    )
+    parser.add_argument(
         "--debug-share",
         type=float,
         help="share of the GPU-hours in debug jobs (default 0.008)",
@@ -46,6 +52,7 @@ _FLAG_OF_KNOB = {
     "knobs.hosts": "--hosts",
     "knobs.max_gang": "--max-gang",
     "knobs.debug_fraction": "--debug-share",
+    "knobs.short_lane": "--short-lane",
     "knobs": "--debug-share",
 }
 
@@ -74,12 +81,15 @@ def _knobs(args: argparse.Namespace) -> Ai2Knobs:
         "hosts": args.hosts,
         "max_gang": args.max_gang,
         "debug_fraction": args.debug_share,
+        "short_lane": args.short_lane,
     }
     changes: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
     if args.hosts is not None:
         # No flag sets the failures, so they follow --hosts: a cluster smaller than the
         # default failure count loses every host once instead of being refused.
         changes["host_failures"] = max(0, min(default.host_failures, args.hosts))
+        if args.short_lane is None:  # and the lane leaves the rest of a small cluster
+            changes["short_lane"] = max(0, min(default.short_lane, args.hosts - 1))
     try:
         return replace(default, **changes)
     except ValidationError as exc:

@@ -12,7 +12,8 @@ The Ai2-like month (defaults in brackets, every one a field of ``Ai2Knobs``)
   ``host_failures`` [4] distinct hosts go unhealthy at a uniform time and are repaired
   2-48 h later (clipped to the month). ``partitions`` (for the partitioned baseline) deal
   the hosts to teams in proportion to their effective share (largest remainder, ties in
-  tree order).
+  tree order). The last ``short_lane`` [1] hosts form Fair Tree's short lane, as an
+  operator keeps a debug partition (``allot.core.policy.Policy.short``).
 * Budget tree: 15 teams under 4 programs with unequal integer shares (``TEAMS``):
   pretraining 40 (olmo-core 18, data-mix 9, scaling-laws 7, long-context 6),
   post-training 25 (tulu-sft 9, rlhf 8, safety 5, evals 3), multimodal 20 (molmo 11,
@@ -165,6 +166,9 @@ class Ai2Knobs:
     max_gang: int | None = None
     """Gangs of up to this many GPUs from every team, whatever its entitlement (None: the
     programs above, capped by their entitlement): the fragmentation stress of issue 37."""
+    short_lane: int = 1
+    """The cluster's last hosts that form Fair Tree's short lane (``allot.sim.cluster``),
+    as an operator would keep a debug partition; 0: none."""
 
     def __post_init__(self) -> None:
         for name in ("days", "hosts", "gpus_per_host"):
@@ -199,6 +203,13 @@ class Ai2Knobs:
                 "knobs.max_gang",
                 f"must be a whole number of GPUs from 64 (the smallest gang) to the cluster's "
                 f"{capacity}, got {self.max_gang!r}",
+            )
+        if isinstance(self.short_lane, bool) or not (
+            isinstance(self.short_lane, int) and 0 <= self.short_lane < self.hosts
+        ):
+            raise ValidationError(
+                "knobs.short_lane",
+                f"must be a whole number of hosts from 0 to hosts - 1, got {self.short_lane!r}",
             )
         if not 0 <= self.host_failures <= self.hosts:
             raise ValidationError(
@@ -366,7 +377,7 @@ def dump_budgets_yaml(tree: Mapping[str, object]) -> str:
 
 def dump_cluster_yaml(cluster: Mapping[str, object]) -> str:
     """A cluster dict (see ``allot.sim.cluster``) as YAML with quoted names, keys in the
-    order name, host_groups, hosts, partitions, health_events."""
+    order name, host_groups, hosts, partitions, short_lane, health_events."""
     lines: list[str] = []
     if "name" in cluster:
         lines.append(f"name: {_q(cluster['name'])}")
@@ -387,6 +398,8 @@ def dump_cluster_yaml(cluster: Mapping[str, object]) -> str:
     if partitions:
         lines.append("partitions:")
         lines.extend(f"  {_q(team)}: {_scalar(n)}" for team, n in _map(partitions).items())
+    if cluster.get("short_lane"):
+        lines.append(f"short_lane: {_scalar(cluster['short_lane'])}")
     events = cluster.get("health_events")
     if events:
         lines.append("health_events:")
@@ -486,6 +499,7 @@ def _ai2_cluster(
         "name": "ai2-like",
         "host_groups": [{"prefix": "node-", "count": knobs.hosts, "gpus": knobs.gpus_per_host}],
         "partitions": _largest_remainder(shares, knobs.hosts),
+        **({"short_lane": knobs.short_lane} if knobs.short_lane else {}),
         "health_events": [{"host": h, "time": t, "event": e} for t, _, h, e in events],
     }
 
