@@ -208,3 +208,17 @@ def test_a_record_cut_to_a_window_keeps_only_what_lies_inside() -> None:
         ("b", 90.0, None, "running"),
         ("c", None, None, "pending"),
     ]
+
+
+def test_the_short_lane_is_replayed_as_the_placement_service_runs_it(
+    exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The history's one host as the lane: its 4-GPU work is not short, so nothing starts.
+    argv = ["--from", str(exported), "--set", "nlp=3", "--json"]
+    assert run("whatif", *argv, "--out", str(tmp_path / "a"), "--short-lane", "h1,h9") == 0
+    laned = json.loads(capsys.readouterr().out)["data"]["by_allocation"]
+    assert run("whatif", *argv, "--out", str(tmp_path / "b")) == 0
+    plain = json.loads(capsys.readouterr().out)["data"]["by_allocation"]
+    for alloc in ("nlp", "cv"):
+        assert laned[alloc]["proposed"]["delivered_gpu_h"] == 0
+    assert plain["nlp"]["proposed"]["delivered_gpu_h"] > 0

@@ -3,7 +3,8 @@ proposed budget tree, and the budget tree's changes.
 
     allot export --since 7d --out DIR
     allot whatif (--since 1h | --from DIR) (--set PATH=SHARES ... | --budgets new.yaml)
-                 [--out DIR] [--json] [--policy P] [allot simulate's engine options]
+                 [--out DIR] [--json] [--policy P] [--short-lane HOSTS]
+                 [allot simulate's engine options]
     allot budgets history [--json]
 
 Each reads the log once through NATS (``allot.ops.log_reader``; ``--nats-url`` and the
@@ -46,6 +47,7 @@ from typing import Any
 
 import msgspec
 
+from allot.bus.service_main import host_ids
 from allot.cli.durations import duration_label, parse_duration
 from allot.cli.live_cmds import (
     EXIT_REFUSED,
@@ -139,6 +141,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         choices=POLICY_NAMES,
         default="fairshare",
         help="the placement service's --policy (default %(default)s)",
+    )
+    p.add_argument(
+        "--short-lane",
+        type=host_ids,
+        default=(),
+        metavar="HOSTS",
+        help="the placement service's --short-lane hosts (default none)",
     )
     add_engine_options(p)
     p.set_defaults(func=run_whatif)
@@ -393,12 +402,15 @@ def run_whatif(args: argparse.Namespace) -> int:
     _check_allocations(inputs.jobs, proposed, "--budgets" if args.budgets else "--set")
     trees = dict(zip(SIDES, (inputs.tree, proposed), strict=True))
     window_s = float(inputs.meta["window_s"])
+    known = {h.id for h in inputs.cluster.hosts}
+    lane = tuple(h for h in args.short_lane if h in known)  # as the live lane: hosts present
+    cluster = replace(inputs.cluster, short_lane=lane)
     reports, records = {}, {}
     for side, tree in trees.items():
         config = replace(
-            engine_config(args, args.policy, tree, inputs.cluster), prior_usage=inputs.prior_usage
+            engine_config(args, args.policy, tree, cluster), prior_usage=inputs.prior_usage
         )
-        record = window_record(simulate(inputs.cluster, tree, inputs.jobs, config), 0.0, window_s)
+        record = window_record(simulate(cluster, tree, inputs.jobs, config), 0.0, window_s)
         records[side] = record
         reports[side] = build_report(record)
     changes = tree_diff(spec_from_tree(inputs.tree), spec_from_tree(proposed))
