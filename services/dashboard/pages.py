@@ -13,8 +13,8 @@ are served (``~``: unallocated work); ``tr[data-allocation]`` (fair share with
 ``tr[data-idle-workload]`` (``#idle``: runs flagged idle now, on the owed page);
 ``[data-chart-allocation]`` (with ``data-chart-from-s``: how many seconds back the axis
 starts) and ``[data-chart-window]`` around charts; ``#window`` (the chart window chosen);
-``tr[data-host][data-state]`` with ``data-deadline`` on draining hosts and
-``li[data-drain-host]`` (``#drains``).
+``tr[data-host][data-state]`` with ``data-deadline`` on draining hosts, ``data-lane="short"``
+on the short lane's, and ``li[data-drain-host]`` (``#drains``).
 """
 
 from __future__ import annotations
@@ -420,19 +420,24 @@ def hosts_page(
         ("state", "l"),
         ("GPUs", ""),
         ("free", ""),
+        ("lane", "l"),
         ("drain deadline", "l"),
         ("workloads", "l"),
     )
     rows = []
     for h in hosts.hosts:
         dl = deadlines.get(h.host) if h.state == "draining" else None
-        deadline_attr = (
+        attrs = (
             f' data-deadline="{dl.deadline:.3f}"' if dl is not None and dl.deadline else ""
         )
+        if h.short_lane:
+            attrs += ' data-lane="short"'
+
         rows.append(
-            f'<tr data-host="{escape(h.host)}" data-state="{escape(h.state)}"{deadline_attr}>'
+            f'<tr data-host="{escape(h.host)}" data-state="{escape(h.state)}"{attrs}>'
             f'<td class="l">{escape(h.host)}</td><td class="l">{escape(h.state)}</td>'
             f"<td>{h.gpus}</td><td>{h.free_gpus}</td>"
+            f'<td class="l">{"short" if h.short_lane else ""}</td>'
             f'<td class="l">{when(dl.deadline, now) if dl and dl.deadline else ""}</td>'
             f'<td class="l">{"<br>".join(_labelled(w, labels) for w in h.workloads)}</td>'
             "</tr>"

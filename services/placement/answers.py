@@ -16,6 +16,7 @@ from allot.core.errors import ValidationError
 from allot.core.model import HostState
 from allot.core.queue_view import TIER_NAMES, UNALLOCATED, QueueEntry
 from allot.core.reasons import PrioRow, Why, estimated_start
+from allot.core.state import SHORT_LANE_POOL
 from allot.eventlog.last_ranking import LastRanking
 from allot.eventlog.logfold import TERMINAL, LogFold, WorkloadRecord
 from allot.proto import codec
@@ -183,6 +184,7 @@ def host_rows(
                 drain_reason=drain.reason if drain is not None else "",
                 drain_by=drain.by if drain is not None else None,
                 drain_at=drain.at if drain is not None else None,
+                short_lane=st.pool_of[h] == SHORT_LANE_POOL,
             )
         )
     return tuple(rows)

@@ -640,6 +640,10 @@ async def test_the_short_lane_starts_only_short_and_free_work_and_the_twin_agree
                 ids[p.workload_id]: {hg.host for hg in p.assignment} for p in await placements(js)
             }
             assert where == {"fill": {"h1"}, "dbg": {"h2"}, "free": {"h2"}}, placed
+            # `allot hosts` and the dashboard say which host is the lane.
+            reply = await nc.request(s.QUERY_HOSTS, b"{}", timeout=5)
+            hosts = msgspec.json.decode(reply.data, type=m.HostsSnapshot)
+            assert {h.host: h.short_lane for h in hosts.hosts} == {"h1": False, "h2": True}
     finally:
         await service_main.stop(placement)
     log = await records(js, "WORKLOADS") + await records(js, "HOSTS")

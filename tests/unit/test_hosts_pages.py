@@ -9,6 +9,7 @@ import msgspec
 
 from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
+from allot.services.dashboard.pages import hosts_page as dashboard_hosts
 from allot.services.placement.answers import hosts_page
 
 MIB = 1024 * 1024
@@ -60,3 +61,14 @@ def test_a_page_starts_after_the_host_it_names_and_a_small_limit_still_makes_pro
     assert msgspec.json.decode(last, type=m.HostsSnapshot).hosts == ()
     hosts, sizes = read_all(f, 600)  # a few rows a page
     assert hosts == [f"gpu-{i:05d}" for i in range(50)] and len(sizes) > 10
+
+
+def test_a_page_says_which_hosts_are_the_short_lane() -> None:
+    f = LogFold(short_lane=("gpu-00001",))
+    for i in range(3):
+        f.apply(m.HostRegistered(host=f"gpu-{i:05d}", gpus=8, at=1.0))
+    page = msgspec.json.decode(hosts_page(f, m.HostsQuery(), 5.0, MIB), type=m.HostsSnapshot)
+    assert [h.short_lane for h in page.hosts] == [False, True, False]
+    view = dashboard_hosts(6.0, page, {})
+    assert view.html.count('data-lane="short"') == 1
+    assert '<tr data-host="gpu-00001" data-state="healthy" data-lane="short">' in view.html

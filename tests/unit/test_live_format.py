@@ -416,12 +416,14 @@ def test_hosts_table() -> None:
         hosts=(
             m.HostRow(host="h01", state="healthy", gpus=8, free_gpus=2, workloads=("a", "b")),
             m.HostRow(host="h02", state="drained", gpus=8, free_gpus=8),
+            m.HostRow(host="h03", state="healthy", gpus=8, free_gpus=7, short_lane=True),
         ),
     )
     lines = fmt.hosts_table(snap).splitlines()
-    assert lines[0].split() == ["HOST", "STATE", "GPUS", "FREE", "WORKLOADS"]
-    assert lines[2].split() == ["h01", "healthy", "8", "2", "a,b"]
-    assert lines[3].split() == ["h02", "drained", "8", "8", "-"]
+    assert lines[0].split() == ["HOST", "STATE", "GPUS", "FREE", "LANE", "WORKLOADS"]
+    assert lines[2].split() == ["h01", "healthy", "8", "2", "-", "a,b"]
+    assert lines[3].split() == ["h02", "drained", "8", "8", "-", "-"]
+    assert lines[4].split() == ["h03", "healthy", "8", "7", "short", "-"]
 
 
 def test_status_text_skips_empty_fields() -> None:

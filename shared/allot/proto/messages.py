@@ -1024,6 +1024,9 @@ class HostRow(_Wire, frozen=True, kw_only=True):
     drain_reason: Text = ""
     drain_by: Name | None = None
     drain_at: Timestamp | None = None
+    short_lane: bool = False
+    """The host is in placement's short lane (``--short-lane``): only unallocated work and
+    short allocated work start there."""
 
 
 class HostsQuery(_Message, frozen=True, kw_only=True):

@@ -355,6 +355,7 @@ HOSTS_COLUMNS = (
     Column("STATE"),
     Column("GPUS", ">"),
     Column("FREE", ">"),
+    Column("LANE"),
     Column("WORKLOADS"),
 )
 
@@ -369,10 +370,18 @@ DRAIN_COLUMNS = (
 
 
 def hosts_table(snapshot: m.HostsSnapshot) -> str:
-    """The hosts, then (when any host is draining or drained) its drain, like
-    ``sinfo -R``: since when, by whom (``-``: the health service) and why."""
+    """The hosts (LANE: ``short`` for placement's short lane), then (when any host is
+    draining or drained) its drain, like ``sinfo -R``: since when, by whom (``-``: the
+    health service) and why."""
     rows = [
-        (h.host, h.state, str(h.gpus), str(h.free_gpus), ",".join(h.workloads) or NONE)
+        (
+            h.host,
+            h.state,
+            str(h.gpus),
+            str(h.free_gpus),
+            "short" if h.short_lane else NONE,
+            ",".join(h.workloads) or NONE,
+        )
         for h in snapshot.hosts
     ]
     out = render_table(HOSTS_COLUMNS, rows)
