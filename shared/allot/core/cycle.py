@@ -192,6 +192,7 @@ class _Cycle:
         self._lane = self._fair_tree and SHORT_LANE_POOL in self.st.pool_max_gpus
         self._lane_fit_bound = math.inf
         self._lane_bound = math.inf
+        self._lane_next: dict[str | None, int] = {}  # see ``_next_for_lane``
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CycleResult:
@@ -329,17 +330,21 @@ class _Cycle:
         # An item of g GPUs can neither fit nor preempt any more when
         # g >= (a if g <= limit else b) (see ``_dead_bounds``).
         a, b, limit = self._dead_bounds(group)
-        lane = self._lane_reach(group)  # and the short lane can serve none of >= lane
+        # The short lane may still serve an item of fewer than ``lane`` GPUs that may start
+        # there (``_lane_may``): such an item is never passed over.
+        lane = self._lane_reach(group)
         left = self._sizes_left(group, pos)
         low = min(left)
-        if low >= lane and (
+        end = len(items)
+        if (
             low >= max(a, b) or (low > limit and low >= b) or (low >= a and max(left) <= limit)
-        ):
+        ) and (low >= lane or self._next_for_lane(group, pos) == end):
             return None  # nothing left in this group can happen this cycle
-        start, end = pos, len(items)
+        start = pos
         while pos < end:
-            gpus = items[pos][1].gpus
-            if gpus < lane or gpus < (a if gpus <= limit else b):
+            w = items[pos][1]
+            gpus = w.gpus
+            if gpus < (a if gpus <= limit else b) or (gpus < lane and self._lane_may(w)):
                 break
             pos += 1
         if pos == end:
@@ -390,9 +395,26 @@ class _Cycle:
             limit,
         )
 
+    def _lane_may(self, w: Workload) -> bool:
+        """Whether ``w`` may start in the short lane: unallocated or short work."""
+        return not w.allocated or self.policy.short(w)
+
+    def _next_for_lane(self, group: str | None, pos: int) -> int:
+        """The first position >= ``pos`` of ``group`` whose item may start in the short lane
+        (the group's length when none). The walk only moves forward, so each group is
+        scanned once per cycle: the position found stays the answer until it is passed."""
+        items = self.queue.groups[group]
+        at = self._lane_next.get(group, -1)
+        if at < pos:
+            at = pos
+            while at < len(items) and not self._lane_may(items[at][1]):
+                at += 1
+            self._lane_next[group] = at
+        return at
+
     def _lane_reach(self, group: str | None) -> float:
         """The fewest GPUs the short lane can no longer give an item of ``group`` in this
-        cycle (sizes only: an item that is not short asks in vain); 0 without a lane."""
+        cycle (by size; ``_lane_may`` says which items may ask at all); 0 without a lane."""
         if not self._lane:
             return 0
         if group is None:
