@@ -427,9 +427,7 @@ def hosts_page(
     rows = []
     for h in hosts.hosts:
         dl = deadlines.get(h.host) if h.state == "draining" else None
-        attrs = (
-            f' data-deadline="{dl.deadline:.3f}"' if dl is not None and dl.deadline else ""
-        )
+        attrs = f' data-deadline="{dl.deadline:.3f}"' if dl is not None and dl.deadline else ""
         if h.short_lane:
             attrs += ' data-lane="short"'
 

@@ -42,10 +42,9 @@ from opentelemetry import trace
 from allot import bus
 from allot.bus import group_commit
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
-from allot.bus.service_main import base_parser, host_ids, run_main
+from allot.bus.service_main import add_short_lane_argument, base_parser, run_main, short_lane_of
 from allot.bus.tasks import stop_tasks
 from allot.core.cycle import run_cycle
-from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, POLICIES, make_policy
 from allot.eventlog.last_ranking import LastRanking
@@ -91,8 +90,7 @@ class PlacementService:
     ) -> None:
         self.nats_url = nats_url
         self.policy = make_policy(policy, grace_s, unallocated_grace_s, unallocated_settle_s)
-        if short_lane and self.policy.ordering is not None:
-            raise ValidationError("--short-lane", f"is Fair Tree's; --policy {policy} has none")
+        self.policy.check_short_lane(short_lane, "--short-lane")
         self.lease_ttl_s = lease_ttl_s
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"[:64].replace(".", "-")
         provider = tracer_provider("placement") if tracing else None
@@ -423,13 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_UNALLOCATED_SETTLE_S,
         help="GPUs that came free less than this ago go to allocated work only (seconds)",
     )
-    ap.add_argument(
-        "--short-lane",
-        type=host_ids,
-        default=(),
-        metavar="HOSTS",
-        help="comma-separated host ids forming the short lane: there only unallocated work "
-        "and allocated work of at most 2 GPUs protected for at most 15 min start (Fair Tree)",
+    add_short_lane_argument(
+        ap,
+        "comma-separated host ids forming the short lane: there only unallocated work and "
+        "allocated work of at most 2 GPUs protected for at most 15 min start (Fair Tree)",
     )
     ap.add_argument("--lease-ttl-s", type=float, default=3.0, help="leader lease TTL")
     ap.add_argument("--name", default=None, help="instance name (default host-pid)")
@@ -445,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grace_s=a.grace_s,
             unallocated_grace_s=a.unallocated_grace_s,
             unallocated_settle_s=a.unallocated_settle_s,
-            short_lane=a.short_lane,
+            short_lane=short_lane_of(a),
             lease_ttl_s=a.lease_ttl_s,
             name=a.name,
         ),

@@ -6,7 +6,18 @@ GPUs, or cheap victims, before any allocated victim's grace."""
 from __future__ import annotations
 
 import pytest
-from builders import HOUR, cluster, decide, free_work, hosts, on, placed, preempted, workload
+from builders import (
+    HOUR,
+    On,
+    cluster,
+    decide,
+    free_work,
+    hosts,
+    on,
+    placed,
+    preempted,
+    workload,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -214,3 +225,53 @@ def test_only_short_and_unallocated_work_lands_or_preempts_in_the_lane(
         requester = queue.workload(n.preemptor)
         assert policy.short(requester), (n, requester)
         assert not run.workload.allocated or policy.short(run.workload), (n, run)
+
+
+# -- a short request's own victims in the lane (found by a review) ------------------------
+
+
+def lane_victim_scene(first_host: On) -> ClusterState:
+    """h2: b's protected work; h3 (the lane): unallocated ``u`` under notice for ``s``,
+    leaving in 10 s; h1 as given."""
+    state = cluster(
+        hosts(3),
+        first_host,
+        on(workload("b2", 8, "b", min_runtime_s=8 * HOUR), "h2", start=NOW - 60),
+        on(free_work("u", 8), "h3"),
+        short_lane=LANE,
+    )
+    state.notice("u", NOW + 10, for_id="s")
+    return state
+
+
+def test_a_short_request_waits_for_its_own_victim_in_the_lane_rather_than_notice_again() -> None:
+    # h1 also holds unallocated work a new notice would free in 30 s: later than s's own.
+    state = lane_victim_scene(on(free_work("u2", 8), "h1"))
+    result = decide(state, short("s"), shares=SHARES, now=NOW, unallocated_grace_s=30)
+    assert preempted(result) == {}
+    assert result.waiting_on == (("s", ("u",)),)
+
+
+def test_a_lane_bound_set_before_its_turn_does_not_strand_its_own_victim() -> None:
+    # e (better ranked, short) finds no cheap room in the lane: u is s's. Then s's turn
+    # gives u back to it; it waits for u instead of noticing b1 (300 s).
+    state = lane_victim_scene(on(past("b1"), "h1"))
+    queue = PendingQueue([short("e", alloc="c"), short("s")])
+    shares = {"a": 0.45, "b": 0.1, "c": 0.45}
+    snap = Snapshot(state, queue, shares, {"c": 0, "a": 1, "b": 2})
+    result = run_cycle(snap, Policy(unallocated_grace_s=30), NOW)
+    assert {k: p.preemptor for k, p in preempted(result).items()} == {"b1": "e"}
+    assert ("s", ("u",)) in result.waiting_on
+
+
+def test_short_work_past_its_protection_in_the_lane_is_short_works_victim() -> None:
+    # The lane holds b's 2-GPU runs protected 15 min, running for 10 h: the lane turns over.
+    now = 10 * HOUR
+    runs = [on(workload("b1", 8, "b", min_runtime_s=8 * HOUR), "h1", start=now - 60)]
+    runs = [*runs, on(workload("b2", 8, "b", min_runtime_s=8 * HOUR), "h2", start=now - 60)]
+    runs += [on(workload(f"l{i}", 2, "b", min_runtime_s=900), "h3") for i in range(4)]
+    state = cluster(hosts(3), *runs, short_lane=LANE)
+    result = decide(state, short("dbg"), shares={"a": 0.9, "b": 0.1}, now=now)
+    notices = preempted(result)
+    assert len(notices) == 1 and next(iter(notices)).startswith("l")
+    assert next(iter(notices.values())).preempt_at == now + 300

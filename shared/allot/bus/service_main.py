@@ -56,6 +56,25 @@ def host_ids(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"{exc.field}: {exc.reason}") from None
 
 
+def add_short_lane_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--short-lane HOSTS`` (comma-separated, repeatable: the lists add up) into
+    ``short_lane``, a tuple of host ids (empty when not given)."""
+    parser.add_argument(
+        "--short-lane",
+        type=host_ids,
+        action="extend",
+        default=None,
+        metavar="HOSTS",
+        help=help_text,
+    )
+    parser.set_defaults(short_lane=None)
+
+
+def short_lane_of(args: argparse.Namespace) -> tuple[str, ...]:
+    """The ``--short-lane`` hosts given, in order, each once."""
+    return tuple(dict.fromkeys(args.short_lane or ()))
+
+
 def base_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=description)
     add_nats_url_argument(ap, DEFAULT_NATS_URL)

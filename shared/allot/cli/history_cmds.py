@@ -47,7 +47,7 @@ from typing import Any
 
 import msgspec
 
-from allot.bus.service_main import host_ids
+from allot.bus.service_main import add_short_lane_argument, short_lane_of
 from allot.cli.durations import duration_label, parse_duration
 from allot.cli.live_cmds import (
     EXIT_REFUSED,
@@ -63,6 +63,7 @@ from allot.config.budget_file import load_tree_file
 from allot.config.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree, set_shares
 from allot.core.errors import ValidationError
+from allot.core.policy import Policy
 from allot.eventlog.budget_history import BudgetChange, ShareChange, budget_changes, tree_diff
 from allot.eventlog.budget_wire import spec_from_tree, tree_mapping
 from allot.eventlog.window_history import ExportedHistory, WindowHistory
@@ -142,13 +143,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="fairshare",
         help="the placement service's --policy (default %(default)s)",
     )
-    p.add_argument(
-        "--short-lane",
-        type=host_ids,
-        default=(),
-        metavar="HOSTS",
-        help="the placement service's --short-lane hosts (default none)",
-    )
+    add_short_lane_argument(p, "the placement service's --short-lane hosts (default none)")
     add_engine_options(p)
     p.set_defaults(func=run_whatif)
 
@@ -385,6 +380,23 @@ def _from_log(args: argparse.Namespace) -> _Inputs | int:
     )
 
 
+def _history_lane(
+    args: argparse.Namespace, cluster: ClusterSpec, policy: Policy
+) -> tuple[str, ...]:
+    """``--short-lane``, checked against the history's hosts and the policy."""
+    lane = short_lane_of(args)
+    policy.check_short_lane(lane, "--short-lane")
+    if not lane:
+        return ()
+    known = {h.id for h in cluster.hosts}
+    unknown = [h for h in lane if h not in known]
+    if unknown:
+        raise ValidationError("--short-lane", f"{unknown[0]!r} is no host of the history")
+    if len(lane) == len(known):
+        raise ValidationError("--short-lane", "must leave some of the history's hosts outside")
+    return lane
+
+
 def run_whatif(args: argparse.Namespace) -> int:
     check_engine_options(args)
     if args.since is not None:
@@ -402,9 +414,8 @@ def run_whatif(args: argparse.Namespace) -> int:
     _check_allocations(inputs.jobs, proposed, "--budgets" if args.budgets else "--set")
     trees = dict(zip(SIDES, (inputs.tree, proposed), strict=True))
     window_s = float(inputs.meta["window_s"])
-    known = {h.id for h in inputs.cluster.hosts}
-    lane = tuple(h for h in args.short_lane if h in known)  # as the live lane: hosts present
-    cluster = replace(inputs.cluster, short_lane=lane)
+    policy = engine_config(args, args.policy, inputs.tree, inputs.cluster).policy
+    cluster = replace(inputs.cluster, short_lane=_history_lane(args, inputs.cluster, policy))
     reports, records = {}, {}
     for side, tree in trees.items():
         config = replace(

@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from allot.bus.service_main import host_ids
+from allot.bus.service_main import add_short_lane_argument, short_lane_of
 from allot.cli.history_cmds import _envelope, _read, parse_since
 from allot.cli.live_cmds import _common
 from allot.core.errors import ValidationError
@@ -98,12 +98,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=DEFAULT_UNALLOCATED_SETTLE_S,
         help="the stack's settling time of freed GPUs (default %(default)g)",
     )
-    p.add_argument(
-        "--short-lane",
-        type=host_ids,
-        default=(),
-        metavar="HOSTS",
-        help="the placement service's short-lane hosts (comma-separated; default none)",
+    add_short_lane_argument(
+        p, "the placement service's short-lane hosts (comma-separated; default none)"
     )
     p.set_defaults(func=run)
 
@@ -125,6 +121,7 @@ def policy_of(args: argparse.Namespace) -> Policy:
 
 def run(args: argparse.Namespace) -> int:
     policy = policy_of(args)
+    policy.check_short_lane(short_lane_of(args), "--short-lane")
     if not 0 <= args.tolerance_s < math.inf:
         raise ValidationError("--tolerance-s", f"must be >= 0 seconds, got {args.tolerance_s:g}")
     if args.save is not None and args.from_file is not None:
@@ -152,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         since=since,
         until=until,
         tolerance_s=args.tolerance_s,
-        short_lane=args.short_lane,
+        short_lane=short_lane_of(args),
     )
     if args.json:
         print(_envelope("TwinParity", figures(parity)))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from allot.auth.client import masked_url
-from allot.bus.service_main import host_ids
+from allot.bus.service_main import add_short_lane_argument, short_lane_of
 from allot.config.budget_file import load_tree_file
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
@@ -78,12 +78,8 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
         help="GPUs that came free less than this ago go to allocated work only "
         f"(default {DEFAULT_UNALLOCATED_SETTLE_S:g})",
     )
-    p.add_argument(
-        "--short-lane",
-        type=host_ids,
-        default=(),
-        metavar="HOSTS",
-        help="comma-separated host ids forming placement's short lane (default none)",
+    add_short_lane_argument(
+        p, "comma-separated host ids forming placement's short lane (default none)"
     )
     p.add_argument("--rank-every-s", type=float, default=300.0, help="Fair Tree refresh period")
     p.add_argument(
@@ -152,7 +148,7 @@ def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
         grace_s=args.grace_s,
         unallocated_grace_s=args.unallocated_grace_s,
         unallocated_settle_s=args.unallocated_settle_s,
-        short_lane=args.short_lane,
+        short_lane=short_lane_of(args),
         rank_every_s=args.rank_every_s,
         secure=getattr(args, "secure", False),
         nats_nodes=args.nats_cluster,

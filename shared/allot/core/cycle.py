@@ -682,6 +682,9 @@ class _Cycle:
             self.view.unclaim(own)
         if room:
             self.view.give(room)
+        if self._lane and (own or room) and self._in_the_lane(own or (), room or ()):
+            # GPUs given back in the lane: its bounds (room that only shrank) no longer hold
+            self._lane_fit_bound = self._lane_bound = math.inf
         if not bounded or gpus < self.place_bound.get(pool, math.inf):
             self._plan_due_earmarks()
             lane = self._lane and self.policy.short(w)
@@ -709,6 +712,9 @@ class _Cycle:
         self._plan_due_earmarks()
         rule = self._victim_rule(w)
         plan = plan_preemption(self.view, pool, gpus, rule)
+        if plan is None and self._lane and pool == DEFAULT_POOL and self.policy.short(w):
+            # short work past its protection in the lane is a victim there, as elsewhere
+            plan = plan_preemption(self.view, SHORT_LANE_POOL, gpus, rule)
         if plan is None and w.allocated and self._held and w.id not in self._reserved_turns:
             plan = self._backfill_plan(w, pool, rule)
         if plan is None:
@@ -742,9 +748,9 @@ class _Cycle:
         """After its fit elsewhere failed, start ``w`` in the short lane, or plan its room
         with cheap victims, when it may (True). Unallocated work takes the lane's free GPUs.
         Short allocated work (``Policy.short``), before any allocated victim: the lane's
-        free GPUs; else cheap victims elsewhere that leave within an unallocated victim's
-        grace; else whichever cheap plan, elsewhere or in the lane, frees its GPUs first
-        (GPUs already under notice may free only minutes later)."""
+        free GPUs; else the cheap plan, elsewhere or in the lane, that frees its GPUs first
+        (GPUs already under notice may free in seconds or in minutes; on a tie, elsewhere:
+        the lane is kept for the next short request)."""
         gpus = w.gpus
         view = self.view
         if not w.allocated:
@@ -764,16 +770,21 @@ class _Cycle:
             return True
         self._plan_due_earmarks()
         plan = plan_cheap(view, DEFAULT_POOL, gpus)
-        if plan is None or self._frees_in(plan) > self.policy.grace_of(allocated=False):
-            here = plan_cheap(view, SHORT_LANE_POOL, gpus)
-            if here is None:
-                self._lane_bound = float(gpus)
-            elif plan is None or self._frees_in(here) < self._frees_in(plan):
-                plan = here
+        here = plan_cheap(view, SHORT_LANE_POOL, gpus)
+        if here is None:
+            self._lane_bound = float(gpus)
+        elif plan is None or self._frees_in(here) < self._frees_in(plan):
+            plan = here
         if plan is None:
             return False
         self._apply_plan(w, plan, self._victim_rule(w))
         return True
+
+    def _in_the_lane(self, victims: Iterable[Running], room: Assignment) -> bool:
+        """Whether any of ``victims`` or ``room`` is on a host of the short lane."""
+        pool_of = self.st.pool_of
+        hosts = [h for h, _ in room] + [h for r in victims for h, _ in r.assignment]
+        return any(pool_of[h] == SHORT_LANE_POOL for h in hosts)
 
     def _frees_in(self, plan: Plan) -> float:
         """Seconds until every victim of ``plan`` has left (a new notice: its grace)."""

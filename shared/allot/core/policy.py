@@ -13,7 +13,7 @@ through its own ``victims``; none means it never preempts for a request
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -143,6 +143,13 @@ class Policy:
     @property
     def fair_tree(self) -> bool:
         return self.ordering is None
+
+    def check_short_lane(self, hosts: Collection[str], field: str) -> None:
+        """Refuse a short lane (``hosts``) under a policy that has none, naming ``field``."""
+        if hosts and self.ordering is not None:
+            raise ValidationError(
+                field, "only Fair Tree policies have a short lane; this policy has none"
+            )
 
     def short(self, w: Workload) -> bool:
         """Whether allocated ``w`` may start in the short lane."""
