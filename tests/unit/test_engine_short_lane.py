@@ -11,6 +11,8 @@ from allot.core.model import Workload
 from allot.sim.baselines import named_policy
 from allot.sim.cluster import load_cluster
 from allot.sim.engine import SimConfig, simulate
+from allot.sim.record import SimRecord
+from allot.sim.report import build_report
 from allot.sim.trace import TraceJob
 
 TREE = parse_tree({"name": "root", "children": [{"name": "a", "shares": 1}]})
@@ -28,11 +30,15 @@ JOBS = [
 ]
 
 
-def first_starts(policy: str, lane: int) -> dict[str, float]:
+def run(policy: str, lane: int) -> SimRecord:
     data = {"host_groups": [{"prefix": "n-", "count": 2, "gpus": 8}], "short_lane": lane}
     cluster = load_cluster(data)
     config = SimConfig(policy, named_policy(policy, TREE, cluster.total_gpus, 300))
-    record = simulate(cluster, TREE, JOBS, config)
+    return simulate(cluster, TREE, JOBS, config)
+
+
+def first_starts(policy: str, lane: int) -> dict[str, float]:
+    record = run(policy, lane)
     starts: dict[str, float] = {}
     for seg in sorted(record.segments, key=lambda s: s.start):
         starts.setdefault(seg.workload_id, seg.start)
@@ -53,3 +59,11 @@ def test_without_a_lane_long_work_takes_the_free_host() -> None:
 @pytest.mark.parametrize("baseline", ["fifo", "priority"])
 def test_the_baselines_ignore_the_lane(baseline: str) -> None:
     assert first_starts(baseline, lane=1)["long"] == 10
+
+
+@pytest.mark.parametrize(
+    ("policy", "lane", "hosts"),
+    [("fairshare", 1, ["n-0001"]), ("fairshare", 0, None), ("fifo", 1, None)],
+)
+def test_the_report_names_the_lane_it_ran_with(policy: str, lane: int, hosts: object) -> None:
+    assert build_report(run(policy, lane)).get("short_lane") == hosts

@@ -146,6 +146,7 @@ class _Engine:
             effective_shares=dict(self.shares),
             programs={leaf: tree.program(leaf) for leaf in tree.leaves()},
             checkpointing=self.plan.as_json() if self.costs else None,
+            short_lane=tuple(sorted(lane)),
         )
         self.buckets = self.record.usage  # charged as the run goes
         for allocation, hours in (config.prior_usage or {}).items():

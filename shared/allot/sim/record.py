@@ -116,6 +116,8 @@ class SimRecord:
     """Workloads that held a reservation at some cycle (``allot.core.reservations``)."""
     reservation_idle_gpu_s: float = 0.0
     """GPU-seconds that reserved hosts held free and nobody used (the reservations' cost)."""
+    short_lane: tuple[str, ...] = ()
+    """The hosts of the run's short lane (none for the baselines, which ignore it)."""
     checkpointing: dict[str, object] | None = None
     """The checkpointing settings per kind (``CheckpointPlan.as_json``); None: not modelled
     (a record not made by ``allot simulate``), so no loss is reported."""

@@ -70,6 +70,7 @@ Keys:
 * ``reservations``: ``workloads`` that held a reservation at some point, and
   ``idle_gpu_h``, the GPU-hours reserved hosts held free with nothing running on them
   (what the reservations cost; unallocated work may use held GPUs).
+* ``short_lane``, only when the run had one: its hosts (Fair Tree's short lane).
 * ``checkpointing`` and ``lost_to_preemption``, only when the record models checkpointing
   (``allot simulate``; ``allot.sim.checkpoints``). ``checkpointing``: the settings per
   kind (``*``: every kind not named), each ``{every_s, on_notice, save_s, restore_s}``.
@@ -206,6 +207,8 @@ def build_report(
             "idle_gpu_h": record.reservation_idle_gpu_s / HOUR,
         },
     }
+    if record.short_lane:
+        report["short_lane"] = list(record.short_lane)
     if record.checkpointing is not None:
         report["checkpointing"] = record.checkpointing
         report["lost_to_preemption"] = lost_to_preemption(record, sum(busy_s))
