@@ -34,19 +34,16 @@ def run(*argv: str) -> int:
     return code
 
 
-@pytest.fixture
-def exported(tmp_path: Path) -> Path:
-    """An hour of history on one 8-GPU host: nlp and cv each keep 8 GPUs' worth of 4-GPU,
-    10-minute work waiting (twice what the host holds), submitted at the window's start."""
+def write_history(tmp_path: Path, hosts: tuple[str, ...], name: str) -> Path:
+    """An hour of history on 8-GPU ``hosts``: nlp and cv each keep 8 GPUs' worth of 4-GPU,
+    10-minute work waiting, submitted at the window's start; exported to ``name``."""
     window = WindowHistory(T0, T0 + WINDOW)
     spec = m.BudgetNodeSpec(
         name="root",
         children=(m.BudgetNodeSpec(name="nlp", shares=1), m.BudgetNodeSpec(name="cv", shares=1)),
     )
-    records: list[object] = [
-        m.HostRegistered(host="h1", gpus=8, at=T0),
-        m.BudgetTreeSet(at=T0, by="bootstrap", tree=spec),
-    ]
+    records: list[object] = [m.HostRegistered(host=h, gpus=8, at=T0) for h in hosts]
+    records.append(m.BudgetTreeSet(at=T0, by="bootstrap", tree=spec))
     for alloc in ("nlp", "cv"):
         for i in range(12):
             records.append(
@@ -63,10 +60,16 @@ def exported(tmp_path: Path) -> Path:
             )
     for record in records:
         window.apply(record)  # type: ignore[arg-type]
-    folder = tmp_path / "export"
+    folder = tmp_path / name
     folder.mkdir()
     history_cmds.write_export(window.result(), folder)
     return folder
+
+
+@pytest.fixture
+def exported(tmp_path: Path) -> Path:
+    """The history on one 8-GPU host (twice what it holds waits)."""
+    return write_history(tmp_path, ("h1",), "export")
 
 
 def test_raising_an_allocations_shares_raises_what_it_is_delivered(
@@ -211,14 +214,33 @@ def test_a_record_cut_to_a_window_keeps_only_what_lies_inside() -> None:
 
 
 def test_the_short_lane_is_replayed_as_the_placement_service_runs_it(
-    exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The history's one host as the lane: its 4-GPU work is not short, so nothing starts.
-    argv = ["--from", str(exported), "--set", "nlp=3", "--json"]
-    assert run("whatif", *argv, "--out", str(tmp_path / "a"), "--short-lane", "h1,h9") == 0
+    # h2 as the lane: the history's 4-GPU work is not short, so it runs on h1 alone.
+    history = write_history(tmp_path, ("h1", "h2"), "export2")
+    argv = ["--from", str(history), "--set", "nlp=3", "--json"]
+    assert run("whatif", *argv, "--out", str(tmp_path / "a"), "--short-lane", "h2") == 0
     laned = json.loads(capsys.readouterr().out)["data"]["by_allocation"]
     assert run("whatif", *argv, "--out", str(tmp_path / "b")) == 0
     plain = json.loads(capsys.readouterr().out)["data"]["by_allocation"]
-    for alloc in ("nlp", "cv"):
-        assert laned[alloc]["proposed"]["delivered_gpu_h"] == 0
-    assert plain["nlp"]["proposed"]["delivered_gpu_h"] > 0
+    for side in ("current", "proposed"):
+        on_h1 = sum(laned[a][side]["delivered_gpu_h"] for a in ("nlp", "cv"))
+        assert 0 < on_h1 <= 8.0 + 1e-6
+        assert on_h1 < sum(plain[a][side]["delivered_gpu_h"] for a in ("nlp", "cv"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["--short-lane", "h1"], "outside"),  # the history's only host
+        (["--short-lane", "h9"], "no host of the history"),
+        (["--short-lane", "h1", "--policy", "fifo"], "only Fair Tree"),
+    ],
+)
+def test_a_lane_the_history_cannot_have_is_refused(
+    exported: Path, tmp_path: Path, argv: list[str], reason: str
+) -> None:
+    with pytest.raises(ValidationError) as err:
+        run("whatif", "--from", str(exported), "--set", "nlp=2", "--out", str(tmp_path), *argv)
+    assert err.value.field == "--short-lane"
+    assert reason in err.value.reason
