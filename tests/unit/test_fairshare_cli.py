@@ -315,8 +315,9 @@ def test_other_values_keep_their_yaml_types(tmp_path: Path) -> None:
         (lambda p: p / "absent.yaml", "no such file"),
         (lambda p: p, "is a directory"),
         (lambda p: write(p, "a: [1,\n"), "invalid YAML at line 2"),
+        (lambda p: write(p, "count: " + "9" * 5000 + "\n"), "out of range"),
     ],
-    ids=["missing", "directory", "syntax"],
+    ids=["missing", "directory", "syntax", "an-int-of-5000-digits"],
 )
 def test_loader_errors_name_the_file(tmp_path: Path, make: object, reason: str) -> None:
     path = make(tmp_path)  # type: ignore[operator]

@@ -90,6 +90,9 @@ def load_yaml(path: Path) -> object:
         raise ValidationError(where, _one_line(exc)) from None
     except yaml.YAMLError as exc:
         raise ValidationError(where, f"invalid YAML: {' '.join(str(exc).split())}") from None
+    except ValueError as exc:  # a scalar Python cannot hold, e.g. an int of 5,000 digits
+        reason = " ".join(str(exc).split())[:200]
+        raise ValidationError(where, f"invalid YAML: a value out of range ({reason})") from None
 
 
 def _one_line(exc: yaml.MarkedYAMLError) -> str:
