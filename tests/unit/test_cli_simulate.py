@@ -213,6 +213,10 @@ def bad_inputs(scenario: Path, tmp: Path) -> dict[str, BadInput]:
             [*base, "--short-lane", "9999"], ("--short-lane", "outside the lane")
         ),
         "--short-lane -1": BadInput([*base, "--short-lane", "-1"], ("--short-lane", ">= 0")),
+        "--short-lane with baselines only": BadInput(
+            [*base, "--compare", "fifo,priority", "--short-lane", "1"],
+            ("--short-lane", "only Fair Tree"),
+        ),
         "--jobs 0 (would read as the CPU count)": BadInput(
             [*base, "--jobs", "0"], ("--jobs", "at least 1")
         ),
@@ -263,6 +267,7 @@ BAD_IDS = [
     "--jobs -1",
     "--short-lane as many hosts as the cluster",
     "--short-lane -1",
+    "--short-lane with baselines only",
     "--unallocated-settle beyond what the state remembers",
     "--min-runtime above the 8 h contract",
     "--compare with no policy at all",

@@ -221,6 +221,13 @@ def run(args: argparse.Namespace) -> int:
         except ValidationError as exc:
             raise ValidationError("--short-lane", exc.reason) from None
         cluster = replace(cluster, short_lane=lane)
+        fair_tree = [
+            n for n in policies if engine_config(args, n, tree, cluster).policy.ordering is None
+        ]
+        if lane and not fair_tree:
+            raise ValidationError(
+                "--short-lane", "only Fair Tree policies have a short lane; none of these has one"
+            )
     _check_checkpoint_kinds(args.checkpoint, {j.workload.kind for j in jobs})
     workers = min(args.jobs or os.cpu_count() or 1, len(policies))
     with writing_to("--out"):
