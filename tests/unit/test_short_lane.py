@@ -275,3 +275,22 @@ def test_short_work_past_its_protection_in_the_lane_is_short_works_victim() -> N
     notices = preempted(result)
     assert len(notices) == 1 and next(iter(notices)).startswith("l")
     assert next(iter(notices.values())).preempt_at == now + 300
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 16),
+    st.sampled_from(["a", None]),
+    st.integers(0, 8 * HOUR),
+    st.integers(0, 4),
+    st.integers(0, 2 * HOUR),
+)
+def test_the_walk_reads_short_work_as_the_policy_does(
+    gpus: int, alloc: str | None, protection: int, max_gpus: int, max_protection: int
+) -> None:
+    from allot.core.cycle import _Cycle
+
+    policy = Policy(short_lane_max_gpus=max_gpus, short_lane_max_protection_s=max_protection)
+    cycle = _Cycle(Snapshot(ClusterState(hosts(1)), PendingQueue(), {}, {}), policy, 0.0)
+    w = workload("w", gpus, alloc, min_runtime_s=protection)
+    assert cycle._lane_may(w) is (not w.allocated or policy.short(w))

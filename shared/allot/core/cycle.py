@@ -193,6 +193,8 @@ class _Cycle:
         self._lane_fit_bound = math.inf
         self._lane_bound = math.inf
         self._lane_next: dict[str | None, int] = {}  # see ``_next_for_lane``
+        self._short_gpus = policy.short_lane_max_gpus  # ``Policy.short``, read per item
+        self._short_protection = policy.short_lane_max_protection_s
 
     # ------------------------------------------------------------------ driver
     def run(self) -> CycleResult:
@@ -396,8 +398,12 @@ class _Cycle:
         )
 
     def _lane_may(self, w: Workload) -> bool:
-        """Whether ``w`` may start in the short lane: unallocated or short work."""
-        return not w.allocated or self.policy.short(w)
+        """Whether ``w`` may start in the short lane: unallocated work (no allocation, or no
+        protection: ``Workload.allocated``) or short work (``Policy.short``)."""
+        protection = w.min_runtime_s
+        if w.allocation is None or protection <= 0:
+            return True
+        return w.gpus <= self._short_gpus and protection <= self._short_protection
 
     def _next_for_lane(self, group: str | None, pos: int) -> int:
         """The first position >= ``pos`` of ``group`` whose item may start in the short lane
