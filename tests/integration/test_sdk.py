@@ -807,8 +807,8 @@ async def test_cli_tables_and_commands(
     )
     assert await cli(fresh_log, "hosts") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["HOST", "STATE", "GPUS", "FREE", "WORKLOADS"]
-    assert lines[2].split() == ["h01", "draining", "8", "6", "wl-a"]
+    assert lines[0].split() == ["HOST", "STATE", "GPUS", "FREE", "LANE", "WORKLOADS"]
+    assert lines[2].split() == ["h01", "draining", "8", "6", "-", "wl-a"]
 
     assert await cli(fresh_log, "drain", "h01", "--operator", "ops", "--json") == 0
     assert json.loads(capsys.readouterr().out)["kind"] == "CommandAccepted"
