@@ -42,7 +42,7 @@ from opentelemetry import trace
 from allot import bus
 from allot.bus import group_commit
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
-from allot.bus.service_main import add_short_lane_argument, base_parser, run_main, short_lane_of
+from allot.bus.service_main import add_short_lane_argument, base_parser, lane_hosts_of, run_main
 from allot.bus.tasks import stop_tasks
 from allot.core.cycle import run_cycle
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
@@ -440,7 +440,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             grace_s=a.grace_s,
             unallocated_grace_s=a.unallocated_grace_s,
             unallocated_settle_s=a.unallocated_settle_s,
-            short_lane=short_lane_of(a),
+            short_lane=lane_hosts_of(a),
             lease_ttl_s=a.lease_ttl_s,
             name=a.name,
         ),

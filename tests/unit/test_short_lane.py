@@ -293,4 +293,5 @@ def test_the_walk_reads_short_work_as_the_policy_does(
     policy = Policy(short_lane_max_gpus=max_gpus, short_lane_max_protection_s=max_protection)
     cycle = _Cycle(Snapshot(ClusterState(hosts(1)), PendingQueue(), {}, {}), policy, 0.0)
     w = workload("w", gpus, alloc, min_runtime_s=protection)
+    assert cycle._short(w) is policy.short(w)
     assert cycle._lane_may(w) is (not w.allocated or policy.short(w))

@@ -51,7 +51,7 @@ def host_ids(text: str) -> tuple[str, ...]:
     """argparse type: comma-separated host ids (``--short-lane``), each one subject token."""
     ids = [h.strip() for h in text.split(",")] if text.strip() else []
     try:
-        return tuple(dict.fromkeys(validate_token(h, "host id") for h in ids))
+        return tuple(validate_token(h, "host id") for h in ids)
     except ValidationError as exc:
         raise argparse.ArgumentTypeError(f"{exc.field}: {exc.reason}") from None
 
@@ -67,10 +67,9 @@ def add_short_lane_argument(parser: argparse.ArgumentParser, help_text: str) -> 
         metavar="HOSTS",
         help=help_text,
     )
-    parser.set_defaults(short_lane=None)
 
 
-def short_lane_of(args: argparse.Namespace) -> tuple[str, ...]:
+def lane_hosts_of(args: argparse.Namespace) -> tuple[str, ...]:
     """The ``--short-lane`` hosts given, in order, each once."""
     return tuple(dict.fromkeys(args.short_lane or ()))
 

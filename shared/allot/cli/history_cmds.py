@@ -47,7 +47,7 @@ from typing import Any
 
 import msgspec
 
-from allot.bus.service_main import add_short_lane_argument, short_lane_of
+from allot.bus.service_main import add_short_lane_argument, lane_hosts_of
 from allot.cli.durations import duration_label, parse_duration
 from allot.cli.live_cmds import (
     EXIT_REFUSED,
@@ -384,7 +384,7 @@ def _history_lane(
     args: argparse.Namespace, cluster: ClusterSpec, policy: Policy
 ) -> tuple[str, ...]:
     """``--short-lane``, checked against the history's hosts and the policy."""
-    lane = short_lane_of(args)
+    lane = lane_hosts_of(args)
     policy.check_short_lane(lane, "--short-lane")
     if not lane:
         return ()

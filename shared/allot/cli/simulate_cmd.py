@@ -221,10 +221,9 @@ def run(args: argparse.Namespace) -> int:
         except ValidationError as exc:
             raise ValidationError("--short-lane", exc.reason) from None
         cluster = replace(cluster, short_lane=lane)
-        fair_tree = [
-            n for n in policies if engine_config(args, n, tree, cluster).policy.ordering is None
-        ]
-        if lane and not fair_tree:
+        if lane and all(
+            engine_config(args, n, tree, cluster).policy.ordering is not None for n in policies
+        ):
             raise ValidationError(
                 "--short-lane", "only Fair Tree policies have a short lane; none of these has one"
             )

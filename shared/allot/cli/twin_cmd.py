@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from allot.bus.service_main import add_short_lane_argument, short_lane_of
+from allot.bus.service_main import add_short_lane_argument, lane_hosts_of
 from allot.cli.history_cmds import _envelope, _read, parse_since
 from allot.cli.live_cmds import _common
 from allot.core.errors import ValidationError
@@ -121,7 +121,7 @@ def policy_of(args: argparse.Namespace) -> Policy:
 
 def run(args: argparse.Namespace) -> int:
     policy = policy_of(args)
-    policy.check_short_lane(short_lane_of(args), "--short-lane")
+    policy.check_short_lane(lane_hosts_of(args), "--short-lane")
     if not 0 <= args.tolerance_s < math.inf:
         raise ValidationError("--tolerance-s", f"must be >= 0 seconds, got {args.tolerance_s:g}")
     if args.save is not None and args.from_file is not None:
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         since=since,
         until=until,
         tolerance_s=args.tolerance_s,
-        short_lane=short_lane_of(args),
+        short_lane=lane_hosts_of(args),
     )
     if args.json:
         print(_envelope("TwinParity", figures(parity)))

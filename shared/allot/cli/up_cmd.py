@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from allot.auth.client import masked_url
-from allot.bus.service_main import add_short_lane_argument, short_lane_of
+from allot.bus.service_main import add_short_lane_argument, lane_hosts_of
 from allot.config.budget_file import load_tree_file
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
@@ -148,7 +148,7 @@ def config_from(args: argparse.Namespace, **overrides: object) -> StackConfig:
         grace_s=args.grace_s,
         unallocated_grace_s=args.unallocated_grace_s,
         unallocated_settle_s=args.unallocated_settle_s,
-        short_lane=short_lane_of(args),
+        short_lane=lane_hosts_of(args),
         rank_every_s=args.rank_every_s,
         secure=getattr(args, "secure", False),
         nats_nodes=args.nats_cluster,

@@ -193,7 +193,7 @@ class _Cycle:
         self._lane_fit_bound = math.inf
         self._lane_bound = math.inf
         self._lane_next: dict[str | None, int] = {}  # see ``_next_for_lane``
-        self._short_gpus = policy.short_lane_max_gpus  # ``Policy.short``, read per item
+        self._short_gpus = policy.short_lane_max_gpus  # ``_short``
         self._short_protection = policy.short_lane_max_protection_s
 
     # ------------------------------------------------------------------ driver
@@ -397,13 +397,20 @@ class _Cycle:
             limit,
         )
 
+    def _short(self, w: Workload) -> bool:
+        """``Policy.short`` from the cycle's copy of its limits (``Policy`` and ``Workload``
+        are interpreted classes: a call of theirs per item costs the compiled walk)."""
+        protection = w.min_runtime_s
+        return (
+            w.allocation is not None
+            and 0 < protection <= self._short_protection
+            and w.gpus <= self._short_gpus
+        )
+
     def _lane_may(self, w: Workload) -> bool:
         """Whether ``w`` may start in the short lane: unallocated work (no allocation, or no
-        protection: ``Workload.allocated``) or short work (``Policy.short``)."""
-        protection = w.min_runtime_s
-        if w.allocation is None or protection <= 0:
-            return True
-        return w.gpus <= self._short_gpus and protection <= self._short_protection
+        protection: ``Workload.allocated``) or short work."""
+        return w.allocation is None or w.min_runtime_s <= 0 or self._short(w)
 
     def _next_for_lane(self, group: str | None, pos: int) -> int:
         """The first position >= ``pos`` of ``group`` whose item may start in the short lane
@@ -425,7 +432,7 @@ class _Cycle:
             return 0
         if group is None:
             return self._lane_fit_bound
-        return min(self.policy.short_lane_max_gpus + 1, self._lane_bound)
+        return min(self._short_gpus + 1, self._lane_bound)
 
     def _reclaims(self, w: Workload) -> bool:
         """``allot.core.victims.reclaims`` with the GPUs the allocation holds so far in this
@@ -693,7 +700,7 @@ class _Cycle:
             self._lane_fit_bound = self._lane_bound = math.inf
         if not bounded or gpus < self.place_bound.get(pool, math.inf):
             self._plan_due_earmarks()
-            lane = self._lane and self.policy.short(w)
+            lane = self._lane and self._short(w)
             assignment = self._fit_in_room(room, pool, gpus, lane=lane) if room else None
             if assignment is None:
                 assignment = self.view.find_fit(pool, gpus)
@@ -718,7 +725,7 @@ class _Cycle:
         self._plan_due_earmarks()
         rule = self._victim_rule(w)
         plan = plan_preemption(self.view, pool, gpus, rule)
-        if plan is None and self._lane and pool == DEFAULT_POOL and self.policy.short(w):
+        if plan is None and self._lane and pool == DEFAULT_POOL and self._short(w):
             # short work past its protection in the lane is a victim there, as elsewhere
             plan = plan_preemption(self.view, SHORT_LANE_POOL, gpus, rule)
         if plan is None and w.allocated and self._held and w.id not in self._reserved_turns:
@@ -768,7 +775,7 @@ class _Cycle:
                 return False
             self._place(w, assignment)
             return True
-        if gpus >= self._lane_bound or not self.policy.short(w):
+        if gpus >= self._lane_bound or not self._short(w):
             return False
         assignment = view.find_fit(SHORT_LANE_POOL, gpus)
         if assignment is not None:
