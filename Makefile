@@ -38,15 +38,15 @@ demo: run ## alias of run
 up: $(STAMP) $(CORE_BUILD) ## the whole live stack (embedded NATS + Redis, services, dashboard, 2 fake agents) until Ctrl-C
 	$(BIN)/allot up --run-dir $(OUT)/up
 
-compare: $(STAMP) $(CORE_BUILD) ## simulator: Ai2-like month, legacy priority vs Allot fair share (and keeping gangs), side by side (~5 min)
+compare: $(STAMP) $(CORE_BUILD) ## simulator: Ai2-like month, legacy priority vs Allot fair share (reclaiming or keeping every gang), side by side (~6 min)
 	$(BIN)/allot scenario ai2 --seed 1 --out $(OUT)/ai2
 	$(BIN)/allot simulate --cluster $(OUT)/ai2/cluster.yaml --budgets $(OUT)/ai2/budgets.yaml \
-		--trace $(OUT)/ai2/trace.csv --compare priority,fairshare,fairshare-keep-gangs --out $(OUT)/ai2/sim
+		--trace $(OUT)/ai2/trace.csv --compare priority,fairshare-reclaim-gangs,fairshare,fairshare-keep-gangs --out $(OUT)/ai2/sim
 
-compare-gangs: $(STAMP) $(CORE_BUILD) ## simulator: the same month with gangs up to 128 GPUs from every team, Allot without reservations, with them, and keeping gangs (~5 min)
+compare-gangs: $(STAMP) $(CORE_BUILD) ## simulator: the same month with gangs up to 128 GPUs from every team, Allot without reservations, reclaiming every gang, as is, keeping every gang (~6 min)
 	$(BIN)/allot scenario ai2 --seed 1 --max-gang 128 --out $(OUT)/ai2-gangs
 	$(BIN)/allot simulate --cluster $(OUT)/ai2-gangs/cluster.yaml --budgets $(OUT)/ai2-gangs/budgets.yaml \
-		--trace $(OUT)/ai2-gangs/trace.csv --compare fairshare-no-reservations,fairshare,fairshare-keep-gangs --out $(OUT)/ai2-gangs/sim
+		--trace $(OUT)/ai2-gangs/trace.csv --compare fairshare-no-reservations,fairshare-reclaim-gangs,fairshare,fairshare-keep-gangs --out $(OUT)/ai2-gangs/sim
 
 test: $(STAMP) $(CORE_BUILD) browser ## run the test suite (unit, property, golden, integration on real NATS/Redis, Node.js client, browser), then the goldens and core-internal tests on the source core
 	$(BIN)/pytest

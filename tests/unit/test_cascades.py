@@ -86,8 +86,10 @@ def test_the_demos_four_gpu_request_gives_one_round_of_notices() -> None:
 
 def test_without_the_hold_the_demo_cascades() -> None:
     """The regression the hold fixes: vision's requeued run reclaims from search, whose
-    requeued run reclaims from nlp (three notices for one 4-GPU request)."""
-    notices = demo(Policy(grace_s=3, requeue_hold_s=0))
+    requeued run reclaims from nlp (three notices for one 4-GPU request). nlp's 16-GPU
+    gang is larger than its share, which a reclaim keeps by default (decision 0067): the
+    cascade's last step needs the switch off."""
+    notices = demo(Policy(grace_s=3, requeue_hold_s=0, keep_large_gangs=False))
     assert len(notices) >= 3
     assert notices[0].preemptor == "speech-1"
     assert {p.preemptor for p in notices[1:]} <= {"vision-1", "search-1", "nlp-1"}
@@ -441,7 +443,8 @@ def test_a_gangs_room_counts_a_host_it_cannot_have_whole_only_for_the_rest() -> 
     of h1). What g left on h1 cannot make h1 whole (r0 stays), so p1 still lacks a whole
     host: h4 is held whole. Counting h1's 4 as room held only 4 of h4, p2 (ranked above
     p1) took one of the others, and p1 noticed r0 in a second round (found by the property
-    once its scenes had gangs across hosts)."""
+    once its scenes had gangs across hosts). g is larger than d's share: a reclaim may
+    take it only with ``keep_large_gangs`` off (decision 0067)."""
     state = cluster(
         hosts(4),
         on(workload("g", 12, "d", min_runtime_s=10), "h2", "h1"),
@@ -451,12 +454,13 @@ def test_a_gangs_room_counts_a_host_it_cannot_have_whole_only_for_the_rest() -> 
     queue = PendingQueue([workload("p1", 16, "c", min_runtime_s=10, submit=100.0)])
     shares = {"a": 0.1, "c": 0.5, "d": 0.25, "x": 0.15}
     order = {"d": 0, "c": 1, "a": 2, "x": 3}
-    first = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), 200.0)
+    policy = Policy(grace_s=5, keep_large_gangs=False)
+    first = run_cycle(Snapshot(state, queue, shares, order), policy, 200.0)
     assert [(p.workload_id, p.preemptor) for p in first.preemptions] == [("g", "p1")]
     apply_result(state, queue, first, 200.0)
     queue.add(workload("p2", 1, "d", min_runtime_s=10, submit=200.2))
     leave_now(state, queue, 200.5)
-    second = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), 200.5)
+    second = run_cycle(Snapshot(state, queue, shares, order), policy, 200.5)
     assert "p1" in [p.workload.id for p in second.placements]
     assert [p.workload_id for p in second.preemptions if p.preemptor == "p1"] == []
 

@@ -553,43 +553,49 @@ def test_entitlement_on_a_notice_counts_healthy_gpus_only() -> None:
     assert (notice.victim_held_gpus, notice.victim_entitlement_gpus) == (8, 4.0)
 
 
-# -- keep_gangs_at_entitlement: a reclaim leaves a gang's allocation at its entitlement -----
+# -- keeping gangs: a reclaim may leave a gang's team below its share -----------------------
 
-# Four 8-GPU hosts. b (share 0.25 -> 8 GPUs) runs one 16-GPU gang on h1-h2 past its
-# protection: 8 over its entitlement. a (share 0.75 -> 24, holds nothing) reclaims 4 GPUs.
-# h3-h4 hold c's protected work (c has no share: always over).
+# Four 8-GPU hosts. b runs a 16-GPU gang on h1-h2 past its protection; a (b's share's rest,
+# holds nothing) reclaims 4 GPUs; h3-h4 hold c's protected work (c has no share: always
+# over) unless a row puts b's work there. The keep rule: "reclaim" (``keep_large_gangs``
+# off: every gang a victim, as before decision 0067), "large" (the default: not a gang
+# larger than its team's share when taking it leaves the team below its share), "every"
+# (``keep_gangs_at_entitlement``: not any gang so, decision 0065).
+GANG = on(workload("g", 16, "b"), "h1", "h2")
+B8 = on(workload("b8", 8, "b"), "h3", start=NOW)  # protected
 KEEP_GANGS = [
+    # b's share 0.25 -> 8 GPUs: the 16-GPU gang is larger than it; b holds 16, 8 over.
     pytest.param(
-        (on(workload("g", 16, "b"), "h1", "h2"),),
-        False,
-        "g",
-        id="a-reclaim-may-take-a-gang-whose-team-it-leaves-below-its-share",
+        (GANG,), "reclaim", 0.25, "g", id="reclaim-takes-a-gang-leaving-its-team-below-share"
     ),
+    pytest.param((GANG,), "large", 0.25, None, id="large-keeps-a-gang-larger-than-its-teams-share"),
+    pytest.param((GANG,), "every", 0.25, None, id="every-keeps-it-too"),
+    # b holds 24: 16 over, the gang's 16 GPUs are all beyond its share.
+    pytest.param((GANG, B8), "large", 0.25, "g", id="large-a-gang-wholly-beyond-its-teams-share"),
+    # b's share 0.5 -> 16: the gang is no larger than it; b holds 24 (8 over), so taking
+    # the gang leaves b below its share.
     pytest.param(
-        (on(workload("g", 16, "b"), "h1", "h2"),),
-        True,
-        None,
-        id="with-the-switch-not-a-gang-whose-team-it-would-leave-below-its-share",
+        (GANG, B8), "large", 0.5, "g", id="large-a-gang-within-its-teams-share-is-a-victim"
     ),
+    pytest.param((GANG, B8), "every", 0.5, None, id="every-keeps-a-gang-within-its-share-too"),
+    # Two single-host runs of 8: one leaves b below its share, still a fair victim.
     pytest.param(
-        # b holds 24: 16 over, the gang's 16 GPUs are all beyond its share.
-        (on(workload("g", 16, "b"), "h1", "h2"), on(workload("b8", 8, "b"), "h3", start=NOW)),
-        True,
-        "g",
-        id="with-the-switch-a-gang-wholly-beyond-its-teams-share",
-    ),
-    pytest.param(
-        # Two single-host runs of 8: one leaves b below its share, still a fair victim.
         (on(workload("s1", 8, "b"), "h1"), on(workload("s2", 8, "b"), "h2")),
-        True,
+        "every",
+        0.25,
         "s1",
-        id="with-the-switch-single-host-runs-as-before",
+        id="every-single-host-runs-as-before",
     ),
 ]
+KEEP_RULES = {
+    "reclaim": {"keep_large_gangs": False},
+    "large": {},
+    "every": {"keep_gangs_at_entitlement": True},
+}
 
 
-@pytest.mark.parametrize(("running", "keep", "victim"), KEEP_GANGS)
-def test_keep_gangs_at_entitlement(running: tuple[On, ...], keep: bool, victim: str | None) -> None:
+@pytest.mark.parametrize(("running", "keep", "b_share", "victim"), KEEP_GANGS)
+def test_keep_gangs(running: tuple[On, ...], keep: str, b_share: float, victim: str | None) -> None:
     protected_c = [
         on(workload(f"c{h}", 8, "c"), h, start=NOW)
         for h in ("h3", "h4")
@@ -599,10 +605,10 @@ def test_keep_gangs_at_entitlement(running: tuple[On, ...], keep: bool, victim: 
     result = decide(
         state,
         workload("a1", 4),
-        shares={"a": 0.75, "b": 0.25},
+        shares={"a": 1 - b_share, "b": b_share},
         order={"a": 0, "b": 1, "c": 2},
         now=NOW,
-        keep_gangs_at_entitlement=keep,
+        **KEEP_RULES[keep],
     )
     if victim is None:
         assert result.preemptions == ()
@@ -612,7 +618,10 @@ def test_keep_gangs_at_entitlement(running: tuple[On, ...], keep: bool, victim: 
         assert preempted(result)[victim].reason is RECLAIMED
 
 
-def test_the_keep_gangs_policy_is_fair_share_with_the_switch() -> None:
+def test_the_keep_gangs_policies_are_fair_share_with_their_switches() -> None:
     assert make_policy("fairshare-keep-gangs", 300).keep_gangs_at_entitlement
     assert not make_policy("fairshare", 300).keep_gangs_at_entitlement
     assert make_policy("fairshare-keep-gangs", 300).reservations
+    assert make_policy("fairshare", 300).keep_large_gangs
+    assert not make_policy("fairshare-reclaim-gangs", 300).keep_large_gangs
+    assert make_policy("fairshare-reclaim-gangs", 300).reservations

@@ -162,6 +162,7 @@ class _Cycle:
             policy.entitlement_tier,
             now,
             keep_gangs=policy.keep_gangs_at_entitlement,
+            keep_large_gangs=policy.keep_large_gangs,
         )
         # Two monotone bounds (see the module docstring): within one cycle free GPUs only
         # shrink, so once g GPUs failed to fit in a pool, >= g never fits there again; and

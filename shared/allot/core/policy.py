@@ -87,9 +87,12 @@ class Policy:
     max_reservations: int = 2
     reservation_max_share: float = 0.5
     reservation_after_s: float = 3600.0
-    # A reclaim may not take a gang (a run over several hosts) whose allocation it would
-    # leave below its entitlement (``FairShareRule.key``): more owed time delivered to
-    # teams whose share is a gang or two, longer waits for small work (decision 0065).
+    # A reclaim may not take a gang (a run over several hosts) larger than its allocation's
+    # entitlement when it would leave the allocation below its entitlement
+    # (``FairShareRule.key``): a team whose share is smaller than one gang keeps it
+    # (decision 0067). ``keep_gangs_at_entitlement`` keeps every gang so: more owed time
+    # delivered, longer waits for small work (decision 0065).
+    keep_large_gangs: bool = True
     keep_gangs_at_entitlement: bool = False
     # The short lane (hosts named by ``ClusterState(short_lane=...)``): besides unallocated
     # work, only allocated requests of at most ``short_lane_max_gpus`` GPUs protected for at
@@ -214,11 +217,14 @@ POLICIES = (
     "fairshare-window",
     "fairshare-no-reservations",
     "fairshare-keep-gangs",
+    "fairshare-reclaim-gangs",
     "fifo",
 )
 """The policies of the placement service (the simulator adds its baselines);
 ``fairshare-no-reservations`` is Fair Tree without reservations, for comparison;
-``fairshare-keep-gangs`` is Fair Tree with ``keep_gangs_at_entitlement``."""
+``fairshare-keep-gangs`` is Fair Tree with ``keep_gangs_at_entitlement``;
+``fairshare-reclaim-gangs`` without ``keep_large_gangs`` (every gang a reclaim's victim, as
+before decision 0067), for comparison."""
 
 
 def make_policy(
@@ -239,5 +245,6 @@ def make_policy(
         unallocated_grace_s=min(unallocated_grace_s, grace_s),
         unallocated_settle_s=unallocated_settle_s,
         reservations=name != "fairshare-no-reservations",
+        keep_large_gangs=name != "fairshare-reclaim-gangs",
         keep_gangs_at_entitlement=name == "fairshare-keep-gangs",
     )

@@ -187,6 +187,7 @@ class _Explainer:
             policy.entitlement_tier,
             now,
             keep_gangs=policy.keep_gangs_at_entitlement,
+            keep_large_gangs=policy.keep_large_gangs,
         )
         self.held = dict(self.st.held)
         placed_gpus: dict[str, int] = {}

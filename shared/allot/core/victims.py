@@ -50,6 +50,7 @@ class FairShareVictims:
     entitlement_tier: bool
     now: float
     keep_gangs: bool = False  # ``Policy.keep_gangs_at_entitlement``
+    keep_large_gangs: bool = False  # ``Policy.keep_large_gangs``
 
     def rule(
         self,
@@ -72,6 +73,7 @@ class FairShareVictims:
             allocated_victims=allocated_victims,
             for_reservation=for_reservation,
             keep_gangs=self.keep_gangs,
+            keep_large_gangs=self.keep_large_gangs,
         )
 
 
@@ -102,6 +104,7 @@ class FairShareRule:
     allocated_victims: bool = True
     for_reservation: bool = False  # a reservation's start: notices say so
     keep_gangs: bool = False  # a reclaim leaves a gang's allocation at its entitlement
+    keep_large_gangs: bool = False  # the same for gangs larger than their team's share
     # Its classes are the planner's clearing costs (1 unallocated, 2 allocated): it may read
     # hosts in ``ClusterView.clear_order`` when it respects protection.
     costs_by_kind = True
@@ -141,12 +144,16 @@ class FairShareRule:
         # beyond its entitlement: pushing the victim below it makes the victim's work the
         # first in line for the freed GPUs (tier 0), and the requester never gets them
         # (a 16-GPU run was preempted every min_runtime for the same requester). With
-        # ``keep_gangs`` a reclaim may not either when the victim is a gang (a run over
-        # several hosts): one larger than its team's share otherwise falls to the next
-        # small reclaim, and the team waits for a whole gang's room once more. Victim and
+        # ``keep_large_gangs`` a reclaim may not either when the victim is a gang (a run
+        # over several hosts) larger than its allocation's entitlement: a team whose share
+        # is smaller than one gang runs it only over its share, the next small reclaim
+        # would take it, and the team would wait for a whole gang's room once more
+        # (decision 0067); ``keep_gangs`` keeps every gang so (decision 0065). Victim and
         # allocation alone decide, so victim sets still shrink down the queue order.
         below = self.entitlement_tier and over < w.gpus
-        gang = self.keep_gangs and len(run.assignment) > 1
+        gang = len(run.assignment) > 1 and (
+            self.keep_gangs or (self.keep_large_gangs and w.gpus > self.entitlement.get(alloc, 0.0))
+        )
         if below and (not self.under_entitlement or gang):
             return None
         # Prefer victims whose allocation stays at or above its entitlement: taking more

@@ -41,6 +41,7 @@ POLICY_NAMES = (
     "fairshare-window",
     "fairshare-no-reservations",
     "fairshare-keep-gangs",
+    "fairshare-reclaim-gangs",
     "priority",
     "fifo",
     "partitioned",
