@@ -139,7 +139,8 @@ class FairShareRule:
         assert alloc is not None
         if not self.may_take_from(alloc, victim_held):
             return None
-        over = victim_held.get(alloc, 0) - self.entitlement.get(alloc, 0.0)
+        entitlement = self.entitlement.get(alloc, 0.0)
+        over = victim_held.get(alloc, 0) - entitlement
         # A requester at or above its own entitlement may take only what the victim holds
         # beyond its entitlement: pushing the victim below it makes the victim's work the
         # first in line for the freed GPUs (tier 0), and the requester never gets them
@@ -150,12 +151,13 @@ class FairShareRule:
         # would take it, and the team would wait for a whole gang's room once more
         # (decision 0067); ``keep_gangs`` keeps every gang so (decision 0065). Victim and
         # allocation alone decide, so victim sets still shrink down the queue order.
-        below = self.entitlement_tier and over < w.gpus
-        gang = len(run.assignment) > 1 and (
-            self.keep_gangs or (self.keep_large_gangs and w.gpus > self.entitlement.get(alloc, 0.0))
-        )
-        if below and (not self.under_entitlement or gang):
-            return None
+        if self.entitlement_tier and over < w.gpus:  # the victim would end below its share
+            if not self.under_entitlement:
+                return None
+            if len(run.assignment) > 1 and (
+                self.keep_gangs or (self.keep_large_gangs and w.gpus > entitlement)
+            ):
+                return None
         # Prefer victims whose allocation stays at or above its entitlement: taking more
         # only turns the victim into the next reclaimer.
         overshoot = 0 if over >= w.gpus else 1
