@@ -201,6 +201,33 @@ def test_the_docs_list_every_code_and_no_other() -> None:
 # -- each code, with its numbers ----------------------------------------------------------
 
 
+def test_a_reclaim_blocked_only_by_kept_gangs_says_so() -> None:
+    # b (share 0.25 -> 4 of 16 GPUs) runs a 16-GPU gang past its protection on both hosts;
+    # a (0.75, holds nothing) reclaims 4. Taking the gang would leave b below its share and
+    # it is larger than that share: the default keeps it (decision 0067), and the reason
+    # names the GPUs kept; with the rule off the gang is noticed.
+    snap = snapshot(
+        cluster(hosts(2), on(workload("g", 16, "b"), "h1", "h2")),
+        workload("a1", 4, "a"),
+        shares={"a": 0.75, "b": 0.25},
+        order={"a": 0, "b": 1},
+    )
+    kept = dry_why(snap, "a1")
+    assert kept.code is PendingReason.NO_HOST_LARGE_ENOUGH
+    assert kept.numbers["kept_gang_gpus"] == 16
+    assert "16 GPUs run in gangs a reclaim may not take" in kept.text
+    taken = dry_why(snap, "a1", Policy(keep_large_gangs=False))
+    assert taken.code is PendingReason.WAITING_FOR_NOTICE
+    # Not a reclaim (a already at its share): no mention of kept gangs.
+    snap_over = snapshot(
+        cluster(hosts(3), on(workload("g", 16, "b"), "h1", "h2"), on(workload("a0", 8, "a"), "h3")),
+        workload("a1", 4, "a"),
+        shares={"a": 0.25, "b": 0.75},
+        order={"a": 1, "b": 0},
+    )
+    assert "kept_gang_gpus" not in dry_why(snap_over, "a1").numbers
+
+
 def test_starts_next_cycle_only_on_a_dry_run() -> None:
     snap = starts_next_cycle()
     r = dry_why(snap, "a1")

@@ -221,6 +221,8 @@ class _Explainer:
         self._answers: dict[tuple[object, ...], Why] = {}
         # Per victim rule: the largest size a plan was found for, the smallest it was not.
         self._plan_bounds: dict[tuple[object, ...], tuple[int, int]] = {}
+        # Allocation -> GPUs of its gangs the keep rules shield from reclaims (lazily).
+        self._kept: dict[str, int] | None = None
 
     def run(self, include_placed: bool, entries: Sequence[QueueEntry] | None) -> dict[str, Why]:
         out: dict[str, Why] = {}
@@ -336,14 +338,18 @@ class _Explainer:
                 entitlement=entitlement,
                 owed=max(0.0, entitlement - held),
             )
-        return _why(
-            PendingReason.NO_HOST_LARGE_ENOUGH,
-            requested=g,
-            free_gpus=free,
-            largest_free_block=block,
-            largest_host=self.st.pool_max_gpus.get(pool, 0),
-            preemption="on" if may_preempt else "off",
-        )
+        numbers: dict[str, Number] = {
+            "requested": g,
+            "free_gpus": free,
+            "largest_free_block": block,
+            "largest_host": self.st.pool_max_gpus.get(pool, 0),
+            "preemption": "on" if may_preempt else "off",
+        }
+        if may_preempt and alloc is not None and self._reclaims(alloc, g):
+            kept = self._kept_gang_gpus(alloc)
+            if kept:
+                numbers["kept_gang_gpus"] = kept
+        return _why(PendingReason.NO_HOST_LARGE_ENOUGH, **numbers)
 
     # ------------------------------------------------------------------ codes
     def _waiting(self, w: Workload, victims: tuple[str, ...]) -> Why:
@@ -468,6 +474,27 @@ class _Explainer:
                     down.append(h.gpus)
             info = self._pools[pool] = _Pool(healthy, down, free, block)
         return info
+
+    def _kept_gang_gpus(self, requester: str) -> int:
+        """GPUs of other allocations' gangs past their protection that a reclaim could take
+        but for the policy's keep rules (``keep_large_gangs``, ``keep_gangs_at_entitlement``:
+        taking one would leave its team below its share). One pass over the running work,
+        the first time a reclaiming request asks."""
+        if self._kept is None:
+            self._kept = {}
+            if self.policy.keep_large_gangs or self.policy.keep_gangs_at_entitlement:
+                keep = self.fair_share.rule("", True)
+                take = FairShareVictims(
+                    self.snap.order, self.entitlement, self.policy.entitlement_tier, self.now
+                )
+                rule = take.rule("", True)
+                for run in self.st.running.values():
+                    a = run.workload.allocation
+                    if a is None or len(run.assignment) < 2 or run.preempt_at is not None:
+                        continue
+                    if keep.key(run, self.held) is None and rule.key(run, self.held) is not None:
+                        self._kept[a] = self._kept.get(a, 0) + run.workload.gpus
+        return sum(gpus for a, gpus in self._kept.items() if a != requester)
 
     def _reclaims(self, alloc: str, gpus: int) -> bool:
         """The cycle's rule (``allot.core.victims.reclaims``) with the held GPUs after this
@@ -651,6 +678,12 @@ _TEXT: dict[PendingReason, Callable[[Mapping[str, Number]], str]] = {
         f"needs {n['requested']} GPUs, {n['free_gpus']} free (largest block "
         f"{n['largest_free_block']} on hosts of {n['largest_host']}), and no work it may "
         f"preempt (preemption {n['preemption']})"
+        + (
+            f"; {n['kept_gang_gpus']} GPUs run in gangs a reclaim may not take (taking one "
+            "would leave its team below its share)"
+            if "kept_gang_gpus" in n
+            else ""
+        )
     ),
 }
 
