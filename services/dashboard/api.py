@@ -225,14 +225,27 @@ class DashboardViews:
     async def workload(self, now: float, workload_id: str, viewer: Viewer = EVERYONE) -> PageView:
         errors: list[str] = []
         rec = self.timeline.fold.records.get(workload_id)
-        if viewer.allocations is not None and (
-            rec is None or not viewer.sees(rec.workload.allocation)
-        ):
-            # Another team's workload reads as an unknown one: not even its id is confirmed.
-            return workload_page(now, workload_id, None, ())
-        current = await self._ask(
-            partial(self.client.status, workload_id), "placement leader", errors
-        )
+        current = None
+        if viewer.allocations is not None:
+            if rec is not None:
+                allocation = rec.workload.allocation
+            else:
+                # Not in this dashboard's log yet (its follower may be a moment behind the
+                # placement leader, whose queue already lists it): the leader says whose it is.
+                current = await self._ask(
+                    partial(self.client.status, workload_id), "placement leader", []
+                )
+                if current is None or current.state == "unknown":
+                    return workload_page(now, workload_id, None, ())
+                allocation = current.allocation
+            if not viewer.sees(allocation):
+                # Another team's workload reads as an unknown one: not even its id is
+                # confirmed.
+                return workload_page(now, workload_id, None, ())
+        if current is None:
+            current = await self._ask(
+                partial(self.client.status, workload_id), "placement leader", errors
+            )
         row = None
         if current is not None and current.state == "pending":
             snapshot = await self._ask(self.client.queue, "placement leader", errors)

@@ -24,10 +24,13 @@ import pytest
 from live_harness import eventually, seed
 
 from allot import bus
+from allot.auth.dashboard import Viewer
 from allot.bus import service_main
+from allot.eventlog.timeline import LogTimeline
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client
+from allot.services.dashboard.api import DashboardViews
 from allot.services.dashboard.service import DashboardService
 from allot.services.dashboard.workload import PREEMPT_TEXT
 from allot.services.placement.service import PlacementService
@@ -306,3 +309,43 @@ async def test_queue_and_hosts_pages_agree_with_the_placement_leader(
 def test_every_preemption_reason_has_its_meaning_on_the_workload_page() -> None:
     """A reason added to the wire without a line here would show as a bare code."""
     assert set(PREEMPT_TEXT) == set(get_args(m.PreemptReason))
+
+
+async def test_a_team_sees_its_workload_before_the_dashboards_log_has_it(fresh_log: str) -> None:
+    """A team's workload page asked for while the dashboard's own log follower is behind the
+    placement leader (whose queue already lists the workload): the leader's status says
+    whose it is, so the team sees its own workload (not a 404) and still not another's.
+    Here the dashboard's timeline has read nothing at all (the race, held open)."""
+    nc, js = await bus.connect(fresh_log, "test-dashboard")
+    await seed(js, {"h1": 8})
+    placement = PlacementService(fresh_log, lease_ttl_s=1.0, name="p1", tracing=False)
+    await service_main.start(placement)
+    try:
+        now = time.time()
+        for i, (wid, alloc) in enumerate((("mine", "nlp"), ("theirs", "vision"))):
+            await bus.publish(
+                js,
+                s.events(alloc, wid, "submitted"),
+                m.WorkloadSubmitted(
+                    workload_id=wid,
+                    client_id=wid,
+                    user="ann",
+                    gpus=8,
+                    allocation=alloc,
+                    min_runtime_s=600,
+                    at=now + i * 0.01,
+                ),
+            )
+        async with Client(fresh_log) as c:
+            await eventually(c.queue, lambda q: q.total == 1)  # one runs, one waits
+            views = DashboardViews(c, LogTimeline())
+            nlp = Viewer("nlp", "team", frozenset({"nlp"}))
+            mine = await views.workload(time.time(), "mine", nlp)
+            assert mine.status == 200 and mine.data["state"] in ("running", "pending")
+            assert (await views.workload(time.time(), "theirs", nlp)).status == 404
+            assert (await views.workload(time.time(), "nobody", nlp)).status == 404
+            admin = Viewer("admin", "admin")
+            assert (await views.workload(time.time(), "theirs", admin)).status == 200
+    finally:
+        await service_main.stop(placement)
+        await nc.close()
