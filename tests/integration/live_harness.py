@@ -74,6 +74,19 @@ async def records(js: JetStreamContext, stream: str = "WORKLOADS") -> list[msgsp
     return out
 
 
+def submitted(wid: str, alloc: str | None, gpus: int, at: float) -> m.WorkloadSubmitted:
+    """A submission record as intake appends it (allocated work protected 10 minutes)."""
+    return m.WorkloadSubmitted(
+        workload_id=wid,
+        client_id=wid,
+        user="ann",
+        gpus=gpus,
+        allocation=alloc,
+        min_runtime_s=600 if alloc else 0,
+        at=at,
+    )
+
+
 async def eventually(
     probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool], timeout: float = 10.0
 ) -> T:

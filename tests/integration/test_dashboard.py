@@ -21,7 +21,8 @@ from typing import get_args
 import aiohttp
 import msgspec
 import pytest
-from live_harness import eventually, seed
+from live_harness import eventually, seed, submitted
+from nats.js import JetStreamContext
 
 from allot import bus
 from allot.auth.dashboard import Viewer
@@ -30,6 +31,7 @@ from allot.eventlog.timeline import LogTimeline
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client
+from allot.sdk.errors import NoResponderError
 from allot.services.dashboard.api import DashboardViews
 from allot.services.dashboard.service import DashboardService
 from allot.services.dashboard.workload import PREEMPT_TEXT
@@ -231,6 +233,10 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
         await nc.close()
 
 
+async def _submit(js: JetStreamContext, wid: str, alloc: str | None, gpus: int, at: float) -> None:
+    await bus.publish(js, s.events(alloc, wid, "submitted"), submitted(wid, alloc, gpus, at))
+
+
 async def test_queue_and_hosts_pages_agree_with_the_placement_leader(
     fresh_log: str, http: aiohttp.ClientSession
 ) -> None:
@@ -252,19 +258,7 @@ async def test_queue_and_hosts_pages_agree_with_the_placement_leader(
         ]
         async with Client(fresh_log) as c:
             for i, (wid, alloc, gpus) in enumerate(jobs):
-                await bus.publish(
-                    js,
-                    s.events(alloc, wid, "submitted"),
-                    m.WorkloadSubmitted(
-                        workload_id=wid,
-                        client_id=wid,
-                        user="ann",
-                        gpus=gpus,
-                        allocation=alloc,
-                        min_runtime_s=600 if alloc else 0,
-                        at=now + i * 0.01,
-                    ),
-                )
+                await _submit(js, wid, alloc, gpus, now + i * 0.01)
                 if i == 1:
                     await eventually(c.hosts, lambda h: all(r.free_gpus == 0 for r in h.hosts))
             queue = await eventually(c.queue, lambda q: q.total == 3)
@@ -323,21 +317,16 @@ async def test_a_team_sees_its_workload_before_the_dashboards_log_has_it(fresh_l
     try:
         now = time.time()
         for i, (wid, alloc) in enumerate((("mine", "nlp"), ("theirs", "vision"))):
-            await bus.publish(
-                js,
-                s.events(alloc, wid, "submitted"),
-                m.WorkloadSubmitted(
-                    workload_id=wid,
-                    client_id=wid,
-                    user="ann",
-                    gpus=8,
-                    allocation=alloc,
-                    min_runtime_s=600,
-                    at=now + i * 0.01,
-                ),
-            )
+            await _submit(js, wid, alloc, 8, now + i * 0.01)
         async with Client(fresh_log) as c:
-            await eventually(c.queue, lambda q: q.total == 1)  # one runs, one waits
+
+            async def queue() -> m.QueueSnapshot | None:  # None until a leader answers
+                try:
+                    return await c.queue()
+                except NoResponderError:
+                    return None
+
+            await eventually(queue, lambda q: q is not None and q.total == 1)  # one waits
             views = DashboardViews(c, LogTimeline())
             nlp = Viewer("nlp", "team", frozenset({"nlp"}))
             mine = await views.workload(time.time(), "mine", nlp)

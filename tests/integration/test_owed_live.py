@@ -12,7 +12,7 @@ import time
 
 import msgspec
 import pytest
-from live_harness import eventually, records, seed
+from live_harness import eventually, records, seed, submitted
 
 from allot import bus
 from allot.cli import main as cli_main
@@ -66,17 +66,6 @@ async def test_allot_owed_from_the_live_log(
 
     async def event(alloc: str | None, record: msgspec.Struct) -> None:
         await bus.publish(js, bus.event_subject(alloc, record), record)
-
-    def submitted(wid: str, alloc: str | None, gpus: int, at: float) -> m.WorkloadSubmitted:
-        return m.WorkloadSubmitted(
-            workload_id=wid,
-            client_id=wid,
-            user="ann",
-            gpus=gpus,
-            allocation=alloc,
-            min_runtime_s=600 if alloc else 0,
-            at=at,
-        )
 
     def placed(wid: str, alloc: str | None, gpus: tuple[int, ...], at: float) -> m.WorkloadPlaced:
         return m.WorkloadPlaced(
