@@ -224,28 +224,33 @@ class DashboardViews:
 
     async def workload(self, now: float, workload_id: str, viewer: Viewer = EVERYONE) -> PageView:
         errors: list[str] = []
-        rec = self.timeline.fold.records.get(workload_id)
-        current = None
-        if viewer.allocations is not None:
-            if rec is not None:
-                allocation = rec.workload.allocation
-            else:
-                # Not in this dashboard's log yet (its follower may be a moment behind the
-                # placement leader, whose queue already lists it): the leader says whose it is.
-                current = await self._ask(
-                    partial(self.client.status, workload_id), "placement leader", []
-                )
-                if current is None or current.state == "unknown":
-                    return workload_page(now, workload_id, None, ())
-                allocation = current.allocation
-            if not viewer.sees(allocation):
-                # Another team's workload reads as an unknown one: not even its id is
-                # confirmed.
-                return workload_page(now, workload_id, None, ())
-        if current is None:
+        scopes = viewer.scopes
+        if scopes is None:
             current = await self._ask(
                 partial(self.client.status, workload_id), "placement leader", errors
             )
+        else:
+            # A team asks the leader on its own allocations' subjects, whether or not this
+            # dashboard's log has the workload yet (its follower may be a moment behind the
+            # leader, whose queue already lists it): another team's workload is "unknown"
+            # there, answered as fast as an id nobody knows.
+            answers = await asyncio.gather(
+                *(
+                    self._ask(
+                        partial(self.client.status, workload_id, scope=scope),
+                        "placement leader",
+                        errors,
+                    )
+                    for scope in scopes
+                )
+            )
+            current = next((a for a in answers if a is not None and a.state != "unknown"), None)
+            errors = list(dict.fromkeys(errors))  # one line for a leader that did not answer
+            rec = self.timeline.fold.records.get(workload_id)
+            if current is None and (rec is None or not viewer.sees(rec.workload.allocation)):
+                # Another team's workload reads as an unknown one: not even its id is
+                # confirmed.
+                return workload_page(now, workload_id, None, ())
         row = None
         if current is not None and current.state == "pending":
             snapshot = await self._ask(self.client.queue, "placement leader", errors)

@@ -470,7 +470,8 @@ def test_a_gang_takes_nothing_on_a_host_its_victim_merely_spans() -> None:
     p0 (4 GPUs) planned r5 and h2's 3 free GPUs. The gang's top-up must leave those 3 to
     p0: holding every free GPU on the gang's victims' hosts took them, the victims'
     requeued runs (ranked above p0) had them once p1 started, and p0 noticed r6 in a
-    second round (found by the property)."""
+    second round (found by the property). After r0-r3, g (larger than a's share) would
+    leave a below its share: taken only with ``keep_large_gangs`` off (decision 0067)."""
     state = cluster(
         hosts(5),
         on(workload("g", 12, "a", min_runtime_s=10), "h3", "h2"),
@@ -490,7 +491,8 @@ def test_a_gang_takes_nothing_on_a_host_its_victim_merely_spans() -> None:
     )
     shares = {"a": 2 / 11, "b": 1 / 11, "c": 4 / 11, "d": 4 / 11}
     order = {"b": 0, "c": 1, "a": 2, "d": 3}
-    first = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), 200.0)
+    policy = Policy(grace_s=5, keep_large_gangs=False)
+    first = run_cycle(Snapshot(state, queue, shares, order), policy, 200.0)
     assert sorted((p.workload_id, p.preemptor) for p in first.preemptions) == [
         ("g", "p1"),
         *((f"r{i}", "p1") for i in range(4)),
@@ -499,7 +501,7 @@ def test_a_gang_takes_nothing_on_a_host_its_victim_merely_spans() -> None:
     apply_result(state, queue, first, 200.0)
     now = leave_at_deadline(state, queue)
     assert now is not None
-    second = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=5), now)
+    second = run_cycle(Snapshot(state, queue, shares, order), policy, now)
     assert {"p0", "p1"} <= {p.workload.id for p in second.placements}
     assert [p.workload_id for p in second.preemptions if p.preemptor] == []
 

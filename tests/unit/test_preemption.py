@@ -618,6 +618,34 @@ def test_keep_gangs(running: tuple[On, ...], keep: str, b_share: float, victim: 
         assert preempted(result)[victim].reason is RECLAIMED
 
 
+def test_one_plan_takes_no_kept_gang_the_victims_before_it_would_push_below_share() -> None:
+    """Eight 8-GPU hosts. x (share 10 GPUs) holds 40: two 16-GPU gangs past protection
+    (h1-h2, h3-h4) and 8 protected on h5; c's protected work fills h6-h8. a (share 32,
+    holds nothing) reclaims 32 GPUs: only the two gangs could make room. Each alone leaves
+    x over its share, but after the first x holds 24 and the second (larger than x's
+    share) would leave it at 8: kept, so no plan exists (one plan took both before)."""
+    state = cluster(
+        hosts(8),
+        on(workload("g1", 16, "x"), "h1", "h2"),
+        on(workload("g2", 16, "x"), "h3", "h4"),
+        on(workload("x8", 8, "x"), "h5", start=NOW),
+        *(on(workload(f"c{h}", 8, "c"), h, start=NOW) for h in ("h6", "h7", "h8")),
+    )
+    shares = {"a": 0.5, "x": 10 / 64}
+    order = {"a": 0, "x": 1, "c": 2}
+    kept = decide(state, workload("a1", 32), shares=shares, order=order, now=NOW)
+    assert kept.preemptions == () and kept.placements == ()
+    taken = decide(
+        state,
+        workload("a1", 32),
+        shares=shares,
+        order=order,
+        now=NOW,
+        keep_large_gangs=False,
+    )
+    assert set(preempted(taken)) == {"g1", "g2"}
+
+
 def test_the_keep_gangs_policies_are_fair_share_with_their_switches() -> None:
     assert make_policy("fairshare-keep-gangs", 300).keep_gangs_at_entitlement
     assert not make_policy("fairshare", 300).keep_gangs_at_entitlement

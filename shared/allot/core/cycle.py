@@ -28,8 +28,10 @@ A cycle, in order:
    notice for a request still pending stays that request's in later cycles (the notice
    names it: ``ClusterState.noticed_for``), so no other request takes it. Who may be a
    victim is ``allot.core.victims`` (a request that *reclaims* may take any
-   over-entitlement allocation's unprotected work, any other only worse-ranked
-   over-entitlement work), or the plugged-in ``Victims`` of the policy.
+   over-entitlement allocation's unprotected work but a gang larger than that
+   allocation's share that would leave it below its share, any other only worse-ranked
+   over-entitlement work that leaves its allocation at its share), or the plugged-in
+   ``Victims`` of the policy.
 5. **Earmarks.** A reclaiming request blocked only by protected work reserves the hosts
    it will get when that protection lapses: their free GPUs go to no other allocated work
    and their occupants are nobody else's victims this cycle. Unallocated work may fill the

@@ -488,11 +488,20 @@ class _Explainer:
                     self.snap.order, self.entitlement, self.policy.entitlement_tier, self.now
                 )
                 rule = take.rule("", True)
+                # The GPUs each allocation keeps after this cycle: its placements counted
+                # (``self.held``), the work it noticed gone.
+                held = dict(self.held)
+                for p in self.result.preemptions:
+                    noticed = self.st.running.get(p.workload_id)
+                    if noticed is not None and noticed.workload.allocated and p.allocation:
+                        held[p.allocation] = held.get(p.allocation, 0) - p.gpus
                 for run in self.st.running.values():
                     a = run.workload.allocation
                     if a is None or len(run.assignment) < 2 or run.preempt_at is not None:
                         continue
-                    if keep.key(run, self.held) is None and rule.key(run, self.held) is not None:
+                    if run.workload.id in self.notice_at:
+                        continue
+                    if keep.key(run, held) is None and rule.key(run, held) is not None:
                         self._kept[a] = self._kept.get(a, 0) + run.workload.gpus
         return sum(gpus for a, gpus in self._kept.items() if a != requester)
 

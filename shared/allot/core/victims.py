@@ -6,8 +6,11 @@ healthy hosts); the Fair Tree order keys (smaller is served first); the request'
 
 A request reclaims when its allocation holds less than its entitlement and at least half
 of the request is owed room: ``held < entitlement and held + gpus / 2 <= entitlement``.
-A reclaiming request may take any over-entitlement allocation's unprotected work; any
-other takes only worse-ranked over-entitlement work (with the tier off: any worse-ranked
+A reclaiming request may take any over-entitlement allocation's unprotected work, except
+a gang (a run over several hosts) larger than that allocation's entitlement when taking it
+leaves the allocation below its entitlement (``Policy.keep_large_gangs``; every such gang
+with ``keep_gangs_at_entitlement``); any other takes only worse-ranked over-entitlement
+work that leaves its allocation at its entitlement (with the tier off: any worse-ranked
 work). Unallocated work is every allocated request's victim.
 """
 
@@ -83,9 +86,10 @@ class FairShareRule:
 
     - unallocated work, always (class 1);
     - allocated work past its protection, of *another* allocation, which is above its
-      entitlement (with the tier on): any such for a requester below its entitlement; only
-      worse-ranked ones (larger Fair Tree order key) for a requester at or above it. With the
-      tier off: past-protection work of worse-ranked allocations.
+      entitlement (with the tier on): any such for a requester below its entitlement but a
+      kept gang (``key``); only worse-ranked ones (larger Fair Tree order key) that leave
+      their allocation at its entitlement for a requester at or above it. With the tier
+      off: past-protection work of worse-ranked allocations.
 
     Preference among victims: unallocated first, then the most GPUs over entitlement, then
     the least work lost (GPUs x time since start), then id.
@@ -164,13 +168,21 @@ class FairShareRule:
         return (2, overshoot, -over, lost, w.id)
 
     def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
-        """Taking several victims from one allocation: stop once it is no longer over."""
+        """Taking several victims from one allocation: stop once it is no longer over, and
+        take no kept gang (``key``) once the victims before it leave too little above its
+        allocation's entitlement to take it whole."""
         w = run.workload
         if not w.allocated or not self.entitlement_tier:
             return True
         alloc = w.allocation
         assert alloc is not None
-        return victim_held.get(alloc, 0) > self.entitlement.get(alloc, 0.0)
+        held = victim_held.get(alloc, 0)
+        entitlement = self.entitlement.get(alloc, 0.0)
+        if held <= entitlement:
+            return False
+        if held - w.gpus < entitlement and len(run.assignment) > 1:
+            return not (self.keep_gangs or (self.keep_large_gangs and w.gpus > entitlement))
+        return True
 
     def reason(self, victim: Running) -> PreemptReason:
         if not victim.workload.allocated:
