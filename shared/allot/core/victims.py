@@ -155,13 +155,9 @@ class FairShareRule:
         # would take it, and the team would wait for a whole gang's room once more
         # (decision 0067); ``keep_gangs`` keeps every gang so (decision 0065). Victim and
         # allocation alone decide, so victim sets still shrink down the queue order.
-        if self.entitlement_tier and over < w.gpus:  # the victim would end below its share
-            if not self.under_entitlement:
-                return None
-            if len(run.assignment) > 1 and (
-                self.keep_gangs or (self.keep_large_gangs and w.gpus > entitlement)
-            ):
-                return None
+        below = self.entitlement_tier and over < w.gpus  # the victim would end below its share
+        if below and (not self.under_entitlement or self._keeps_gang(run, entitlement)):
+            return None
         # Prefer victims whose allocation stays at or above its entitlement: taking more
         # only turns the victim into the next reclaimer.
         overshoot = 0 if over >= w.gpus else 1
@@ -180,9 +176,14 @@ class FairShareRule:
         entitlement = self.entitlement.get(alloc, 0.0)
         if held <= entitlement:
             return False
-        if held - w.gpus < entitlement and len(run.assignment) > 1:
-            return not (self.keep_gangs or (self.keep_large_gangs and w.gpus > entitlement))
-        return True
+        return held - w.gpus >= entitlement or not self._keeps_gang(run, entitlement)
+
+    def _keeps_gang(self, run: Running, entitlement: float) -> bool:
+        """Whether ``run`` is a gang (over several hosts) the keep rules shield from a
+        reclaim that would leave its allocation (of ``entitlement``) below its share."""
+        if len(run.assignment) < 2:
+            return False
+        return self.keep_gangs or (self.keep_large_gangs and run.workload.gpus > entitlement)
 
     def reason(self, victim: Running) -> PreemptReason:
         if not victim.workload.allocated:
