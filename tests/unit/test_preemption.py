@@ -653,3 +653,35 @@ def test_the_keep_gangs_policies_are_fair_share_with_their_switches() -> None:
     assert make_policy("fairshare", 300).keep_large_gangs
     assert not make_policy("fairshare-reclaim-gangs", 300).keep_large_gangs
     assert make_policy("fairshare-reclaim-gangs", 300).reservations
+
+
+@pytest.mark.parametrize(
+    ("gpus", "victims"),
+    [
+        pytest.param(8, {"x1"}, id="one-victim-leaves-x-over-its-share"),
+        pytest.param(16, set(), id="two-would-leave-x-below-it-so-none"),
+    ],
+)
+def test_a_better_ranked_request_leaves_its_victims_team_its_share(
+    gpus: int, victims: set[str]
+) -> None:
+    """a is at its share (8 of 32 GPUs, protected on h3), so it takes only what a
+    worse-ranked team holds beyond its share. x (share 4) holds 16 past protection on h1
+    and h2: one run leaves it at 8, both at 0. Each alone passes ``key``; the plan checks
+    the second after the first (one plan took both before)."""
+    state = cluster(
+        hosts(4),
+        on(workload("x1", 8, "x"), "h1"),
+        on(workload("x2", 8, "x"), "h2"),
+        on(workload("a8", 8, "a"), "h3", start=NOW),
+        on(workload("c8", 8, "c"), "h4", start=NOW),
+    )
+    result = decide(
+        state,
+        workload("a1", gpus),
+        shares={"a": 0.25, "x": 0.125, "c": 0.625},
+        order={"a": 0, "x": 1, "c": 2},
+        now=NOW,
+    )
+    assert set(preempted(result)) == victims
+    assert all(p.reason is BETTER for p in result.preemptions)

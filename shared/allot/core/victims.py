@@ -164,9 +164,10 @@ class FairShareRule:
         return (2, overshoot, -over, lost, w.id)
 
     def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
-        """Taking several victims from one allocation: stop once it is no longer over, and
-        take no kept gang (``key``) once the victims before it leave too little above its
-        allocation's entitlement to take it whole."""
+        """Taking several victims from one allocation: stop once it is no longer over; a
+        requester at or above its entitlement takes none that would leave the allocation
+        below its entitlement (``key`` tests each alone, this one after the victims before
+        it), nor does a reclaim take a kept gang so."""
         w = run.workload
         if not w.allocated or not self.entitlement_tier:
             return True
@@ -176,7 +177,9 @@ class FairShareRule:
         entitlement = self.entitlement.get(alloc, 0.0)
         if held <= entitlement:
             return False
-        return held - w.gpus >= entitlement or not self._keeps_gang(run, entitlement)
+        if held - w.gpus >= entitlement:
+            return True
+        return self.under_entitlement and not self._keeps_gang(run, entitlement)
 
     def _keeps_gang(self, run: Running, entitlement: float) -> bool:
         """Whether ``run`` is a gang (over several hosts) the keep rules shield from a
