@@ -268,6 +268,8 @@ def check_cycle(
             assert len(p.assignment) == w.gpus // size + (1 if w.gpus % size else 0)
 
     noticed: set[str] = set()
+    # GPUs each requester takes, by better-ranked notices, from each victim allocation.
+    better_taken: dict[tuple[str, str], int] = {}
     for notice in result.preemptions:
         assert notice.workload_id not in noticed, "noticed twice in one cycle"
         noticed.add(notice.workload_id)
@@ -308,6 +310,13 @@ def check_cycle(
             # take from allocations the Fair Tree ranks worse.
             rank = order.get(requester.allocation or "", WORST_ORDER)
             assert order.get(victim.allocation or "", WORST_ORDER) > rank
+            if policy.entitlement_tier:
+                # ... and only what that allocation holds beyond its entitlement, all of
+                # one plan's victims together (decision 0068).
+                key = (requester.id, victim.allocation or "")
+                better_taken[key] = better_taken.get(key, 0) + victim.gpus
+                over = notice.victim_held_gpus - notice.victim_entitlement_gpus
+                assert better_taken[key] <= over, "left the victim's team below its share"
 
     claimed: set[str] = set()
     for requester_id, victims in result.waiting_on:

@@ -23,6 +23,8 @@ from builders import (
     span,
     workload,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from allot.core.cycle import Snapshot, run_cycle
 from allot.core.decisions import Preemption, PreemptReason
@@ -685,3 +687,28 @@ def test_a_better_ranked_request_leaves_its_victims_team_its_share(
     )
     assert set(preempted(result)) == victims
     assert all(p.reason is BETTER for p in result.preemptions)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=5),
+    st.floats(0.0, 0.5),
+    st.integers(1, 24),
+)
+def test_a_better_ranked_request_never_leaves_a_team_below_its_share(
+    x_runs: list[int], x_share: float, gpus: int
+) -> None:
+    """Property over one worse-ranked team x with runs of any size past protection (one
+    per host) and a requester a at its share: whatever a asks, all its victims of x
+    together leave x at or above its share."""
+    n = len(x_runs)
+    state = cluster(
+        hosts(n + 1),
+        *(on(workload(f"x{i}", g, "x"), f"h{i + 1}") for i, g in enumerate(x_runs)),
+        on(workload("a8", 8, "a"), f"h{n + 1}", start=NOW),
+    )
+    total = 8 * (n + 1)
+    shares = {"a": 8 / total, "x": x_share}
+    result = decide(state, workload("a1", gpus), shares=shares, order={"a": 0, "x": 1}, now=NOW)
+    taken = sum(p.gpus for p in result.preemptions if p.allocation == "x")
+    assert taken <= max(0.0, sum(x_runs) - x_share * total)
