@@ -492,14 +492,13 @@ class _Explainer:
                 # (``self.held``), the work it noticed gone.
                 held = dict(self.held)
                 for p in self.result.preemptions:
-                    noticed = self.st.running.get(p.workload_id)
-                    if noticed is not None and noticed.workload.allocated and p.allocation:
+                    if p.allocation:  # set only for allocated victims
                         held[p.allocation] = held.get(p.allocation, 0) - p.gpus
                 for run in self.st.running.values():
                     a = run.workload.allocation
                     if a is None or len(run.assignment) < 2 or run.preempt_at is not None:
                         continue
-                    if run.workload.id in self.notice_at:
+                    if run.workload.id in self.notice_at:  # noticed this cycle
                         continue
                     if keep.key(run, held) is None and rule.key(run, held) is not None:
                         self._kept[a] = self._kept.get(a, 0) + run.workload.gpus

@@ -156,7 +156,7 @@ class FairShareRule:
         # (decision 0067); ``keep_gangs`` keeps every gang so (decision 0065). Victim and
         # allocation alone decide, so victim sets still shrink down the queue order.
         below = self.entitlement_tier and over < w.gpus  # the victim would end below its share
-        if below and (not self.under_entitlement or self._keeps_gang(run, entitlement)):
+        if below and not self._may_leave_below(run, entitlement):
             return None
         # Prefer victims whose allocation stays at or above its entitlement: taking more
         # only turns the victim into the next reclaimer.
@@ -177,8 +177,11 @@ class FairShareRule:
         entitlement = self.entitlement.get(alloc, 0.0)
         if held <= entitlement:
             return False
-        if held - w.gpus >= entitlement:
-            return True
+        return held - w.gpus >= entitlement or self._may_leave_below(run, entitlement)
+
+    def _may_leave_below(self, run: Running, entitlement: float) -> bool:
+        """Whether ``run`` may be taken though its allocation (of ``entitlement``) ends
+        below its share: only by a reclaim, and never a gang the keep rules shield."""
         return self.under_entitlement and not self._keeps_gang(run, entitlement)
 
     def _keeps_gang(self, run: Running, entitlement: float) -> bool:
