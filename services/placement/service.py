@@ -122,6 +122,7 @@ class PlacementService:
         """Whether the log follower reads runs' starts (a server before 2.10 cannot skip
         them); otherwise ``allot status`` reads a run's start when asked."""
         self.stopping = False
+        self._lane_warned = False
         # Trace context of each pending workload's submission: the placement decision
         # continues that trace (submit -> intake -> place is one trace).
         self._trace_of: dict[str, otel_context.Context] = {}
@@ -157,6 +158,7 @@ class PlacementService:
             idle_flagged=len(self.fold.idle_flags),
             epoch=self.fold.epoch,
         )
+        self._check_lane()
         self._tasks = [
             asyncio.create_task(hold_lease(self.js, self, self.name, self.lease_ttl_s)),
             asyncio.create_task(self._cycle_loop()),
@@ -180,6 +182,8 @@ class PlacementService:
             self._dirty.set()
         if isinstance(record, m.BudgetTreeSet):
             self._dirty.set()
+        elif isinstance(record, m.HostRegistered) and self.caught_up:
+            self._check_lane()
         if not (self.leader and self.caught_up and self.fold.epoch == self.epoch):
             return
         # Informational records that follow from what was just applied.
@@ -196,6 +200,19 @@ class PlacementService:
             self._trace_of.pop(rec.workload.id, None)
             if rec.status == "cancelled":  # it was pending: nobody else will say it ended
                 self._spawn_publish(cancelled(rec, record))
+
+    def _check_lane(self) -> None:
+        """Warn once (until it stops being so) when ``--short-lane`` names every host known:
+        long allocated work then never starts."""
+        st = self.fold.state
+        every = st.lane_holds_every_host
+        if every and not self._lane_warned:
+            log.warning(
+                "the short lane holds every host: only short and unallocated work can start",
+                hosts=len(st.host_ids),
+                short_lane=len(st.short_lane),
+            )
+        self._lane_warned = every
 
     def _own_decision(self, record: msgspec.Struct) -> bool:
         """A placement or notice of this leader's epoch: the cycle that decided it took it

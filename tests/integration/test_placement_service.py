@@ -19,6 +19,7 @@ import nats.js.errors
 import pytest
 from live_harness import eventually, of_type, placements, records, running_intake, seed
 from nats.aio.msg import Msg
+from structlog.testing import capture_logs
 
 from allot import bus
 from allot.adapters.embedded import EmbeddedNats
@@ -653,3 +654,37 @@ async def test_the_short_lane_starts_only_short_and_free_work_and_the_twin_agree
     assert with_lane.fraction_identical == 1.0
     without = twin_parity(log, make_policy("fairshare", 300))
     assert without.fraction_identical < 1.0
+
+
+async def test_a_short_lane_of_every_host_is_warned_of_once(fresh_log: str) -> None:
+    """``--short-lane`` naming every host known (``h1``, and ``h2`` yet to join): placement
+    warns that long work can start nowhere, once; a host outside the lane ends that."""
+    nc = await nats.connect(fresh_log)
+    js = nc.jetstream()
+    await seed(js, {"h1": 8})
+    placement = PlacementService(
+        fresh_log, short_lane=("h1", "h2"), lease_ttl_s=1.0, name="p1", tracing=False
+    )
+
+    async def join(host: str) -> list[str]:
+        await bus.publish(
+            js, s.host_state(host), m.HostRegistered(host=host, gpus=8, at=time.time())
+        )
+        return await eventually(
+            lambda: asyncio.sleep(0, result=placement.fold.state.host_ids), lambda h: host in h
+        )
+
+    def warnings(captured: list[dict[str, object]]) -> list[dict[str, object]]:
+        return [e for e in captured if "short lane holds every host" in str(e["event"])]
+
+    with capture_logs() as captured:
+        await service_main.start(placement)
+        try:
+            assert [(e["log_level"], e["hosts"]) for e in warnings(captured)] == [("warning", 1)]
+            await join("h2")  # still every host: not said again
+            await join("h3")  # outside the lane: long work may start there
+            assert len(warnings(captured)) == 1
+            assert not placement.fold.state.lane_holds_every_host
+        finally:
+            await service_main.stop(placement)
+            await nc.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import yaml
 
 EXIT_BAD_INPUT = 2
 
@@ -279,6 +280,32 @@ BAD_IDS = [
     "--philly with --budgets",
     "--philly with --trace",
 ]
+
+
+def test_short_lane_replaces_the_cluster_files_lane(scenario: Path, tmp_path: Path) -> None:
+    """``--short-lane`` sets the lane: the file's count is not read, so one too large for
+    the cluster (refused without the flag) does not stop a run that names its own."""
+    data = yaml.safe_load((scenario / "cluster.yaml").read_text(encoding="utf-8"))
+    data["short_lane"] = 9999
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(data), encoding="utf-8")
+    argv = [
+        "simulate",
+        "--cluster",
+        cluster,
+        "--budgets",
+        scenario / "budgets.yaml",
+        "--trace",
+        scenario / "trace.csv",
+        "--quiet",
+    ]
+    refused = allot(*argv, "--out", tmp_path / "refused")
+    assert refused.returncode == EXIT_BAD_INPUT
+    assert "short_lane" in refused.stderr and "outside the lane" in refused.stderr
+    done = allot(*argv, "--short-lane", "1", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text(encoding="utf-8"))
+    assert report["short_lane"] == ["node-0047"]  # the last of the scenario's 48 hosts
 
 
 @pytest.mark.parametrize("case", BAD_IDS)

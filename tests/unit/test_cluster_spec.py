@@ -54,6 +54,15 @@ def test_the_short_lane_is_the_last_hosts_in_host_order() -> None:
     assert load_cluster(cluster()).short_lane == ()
 
 
+def test_a_lane_given_elsewhere_replaces_the_files_unread() -> None:
+    # A count too large for this cluster would be refused (see the error table below); a
+    # command line that sets the lane itself (``allot simulate --short-lane``) replaces it.
+    assert load_cluster(cluster(short_lane=5), lane_of_file=False).short_lane == ()
+    with pytest.raises(ValidationError) as err:
+        load_cluster(cluster(short_lane=5))
+    assert err.value.field == "short_lane"
+
+
 def test_health_events_are_sorted_by_time_then_file_order() -> None:
     spec = load_cluster(
         cluster(

@@ -54,6 +54,20 @@ def test_the_lane_is_a_pool_of_its_own_for_hosts_present_or_joining() -> None:
     assert state.healthy_gpus == 24  # the lane's GPUs count in everyone's entitlement
 
 
+def test_a_lane_of_every_host_known_is_told_as_hosts_join() -> None:
+    from builders import host
+
+    state = ClusterState([], short_lane=("h1", "h2", "h3"))
+    assert not state.lane_holds_every_host  # no host yet: nothing to say
+    state.add_host(host("h1"))
+    assert state.lane_holds_every_host
+    state.add_host(host("h2"))
+    assert state.lane_holds_every_host
+    state.add_host(host("h4"))  # outside the lane: long work has somewhere to start
+    assert not state.lane_holds_every_host
+    assert not ClusterState(hosts(2)).lane_holds_every_host  # no lane at all
+
+
 def test_a_lane_beside_partitions_is_refused() -> None:
     with pytest.raises(ValidationError) as err:
         ClusterState(hosts(2), {"h1": "x"}, short_lane=("h2",))

@@ -482,7 +482,10 @@ def _load_inputs(args: argparse.Namespace) -> tuple[ClusterSpec, BudgetTree, lis
     for flag in ("cluster", "budgets", "trace"):
         if getattr(args, flag) is None:
             raise ValidationError(f"--{flag}", "is required (or use --philly DIR)")
-    cluster = load_cluster(_mapping(load_yaml(args.cluster), str(args.cluster)))
+    cluster = load_cluster(
+        _mapping(load_yaml(args.cluster), str(args.cluster)),
+        lane_of_file=args.short_lane is None,  # the flag replaces the file's lane
+    )
     tree = load_tree_file(args.budgets)
     jobs = read_trace(args.trace, defaults)
     for job in jobs:

@@ -114,6 +114,14 @@ class ClusterState:
     def hosts(self) -> tuple[Host, ...]:
         return tuple(self._hosts[h] for h in self.host_ids)
 
+    @property
+    def lane_holds_every_host(self) -> bool:
+        """Whether every host known is in the short lane: then allocated work that is not
+        short can start nowhere (the lane names hosts before they join, so this can change
+        as hosts do)."""
+        ids = self.host_ids
+        return 0 < len(ids) <= len(self.short_lane) and self.short_lane.issuperset(ids)
+
     def host(self, host_id: str) -> Host:
         try:
             return self._hosts[host_id]

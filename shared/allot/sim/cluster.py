@@ -73,8 +73,10 @@ class ClusterSpec:
         return sum(host.gpus for host in self.hosts)
 
 
-def load_cluster(data: Mapping[str, object]) -> ClusterSpec:
-    """Validate ``data`` (see the module docstring) and build the cluster it describes."""
+def load_cluster(data: Mapping[str, object], *, lane_of_file: bool = True) -> ClusterSpec:
+    """Validate ``data`` (see the module docstring) and build the cluster it describes.
+    ``lane_of_file=False``: the caller sets the short lane (a command-line count replaces
+    the file's, which is then not read: a value too large for this cluster is no error)."""
     if not isinstance(data, Mapping):
         raise ValidationError("cluster", f"must be a mapping, got {type(data).__name__}")
     _reject_unknown("cluster", data, _TOP_KEYS)
@@ -85,7 +87,7 @@ def load_cluster(data: Mapping[str, object]) -> ClusterSpec:
     hosts += _named_hosts(named, seen)
     partitions = _partitions(data.get("partitions"), hosts)
     events = _health_events(data.get("health_events"), {host.id for host in hosts})
-    lane = short_lane_of(hosts, data.get("short_lane", 0))
+    lane = short_lane_of(hosts, data.get("short_lane", 0)) if lane_of_file else ()
     return ClusterSpec(hosts=hosts, partitions=partitions, health_events=events, short_lane=lane)
 
 
