@@ -309,3 +309,36 @@ def test_the_walk_reads_short_work_as_the_policy_does(
     w = workload("w", gpus, alloc, min_runtime_s=protection)
     assert cycle._short(w) is policy.short(w)
     assert cycle._lane_may(w) is (not w.allocated or policy.short(w))
+
+
+@pytest.mark.parametrize(
+    ("lane", "placed_now"),
+    [
+        pytest.param((), ["asker"], id="no-lane-the-room-is-the-askers"),
+        pytest.param(("h1",), ["dbg"], id="lane-the-room-is-not-held-for-long-work"),
+    ],
+)
+def test_room_on_a_lane_host_is_not_held_for_work_that_may_not_start_there(
+    lane: tuple[str, ...], placed_now: list[str]
+) -> None:
+    """``asker`` (8 GPUs, not short) noticed ``victim`` on h1, which left; then placement
+    restarted with h1 in the short lane (the log's notices and room replay as before). The
+    room stays the asker's while it may start there, though ``dbg`` ranks first; in the lane
+    the asker may not, so the short ``dbg`` takes a GPU of h1 at once instead of waiting out
+    a hold that serves nobody. h2 is full of protected work."""
+    from allot.core.fold import end_workload
+
+    state = cluster(
+        hosts(2),
+        on(workload("victim", 8, "v", min_runtime_s=0), "h1"),
+        on(workload("wall", 8, "w", min_runtime_s=10_000), "h2"),
+        short_lane=lane,
+    )
+    queue = PendingQueue([workload("asker", 8, "a", min_runtime_s=3600, submit=0.0)])
+    state.notice("victim", 3.0, "asker")
+    end_workload(state, queue, "victim", preempted=False, now=1.0)
+    queue.add(workload("dbg", 1, "o", min_runtime_s=600, submit=0.5))
+    shares = {"o": 0.25, "w": 0.25, "a": 0.25, "v": 0.25}
+    order = {"o": 0, "a": 1, "w": 2, "v": 3}  # dbg's turn first: the asker's room is not its
+    result = run_cycle(Snapshot(state, queue, shares, order), Policy(grace_s=3), 1.5)
+    assert [p.workload.id for p in result.placements] == placed_now

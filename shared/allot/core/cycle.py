@@ -410,6 +410,13 @@ class _Cycle:
             and w.gpus <= self._short_gpus
         )
 
+    def _may_start_on(self, w: Workload, host_id: str) -> bool:
+        """Whether ``w`` may start on ``host_id`` as far as the short lane goes: the room a
+        request's victims left on a host that has since joined the lane (placement
+        restarted with another ``--short-lane``) is not held for work that may not start
+        there."""
+        return self.st.pool_of[host_id] != SHORT_LANE_POOL or self._lane_may(w)
+
     def _lane_may(self, w: Workload) -> bool:
         """Whether ``w`` may start in the short lane: unallocated work (no allocation, or no
         protection: ``Workload.allocated``) or short work."""
@@ -495,7 +502,12 @@ class _Cycle:
         hosts_of: dict[str, set[str]] = {}
         last_deadline: dict[str, float] = {}
         for for_id, parts in sorted(self.queue.room_for.items()):
-            live = [(h, g) for deadline, h, g in parts if deadline > kept_after]
+            w = self.queue.workload(for_id)
+            live = [
+                (h, g)
+                for deadline, h, g in parts
+                if deadline > kept_after and self._may_start_on(w, h)
+            ]
             room = self._still_free(live)
             if room:
                 self.view.take(room)
@@ -509,15 +521,16 @@ class _Cycle:
             room = rooms.get(for_id, ())
             hosts = hosts_of.get(for_id, set())
             hosts.update(h for r in victims for h, _ in r.assignment)
-            ordered = sorted(hosts)
-            if self._is_gang(w.gpus, self.st.pool_of[ordered[0]]):
+            # No top-up where it may not start (its victims all in a lane since named).
+            ordered = sorted(h for h in hosts if self._may_start_on(w, h))
+            if ordered and self._is_gang(w.gpus, self.st.pool_of[ordered[0]]):
                 beside = self._gang_top_up(w, room, victims, ordered)
                 self.view.take(beside)
                 room += beside
-            else:
+            elif ordered:
                 host_id, covered = self._room_host(room, victims)
                 short = w.gpus - covered - sum(len(g) for h, g in room if h == host_id)
-                if short > 0:
+                if short > 0 and self._may_start_on(w, host_id):
                     beside = self._free_on([host_id], short)  # its plan's free GPUs there
                     self.view.take(beside)
                     room += beside
