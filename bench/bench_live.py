@@ -49,6 +49,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GOAL_RATE = 2000.0
 GOAL_P50_MS = 5.0
 GOAL_P99_MS = 50.0
+GOAL_STACK_CPU_MS = 1.5
+"""Issue 38: CPU per probe summed over the stack's processes (not the load generator)."""
+LOAD_GENERATOR = "load generator"
 BATCHES_IN_FLIGHT = 4
 IDLE_S = 10.0
 OFF_PATH = ("dispatch", "accounting", "agent-bench", "health", "ranking")
@@ -133,6 +137,38 @@ def _cpu_ticks() -> tuple[int, int]:
 def _cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """CPU seconds each process used between two ``_cpu_seconds`` readings."""
     return {n: after[n] - before[n] for n in after if n in before}
+
+
+def _connz(monitor_url: str | None) -> dict[str, tuple[int, int]]:
+    """Messages in and out of nats-server per connection, by the connection's name (its
+    ``/connz``); empty without a monitoring URL (a server the benchmark did not start)."""
+    if monitor_url is None:
+        return {}
+    with urllib.request.urlopen(f"{monitor_url}/connz?limit=1024", timeout=5) as answer:
+        data = json.load(answer)
+    return {
+        str(c.get("name") or c["cid"]): (int(c["in_msgs"]), int(c["out_msgs"]))
+        for c in data.get("connections", [])
+    }
+
+
+def _messages_per_probe(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], probes: int
+) -> dict[str, Any] | None:
+    """What nats-server took in and sent out per probe while the probes were sent, in all
+    and sent out by connection (a message delivered to several readers counts once each)."""
+    if not after or not probes:
+        return None
+    moved = {
+        name: (n_in - before.get(name, (0, 0))[0], n_out - before.get(name, (0, 0))[1])
+        for name, (n_in, n_out) in after.items()
+    }
+    out = {n: round(o / probes, 2) for n, (_, o) in sorted(moved.items(), key=lambda x: -x[1][1])}
+    return {
+        "in": round(sum(i for i, _ in moved.values()) / probes, 2),
+        "out": round(sum(o for _, o in moved.values()) / probes, 2),
+        "out_by_connection": {n: v for n, v in out.items() if v >= 0.01},
+    }
 
 
 def _body(client_id: str, alloc: str, gpus: int, min_runtime_s: int, duration_s: float) -> bytes:
@@ -304,9 +340,12 @@ async def _wait(pred: Any, timeout: float, what: str) -> None:
 
 
 async def run_bench(
-    nats_url: str, args: argparse.Namespace, pids: dict[str, int] | None = None
+    nats_url: str,
+    args: argparse.Namespace,
+    pids: dict[str, int] | None = None,
+    monitor_url: str | None = None,
 ) -> dict[str, Any]:
-    nc = await nats.connect(nats_url, pending_size=256 * 1024 * 1024)
+    nc = await nats.connect(nats_url, pending_size=256 * 1024 * 1024, name="bench-load-generator")
     try:
         # 0. fill --fill-hosts hosts with protected work
         filled, fill_sub = await _count_placed(nc, f"{s.PREFIX}.events.search.*.placed")
@@ -337,7 +376,9 @@ async def run_bench(
 
         # 2. latency at paced rates with that queue pending (the first rate is the goal's)
         phases = [
-            await _latency_phase(nc, rate, args, queued, pids or {}, nats_url=nats_url)
+            await _latency_phase(
+                nc, rate, args, queued, pids or {}, nats_url=nats_url, monitor_url=monitor_url
+            )
             for rate in args.rates
         ]
 
@@ -409,6 +450,7 @@ async def _latency_phase(
     pids: dict[str, int],
     *,
     nats_url: str,
+    monitor_url: str | None = None,
 ) -> dict[str, Any]:
     """Submit 1-GPU ``nlp`` probes paced at ``rate``/s; time each from sending the request
     to receiving its ``WorkloadPlaced`` record."""
@@ -487,6 +529,7 @@ async def _latency_phase(
         os.kill(pid, signal.SIGSTOP)
     side = await _start_side_probe(args, nats_url)
     leader_before = await _placement_stats(nc)
+    connz_before = await asyncio.to_thread(_connz, monitor_url)
     cpu_before = _cpu_seconds(pids)
     start = time.perf_counter()
     for i in range(total):
@@ -499,6 +542,7 @@ async def _latency_phase(
         await nc.publish(s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), reply=f"{inbox}.{cid}")
     sending_s = time.perf_counter() - start
     cpu_after = _cpu_seconds(pids)
+    connz_after = await asyncio.to_thread(_connz, monitor_url)
     leader_after = await _placement_stats(nc)
     if side is not None:
         out, _ = await side.communicate()
@@ -511,6 +555,7 @@ async def _latency_phase(
     achieved = total / ((max(acked.values()) if acked else time.perf_counter()) - start)
     # CPU while the probes were being sent: per process, per probe sent
     cpu = _cpu_used(cpu_before, cpu_after)
+    stack_cpu_s = sum(used for name, used in cpu.items() if name != LOAD_GENERATOR)
     # (Probes that timed out may still be accepted and placed later: wait for the answered.)
     await _wait(lambda: all(w in placed_at for w in wid_of.values()), 120, "probes placed")
     for pid in paused:
@@ -569,6 +614,9 @@ async def _latency_phase(
         "cpu_ms_per_probe": {
             n: round(s_ * 1000 / total, 3) for n, s_ in sorted(cpu.items(), key=lambda x: -x[1])
         },
+        "stack_cpu_ms_per_probe": round(stack_cpu_s * 1000 / total, 3) if cpu else None,
+        "goal_stack_cpu_ms": GOAL_STACK_CPU_MS,
+        "messages_per_probe": _messages_per_probe(connz_before, connz_after, total),
     }
 
 
@@ -710,6 +758,21 @@ def render(result: dict[str, Any]) -> str:
                 f"| same, CPU while sending: {lat['cpu_cores']} of {os.cpu_count()} cores; "
                 f"ms per probe: {per} | | | |"
             )
+        stack_ms = lat.get("stack_cpu_ms_per_probe")
+        if stack_ms is not None:
+            cap = lat["goal_stack_cpu_ms"]
+            lines.append(
+                "| same, CPU per probe summed over the stack's processes (not the load "
+                f"generator) | {stack_ms} ms | "
+                + (f"<= {cap} ms | {ok[stack_ms <= cap]} |" if goal else "| |")
+            )
+        msgs = lat.get("messages_per_probe")
+        if msgs:
+            by = ", ".join(f"{n} {v}" for n, v in msgs["out_by_connection"].items())
+            lines.append(
+                f"| same, messages per probe through nats-server (its `/connz`): {msgs['in']} "
+                f"in, {msgs['out']} out; out by connection: {by} | | | |"
+            )
     lines += ["", f"Command: `{result['command']}`; run at {result['when']}.", ""]
     return "\n".join(lines)
 
@@ -808,12 +871,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"starting the stack ({args.hosts} fake hosts); logs in {run_dir}/logs", flush=True)
     with Stack(config) as stack:
         pids = {name: proc.pid for name, proc in stack.procs.items()}
-        pids["load generator"] = os.getpid()
+        pids[LOAD_GENERATOR] = os.getpid()
         staged = stack.servers.nats.staged_in_memory if stack.servers.nats else []
         for name, server in (("nats-server", stack.servers.nats), ("redis", stack.servers.redis)):
             if server is not None:
                 pids[name] = server.pid
-        result = asyncio.run(run_bench(stack.servers.nats_url, args, pids))
+        monitor = stack.servers.nats.monitor_url if stack.servers.nats else None
+        result = asyncio.run(run_bench(stack.servers.nats_url, args, pids, monitor))
     result["reference_loop_ms"] = [
         round(reference_before * 1000, 1),
         round(machine_reference_s() * 1000, 1),
