@@ -1,0 +1,59 @@
+"""``bench/bench_live.py``'s report of issue 38's figures: the stack's CPU per probe judged
+against its goal, and nats-server's messages per probe by connection (from ``/connz``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bench_live
+
+COMMITTED = Path(bench_live.__file__).resolve().parent / "results" / "live.json"
+
+
+def test_messages_per_probe_are_the_growth_of_each_connection_over_the_probes() -> None:
+    before = {"allot-intake": (100, 50), "allot-placement": (10, 400)}
+    after = {
+        "allot-intake": (300, 250),
+        "allot-placement": (110, 1200),
+        "bench-load-generator": (200, 760),  # connected after ``before``: counted from zero
+    }
+    got = bench_live._messages_per_probe(before, after, probes=200)
+    assert got == {
+        "in": 2.5,  # (200 + 100 + 200) / 200
+        "out": 8.8,  # (200 + 800 + 760) / 200
+        "out_by_connection": {
+            "allot-placement": 4.0,
+            "bench-load-generator": 3.8,
+            "allot-intake": 1.0,
+        },
+    }
+    assert bench_live._messages_per_probe(before, {}, probes=200) is None  # no /connz
+    assert bench_live._messages_per_probe(before, after, probes=0) is None
+    assert bench_live._connz(None) == {}  # a server the benchmark did not start
+
+
+def _result(stack_ms: float) -> dict[str, Any]:
+    result = copy.deepcopy(json.loads(COMMITTED.read_text(encoding="utf-8")))
+    for phase in result["latency"]:
+        phase["stack_cpu_ms_per_probe"] = stack_ms
+    return result
+
+
+@pytest.mark.parametrize(("stack_ms", "verdict"), [(1.49, "PASS"), (1.5, "PASS"), (2.72, "FAIL")])
+def test_the_goal_rates_stack_cpu_is_judged_against_issue_38s_goal(
+    stack_ms: float, verdict: str
+) -> None:
+    rows = [
+        line
+        for line in bench_live.render(_result(stack_ms)).splitlines()
+        if "summed over the stack's processes" in line
+    ]
+    goal = f"| {stack_ms} ms | <= {bench_live.GOAL_STACK_CPU_MS} ms | {verdict} |"
+    assert rows[0].endswith(goal), rows[0]
+    assert all(not row.endswith(("PASS |", "FAIL |")) for row in rows[1:])  # other rates
+    assert len(rows) == len(_result(stack_ms)["latency"])
