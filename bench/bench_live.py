@@ -139,30 +139,44 @@ def _cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
     return {n: after[n] - before[n] for n in after if n in before}
 
 
-def _connz(monitor_url: str | None) -> dict[str, tuple[int, int]]:
-    """Messages in and out of nats-server per connection, by the connection's name (its
-    ``/connz``); empty without a monitoring URL (a server the benchmark did not start)."""
+def _stack_cpu_ms(cpu: dict[str, float], probes: int, gone: list[str]) -> float | None:
+    """CPU ms per probe summed over the stack's processes (every one but the load
+    generator); None when a process of the stack ended meanwhile (its share is unknown, and
+    leaving it out would understate the sum) or nothing was measured."""
+    if gone or not cpu or not probes:
+        return None
+    return round(sum(used for n, used in cpu.items() if n != LOAD_GENERATOR) * 1000 / probes, 3)
+
+
+Connz = dict[int, tuple[str, int, int]]
+"""nats-server's connections by id: (name, messages in, messages out)."""
+
+
+def _connz(monitor_url: str | None) -> Connz:
+    """Messages in and out of nats-server per connection (its ``/connz``); empty without a
+    monitoring URL (a server the benchmark did not start)."""
     if monitor_url is None:
         return {}
     with urllib.request.urlopen(f"{monitor_url}/connz?limit=1024", timeout=5) as answer:
         data = json.load(answer)
     return {
-        str(c.get("name") or c["cid"]): (int(c["in_msgs"]), int(c["out_msgs"]))
+        int(c["cid"]): (str(c.get("name") or c["cid"]), int(c["in_msgs"]), int(c["out_msgs"]))
         for c in data.get("connections", [])
     }
 
 
-def _messages_per_probe(
-    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], probes: int
-) -> dict[str, Any] | None:
+def _messages_per_probe(before: Connz, after: Connz, probes: int) -> dict[str, Any] | None:
     """What nats-server took in and sent out per probe while the probes were sent, in all
-    and sent out by connection (a message delivered to several readers counts once each)."""
+    and sent out by connection name (a message delivered to several readers counts once
+    each). Connections are matched by id: one made since (a reconnect) counts from zero,
+    and several of one name add up."""
     if not after or not probes:
         return None
-    moved = {
-        name: (n_in - before.get(name, (0, 0))[0], n_out - before.get(name, (0, 0))[1])
-        for name, (n_in, n_out) in after.items()
-    }
+    moved: dict[str, tuple[int, int]] = {}
+    for cid, (name, n_in, n_out) in after.items():
+        _, in_before, out_before = before.get(cid, (name, 0, 0))
+        had_in, had_out = moved.get(name, (0, 0))
+        moved[name] = (had_in + n_in - in_before, had_out + n_out - out_before)
     out = {n: round(o / probes, 2) for n, (_, o) in sorted(moved.items(), key=lambda x: -x[1][1])}
     return {
         "in": round(sum(i for i, _ in moved.values()) / probes, 2),
@@ -555,7 +569,7 @@ async def _latency_phase(
     achieved = total / ((max(acked.values()) if acked else time.perf_counter()) - start)
     # CPU while the probes were being sent: per process, per probe sent
     cpu = _cpu_used(cpu_before, cpu_after)
-    stack_cpu_s = sum(used for name, used in cpu.items() if name != LOAD_GENERATOR)
+    gone = sorted(set(cpu_before) - set(cpu_after))  # processes that ended while sending
     # (Probes that timed out may still be accepted and placed later: wait for the answered.)
     await _wait(lambda: all(w in placed_at for w in wid_of.values()), 120, "probes placed")
     for pid in paused:
@@ -614,7 +628,8 @@ async def _latency_phase(
         "cpu_ms_per_probe": {
             n: round(s_ * 1000 / total, 3) for n, s_ in sorted(cpu.items(), key=lambda x: -x[1])
         },
-        "stack_cpu_ms_per_probe": round(stack_cpu_s * 1000 / total, 3) if cpu else None,
+        "stack_cpu_ms_per_probe": _stack_cpu_ms(cpu, total, gone),
+        "processes_gone": gone,
         "goal_stack_cpu_ms": GOAL_STACK_CPU_MS,
         "messages_per_probe": _messages_per_probe(connz_before, connz_after, total),
     }
@@ -759,7 +774,12 @@ def render(result: dict[str, Any]) -> str:
                 f"ms per probe: {per} | | | |"
             )
         stack_ms = lat.get("stack_cpu_ms_per_probe")
-        if stack_ms is not None:
+        if lat.get("processes_gone"):
+            lines.append(
+                "| same, CPU per probe summed over the stack's processes: unknown, "
+                f"{', '.join(lat['processes_gone'])} ended while the probes were sent | | | |"
+            )
+        elif stack_ms is not None:
             cap = lat["goal_stack_cpu_ms"]
             lines.append(
                 "| same, CPU per probe summed over the stack's processes (not the load "

@@ -202,17 +202,17 @@ class PlacementService:
                 self._spawn_publish(cancelled(rec, record))
 
     def _check_lane(self) -> None:
-        """Warn once (until it stops being so) when ``--short-lane`` names every host known:
-        long allocated work then never starts."""
+        """Warn once per instance when ``--short-lane`` names every host known: long allocated
+        work then starts nowhere (hosts only join, so once one outside the lane has, it
+        stays untrue)."""
         st = self.fold.state
-        every = st.lane_holds_every_host
-        if every and not self._lane_warned:
+        if not self._lane_warned and st.lane_holds_every_host:
+            self._lane_warned = True
             log.warning(
                 "the short lane holds every host: only short and unallocated work can start",
                 hosts=len(st.host_ids),
                 short_lane=len(st.short_lane),
             )
-        self._lane_warned = every
 
     def _own_decision(self, record: msgspec.Struct) -> bool:
         """A placement or notice of this leader's epoch: the cycle that decided it took it

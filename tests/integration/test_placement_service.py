@@ -657,11 +657,12 @@ async def test_the_short_lane_starts_only_short_and_free_work_and_the_twin_agree
 
 
 async def test_a_short_lane_of_every_host_is_warned_of_once(fresh_log: str) -> None:
-    """``--short-lane`` naming every host known (``h1``, and ``h2`` yet to join): placement
-    warns that long work can start nowhere, once; a host outside the lane ends that."""
+    """``--short-lane h1 h2``: no host yet, nothing to say; h1 joins and the lane holds
+    every host known, so placement warns that long work can start nowhere, once (h2 joining
+    the lane too says nothing more); h3 joins outside the lane and nothing is said."""
     nc = await nats.connect(fresh_log)
     js = nc.jetstream()
-    await seed(js, {"h1": 8})
+    await seed(js, {})
     placement = PlacementService(
         fresh_log, short_lane=("h1", "h2"), lease_ttl_s=1.0, name="p1", tracing=False
     )
@@ -674,16 +675,22 @@ async def test_a_short_lane_of_every_host_is_warned_of_once(fresh_log: str) -> N
             lambda: asyncio.sleep(0, result=placement.fold.state.host_ids), lambda h: host in h
         )
 
-    def warnings(captured: list[dict[str, object]]) -> list[dict[str, object]]:
-        return [e for e in captured if "short lane holds every host" in str(e["event"])]
+    def warnings(captured: list[dict[str, object]]) -> list[tuple[object, object]]:
+        return [
+            (e["log_level"], e["hosts"])
+            for e in captured
+            if "short lane holds every host" in str(e["event"])
+        ]
 
     with capture_logs() as captured:
         await service_main.start(placement)
         try:
-            assert [(e["log_level"], e["hosts"]) for e in warnings(captured)] == [("warning", 1)]
-            await join("h2")  # still every host: not said again
+            assert warnings(captured) == []  # no host at all
+            await join("h1")  # every host known is in the lane
+            assert warnings(captured) == [("warning", 1)]
+            await join("h2")  # still: not said again
             await join("h3")  # outside the lane: long work may start there
-            assert len(warnings(captured)) == 1
+            assert warnings(captured) == [("warning", 1)]
             assert not placement.fold.state.lane_holds_every_host
         finally:
             await service_main.stop(placement)

@@ -16,25 +16,34 @@ COMMITTED = Path(bench_live.__file__).resolve().parent / "results" / "live.json"
 
 
 def test_messages_per_probe_are_the_growth_of_each_connection_over_the_probes() -> None:
-    before = {"allot-intake": (100, 50), "allot-placement": (10, 400)}
+    before = {1: ("allot-intake", 100, 50), 2: ("allot-placement", 10, 400), 3: ("x", 5, 5)}
     after = {
-        "allot-intake": (300, 250),
-        "allot-placement": (110, 1200),
-        "bench-load-generator": (200, 760),  # connected after ``before``: counted from zero
+        1: ("allot-intake", 300, 250),
+        2: ("allot-placement", 110, 1200),
+        4: ("bench-load-generator", 200, 760),  # connected since ``before``: from zero
+        5: ("allot-intake", 20, 40),  # a second connection of that name: added up
     }
     got = bench_live._messages_per_probe(before, after, probes=200)
     assert got == {
-        "in": 2.5,  # (200 + 100 + 200) / 200
-        "out": 8.8,  # (200 + 800 + 760) / 200
+        "in": 2.6,  # (200 + 100 + 200 + 20) / 200; connection 3, gone, counts nothing
+        "out": 9.0,  # (200 + 800 + 760 + 40) / 200
         "out_by_connection": {
             "allot-placement": 4.0,
             "bench-load-generator": 3.8,
-            "allot-intake": 1.0,
+            "allot-intake": 1.2,
         },
     }
     assert bench_live._messages_per_probe(before, {}, probes=200) is None  # no /connz
     assert bench_live._messages_per_probe(before, after, probes=0) is None
     assert bench_live._connz(None) == {}  # a server the benchmark did not start
+
+
+def test_the_stacks_cpu_leaves_out_the_load_generator_and_a_process_that_ended() -> None:
+    cpu = {"nats-server": 0.9, "placement-1": 0.6, bench_live.LOAD_GENERATOR: 0.3}
+    assert bench_live._stack_cpu_ms(cpu, probes=1000, gone=[]) == 1.5
+    # A process that ended while the probes were sent: its share is unknown, not zero.
+    assert bench_live._stack_cpu_ms(cpu, probes=1000, gone=["dispatch"]) is None
+    assert bench_live._stack_cpu_ms({}, probes=1000, gone=[]) is None
 
 
 def _result(stack_ms: float) -> dict[str, Any]:
@@ -57,3 +66,16 @@ def test_the_goal_rates_stack_cpu_is_judged_against_issue_38s_goal(
     assert rows[0].endswith(goal), rows[0]
     assert all(not row.endswith(("PASS |", "FAIL |")) for row in rows[1:])  # other rates
     assert len(rows) == len(_result(stack_ms)["latency"])
+
+
+def test_a_process_gone_is_said_instead_of_a_verdict() -> None:
+    result = _result(1.2)
+    result["latency"][0]["stack_cpu_ms_per_probe"] = None
+    result["latency"][0]["processes_gone"] = ["dispatch"]
+    rows = [
+        line
+        for line in bench_live.render(result).splitlines()
+        if "summed over the stack's processes" in line
+    ]
+    assert "unknown, dispatch ended while the probes were sent" in rows[0]
+    assert not rows[0].endswith(("PASS |", "FAIL |"))

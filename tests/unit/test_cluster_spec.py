@@ -58,6 +58,10 @@ def test_a_lane_given_elsewhere_replaces_the_files_unread() -> None:
     # A count too large for this cluster would be refused (see the error table below); a
     # command line that sets the lane itself (``allot simulate --short-lane``) replaces it.
     assert load_cluster(cluster(short_lane=5), lane_of_file=False).short_lane == ()
+    for bad in ("two", -1, True):  # what is no count at all is still refused
+        with pytest.raises(ValidationError) as err:
+            load_cluster(cluster(short_lane=bad), lane_of_file=False)
+        assert err.value.field == "short_lane"
     with pytest.raises(ValidationError) as err:
         load_cluster(cluster(short_lane=5))
     assert err.value.field == "short_lane"

@@ -244,3 +244,14 @@ def test_a_lane_the_history_cannot_have_is_refused(
         run("whatif", "--from", str(exported), "--set", "nlp=2", "--out", str(tmp_path), *argv)
     assert err.value.field == "--short-lane"
     assert reason in err.value.reason
+
+
+def test_a_short_lane_in_the_folder_is_refused_not_dropped(exported: Path, tmp_path: Path) -> None:
+    """The lane is named with ``--short-lane HOSTS`` (as placement takes it); a count left in
+    the folder's cluster.yaml (by hand: ``allot export`` writes none) would be ignored."""
+    cluster = exported / history_cmds.CLUSTER
+    cluster.write_text(cluster.read_text(encoding="utf-8") + "short_lane: 1\n", encoding="utf-8")
+    with pytest.raises(ValidationError) as err:
+        run("whatif", "--from", str(exported), "--set", "nlp=2", "--out", str(tmp_path / "o"))
+    assert err.value.field.endswith("cluster.yaml: short_lane")
+    assert "--short-lane" in err.value.reason

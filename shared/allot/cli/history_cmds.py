@@ -356,6 +356,11 @@ def _from_folder(folder: Path) -> _Inputs:
     data = load_yaml(folder / CLUSTER)
     if not isinstance(data, dict):
         raise ValidationError(str(folder / CLUSTER), "must be a YAML mapping at the top level")
+    if "short_lane" in data:  # it would be dropped: the lane is named as placement names it
+        raise ValidationError(
+            f"{folder / CLUSTER}: short_lane",
+            "not read here: name the lane's hosts with --short-lane, as placement takes them",
+        )
     return _Inputs(
         jobs=read_trace(folder / TRACE),
         cluster=load_cluster(data),

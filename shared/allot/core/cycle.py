@@ -517,12 +517,12 @@ class _Cycle:
                 self.wakeups.append(last_deadline[for_id] + grace)
         for for_id in sorted(sorted(own.keys() | rooms.keys()), key=self._queue_key):
             w = self.queue.workload(for_id)
-            victims = own.get(for_id, ())
+            # A run lies in one pool: its first host says whether ``w`` may start there.
+            victims = [r for r in own.get(for_id, ()) if self._may_start_on(w, r.assignment[0][0])]
             room = rooms.get(for_id, ())
             hosts = hosts_of.get(for_id, set())
             hosts.update(h for r in victims for h, _ in r.assignment)
-            # No top-up where it may not start (its victims all in a lane since named).
-            ordered = sorted(h for h in hosts if self._may_start_on(w, h))
+            ordered = sorted(hosts)  # none when all it had is in a lane since named
             if ordered and self._is_gang(w.gpus, self.st.pool_of[ordered[0]]):
                 beside = self._gang_top_up(w, room, victims, ordered)
                 self.view.take(beside)
@@ -530,7 +530,7 @@ class _Cycle:
             elif ordered:
                 host_id, covered = self._room_host(room, victims)
                 short = w.gpus - covered - sum(len(g) for h, g in room if h == host_id)
-                if short > 0 and self._may_start_on(w, host_id):
+                if short > 0:
                     beside = self._free_on([host_id], short)  # its plan's free GPUs there
                     self.view.take(beside)
                     room += beside

@@ -87,7 +87,8 @@ def load_cluster(data: Mapping[str, object], *, lane_of_file: bool = True) -> Cl
     hosts += _named_hosts(named, seen)
     partitions = _partitions(data.get("partitions"), hosts)
     events = _health_events(data.get("health_events"), {host.id for host in hosts})
-    lane = short_lane_of(hosts, data.get("short_lane", 0)) if lane_of_file else ()
+    count = _positive_int("short_lane", data.get("short_lane", 0), zero_ok=True)  # either way
+    lane = short_lane_of(hosts, count) if lane_of_file else ()
     return ClusterSpec(hosts=hosts, partitions=partitions, health_events=events, short_lane=lane)
 
 
