@@ -76,7 +76,7 @@ class ClusterSpec:
 def load_cluster(data: Mapping[str, object], *, lane_of_file: bool = True) -> ClusterSpec:
     """Validate ``data`` (see the module docstring) and build the cluster it describes.
     ``lane_of_file=False``: the caller sets the short lane (a command-line count replaces
-    the file's, which is then not read: a value too large for this cluster is no error)."""
+    the file's, which is still checked as a count but not against this cluster's size)."""
     if not isinstance(data, Mapping):
         raise ValidationError("cluster", f"must be a mapping, got {type(data).__name__}")
     _reject_unknown("cluster", data, _TOP_KEYS)
