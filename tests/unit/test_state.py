@@ -171,8 +171,8 @@ def test_bookkeeping_of_running_work(
     assert state.free == free
     assert charged(state) == held
     assert buckets(state) == by_free
-    on_host: dict[str, set[str]] = {
-        h: {wid for wid, r in state.running.items() if h in r.hosts} for h in ("h1", "h2")
+    on_host: dict[str, dict[str, Running]] = {
+        h: {wid: r for wid, r in state.running.items() if h in r.hosts} for h in ("h1", "h2")
     }
     assert state.on_host == on_host
     assert state.running_gpus == sum(r.workload.gpus for r in state.running.values())

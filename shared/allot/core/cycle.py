@@ -82,6 +82,7 @@ from allot.core.victims import (
     WORST_ORDER,
     FairShareRule,
     FairShareVictims,
+    TakeableAllocations,
     largest_reclaim,
     reclaims,
 )
@@ -165,6 +166,9 @@ class _Cycle:
             now,
             keep_gangs=policy.keep_gangs_at_entitlement,
             keep_large_gangs=policy.keep_large_gangs,
+            takeable=TakeableAllocations(
+                self.view.victim_held, self.order, self.entitlement, policy.entitlement_tier
+            ),
         )
         # Two monotone bounds (see the module docstring): within one cycle free GPUs only
         # shrink, so once g GPUs failed to fit in a pool, >= g never fits there again; and

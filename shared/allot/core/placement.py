@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 
 from allot.core.heap_order import OrderedIds, ascending
 from allot.core.model import Assignment, Running
-from allot.core.state import ClusterState
+from allot.core.state import ClusterState, gpus_on
 
 
 class ClusterView:
@@ -36,7 +36,8 @@ class ClusterView:
         self.claimed: set[str] = set()  # workloads under notice whose GPUs a requester awaits
         self.earmarked: set[str] = set()  # protected workloads a blocked request will reclaim
         self._earmarks: list[Assignment] = []  # free GPUs held back for those requests
-        self.victim_held: dict[str, int] = dict(state.held)  # held, minus this cycle's victims
+        # Held, minus this cycle's victims: it only falls (``TakeableAllocations`` relies on it).
+        self.victim_held: dict[str, int] = dict(state.held)
         self._candidates: dict[tuple[str, bool], list[str]] = {}
         self._movable_of: dict[tuple[str, bool], set[str]] = {}
         self._movable_among: dict[tuple[tuple[str, ...], str, bool], list[str]] = {}
@@ -157,8 +158,7 @@ class ClusterView:
     def has_movable(self, host_id: str) -> bool:
         """Whether some occupant of ``host_id`` is under notice or past its protection (a
         ``candidate_hosts(..., True)`` host, asked of one host)."""
-        running = self.st.running
-        return any(self._movable(running[wid]) for wid in self.st.on_host[host_id])
+        return any(self._movable(run) for run in self.st.on_host[host_id].values())
 
     def _movable(self, run: Running) -> bool:
         """Under notice, or past its protection (as of the cycle's start)."""
@@ -254,10 +254,9 @@ class ClusterView:
         if room is None or not self.st.host(host_id).schedulable:
             return
         value = len(self.free_of(host_id))
-        for wid in self.st.on_host[host_id]:
-            run = self.st.running[wid]
+        for run in self.st.on_host[host_id].values():
             if self._cheap(run):
-                value += sum(len(g) for h, g in run.assignment if h == host_id)
+                value += gpus_on(run, host_id)
         buckets = self._pool_room(self.st.pool_of[host_id], self.st.host(host_id).gpus)
         idx = self.st.host_index[host_id]
         old = room.get(host_id)
@@ -307,13 +306,10 @@ class ClusterView:
         lost: list[float] = []
         now = self.now
         room = len(self.free_of(host_id))  # GPUs taken this cycle cannot be cleared
-        for wid in self.st.on_host[host_id]:
+        for wid, run in self.st.on_host[host_id].items():
             if wid in self.earmarked:
                 return None
-            run = self.st.running[wid]
-            for h, on in run.assignment:
-                if h == host_id:
-                    room += len(on)
+            room += gpus_on(run, host_id)
             if self.terminating(run):
                 if wid in self.claimed:
                     return None

@@ -32,6 +32,7 @@ from typing import Protocol, cast
 from allot.core.heap_order import OrderedIds
 from allot.core.model import Assignment, Running
 from allot.core.placement import ClusterView
+from allot.core.state import gpus_on
 
 _NOTICED_KEY: tuple[object, ...] = (0, -1.0, 0.0)  # before any other class-0 option
 
@@ -193,7 +194,7 @@ def _cheap_option(
     if kept is None:
         option = _best_host(view, [host], gpus, rule, held, exclude=set())
         exact = option is not None and (
-            len(option.free) + sum(_gpus_on(r, host) for r in option.victims) == gpus
+            len(option.free) + sum(gpus_on(r, host) for r in option.victims) == gpus
         )
         kept = memo[key] = (option, exact)
     return cast(tuple[_HostPlan | None, bool], kept)
@@ -407,13 +408,6 @@ def _charge(view: ClusterView, run: Running, held: dict[str, int]) -> None:
         held[w.allocation] = held.get(w.allocation, 0) - w.gpus
 
 
-def _gpus_on(run: Running, host: str) -> int:
-    for h, gpus in run.assignment:
-        if h == host:
-            return len(gpus)
-    return 0
-
-
 def _options_on(
     view: ClusterView, host: str, rule: VictimRule, held: Mapping[str, int]
 ) -> tuple[list[tuple[tuple[object, ...], Running]], bool]:
@@ -422,12 +416,10 @@ def _options_on(
     (as a stable sort of the occupants by id would leave equal keys)."""
     options: list[tuple[tuple[object, ...], Running]] = []
     all_movable = True
-    running = view.st.running
     earmarked = view.earmarked
     claimed = view.claimed
     noticed = view.noticed
-    for wid in view.st.on_host[host]:
-        run = running[wid]
+    for wid, run in view.st.on_host[host].items():
         if wid in earmarked:
             all_movable = False
             continue
@@ -481,7 +473,7 @@ def _best_host(
             continue
         free = view.free_of(host)
         options, _ = _options_on(view, host, rule, held)
-        if len(free) + sum(_gpus_on(r, host) for _, r in options) < gpus:
+        if len(free) + sum(gpus_on(r, host) for _, r in options) < gpus:
             continue
         local: dict[str, int] | None = None  # held minus this host's picks, copied on write
         got = len(free)
@@ -496,11 +488,11 @@ def _best_host(
                 if local is None:
                     local = dict(held)
                 _charge(view, run, local)
-            got += _gpus_on(run, host)
+            got += gpus_on(run, host)
         if got < gpus:
             continue
         for run in reversed(list(picked)):  # drop what the fit does not need
-            n = _gpus_on(run, host)
+            n = gpus_on(run, host)
             if got - n >= gpus:
                 picked.remove(run)
                 got -= n
@@ -522,7 +514,7 @@ def _clear_host(
         return None
     victims = [r for _, r in options]
     free = view.free_of(host)
-    if len(free) + sum(_gpus_on(r, host) for r in victims) < size:
+    if len(free) + sum(gpus_on(r, host) for r in victims) < size:
         return None
     klass = {r.workload.id: k[0] for k, r in options}
     return _HostPlan(host, _cost(view, host, victims, klass), victims, tuple(free))

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from allot.core.model import Running
 from allot.core.placement import ClusterView
 from allot.core.preemption import VictimRule
+from allot.core.state import gpus_on
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +105,7 @@ def _host_ready(
     got = len(free)
     now = view.now
     movable: list[tuple[float, float, str, Running]] = []
-    for wid in view.st.on_host[host_id]:
-        run = view.st.running[wid]
+    for wid, run in view.st.on_host[host_id].items():
         if wid in view.earmarked or wid in view.claimed:
             continue
         if view.terminating(run) or not run.workload.allocated:
@@ -123,7 +123,7 @@ def _host_ready(
     for ready, run_lost, _, run in movable:
         if got >= need:
             break
-        got += sum(len(g) for h, g in run.assignment if h == host_id)
+        got += gpus_on(run, host_id)
         ready_at = max(ready_at, ready)
         lost += run_lost
         victims.append(run)

@@ -46,6 +46,19 @@ _NEAR_HEAD = 64
 """Up to this position, suffix min/max come from the size counts, not a suffix array."""
 
 
+def gpus_on(run: Running, host_id: str) -> int:
+    """GPUs ``run`` holds on ``host_id``, one of its hosts (it is in ``on_host[host_id]``):
+    a run on one host holds all its workload's there (``ClusterState.start`` checks that the
+    assignment adds up to them), read without walking the assignment."""
+    assignment = run.assignment
+    if len(assignment) == 1:
+        return run.workload.gpus
+    for h, gpus in assignment:
+        if h == host_id:
+            return len(gpus)
+    return 0
+
+
 class ClusterState:
     """Hosts and running work. Apply events through the methods; read freely."""
 
@@ -88,7 +101,7 @@ class ClusterState:
         self.running: dict[str, Running] = {}
         self.running_gpus = 0
         """GPUs held by running work (the sum over ``running``, kept as it changes)."""
-        self.on_host: dict[str, set[str]] = {h.id: set() for h in ordered}
+        self.on_host: dict[str, dict[str, Running]] = {h.id: {} for h in ordered}
         self.held: dict[str, int] = {}
         self.running_of: dict[str | None, set[str]] = {}
         """Allocation -> its allocated running workloads, None -> unallocated ones (planners
@@ -180,7 +193,7 @@ class ClusterState:
         self.host_ids.insert(pos, host.id)
         self.pool_of.setdefault(host.id, self._pool_at_join(host.id))
         self.free[host.id] = list(range(host.gpus))
-        self.on_host[host.id] = set()
+        self.on_host[host.id] = {}
         key = self._key_between(pos)
         if key is None:
             # No integer left between its neighbours' keys: renumber every host, and
@@ -216,10 +229,10 @@ class ClusterState:
             raise ValidationError(
                 "assignment", f"assigns {total} GPUs to a {workload.gpus}-GPU workload"
             )
+        run = Running(workload, now, assignment)
         for host_id, gpus in assignment:
             self._take(host_id, gpus)
-            self.on_host[host_id].add(workload.id)
-        run = Running(workload, now, assignment)
+            self.on_host[host_id][workload.id] = run
         self.running[workload.id] = run
         self.running_gpus += workload.gpus
         key = workload.allocation if workload.allocated else None
@@ -241,6 +254,8 @@ class ClusterState:
             self._count_cheap(run.assignment, +1)  # unallocated work was counted at start
         noticed = Running(run.workload, run.start_time, run.assignment, preempt_at)
         self.running[workload_id] = noticed
+        for host_id, _ in run.assignment:
+            self.on_host[host_id][workload_id] = noticed
         self.noticed.add(workload_id)
         if for_id is not None:
             self.noticed_for[workload_id] = for_id
@@ -260,7 +275,7 @@ class ClusterState:
         self.noticed_for.pop(workload_id, None)
         for host_id, gpus in run.assignment:
             self._give(host_id, gpus)
-            self.on_host[host_id].discard(workload_id)
+            del self.on_host[host_id][workload_id]
         key = run.workload.allocation if run.workload.allocated else None
         of = self.running_of[key]
         of.discard(workload_id)

@@ -44,6 +44,49 @@ def largest_reclaim(held: int, entitlement: float) -> float:
     return -1.0
 
 
+class TakeableAllocations:
+    """The allocations whose past-protection work some Fair Tree request may take at all
+    (GPUs held, and with the tier on held beyond the entitlement), worst ranked first, for
+    one cycle's ``ClusterView.victim_held``. That mapping only falls within a cycle (a
+    notice charges its victim's allocation), so an allocation that stops qualifying never
+    qualifies again: it is dropped from the front when met there. ``FairShareRule``'s
+    early exit reads the front instead of every allocation (O(1) amortized, not
+    O(allocations) per request)."""
+
+    def __init__(
+        self,
+        held: Mapping[str, int],
+        order: Mapping[str, int],
+        entitlement: Mapping[str, float],
+        entitlement_tier: bool,
+    ) -> None:
+        self.held = held
+        self._entitlement = entitlement
+        self._tier = entitlement_tier
+        self._worst_first = sorted(
+            (a for a in held if self._qualifies(a)),
+            key=lambda a: (-order.get(a, WORST_ORDER), a),
+        )
+        self._at = 0
+
+    def _qualifies(self, alloc: str) -> bool:
+        held = self.held.get(alloc, 0)
+        return held > 0 and (not self._tier or held - self._entitlement.get(alloc, 0.0) > 0)
+
+    def worst_besides(self, requester: str) -> str | None:
+        """The worst-ranked allocation that still qualifies, other than ``requester``."""
+        items = self._worst_first
+        at = self._at
+        while at < len(items) and not self._qualifies(items[at]):
+            at += 1
+        self._at = at
+        for i in range(at, len(items)):
+            alloc = items[i]
+            if alloc != requester and self._qualifies(alloc):
+                return alloc
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class FairShareVictims:
     """The inputs of rule 8 one cycle shares among its requests; ``rule`` is one request's."""
@@ -54,6 +97,7 @@ class FairShareVictims:
     now: float
     keep_gangs: bool = False  # ``Policy.keep_gangs_at_entitlement``
     keep_large_gangs: bool = False  # ``Policy.keep_large_gangs``
+    takeable: TakeableAllocations | None = None  # over the cycle's ``victim_held``
 
     def rule(
         self,
@@ -77,6 +121,7 @@ class FairShareVictims:
             for_reservation=for_reservation,
             keep_gangs=self.keep_gangs,
             keep_large_gangs=self.keep_large_gangs,
+            takeable=self.takeable,
         )
 
 
@@ -109,15 +154,28 @@ class FairShareRule:
     for_reservation: bool = False  # a reservation's start: notices say so
     keep_gangs: bool = False  # a reclaim leaves a gang's allocation at its entitlement
     keep_large_gangs: bool = False  # the same for gangs larger than their team's share
+    takeable: TakeableAllocations | None = None  # the cycle's, for ``may_take_allocated``
     # Its classes are the planner's clearing costs (1 unallocated, 2 allocated): it may read
     # hosts in ``ClusterView.clear_order`` when it respects protection.
     costs_by_kind = True
 
     def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
-        return any(
-            held > 0 and self.may_take_from(alloc, victim_held)
-            for alloc, held in victim_held.items()
-        )
+        takeable = self.takeable
+        if takeable is None or victim_held is not takeable.held:
+            return any(
+                held > 0 and self.may_take_from(alloc, victim_held)
+                for alloc, held in victim_held.items()
+            )
+        if not self.allocated_victims:
+            return False
+        # ``may_take_from`` of the worst-ranked allocation that qualifies: a reclaim (tier
+        # on) may take any of them; otherwise only worse-ranked ones, so the worst decides.
+        worst = takeable.worst_besides(self.requester)
+        if worst is None:
+            return False
+        if self.entitlement_tier and self.under_entitlement:
+            return True
+        return self.order.get(worst, WORST_ORDER) > self.requester_order
 
     def may_take_from(self, alloc: str, victim_held: Mapping[str, int]) -> bool:
         """Whether past-protection work of allocation ``alloc`` may be a victim at all

@@ -182,7 +182,7 @@ class LogFold:
 
     # ------------------------------------------------------------------ queries
     def workload_on(self, host: str) -> set[str]:
-        return self.state.on_host.get(host, set())
+        return set(self.state.on_host.get(host, ()))
 
     def shares(self) -> dict[str, float]:
         return self.tree.effective_shares() if self.tree is not None else {}
