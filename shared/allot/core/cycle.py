@@ -77,7 +77,15 @@ from allot.core.placement import ClusterView
 from allot.core.policy import Ordering, Policy, RequestRule
 from allot.core.preemption import Plan, plan_cheap, plan_preemption
 from allot.core.reservations import plan_reservation
-from allot.core.state import DEFAULT_POOL, SHORT_LANE_POOL, ClusterState, PendingQueue
+from allot.core.state import (
+    DEFAULT_POOL,
+    SHORT_LANE_POOL,
+    ClusterState,
+    PendingQueue,
+    is_allocated,
+    protected_until,
+    schedulable,
+)
 from allot.core.victims import (
     WORST_ORDER,
     FairShareRule,
@@ -252,7 +260,7 @@ class _Cycle:
                 if run.preempt_at is not None or wid in self.view.noticed:
                     continue
                 if victims is None:
-                    due: float | None = max(self.now, run.protected_until)
+                    due: float | None = max(self.now, protected_until(run))
                 else:
                     due = victims.drain_at(run, self.now)
                 if due is None:
@@ -274,7 +282,7 @@ class _Cycle:
             run = running.get(wid)
             if run is None or run.preempt_at is not None or wid in noticed:
                 continue
-            due = run.protected_until
+            due = protected_until(run)
             if due > self.now:
                 self.wakeups.append(due)
                 continue
@@ -664,7 +672,7 @@ class _Cycle:
         return tuple(room)
 
     def _schedulable(self, host_id: str) -> bool:
-        return host_id in self.st.free and self.st.host(host_id).schedulable
+        return host_id in self.st.free and schedulable(self.st.host(host_id))
 
     def _serve_own_room(self, ordering: Ordering | None = None) -> None:
         """Requests whose room the walk passed over (the bounds skip a group as a whole)
@@ -703,7 +711,7 @@ class _Cycle:
     def _decide(self, w: Workload, pool: str, *, bounded: bool) -> bool:
         """``_consider``'s work; True when ``w`` was placed or got a preemption plan."""
         gpus = w.gpus
-        may_preempt = self._preempts and (w.allocated or not self._fair_tree)
+        may_preempt = self._preempts and (is_allocated(w) or not self._fair_tree)
         own = self._own_victims.pop(w.id, None)
         room = self._own_room.pop(w.id, None)
         if own or room:
@@ -724,7 +732,7 @@ class _Cycle:
             assignment = self._fit_in_room(room, pool, gpus, lane=lane) if room else None
             if assignment is None:
                 assignment = self.view.find_fit(pool, gpus)
-            if assignment is None and w.allocated and self._held:
+            if assignment is None and is_allocated(w) and self._held:
                 assignment = self._backfill(w)
             if assignment is not None:
                 self._place(w, assignment)
@@ -748,7 +756,7 @@ class _Cycle:
         if plan is None and self._lane and pool == DEFAULT_POOL and self._short(w):
             # short work past its protection in the lane is a victim there, as elsewhere
             plan = plan_preemption(self.view, SHORT_LANE_POOL, gpus, rule)
-        if plan is None and w.allocated and self._held and w.id not in self._reserved_turns:
+        if plan is None and is_allocated(w) and self._held and w.id not in self._reserved_turns:
             plan = self._backfill_plan(w, pool, rule)
         if plan is None:
             self.preempt_bound[bound_key] = min(gpus, self.preempt_bound.get(bound_key, math.inf))
@@ -760,7 +768,7 @@ class _Cycle:
     def _place(self, w: Workload, assignment: Assignment) -> None:
         self.view.take(assignment)
         self.placements.append(Placement(w, assignment))
-        if w.allocated:
+        if is_allocated(w):
             alloc = w.allocation
             assert alloc is not None
             self.held[alloc] = self.held.get(alloc, 0) + w.gpus
@@ -768,7 +776,7 @@ class _Cycle:
             self.served_allocated += 1
 
     def _apply_plan(self, w: Workload, plan: Plan, rule: RequestRule) -> None:
-        if w.allocated:
+        if is_allocated(w):
             self.served_allocated += 1
         for victim in plan.new_victims:  # ``reserve`` re-indexes their hosts once for all
             self._notice(victim, rule.reason(victim), preemptor=w.id, touch=False)
@@ -786,7 +794,7 @@ class _Cycle:
         the lane is kept for the next short request)."""
         gpus = w.gpus
         view = self.view
-        if not w.allocated:
+        if not is_allocated(w):
             if gpus >= self._lane_fit_bound:
                 return False
             assignment = view.find_fit(SHORT_LANE_POOL, gpus)
@@ -826,7 +834,7 @@ class _Cycle:
             at = run.preempt_at
             if at is None:
                 at = self.view.noticed.get(run.workload.id)
-            left = self.policy.grace_of(run.workload.allocated) if at is None else at - self.now
+            left = self.policy.grace_of(is_allocated(run.workload)) if at is None else at - self.now
             wait = max(wait, left)
         return wait
 
@@ -853,7 +861,7 @@ class _Cycle:
                 continue
             seen.add(host_id)
             free = view.free_of(host_id)
-            if free and self.st.host(host_id).schedulable:
+            if free and schedulable(self.st.host(host_id)):
                 view.take(((host_id, tuple(free)),))
                 self.wakeups.append(t + settle)
 
@@ -988,7 +996,7 @@ class _Cycle:
             # may use).
             for wid in (*st.noticed, *self._idle_noticed):
                 run = st.running[wid].workload
-                key = run.allocation if run.allocated else None
+                key = run.allocation if is_allocated(run) else None
                 noticed[key] = noticed.get(key, 0) + run.gpus
             self._room_base = (free + unallocated + sum(over.values()), over, noticed)
         base, over, noticed = self._room_base
@@ -1081,9 +1089,9 @@ class _Cycle:
     ) -> None:
         """``requeue``: False when the victim must not come back even if resumable."""
         w = run.workload
-        at = self.now + self.policy.grace_of(w.allocated)
+        at = self.now + self.policy.grace_of(is_allocated(w))
         self.view.notice(run, at, touch=touch)
-        alloc = w.allocation if w.allocated else None
+        alloc = w.allocation if is_allocated(w) else None
         self.preemptions.append(
             Preemption(
                 workload_id=w.id,

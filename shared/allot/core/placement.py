@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 
 from allot.core.heap_order import OrderedIds, ascending
 from allot.core.model import Assignment, Running
-from allot.core.state import ClusterState, gpus_on
+from allot.core.state import ClusterState, gpus_on, is_allocated, protected_until, schedulable
 
 
 class ClusterView:
@@ -117,7 +117,7 @@ class ClusterView:
                 if not respect_protection or self._movable(run):
                     hosts.update(h for h, _ in run.assignment)
             pool_of = self.st.pool_of
-            cached = sorted(h for h in hosts if pool_of[h] == pool and self.st.host(h).schedulable)
+            cached = sorted(h for h in hosts if pool_of[h] == pool and schedulable(self.st.host(h)))
             self._candidates[key] = cached
         return cached
 
@@ -133,9 +133,9 @@ class ClusterView:
             running = self.st.running
             for wid in self.st.running_of.get(allocation, ()):
                 run = running[wid]
-                if not respect or run.protected_until <= now:
+                if not respect or protected_until(run) <= now:
                     cached.update(h for h, _ in run.assignment)
-            cached = {h for h in cached if self.st.host(h).schedulable}
+            cached = {h for h in cached if schedulable(self.st.host(h))}
             self._movable_of[key] = cached
         return cached
 
@@ -162,7 +162,7 @@ class ClusterView:
 
     def _movable(self, run: Running) -> bool:
         """Under notice, or past its protection (as of the cycle's start)."""
-        return run.preempt_at is not None or run.protected_until <= self.now
+        return run.preempt_at is not None or protected_until(run) <= self.now
 
     def noticed_room(self) -> dict[str, int]:
         """Per host, GPUs under notice that no request has claimed yet (built on first use,
@@ -226,7 +226,7 @@ class ClusterView:
         room = self._room
         for host_id in hosts:
             host = self.st.host(host_id)
-            if not host.schedulable:
+            if not schedulable(host):
                 continue
             if host_id in early:
                 self._set_room(host_id)
@@ -247,11 +247,11 @@ class ClusterView:
             return False
         if self.terminating(run):
             return run.workload.id not in self.claimed
-        return not run.workload.allocated
+        return not is_allocated(run.workload)
 
     def _set_room(self, host_id: str) -> None:
         room = self._room
-        if room is None or not self.st.host(host_id).schedulable:
+        if room is None or not schedulable(self.st.host(host_id)):
             return
         value = len(self.free_of(host_id))
         for run in self.st.on_host[host_id].values():
@@ -315,8 +315,8 @@ class ClusterView:
                     return None
                 continue
             w = run.workload
-            if w.allocated:
-                if run.protected_until > now:
+            if is_allocated(w):
+                if protected_until(run) > now:
                     return None
                 worst = 2
             elif worst == 0:
@@ -379,7 +379,7 @@ class ClusterView:
         for host_id in hosts:
             host = self.st.host(host_id)
             pool = self.st.pool_of[host_id]
-            if host.gpus != largest.get(pool) or not host.schedulable:
+            if host.gpus != largest.get(pool) or not schedulable(host):
                 continue
             key = self._clear_cost_kept(host_id)
             if key is not None:
@@ -404,7 +404,7 @@ class ClusterView:
         pool = self.st.pool_of[host_id]
         if host.gpus != self.st.pool_max_gpus.get(pool):
             return
-        key = self._clear_cost_kept(host_id) if host.schedulable else None
+        key = self._clear_cost_kept(host_id) if schedulable(host) else None
         if key == self._clear_key.get(host_id):
             return
         if key is None:
@@ -422,7 +422,7 @@ class ClusterView:
             left = [g for g in free if g not in taken]
             self._free[host_id] = left
             host = self.st.host(host_id)
-            if not host.schedulable:
+            if not schedulable(host):
                 continue
             buckets = self.buckets(self.st.pool_of[host_id])
             assert buckets is not None
@@ -513,5 +513,5 @@ class ClusterView:
         if touch:
             self.touched(h for h, _ in run.assignment)
         alloc = run.workload.allocation
-        if run.workload.allocated and alloc is not None:
+        if is_allocated(run.workload) and alloc is not None:
             self.victim_held[alloc] = self.victim_held.get(alloc, 0) - run.workload.gpus

@@ -32,7 +32,7 @@ from typing import Protocol, cast
 from allot.core.heap_order import OrderedIds
 from allot.core.model import Assignment, Running
 from allot.core.placement import ClusterView
-from allot.core.state import gpus_on
+from allot.core.state import gpus_on, is_allocated, schedulable
 
 _NOTICED_KEY: tuple[object, ...] = (0, -1.0, 0.0)  # before any other class-0 option
 
@@ -88,7 +88,7 @@ class _CheapRule:
 
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
         w = run.workload
-        if w.allocated:
+        if is_allocated(w):
             return None
         return (1, 0.0, w.gpus * (self.now - run.start_time), w.id)
 
@@ -221,7 +221,7 @@ def _noticed_host(view: ClusterView, pool: str, gpus: int, exclude: set[int]) ->
         if noticed <= 0:
             continue
         idx = view.st.host_index[host]
-        if idx in exclude or view.st.pool_of[host] != pool or not view.st.host(host).schedulable:
+        if idx in exclude or view.st.pool_of[host] != pool or not schedulable(view.st.host(host)):
             continue
         room = noticed + len(view.free_of(host))
         if room >= gpus and (best is None or (room, idx) < best[:2]):
@@ -404,7 +404,7 @@ def _still_fair(view: ClusterView, run: Running, rule: VictimRule, held: dict[st
 def _charge(view: ClusterView, run: Running, held: dict[str, int]) -> None:
     """Count a chosen new victim against its allocation's held GPUs for later choices."""
     w = run.workload
-    if not view.terminating(run) and w.allocated and w.allocation is not None:
+    if not view.terminating(run) and is_allocated(w) and w.allocation is not None:
         held[w.allocation] = held.get(w.allocation, 0) - w.gpus
 
 
@@ -484,7 +484,7 @@ def _best_host(
             if not _still_fair(view, run, rule, held if local is None else local):
                 continue
             picked.append(run)
-            if run.workload.allocated and not view.terminating(run):
+            if is_allocated(run.workload) and not view.terminating(run):
                 if local is None:
                     local = dict(held)
                 _charge(view, run, local)

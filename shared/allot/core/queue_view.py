@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from allot.core.cycle import Snapshot
 from allot.core.model import Workload
 from allot.core.policy import Policy
+from allot.core.state import is_allocated
 from allot.core.victims import WORST_ORDER
 
 UNDER, OVER, UNALLOCATED = 0, 1, 2
@@ -43,7 +44,7 @@ def queue_order(snapshot: Snapshot, policy: Policy) -> list[QueueEntry]:
     if policy.ordering is not None:
         ordered = sorted(queue, key=policy.ordering.key)
         return [
-            QueueEntry(i + 1, w, UNALLOCATED if not w.allocated else UNDER, None)
+            QueueEntry(i + 1, w, UNALLOCATED if not is_allocated(w) else UNDER, None)
             for i, w in enumerate(ordered)
         ]
     capacity = st.healthy_gpus

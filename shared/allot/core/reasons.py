@@ -58,7 +58,7 @@ from allot.core.placement import ClusterView
 from allot.core.policy import Policy
 from allot.core.preemption import Plan, VictimRule, plan_preemption
 from allot.core.queue_view import TIER_NAMES, UNALLOCATED, QueueEntry, queue_order
-from allot.core.state import DEFAULT_POOL, ClusterState
+from allot.core.state import DEFAULT_POOL, ClusterState, is_allocated, protected_until, schedulable
 from allot.core.victims import FairShareVictims, reclaims
 
 Number = float | int | str
@@ -195,7 +195,7 @@ class _Explainer:
             for host_id, gpus in p.assignment:
                 pool = self.st.pool_of[host_id]
                 placed_gpus[pool] = placed_gpus.get(pool, 0) + len(gpus)
-            if p.workload.allocated and p.workload.allocation is not None:
+            if is_allocated(p.workload) and p.workload.allocation is not None:
                 a = p.workload.allocation
                 self.held[a] = self.held.get(a, 0) + p.workload.gpus
         self.placed_gpus = placed_gpus
@@ -258,7 +258,7 @@ class _Explainer:
                 host_count=len(reservation.hosts),
             )
         preempted_for = self.snap.queue.preempted_for.get(w.id)
-        if preempted_for is not None and self._held_back(w) and self.fair_tree and w.allocated:
+        if preempted_for is not None and self._held_back(w) and self.fair_tree and is_allocated(w):
             pool = self._pool(w)
             if not (self._fits_free(pool, w.gpus) or self._plan_exists(w, pool)):
                 preemptor, deadline = preempted_for
@@ -276,7 +276,7 @@ class _Explainer:
         # pending hold a few hundred keys).
         if w.id in self.holders:
             return self._explain(w, holder=True)  # its own room is no reason to wait
-        key = (w.allocation, w.allocated, w.gpus, self._plugged_rule(w), self._held_back(w))
+        key = (w.allocation, is_allocated(w), w.gpus, self._plugged_rule(w), self._held_back(w))
         why = self._answers.get(key)
         if why is None:
             why = self._answers[key] = self._explain(w)
@@ -289,7 +289,7 @@ class _Explainer:
         if shape is not None:
             return shape
         free, block = self._free(pool)
-        if self.fair_tree and not w.allocated:
+        if self.fair_tree and not is_allocated(w):
             return _why(
                 PendingReason.UNALLOCATED_IDLE_ONLY,
                 requested=g,
@@ -297,7 +297,7 @@ class _Explainer:
                 largest_free_block=block,
                 placed_gpus=self.placed_gpus.get(pool, 0),
             )
-        may_preempt = self.policy.preempts and (w.allocated or not self.fair_tree)
+        may_preempt = self.policy.preempts and (is_allocated(w) or not self.fair_tree)
         if self._fits_free(pool, g) or (may_preempt and self._plan_exists(w, pool)):
             if self.holders and not holder and not self._room_outside_holds(w, pool, may_preempt):
                 return self._room_held(w)
@@ -310,7 +310,7 @@ class _Explainer:
                 placed_workloads=len(self.result.placements),
                 waiting_requesters=len(self.waiting),
             )
-        alloc = w.allocation if w.allocated else None
+        alloc = w.allocation if is_allocated(w) else None
         held = self.held.get(alloc, 0) if alloc else 0
         entitlement = self.entitlement.get(alloc, 0.0) if alloc else 0.0
         if may_preempt and self.fair_tree:
@@ -465,7 +465,7 @@ class _Explainer:
             for h in self.st.hosts:
                 if self.st.pool_of[h.id] != pool:
                     continue
-                if h.schedulable:
+                if schedulable(h):
                     healthy.append(h.gpus)
                     n = len(self.st.free[h.id])
                     free += n
@@ -572,7 +572,7 @@ class _Explainer:
     def _protection_end(self, plan: Plan) -> float | None:
         """When the plan's protected victims are all past their protection (the room then
         exists); the cluster's next protection end if none is protected; None if neither."""
-        ends = [r.protected_until for r in plan.victims if r.protected(self.now)]
+        ends = [protected_until(r) for r in plan.victims if r.protected(self.now)]
         if ends:
             return max(ends)
         return self.st.next_protection_end(self.now)
@@ -750,7 +750,7 @@ def priority_breakdown(
     rows: list[PrioRow] = []
     for e in queue_order(snapshot, policy):
         w = e.workload
-        alloc = w.allocation if w.allocated else None
+        alloc = w.allocation if is_allocated(w) else None
         tier = UNALLOCATED if alloc is None else e.tier
         if policy.ordering is not None:
             key = policy.ordering.key(w)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from allot.core.model import Running
 from allot.core.placement import ClusterView
 from allot.core.preemption import VictimRule
-from allot.core.state import gpus_on
+from allot.core.state import gpus_on, is_allocated, protected_until, schedulable
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ def plan_reservation(
     parts: list[_Option] = []
     for idx, host_id in enumerate(st.host_ids):
         host = st.host(host_id)
-        if st.pool_of[host_id] != pool or not host.schedulable:
+        if st.pool_of[host_id] != pool or not schedulable(host):
             continue
         if whole_count and host.gpus == largest:
             option = _host_ready(view, host_id, idx, host.gpus, rule=rule, held=held)
@@ -108,12 +108,12 @@ def _host_ready(
     for wid, run in view.st.on_host[host_id].items():
         if wid in view.earmarked or wid in view.claimed:
             continue
-        if view.terminating(run) or not run.workload.allocated:
+        if view.terminating(run) or not is_allocated(run.workload):
             ready = now
         elif rule.key(run, held) is None:
             continue
         else:
-            ready = max(now, run.protected_until)
+            ready = max(now, protected_until(run))
         lost = run.workload.gpus * max(0.0, ready - run.start_time)
         movable.append((ready, lost, wid, run))
     movable.sort(key=lambda m: (m[0], m[2]))

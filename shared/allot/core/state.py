@@ -46,6 +46,29 @@ _NEAR_HEAD = 64
 """Up to this position, suffix min/max come from the size counts, not a suffix array."""
 
 
+def is_allocated(w: Workload) -> bool:
+    """``Workload.allocated`` (charged to a budget and protected for its minimum runtime),
+    computed here: ``model`` is interpreted (``tools/build_core.py`` says why), and a call
+    of one of its properties from compiled code runs an interpreter frame, which a cycle
+    did millions of times (the simulator's contended Philly month: 41 M calls). The same
+    expression, so the same answer (``tests/unit/test_record_reads.py``)."""
+    return w.allocation is not None and w.min_runtime_s > 0
+
+
+def protected_until(run: Running) -> float:
+    """``Running.protected_until``: the end of the run's protected window (its start for
+    unallocated work, which is never protected), computed here as ``is_allocated`` is."""
+    w = run.workload
+    if w.allocation is not None and w.min_runtime_s > 0:
+        return run.start_time + w.min_runtime_s
+    return run.start_time
+
+
+def schedulable(host: Host) -> bool:
+    """``Host.schedulable`` (healthy), computed here as ``is_allocated`` is."""
+    return host.state is HostState.HEALTHY
+
+
 def gpus_on(run: Running, host_id: str) -> int:
     """GPUs ``run`` holds on ``host_id``, one of its hosts (it is in ``on_host[host_id]``):
     a run on one host holds all its workload's there (``ClusterState.start`` checks that the
@@ -162,7 +185,7 @@ class ClusterState:
                 continue
             if t > now:
                 r = running.get(wid)
-                if r is not None and r.protected_until == t:
+                if r is not None and protected_until(r) == t:
                     best = t
                     continue
             for child in (2 * i + 1, 2 * i + 2):
@@ -178,7 +201,7 @@ class ClusterState:
         while heap:
             t, wid = heap[0]
             r = self.running.get(wid)
-            if r is None or r.protected_until != t or t <= now:
+            if r is None or protected_until(r) != t or t <= now:
                 heapq.heappop(heap)
                 continue
             break
@@ -235,22 +258,22 @@ class ClusterState:
             self.on_host[host_id][workload.id] = run
         self.running[workload.id] = run
         self.running_gpus += workload.gpus
-        key = workload.allocation if workload.allocated else None
+        key = workload.allocation if is_allocated(workload) else None
         self.running_of.setdefault(key, set()).add(workload.id)
-        if not workload.allocated:
+        if not is_allocated(workload):
             self._count_cheap(assignment, +1)
-        if workload.allocated:
+        if is_allocated(workload):
             alloc = workload.allocation
             assert alloc is not None
             self.held[alloc] = self.held.get(alloc, 0) + workload.gpus
-            heapq.heappush(self._protect_heap, (run.protected_until, workload.id))
+            heapq.heappush(self._protect_heap, (protected_until(run), workload.id))
         return run
 
     def notice(self, workload_id: str, preempt_at: float, for_id: str | None = None) -> Running:
         """A preemption notice: the GPUs stay held until the workload has ended. ``for_id``:
         the request it makes room for (none for a drain or a cancel)."""
         run = self._running(workload_id)
-        if run.preempt_at is None and run.workload.allocated:
+        if run.preempt_at is None and is_allocated(run.workload):
             self._count_cheap(run.assignment, +1)  # unallocated work was counted at start
         noticed = Running(run.workload, run.start_time, run.assignment, preempt_at)
         self.running[workload_id] = noticed
@@ -269,19 +292,19 @@ class ClusterState:
             self.freed.extend((now, h) for h, _ in run.assignment)
         del self.running[workload_id]
         self.running_gpus -= run.workload.gpus
-        if run.preempt_at is not None or not run.workload.allocated:
+        if run.preempt_at is not None or not is_allocated(run.workload):
             self._count_cheap(run.assignment, -1)
         self.noticed.discard(workload_id)
         self.noticed_for.pop(workload_id, None)
         for host_id, gpus in run.assignment:
             self._give(host_id, gpus)
             del self.on_host[host_id][workload_id]
-        key = run.workload.allocation if run.workload.allocated else None
+        key = run.workload.allocation if is_allocated(run.workload) else None
         of = self.running_of[key]
         of.discard(workload_id)
         if not of:
             del self.running_of[key]
-        if run.workload.allocated:
+        if is_allocated(run.workload):
             alloc = run.workload.allocation
             assert alloc is not None
             self.held[alloc] -= run.workload.gpus
@@ -326,7 +349,7 @@ class ClusterState:
         host = self._hosts[host_id]
         if host.state is HostState.DRAINING:
             (self.draining.add if add else self.draining.discard)(host_id)
-        if not host.schedulable:
+        if not schedulable(host):
             return
         self.healthy_gpus += host.gpus if add else -host.gpus
         pool = self.pool_of[host_id]
@@ -361,7 +384,7 @@ class ClusterState:
 
     def _move_bucket(self, host_id: str, before: int, after: int) -> None:
         host = self._hosts[host_id]
-        if not host.schedulable:
+        if not schedulable(host):
             return
         buckets = self.by_free[self.pool_of[host_id]]
         idx = self.host_index[host_id]
@@ -385,7 +408,7 @@ class ClusterState:
 def _within_key(w: Workload) -> tuple[int, float, str]:
     """Order inside one allocation: user priority (higher first), then submit time, then id.
     Unallocated work is FIFO: user priority orders only within an allocation."""
-    return (-w.priority if w.allocated else 0, w.submit_time, w.id)
+    return (-w.priority if is_allocated(w) else 0, w.submit_time, w.id)
 
 
 class PendingQueue:
@@ -432,7 +455,7 @@ class PendingQueue:
 
     @staticmethod
     def group_of(w: Workload) -> str | None:
-        return w.allocation if w.allocated else None
+        return w.allocation if is_allocated(w) else None
 
     def add(self, w: Workload, preempted_for: tuple[str, float] | None = None) -> None:
         """Queue ``w``; ``preempted_for``: it is requeued after a notice for that request,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from allot.core.decisions import PreemptReason
 from allot.core.model import Running
+from allot.core.state import is_allocated, protected_until
 
 WORST_ORDER = 1 << 30
 """Fair Tree order key of an allocation missing from the ranking: served last."""
@@ -191,11 +192,11 @@ class FairShareRule:
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
         w = run.workload
         lost = w.gpus * (self.now - run.start_time)
-        if not w.allocated:
+        if not is_allocated(w):
             # Earmarking: unallocated work is as good as free room (it may leave at any
             # moment), so an earmark stays on the same hosts when fillers move onto them.
             return (0 if self.ignores_protection else 1, 0.0, lost, w.id)
-        if self.now < run.protected_until and not self.ignores_protection:
+        if self.now < protected_until(run) and not self.ignores_protection:
             return None
         alloc = w.allocation
         assert alloc is not None
@@ -227,7 +228,7 @@ class FairShareRule:
         below its entitlement (``key`` tests each alone, this one after the victims before
         it), nor does a reclaim take a kept gang so."""
         w = run.workload
-        if not w.allocated or not self.entitlement_tier:
+        if not is_allocated(w) or not self.entitlement_tier:
             return True
         alloc = w.allocation
         assert alloc is not None
@@ -250,7 +251,7 @@ class FairShareRule:
         return self.keep_gangs or (self.keep_large_gangs and run.workload.gpus > entitlement)
 
     def reason(self, victim: Running) -> PreemptReason:
-        if not victim.workload.allocated:
+        if not is_allocated(victim.workload):
             return PreemptReason.DISPLACED_UNALLOCATED
         if self.for_reservation:
             return PreemptReason.RESERVATION
