@@ -224,3 +224,35 @@ def test_ordered_ids_give_their_smallest_members_through_adds_and_discards(
     rest = model - exclude
     assert ids.smallest(3, exclude) == sorted(rest)[:3]
     assert ids.first(exclude) == (min(rest) if rest else None)
+
+
+class _Unbounded:
+    """``rule`` without ``costs_by_kind``: ``_best_host`` then costs every host it is given
+    (no bound from cheap room), as before the bound."""
+
+    def __init__(self, rule: FairShareRule) -> None:
+        self.rule = rule
+        self.key = rule.key
+        self.keeps_eligible = rule.keeps_eligible
+        self.may_take_allocated = rule.may_take_allocated
+
+
+@SETTINGS
+@given(scenarios(steps=False))
+def test_the_cheap_room_bound_finds_the_host_costing_every_host_finds(
+    scenario: Scenario,
+) -> None:
+    """``_best_host`` stops at the first host whose cheap room falls short of the request
+    by more GPUs than the best cost so far takes: it returns what costing every candidate
+    returns, for every requester's rule (earmarks' too), every size, any held GPUs."""
+    cycle, view = cycled_view(scenario)
+    for pool, largest in view.st.pool_max_gpus.items():
+        for rule in fair_share_rules(cycle, ignoring=True):
+            every = view.candidate_hosts(pool, not rule.ignores_protection)
+            for gpus in range(1, largest + 1):
+                held = dict(view.victim_held)
+                bounded = _best_host(view, every, gpus, rule, dict(held), exclude=set())
+                costed = _best_host(view, every, gpus, _Unbounded(rule), dict(held), exclude=set())
+                assert (bounded and (bounded.host, bounded.cost, bounded.victims)) == (
+                    costed and (costed.host, costed.cost, costed.victims)
+                )

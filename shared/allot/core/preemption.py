@@ -468,7 +468,19 @@ def _best_host(
     exclude: set[str],
 ) -> _HostPlan | None:
     best: _HostPlan | None = None
+    # A host whose cheap room (free GPUs, unclaimed notices, unallocated work) falls short
+    # of the request by n must give it allocated work: its cost is at least (2, n) (a rule
+    # with ``costs_by_kind`` ranks allocated victims class 2, and a victim's GPUs count
+    # whole). Hosts taken by that bound, smallest first, stop once it exceeds the best
+    # cost found: the cost ends in the host's order, so the order read does not matter.
+    short_by: dict[str, int] = {}
+    if getattr(rule, "costs_by_kind", False) and len(hosts) > 1:
+        short_by = {h: gpus - view.cheap_room(h) for h in hosts if schedulable(view.st.host(h))}
+        hosts = sorted(hosts, key=lambda h: short_by.get(h, 0))
     for host in hosts:
+        short = short_by.get(host, 0)
+        if best is not None and short > 0 and (2, short) > best.cost[:2]:
+            break
         if host in exclude or view.st.host(host).gpus < gpus:
             continue
         free = view.free_of(host)
