@@ -24,6 +24,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import accumulate
+from typing import Final
 
 from allot.core.errors import ValidationError
 from allot.core.model import Assignment, Host, HostState, Running, Workload
@@ -64,9 +65,12 @@ def protected_until(run: Running) -> float:
     return run.start_time
 
 
+_HEALTHY: Final = HostState.HEALTHY  # read once: an enum member's lookup costs a call
+
+
 def schedulable(host: Host) -> bool:
     """``Host.schedulable`` (healthy), computed here as ``is_allocated`` is."""
-    return host.state is HostState.HEALTHY
+    return host.state is _HEALTHY
 
 
 def gpus_on(run: Running, host_id: str) -> int:
