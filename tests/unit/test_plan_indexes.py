@@ -19,6 +19,7 @@ from test_core_properties import NOW, Scenario, scenarios
 
 from allot.core.cycle import _Cycle
 from allot.core.heap_order import OrderedIds
+from allot.core.model import Host, Workload
 from allot.core.placement import ClusterView
 from allot.core.preemption import (
     _best_host,
@@ -30,6 +31,7 @@ from allot.core.preemption import (
     _hosts_with_victims,
     _plan_cheap,
 )
+from allot.core.state import ClusterState
 from allot.core.victims import FairShareRule, FairShareVictims
 
 SETTINGS = settings(max_examples=200, deadline=None)
@@ -256,3 +258,23 @@ def test_the_cheap_room_bound_finds_the_host_costing_every_host_finds(
                 assert (bounded and (bounded.host, bounded.cost, bounded.victims)) == (
                     costed and (costed.host, costed.cost, costed.victims)
                 )
+
+
+def test_a_host_tied_with_the_best_on_its_bound_is_still_costed() -> None:
+    """Two hosts full of one over-share allocation's past-protection 1-GPU runs, each short
+    of a 1-GPU request by one GPU: both bound at (2, 1), the best cost's first two items.
+    The host read second loses less work, so it must still be costed (a bound that stops
+    on a tie would keep the first)."""
+    state = ClusterState([Host("x", 8), Host("y", 8)])
+    for host, started in (("x", NOW - 20_000), ("y", NOW - 5_000)):
+        for g in range(8):
+            w = Workload(f"{host}{g}", "b", "u", 1, 3600, submit_time=started - 1)
+            state.start(w, ((host, (g,)),), started)
+    view = ClusterView(state, NOW)
+    rule = FairShareVictims({"a": 0, "b": 1}, {"a": 8.0, "b": 0.0}, True, NOW).rule("a", True)
+    held = dict(view.victim_held)
+    best = _best_host(view, ["x", "y"], 1, rule, dict(held), exclude=set())
+    assert best is not None and best.cost[:2] == (2, 1)
+    assert best.host == "y"  # less work lost than on x, read first
+    costed = _best_host(view, ["x", "y"], 1, _Unbounded(rule), dict(held), exclude=set())
+    assert costed is not None and (costed.host, costed.cost) == (best.host, best.cost)

@@ -206,6 +206,19 @@ def test_a_rejected_start_changes_nothing() -> None:
     assert set(state.running) == {"b2"}
 
 
+def test_an_assignment_naming_a_host_twice_is_refused() -> None:
+    """One entry per host (the per-host indexes hold a run once on each of its hosts): two
+    entries for h1 are refused naming the field, and nothing changes."""
+    state = cluster(hosts(2))
+    gang = workload("g", 2, "a")
+    with pytest.raises(ValidationError) as err:
+        state.start(gang, (("h1", (0,)), ("h1", (1,))), 0.0)
+    assert err.value.field == "assignment"
+    assert "more than once" in str(err.value)
+    assert state.free == {"h1": ALL8, "h2": ALL8}
+    assert not state.running and not state.on_host["h1"]
+
+
 # -- host state -----------------------------------------------------------------------------
 
 

@@ -38,6 +38,11 @@ _NOTICED_KEY: tuple[object, ...] = (0, -1.0, 0.0)  # before any other class-0 op
 
 
 class VictimRule(Protocol):
+    """Who a request may preempt. A rule whose ``costs_by_kind`` is true ranks unallocated
+    work class 1 (0 when it ignores protection), allocated work class 2 and nothing higher:
+    the planners read hosts in ``ClusterView.clear_order`` for it, and ``_best_host`` bounds
+    a host's cost by the allocated GPUs its cheap room leaves it to take."""
+
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
         """Preference key (smaller is preempted first; first item is the victim class),
         or None when ``run`` may not be preempted for this request."""

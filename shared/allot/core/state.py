@@ -244,6 +244,10 @@ class ClusterState:
         if workload.id in self.running:
             raise ValidationError("workload", f"{workload.id!r} is already running")
         total = 0
+        if len({host_id for host_id, _ in assignment}) != len(assignment):
+            # One entry per host: the per-host indexes (``on_host``, ``gpus_on``) hold a
+            # run once on each of its hosts.
+            raise ValidationError("assignment", "names a host more than once")
         for host_id, gpus in assignment:
             free = self.free[self.host(host_id).id]
             missing = set(gpus) - set(free)
