@@ -124,6 +124,9 @@ log = structlog.get_logger("allot.intake")
 
 BATCH_ITEM_STEP_S = 1e-6
 DEFAULT_GRACE_S = 300
+TREE_WAIT_S = 2.0
+"""How long a submission waits for a budget tree that the log holds and this intake has not
+read yet (``Intake._read_tree``)."""
 """Placement's default ``--grace-s`` (intake's, for the checkpoint timeout's bound)."""
 """Submit-time step between the items of one ``SubmitBatch`` (see ``on_submit``)."""
 
@@ -273,10 +276,24 @@ class Intake:
             if cmd.allocation is None and ident.allocation != s.UNALLOCATED:
                 # left out: the subject's, as for a cancel (unallocated work says ``~``)
                 cmd = msgspec.structs.replace(cmd, allocation=ident.allocation)
+            if cmd.allocation is not None and self.fold.tree is None:
+                await self._read_tree()
             self._validate(cmd, ident)
             return await self._accept(cmd, now)
         except ValidationError as e:
             return self._reject(now, cmd.client_id, cmd.allocation, where + e.field, e.reason)
+
+    async def _read_tree(self) -> None:
+        """Before a submission is refused for want of a budget tree: the log may hold one
+        this intake has not read yet (it serves as soon as its follower has started, and
+        the ranking service bootstraps the tree beside it; a submission right after the
+        stack says it is ready could be refused). Wait, at most ``TREE_WAIT_S``, until the
+        follower has handed over the last tree the log holds; none there: refuse at once."""
+        if self.record_log is None or self.follower is None:
+            return
+        last = await self.record_log.read("USAGE", s.BUDGET_TREE)
+        if last is not None and last.seq is not None:
+            await self.follower.wait_for("USAGE", last.seq, TREE_WAIT_S)
 
     def _validate(self, cmd: m.SubmitWorkload, ident: Identity) -> None:
         s.check_login("user", cmd.user, ident.login)

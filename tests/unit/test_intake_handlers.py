@@ -379,3 +379,29 @@ async def test_an_allocation_left_out_is_the_subjects() -> None:
     assert isinstance(answer, m.WorkloadAccepted) and answer.allocation == "nlp"
     assert answer.workload_id == W and answer.allocated
     assert isinstance(free, m.WorkloadAccepted) and free.allocation is None
+
+
+async def test_a_tree_in_the_log_not_yet_read_is_waited_for() -> None:
+    """The ranking service bootstraps the tree while intake starts: a submission that
+    arrives after the tree was appended but before intake's follower handed it over waits
+    for it instead of being refused (a stack just said to be ready refused one so)."""
+    log = MemoryLog()
+    for host in ("h1", "h2"):
+        await log.seed(s.host_state(host), m.HostRegistered(host=host, gpus=8, at=NOW - 60))
+    svc = intake(log)
+    async with running(svc):
+        assert svc.fold.tree is None
+        await log.seed(s.BUDGET_TREE, m.BudgetTreeSet(at=NOW - 1, by="test", tree=TREE))
+        assert svc.fold.tree is None  # appended, not handed over yet
+        answer = await submit(svc, s.submit_as("nlp", "ann"), submission())
+    assert isinstance(answer, m.WorkloadAccepted), answer
+
+
+async def test_with_no_tree_in_the_log_a_submission_is_refused_at_once() -> None:
+    log = MemoryLog()
+    await log.seed(s.host_state("h1"), m.HostRegistered(host="h1", gpus=8, at=NOW - 60))
+    svc = intake(log)
+    async with running(svc):
+        answer = await submit(svc, s.submit_as("nlp", "ann"), submission())
+    assert isinstance(answer, m.WorkloadRejected)
+    assert (answer.field, answer.reason) == ("allocation", "no budget tree has been set yet")
