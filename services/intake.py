@@ -253,6 +253,8 @@ class Intake:
         except ValidationError as e:
             return codec.encode(self._reject(now, None, None, e.field, e.reason))
         ident = Identity(token, login[0] if login else None)
+        if ident.allocation != s.UNALLOCATED and self.fold.tree is None:
+            await self._read_tree()  # once per request, not per item of a batch
         if isinstance(cmd, m.SubmitBatch):
             # Each item on its own (its appends run concurrently: their acks overlap),
             # answered in order; a field is named as in the body, ``workloads[3].gpus``.
@@ -276,8 +278,6 @@ class Intake:
             if cmd.allocation is None and ident.allocation != s.UNALLOCATED:
                 # left out: the subject's, as for a cancel (unallocated work says ``~``)
                 cmd = msgspec.structs.replace(cmd, allocation=ident.allocation)
-            if cmd.allocation is not None and self.fold.tree is None:
-                await self._read_tree()
             self._validate(cmd, ident)
             return await self._accept(cmd, now)
         except ValidationError as e:

@@ -50,9 +50,9 @@ _NEAR_HEAD = 64
 def is_allocated(w: Workload) -> bool:
     """``Workload.allocated`` (charged to a budget and protected for its minimum runtime),
     computed here: ``model`` is interpreted (``tools/build_core.py`` says why), and a call
-    of one of its properties from compiled code runs an interpreter frame, which a cycle
-    did millions of times (the simulator's contended Philly month: 41 M calls). The same
-    expression, so the same answer (``tests/unit/test_record_reads.py``)."""
+    of one of its properties from compiled code runs an interpreter frame, millions of them
+    per simulated month (decision 0069). The same expression, so the same answer
+    (``tests/unit/test_record_reads.py``)."""
     return w.allocation is not None and w.min_runtime_s > 0
 
 
@@ -60,9 +60,7 @@ def protected_until(run: Running) -> float:
     """``Running.protected_until``: the end of the run's protected window (its start for
     unallocated work, which is never protected), computed here as ``is_allocated`` is."""
     w = run.workload
-    if w.allocation is not None and w.min_runtime_s > 0:
-        return run.start_time + w.min_runtime_s
-    return run.start_time
+    return run.start_time + w.min_runtime_s if is_allocated(w) else run.start_time
 
 
 _HEALTHY: Final = HostState.HEALTHY  # read once: an enum member's lookup costs a call
