@@ -44,6 +44,7 @@ CORE = REPO / "shared" / "allot" / "core"
 COMPILED = (
     "cycle.py",
     "fold.py",
+    "heap_order.py",
     "placement.py",
     "preemption.py",
     "queue_view.py",

@@ -30,35 +30,50 @@ def ascending(heap: list[Any]) -> Iterator[Any]:
                 heapq.heappush(frontier, (heap[left + 1], left + 1))
 
 
-class OrderedIds(set[int]):
+class OrderedIds:
     """A set of host indices whose smallest members cost O(k log n) to read: a heap built
     on the first read, pushed to on ``add``. A discarded member stays in the heap until a
     read pops it (each is popped once), and the heap is rebuilt when such entries
-    outnumber the members."""
+    outnumber the members. It holds its set rather than subclassing ``set`` so that the
+    compiled core compiles it (decision 0070)."""
 
-    __slots__ = ("_heap",)
+    __slots__ = ("_heap", "_members")
 
     def __init__(self, items: Iterable[int] = ()) -> None:
-        super().__init__(items)
+        self._members: set[int] = set(items)
         self._heap: list[int] | None = None
 
+    def __contains__(self, idx: object) -> bool:
+        return idx in self._members
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._members)
+
     def add(self, idx: int) -> None:
-        if idx not in self:
-            super().add(idx)
+        members = self._members
+        if idx not in members:
+            members.add(idx)
             if self._heap is not None:
                 heapq.heappush(self._heap, idx)
+
+    def discard(self, idx: int) -> None:
+        self._members.discard(idx)
 
     def smallest(self, k: int, exclude: Container[int] = ()) -> list[int]:
         """The ``k`` smallest members not in ``exclude``, ascending (fewer if there are
         not that many)."""
+        members = self._members
         heap = self._heap
-        if heap is None or len(heap) > 2 * len(self) + 32:
-            heap = self._heap = sorted(self)
+        if heap is None or len(heap) > 2 * len(members) + 32:
+            heap = self._heap = sorted(members)
         found: list[int] = []
         kept: list[int] = []  # members popped on the way, pushed back below
         while heap and len(found) < k:
             idx = heapq.heappop(heap)
-            if idx not in self or (kept and kept[-1] == idx):
+            if idx not in members or (kept and kept[-1] == idx):
                 continue  # discarded, or a second entry of a member re-added
             kept.append(idx)
             if idx not in exclude:

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Final, Protocol, cast
 
 from allot.core.heap_order import OrderedIds
 from allot.core.model import Assignment, Running
@@ -54,20 +53,38 @@ class VictimRule(Protocol):
         """Whether any allocated work at all could be a victim (a cheap early exit)."""
 
 
-@dataclass(frozen=True, slots=True)
 class Plan:
-    hosts: tuple[str, ...]
-    victims: tuple[Running, ...]  # every workload whose GPUs the request will use
-    new_victims: tuple[Running, ...]  # the ones that need a notice now
-    free_taken: Assignment  # free GPUs on the planned hosts, reserved for the request
+    """Where a request goes and whom it displaces. Plain classes here, not dataclasses: a
+    written-out ``__init__`` is compiled with the core, a dataclass's is not (decision
+    0070); ``Final`` fields stand for ``frozen``."""
+
+    __slots__ = ("free_taken", "hosts", "new_victims", "victims")
+
+    def __init__(
+        self,
+        hosts: tuple[str, ...],
+        victims: tuple[Running, ...],
+        new_victims: tuple[Running, ...],
+        free_taken: Assignment,
+    ) -> None:
+        self.hosts: Final = hosts
+        self.victims: Final = victims  # every workload whose GPUs the request will use
+        self.new_victims: Final = new_victims  # the ones that need a notice now
+        self.free_taken: Final = free_taken  # free GPUs on the planned hosts, reserved for it
 
 
-@dataclass(slots=True)
 class _HostPlan:
-    host: str
-    cost: tuple[float, ...]
-    victims: list[Running]
-    free: tuple[int, ...]
+    """One host's option: its cost, the victims it needs and its free GPUs."""
+
+    __slots__ = ("cost", "free", "host", "victims")
+
+    def __init__(
+        self, host: str, cost: tuple[float, ...], victims: list[Running], free: tuple[int, ...]
+    ) -> None:
+        self.host = host
+        self.cost = cost
+        self.victims = victims
+        self.free = free
 
 
 def plan_preemption(view: ClusterView, pool: str, gpus: int, rule: VictimRule) -> Plan | None:
@@ -83,13 +100,15 @@ def plan_preemption(view: ClusterView, pool: str, gpus: int, rule: VictimRule) -
     return _plan_full(view, pool, gpus, largest, rule)
 
 
-@dataclass(frozen=True, slots=True)
 class _CheapRule:
     """Victims that cost no allocation anything: unallocated work (and, as always, work
     already under notice that nobody claimed)."""
 
-    now: float
+    __slots__ = ("now",)
     costs_by_kind = True  # class 1 for unallocated work (see ``_clearable_in_order``)
+
+    def __init__(self, now: float) -> None:
+        self.now: Final = now
 
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
         w = run.workload
@@ -375,7 +394,7 @@ def _clearable_scanned(
     """The same for any other rule: every candidate host costed, then sorted."""
     options: list[_HostPlan] = []
     buckets = view.buckets(pool) or []
-    fully_free = buckets[largest] if len(buckets) > largest else set()
+    fully_free: Iterable[int] = buckets[largest] if len(buckets) > largest else ()
     seen: set[str] = set()
     for idx in sorted(fully_free):
         host = view.st.host_at[idx]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Final
 
 from allot.core.decisions import PreemptReason
 from allot.core.model import Running
@@ -88,17 +88,41 @@ class TakeableAllocations:
         return None
 
 
-@dataclass(frozen=True, slots=True)
 class FairShareVictims:
-    """The inputs of rule 8 one cycle shares among its requests; ``rule`` is one request's."""
+    """The inputs of rule 8 one cycle shares among its requests; ``rule`` is one request's.
 
-    order: Mapping[str, int]
-    entitlement: Mapping[str, float]
-    entitlement_tier: bool
-    now: float
-    keep_gangs: bool = False  # ``Policy.keep_gangs_at_entitlement``
-    keep_large_gangs: bool = False  # ``Policy.keep_large_gangs``
-    takeable: TakeableAllocations | None = None  # over the cycle's ``victim_held``
+    A plain class, not a frozen dataclass: its ``__init__`` is written out so that the
+    compiled core compiles it (the dataclass one stays interpreted, decision 0070). Its
+    fields are ``Final``: nothing assigns them after ``__init__``."""
+
+    __slots__ = (
+        "entitlement",
+        "entitlement_tier",
+        "keep_gangs",
+        "keep_large_gangs",
+        "now",
+        "order",
+        "takeable",
+    )
+
+    def __init__(
+        self,
+        order: Mapping[str, int],
+        entitlement: Mapping[str, float],
+        entitlement_tier: bool,
+        now: float,
+        *,
+        keep_gangs: bool = False,
+        keep_large_gangs: bool = False,
+        takeable: TakeableAllocations | None = None,
+    ) -> None:
+        self.order: Final = order
+        self.entitlement: Final = entitlement
+        self.entitlement_tier: Final = entitlement_tier
+        self.now: Final = now
+        self.keep_gangs: Final = keep_gangs  # ``Policy.keep_gangs_at_entitlement``
+        self.keep_large_gangs: Final = keep_large_gangs  # ``Policy.keep_large_gangs``
+        self.takeable: Final = takeable  # over the cycle's ``victim_held``
 
     def rule(
         self,
@@ -126,7 +150,6 @@ class FairShareVictims:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class FairShareRule:
     """Who an allocated request may preempt (rule 8 of the design):
 
@@ -141,24 +164,65 @@ class FairShareRule:
     the least work lost (GPUs x time since start), then id.
     """
 
-    requester: str
-    requester_order: int
-    under_entitlement: bool  # the request reclaims (``reclaims``)
-    entitlement_tier: bool
-    order: Mapping[str, int]
-    entitlement: Mapping[str, float]
-    now: float
-    ignores_protection: bool = False  # earmarking: plan as if protection had ended
-    unallocated_first: bool = True  # the planner may try unallocated victims on their own
-    # False: unallocated work only (a request requeued by another's notice: no cascade).
-    allocated_victims: bool = True
-    for_reservation: bool = False  # a reservation's start: notices say so
-    keep_gangs: bool = False  # a reclaim leaves a gang's allocation at its entitlement
-    keep_large_gangs: bool = False  # the same for gangs larger than their team's share
-    takeable: TakeableAllocations | None = None  # the cycle's, for ``may_take_allocated``
+    __slots__ = (
+        "allocated_victims",
+        "entitlement",
+        "entitlement_tier",
+        "for_reservation",
+        "ignores_protection",
+        "keep_gangs",
+        "keep_large_gangs",
+        "now",
+        "order",
+        "requester",
+        "requester_order",
+        "takeable",
+        "unallocated_first",
+        "under_entitlement",
+    )
     # Its classes are the planner's clearing costs (1 unallocated, 2 allocated): it may read
     # hosts in ``ClusterView.clear_order`` when it respects protection.
     costs_by_kind = True
+
+    def __init__(
+        self,
+        *,
+        requester: str,
+        requester_order: int,
+        under_entitlement: bool,
+        entitlement_tier: bool,
+        order: Mapping[str, int],
+        entitlement: Mapping[str, float],
+        now: float,
+        ignores_protection: bool = False,
+        unallocated_first: bool = True,
+        allocated_victims: bool = True,
+        for_reservation: bool = False,
+        keep_gangs: bool = False,
+        keep_large_gangs: bool = False,
+        takeable: TakeableAllocations | None = None,
+    ) -> None:
+        # Written out, not a frozen dataclass, so that the compiled core compiles it
+        # (decision 0070); the fields are ``Final``.
+        self.requester: Final = requester
+        self.requester_order: Final = requester_order
+        self.under_entitlement: Final = under_entitlement  # the request reclaims (``reclaims``)
+        self.entitlement_tier: Final = entitlement_tier
+        self.order: Final = order
+        self.entitlement: Final = entitlement
+        self.now: Final = now
+        # Earmarking: plan as if protection had ended.
+        self.ignores_protection: Final = ignores_protection
+        # The planner may try unallocated victims on their own.
+        self.unallocated_first: Final = unallocated_first
+        # False: unallocated work only (a request requeued by another's notice: no cascade).
+        self.allocated_victims: Final = allocated_victims
+        self.for_reservation: Final = for_reservation  # a reservation's start: notices say so
+        # A reclaim leaves a gang's allocation at its entitlement; ``keep_large_gangs`` the
+        # same for gangs larger than their team's share.
+        self.keep_gangs: Final = keep_gangs
+        self.keep_large_gangs: Final = keep_large_gangs
+        self.takeable: Final = takeable  # the cycle's, for ``may_take_allocated``
 
     def may_take_allocated(self, victim_held: Mapping[str, int]) -> bool:
         takeable = self.takeable
