@@ -1,13 +1,16 @@
 """The compiled core's reads of the model's records (``allot.core.state``: ``is_allocated``,
 ``protected_until``, ``schedulable``) answer exactly as the records' own properties do:
-the core calls them instead of the properties, which run in the interpreter."""
+the core calls them instead of the properties, which run in the interpreter. ``Running``
+copies what the cycle reads of its workload when it is made (``allot.core.running``):
+each copy equals the workload's own field or property."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allot.core.model import MAX_MIN_RUNTIME_S, Host, HostState, Running, Workload
+from allot.core.model import MAX_MIN_RUNTIME_S, Host, HostState, Workload
+from allot.core.running import Running
 from allot.core.state import is_allocated, protected_until, schedulable
 
 workloads = st.builds(
@@ -25,9 +28,26 @@ times = st.floats(-1e9, 1e10, allow_nan=False, allow_infinity=False)
 def test_the_reads_of_a_run_match_its_properties(w: Workload, start: float) -> None:
     run = Running(w, start, (("h", tuple(range(w.gpus))),))
     assert is_allocated(w) is w.allocated
-    assert protected_until(run) == run.protected_until
-    # Bit for bit: the heap of protection ends compares them with ==.
-    assert repr(protected_until(run)) == repr(run.protected_until)
+    assert run.allocated is w.allocated
+    assert (run.wid, run.allocation, run.gpus) == (w.id, w.allocation, w.gpus)
+    # The contract's protection end, bit for bit: the heap of protection ends compares
+    # them with ==.
+    expected = start + w.min_runtime_s if w.allocated else start
+    assert protected_until(run) == run.protected_until == expected
+    assert repr(protected_until(run)) == repr(float(expected))
+
+
+def test_a_noticed_run_keeps_its_copies_and_compares_by_its_fields() -> None:
+    w = Workload("w", "a", "u", 2, 600)
+    run = Running(w, 10.0, (("h", (0, 1)),))
+    noticed = Running(w, 10.0, run.assignment, preempt_at=40.0)
+    assert noticed.protected_until == run.protected_until == 610.0
+    assert noticed != run and hash(noticed) != hash(run)
+    assert noticed == Running(w, 10.0, (("h", (0, 1)),), 40.0)
+    assert hash(noticed) == hash(Running(w, 10.0, (("h", (0, 1)),), 40.0))
+    assert repr(noticed) == (
+        f"Running(workload={w!r}, start_time=10.0, assignment=(('h', (0, 1)),), preempt_at=40.0)"
+    )
 
 
 def test_a_host_is_schedulable_only_when_healthy() -> None:

@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
-from allot.core.model import MAX_MIN_RUNTIME_S, Host, HostState, Running, Workload
+from allot.core.model import MAX_MIN_RUNTIME_S, Host, HostState, Workload
 from allot.core.policy import Policy
+from allot.core.running import Running
 from allot.core.state import ClusterState, PendingQueue
 from allot.sim.baselines import LegacyPriority
 

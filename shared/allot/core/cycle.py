@@ -72,11 +72,12 @@ from allot.core.decisions import (
     Reservation,
     RoomHold,
 )
-from allot.core.model import Assignment, HostState, Running, Workload
+from allot.core.model import Assignment, HostState, Workload
 from allot.core.placement import ClusterView
 from allot.core.policy import Ordering, Policy, RequestRule
 from allot.core.preemption import Plan, plan_cheap, plan_preemption
 from allot.core.reservations import plan_reservation
+from allot.core.running import Running
 from allot.core.state import (
     DEFAULT_POOL,
     SHORT_LANE_POOL,
@@ -695,7 +696,7 @@ class _Cycle:
         self.view.unhold(handle, free, victims)
         if not self._decide(w, pool, bounded=False):
             # An earmark planned in between may have taken some of it.
-            earmarked = {r.workload.id for r in victims if r.workload.id in self.view.earmarked}
+            earmarked = {r.wid for r in victims if r.wid in self.view.earmarked}
             self._hold_again(reservation, free, victims, (), earmarked)
 
     def _serve_reserved(self) -> None:
@@ -781,7 +782,7 @@ class _Cycle:
         for victim in plan.new_victims:  # ``reserve`` re-indexes their hosts once for all
             self._notice(victim, rule.reason(victim), preemptor=w.id, touch=False)
         self.view.reserve(plan.victims, plan.free_taken)
-        waited = tuple(sorted(r.workload.id for r in plan.victims))
+        waited = tuple(sorted(r.wid for r in plan.victims))
         if waited:
             self.waiting_on.append((w.id, waited))
 
@@ -833,8 +834,8 @@ class _Cycle:
         for run in plan.victims:
             at = run.preempt_at
             if at is None:
-                at = self.view.noticed.get(run.workload.id)
-            left = self.policy.grace_of(is_allocated(run.workload)) if at is None else at - self.now
+                at = self.view.noticed.get(run.wid)
+            left = self.policy.grace_of(run.allocated) if at is None else at - self.now
             wait = max(wait, left)
         return wait
 
@@ -903,7 +904,7 @@ class _Cycle:
             if planned is None:
                 continue
             start_at, options = planned
-            victims = tuple({r.workload.id: r for o in options for r in o.victims}.values())
+            victims = tuple({r.wid: r for o in options for r in o.victims}.values())
             free = tuple(sorted((o.host, o.free) for o in options if o.free))
             hosts = tuple(sorted(o.host for o in options))
             reservation = Reservation(w.id, w.allocation, start_at, hosts, w.gpus)
@@ -923,7 +924,7 @@ class _Cycle:
             if plan is None:
                 self._hold_again(reservation, free, victims, (), set())
                 continue
-            used = {r.workload.id for r in plan.victims}
+            used = {r.wid for r in plan.victims}
             self._hold_again(reservation, free, victims, plan.free_taken, used)
             return plan
         return None
@@ -954,7 +955,7 @@ class _Cycle:
             kept = tuple(x for x in gpus if x in free_now and x not in gone.get(host, ()))
             if kept:
                 still.append((host, kept))
-        keep = tuple(r for r in victims if r.workload.id not in used)
+        keep = tuple(r for r in victims if r.wid not in used)
         handle = view.earmark(keep, tuple(still))
         self._held[reservation.workload_id] = (handle, reservation, keep)
 

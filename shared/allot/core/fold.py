@@ -8,7 +8,8 @@ next cycle is built by the same code.
 from __future__ import annotations
 
 from allot.core.decisions import CycleResult
-from allot.core.model import Running, Workload
+from allot.core.model import Workload
+from allot.core.running import Running
 from allot.core.state import ClusterState, PendingQueue
 
 

@@ -1,4 +1,5 @@
-"""The nouns of the scheduling core: workloads, hosts, running work, and the cluster snapshot.
+"""The nouns of the scheduling core: workloads, hosts and the cluster snapshot (running work
+is ``allot.core.running``).
 
 Everything here is a frozen value. Times are seconds on the caller's clock (the simulator's
 virtual clock, or the placement service's wall clock read *outside* the core) and always
@@ -95,31 +96,3 @@ class Host:
 
 Assignment = tuple[tuple[str, tuple[int, ...]], ...]
 """Where a workload runs: ``((host_id, (gpu_index, ...)), ...)``, hosts in sorted order."""
-
-
-@dataclass(frozen=True, slots=True)
-class Running:
-    """A workload holding GPUs since ``start_time``.
-
-    ``preempt_at`` is set once a preemption notice has been issued: the GPUs count as free
-    from that moment (end of the grace period); until then nobody else may use them.
-    """
-
-    workload: Workload
-    start_time: float
-    assignment: Assignment
-    preempt_at: float | None = None
-
-    @property
-    def protected_until(self) -> float:
-        """End of the protected window; unallocated work is never protected."""
-        if not self.workload.allocated:
-            return self.start_time
-        return self.start_time + self.workload.min_runtime_s
-
-    def protected(self, now: float) -> bool:
-        return now < self.protected_until
-
-    @property
-    def hosts(self) -> tuple[str, ...]:
-        return tuple(h for h, _ in self.assignment)

@@ -22,8 +22,9 @@ import math
 from collections.abc import Iterable, Iterator
 
 from allot.core.heap_order import OrderedIds, ascending
-from allot.core.model import Assignment, Running
-from allot.core.state import ClusterState, gpus_on, is_allocated, protected_until, schedulable
+from allot.core.model import Assignment
+from allot.core.running import Running
+from allot.core.state import ClusterState, gpus_on, schedulable
 
 
 class ClusterView:
@@ -72,7 +73,7 @@ class ClusterView:
         return mine
 
     def terminating(self, run: Running) -> bool:
-        return run.preempt_at is not None or run.workload.id in self.noticed
+        return run.preempt_at is not None or run.wid in self.noticed
 
     def find_fit(self, pool: str, gpus: int) -> Assignment | None:
         buckets = self.buckets(pool)
@@ -133,7 +134,7 @@ class ClusterView:
             running = self.st.running
             for wid in self.st.running_of.get(allocation, ()):
                 run = running[wid]
-                if not respect or protected_until(run) <= now:
+                if not respect or run.protected_until <= now:
                     cached.update(h for h, _ in run.assignment)
             cached = {h for h in cached if schedulable(self.st.host(h))}
             self._movable_of[key] = cached
@@ -162,7 +163,7 @@ class ClusterView:
 
     def _movable(self, run: Running) -> bool:
         """Under notice, or past its protection (as of the cycle's start)."""
-        return run.preempt_at is not None or protected_until(run) <= self.now
+        return run.preempt_at is not None or run.protected_until <= self.now
 
     def noticed_room(self) -> dict[str, int]:
         """Per host, GPUs under notice that no request has claimed yet (built on first use,
@@ -177,7 +178,7 @@ class ClusterView:
 
     def _count_noticed(self, run: Running, sign: int) -> None:
         room = self._noticed_room
-        if room is None or run.workload.id in self.claimed or run.workload.id in self.earmarked:
+        if room is None or run.wid in self.claimed or run.wid in self.earmarked:
             return
         for host_id, gpus in run.assignment:
             left = room.get(host_id, 0) + sign * len(gpus)
@@ -243,11 +244,11 @@ class ClusterView:
         return buckets
 
     def _cheap(self, run: Running) -> bool:
-        if run.workload.id in self.earmarked:
+        if run.wid in self.earmarked:
             return False
         if self.terminating(run):
-            return run.workload.id not in self.claimed
-        return not is_allocated(run.workload)
+            return run.wid not in self.claimed
+        return not run.allocated
 
     def _set_room(self, host_id: str) -> None:
         room = self._room
@@ -314,15 +315,14 @@ class ClusterView:
                 if wid in self.claimed:
                     return None
                 continue
-            w = run.workload
-            if is_allocated(w):
-                if protected_until(run) > now:
+            if run.allocated:
+                if run.protected_until > now:
                     return None
                 worst = 2
             elif worst == 0:
                 worst = 1
-            gpus += w.gpus
-            lost.append(w.gpus * (now - run.start_time))
+            gpus += run.gpus
+            lost.append(run.gpus * (now - run.start_time))
         if room < self.st.host(host_id).gpus:
             return None
         return (worst, gpus, math.fsum(lost), self.st.host_index[host_id])
@@ -438,14 +438,14 @@ class ClusterView:
         for run in victims:
             if self.terminating(run):
                 self._count_noticed(run, -1)
-        self.claimed.update(r.workload.id for r in victims)
+        self.claimed.update(r.wid for r in victims)
         self.take(free)
         self.touched({h for r in victims for h, _ in r.assignment})
 
     def unclaim(self, victims: Iterable[Running]) -> None:
         """Undo ``reserve`` of these victims (not of free GPUs): others may plan with them."""
-        victims = [r for r in victims if r.workload.id in self.claimed]
-        self.claimed.difference_update(r.workload.id for r in victims)
+        victims = [r for r in victims if r.wid in self.claimed]
+        self.claimed.difference_update(r.wid for r in victims)
         for run in victims:
             if self.terminating(run):
                 self._count_noticed(run, +1)
@@ -459,7 +459,7 @@ class ClusterView:
         for run in victims:
             if self.terminating(run):
                 self._count_noticed(run, -1)
-        self.earmarked.update(r.workload.id for r in victims)
+        self.earmarked.update(r.wid for r in victims)
         self.take(free)
         self._earmarks.append(free)
         self.touched({h for r in victims for h, _ in r.assignment})
@@ -480,8 +480,8 @@ class ClusterView:
         )
         self._earmarks[handle] = left
         self.give(part)
-        victims = [r for r in victims if r.workload.id in self.earmarked]
-        self.earmarked.difference_update(r.workload.id for r in victims)
+        victims = [r for r in victims if r.wid in self.earmarked]
+        self.earmarked.difference_update(r.wid for r in victims)
         for run in victims:
             if self.terminating(run):
                 self._count_noticed(run, +1)
@@ -508,10 +508,10 @@ class ClusterView:
     def notice(self, run: Running, preempt_at: float, *, touch: bool = True) -> None:
         """``touch=False``: the caller touches the run's hosts itself before any read (a
         plan's notices, then ``reserve`` of all its victims)."""
-        self.noticed[run.workload.id] = preempt_at
+        self.noticed[run.wid] = preempt_at
         self._count_noticed(run, +1)
         if touch:
             self.touched(h for h, _ in run.assignment)
-        alloc = run.workload.allocation
-        if is_allocated(run.workload) and alloc is not None:
-            self.victim_held[alloc] = self.victim_held.get(alloc, 0) - run.workload.gpus
+        alloc = run.allocation
+        if run.allocated and alloc is not None:
+            self.victim_held[alloc] = self.victim_held.get(alloc, 0) - run.gpus

@@ -23,10 +23,10 @@ from allot.core.model import (
     DEFAULT_GRACE_S,
     DEFAULT_UNALLOCATED_GRACE_S,
     MAX_MIN_RUNTIME_S,
-    Running,
     Workload,
 )
 from allot.core.preemption import VictimRule
+from allot.core.running import Running
 from allot.core.state import DEFAULT_POOL, FREED_KEPT_S, ClusterState, PendingQueue
 
 Reach = Callable[[str], float]

@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Final, Protocol, cast
 
 from allot.core.heap_order import OrderedIds
-from allot.core.model import Assignment, Running
+from allot.core.model import Assignment
 from allot.core.placement import ClusterView
-from allot.core.state import gpus_on, is_allocated, schedulable
+from allot.core.running import Running
+from allot.core.state import gpus_on, schedulable
 
 _NOTICED_KEY: tuple[object, ...] = (0, -1.0, 0.0)  # before any other class-0 option
 
@@ -111,10 +112,9 @@ class _CheapRule:
         self.now: Final = now
 
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
-        w = run.workload
-        if is_allocated(w):
+        if run.allocated:
             return None
-        return (1, 0.0, w.gpus * (self.now - run.start_time), w.id)
+        return (1, 0.0, run.gpus * (self.now - run.start_time), run.wid)
 
     def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
         return True
@@ -282,14 +282,12 @@ def _plan_full(
     for option in options:
         if len(chosen) == whole_count:
             break
-        if not all(
-            r.workload.id in taken or _still_fair(view, r, rule, held) for r in option.victims
-        ):
+        if not all(r.wid in taken or _still_fair(view, r, rule, held) for r in option.victims):
             continue
         chosen.append(option)
         for r in option.victims:
-            if r.workload.id not in taken:
-                taken.add(r.workload.id)
+            if r.wid not in taken:
+                taken.add(r.wid)
                 _charge(view, r, held)
     if len(chosen) < whole_count:
         return None
@@ -427,9 +425,9 @@ def _still_fair(view: ClusterView, run: Running, rule: VictimRule, held: dict[st
 
 def _charge(view: ClusterView, run: Running, held: dict[str, int]) -> None:
     """Count a chosen new victim against its allocation's held GPUs for later choices."""
-    w = run.workload
-    if not view.terminating(run) and is_allocated(w) and w.allocation is not None:
-        held[w.allocation] = held.get(w.allocation, 0) - w.gpus
+    alloc = run.allocation
+    if not view.terminating(run) and run.allocated and alloc is not None:
+        held[alloc] = held.get(alloc, 0) - run.gpus
 
 
 def _options_on(
@@ -463,7 +461,7 @@ def _options_on(
 
 
 def _option_order(option: tuple[tuple[object, ...], Running]) -> tuple[object, ...]:
-    return (option[0], option[1].workload.id)
+    return (option[0], option[1].wid)
 
 
 def _cost(
@@ -473,13 +471,13 @@ def _cost(
     the first item of the rule's preference key (0 for work already under notice). The
     exact sum makes the cost of a host independent of its occupants' order, so
     ``ClusterView.clear_cost`` gives the same figure."""
-    new = [r for r in victims if not view.terminating(r) and klass.get(r.workload.id, 0) != 0]
+    new = [r for r in victims if not view.terminating(r) and klass.get(r.wid, 0) != 0]
     worst = 0
     for r in new:
-        c = klass.get(r.workload.id, 0)
+        c = klass.get(r.wid, 0)
         worst = max(worst, c if isinstance(c, int) else 0)
-    lost = math.fsum(r.workload.gpus * (view.now - r.start_time) for r in new)
-    return (worst, sum(r.workload.gpus for r in new), lost, view.st.host_index[host])
+    lost = math.fsum(r.gpus * (view.now - r.start_time) for r in new)
+    return (worst, sum(r.gpus for r in new), lost, view.st.host_index[host])
 
 
 def _best_host(
@@ -520,7 +518,7 @@ def _best_host(
             if not _still_fair(view, run, rule, held if local is None else local):
                 continue
             picked.append(run)
-            if is_allocated(run.workload) and not view.terminating(run):
+            if run.allocated and not view.terminating(run):
                 if local is None:
                     local = dict(held)
                 _charge(view, run, local)
@@ -532,7 +530,7 @@ def _best_host(
             if got - n >= gpus:
                 picked.remove(run)
                 got -= n
-        klass = {r.workload.id: k[0] for k, r in options}
+        klass = {r.wid: k[0] for k, r in options}
         option = _HostPlan(host, _cost(view, host, picked, klass), picked, tuple(free))
         if best is None or option.cost < best.cost:
             best = option
@@ -552,7 +550,7 @@ def _clear_host(
     free = view.free_of(host)
     if len(free) + sum(gpus_on(r, host) for r in victims) < size:
         return None
-    klass = {r.workload.id: k[0] for k, r in options}
+    klass = {r.wid: k[0] for k, r in options}
     return _HostPlan(host, _cost(view, host, victims, klass), victims, tuple(free))
 
 
@@ -560,7 +558,7 @@ def _plan(parts: list[_HostPlan], view: ClusterView) -> Plan:
     victims: dict[str, Running] = {}
     for part in parts:
         for run in part.victims:
-            victims[run.workload.id] = run
+            victims[run.wid] = run
     ordered = tuple(victims[k] for k in sorted(victims))
     return Plan(
         hosts=tuple(p.host for p in parts),

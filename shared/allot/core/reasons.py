@@ -53,11 +53,12 @@ from types import MappingProxyType
 from allot.core.cycle import Snapshot, hold_until, victims_held_for
 from allot.core.decisions import CycleResult, Preemption, PreemptReason
 from allot.core.duration_text import format_duration
-from allot.core.model import Running, Workload
+from allot.core.model import Workload
 from allot.core.placement import ClusterView
 from allot.core.policy import Policy
 from allot.core.preemption import Plan, VictimRule, plan_preemption
 from allot.core.queue_view import TIER_NAMES, UNALLOCATED, QueueEntry, queue_order
+from allot.core.running import Running
 from allot.core.state import DEFAULT_POOL, ClusterState, is_allocated, protected_until, schedulable
 from allot.core.victims import FairShareVictims, reclaims
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from allot.core.model import Running
 from allot.core.placement import ClusterView
 from allot.core.preemption import VictimRule
-from allot.core.state import gpus_on, is_allocated, protected_until, schedulable
+from allot.core.running import Running
+from allot.core.state import gpus_on, protected_until, schedulable
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +108,13 @@ def _host_ready(
     for wid, run in view.st.on_host[host_id].items():
         if wid in view.earmarked or wid in view.claimed:
             continue
-        if view.terminating(run) or not is_allocated(run.workload):
+        if view.terminating(run) or not run.allocated:
             ready = now
         elif rule.key(run, held) is None:
             continue
         else:
             ready = max(now, protected_until(run))
-        lost = run.workload.gpus * max(0.0, ready - run.start_time)
+        lost = run.gpus * max(0.0, ready - run.start_time)
         movable.append((ready, lost, wid, run))
     movable.sort(key=lambda m: (m[0], m[2]))
     ready_at = now

@@ -27,7 +27,8 @@ from itertools import accumulate
 from typing import Final
 
 from allot.core.errors import ValidationError
-from allot.core.model import Assignment, Host, HostState, Running, Workload
+from allot.core.model import Assignment, Host, HostState, Workload
+from allot.core.running import Running
 
 DEFAULT_POOL = ""
 SHORT_LANE_POOL = "short-lane"
@@ -57,10 +58,9 @@ def is_allocated(w: Workload) -> bool:
 
 
 def protected_until(run: Running) -> float:
-    """``Running.protected_until``: the end of the run's protected window (its start for
-    unallocated work, which is never protected), computed here as ``is_allocated`` is."""
-    w = run.workload
-    return run.start_time + w.min_runtime_s if is_allocated(w) else run.start_time
+    """The end of the run's protected window (its start for unallocated work, which is
+    never protected): ``Running`` computes it once, when it is made."""
+    return run.protected_until
 
 
 _HEALTHY: Final = HostState.HEALTHY  # read once: an enum member's lookup costs a call
@@ -77,7 +77,7 @@ def gpus_on(run: Running, host_id: str) -> int:
     assignment adds up to them), read without walking the assignment."""
     assignment = run.assignment
     if len(assignment) == 1:
-        return run.workload.gpus
+        return run.gpus
     for h, gpus in assignment:
         if h == host_id:
             return len(gpus)

@@ -21,8 +21,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from allot.core.decisions import PreemptReason
-from allot.core.model import Running
-from allot.core.state import is_allocated, protected_until
+from allot.core.running import Running
 
 WORST_ORDER = 1 << 30
 """Fair Tree order key of an allocation missing from the ranking: served last."""
@@ -254,15 +253,15 @@ class FairShareRule:
         return worse
 
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
-        w = run.workload
-        lost = w.gpus * (self.now - run.start_time)
-        if not is_allocated(w):
+        gpus = run.gpus
+        lost = gpus * (self.now - run.start_time)
+        if not run.allocated:
             # Earmarking: unallocated work is as good as free room (it may leave at any
             # moment), so an earmark stays on the same hosts when fillers move onto them.
-            return (0 if self.ignores_protection else 1, 0.0, lost, w.id)
-        if self.now < protected_until(run) and not self.ignores_protection:
+            return (0 if self.ignores_protection else 1, 0.0, lost, run.wid)
+        if self.now < run.protected_until and not self.ignores_protection:
             return None
-        alloc = w.allocation
+        alloc = run.allocation
         assert alloc is not None
         if not self.may_take_from(alloc, victim_held):
             return None
@@ -278,29 +277,28 @@ class FairShareRule:
         # would take it, and the team would wait for a whole gang's room once more
         # (decision 0067); ``keep_gangs`` keeps every gang so (decision 0065). Victim and
         # allocation alone decide, so victim sets still shrink down the queue order.
-        below = self.entitlement_tier and over < w.gpus  # the victim would end below its share
+        below = self.entitlement_tier and over < gpus  # the victim would end below its share
         if below and not self._may_leave_below(run, entitlement):
             return None
         # Prefer victims whose allocation stays at or above its entitlement: taking more
         # only turns the victim into the next reclaimer.
-        overshoot = 0 if over >= w.gpus else 1
-        return (2, overshoot, -over, lost, w.id)
+        overshoot = 0 if over >= gpus else 1
+        return (2, overshoot, -over, lost, run.wid)
 
     def keeps_eligible(self, run: Running, victim_held: Mapping[str, int]) -> bool:
         """Taking several victims from one allocation: stop once it is no longer over; a
         requester at or above its entitlement takes none that would leave the allocation
         below its entitlement (``key`` tests each alone, this one after the victims before
         it), nor does a reclaim take a kept gang so."""
-        w = run.workload
-        if not is_allocated(w) or not self.entitlement_tier:
+        if not run.allocated or not self.entitlement_tier:
             return True
-        alloc = w.allocation
+        alloc = run.allocation
         assert alloc is not None
         held = victim_held.get(alloc, 0)
         entitlement = self.entitlement.get(alloc, 0.0)
         if held <= entitlement:
             return False
-        return held - w.gpus >= entitlement or self._may_leave_below(run, entitlement)
+        return held - run.gpus >= entitlement or self._may_leave_below(run, entitlement)
 
     def _may_leave_below(self, run: Running, entitlement: float) -> bool:
         """Whether ``run`` may be taken though its allocation (of ``entitlement``) ends
@@ -312,10 +310,10 @@ class FairShareRule:
         reclaim that would leave its allocation (of ``entitlement``) below its share."""
         if len(run.assignment) < 2:
             return False
-        return self.keep_gangs or (self.keep_large_gangs and run.workload.gpus > entitlement)
+        return self.keep_gangs or (self.keep_large_gangs and run.gpus > entitlement)
 
     def reason(self, victim: Running) -> PreemptReason:
-        if not is_allocated(victim.workload):
+        if not victim.allocated:
             return PreemptReason.DISPLACED_UNALLOCATED
         if self.for_reservation:
             return PreemptReason.RESERVATION

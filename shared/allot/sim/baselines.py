@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, replace
 from allot.core.budgets import BudgetTree
 from allot.core.decisions import Placement, PreemptReason
 from allot.core.errors import ValidationError
-from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S, Running, Workload
+from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S, Workload
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, Fifo, Policy, Reach, make_policy
+from allot.core.running import Running
 from allot.core.state import DEFAULT_POOL, ClusterState, PendingQueue
 from allot.sim.cluster import ClusterSpec
 from allot.sim.trace import TraceJob
