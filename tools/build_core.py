@@ -18,8 +18,9 @@ classes are subclassed outside the core (``policy``'s orderings by the simulator
 baselines, ``errors`` by the SDK; interpreted classes cannot subclass compiled ones), the
 value types that cross process boundaries or reject bad input by field (``model``,
 ``decisions``: mypyc's frozen classes do not unpickle, and its argument checks raise a bare
-``TypeError`` before ``__post_init__`` names the field; ``running``'s ``Running``, made only
-by ``ClusterState``, is compiled), and the rest, which no cycle runs.
+``TypeError`` before ``__post_init__`` names the field; ``running``'s ``Running``, which
+neither crosses a process boundary nor validates input, is compiled), and the rest, which
+no cycle runs.
 
 Run: ``.venv/bin/python tools/build_core.py [--out DIR]``; exit status 0 also when nothing
 could be compiled (the manifest and the printed line say why).

@@ -285,6 +285,33 @@ def test_every_request_gets_its_notices_in_one_round(
             now = later
 
 
+def test_a_gangs_remainder_leaves_the_free_gpus_beside_anothers_victims() -> None:
+    """The case the property above found (2026-12-06): p2 (8 GPUs) noticed r1 (2 GPUs)
+    and planned h4's 6 free GPUs beside it; p1, a 12-GPU gang ahead of p2, noticed only
+    unallocated work, and in the next cycle its remainder (4 GPUs anywhere) best-fitted
+    onto those 6 free GPUs, so p2 noticed r0 in a second round. A request's own room and
+    the free GPUs beside its victims now come before any gang's remainder."""
+    state = cluster(hosts(5))
+    for w, host_id in (
+        (workload("r0", 6, "b", min_runtime_s=10), "h1"),
+        (workload("r1", 2, "b", min_runtime_s=10), "h4"),
+        (workload("r2", 1, "a", min_runtime_s=10), "h2"),
+        (free_work("r3", 1), "h3"),
+    ):
+        state.start(w, ((host_id, tuple(state.free[host_id][: w.gpus])),), 0.0)
+    queue = PendingQueue(
+        [
+            workload(f"p{k}", gpus, "a", min_runtime_s=10, submit=float(k))
+            for k, gpus in enumerate((8, 12, 8))
+        ]
+    )
+    shares = {"a": 0.625, "b": 0.125, "c": 0.125, "d": 0.125}
+    order = {"a": 0, "b": 1, "c": 2, "d": 3}
+    notices = play(state, queue, shares, order, Policy(grace_s=5), 200.0)
+    assert [(p.workload_id, p.preemptor) for p in notices] == [("r3", "p1"), ("r1", "p2")]
+    assert {"p0", "p1", "p2"}.isdisjoint(queue)  # all three started
+
+
 # -- how long, and where, the room is held ---------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from allot.core.model import Host, Workload
 from allot.core.placement import ClusterView
 from allot.core.preemption import (
     _best_host,
+    _cheap_option,
     _CheapRule,
     _clear_host,
     _clearable_candidates,
@@ -278,3 +279,16 @@ def test_a_host_tied_with_the_best_on_its_bound_is_still_costed() -> None:
     assert best.host == "y"  # less work lost than on x, read first
     costed = _best_host(view, ["x", "y"], 1, _Unbounded(rule), dict(held), exclude=set())
     assert costed is not None and (costed.host, costed.cost) == (best.host, best.cost)
+
+
+def test_a_cycles_cheap_plans_share_each_hosts_memo() -> None:
+    """Every cheap plan makes its own ``_CheapRule``; a host's plan for a size, computed
+    for one request, is the next one's too (the memo keys on the rule, equal by ``now``)."""
+    state = ClusterState([Host("a", 8), Host("b", 8)])
+    state.start(Workload("u1", None, "u", 4, 0), (("a", (0, 1, 2, 3)),), NOW - 60)
+    view = ClusterView(state, NOW)
+    first, _ = _cheap_option(view, "a", 6, _CheapRule(NOW), view.victim_held)
+    again, _ = _cheap_option(view, "a", 6, _CheapRule(NOW), view.victim_held)
+    assert first is not None and again is first
+    later, _ = _cheap_option(view, "a", 6, _CheapRule(NOW + 1), view.victim_held)
+    assert later is not first

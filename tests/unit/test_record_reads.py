@@ -6,6 +6,9 @@ each copy equals the workload's own field or property."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,6 +48,8 @@ def test_a_noticed_run_keeps_its_copies_and_compares_by_its_fields() -> None:
     assert noticed != run and hash(noticed) != hash(run)
     assert noticed == Running(w, 10.0, (("h", (0, 1)),), 40.0)
     assert hash(noticed) == hash(Running(w, 10.0, (("h", (0, 1)),), 40.0))
+    for copied in (pickle.loads(pickle.dumps(noticed)), copy.copy(noticed), copy.deepcopy(noticed)):
+        assert copied == noticed and copied.protected_until == 610.0
     assert repr(noticed) == (
         f"Running(workload={w!r}, start_time=10.0, assignment=(('h', (0, 1)),), preempt_at=40.0)"
     )

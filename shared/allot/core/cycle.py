@@ -508,7 +508,9 @@ class _Cycle:
         # What the victims left stays the request's until every victim of that round is
         # due to have left (the notices of one round are at most ``grace_s`` apart). Every
         # request's room first, then, in the walk's order, what its plan took beside its
-        # victims: no request's top-up takes another's room.
+        # victims, and only then what a gang still lacks anywhere (whole free hosts, a
+        # best-fitting remainder): no request's top-up takes another's room, nor the free
+        # GPUs beside another's victims.
         grace = self.policy.grace_s
         kept_after = self.now - grace
         rooms: dict[str, Assignment] = {}
@@ -528,44 +530,57 @@ class _Cycle:
                 hosts_of[for_id] = {h for h, _ in live}
                 last_deadline[for_id] = max(d for d, _, _ in parts)
                 self.wakeups.append(last_deadline[for_id] + grace)
-        for for_id in sorted(sorted(own.keys() | rooms.keys()), key=self._queue_key):
+        in_order = sorted(sorted(own.keys() | rooms.keys()), key=self._queue_key)
+        lacking: list[tuple[str, str, int]] = []  # (request, pool, GPUs) of gangs
+        victims_of: dict[str, list[Running]] = {}
+        for for_id in in_order:
             w = self.queue.workload(for_id)
             # A run lies in one pool: its first host says whether ``w`` may start there.
             victims = [r for r in own.get(for_id, ()) if self._may_start_on(w, r.assignment[0][0])]
+            victims_of[for_id] = victims
             room = rooms.get(for_id, ())
             hosts = hosts_of.get(for_id, set())
             hosts.update(h for r in victims for h, _ in r.assignment)
             ordered = sorted(hosts)  # none when all it had is in a lane since named
             if ordered and self._is_gang(w.gpus, self.st.pool_of[ordered[0]]):
-                beside = self._gang_top_up(w, room, victims, ordered)
-                self.view.take(beside)
-                room += beside
+                beside, missing = self._gang_beside(w, room, victims, ordered)
+                if missing:
+                    lacking.append((for_id, self.st.pool_of[ordered[0]], missing))
             elif ordered:
                 host_id, covered = self._room_host(room, victims)
                 short = w.gpus - covered - sum(len(g) for h, g in room if h == host_id)
-                if short > 0:
-                    beside = self._free_on([host_id], short)  # its plan's free GPUs there
-                    self.view.take(beside)
-                    room += beside
+                # its plan's free GPUs there
+                beside = self._free_on([host_id], short) if short > 0 else ()
+            else:
+                beside = ()
+            self.view.take(beside)
+            rooms[for_id] = room + beside
+        for for_id, pool, missing in lacking:
+            rest = self._gang_rest(pool, missing)
+            self.view.take(rest)
+            rooms[for_id] += rest
+        for for_id in in_order:
+            room = rooms[for_id]
             if room:
                 self._own_room[for_id] = room
-                until = hold_until(victims, last_deadline.get(for_id), self.now, grace)
+                until = hold_until(victims_of[for_id], last_deadline.get(for_id), self.now, grace)
                 self._room_holds.append(RoomHold(for_id, room, until))
 
-    def _gang_top_up(
+    def _gang_beside(
         self, w: Workload, room: Assignment, victims: Iterable[Running], hosts: list[str]
-    ) -> Assignment:
+    ) -> tuple[Assignment, int]:
         """The free GPUs a gang's plan took beside its victims, found again in its shape
         (whole hosts of the pool's largest size, the rest on one more host): the free GPUs
         of each of its hosts that its room, its victims and those GPUs make whole; for the
-        rest, only what the host its victims hold most of still lacks; then, for what is
-        still missing, whole free hosts and a best-fitting remainder (``_gang_rest``). A
-        host a victim merely spanned gives nothing: another request's plan may be there."""
+        rest, only what the host its victims hold most of still lacks. With the GPUs still
+        missing, which the caller finds as a fit would (``_gang_rest``) once every request
+        has its own. A host a victim merely spanned gives nothing: another request's plan
+        may be there."""
         cover, _ = _coverage(room, victims)
         pool = self.st.pool_of[hosts[0]]
         size = self.st.pool_max_gpus.get(pool)
         if size is None:
-            return ()  # no schedulable host left in its pool
+            return (), 0  # no schedulable host left in its pool
         whole, rest = divmod(w.gpus, size)
         parts: list[tuple[str, tuple[int, ...]]] = []
         partial: list[tuple[int, str]] = []
@@ -586,13 +601,7 @@ class _Cycle:
             if cover[host_id] + len(self.view.free_of(host_id)) >= rest:
                 parts.extend(self._free_on([host_id], rest - cover[host_id]))
                 rest = 0
-        missing = max(0, whole) * size + rest
-        if missing:
-            self.view.take(tuple(parts))  # not offered again as a free whole host
-            extra = self._gang_rest(pool, missing)
-            self.view.give(tuple(parts))
-            parts.extend(extra)
-        return tuple(parts)
+        return tuple(parts), max(0, whole) * size + rest
 
     def _is_gang(self, gpus: int, pool: str) -> bool:
         """More GPUs than the pool's largest schedulable host (none left: any request)."""

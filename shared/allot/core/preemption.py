@@ -111,6 +111,16 @@ class _CheapRule:
     def __init__(self, now: float) -> None:
         self.now: Final = now
 
+    # Equal by ``now``, as the dataclass it was: ``_cheap_option``'s per-host memo keys on
+    # the rule, and every cheap plan of a cycle makes its own.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _CheapRule):
+            return NotImplemented
+        return self.now == other.now
+
+    def __hash__(self) -> int:
+        return hash((self.now,))
+
     def key(self, run: Running, victim_held: Mapping[str, int]) -> tuple[object, ...] | None:
         if run.allocated:
             return None

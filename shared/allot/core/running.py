@@ -5,7 +5,8 @@ why): every read of its fields from the compiled core was a generic attribute lo
 it is a plain class with a written-out ``__init__``, so that mypyc compiles it and the
 core reads its fields directly (decision 0071). It keeps the dataclass's behaviour: its
 fields are ``Final`` (never assigned after ``__init__``; the compiled class refuses it at
-run time too), equality and hash by its four fields, the same ``repr``. It also copies
+run time too; the source core leaves that to mypy), equality and hash by its four fields,
+the same ``repr``, pickling and ``copy``. It also copies
 what a cycle reads of its workload on every visit (id, allocation, GPUs, whether it is
 allocated) and
 its protection's end.
@@ -69,6 +70,10 @@ class Running:
 
     def __hash__(self) -> int:
         return hash(self._fields())
+
+    def __reduce__(self) -> tuple[type[Running], tuple[Workload, float, Assignment, float | None]]:
+        # Pickling and ``copy`` as the dataclass allowed (a compiled class has no default).
+        return (Running, self._fields())
 
     def __repr__(self) -> str:
         return (
