@@ -123,12 +123,12 @@ log = structlog.get_logger("allot.intake")
 
 
 BATCH_ITEM_STEP_S = 1e-6
+"""Submit-time step between the items of one ``SubmitBatch`` (see ``on_submit``)."""
 DEFAULT_GRACE_S = 300
+"""Placement's default ``--grace-s`` (intake's, for the checkpoint timeout's bound)."""
 TREE_WAIT_S = 2.0
 """How long a submission waits for a budget tree that the log holds and this intake has not
 read yet (``Intake._read_tree``)."""
-"""Placement's default ``--grace-s`` (intake's, for the checkpoint timeout's bound)."""
-"""Submit-time step between the items of one ``SubmitBatch`` (see ``on_submit``)."""
 
 
 def workload_id(allocation: str | None, client_id: str) -> str:

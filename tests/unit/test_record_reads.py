@@ -1,8 +1,8 @@
-"""The compiled core's reads of the model's records (``allot.core.state``: ``is_allocated``,
-``protected_until``, ``schedulable``) answer exactly as the records' own properties do:
-the core calls them instead of the properties, which run in the interpreter. ``Running``
-copies what the cycle reads of its workload when it is made (``allot.core.running``):
-each copy equals the workload's own field or property."""
+"""The compiled core's reads of the model's records (``allot.core.running.is_allocated``,
+``allot.core.state.schedulable``) answer exactly as the records' own properties do: the
+core calls them instead of the properties, which run in the interpreter. ``Running``
+copies what the cycle reads of its workload when it is made, and its protection's end:
+each copy equals the workload's own field or property, the end the contract's."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from allot.core.model import MAX_MIN_RUNTIME_S, Host, HostState, Workload
-from allot.core.running import Running
-from allot.core.state import is_allocated, protected_until, schedulable
+from allot.core.running import Running, is_allocated
+from allot.core.state import schedulable
 
 workloads = st.builds(
     Workload,
@@ -36,8 +36,8 @@ def test_the_reads_of_a_run_match_its_properties(w: Workload, start: float) -> N
     # The contract's protection end, bit for bit: the heap of protection ends compares
     # them with ==.
     expected = start + w.min_runtime_s if w.allocated else start
-    assert protected_until(run) == run.protected_until == expected
-    assert repr(protected_until(run)) == repr(float(expected))
+    assert run.protected_until == expected
+    assert repr(run.protected_until) == repr(float(expected))
 
 
 def test_a_noticed_run_keeps_its_copies_and_compares_by_its_fields() -> None:
@@ -66,7 +66,7 @@ def test_unallocated_work_is_never_protected() -> None:
     """No allocation, or no minimum runtime: free and preemptible at once."""
     for w in (Workload("w", None, "u", 1, 3600), Workload("w", "a", "u", 1, 0)):
         assert not is_allocated(w)
-        assert protected_until(Running(w, 100.0, (("h", (0,)),))) == 100.0
+        assert Running(w, 100.0, (("h", (0,)),)).protected_until == 100.0
     allocated = Workload("w", "a", "u", 1, 3600)
     assert is_allocated(allocated)
-    assert protected_until(Running(allocated, 100.0, (("h", (0,)),))) == 3700.0
+    assert Running(allocated, 100.0, (("h", (0,)),)).protected_until == 3700.0

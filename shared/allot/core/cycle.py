@@ -77,14 +77,12 @@ from allot.core.placement import ClusterView
 from allot.core.policy import Ordering, Policy, RequestRule
 from allot.core.preemption import Plan, plan_cheap, plan_preemption
 from allot.core.reservations import plan_reservation
-from allot.core.running import Running
+from allot.core.running import Running, is_allocated
 from allot.core.state import (
     DEFAULT_POOL,
     SHORT_LANE_POOL,
     ClusterState,
     PendingQueue,
-    is_allocated,
-    protected_until,
     schedulable,
 )
 from allot.core.victims import (
@@ -261,7 +259,7 @@ class _Cycle:
                 if run.preempt_at is not None or wid in self.view.noticed:
                     continue
                 if victims is None:
-                    due: float | None = max(self.now, protected_until(run))
+                    due: float | None = max(self.now, run.protected_until)
                 else:
                     due = victims.drain_at(run, self.now)
                 if due is None:
@@ -283,7 +281,7 @@ class _Cycle:
             run = running.get(wid)
             if run is None or run.preempt_at is not None or wid in noticed:
                 continue
-            due = protected_until(run)
+            due = run.protected_until
             if due > self.now:
                 self.wakeups.append(due)
                 continue

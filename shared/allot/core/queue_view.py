@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from allot.core.cycle import Snapshot
 from allot.core.model import Workload
 from allot.core.policy import Policy
-from allot.core.state import is_allocated
+from allot.core.running import is_allocated
 from allot.core.victims import WORST_ORDER
 
 UNDER, OVER, UNALLOCATED = 0, 1, 2

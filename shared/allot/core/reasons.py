@@ -58,8 +58,8 @@ from allot.core.placement import ClusterView
 from allot.core.policy import Policy
 from allot.core.preemption import Plan, VictimRule, plan_preemption
 from allot.core.queue_view import TIER_NAMES, UNALLOCATED, QueueEntry, queue_order
-from allot.core.running import Running
-from allot.core.state import DEFAULT_POOL, ClusterState, is_allocated, protected_until, schedulable
+from allot.core.running import Running, is_allocated
+from allot.core.state import DEFAULT_POOL, ClusterState, schedulable
 from allot.core.victims import FairShareVictims, reclaims
 
 Number = float | int | str
@@ -573,7 +573,7 @@ class _Explainer:
     def _protection_end(self, plan: Plan) -> float | None:
         """When the plan's protected victims are all past their protection (the room then
         exists); the cluster's next protection end if none is protected; None if neither."""
-        ends = [protected_until(r) for r in plan.victims if r.protected(self.now)]
+        ends = [r.protected_until for r in plan.victims if r.protected(self.now)]
         if ends:
             return max(ends)
         return self.st.next_protection_end(self.now)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from allot.core.placement import ClusterView
 from allot.core.preemption import VictimRule
 from allot.core.running import Running
-from allot.core.state import gpus_on, protected_until, schedulable
+from allot.core.state import gpus_on, schedulable
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +113,7 @@ def _host_ready(
         elif rule.key(run, held) is None:
             continue
         else:
-            ready = max(now, protected_until(run))
+            ready = max(now, run.protected_until)
         lost = run.gpus * max(0.0, ready - run.start_time)
         movable.append((ready, lost, wid, run))
     movable.sort(key=lambda m: (m[0], m[2]))

@@ -6,10 +6,8 @@ it is a plain class with a written-out ``__init__``, so that mypyc compiles it a
 core reads its fields directly (decision 0071). It keeps the dataclass's behaviour: its
 fields are ``Final`` (never assigned after ``__init__``; the compiled class refuses it at
 run time too; the source core leaves that to mypy), equality and hash by its four fields,
-the same ``repr``, pickling and ``copy``. It also copies
-what a cycle reads of its workload on every visit (id, allocation, GPUs, whether it is
-allocated) and
-its protection's end.
+the same ``repr``, pickling and ``copy``. It also copies what a cycle reads of its workload
+on every visit (id, allocation, GPUs, whether it is allocated) and its protection's end.
 """
 
 from __future__ import annotations
@@ -17,6 +15,15 @@ from __future__ import annotations
 from typing import Final
 
 from allot.core.model import Assignment, Workload
+
+
+def is_allocated(w: Workload) -> bool:
+    """``Workload.allocated`` (charged to a budget and protected for its minimum runtime),
+    computed here: ``model`` is interpreted (``tools/build_core.py`` says why), and a call
+    of one of its properties from compiled code runs an interpreter frame, millions of them
+    per simulated month (decision 0069). The same expression, so the same answer
+    (``tests/unit/test_record_reads.py``)."""
+    return w.allocation is not None and w.min_runtime_s > 0
 
 
 class Running:
@@ -54,7 +61,7 @@ class Running:
         self.wid: Final = workload.id
         self.allocation: Final = workload.allocation
         self.gpus: Final = workload.gpus
-        self.allocated: Final = workload.allocation is not None and workload.min_runtime_s > 0
+        self.allocated: Final = is_allocated(workload)
         # The end of the protected window; unallocated work is never protected.
         self.protected_until: Final[float] = (
             start_time + workload.min_runtime_s if self.allocated else start_time

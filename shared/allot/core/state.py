@@ -28,7 +28,7 @@ from typing import Final
 
 from allot.core.errors import ValidationError
 from allot.core.model import Assignment, Host, HostState, Workload
-from allot.core.running import Running
+from allot.core.running import Running, is_allocated
 
 DEFAULT_POOL = ""
 SHORT_LANE_POOL = "short-lane"
@@ -48,26 +48,11 @@ _NEAR_HEAD = 64
 """Up to this position, suffix min/max come from the size counts, not a suffix array."""
 
 
-def is_allocated(w: Workload) -> bool:
-    """``Workload.allocated`` (charged to a budget and protected for its minimum runtime),
-    computed here: ``model`` is interpreted (``tools/build_core.py`` says why), and a call
-    of one of its properties from compiled code runs an interpreter frame, millions of them
-    per simulated month (decision 0069). The same expression, so the same answer
-    (``tests/unit/test_record_reads.py``)."""
-    return w.allocation is not None and w.min_runtime_s > 0
-
-
-def protected_until(run: Running) -> float:
-    """The end of the run's protected window (its start for unallocated work, which is
-    never protected): ``Running`` computes it once, when it is made."""
-    return run.protected_until
-
-
 _HEALTHY: Final = HostState.HEALTHY  # read once: an enum member's lookup costs a call
 
 
 def schedulable(host: Host) -> bool:
-    """``Host.schedulable`` (healthy), computed here as ``is_allocated`` is."""
+    """``Host.schedulable`` (healthy), computed here as ``running.is_allocated`` is."""
     return host.state is _HEALTHY
 
 
@@ -187,7 +172,7 @@ class ClusterState:
                 continue
             if t > now:
                 r = running.get(wid)
-                if r is not None and protected_until(r) == t:
+                if r is not None and r.protected_until == t:
                     best = t
                     continue
             for child in (2 * i + 1, 2 * i + 2):
@@ -203,7 +188,7 @@ class ClusterState:
         while heap:
             t, wid = heap[0]
             r = self.running.get(wid)
-            if r is None or protected_until(r) != t or t <= now:
+            if r is None or r.protected_until != t or t <= now:
                 heapq.heappop(heap)
                 continue
             break
@@ -272,7 +257,7 @@ class ClusterState:
             alloc = workload.allocation
             assert alloc is not None
             self.held[alloc] = self.held.get(alloc, 0) + workload.gpus
-            heapq.heappush(self._protect_heap, (protected_until(run), workload.id))
+            heapq.heappush(self._protect_heap, (run.protected_until, workload.id))
         return run
 
     def notice(self, workload_id: str, preempt_at: float, for_id: str | None = None) -> Running:
