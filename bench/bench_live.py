@@ -90,8 +90,9 @@ PROBE_TIMEOUT_S = 30.0
 """A probe unanswered this long is counted at this latency (saturation)."""
 
 
-def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds (user + system) each process has used so far, from ``/proc`` (Linux)."""
+def _cpu_seconds(pids: dict[str, int], *, kernel_only: bool = False) -> dict[str, float]:
+    """CPU seconds (user + system, or system alone) each process has used so far, from
+    ``/proc`` (Linux)."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for name, pid in pids.items():
@@ -99,7 +100,8 @@ def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # gone, or not Linux
-        out[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        system = int(fields[12])  # stime; utime is fields[11]
+        out[name] = (system if kernel_only else int(fields[11]) + system) / tick
     return out
 
 
@@ -178,10 +180,12 @@ def _messages_per_probe(before: Connz, after: Connz, probes: int) -> dict[str, A
         had_in, had_out = moved.get(name, (0, 0))
         moved[name] = (had_in + n_in - in_before, had_out + n_out - out_before)
     out = {n: round(o / probes, 2) for n, (_, o) in sorted(moved.items(), key=lambda x: -x[1][1])}
+    in_ = {n: round(i / probes, 2) for n, (i, _) in sorted(moved.items(), key=lambda x: -x[1][0])}
     return {
         "in": round(sum(i for i, _ in moved.values()) / probes, 2),
         "out": round(sum(o for _, o in moved.values()) / probes, 2),
         "out_by_connection": {n: v for n, v in out.items() if v >= 0.01},
+        "in_by_connection": {n: v for n, v in in_.items() if v >= 0.01},
     }
 
 
@@ -545,6 +549,7 @@ async def _latency_phase(
     leader_before = await _placement_stats(nc)
     connz_before = await asyncio.to_thread(_connz, monitor_url)
     cpu_before = _cpu_seconds(pids)
+    kernel_before = _cpu_seconds(pids, kernel_only=True)
     start = time.perf_counter()
     for i in range(total):
         delay = start + i * interval - time.perf_counter()
@@ -556,6 +561,7 @@ async def _latency_phase(
         await nc.publish(s.submit("nlp"), _body(cid, "nlp", 1, 60, 1.0), reply=f"{inbox}.{cid}")
     sending_s = time.perf_counter() - start
     cpu_after = _cpu_seconds(pids)
+    kernel_after = _cpu_seconds(pids, kernel_only=True)
     connz_after = await asyncio.to_thread(_connz, monitor_url)
     leader_after = await _placement_stats(nc)
     if side is not None:
@@ -569,6 +575,7 @@ async def _latency_phase(
     achieved = total / ((max(acked.values()) if acked else time.perf_counter()) - start)
     # CPU while the probes were being sent: per process, per probe sent
     cpu = _cpu_used(cpu_before, cpu_after)
+    kernel = _cpu_used(kernel_before, kernel_after)
     gone = sorted(set(cpu_before) - set(cpu_after))  # processes that ended while sending
     # (Probes that timed out may still be accepted and placed later: wait for the answered.)
     await _wait(lambda: all(w in placed_at for w in wid_of.values()), 120, "probes placed")
@@ -629,6 +636,12 @@ async def _latency_phase(
             n: round(s_ * 1000 / total, 3) for n, s_ in sorted(cpu.items(), key=lambda x: -x[1])
         },
         "stack_cpu_ms_per_probe": _stack_cpu_ms(cpu, total, gone),
+        "stack_kernel_ms_per_probe": _stack_cpu_ms(kernel, total, gone),
+        "kernel_ms_per_probe": {
+            n: round(s_ * 1000 / total, 3)
+            for n, s_ in sorted(kernel.items(), key=lambda x: -x[1])
+            if s_ > 0
+        },
         "processes_gone": gone,
         "goal_stack_cpu_ms": GOAL_STACK_CPU_MS,
         "messages_per_probe": _messages_per_probe(connz_before, connz_after, total),
@@ -786,12 +799,22 @@ def render(result: dict[str, Any]) -> str:
                 f"generator) | {stack_ms} ms | "
                 + (f"<= {cap} ms | {ok[stack_ms <= cap]} |" if goal else "| |")
             )
+            kernel_ms = lat.get("stack_kernel_ms_per_probe")
+            if kernel_ms is not None:
+                per = ", ".join(f"{n} {ms}" for n, ms in lat["kernel_ms_per_probe"].items())
+                lines.append(
+                    "| same, of which in the kernel (system time: sockets, fsync, scheduling)"
+                    f"{'; by process: ' + per if per else ''} | {kernel_ms} ms | | |"
+                )
         msgs = lat.get("messages_per_probe")
         if msgs:
             by = ", ".join(f"{n} {v}" for n, v in msgs["out_by_connection"].items())
+            by_in = ", ".join(f"{n} {v}" for n, v in msgs.get("in_by_connection", {}).items())
             lines.append(
                 f"| same, messages per probe through nats-server (its `/connz`): {msgs['in']} "
-                f"in, {msgs['out']} out; out by connection: {by} | | | |"
+                f"in, {msgs['out']} out; out by connection: {by}"
+                + (f"; in by connection: {by_in}" if by_in else "")
+                + " | | | |"
             )
     lines += ["", f"Command: `{result['command']}`; run at {result['when']}.", ""]
     return "\n".join(lines)

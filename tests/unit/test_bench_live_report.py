@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,11 @@ def test_messages_per_probe_are_the_growth_of_each_connection_over_the_probes() 
             "allot-placement": 4.0,
             "bench-load-generator": 3.8,
             "allot-intake": 1.2,
+        },
+        "in_by_connection": {  # (200 + 20) / 200 for intake's two connections
+            "allot-intake": 1.1,
+            "bench-load-generator": 1.0,
+            "allot-placement": 0.5,
         },
     }
     assert bench_live._messages_per_probe(before, {}, probes=200) is None  # no /connz
@@ -79,3 +85,27 @@ def test_a_process_gone_is_said_instead_of_a_verdict() -> None:
     ]
     assert "unknown, dispatch ended while the probes were sent" in rows[0]
     assert not rows[0].endswith(("PASS |", "FAIL |"))
+
+
+def test_the_kernels_share_is_reported_beside_the_stacks_cpu() -> None:
+    result = _result(2.0)
+    phase = result["latency"][0]
+    phase["stack_kernel_ms_per_probe"] = 0.8
+    phase["kernel_ms_per_probe"] = {"nats-server": 0.6, "intake": 0.2}
+    rows = [line for line in bench_live.render(result).splitlines() if "in the kernel" in line]
+    assert rows[0] == (
+        "| same, of which in the kernel (system time: sockets, fsync, scheduling); "
+        "by process: nats-server 0.6, intake 0.2 | 0.8 ms | | |"
+    )
+    assert len(rows) == 1  # a phase without the figure (an older result) shows no row
+
+
+def test_kernel_seconds_are_part_of_the_cpu_seconds() -> None:
+    me = {"self": os.getpid()}
+    for _ in range(200_000):  # some CPU of its own to measure
+        pass
+    kernel = bench_live._cpu_seconds(me, kernel_only=True)["self"]
+    total = bench_live._cpu_seconds(me)["self"]
+    assert 0 <= kernel <= total
+    assert total > 0
+    assert bench_live._cpu_seconds({"gone": 2**22 + 12345}) == {}  # no such process
