@@ -136,8 +136,27 @@ def _cpu_ticks() -> tuple[int, int]:
     return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
 
 
-def _cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """CPU seconds each process used between two ``_cpu_seconds`` readings."""
+def _wakeups(pids: dict[str, int]) -> dict[str, float]:
+    """Times each process has gone to sleep waiting and been woken so far (voluntary
+    context switches summed over its threads, from ``/proc``; Linux): on this VM a wake-up
+    costs a reader far more than the record it brings (decision 0073)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        total = 0
+        try:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                    for line in (task / "status").read_text().splitlines():
+                        if line.startswith("voluntary_ctxt_switches:"):
+                            total += int(line.split()[1])
+        except OSError:
+            continue  # gone, or not Linux
+        out[name] = float(total)
+    return out
+
+
+def _growth(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each process added between two readings (``_cpu_seconds``, ``_wakeups``)."""
     return {n: after[n] - before[n] for n in after if n in before}
 
 
@@ -436,7 +455,7 @@ async def _idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, Any]:
     await asyncio.sleep(seconds)
     elapsed = time.perf_counter() - t0
     after = _cpu_seconds(pids)
-    cores = {n: used / elapsed for n, used in _cpu_used(before, after).items()}
+    cores = {n: used / elapsed for n, used in _growth(before, after).items()}
     return {
         "seconds": round(elapsed, 1),
         "cpu_cores": round(sum(cores.values()), 2),
@@ -550,6 +569,7 @@ async def _latency_phase(
     connz_before = await asyncio.to_thread(_connz, monitor_url)
     cpu_before = _cpu_seconds(pids)
     kernel_before = _cpu_seconds(pids, kernel_only=True)
+    wakeups_before = _wakeups(pids)
     start = time.perf_counter()
     for i in range(total):
         delay = start + i * interval - time.perf_counter()
@@ -562,6 +582,7 @@ async def _latency_phase(
     sending_s = time.perf_counter() - start
     cpu_after = _cpu_seconds(pids)
     kernel_after = _cpu_seconds(pids, kernel_only=True)
+    wakeups_after = _wakeups(pids)
     connz_after = await asyncio.to_thread(_connz, monitor_url)
     leader_after = await _placement_stats(nc)
     if side is not None:
@@ -574,8 +595,9 @@ async def _latency_phase(
     timed_out = [cid for cid in sent if cid not in acked]
     achieved = total / ((max(acked.values()) if acked else time.perf_counter()) - start)
     # CPU while the probes were being sent: per process, per probe sent
-    cpu = _cpu_used(cpu_before, cpu_after)
-    kernel = _cpu_used(kernel_before, kernel_after)
+    cpu = _growth(cpu_before, cpu_after)
+    kernel = _growth(kernel_before, kernel_after)
+    wakeups = _growth(wakeups_before, wakeups_after)
     gone = sorted(set(cpu_before) - set(cpu_after))  # processes that ended while sending
     # (Probes that timed out may still be accepted and placed later: wait for the answered.)
     await _wait(lambda: all(w in placed_at for w in wid_of.values()), 120, "probes placed")
@@ -641,6 +663,9 @@ async def _latency_phase(
             n: round(s_ * 1000 / total, 3)
             for n, s_ in sorted(kernel.items(), key=lambda x: -x[1])
             if s_ > 0
+        },
+        "wakeups_per_probe": {
+            n: round(w / total, 2) for n, w in sorted(wakeups.items(), key=lambda x: -x[1])
         },
         "processes_gone": gone,
         "goal_stack_cpu_ms": GOAL_STACK_CPU_MS,
@@ -806,6 +831,14 @@ def render(result: dict[str, Any]) -> str:
                     "| same, of which in the kernel (system time: sockets, fsync, scheduling)"
                     f"{'; by process: ' + per if per else ''} | {kernel_ms} ms | | |"
                 )
+        woken = lat.get("wakeups_per_probe")
+        if woken:
+            per = ", ".join(f"{n} {w}" for n, w in woken.items())
+            lines.append(
+                "| same, wake-ups per probe (voluntary context switches, all threads): "
+                f"{round(sum(w for n, w in woken.items() if n != LOAD_GENERATOR), 2)} over "
+                f"the stack; by process: {per} | | | |"
+            )
         msgs = lat.get("messages_per_probe")
         if msgs:
             by = ", ".join(f"{n} {v}" for n, v in msgs["out_by_connection"].items())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,26 @@ def test_kernel_seconds_are_part_of_the_cpu_seconds() -> None:
     assert 0 <= kernel <= total
     assert total > 0
     assert bench_live._cpu_seconds({"gone": 2**22 + 12345}) == {}  # no such process
+
+
+def test_wakeups_are_reported_per_probe_and_summed_without_the_load_generator() -> None:
+    result = _result(2.0)
+    result["latency"][0]["wakeups_per_probe"] = {
+        "nats-server": 6.5,
+        bench_live.LOAD_GENERATOR: 2.0,
+        "placement-1": 3.25,
+    }
+    rows = [line for line in bench_live.render(result).splitlines() if "wake-ups" in line]
+    assert rows == [
+        "| same, wake-ups per probe (voluntary context switches, all threads): 9.75 over the "
+        "stack; by process: nats-server 6.5, load generator 2.0, placement-1 3.25 | | | |"
+    ]
+
+
+def test_wakeups_count_this_process_going_to_sleep() -> None:
+    me = {"self": os.getpid()}
+    before = bench_live._wakeups(me)["self"]
+    for _ in range(5):
+        time.sleep(0.001)  # each sleep is a voluntary context switch
+    assert bench_live._wakeups(me)["self"] >= before + 5
+    assert bench_live._wakeups({"gone": 2**22 + 12345}) == {}
