@@ -138,8 +138,8 @@ def _cpu_ticks() -> tuple[int, int]:
 
 def _wakeups(pids: dict[str, int]) -> dict[str, float]:
     """Times each process has gone to sleep waiting and been woken so far (voluntary
-    context switches summed over its threads, from ``/proc``; Linux): on this VM a wake-up
-    costs a reader far more than the record it brings (decision 0073)."""
+    context switches summed over its threads, from ``/proc``; Linux): a record handed over
+    alone costs its reader several times one taken in a batch (docs/benchmarks.md)."""
     out: dict[str, float] = {}
     for name, pid in pids.items():
         total = 0
@@ -160,13 +160,16 @@ def _growth(before: dict[str, float], after: dict[str, float]) -> dict[str, floa
     return {n: after[n] - before[n] for n in after if n in before}
 
 
-def _stack_cpu_ms(cpu: dict[str, float], probes: int, gone: list[str]) -> float | None:
-    """CPU ms per probe summed over the stack's processes (every one but the load
-    generator); None when a process of the stack ended meanwhile (its share is unknown, and
-    leaving it out would understate the sum) or nothing was measured."""
-    if gone or not cpu or not probes:
+def _stack_per_probe(
+    used: dict[str, float], probes: int, gone: list[str], *, scale: float = 1000.0
+) -> float | None:
+    """What the stack's processes (every one but the load generator) used per probe, summed
+    and times ``scale`` (CPU seconds -> ms by default); None when a process of the stack
+    ended meanwhile (its share is unknown, and leaving it out would understate the sum) or
+    nothing was measured."""
+    if gone or not used or not probes:
         return None
-    return round(sum(used for n, used in cpu.items() if n != LOAD_GENERATOR) * 1000 / probes, 3)
+    return round(sum(u for n, u in used.items() if n != LOAD_GENERATOR) * scale / probes, 3)
 
 
 Connz = dict[int, tuple[str, int, int]]
@@ -657,8 +660,9 @@ async def _latency_phase(
         "cpu_ms_per_probe": {
             n: round(s_ * 1000 / total, 3) for n, s_ in sorted(cpu.items(), key=lambda x: -x[1])
         },
-        "stack_cpu_ms_per_probe": _stack_cpu_ms(cpu, total, gone),
-        "stack_kernel_ms_per_probe": _stack_cpu_ms(kernel, total, gone),
+        "stack_cpu_ms_per_probe": _stack_per_probe(cpu, total, gone),
+        "stack_kernel_ms_per_probe": _stack_per_probe(kernel, total, gone),
+        "stack_wakeups_per_probe": _stack_per_probe(wakeups, total, gone, scale=1.0),
         "kernel_ms_per_probe": {
             n: round(s_ * 1000 / total, 3)
             for n, s_ in sorted(kernel.items(), key=lambda x: -x[1])
@@ -831,13 +835,12 @@ def render(result: dict[str, Any]) -> str:
                     "| same, of which in the kernel (system time: sockets, fsync, scheduling)"
                     f"{'; by process: ' + per if per else ''} | {kernel_ms} ms | | |"
                 )
-        woken = lat.get("wakeups_per_probe")
-        if woken:
-            per = ", ".join(f"{n} {w}" for n, w in woken.items())
+        woken = lat.get("stack_wakeups_per_probe")
+        if woken is not None:
+            per = ", ".join(f"{n} {w}" for n, w in lat["wakeups_per_probe"].items())
             lines.append(
                 "| same, wake-ups per probe (voluntary context switches, all threads): "
-                f"{round(sum(w for n, w in woken.items() if n != LOAD_GENERATOR), 2)} over "
-                f"the stack; by process: {per} | | | |"
+                f"{woken} over the stack; by process: {per} | | | |"
             )
         msgs = lat.get("messages_per_probe")
         if msgs:

@@ -47,10 +47,10 @@ def test_messages_per_probe_are_the_growth_of_each_connection_over_the_probes() 
 
 def test_the_stacks_cpu_leaves_out_the_load_generator_and_a_process_that_ended() -> None:
     cpu = {"nats-server": 0.9, "placement-1": 0.6, bench_live.LOAD_GENERATOR: 0.3}
-    assert bench_live._stack_cpu_ms(cpu, probes=1000, gone=[]) == 1.5
+    assert bench_live._stack_per_probe(cpu, probes=1000, gone=[]) == 1.5
     # A process that ended while the probes were sent: its share is unknown, not zero.
-    assert bench_live._stack_cpu_ms(cpu, probes=1000, gone=["dispatch"]) is None
-    assert bench_live._stack_cpu_ms({}, probes=1000, gone=[]) is None
+    assert bench_live._stack_per_probe(cpu, probes=1000, gone=["dispatch"]) is None
+    assert bench_live._stack_per_probe({}, probes=1000, gone=[]) is None
 
 
 def _result(stack_ms: float) -> dict[str, Any]:
@@ -114,7 +114,10 @@ def test_kernel_seconds_are_part_of_the_cpu_seconds() -> None:
 
 def test_wakeups_are_reported_per_probe_and_summed_without_the_load_generator() -> None:
     result = _result(2.0)
-    result["latency"][0]["wakeups_per_probe"] = {
+    woken = {"nats-server": 6500.0, bench_live.LOAD_GENERATOR: 2000.0, "placement-1": 3250.0}
+    phase = result["latency"][0]
+    phase["stack_wakeups_per_probe"] = bench_live._stack_per_probe(woken, 1000, [], scale=1.0)
+    phase["wakeups_per_probe"] = {
         "nats-server": 6.5,
         bench_live.LOAD_GENERATOR: 2.0,
         "placement-1": 3.25,
@@ -124,6 +127,9 @@ def test_wakeups_are_reported_per_probe_and_summed_without_the_load_generator() 
         "| same, wake-ups per probe (voluntary context switches, all threads): 9.75 over the "
         "stack; by process: nats-server 6.5, load generator 2.0, placement-1 3.25 | | | |"
     ]
+    # A process of the stack that ended while sending: the sum is unknown, no row.
+    phase["stack_wakeups_per_probe"] = bench_live._stack_per_probe(woken, 1000, ["dispatch"])
+    assert not [line for line in bench_live.render(result).splitlines() if "wake-ups" in line]
 
 
 def test_wakeups_count_this_process_going_to_sleep() -> None:
