@@ -80,11 +80,13 @@ from nats.aio.client import ServerVersion
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
 from opentelemetry.sdk.trace import TracerProvider
 from redis.asyncio.client import Pipeline
 
 from allot import bus
 from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore, charged_until_key
+from allot.bus.batch_pull import BatchPull
 from allot.bus.runtime import (
     Delivery,
     configure_logging,
@@ -579,7 +581,7 @@ class Accounting:
         self.store_checked = asyncio.Event()
         """Set once the store was first checked against the log (and rebuilt if needed)."""
         self._consumer: asyncio.Task[None] | None = None
-        self._pull: JetStreamContext.PullSubscription | None = None
+        self._pull: BatchPull | None = None
         self._js: JetStreamContext | None = None
         self._log_id = ""
         self._store_lost = False
@@ -589,11 +591,12 @@ class Accounting:
     async def on_started(self) -> None:
         js = self.broker.connection.jetstream()
         await bus.ensure_streams(js)
-        # The durable pull consumer is read with nats-py directly, a whole fetched batch at
-        # a time, its acks in one socket write (decision 0008).
+        # The durable pull consumer is read with nats-py directly, a whole batch at a time
+        # (``BatchPull``), its acks in one socket write (decisions 0008, 0074).
         filters = charged_filters(self.broker.connection.connected_server_version)
         one, several = bus.consumer_filter(filters)
         config = ConsumerConfig(
+            name=DURABLE,
             durable_name=DURABLE,
             ack_policy=AckPolicy.EXPLICIT,
             max_deliver=self.max_deliver,
@@ -601,13 +604,14 @@ class Accounting:
             filter_subject=one,
             filter_subjects=several,
         )
-        pull = await js.pull_subscribe(
-            one or "",
-            durable=DURABLE,
-            stream="WORKLOADS",
-            config=config,
-        )
-        await _refilter(js, config, filters)
+        try:
+            await js.consumer_info("WORKLOADS", DURABLE)
+        except NotFoundError:
+            await js.add_consumer("WORKLOADS", config)
+        else:
+            await _refilter(js, config, filters)
+        pull = BatchPull(self.broker.connection, "WORKLOADS", DURABLE, BATCH)
+        await pull.open()
         self._js = js
         self._pull = pull
         self._consumer = asyncio.create_task(self._consume_forever(pull))
@@ -617,15 +621,11 @@ class Accounting:
         await stop_tasks([self._consumer])
         self._consumer = None
         if self._pull is not None:
-            # nats-py's fetch takes messages off the subscription's queue without
-            # ``task_done()``: the broker's drain at shutdown would wait on that queue for
-            # its 30 s timeout (decision 0008). The durable consumer stays.
-            with contextlib.suppress(nats.errors.Error, ValueError):
-                await self._pull.unsubscribe()
+            await self._pull.close()  # the durable consumer stays
             self._pull = None
         await self.redis.aclose()
 
-    async def _consume_forever(self, pull: JetStreamContext.PullSubscription) -> None:
+    async def _consume_forever(self, pull: BatchPull) -> None:
         """Pull up to ``BATCH`` events (paced by ``pull_delay``), charge them together
         (``Charger.apply_many``), then acknowledge them together: a few Redis round trips
         and one socket write of acks for many events. A failed charge nacks the batch's
@@ -640,7 +640,6 @@ class Accounting:
         loop = asyncio.get_running_loop()
         pulled_at = -math.inf
         accrued_at = -math.inf
-        wait_s = min(1.0, max(FETCH_EVERY_S, self.accrue_s))
         batch: list[Msg] = []
         # Unchecked (Redis or NATS not answering yet), events are still pulled: their
         # charges fail and are retried later, as before, and the check is made again first.
@@ -651,9 +650,7 @@ class Accounting:
             await asyncio.sleep(pull_delay(len(batch), pulled_at, loop.time()))
             pulled_at = loop.time()
             try:
-                batch = await pull.fetch(BATCH, timeout=wait_s)
-            except TimeoutError:  # nothing new
-                batch = []
+                batch = await pull.take()
             except nats.errors.Error as e:  # reconnecting: nats-py retries on its own
                 log.warning("events not fetched", error=repr(e))
                 await asyncio.sleep(0.5)
