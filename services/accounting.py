@@ -64,6 +64,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -596,7 +597,6 @@ class Accounting:
         filters = charged_filters(self.broker.connection.connected_server_version)
         one, several = bus.consumer_filter(filters)
         config = ConsumerConfig(
-            name=DURABLE,
             durable_name=DURABLE,
             ack_policy=AckPolicy.EXPLICIT,
             max_deliver=self.max_deliver,
@@ -606,8 +606,8 @@ class Accounting:
         )
         try:
             await js.consumer_info("WORKLOADS", DURABLE)
-        except NotFoundError:
-            await js.add_consumer("WORKLOADS", config)
+        except NotFoundError:  # created as nats-py's ``pull_subscribe`` created it
+            await js.add_consumer("WORKLOADS", dataclasses.replace(config, name=DURABLE))
         else:
             await _refilter(js, config, filters)
         pull = BatchPull(self.broker.connection, "WORKLOADS", DURABLE, BATCH)
