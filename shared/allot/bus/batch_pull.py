@@ -1,5 +1,6 @@
 """A durable pull consumer read a batch per request, its records landing in a list from a
-subscription's callback (accounting's consumer).
+subscription's callback (accounting's consumer), and what every pull request of ours shares
+(``until_answered``, ``NO_MESSAGES``; ``allot.bus.polled_follower`` too).
 
 nats-py's ``PullSubscription.fetch`` waits for each record of a batch with an
 ``asyncio.wait_for`` of its own (a task and a timer per record), several times what the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -25,9 +27,23 @@ log = structlog.get_logger("allot.bus")
 ANSWER_S = 1.0
 """A request with nothing from it for this long (no record, no status) is over: nats-server
 drops a request to a consumer it does not have."""
-_ENDS = ("404", "408")
+NO_MESSAGES = ("404", "408")
 """Status codes that end a request normally: nothing (more) to give, or its time ran out."""
 _HEARTBEAT = "100"
+
+
+async def until_answered(answered: asyncio.Event, received: Callable[[], int]) -> bool:
+    """Wait for a pull request's end (``answered`` set); records still arriving (``received``
+    growing: a large batch, a record waiting for HOSTS) extend the wait. False when nothing
+    came for ``ANSWER_S``."""
+    while True:
+        had = received()
+        try:
+            await asyncio.wait_for(answered.wait(), ANSWER_S)
+            return True
+        except TimeoutError:
+            if received() == had:
+                return False
 
 
 @dataclass
@@ -69,14 +85,7 @@ class BatchPull:
             json.dumps(request).encode(),
             reply=f"{self._inbox}.{self._request}",
         )
-        while True:  # records still arriving (a large batch) extend the wait
-            had = len(self._records)
-            try:
-                await asyncio.wait_for(self._over.wait(), ANSWER_S)
-                break
-            except TimeoutError:
-                if len(self._records) == had:
-                    break
+        await until_answered(self._over, lambda: len(self._records))
         taken, self._records = self._records, []
         return taken
 
@@ -85,7 +94,7 @@ class BatchPull:
         if status is not None and not msg.data:
             if status == _HEARTBEAT:
                 return
-            if status not in _ENDS:  # 409: consumer deleted, too many waiting requests...
+            if status not in NO_MESSAGES:  # 409: consumer deleted, too many waiting requests...
                 log.warning(
                     "pull request ended",
                     stream=self.stream,

@@ -34,20 +34,16 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError
 
 from allot.bus import LogFollower, consumer_filter, stream_position
+from allot.bus.batch_pull import NO_MESSAGES, until_answered
 from allot.bus.tasks import stop_tasks
 
 log = structlog.get_logger("allot.bus")
 
 BATCH = 1000
 """Records asked for per request; a full batch is followed by another request at once."""
-ANSWER_S = 1.0
-"""A request with nothing from it for this long (no record, no status) has its consumer
-looked up, and made again if the server no longer has it."""
 INACTIVE_S = 60.0
 """nats-server removes the ephemeral consumer after this long without a request (a
 follower gone without stopping); polls come every ``every_s``, far more often."""
-_NO_MESSAGES = ("404", "408")
-"""Status codes that end a request normally: nothing (more) to give, or its time ran out."""
 
 
 @dataclass
@@ -123,8 +119,9 @@ class _Poll:
                     _REQUEST,
                     reply=self.inbox,
                 )
-                if not await self._answer():
-                    # nats-server drops a request to a consumer it does not have.
+                if not await until_answered(self._answered, lambda: self._got):
+                    # nats-server drops a request to a consumer it does not have: a request
+                    # with nothing from it for ``ANSWER_S`` has its consumer looked up.
                     self._lost = not await self._exists()
                     if not self._lost:
                         continue  # the request itself was lost: ask again
@@ -134,18 +131,6 @@ class _Poll:
                 await self._remake()
             elif self._got < BATCH:
                 return
-
-    async def _answer(self) -> bool:
-        """Wait for the request's end; records still arriving (a long replay, a record
-        waiting for HOSTS) extend the wait. False when nothing came for ``ANSWER_S``."""
-        while True:
-            got = self._got
-            try:
-                await asyncio.wait_for(self._answered.wait(), ANSWER_S)
-                return True
-            except TimeoutError:
-                if self._got == got:
-                    return False
 
     async def _exists(self) -> bool:
         try:
@@ -173,7 +158,7 @@ class _Poll:
         if status is not None and not msg.data:
             # 404/408 end a request; anything else (409 consumer deleted or leadership
             # changed, 503 no responders) means the consumer must be made again.
-            self._lost = status not in _NO_MESSAGES
+            self._lost = status not in NO_MESSAGES
             if not self._lost:
                 self.caught_up.set()
             self._answered.set()
