@@ -155,6 +155,21 @@ def _wakeups(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def _by_process(
+    used: dict[str, float], probes: int, *, scale: float = 1000.0, digits: int = 3
+) -> dict[str, float]:
+    """Each process's use per probe times ``scale`` (CPU seconds -> ms by default), largest
+    first."""
+    return {
+        n: round(u * scale / probes, digits) for n, u in sorted(used.items(), key=lambda x: -x[1])
+    }
+
+
+def _listed(figures: dict[str, Any]) -> str:
+    """``name figure`` pairs for a report row: ``nats-server 0.7, intake 0.4``."""
+    return ", ".join(f"{n} {v}" for n, v in figures.items())
+
+
 def _growth(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What each process added between two readings (``_cpu_seconds``, ``_wakeups``)."""
     return {n: after[n] - before[n] for n in after if n in before}
@@ -657,20 +672,12 @@ async def _latency_phase(
         "pass": pct[50] <= GOAL_P50_MS and pct[99] <= GOAL_P99_MS,
         "leader_per_s": _leader_per_s(leader_before, leader_after, sending_s),
         "cpu_cores": round(sum(cpu.values()) / sending_s, 2) if cpu else None,
-        "cpu_ms_per_probe": {
-            n: round(s_ * 1000 / total, 3) for n, s_ in sorted(cpu.items(), key=lambda x: -x[1])
-        },
+        "cpu_ms_per_probe": _by_process(cpu, total),
         "stack_cpu_ms_per_probe": _stack_per_probe(cpu, total, gone),
         "stack_kernel_ms_per_probe": _stack_per_probe(kernel, total, gone),
         "stack_wakeups_per_probe": _stack_per_probe(wakeups, total, gone, scale=1.0),
-        "kernel_ms_per_probe": {
-            n: round(s_ * 1000 / total, 3)
-            for n, s_ in sorted(kernel.items(), key=lambda x: -x[1])
-            if s_ > 0
-        },
-        "wakeups_per_probe": {
-            n: round(w / total, 2) for n, w in sorted(wakeups.items(), key=lambda x: -x[1])
-        },
+        "kernel_ms_per_probe": _by_process({n: k for n, k in kernel.items() if k > 0}, total),
+        "wakeups_per_probe": _by_process(wakeups, total, scale=1.0, digits=2),
         "processes_gone": gone,
         "goal_stack_cpu_ms": GOAL_STACK_CPU_MS,
         "messages_per_probe": _messages_per_probe(connz_before, connz_after, total),
@@ -754,7 +761,7 @@ def render(result: dict[str, Any]) -> str:
         )
     idle = result.get("idle")
     if idle:
-        per = ", ".join(f"{n} {c}" for n, c in idle["cores"].items())
+        per = _listed(idle["cores"])
         lines.append(
             f"| CPU with {result['latency'][0]['pending_at_start']} pending and nothing "
             f"submitted ({idle['seconds']} s): {idle['cpu_cores']} of 2 cores; cores: {per} "
@@ -810,7 +817,7 @@ def render(result: dict[str, Any]) -> str:
                 "for the log to acknowledge their appends | | | |"
             )
         if lat.get("cpu_ms_per_probe"):
-            per = ", ".join(f"{n} {ms}" for n, ms in lat["cpu_ms_per_probe"].items())
+            per = _listed(lat["cpu_ms_per_probe"])
             lines.append(
                 f"| same, CPU while sending: {lat['cpu_cores']} of {os.cpu_count()} cores; "
                 f"ms per probe: {per} | | | |"
@@ -830,22 +837,22 @@ def render(result: dict[str, Any]) -> str:
             )
             kernel_ms = lat.get("stack_kernel_ms_per_probe")
             if kernel_ms is not None:
-                per = ", ".join(f"{n} {ms}" for n, ms in lat["kernel_ms_per_probe"].items())
+                per = _listed(lat["kernel_ms_per_probe"])
                 lines.append(
                     "| same, of which in the kernel (system time: sockets, fsync, scheduling)"
                     f"{'; by process: ' + per if per else ''} | {kernel_ms} ms | | |"
                 )
         woken = lat.get("stack_wakeups_per_probe")
         if woken is not None:
-            per = ", ".join(f"{n} {w}" for n, w in lat["wakeups_per_probe"].items())
+            per = _listed(lat["wakeups_per_probe"])
             lines.append(
                 "| same, wake-ups per probe (voluntary context switches, all threads): "
                 f"{woken} over the stack; by process: {per} | | | |"
             )
         msgs = lat.get("messages_per_probe")
         if msgs:
-            by = ", ".join(f"{n} {v}" for n, v in msgs["out_by_connection"].items())
-            by_in = ", ".join(f"{n} {v}" for n, v in msgs.get("in_by_connection", {}).items())
+            by = _listed(msgs["out_by_connection"])
+            by_in = _listed(msgs.get("in_by_connection", {}))
             lines.append(
                 f"| same, messages per probe through nats-server (its `/connz`): {msgs['in']} "
                 f"in, {msgs['out']} out; out by connection: {by}"
