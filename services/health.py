@@ -43,10 +43,11 @@ flagged now (``IdleSnapshot``). By default flag only: nothing is preempted for b
 (``WorkloadFlaggedIdle.preempt``): the placement leader, which follows the flags, gives
 the run a notice (reason ``idle``, not requeued) once its minimum runtime has passed
 (decision 0055); this service preempts nothing itself. For this the service also follows
-WORKLOADS (which run holds which GPUs) and the idle records, in the background: the
-heartbeat duties above do not wait for that replay. After a restart, the last record of
-each host and the open flags give back the evidence as it was (the log is the source of
-truth). Run one health service per stack: two would each record and flag.
+WORKLOADS from the placements on (which run holds which GPUs; no submissions: a flag's
+user is read from the log when it is raised, decision 0075) and the idle records, in the
+background: the heartbeat duties above do not wait for that replay. After a restart, the
+last record of each host and the open flags give back the evidence as it was (the log is
+the source of truth). Run one health service per stack: two would each record and flag.
 
 A drain for missed heartbeats is also what lets dispatch end the runs of a host whose agent
 died: once the host has stayed silent a while, it records them lost in the agent's place
@@ -423,9 +424,10 @@ class HealthService:
         self._idle_follower = self.record_log.follower(
             self._on_idle_record,
             streams=("HOSTS", "WORKLOADS", "USAGE"),
-            # Runs' starts change nothing here: a run's GPUs and idle window count from its
-            # placement. Leaving them out saves a quarter of the workload records.
-            subjects={"USAGE": subjects.ALL_IDLE, "WORKLOADS": subjects.RUNS_WITHOUT_STARTS},
+            # Neither submissions nor runs' starts change anything here: a run's GPUs and
+            # idle window count from its placement, which says its allocation and GPUs too
+            # (``IdleWatch.apply``). Half of the workload records are left out.
+            subjects={"USAGE": subjects.ALL_IDLE, "WORKLOADS": subjects.RUNS_FROM_PLACEMENTS},
             every_s=IDLE_READ_EVERY_S,
         )
         await self._idle_follower.start()
@@ -499,11 +501,27 @@ class HealthService:
 
     async def _append_idle(self, record: m.WorkloadFlaggedIdle | m.WorkloadIdleCleared) -> None:
         assert self.record_log is not None
+        if isinstance(record, m.WorkloadFlaggedIdle) and record.user is None:
+            record = msgspec.structs.replace(record, user=await self._user_of(record))
         ack = await self.record_log.append(
             subjects.idle(record.allocation, record.workload_id), record, msg_id(record)
         )
         self._flagged_seq = max(self._flagged_seq, ack.seq)
         log.info(type(record).__name__, **msgspec.structs.asdict(record))
+
+    async def _user_of(self, flag: m.WorkloadFlaggedIdle) -> str | None:
+        """Who submitted the flagged run, from its submission in the log (the idle watch
+        does not read submissions: ``subjects.RUNS_FROM_PLACEMENTS``); None if unreadable."""
+        assert self.record_log is not None
+        subject = subjects.events(flag.allocation or None, flag.workload_id, "submitted")
+        raw = await self.record_log.read("WORKLOADS", subject, first=True)
+        try:
+            if raw is None or raw.data is None:
+                raise ValidationError("workload_id", "its submission is not in the log")
+            return codec.decode_as(m.WorkloadSubmitted, raw.data, own=True).user
+        except ValidationError as e:
+            log.warning("flag's user unknown", workload=flag.workload_id, reason=e.reason)
+            return None
 
     async def _read_own_flags(self) -> None:
         """Fold the flags this instance appended before judging or answering from the idle

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from allot.core.errors import ValidationError
 from allot.core.idle import IdlePolicy
 from allot.eventlog.idle_watch import IdleWatch, msg_id
 from allot.proto import messages as m
+from allot.proto.messages import LIVE_STATES
 
 T = 1_800_000_000.0
 POLICY = IdlePolicy(threshold_pct=5.0, window_s=600.0, max_gap_s=120.0)
@@ -176,3 +179,110 @@ def test_the_snapshot_lists_open_flags_of_the_asked_allocation() -> None:
     assert w.snapshot("vision", T + 700).rows == ()
     snap = w.snapshot("nlp", T + 700)
     assert (snap.threshold_pct, snap.window_s) == (5.0, 600.0)
+
+
+# -- fed from the placements on (``subjects.RUNS_FROM_PLACEMENTS``) ----------------------
+
+WIDS = ("w1", "w2", "w3", "w4")
+
+
+@st.composite
+def workload_logs(draw: st.DrawFn) -> list[msgspec.Struct]:
+    """A log as the services write it: each workload's submission before anything else of
+    it, then placements (of the current epoch or a paused old leader's, on GPUs free or
+    not), notices, cancels and ends in any order. Every submission is resumable: a leader
+    never places again what ended for good, so what the stand-in assumes cannot show."""
+    out: list[msgspec.Struct] = [
+        m.HostRegistered(host="h1", gpus=4, at=T - 100),
+        m.HostRegistered(host="h2", gpus=4, at=T - 100),
+        m.LeaderElected(epoch=1, leader="p", at=T - 100),
+    ]
+    epoch, submitted, attempt = 1, set[str](), dict.fromkeys(WIDS, 0)
+    shape = {w: (draw(st.sampled_from((1, 2))), draw(st.sampled_from((0, 600)))) for w in WIDS}
+    for i in range(draw(st.integers(1, 30))):
+        at = T + i
+        wid = draw(st.sampled_from(WIDS))
+        gpus, mrt = shape[wid]
+        alloc = "nlp" if wid != "w4" else None
+        if wid not in submitted:
+            submitted.add(wid)
+            out.append(
+                m.WorkloadSubmitted(
+                    workload_id=wid,
+                    client_id=wid,
+                    user="alice",
+                    gpus=gpus,
+                    allocation=alloc,
+                    min_runtime_s=mrt,
+                    at=at,
+                )
+            )
+            continue
+        event = draw(st.sampled_from(("placed", "notice", "cancel", "end", "leader")))
+        n = attempt[wid] + draw(st.sampled_from((0, 1)))
+        if event == "placed":
+            first = draw(st.integers(0, 4 - gpus))
+            host = draw(st.sampled_from(("h1", "h2")))
+            placed_epoch = draw(st.sampled_from((epoch, epoch - 1)))
+            out.append(
+                m.WorkloadPlaced(
+                    workload_id=wid,
+                    allocation=alloc,
+                    at=at,
+                    gpus=gpus,
+                    min_runtime_s=mrt,
+                    assignment=(m.HostGpus(host=host, gpus=tuple(range(first, first + gpus))),),
+                    attempt=attempt[wid] + 1,
+                    epoch=placed_epoch,
+                )
+            )
+            attempt[wid] += placed_epoch == epoch
+        elif event == "notice":
+            out.append(
+                m.PreemptionNotice(
+                    workload_id=wid,
+                    allocation=alloc,
+                    at=at,
+                    reason="fair-share",
+                    grace_deadline=at + 60,
+                    gpus=gpus,
+                    attempt=max(1, n),
+                    epoch=epoch,
+                    requeue=draw(st.booleans()),
+                )
+            )
+        elif event == "cancel":
+            out.append(m.CancelRequested(workload_id=wid, allocation=alloc, by="alice", at=at))
+        elif event == "end":
+            kind = draw(st.sampled_from((m.WorkloadCompleted, m.WorkloadPreempted)))
+            extra = {"reason": "fair-share"} if kind is m.WorkloadPreempted else {}
+            out.append(kind(workload_id=wid, allocation=alloc, at=at, attempt=max(1, n), **extra))
+        else:
+            epoch += 1
+            out.append(m.LeaderElected(epoch=epoch, leader="q", at=at))
+    return out
+
+
+def runs(w: IdleWatch) -> dict[str, tuple[object, ...]]:
+    """What the watch judges by: each live run's status, attempt, GPUs, start and whether
+    it is allocated, and which runs each host holds."""
+    live = {
+        wid: (rec.status, rec.attempt, rec.assignment, rec.started_at, rec.workload.allocated)
+        for wid, rec in w.fold.records.items()
+        if rec.status in LIVE_STATES
+    }
+    return {**live, "on_host": {h: w.fold.workload_on(h) for h in ("h1", "h2")}}
+
+
+@given(workload_logs())
+@settings(max_examples=300, deadline=None)
+def test_without_submissions_the_watch_sees_the_same_runs(log: list[msgspec.Struct]) -> None:
+    whole = watch(log)
+    placements_on = watch([r for r in log if not isinstance(r, m.WorkloadSubmitted)])
+    assert runs(placements_on) == runs(whole)
+
+
+def test_a_flag_of_a_run_read_from_its_placement_names_no_user_until_the_service_asks() -> None:
+    w = watch([r for r in log_records() if not isinstance(r, m.WorkloadSubmitted)])
+    (flag,) = [r for r in feed(w, T, 11) if isinstance(r, m.WorkloadFlaggedIdle)]
+    assert (flag.workload_id, flag.allocation, flag.gpus, flag.user) == ("w1", "nlp", 2, None)

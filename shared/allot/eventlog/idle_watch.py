@@ -1,8 +1,9 @@
 """The health service's idle detection: agents' utilization reports judged against the log.
 
 Pure (no I/O, no clock: ``now`` is an argument). The health service folds HOSTS and
-WORKLOADS into ``IdleWatch.fold`` (``LogFold``: which allocated run holds which GPUs), the
-idle records of USAGE into ``IdleWatch.book`` (``IdleBook``), and calls:
+WORKLOADS from the placements on (``apply``) into ``IdleWatch.fold`` (``LogFold``: which
+allocated run holds which GPUs), the idle records of USAGE into ``IdleWatch.book``
+(``IdleBook``), and calls:
 
 * ``judge(host, report, now)`` for each ``HostUtilization`` an agent sends on its own
   host's subject. Refused, naming the field (``ValidationError``): a host that never
@@ -74,11 +75,22 @@ class IdleWatch:
         self.tracks: dict[RunKey, IdleTrack] = {}
 
     def apply(self, record: msgspec.Struct) -> None:
-        """One log record: HOSTS and WORKLOADS into the fold, idle records into the book."""
+        """One log record: HOSTS and WORKLOADS into the fold, idle records into the book.
+
+        The watch may be fed WORKLOADS without submissions (``subjects.RUNS_FROM_PLACEMENTS``:
+        a third fewer records). The first record of a workload the fold has not seen, a
+        placement or a cancel of pending work (nothing else of a workload comes first in
+        a log), is preceded by a stand-in submission, so that the fold's rules (fencing,
+        attempts, double booking, a cancel before the placement) apply as to the real one."""
         if isinstance(record, m.WorkloadFlaggedIdle | m.WorkloadIdleCleared):
             self.book.apply(record)
-        else:
-            self.fold.apply(record)
+            return
+        if (
+            isinstance(record, m.WorkloadPlaced | m.CancelRequested)
+            and record.workload_id not in self.fold.records
+        ):
+            self.fold.apply(stand_in(record))
+        self.fold.apply(record)
 
     # -- reports --------------------------------------------------------------------------
 
@@ -240,7 +252,7 @@ class IdleWatch:
                 workload_id=w.id,
                 allocation=allocation,
                 attempt=n,
-                user=w.user,
+                user=w.user or None,  # None: a stand-in's (``stand_in``); the service asks the log
                 gpus=w.gpus,
                 at=verdict.at,
                 idle_since=verdict.since,
@@ -263,10 +275,25 @@ class IdleWatch:
         )
 
 
+def stand_in(record: m.WorkloadPlaced | m.CancelRequested) -> m.WorkloadSubmitted:
+    """The submission a record of a workload not read yet implies: its allocation, and a
+    placement's GPUs and minimum runtime (whether it is allocated); no user (empty: a flag
+    of the run names none until the service reads it from the log)."""
+    return m.WorkloadSubmitted(
+        workload_id=record.workload_id,
+        client_id=record.workload_id,
+        user="",
+        gpus=record.gpus if isinstance(record, m.WorkloadPlaced) else 1,
+        allocation=record.allocation,
+        min_runtime_s=record.min_runtime_s if isinstance(record, m.WorkloadPlaced) else 0,
+        at=record.at,
+    )
+
+
 def msg_id(record: m.WorkloadFlaggedIdle | m.WorkloadIdleCleared) -> str:
     """A record's ``Nats-Msg-Id``: one flag and one clear per stretch."""
     kind = "idle" if isinstance(record, m.WorkloadFlaggedIdle) else "idle-cleared"
     return f"{kind}:{record.workload_id}:{record.attempt}:{record.idle_since!r}"
 
 
-__all__ = ["MAX_INTERVAL_S", "MAX_REPORT_AGE_S", "IdleWatch", "Judged", "msg_id"]
+__all__ = ["MAX_INTERVAL_S", "MAX_REPORT_AGE_S", "IdleWatch", "Judged", "msg_id", "stand_in"]

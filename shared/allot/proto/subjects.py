@@ -567,6 +567,13 @@ them (placement: protection counts from the placement; health's idle watch: a ru
 are its placement's). A server before 2.10 ignores several filters and delivers starts too
 (``bus.takes_several_filters``); ``LogFold`` takes them either way."""
 
+RUNS_FROM_PLACEMENTS: tuple[str, ...] = tuple(
+    subject for subject in RUNS_WITHOUT_STARTS if subject != every_workload("submitted")
+)
+"""``RUNS_WITHOUT_STARTS`` without submissions either, for a follower that needs which run
+holds which GPUs but not what was asked (health's idle watch: a placement says the run's
+allocation, GPUs and protection; ``IdleWatch.apply`` stands in for the submission)."""
+
 
 def allocation_events(allocation: str | None) -> str:
     """Every lifecycle event of one allocation's workloads."""
