@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
+import nats.errors
 import structlog
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
@@ -511,16 +512,17 @@ class HealthService:
 
     async def _user_of(self, flag: m.WorkloadFlaggedIdle) -> str | None:
         """Who submitted the flagged run, from its submission in the log (the idle watch
-        does not read submissions: ``subjects.RUNS_FROM_PLACEMENTS``); None if unreadable."""
+        does not read submissions: ``subjects.RUNS_FROM_PLACEMENTS``); None if it cannot be
+        read, even for want of the server: the flag, already judged, is logged anyway."""
         assert self.record_log is not None
         subject = subjects.events(flag.allocation or None, flag.workload_id, "submitted")
-        raw = await self.record_log.read("WORKLOADS", subject, first=True)
         try:
+            raw = await self.record_log.read("WORKLOADS", subject, first=True)
             if raw is None or raw.data is None:
                 raise ValidationError("workload_id", "its submission is not in the log")
             return codec.decode_as(m.WorkloadSubmitted, raw.data, own=True).user
-        except ValidationError as e:
-            log.warning("flag's user unknown", workload=flag.workload_id, reason=e.reason)
+        except (ValidationError, nats.errors.Error) as e:
+            log.warning("flag's user unknown", workload=flag.workload_id, reason=str(e))
             return None
 
     async def _read_own_flags(self) -> None:

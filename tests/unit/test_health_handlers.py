@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 
 import msgspec
+import nats.errors
 import pytest
 from handler_harness import NOW, Clock, ask, broker, raw_msg, running
+from nats.js.api import RawStreamMsg
 
 from allot.core.idle import IdlePolicy
 from allot.proto import messages as m
@@ -299,7 +301,10 @@ async def test_idle_gpus_are_recorded_flagged_once_and_the_flag_outlives_a_resta
         await log.settled()
         tracks = dict(svc.idle.tracks)
     flags = log.records("USAGE", m.WorkloadFlaggedIdle)
-    assert [(f.workload_id, f.idle_since, f.at) for f in flags] == [("w1", NOW, NOW + 300)]
+    # The watch reads no submissions: the user comes from the log when the flag is raised.
+    assert [(f.workload_id, f.user, f.idle_since, f.at) for f in flags] == [
+        ("w1", "alice", NOW, NOW + 300)
+    ]
     assert len(log.records("USAGE", m.HostUtilizationRecorded)) == 6
     assert svc.util_rejected == {"host": 1}
 
@@ -331,6 +336,33 @@ async def test_under_idle_preempt_the_flag_asks_for_preemption() -> None:
             await log.settled()
         (flag,) = log.records("USAGE", m.WorkloadFlaggedIdle)
         assert isinstance(flag, m.WorkloadFlaggedIdle) and flag.preempt is preempt
+
+
+class UnreadableSubmissions(MemoryLog):
+    """A log whose submissions cannot be read (the server gone at that moment)."""
+
+    async def read(self, stream: str, subject: str, *, first: bool = False) -> RawStreamMsg | None:
+        if subject.endswith(".submitted"):
+            raise nats.errors.TimeoutError
+        return await super().read(stream, subject, first=first)
+
+
+async def test_a_flag_whose_user_cannot_be_read_is_logged_without_one() -> None:
+    """The flag is judged already (its track says flagged): losing it for an optional field
+    would leave the stretch flagged here and never in the log."""
+    log, clock = UnreadableSubmissions(), Clock()
+    for stored in (await _placed_log()).streams.values():
+        for r in stored:
+            log.streams[r.stream].append(r)
+    svc = idle_service(log, clock)
+    async with running(svc):
+        await svc.idle_ready.wait()
+        for _ in range(6):
+            assert isinstance(await _report(svc, clock, 1.0), m.CommandAccepted)
+        await log.settled()
+    (flag,) = log.records("USAGE", m.WorkloadFlaggedIdle)
+    assert isinstance(flag, m.WorkloadFlaggedIdle)
+    assert (flag.workload_id, flag.user, flag.idle_since) == ("w1", None, NOW)
 
 
 def test_idle_preempt_is_off_unless_asked_on_the_command_line() -> None:
