@@ -77,8 +77,8 @@ class IdleWatch:
     def apply(self, record: msgspec.Struct) -> None:
         """One log record: HOSTS and WORKLOADS into the fold, idle records into the book.
 
-        The watch may be fed WORKLOADS without submissions (``subjects.RUNS_FROM_PLACEMENTS``:
-        a third fewer records). The first record of a workload the fold has not seen, a
+        The watch may be fed WORKLOADS without submissions (``subjects.RUNS_FROM_PLACEMENTS``).
+        The first record of a workload the fold has not seen, a
         placement or a cancel of pending work (nothing else of a workload comes first in
         a log), is preceded by a stand-in submission, so that the fold's rules (fencing,
         attempts, double booking, a cancel before the placement) apply as to the real one."""
