@@ -427,7 +427,7 @@ class HealthService:
             streams=("HOSTS", "WORKLOADS", "USAGE"),
             # Neither submissions nor runs' starts change anything here: a run's GPUs and
             # idle window count from its placement, which says its allocation and GPUs too
-            # (``IdleWatch.apply``). Half of the workload records are left out.
+            # (``IdleWatch.apply``; decision 0075).
             subjects={"USAGE": subjects.ALL_IDLE, "WORKLOADS": subjects.RUNS_FROM_PLACEMENTS},
             every_s=IDLE_READ_EVERY_S,
         )

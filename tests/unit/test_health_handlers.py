@@ -28,8 +28,8 @@ def service(log: MemoryLog, **kw: float) -> HealthService:
     return HealthService(broker=broker("health"), record_log=log, clock=Clock(), **kw)
 
 
-async def seeded(*records: msgspec.Struct) -> MemoryLog:
-    log = MemoryLog()
+async def seeded(*records: msgspec.Struct, log: MemoryLog | None = None) -> MemoryLog:
+    log = MemoryLog() if log is None else log
     for record in records:
         await log.seed(subjects.host_state(getattr(record, "host")), record)  # noqa: B009
     return log
@@ -237,9 +237,9 @@ async def test_a_report_from_the_wrong_host_is_ignored(
 # -- GPU utilization and idle flags ---------------------------------------------------------
 
 
-async def _placed_log() -> MemoryLog:
-    """h1 registered; nlp's w1 placed on GPUs 0-1 at NOW."""
-    log = await seeded(REGISTERED)
+async def _placed_log(log: MemoryLog | None = None) -> MemoryLog:
+    """h1 registered; nlp's w1 placed on GPUs 0-1 at NOW (in ``log``, else a new one)."""
+    log = await seeded(REGISTERED, log=log)
     await log.seed(subjects.LEADER, m.LeaderElected(epoch=1, leader="p", at=NOW - 10))
     await log.seed_events(
         "nlp",
@@ -350,10 +350,7 @@ class UnreadableSubmissions(MemoryLog):
 async def test_a_flag_whose_user_cannot_be_read_is_logged_without_one() -> None:
     """The flag is judged already (its track says flagged): losing it for an optional field
     would leave the stretch flagged here and never in the log."""
-    log, clock = UnreadableSubmissions(), Clock()
-    for stored in (await _placed_log()).streams.values():
-        for r in stored:
-            log.streams[r.stream].append(r)
+    log, clock = await _placed_log(UnreadableSubmissions()), Clock()
     svc = idle_service(log, clock)
     async with running(svc):
         await svc.idle_ready.wait()
