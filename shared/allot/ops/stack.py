@@ -818,7 +818,9 @@ async def _wait_ready(
     nats_url: str, hosts: int, timeout: float, dead: object, dashboard_url: str | None = None
 ) -> None:
     """Ready = a placement leader answers and sees every agent's hosts, the ranking
-    service answers, and the dashboard (when run) says healthy (its log is replayed)."""
+    service answers with a ranking, and the dashboard (when run) says healthy (its log is
+    replayed). A ranking, not any answer: ranking serves before it has put the budget tree
+    in the log, and until the tree is there intake refuses allocated submissions."""
     assert callable(dead)
     nc = await nats.connect(
         server_urls(nats_url),
@@ -827,6 +829,7 @@ async def _wait_ready(
     )
     deadline = time.monotonic() + timeout
     decode_hosts = msgspec.json.Decoder(m.HostsSnapshot)
+    decode_share = msgspec.json.Decoder(m.RankingUpdated | m.CommandRejected)
     last = "no placement leader yet"
     try:
         while time.monotonic() < deadline:
@@ -837,7 +840,13 @@ async def _wait_ready(
                 reply = await nc.request(s.QUERY_HOSTS, b"", timeout=1.0)
                 seen = decode_hosts.decode(reply.data).total  # a page says how many in all
                 if seen >= hosts:
-                    await nc.request(s.QUERY_SHARE, b"", timeout=1.0)
+                    share = decode_share.decode(
+                        (await nc.request(s.QUERY_SHARE, b"", timeout=1.0)).data
+                    )
+                    if isinstance(share, m.CommandRejected):
+                        last = f"ranking: {share.reason}"
+                        await asyncio.sleep(0.2)
+                        continue
                     if dashboard_url is None or await asyncio.to_thread(
                         _healthy, f"{dashboard_url}/healthz"
                     ):
