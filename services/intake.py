@@ -214,6 +214,7 @@ class Intake:
         await self.follower.start()
         for server in self.submits:  # once the hosts and the budget tree are known
             await server.start()
+        # Last: the stack is ready once a watch is answered (``allot.ops.stack``).
         if self.nc is not None and self.js is not None:
             self.watches = LogWatchServer(self.nc, self.js, wall_clock)
             await self.watches.start()

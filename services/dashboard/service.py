@@ -153,7 +153,6 @@ class DashboardService:
             every_s=READ_EVERY_S,
         )
         await self.idle_follower.start()
-        self.caught_up = True
         self._owed_sub = await self.nc.subscribe(
             s.QUERY_OWED, cb=bus.inbox_replies_only(self._on_owed)
         )
@@ -165,6 +164,9 @@ class DashboardService:
             max_in_flight=HISTORY_IN_FLIGHT,
         )
         await self._history.start()  # inbox replies only, as every request server
+        # Healthy (/healthz) once both queries are served too: their subscriptions are
+        # on the server (the history server's start confirms this connection's).
+        self.caught_up = True
         log.info("log replayed", records=self.records, url=self.url)
 
     async def on_stopping(self) -> None:

@@ -133,8 +133,11 @@ class PlacementService:
         await bus.ensure_streams(self.js)
         # A cycle that places many (a backlog, a freed host) stores them as atomic batches.
         self._appends = await group_commit.for_stream(self.nc, self.js, "WORKLOADS")
-        await self._load_ranking()
+        # Subscribed (on the server) before the last ranking is read: one published
+        # between the two would otherwise be missed until the next.
         self._ranking_sub = await self.nc.subscribe(s.RANKING, cb=self._on_ranking)
+        await bus.confirm_subscriptions(self.nc)
+        await self._load_ranking()
         self.reads_starts = not bus.takes_several_filters(self.nc.connected_server_version)
         self.follower = bus.LogFollower(
             self.js,
@@ -249,7 +252,9 @@ class PlacementService:
         except NotFoundError:
             return
         with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
-            self._use_ranking(_RANKING.decode(last.data or b""))
+            ranking = _RANKING.decode(last.data or b"")
+            if self.ranking.version == 0:  # none delivered meanwhile (that one is newer)
+                self._use_ranking(ranking)
 
     async def _on_ranking(self, msg: Msg) -> None:
         try:
@@ -271,7 +276,6 @@ class PlacementService:
         if seq is None:
             return False
         self.epoch = epoch
-        self.leader = True
         self._awaiting_seq = seq
         self.positions.new = {w.id for w in self.fold.queue}
         self.cycle_durations = CycleDurations()
@@ -279,6 +283,9 @@ class PlacementService:
             self._query_subs.append(
                 await self.nc.subscribe(subject, cb=bus.inbox_replies_only(handler))
             )
+        # Leading once the queries are served: whoever sees ``leader`` may ask at once.
+        await bus.confirm_subscriptions(self.nc)
+        self.leader = True
         log.info("leader", epoch=epoch, name=self.name)
         self._dirty.set()
         return True

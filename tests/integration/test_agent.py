@@ -357,10 +357,10 @@ async def test_process_ignoring_sigterm_is_killed_at_the_grace_deadline(
     await wait_file(ready)
     assert started.pid is not None
 
-    notice = await log.notice("w3", grace_s=1.0)
-    await asyncio.sleep(0.5)
+    notice = await log.notice("w3", grace_s=3.0)
+    await asyncio.sleep(1.0)  # well before the deadline
     assert alive(started.pid), "it ignores SIGTERM: it must still run before the deadline"
-    preempted = await events.wait(m.WorkloadPreempted, "w3", timeout=5.0)
+    preempted = await events.wait(m.WorkloadPreempted, "w3", timeout=10.0)
 
     assert preempted.at >= notice.grace_deadline - 0.05
     assert not alive(started.pid)

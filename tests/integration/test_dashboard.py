@@ -12,6 +12,7 @@ Chromium against the whole stack):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -248,6 +249,8 @@ async def test_queue_and_hosts_pages_agree_with_the_placement_leader(
     await service_main.start(dashboard)
     base = dashboard.url
     try:
+        # Leading = answering queries (its subscriptions are on the server).
+        await eventually(lambda: asyncio.sleep(0, placement.leader), bool)
         now = time.time()
         jobs = [  # (id, allocation, GPUs): the first two fill both hosts, the rest wait
             ("run-nlp", "nlp", 8),

@@ -268,13 +268,15 @@ async def test_a_request_rides_through_a_service_restart(
 ) -> None:
     subject = subjects.submit_as("nlp", "ann")
     _, seen = await _swallow_first_then_leave(fresh_log, subject)
-    async with Client(fresh_log, timeout=0.5, retries=2) as c:
+    async with Client(fresh_log, timeout=1.0, retries=2) as c:
         task = asyncio.create_task(
             c.submit(client_id="restart-1", user="ann", gpus=1, allocation="nlp")
         )
         while not seen:
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.7)  # past the first attempt's timeout: nobody listens
+        # Past the first attempt's timeout (1 s): nobody listens; the client asks again
+        # until 1 s after that timeout, so the service comes back well within.
+        await asyncio.sleep(1.2)
         await responders.answer(subject, accept_submit)  # the service is back
         reply = await asyncio.wait_for(task, 5.0)
     assert reply.client_id == "restart-1"

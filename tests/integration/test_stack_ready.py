@@ -1,9 +1,11 @@
 """When the stack says it is ready (``allot.ops.stack._wait_ready``), on real NATS with
-stand-ins for placement and ranking.
+stand-ins for placement, ranking and intake.
 
-Ranking answers its query before it has put the budget tree in
-the log, so a stack could say ready while intake still refused allocated submissions ("no
-budget tree has been set yet"). Ready now takes a ranking, which follows the tree."""
+Ranking answers its query before it has put the budget tree in the log, so a stack could
+say ready while intake still refused allocated submissions ("no budget tree has been set
+yet"): ready takes a ranking, which follows the tree. Intake could still be starting when
+the rest was up (a submission then met no responder): ready takes an answer of intake's
+log watches, which it starts after its submissions."""
 
 from __future__ import annotations
 
@@ -47,10 +49,20 @@ async def _hosts(nc: NatsClient, total: int) -> None:
     await _answer(nc, s.QUERY_HOSTS, m.HostsSnapshot(at=time.time(), total=total))
 
 
+async def _intake(nc: NatsClient) -> None:
+    refused = m.CommandRejected(at=time.time(), field="workload_id", reason="missing")
+    await _answer(nc, s.watch(None), refused)
+
+
+def _ranking() -> m.RankingUpdated:
+    return m.RankingUpdated(at=time.time(), window_s=60.0, nodes=())
+
+
 async def test_a_ranking_service_without_a_ranking_is_not_ready(
     fresh_log: str, nc: NatsClient
 ) -> None:
     await _hosts(nc, 1)
+    await _intake(nc)
     rejected = m.CommandRejected(at=time.time(), field="ranking", reason="no ranking yet")
     await _answer(nc, s.QUERY_SHARE, rejected)
     with pytest.raises(StackError, match="ranking: no ranking yet"):
@@ -59,13 +71,14 @@ async def test_a_ranking_service_without_a_ranking_is_not_ready(
 
 async def test_ready_once_ranking_has_ranked(fresh_log: str, nc: NatsClient) -> None:
     await _hosts(nc, 1)
+    await _intake(nc)
     asked: list[float] = []
 
     def share() -> m.RankingUpdated | m.CommandRejected:
         asked.append(time.monotonic())
         if len(asked) < 3:  # the first two answers come before the first ranking
             return m.CommandRejected(at=time.time(), field="ranking", reason="no ranking yet")
-        return m.RankingUpdated(at=time.time(), window_s=60.0, nodes=())
+        return _ranking()
 
     await _answer(nc, s.QUERY_SHARE, share)
     await _wait_ready(fresh_log, 1, 10.0, _no_death)
@@ -74,6 +87,16 @@ async def test_ready_once_ranking_has_ranked(fresh_log: str, nc: NatsClient) -> 
 
 async def test_hosts_not_all_registered_is_not_ready(fresh_log: str, nc: NatsClient) -> None:
     await _hosts(nc, 1)
-    await _answer(nc, s.QUERY_SHARE, m.RankingUpdated(at=time.time(), window_s=60.0, nodes=()))
+    await _intake(nc)
+    await _answer(nc, s.QUERY_SHARE, _ranking())
     with pytest.raises(StackError, match="1 of 2 hosts registered"):
         await _wait_ready(fresh_log, 2, 1.5, _no_death)
+
+
+async def test_intake_not_serving_is_not_ready(fresh_log: str, nc: NatsClient) -> None:
+    await _hosts(nc, 1)
+    await _answer(nc, s.QUERY_SHARE, _ranking())
+    with pytest.raises(StackError, match="intake: not serving yet"):
+        await _wait_ready(fresh_log, 1, 1.5, _no_death)
+    await _intake(nc)
+    await _wait_ready(fresh_log, 1, 5.0, _no_death)

@@ -818,9 +818,11 @@ async def _wait_ready(
     nats_url: str, hosts: int, timeout: float, dead: object, dashboard_url: str | None = None
 ) -> None:
     """Ready = a placement leader answers and sees every agent's hosts, the ranking
-    service answers with a ranking, and the dashboard (when run) says healthy (its log is
-    replayed). A ranking, not any answer: ranking serves before it has put the budget tree
-    in the log, and until the tree is there intake refuses allocated submissions."""
+    service answers with a ranking, intake serves, and the dashboard (when run) says
+    healthy (its log is replayed). A ranking, not any answer: ranking serves before it has
+    put the budget tree in the log, and until the tree is there intake refuses allocated
+    submissions. Intake serves submissions once its log watches answer (it starts them
+    last): a watch request without a body is refused and opens nothing."""
     assert callable(dead)
     nc = await nats.connect(
         server_urls(nats_url),
@@ -845,6 +847,12 @@ async def _wait_ready(
                     )
                     if isinstance(share, m.CommandRejected):
                         last = f"ranking: {share.reason}"
+                        await asyncio.sleep(0.2)
+                        continue
+                    try:
+                        await nc.request(s.watch(None), b"{}", timeout=1.0)
+                    except nats.errors.NoRespondersError:
+                        last = "intake: not serving yet"
                         await asyncio.sleep(0.2)
                         continue
                     if dashboard_url is None or await asyncio.to_thread(
