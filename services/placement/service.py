@@ -276,6 +276,9 @@ class PlacementService:
         if seq is None:
             return False
         self.epoch = epoch
+        # Leading before the awaits below: records read meanwhile are the leader's to
+        # follow up (positions owed, requeues).
+        self.leader = True
         self._awaiting_seq = seq
         self.positions.new = {w.id for w in self.fold.queue}
         self.cycle_durations = CycleDurations()
@@ -283,9 +286,7 @@ class PlacementService:
             self._query_subs.append(
                 await self.nc.subscribe(subject, cb=bus.inbox_replies_only(handler))
             )
-        # Leading once the queries are served: whoever sees ``leader`` may ask at once.
-        await bus.confirm_subscriptions(self.nc)
-        self.leader = True
+        await bus.confirm_subscriptions(self.nc)  # the log line says queries are served
         log.info("leader", epoch=epoch, name=self.name)
         self._dirty.set()
         return True
