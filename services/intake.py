@@ -214,9 +214,11 @@ class Intake:
         await self.follower.start()
         for server in self.submits:  # once the hosts and the budget tree are known
             await server.start()
-        # Last: the stack is ready once a watch is answered (``allot.ops.stack``).
+        # Last, on the submissions' connection: the stack is ready once a watch is
+        # answered (``allot.ops.stack``), which then proves the server (and, in a cluster,
+        # the node that answered through) has the submissions' subscriptions too.
         if self.nc is not None and self.js is not None:
-            self.watches = LogWatchServer(self.nc, self.js, wall_clock)
+            self.watches = LogWatchServer(nc or self.nc, self.js, wall_clock)
             await self.watches.start()
         log.info("intake ready", hosts=len(self.fold.state.host_ids))
 

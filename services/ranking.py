@@ -52,6 +52,8 @@ from allot.proto.subjects import Kind
 SERVICE = "ranking"
 DEFAULT_RANK_EVERY_S = 300.0
 BOOTSTRAP = "bootstrap"
+FIRST_RETRY_S = 1.0
+"""How soon a first ranking that failed is tried again, doubling up to ``--rank-every-s``."""
 
 log = structlog.get_logger("allot.ranking", service=SERVICE)  # lazy: configured in main
 
@@ -203,6 +205,7 @@ class RankingService:
     # -- ranking -----------------------------------------------------------------------
 
     async def _rank_loop(self) -> None:
+        retry_s = FIRST_RETRY_S
         while not self._closing.is_set():
             self._kick.clear()
             try:
@@ -211,8 +214,11 @@ class RankingService:
                 log.exception("ranking failed")
             if self._closing.is_set():
                 return
+            wait = self.rank_every_s
+            if self.latest is None:  # sooner, doubling: the stack is not ready without one
+                wait, retry_s = min(wait, retry_s), retry_s * 2
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.rank_every_s)
+                await asyncio.wait_for(self._kick.wait(), wait)
 
     async def rank_now(self) -> m.RankingUpdated | None:
         """Rank the current tree over the window ending now and publish the result."""

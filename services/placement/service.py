@@ -286,7 +286,6 @@ class PlacementService:
             self._query_subs.append(
                 await self.nc.subscribe(subject, cb=bus.inbox_replies_only(handler))
             )
-        await bus.confirm_subscriptions(self.nc)  # the log line says queries are served
         log.info("leader", epoch=epoch, name=self.name)
         self._dirty.set()
         return True

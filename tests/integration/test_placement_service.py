@@ -176,7 +176,8 @@ async def test_standby_takes_over_from_the_log_without_double_booking(fresh_log:
         # A stale decision from the old epoch is ignored by every fold.
         stale = first.fold.epoch
         pending = next(iter(second.fold.queue))
-        await js.publish(
+        ignored_before = second.fold.ignored
+        ack = await js.publish(
             s.events("nlp", pending.id, "placed"),
             msgspec.json.encode(
                 m.WorkloadPlaced(
@@ -190,8 +191,15 @@ async def test_standby_takes_over_from_the_log_without_double_booking(fresh_log:
                 )
             ),
         )
-        await eventually(lambda: asyncio.sleep(0, second.fold.ignored), lambda n: n >= 1)
+        # Read: the follower is past the stale placement's sequence (the publish's ack).
+        assert second.follower is not None
+        follower = second.follower
+        await eventually(
+            lambda: asyncio.sleep(0, follower.last_seq.get("WORKLOADS", 0)),
+            lambda seq: seq >= ack.seq,
+        )
         assert len(second.fold.state.running) == 2
+        assert second.fold.ignored > ignored_before
     finally:
         await service_main.stop(second)
         await service_main.stop(first)

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from allot.bus import confirm_subscriptions
 from allot.ops.stack import StackError, _wait_ready
 from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
-from allot.sdk.client import confirm_subscriptions
 
 pytestmark = pytest.mark.integration
 
@@ -93,10 +94,13 @@ async def test_hosts_not_all_registered_is_not_ready(fresh_log: str, nc: NatsCli
         await _wait_ready(fresh_log, 2, 1.5, _no_death)
 
 
-async def test_intake_not_serving_is_not_ready(fresh_log: str, nc: NatsClient) -> None:
+async def test_intake_not_serving_is_not_ready(
+    fresh_log: str, nc: NatsClient, tmp_path: Path
+) -> None:
     await _hosts(nc, 1)
     await _answer(nc, s.QUERY_SHARE, _ranking())
-    with pytest.raises(StackError, match="intake: not serving yet"):
-        await _wait_ready(fresh_log, 1, 1.5, _no_death)
+    with pytest.raises(StackError, match="intake: not serving yet") as err:
+        await _wait_ready(fresh_log, 1, 1.5, _no_death, logs=tmp_path)
+    assert str(err.value).endswith(f"(the services' logs: {tmp_path})")
     await _intake(nc)
     await _wait_ready(fresh_log, 1, 5.0, _no_death)

@@ -17,6 +17,7 @@ from allot.core.budgets import parse_tree
 from allot.eventlog.budget_wire import spec_from_tree
 from allot.proto import messages as m
 from allot.proto import subjects as s
+from allot.services import ranking as ranking_module
 from allot.services.ranking import RankingService
 from memory_log import MemoryLog
 
@@ -180,3 +181,33 @@ async def test_the_share_query_before_any_ranking_is_refused() -> None:
         reply = await ask(br, s.QUERY_SHARE, msgspec.json.encode({}), Reply)
     assert isinstance(reply, m.CommandRejected)
     assert reply.field == "ranking"
+
+
+class FailingFirst(MemoryUsageStore):
+    """Redis away at start: the first read of the usage fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def buckets(self, *args: object, **kw: object) -> object:  # type: ignore[override]
+        self.reads += 1
+        if self.reads == 1:
+            raise ConnectionError("usage store away")
+        return await super().buckets(*args, **kw)  # type: ignore[arg-type]
+
+
+async def test_a_failed_first_ranking_is_tried_again_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not ``--rank-every-s`` later (an hour here): the stack waits for a first ranking."""
+    monkeypatch.setattr(ranking_module, "FIRST_RETRY_S", 0.05)
+    store = FailingFirst()
+    svc = RankingService(
+        broker=broker("ranking"),
+        record_log=await seeded_log(),
+        store=store,
+        clock=Clock(),
+        rank_every_s=3600.0,
+    )
+    async with running(svc):
+        await until(lambda: svc.latest is not None, "a ranking after the failed one")
+    assert store.reads == 2

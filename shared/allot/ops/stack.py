@@ -58,6 +58,7 @@ from urllib.parse import urlsplit
 import msgspec
 import nats
 import redis
+from nats.aio.client import Client as NatsClient
 
 from allot.adapters import pid_lock
 from allot.adapters.batch_staging import DEFAULT_ACCOUNT
@@ -677,7 +678,12 @@ class Stack(StartStop):
         url = self.url_for()
         if self.ca_file is not None:
             os.environ[CA_ENV] = str(self.ca_file)
-        _blocking(lambda: _wait_ready(url, hosts, timeout, self._dead, self.dashboard_url))
+        logs = self.config.run_dir / "logs"
+        _blocking(
+            lambda: _wait_ready(
+                url, hosts, timeout, self._dead, dashboard_url=self.dashboard_url, logs=logs
+            )
+        )
 
     def _dead(self) -> str | None:
         """While starting: the first process that exited (a start does not restart)."""
@@ -815,14 +821,21 @@ def _status(code: int) -> str:
 
 
 async def _wait_ready(
-    nats_url: str, hosts: int, timeout: float, dead: object, dashboard_url: str | None = None
+    nats_url: str,
+    hosts: int,
+    timeout: float,
+    dead: object,
+    *,
+    dashboard_url: str | None = None,
+    logs: Path | None = None,
 ) -> None:
     """Ready = a placement leader answers and sees every agent's hosts, the ranking
     service answers with a ranking, intake serves, and the dashboard (when run) says
     healthy (its log is replayed). A ranking, not any answer: ranking serves before it has
     put the budget tree in the log, and until the tree is there intake refuses allocated
     submissions. Intake serves submissions once its log watches answer (it starts them
-    last): a watch request without a body is refused and opens nothing."""
+    last): a watch request without a body is refused and opens nothing. Past ``timeout``,
+    the error says which step was still waiting and where the services' logs are."""
     assert callable(dead)
     nc = await nats.connect(
         server_urls(nats_url),
@@ -832,43 +845,52 @@ async def _wait_ready(
     deadline = time.monotonic() + timeout
     decode_hosts = msgspec.json.Decoder(m.HostsSnapshot)
     decode_share = msgspec.json.Decoder(m.RankingUpdated | m.CommandRejected)
-    last = "no placement leader yet"
+    last: str | None = "no placement leader yet"
     try:
         while time.monotonic() < deadline:
             problem = dead()
             if problem:
                 raise StackError(problem)
-            try:
-                reply = await nc.request(s.QUERY_HOSTS, b"", timeout=1.0)
-                seen = decode_hosts.decode(reply.data).total  # a page says how many in all
-                if seen >= hosts:
-                    share = decode_share.decode(
-                        (await nc.request(s.QUERY_SHARE, b"", timeout=1.0)).data
-                    )
-                    if isinstance(share, m.CommandRejected):
-                        last = f"ranking: {share.reason}"
-                        await asyncio.sleep(0.2)
-                        continue
-                    try:
-                        await nc.request(s.watch(None), b"{}", timeout=1.0)
-                    except nats.errors.NoRespondersError:
-                        last = "intake: not serving yet"
-                        await asyncio.sleep(0.2)
-                        continue
-                    if dashboard_url is None or await asyncio.to_thread(
-                        _healthy, f"{dashboard_url}/healthz"
-                    ):
-                        return
-                    last = f"dashboard {dashboard_url} not healthy yet"
-                    await asyncio.sleep(0.2)
-                    continue
-                last = f"{seen} of {hosts} hosts registered"
-            except Exception as e:  # no responders yet, timeouts while starting
-                last = f"{type(e).__name__}: {e}"
+            last = await _not_ready(nc, hosts, dashboard_url, decode_hosts, decode_share)
+            if last is None:
+                return
             await asyncio.sleep(0.2)
-        raise StackError(f"stack not ready after {timeout:.0f} s: {last}")
+        where = f" (the services' logs: {logs})" if logs is not None else ""
+        raise StackError(f"stack not ready after {timeout:.0f} s: {last}{where}")
     finally:
         await nc.close()
+
+
+async def _not_ready(
+    nc: NatsClient,
+    hosts: int,
+    dashboard_url: str | None,
+    decode_hosts: msgspec.json.Decoder[m.HostsSnapshot],
+    decode_share: msgspec.json.Decoder[m.RankingUpdated | m.CommandRejected],
+) -> str | None:
+    """What the stack still waits for (None: nothing), one step of ``_wait_ready``."""
+    step = "placement leader"
+    try:
+        reply = await nc.request(s.QUERY_HOSTS, b"", timeout=1.0)
+        seen = decode_hosts.decode(reply.data).total  # a page says how many in all
+        if seen < hosts:
+            return f"{seen} of {hosts} hosts registered"
+        step = "ranking"
+        share = decode_share.decode((await nc.request(s.QUERY_SHARE, b"", timeout=1.0)).data)
+        if isinstance(share, m.CommandRejected):
+            return f"ranking: {share.reason}"
+        step = "intake"
+        try:
+            await nc.request(s.watch(None), b"{}", timeout=1.0)
+        except nats.errors.NoRespondersError:
+            return "intake: not serving yet"
+    except Exception as e:  # no responders yet, timeouts while starting
+        return f"{step}: {type(e).__name__}: {e}"
+    if dashboard_url is not None and not await asyncio.to_thread(
+        _healthy, f"{dashboard_url}/healthz"
+    ):
+        return f"dashboard {dashboard_url} not healthy yet"
+    return None
 
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
