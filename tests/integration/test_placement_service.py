@@ -400,9 +400,15 @@ async def test_a_query_of_an_allocation_the_budget_tree_lacks_is_refused_naming_
         reply = await nc.request(s.query_scoped(query, allocation), body, timeout=5)
         return answers.decode(reply.data)  # type: ignore[no-any-return]
 
+    async def answered() -> msgspec.Struct | None:  # None until the leader's queries are up
+        try:
+            return await ask(s.QUERY_QUEUE, "nlp")
+        except nats.errors.NoRespondersError:
+            return None
+
     known = "(allocations: nlp, vision)"
     try:
-        await eventually(lambda: asyncio.sleep(0, placement.leader), bool)
+        await eventually(answered, lambda got: got is not None)
         for query in (s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS):
             for allocation, reason in (
                 ("nosuch", f"no allocation 'nosuch' in the budget tree {known}"),
