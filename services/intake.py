@@ -180,6 +180,8 @@ class Intake:
         """Submissions: a backlog of them is stored as atomic batches (the log intake
         builds itself; None when given one)."""
         self.follower: Follower | None = None
+        self.serving: RequestServer | None = None
+        """Answers ``QUERY_INTAKE`` once the submissions are served (the stack's readiness)."""
         self.watches: LogWatchServer | None = None
         """Reads the log for teams (``allot.bus.log_watch``): they never create consumers."""
         self._host_sizes: tuple[list[int], int] | None = None
@@ -214,11 +216,13 @@ class Intake:
         await self.follower.start()
         for server in self.submits:  # once the hosts and the budget tree are known
             await server.start()
-        # Last, on the submissions' connection: the stack is ready once a watch is
-        # answered (``allot.ops.stack``), which then proves the server (and, in a cluster,
-        # the node that answered through) has the submissions' subscriptions too.
+        if nc is not None:
+            # After the submissions, on their connection: an answer proves the server (in a
+            # cluster, the node that answered through) has their subscriptions too.
+            self.serving = RequestServer(nc, s.QUERY_INTAKE, "intake", self._on_serving)
+            await self.serving.start()
         if self.nc is not None and self.js is not None:
-            self.watches = LogWatchServer(nc or self.nc, self.js, wall_clock)
+            self.watches = LogWatchServer(self.nc, self.js, wall_clock)
             await self.watches.start()
         log.info("intake ready", hosts=len(self.fold.state.host_ids))
 
@@ -239,12 +243,20 @@ class Intake:
     async def on_stopping(self) -> None:
         if self.watches is not None:
             await self.watches.stop()
+        if self.serving is not None:
+            await self.serving.stop()
         for server in self.submits:
             await server.stop()
         if self.follower is not None:
             await self.follower.stop()
         if self.nc is not None:
             await self.nc.close()
+
+    async def _on_serving(self, _subject: str, _body: bytes) -> bytes:
+        hosts = len(self.fold.state.host_ids)
+        tree = "a budget tree" if self.fold.tree is not None else "no budget tree yet"
+        detail = f"intake serves submissions ({hosts} hosts, {tree})"
+        return codec.encode(m.CommandAccepted(at=wall_clock(), detail=detail))
 
     # ------------------------------------------------------------------ submit
     async def on_submit(self, subject: str, body: bytes) -> bytes:

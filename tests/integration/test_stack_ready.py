@@ -4,8 +4,8 @@ stand-ins for placement, ranking and intake.
 Ranking answers its query before it has put the budget tree in the log, so a stack could
 say ready while intake still refused allocated submissions ("no budget tree has been set
 yet"): ready takes a ranking, which follows the tree. Intake could still be starting when
-the rest was up (a submission then met no responder): ready takes an answer of intake's
-log watches, which it starts after its submissions."""
+the rest was up (a submission then met no responder): ready takes intake's answer to
+``QUERY_INTAKE``, which it serves after its submissions."""
 
 from __future__ import annotations
 
@@ -51,8 +51,7 @@ async def _hosts(nc: NatsClient, total: int) -> None:
 
 
 async def _intake(nc: NatsClient) -> None:
-    refused = m.CommandRejected(at=time.time(), field="workload_id", reason="missing")
-    await _answer(nc, s.watch(None), refused)
+    await _answer(nc, s.QUERY_INTAKE, m.CommandAccepted(at=time.time(), detail="serving"))
 
 
 def _ranking() -> m.RankingUpdated:

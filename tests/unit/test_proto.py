@@ -179,6 +179,7 @@ def test_schema_lists_every_message_and_asyncapi_every_subject_kind() -> None:
         s.QUERY_USAGE,
         s.QUERY_IDLE,
         s.QUERY_HISTORY,
+        s.QUERY_INTAKE,
     }
     # the per-allocation forms too: the only query subjects a team may use under auth
     scoped = {

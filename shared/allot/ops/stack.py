@@ -830,11 +830,10 @@ async def _wait_ready(
     logs: Path | None = None,
 ) -> None:
     """Ready = a placement leader answers and sees every agent's hosts, the ranking
-    service answers with a ranking, intake serves, and the dashboard (when run) says
-    healthy (its log is replayed). A ranking, not any answer: ranking serves before it has
-    put the budget tree in the log, and until the tree is there intake refuses allocated
-    submissions. Intake serves submissions once its log watches answer (it starts them
-    last): a watch request without a body is refused and opens nothing. Past ``timeout``,
+    service answers with a ranking, intake answers ``QUERY_INTAKE`` (once it serves
+    submissions), and the dashboard (when run) says healthy (its log is replayed). A
+    ranking, not any answer: ranking serves before it has put the budget tree in the log,
+    and until the tree is there intake refuses allocated submissions. Past ``timeout``,
     the error says which step was still waiting and where the services' logs are."""
     assert callable(dead)
     nc = await nats.connect(
@@ -881,7 +880,7 @@ async def _not_ready(
             return f"ranking: {share.reason}"
         step = "intake"
         try:
-            await nc.request(s.watch(None), b"{}", timeout=1.0)
+            await nc.request(s.QUERY_INTAKE, b"", timeout=1.0)
         except nats.errors.NoRespondersError:
             return "intake: not serving yet"
     except Exception as e:  # no responders yet, timeouts while starting

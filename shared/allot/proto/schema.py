@@ -30,6 +30,7 @@ from allot.proto.subjects import (
     QUERY_HISTORY,
     QUERY_HOSTS,
     QUERY_IDLE,
+    QUERY_INTAKE,
     QUERY_OWED,
     QUERY_PLACEMENT_STATS,
     QUERY_PRIO,
@@ -116,6 +117,7 @@ _QUERIES: dict[
         (m.WorkloadStatus, m.CommandRejected),
     ),
     "query_share": (QUERY_SHARE, (), (m.RankingUpdated, m.CommandRejected)),
+    "query_intake": (QUERY_INTAKE, (), (m.CommandAccepted,)),
     "query_allocations": (QUERY_ALLOCATIONS, (), (m.AllocationsSnapshot, m.CommandRejected)),
     "query_placement_stats": (QUERY_PLACEMENT_STATS, (), (m.PlacementStats, m.CommandRejected)),
     "query_owed": (QUERY_OWED, (m.OwedQuery,), (m.OwedSnapshot, m.CommandRejected)),
@@ -169,6 +171,7 @@ _GRANTED: dict[str, tuple[str, ...]] = {
     "query_idle": (_MANAGER, _OPERATOR),
     "query_history": (_MANAGER, _OPERATOR),
     "query_idle_allocation": (_TEAM, _MANAGER, _OPERATOR),
+    "query_intake": (_MANAGER, _OPERATOR),
 }
 """Who ``allot auth gen`` grants each channel to (publish for a send, subscribe for a
 receive), besides the services, which are granted everything; a channel not listed is the
