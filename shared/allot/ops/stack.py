@@ -842,15 +842,13 @@ async def _wait_ready(
         inbox_prefix=inbox_prefix_for_url(nats_url),
     )
     deadline = time.monotonic() + timeout
-    decode_hosts = msgspec.json.Decoder(m.HostsSnapshot)
-    decode_share = msgspec.json.Decoder(m.RankingUpdated | m.CommandRejected)
     last: str | None = "no placement leader yet"
     try:
         while time.monotonic() < deadline:
             problem = dead()
             if problem:
                 raise StackError(problem)
-            last = await _not_ready(nc, hosts, dashboard_url, decode_hosts, decode_share)
+            last = await _not_ready(nc, hosts, dashboard_url)
             if last is None:
                 return
             await asyncio.sleep(0.2)
@@ -860,30 +858,27 @@ async def _wait_ready(
         await nc.close()
 
 
-async def _not_ready(
-    nc: NatsClient,
-    hosts: int,
-    dashboard_url: str | None,
-    decode_hosts: msgspec.json.Decoder[m.HostsSnapshot],
-    decode_share: msgspec.json.Decoder[m.RankingUpdated | m.CommandRejected],
-) -> str | None:
+_HOSTS = msgspec.json.Decoder(m.HostsSnapshot)
+_SHARE = msgspec.json.Decoder(m.RankingUpdated | m.CommandRejected)
+
+
+async def _not_ready(nc: NatsClient, hosts: int, dashboard_url: str | None) -> str | None:
     """What the stack still waits for (None: nothing), one step of ``_wait_ready``."""
     step = "placement leader"
     try:
         reply = await nc.request(s.QUERY_HOSTS, b"", timeout=1.0)
-        seen = decode_hosts.decode(reply.data).total  # a page says how many in all
+        seen = _HOSTS.decode(reply.data).total  # a page says how many in all
         if seen < hosts:
             return f"{seen} of {hosts} hosts registered"
         step = "ranking"
-        share = decode_share.decode((await nc.request(s.QUERY_SHARE, b"", timeout=1.0)).data)
+        share = _SHARE.decode((await nc.request(s.QUERY_SHARE, b"", timeout=1.0)).data)
         if isinstance(share, m.CommandRejected):
             return f"ranking: {share.reason}"
         step = "intake"
-        try:
-            await nc.request(s.QUERY_INTAKE, b"", timeout=1.0)
-        except nats.errors.NoRespondersError:
-            return "intake: not serving yet"
-    except Exception as e:  # no responders yet, timeouts while starting
+        await nc.request(s.QUERY_INTAKE, b"", timeout=1.0)
+    except nats.errors.NoRespondersError:  # that service has not subscribed yet
+        return f"{step}: not serving yet"
+    except Exception as e:  # timeouts while starting, an answer not yet what it will be
         return f"{step}: {type(e).__name__}: {e}"
     if dashboard_url is not None and not await asyncio.to_thread(
         _healthy, f"{dashboard_url}/healthz"
