@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -322,6 +323,12 @@ def test_generate_writes_private_files_the_server_accepts(tree: BudgetTree, tmp_
         assert creds.password not in auth.config_text  # only the bcrypt hash is
     assert auth.users["nlp"].inbox_prefix == "_INBOX_nlp"
     assert auth.users["svc"].inbox_prefix == "_INBOX_svc"
+    # A cluster's route password: private, and URL-safe (route URLs carry it as a login)
+    assert auth.route_env is not None
+    assert stat.S_IMODE(auth.route_env.stat().st_mode) == 0o600
+    (route_password,) = re.findall(r"(?m)^NATS_ROUTE_PASSWORD=(\S+)$", auth.route_env.read_text())
+    assert re.fullmatch(r"[A-Za-z0-9_-]{32,}", route_password)
+    assert all(route_password != c.password for c in auth.users.values())
     assert auth.first("service").user == "svc"
     # nats-server's own config check (-t) accepts it
     result = subprocess.run(

@@ -26,6 +26,7 @@ import asyncio
 import base64
 import copy
 import importlib
+import json
 import re
 import shutil
 import subprocess
@@ -243,8 +244,32 @@ def test_nats_routes_name_every_server_through_the_headless_service(
     (container,) = _pod_spec(sts)["containers"]
     assert {"name": "cluster", "containerPort": int(port[1])} in container["ports"]
     service = sts["spec"]["serviceName"]
-    expected = [f"nats://nats-{i}.{service}:{port[1]}" for i in range(sts["spec"]["replicas"])]
-    assert _routes(conf) == expected
+    env = _nats_env(objs, container)
+    password = _secret_env(_generated(objs, "Secret", "allot-nats-route"))["NATS_ROUTE_PASSWORD"]
+    assert env["NATS_ROUTE_PASSWORD"] == password and len(password) >= 32
+    expected = [
+        f"nats://allot-route:{password}@nats-{i}.{service}:{port[1]}"
+        for i in range(sts["spec"]["replicas"])
+    ]
+    assert [_variable(route, env) for route in _routes(conf)] == expected
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_nats_routes_take_only_servers_that_log_in(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    """A cluster block without `authorization` lets anything that reaches the route port
+    join the cluster, and through it read and write every stream."""
+    conf = _nats_config(rendered[overlay])
+    block = re.search(r"(?ms)^cluster \{.*?^\s*authorization \{(.*?)\}", conf)
+    assert block, "nats.conf's cluster block has no authorization: any server may join"
+    settings = dict(re.findall(r"(?m)^\s*(\w+):\s*(\S+)\s*$", block[1]))
+    assert settings == {"user": "allot-route", "password": "$NATS_ROUTE_PASSWORD"}
+
+
+def _variable(value: str, env: Mapping[str, str]) -> str:
+    """A nats-server configuration value: `$NAME` is the environment variable NAME."""
+    return env[value[1:]] if value.startswith("$") else value
 
 
 def _settings(conf: str) -> dict[str, str]:
@@ -299,12 +324,20 @@ def _nats_files(objs: list[Obj], into: Path, pod: int = 0) -> dict[str, str]:
             target = into / item["path"]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(_secret_text(obj, item["key"]) if kind == "Secret" else text)
+    return _nats_env(objs, container, pod)
+
+
+def _nats_env(objs: list[Obj], container: Mapping[str, Any], pod: int = 0) -> dict[str, str]:
+    """The environment of the NATS container of pod `nats-<pod>`: values (with `$(VAR)`
+    expanded), the pod's name and the keys of rendered Secrets."""
     env: dict[str, str] = {}
     for var in container["env"]:
         if "value" in var:
             env[var["name"]] = _expand(var["value"], env)
         elif var["valueFrom"].get("fieldRef", {}).get("fieldPath") == "metadata.name":
             env[var["name"]] = f"nats-{pod}"
+        elif ref := var["valueFrom"].get("secretKeyRef"):
+            env[var["name"]] = _secret_text(_one(objs, "Secret", ref["name"]), ref["key"])
     return env
 
 
@@ -328,10 +361,12 @@ def test_nats_server_accepts_the_rendered_configuration(
 @pytest.fixture
 def nats_cluster(
     rendered: dict[str, list[Obj]], tmp_path: Path
-) -> Iterator[tuple[list[int], list[int]]]:
+) -> Iterator[tuple[list[int], list[int], list[int]]]:
     """The production overlay's three servers on loopback, from the rendered configuration
-    (the pod's own files and environment), on free ports: the store, pid file and routes
-    pointed at this machine (`-p`, `-m`, `--cluster`, `--routes` override the file)."""
+    (the pod's own files and environment), on free ports: the store, pid file, route port
+    and the routes' hosts pointed at this machine, their login kept (`--cluster` or
+    `--routes` on the command line would replace the file's routes and drop it).
+    Yields the client, monitoring and route ports."""
     objs = rendered["production"]
     ports = free_ports(9)
     client, monitor, cluster = ports[0:3], ports[3:6], ports[6:9]
@@ -343,14 +378,24 @@ def nats_cluster(
             conf = (node / "nats.conf").read_text()
             conf = conf.replace("store_dir: /data", f"store_dir: {node / 'store'}")
             conf = conf.replace("/var/run/nats/nats.pid", str(node / "nats.pid"))
+            conf = re.sub(
+                r"(?m)^(cluster \{.*?^\s*)port: 6222$",
+                rf"\1listen: 127.0.0.1:{cluster[i]}",
+                conf,
+                count=1,
+                flags=re.S,
+            )
             (node / "nats.conf").write_text(conf)
-            routes = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(cluster) if j != i)
+            for j, port in enumerate(cluster):
+                env[f"NATS_ROUTE_{j}"] = re.sub(
+                    r"@nats-\d+\.[^:]+:6222$", f"@127.0.0.1:{port}", env[f"NATS_ROUTE_{j}"]
+                )
+                assert env[f"NATS_ROUTE_{j}"].endswith(f"@127.0.0.1:{port}")
             argv = [str(find_nats_server()), "-c", str(node / "nats.conf"), "-a", "127.0.0.1"]
             argv += ["-p", str(client[i]), "-m", str(monitor[i])]
-            argv += ["--cluster", f"nats://127.0.0.1:{cluster[i]}", "--routes", routes]
             log = (node / "nats.log").open("w")
             procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
-        yield client, monitor
+        yield client, monitor, cluster
     finally:
         for proc in procs:
             proc.terminate()
@@ -360,19 +405,12 @@ def nats_cluster(
 
 @pytest.mark.integration
 def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
-    rendered: dict[str, list[Obj]], nats_cluster: tuple[list[int], list[int]]
+    rendered: dict[str, list[Obj]], nats_cluster: tuple[list[int], list[int], list[int]]
 ) -> None:
     objs = rendered["production"]
-    client, monitor = nats_cluster
+    client, monitor, _ = nats_cluster
     deadline = time.monotonic() + 30
-    for port in monitor:
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, f"no healthy cluster on :{port} in 30 s"
-                time.sleep(0.2)
+    _wait_healthy(monitor, deadline)
     creds = _secret_env(_generated(objs, "Secret", "allot-services"))
     replicas = int(_generated(objs, "ConfigMap", "allot-env")["data"]["ALLOT_STREAM_REPLICAS"])
     url = f"nats://{creds['ALLOT_NATS_USER']}:{creds['ALLOT_NATS_PASSWORD']}@127.0.0.1:{client[0]}"
@@ -398,6 +436,71 @@ def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
             await nc.close()
 
     assert asyncio.run(streams()) == dict.fromkeys(("WORKLOADS", "HOSTS", "USAGE"), (3, "allot"))
+
+
+def _wait_healthy(monitor: list[int], deadline: float) -> None:
+    for port in monitor:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"no healthy cluster on :{port} in 30 s"
+                time.sleep(0.2)
+
+
+def _route_names(monitor_port: int) -> set[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/routez", timeout=2) as r:
+        routez = json.load(r)
+    return {str(route.get("remote_name", "")) for route in routez.get("routes") or []}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("with_password", [False, True])
+def test_a_server_without_the_route_password_cannot_join_the_cluster(
+    rendered: dict[str, list[Obj]],
+    nats_cluster: tuple[list[int], list[int], list[int]],
+    tmp_path: Path,
+    with_password: bool,
+) -> None:
+    """A server of its own, routed at the cluster's first server: refused without the
+    routes' login (it would otherwise see every stream and message of the cluster); with
+    it, the same server joins (the control: the check can fail)."""
+    _, monitor, cluster = nats_cluster
+    _wait_healthy(monitor, time.monotonic() + 30)
+    secret = _secret_env(_generated(rendered["production"], "Secret", "allot-nats-route"))
+    password = secret["NATS_ROUTE_PASSWORD"] if with_password else "guess"
+    login = f"allot-route:{password}@" if with_password else ""
+    own_client, own_route = free_ports(2)
+    conf = tmp_path / "rogue.conf"
+    conf.write_text(
+        f"server_name: rogue\nport: {own_client}\n"
+        f"cluster {{\n  name: allot\n  listen: 127.0.0.1:{own_route}\n"
+        f"  authorization {{\n    user: allot-route\n    password: {password}\n  }}\n"
+        f"  routes [ nats://{login}127.0.0.1:{cluster[0]} ]\n}}\n"
+    )
+    log_path = tmp_path / "rogue.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [str(find_nats_server()), "-c", str(conf), "-a", "127.0.0.1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            joined = "rogue" in _route_names(monitor[0])
+            refused = "Authorization Violation" in log_path.read_text()
+            if joined or (refused and not with_password) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if with_password:
+            assert joined, f"the control did not join in 10 s: {log_path.read_text()[-2000:]}"
+        else:
+            assert refused and not joined, f"joined or no refusal: {log_path.read_text()[-2000:]}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
 
 
 # == 3. the services and the agent =============================================================

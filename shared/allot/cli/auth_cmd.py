@@ -85,6 +85,8 @@ def summary(auth: GeneratedAuth, tls: TlsFiles | None) -> str:
     lines = [f"wrote {auth.config_path} ({len(auth.users)} users, account {ACCOUNT})"]
     if auth.dashboard_users is not None:
         lines.append(f"dashboard logins (the same users and passwords): {auth.dashboard_users}")
+    if auth.route_env is not None:
+        lines.append(f"a NATS cluster's route password (deploy/k8s): {auth.route_env}")
     if tls is not None:
         lines.append(f"TLS: server certificate {tls.cert_file}; clients trust {tls.ca_file}")
     for name, creds in auth.users.items():

@@ -77,6 +77,10 @@ DEFAULT_BCRYPT_COST = 11
 """nats-server's own ``passwd`` tool default: ~0.1 s per connection check."""
 CONFIG_NAME = "nats.conf"
 USERS_DIR = "users"
+ROUTE_ENV = "nats-route.env"
+"""The cluster routes' password (``NATS_ROUTE_PASSWORD``): a NATS cluster's servers log in
+to each other with it (deploy/k8s's nats.conf), so a process that reaches the route port
+without it cannot join the cluster and with it read and write every stream."""
 
 _USER_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _USER_FIELDS: dict[Role, tuple[str, ...]] = {
@@ -461,6 +465,8 @@ class GeneratedAuth:
     grants: dict[str, Permissions] = field(default_factory=dict)
     dashboard_users: Path | None = None
     """``dashboard-users.json``: the dashboard's logins (``allot.auth.dashboard``)."""
+    route_env: Path | None = None
+    """``nats-route.env``: the password of a NATS cluster's routes (``ROUTE_ENV``)."""
 
     def url(self, user: str, server_url: str) -> str:
         return self.users[user].url(server_url)
@@ -524,12 +530,23 @@ def generate(
         for u in users
     }
     _write_private(out / DASHBOARD_USERS, users_document(rows))
+    _write_private(out / ROUTE_ENV, _route_env_file(secrets.token_urlsafe(24)))
     return GeneratedAuth(
         config_path=config_path,
         config_text=text,
         users=creds,
         grants=grants,
         dashboard_users=out / DASHBOARD_USERS,
+        route_env=out / ROUTE_ENV,
+    )
+
+
+def _route_env_file(password: str) -> str:
+    """The routes' password (URL-safe: the servers' route URLs carry it as their login)."""
+    return (
+        "# The password NATS cluster servers log in to each other's routes with. Secret: keep"
+        " it 0600.\n"
+        f"NATS_ROUTE_PASSWORD={password}\n"
     )
 
 
