@@ -404,14 +404,68 @@ def test_dashboard_publishes_its_port_on_loopback_and_checks_its_health() -> Non
 # == 3. commands name real modules, and their parsers take the flags ============================
 
 
+INTERPRETER_FLAGS = {"-P", "-s"}
+"""Flags a service's `python` may take before `-m`: the agent's (`-P -s`, below)."""
+
+
+def _interpreter_flags(cmd: list[str], where: str) -> list[str]:
+    """The flags of `python [flags] -m module ...` (the command must have that shape)."""
+    assert cmd[:1] == ["python"] and "-m" in cmd, f"{where}: command must be `python -m ...`"
+    flags = cmd[1 : cmd.index("-m")]
+    assert set(flags) <= INTERPRETER_FLAGS, f"{where}: unexpected interpreter flags {flags}"
+    return flags
+
+
 def _module_and_args(name: str, stack: str = "compose.yaml") -> tuple[str, list[str]]:
     cmd = _command(_services(stack)[name])
-    assert cmd[:2] == ["python", "-m"], f"service {name}: command must be `python -m ...`"
-    module = cmd[2]
+    at = len(_interpreter_flags(cmd, f"service {name}")) + 2  # python, flags, -m
+    module = cmd[at]
     assert module == f"allot.services.{ALLOT_SERVICES[name]}", f"service {name}: {module}"
     # Paths inside the container stand for their bind-mounted files here.
     mounts = _bind_mounts(_services(stack)[name])
-    return module, [str(mounts.get(a, a)) for a in cmd[3:]]
+    return module, [str(mounts.get(a, a)) for a in cmd[at + 1 :]]
+
+
+def _planted_package(where: Path) -> None:
+    """An `allot` package in `where` whose `allot.services.agent` prints PLANTED: what a
+    workload could leave in its agent's working directory."""
+    for package in ("allot", "allot/services", "allot/services/agent"):
+        (where / package).mkdir(parents=True, exist_ok=True)
+        (where / package / "__init__.py").write_text("")
+    (where / "allot/services/agent/__main__.py").write_text("print('PLANTED')\n")
+
+
+@pytest.mark.parametrize("flags", [None, []], ids=["compose-flags", "control-no-flags"])
+def test_the_agents_never_import_from_their_working_directory(
+    flags: list[str] | None, tmp_path: Path
+) -> None:
+    """Workloads run in their agent's working directory and may write there; `python -m`
+    puts that directory first on `sys.path`, so a planted `allot` package would run as the
+    agent at its next start, with its password. compose.yaml's agents run `python -P`
+    (their flags, below); the control, without them, runs the planted code."""
+    agents = [n for n in _services("compose.yaml") if ALLOT_SERVICES.get(n) == "agent"]
+    assert agents, "compose.yaml runs no agent"
+    commands = [_command(_services("compose.yaml")[n]) for n in agents]
+    used = {tuple(_interpreter_flags(cmd, "agent")) for cmd in commands}
+    assert len(used) == 1, f"the agents' interpreter flags differ: {used}"
+    if flags is None:
+        (flags_used,) = used
+        flags = list(flags_used)
+        assert "-P" in flags, "agents must run `python -P` (no import from the working dir)"
+    _planted_package(tmp_path)
+    run = subprocess.run(
+        [sys.executable, *flags, "-m", "allot.services.agent", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if flags:
+        assert "PLANTED" not in run.stdout and run.returncode == 0, run
+        assert "--host" in run.stdout, "not the agent's own help"
+    else:
+        assert "PLANTED" in run.stdout, f"the control did not run the planted package: {run}"
 
 
 @pytest.mark.parametrize("name", sorted(ALLOT_SERVICES))

@@ -405,12 +405,14 @@ def nats_cluster(
 
 @pytest.mark.integration
 def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
-    rendered: dict[str, list[Obj]], nats_cluster: tuple[list[int], list[int], list[int]]
+    rendered: dict[str, list[Obj]],
+    nats_cluster: tuple[list[int], list[int], list[int]],
+    tmp_path: Path,
 ) -> None:
     objs = rendered["production"]
     client, monitor, _ = nats_cluster
     deadline = time.monotonic() + 30
-    _wait_healthy(monitor, deadline)
+    _wait_healthy(monitor, deadline, tmp_path)
     creds = _secret_env(_generated(objs, "Secret", "allot-services"))
     replicas = int(_generated(objs, "ConfigMap", "allot-env")["data"]["ALLOT_STREAM_REPLICAS"])
     url = f"nats://{creds['ALLOT_NATS_USER']}:{creds['ALLOT_NATS_PASSWORD']}@127.0.0.1:{client[0]}"
@@ -438,20 +440,31 @@ def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
     assert asyncio.run(streams()) == dict.fromkeys(("WORKLOADS", "HOSTS", "USAGE"), (3, "allot"))
 
 
-def _wait_healthy(monitor: list[int], deadline: float) -> None:
+def _wait_healthy(monitor: list[int], deadline: float, logs: Path) -> None:
+    """Every server answers /healthz (JetStream up, a meta leader elected) before
+    ``deadline``; else fail with the tail of each server's log under ``logs``."""
     for port in monitor:
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
                     break
             except OSError:
-                assert time.monotonic() < deadline, f"no healthy cluster on :{port} in 30 s"
+                if time.monotonic() >= deadline:
+                    tails = "\n".join(
+                        f"{log}:\n{log.read_text()[-1500:]}"
+                        for log in sorted(logs.glob("nats-*/nats.log"))
+                    )
+                    pytest.fail(f"no healthy cluster on :{port} in time; logs:\n{tails}")
                 time.sleep(0.2)
 
 
 def _route_names(monitor_port: int) -> set[str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/routez", timeout=2) as r:
-        routez = json.load(r)
+    """The names of the servers routed to this one (none while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/routez", timeout=2) as r:
+            routez = json.load(r)
+    except OSError:
+        return set()
     return {str(route.get("remote_name", "")) for route in routez.get("routes") or []}
 
 
@@ -467,7 +480,7 @@ def test_a_server_without_the_route_password_cannot_join_the_cluster(
     routes' login (it would otherwise see every stream and message of the cluster); with
     it, the same server joins (the control: the check can fail)."""
     _, monitor, cluster = nats_cluster
-    _wait_healthy(monitor, time.monotonic() + 30)
+    _wait_healthy(monitor, time.monotonic() + 30, tmp_path)
     secret = _secret_env(_generated(rendered["production"], "Secret", "allot-nats-route"))
     password = secret["NATS_ROUTE_PASSWORD"] if with_password else "guess"
     login = f"allot-route:{password}@" if with_password else ""
@@ -557,15 +570,23 @@ def test_every_allot_command_is_a_real_module_whose_parser_takes_its_flags(
     env = _allot_env(rendered[overlay])
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    checked = 0
+    checked = agents = 0
     for obj in _workloads(rendered[overlay]):
         for c in _pod_spec(obj)["containers"]:
             if "allot" not in c["image"].rsplit("/", 1)[-1]:
                 continue
             where = f"{_name(obj)} container {c['name']}"
             command = [_expand(a, {"NODE_NAME": "gpu-node-01"}) for a in c["command"]]
-            assert command[:2] == ["python", "-m"], f"{where}: `python -m allot.services.X`"
-            module_name, args = command[2], command[3:]
+            assert command[:1] == ["python"] and "-m" in command, f"{where}: `python -m ...`"
+            flags = command[1 : command.index("-m")]
+            module_name, args = command[len(flags) + 2], command[len(flags) + 3 :]
+            if module_name == "allot.services.agent":
+                # Workloads write to the agent's working directory: nothing imported from
+                # it (-P), nor from a user site (-s) (tests/unit/test_compose.py runs it).
+                assert flags == ["-P", "-s"], f"{where}: the agent runs `python -P -s -m`"
+                agents += 1
+            else:
+                assert not flags, f"{where}: unexpected interpreter flags {flags}"
             short = module_name.removeprefix("allot.services.")
             assert module_name.startswith("allot.services.") and (
                 (SERVICES_DIR / f"{short}.py").is_file() or (SERVICES_DIR / short).is_dir()
@@ -578,7 +599,7 @@ def test_every_allot_command_is_a_real_module_whose_parser_takes_its_flags(
                 pytest.fail(f"{where}: {module_name} rejects {args}: {capsys.readouterr().err}")
             assert parsed.nats_url == env["ALLOT_NATS_URL"], f"{where}: env URL not read"
             checked += 1
-    assert checked >= len(COMPOSE_SERVICES) + 1
+    assert checked >= len(COMPOSE_SERVICES) + 1 and agents == 1
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -841,6 +862,16 @@ def test_every_pod_is_restricted_but_the_agents_host_pids(
             assert sc["allowPrivilegeEscalation"] is False, f"{where} {c['name']}"
             assert sc["capabilities"] == {"drop": ["ALL"]}, f"{where} {c['name']}"
             assert not sc.get("privileged"), f"{where} {c['name']}"
+    # The agent's workloads run as its uid and, with hostPID, see the node's processes: a
+    # process of the same uid is theirs to read (/proc/<pid>/environ) and signal.
+    uids = {
+        _name(obj): (_pod_spec(obj)["securityContext"]["runAsUser"], "agent" in _name(obj))
+        for obj in _workloads(rendered[overlay])
+        if any("allot" in c["image"].rsplit("/", 1)[-1] for c in _containers(obj))
+    }
+    agent_uids = {uid for uid, agent in uids.values() if agent}
+    service_uids = {uid for uid, agent in uids.values() if not agent}
+    assert agent_uids and service_uids and not agent_uids & service_uids, uids
     namespace = _one(rendered[overlay], "Namespace", f"allot{'-dev' if overlay == 'dev' else ''}")
     enforce = namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
     assert enforce == ("restricted" if overlay == "dev" else "privileged")

@@ -504,7 +504,9 @@ class Stack(StartStop):
             if c.short_lane:
                 out[f"placement-{i + 1}"] += ["--short-lane", ",".join(c.short_lane)]
         for agent in c.agents:
-            argv = [*py, "allot.services.agent", *agent.argv()]
+            # -P: the agent imports nothing from the working directory, which its workloads
+            # share and may write (a planted package would run as the agent next time).
+            argv = [sys.executable, "-P", "-m", "allot.services.agent", *agent.argv()]
             argv += ["--heartbeat-s", str(c.heartbeat_s)]
             if c.util_every_s is not None:
                 argv += ["--util-every-s", str(c.util_every_s)]
