@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -20,6 +21,7 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from allot.auth.client import add_nats_url_argument
+from allot.bus.open_server import OpenServerError
 from allot.core.errors import ValidationError
 from allot.long_lived import tune_gc
 from allot.proto.subjects import validate_token
@@ -119,5 +121,9 @@ def run_main(
         service = build(args)
     except ValidationError as exc:  # a bad option value: its name and why, no traceback
         parser.error(str(exc))
-    asyncio.run(app_of(service).run())
+    try:
+        asyncio.run(app_of(service).run())
+    except OpenServerError as exc:  # a deployment that looks secured and is open: stop
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 1
     return 0
