@@ -10,6 +10,7 @@ import pytest
 
 from allot.cli import live_cmds
 from allot.cli.durations import parse_duration
+from allot.cli.main import main as cli_main
 from allot.core.errors import ValidationError
 from allot.proto import codec
 from allot.proto import messages as m
@@ -750,6 +751,37 @@ def test_bad_values_fail_before_connecting(argv: list[str], option: str) -> None
     with pytest.raises(ValidationError) as err:
         args.func(args)
     assert err.value.field == option
+
+
+NOWHERE = "nats://127.0.0.1:1"
+"""No server: an error before connecting proves nothing was sent."""
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        # `--duration 10 minutes`: the bare number is refused before `minutes` is run
+        (["--duration", "10", "minutes"], "allot submit: --duration: '10' has no unit"),
+        (["--duration", "10m", "sleep", "5"], "allot submit: CMD: put the command after --"),
+        (["--duration", "1m", "--min-runtime", "1"], "--min-runtime: '1' has no unit: write 1s"),
+    ],
+)
+def test_submit_refuses_what_a_newcomer_types_by_mistake(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each was accepted and meant something else: `minutes` became the command, and a
+    bare 1 was one second where a Slurm user means a minute."""
+    code = cli_main(["submit", "--user", "u", "--gpus", "1", *argv, "--nats-url", NOWHERE])
+    assert code != 0 and said in capsys.readouterr().err
+
+
+def test_a_command_after_double_dash_and_a_bare_zero_pass_the_checks() -> None:
+    args = _parser().parse_args(
+        ["submit", "--user", "u", "--gpus", "1", "--min-runtime", "0", "--", "sleep", "5"]
+    )
+    args.argv = ["submit", "--user", "u", "--gpus", "1", "--min-runtime", "0", "--", "sleep"]
+    live_cmds.check_command_after_dashes(args)
+    assert live_cmds.parse_min_runtime("0") == 0 and live_cmds.parse_min_runtime("90s") == 90
 
 
 def test_submit_arguments_after_double_dash() -> None:

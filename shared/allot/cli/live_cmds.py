@@ -120,13 +120,35 @@ def parse_duration_option(option: str, text: str) -> int:
         raise ValidationError(option, str(exc)) from None
 
 
+def parse_run_time(option: str, text: str) -> int:
+    """``parse_duration_option`` for a workload's times, where a bare number other than 0
+    is refused: ``1`` would be one second here and one minute to a Slurm user
+    (``--time=1``); the unit says which."""
+    bare = text.strip()
+    if bare.isdigit() and int(bare) != 0:
+        raise ValidationError(option, f"{text!r} has no unit: write {bare}s, {bare}m or {bare}h")
+    return parse_duration_option(option, text)
+
+
 def parse_min_runtime(text: str) -> int:
-    seconds = parse_duration_option("--min-runtime", text)
+    seconds = parse_run_time("--min-runtime", text)
     if seconds > m.MAX_MIN_RUNTIME_S:
         raise ValidationError(
             "--min-runtime", f"{text!r} is over the 8 h ceiling ({m.MAX_MIN_RUNTIME_S} s)"
         )
     return seconds
+
+
+def check_command_after_dashes(args: argparse.Namespace) -> None:
+    """The command must follow ``--``: a word that came without it is most likely part of
+    an option's value (``--duration 10 minutes`` made ``minutes`` the command)."""
+    argv = getattr(args, "argv", None)
+    if args.cmd and argv is not None and "--" not in argv:
+        raise ValidationError(
+            "CMD",
+            f"put the command after --, as in `allot submit ... -- python train.py` "
+            f"({' '.join(args.cmd)!r} came without it: is it part of an option's value?)",
+        )
 
 
 def parse_int_option(option: str, text: str, low: int, high: int) -> int:
@@ -301,7 +323,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--min-runtime",
         default="0",
-        help="protected window, whole seconds: 30s, 15m, 2h (at most 8h); it protects only "
+        help="protected window, with its unit: 30s, 15m, 2h (at most 8h); it protects only "
         "work with --alloc, and the default 0 makes the work unallocated even with --alloc "
         "(free, never charged, preemptible at any moment)",
     )
@@ -309,7 +331,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--priority", default="0", help="user priority inside the allocation")
     p.add_argument("--not-resumable", action="store_true", help="do not requeue if preempted")
     p.add_argument("--client-id", help="idempotency key (default: a fresh one)")
-    p.add_argument("--duration", help="fake agents only: how long to pretend to run")
+    p.add_argument(
+        "--duration", help="fake agents only: how long to pretend to run, with its unit: 30m, 2h"
+    )
     p.add_argument(
         "--env",
         action="append",
@@ -522,9 +546,10 @@ def run_submit(args: argparse.Namespace) -> int:
     gpus = parse_int_option("--gpus", args.gpus, 1, m.MAX_GPUS)
     min_runtime = parse_min_runtime(args.min_runtime)
     priority = parse_int_option("--priority", args.priority, -1000, 1000)
-    duration = None if args.duration is None else parse_duration_option("--duration", args.duration)
+    duration = None if args.duration is None else parse_run_time("--duration", args.duration)
     if duration is not None and duration <= 0:
         raise ValidationError("--duration", "must be more than 0 seconds")
+    check_command_after_dashes(args)
     if not args.cmd and duration is None:
         # A real agent fails such work at once, after it may have preempted others; only
         # fake agents run without a command (for --duration). What the stack would also

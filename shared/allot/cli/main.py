@@ -76,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio_log.addFilter(_QuietSslEof())
     parser = build_parser()
     args = parser.parse_args(argv)
+    # The words as typed: `allot submit` checks that its command came after `--`.
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         code: int = args.func(args)
     except ValidationError as exc:

@@ -65,9 +65,7 @@ def run_start(args: argparse.Namespace) -> int:
     min_runtime = live.parse_min_runtime(args.min_runtime)
     if min_runtime <= 0:
         raise ValidationError("--min-runtime", "a session is allocated work: give more than 0")
-    duration = (
-        None if args.duration is None else live.parse_duration_option("--duration", args.duration)
-    )
+    duration = None if args.duration is None else live.parse_run_time("--duration", args.duration)
     if not args.program and duration is None:
         raise ValidationError(
             "--command", "give the session's program, or --duration for a fake run"
