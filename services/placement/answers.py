@@ -138,7 +138,8 @@ def workload_status(fold: LogFold, rec: WorkloadRecord, position: int | None) ->
         submitted_at=rec.workload.submit_time,
         started_at=rec.started_at if shown else None,
         run_started_at=rec.run_started_at if shown else None,
-        protected_until=run.protected_until if run is not None else None,
+        # Unallocated work is never protected (its protection end is its start).
+        protected_until=run.protected_until if run is not None and run.allocated else None,
         preempt_at=rec.preempt_at,
         assignment=(tuple(m.HostGpus(host=h, gpus=g) for h, g in rec.assignment) if shown else ()),
         position=position,

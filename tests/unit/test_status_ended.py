@@ -263,3 +263,36 @@ def test_status_shows_the_command_and_the_env_names_not_their_values() -> None:
     assert "command:         python train.py '--run name'" in text
     assert "env:             HF_HOME WANDB_API_KEY" in text
     assert "secret-token" not in text and "secret-token" not in msgspec.json.encode(status).decode()
+
+
+@pytest.mark.parametrize(("min_runtime_s", "until"), [(0, None), (3600, T + 10 + 3600)])
+def test_a_running_workloads_protection_end_is_shown_only_when_it_is_protected(
+    min_runtime_s: int, until: float | None
+) -> None:
+    """Unallocated work is never protected: `allot status` showed its start as a
+    'protected until' (a new user's walkthrough)."""
+    f = fold()
+    f.apply(
+        m.WorkloadSubmitted(
+            workload_id="w",
+            client_id="w",
+            user="ann",
+            gpus=1,
+            allocation="nlp",
+            min_runtime_s=min_runtime_s,
+            at=T,
+        )
+    )
+    placed = m.WorkloadPlaced(
+        workload_id="w",
+        allocation="nlp",
+        at=T + 10,
+        gpus=1,
+        assignment=(m.HostGpus(host="h1", gpus=(0,)),),
+        attempt=1,
+        epoch=1,
+    )
+    assert f.apply(placed).changed
+    status = workload_status(f, f.records["w"], None)
+    assert status.protected_until == until
+    assert ("protected until" in status_text(status)) is (until is not None)
