@@ -63,7 +63,8 @@ def test_table_is_sshare_long_style(tmp_path: Path, capsys: pytest.CaptureFixtur
         "FairShare",
     ]
     assert set(lines[1]) == {"-", " "}
-    rows = [line.split() for line in lines[2:]]
+    rows = [line.split() for line in lines[2:-1]]
+    assert lines[-1].startswith("Rank: Slurm's Fair Tree rank, 3 (the number of allocations)")
     assert rows == [
         ["root", "1.000000", "25", "1.000000"],
         ["nlp", "40", "0.800000", "25", "1.000000", "0.800000"],

@@ -30,6 +30,7 @@ from allot.config.budget_file import load_tree_file
 from allot.core.budgets import PARENT
 from allot.core.errors import ValidationError
 from allot.core.fairshare import NodeRank, Ranking, rank
+from allot.render.live_format import rank_legend
 
 EXIT_BAD_INPUT = 2
 
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([_as_json(node) for node in ranking.nodes], indent=2, allow_nan=False))
     else:
         print(render_table(ranking, total_usage=sum(tree.usage().values())))
+        print(rank_legend(sum(1 for node in ranking.nodes if node.leaf)))
     return 0
 
 

@@ -325,12 +325,18 @@ def share_long_table(ranking: m.RankingUpdated, allocations: m.AllocationsSnapsh
             f"; Entitlement = Budget x {allocations.healthy_gpus} healthy GPUs "
             f"(of {allocations.total_gpus}), Held at {timestamp(allocations.at)}"
         )
-    n = len(leaves)
-    legend = (
-        f"{FAIRSHARE_NOTE}\nRank: Slurm's Fair Tree rank, {n} (the number of allocations) "
-        f"= served first, 1 = served last; FairShare = Rank / {n}"
-    )
+    legend = f"{FAIRSHARE_NOTE}\n{rank_legend(len(leaves))}"
     return f"{render_table(SHARE_LONG_COLUMNS, rows)}\n{footer}\n{legend}"
+
+
+def rank_legend(allocations: int) -> str:
+    """What Rank and FairShare say: Fair Tree counts ranks up, so the highest is served
+    first (a newcomer reads Rank 1 as first)."""
+    n = allocations
+    return (
+        f"Rank: Slurm's Fair Tree rank, {n} (the number of allocations) = served first, "
+        f"1 = served last; FairShare = Rank / {n}"
+    )
 
 
 def _level_usage(
