@@ -11,7 +11,7 @@ OUT ?= out
 .PHONY: help install core run demo up compare compare-gangs test browser lint type fmt bench bench-live chaos chaos-cluster golden schema philly clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 CORE_BUILD := $(VENV)/allot-native/manifest.json
 
@@ -38,12 +38,12 @@ demo: run ## alias of run
 up: $(STAMP) $(CORE_BUILD) ## the whole live stack (embedded NATS + Redis, services, dashboard, 2 fake agents) until Ctrl-C
 	$(BIN)/allot up --run-dir $(OUT)/up
 
-compare: $(STAMP) $(CORE_BUILD) ## simulator: Ai2-like month, legacy priority vs Allot fair share (reclaiming or keeping every gang), side by side (~6 min)
+compare: $(STAMP) $(CORE_BUILD) ## simulator: Ai2-like month, legacy priority vs Allot fair share (reclaiming or keeping every gang), side by side (~4 min)
 	$(BIN)/allot scenario ai2 --seed 1 --out $(OUT)/ai2
 	$(BIN)/allot simulate --cluster $(OUT)/ai2/cluster.yaml --budgets $(OUT)/ai2/budgets.yaml \
 		--trace $(OUT)/ai2/trace.csv --compare priority,fairshare-reclaim-gangs,fairshare,fairshare-keep-gangs --out $(OUT)/ai2/sim
 
-compare-gangs: $(STAMP) $(CORE_BUILD) ## simulator: the same month with gangs up to 128 GPUs from every team, Allot without reservations, reclaiming every gang, as is, keeping every gang (~6 min)
+compare-gangs: $(STAMP) $(CORE_BUILD) ## simulator: the same month with gangs up to 128 GPUs from every team, Allot without reservations, reclaiming every gang, as is, keeping every gang (~4-6 min)
 	$(BIN)/allot scenario ai2 --seed 1 --max-gang 128 --out $(OUT)/ai2-gangs
 	$(BIN)/allot simulate --cluster $(OUT)/ai2-gangs/cluster.yaml --budgets $(OUT)/ai2-gangs/budgets.yaml \
 		--trace $(OUT)/ai2-gangs/trace.csv --compare fairshare-no-reservations,fairshare-reclaim-gangs,fairshare,fairshare-keep-gangs --out $(OUT)/ai2-gangs/sim

@@ -97,6 +97,7 @@ from allot.bus.runtime import (
     wall_clock,
 )
 from allot.bus.service_main import base_parser, run_main
+from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.reasons import fits_empty
@@ -319,10 +320,7 @@ class Intake:
             if tree is None:
                 raise ValidationError("allocation", "no budget tree has been set yet")
             if not tree.is_leaf(cmd.allocation):
-                known = ", ".join(tree.leaves()[:20])
-                raise ValidationError(
-                    "allocation", f"unknown allocation {cmd.allocation!r} (allocations: {known})"
-                )
+                raise ValidationError("allocation", _not_an_allocation(tree, cmd.allocation))
         check_env(cmd.env)  # the names the agent sets, and the total size
         allocated = cmd.allocation is not None and cmd.min_runtime_s > 0
         check_checkpoint(
@@ -544,6 +542,19 @@ class Identity(NamedTuple):
 
     allocation: str
     login: str | None
+
+
+def _not_an_allocation(tree: BudgetTree, name: str) -> str:
+    """Why ``name`` takes no work, and which names do: an account of the tree (a budget
+    manager's node) is charged through its leaves, the allocations."""
+    if name in tree.index.position:
+        below = tree.path(name) + "/"
+        leaves = [a for a in tree.leaves() if tree.path(a).startswith(below)][:20]
+        return (
+            f"{name!r} is an account of the budget tree, not an allocation: submit to one "
+            f"of its allocations ({', '.join(leaves)})"
+        )
+    return f"unknown allocation {name!r} (allocations: {', '.join(tree.leaves()[:20])})"
 
 
 def _differs(allocation: str | None, token: str) -> str:

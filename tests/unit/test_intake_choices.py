@@ -6,8 +6,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from allot.core.budgets import parse_tree
 from allot.proto import messages as m
-from allot.services.intake import CHOSEN_FIELDS, differing_choices, submitted_record
+from allot.services.intake import (
+    CHOSEN_FIELDS,
+    _not_an_allocation,
+    differing_choices,
+    submitted_record,
+)
 
 FIRST = m.SubmitWorkload(
     client_id="run-42",
@@ -78,3 +84,32 @@ def test_a_retry_differs_in_nothing_even_at_another_time() -> None:
 def test_each_differing_choice_is_named(change: dict[str, object], expected: list[str]) -> None:
     again = msgspec.structs.replace(FIRST, **change)
     assert differing_choices(LOGGED, again) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        (
+            "research",
+            "'research' is an account of the budget tree, not an allocation: submit to one "
+            "of its allocations (nlp, vision)",
+        ),
+        ("chem", "unknown allocation 'chem' (allocations: nlp, vision, ads)"),
+    ],
+)
+def test_a_submission_to_no_allocation_says_which_names_take_work(name: str, said: str) -> None:
+    """A newcomer submits to a budget manager's node (an account), or to a typo."""
+    tree = parse_tree(
+        {
+            "name": "root",
+            "children": [
+                {
+                    "name": "research",
+                    "shares": 3,
+                    "children": [{"name": "nlp", "shares": 1}, {"name": "vision", "shares": 1}],
+                },
+                {"name": "ads", "shares": 1},
+            ],
+        }
+    )
+    assert _not_an_allocation(tree, name) == said

@@ -764,6 +764,12 @@ NOWHERE = "nats://127.0.0.1:1"
         (["--duration", "10", "minutes"], "allot submit: --duration: '10' has no unit"),
         (["--duration", "10m", "sleep", "5"], "allot submit: CMD: put the command after --"),
         (["--duration", "1m", "--min-runtime", "1"], "--min-runtime: '1' has no unit: write 1s"),
+        # a budget path, as `allot budgets set` takes it, names the allocation to give
+        (
+            ["--duration", "1m", "--alloc", "root/research/nlp"],
+            "--alloc: 'root/research/nlp' is a path of the budget tree: give the allocation's "
+            "own name ('nlp')",
+        ),
     ],
 )
 def test_submit_refuses_what_a_newcomer_types_by_mistake(

@@ -207,7 +207,14 @@ def parse_scope(text: str | None) -> str | None:
 
 def _allocation(text: str | None) -> str | None:
     """``--alloc`` of submit and cancel: ``~`` names unallocated work, as the listings
-    print it and take it, and as omitting the option does."""
+    print it and take it, and as omitting the option does. A budget path (as `allot budgets
+    set` takes) is refused naming the allocation's own name."""
+    if text is not None and "/" in text:
+        raise ValidationError(
+            "--alloc",
+            f"{text!r} is a path of the budget tree: give the allocation's own name "
+            f"({text.rstrip('/').rsplit('/', 1)[-1]!r})",
+        )
     return None if text == s.UNALLOCATED else text
 
 
