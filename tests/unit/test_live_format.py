@@ -956,3 +956,29 @@ def test_status_text_of_pending_work_says_why_it_waits_and_when_it_may_start() -
     assert lines["waiting code"].strip() == "protected-until"
     assert lines["est. start"].strip() == "2027-01-15T12:00:00Z (~55.0m)"
     assert "waiting for" not in fmt.status_text(status)  # no row: nothing invented
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "said"),
+    [
+        (
+            ["submit", "--gpus", "1", "--min-runtme", "1h"],
+            "usage: allot submit ",
+            "allot submit: error: unrecognized arguments: --min-runtme (did you mean "
+            "--min-runtime?)",
+        ),
+        (
+            ["budgets", "set", "root/nlp", "3", "--bye", "me"],
+            "usage: allot budgets set ",
+            "unrecognized arguments: --bye (did you mean --by?) me",
+        ),
+    ],
+)
+def test_a_misspelt_option_gets_its_commands_usage_and_the_option_meant(
+    argv: list[str], usage: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse reported it with `allot`'s own usage (`allot [-h] COMMAND ...`)."""
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and usage in err and said in err, err
