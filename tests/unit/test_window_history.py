@@ -270,6 +270,8 @@ def test_a_window_reaching_before_the_log_is_refused() -> None:
         window.result()
     assert err.value.field == "since"
     assert "10 s before the log's first record" in err.value.reason
+    # and says what fits (`allot whatif --since 1d` on a stack a few minutes old)
+    assert f"(a window of {int(UNTIL - T0)}s or less fits)" in err.value.reason
 
 
 def test_a_window_that_ends_before_it_starts_is_refused() -> None:

@@ -141,7 +141,8 @@ class WindowHistory:
             raise ValidationError(
                 "since",
                 f"the window starts {first - self.since:.0f} s before the log's first record: "
-                f"the log holds {self.until - first:.0f} s of history up to the window's end",
+                f"the log holds {self.until - first:.0f} s of history up to the window's end "
+                f"(a window of {math.floor(self.until - first):.0f}s or less fits)",
             )
         if not self.hosts:
             raise ValidationError("hosts", "no host is registered in the log by the window's end")
