@@ -182,8 +182,16 @@ def bad_inputs(scenario: Path, tmp: Path) -> dict[str, BadInput]:
     latin1.write_bytes(b"job_id,submit_time_s,gpus,duration_s,user\n1,0,1,60,Ren\xe9\n")
     listed = tmp / "list.yaml"
     listed.write_text("- {prefix: node-, count: 2, gpus: 8}\n", encoding="utf-8")
+    negative = tmp / "negative.yaml"
+    negative.write_text(
+        "name: root\nchildren:\n  - {name: vision, shares: -30}\n", encoding="utf-8"
+    )
     base = inputs(scenario)
     return {
+        "budget tree with a negative share": BadInput(
+            [*base[:2], "--budgets", negative, *base[4:]],
+            ("--budgets", str(negative), "vision", "shares"),
+        ),
         "unknown policy in --compare": BadInput(
             [*base, "--compare", "fifo,bogus"], ("--compare", "bogus")
         ),
@@ -253,6 +261,7 @@ def bad_inputs(scenario: Path, tmp: Path) -> dict[str, BadInput]:
 
 
 BAD_IDS = [
+    "budget tree with a negative share",
     "unknown policy in --compare",
     "trace names an allocation the tree lacks",
     "cluster YAML is a list, not a mapping",
@@ -280,6 +289,25 @@ BAD_IDS = [
     "--philly with --budgets",
     "--philly with --trace",
 ]
+
+
+def test_a_trace_that_names_no_allocation_gets_a_note(scenario: Path, tmp_path: Path) -> None:
+    """Every job then runs unallocated and the report's owed->delivered is empty: said
+    once on stderr rather than left for the reader to notice (a new user's walkthrough)."""
+    with (scenario / "trace.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))[:20]
+    trace = tmp_path / "no-alloc.csv"
+    with trace.open("w", newline="") as handle:
+        fields = [f for f in rows[0] if f != "allocation"]
+        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    base = inputs(scenario)
+    done = allot("simulate", *base[:4], "--trace", trace, "--out", tmp_path / "out", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert f"no job of {trace} names an allocation" in done.stderr
+    plain = allot("simulate", *base, "--out", tmp_path / "out2", "--quiet")
+    assert plain.returncode == 0 and "names an allocation" not in plain.stderr
 
 
 def test_short_lane_replaces_the_cluster_files_lane(scenario: Path, tmp_path: Path) -> None:

@@ -486,8 +486,19 @@ def _load_inputs(args: argparse.Namespace) -> tuple[ClusterSpec, BudgetTree, lis
         _mapping(load_yaml(args.cluster), str(args.cluster)),
         lane_of_file=args.short_lane is None,  # the flag replaces the file's lane
     )
-    tree = load_tree_file(args.budgets)
+    try:
+        tree = load_tree_file(args.budgets)
+    except ValidationError as exc:  # name the file, as allot fairshare does
+        where = exc.field if exc.field == str(args.budgets) else f"{args.budgets}: {exc.field}"
+        raise ValidationError(f"--budgets {where}", exc.reason) from None
     jobs = read_trace(args.trace, defaults)
+    if jobs and all(job.workload.allocation is None for job in jobs):
+        print(
+            f"allot simulate: note: no job of {args.trace} names an allocation (no "
+            "`allocation` column?): every job runs unallocated, so nothing is owed and "
+            "owed->delivered has nothing to show",
+            file=sys.stderr,
+        )
     for job in jobs:
         alloc = job.workload.allocation
         if alloc is not None:
