@@ -326,7 +326,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--alloc", help="allocation (budget leaf); omitted = unallocated")
     p.add_argument("--user", help=f"who submits ({LOGIN_HELP})")
-    p.add_argument("--gpus", required=True)
+    p.add_argument(
+        "--gpus", required=True, help="GPUs, on one host or, above a host's size, a gang"
+    )
     p.add_argument(
         "--min-runtime",
         default="0",
@@ -334,7 +336,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "work with --alloc, and the default 0 makes the work unallocated even with --alloc "
         "(free, never charged, preemptible at any moment)",
     )
-    p.add_argument("--kind", default="training")
+    p.add_argument(
+        "--kind",
+        default="training",
+        help="a label of yours (default training; e.g. debug, eval): the dashboard, allot "
+        "whatif and the simulator count waits by it; scheduling does not read it "
+        "(`session` is allot session's own)",
+    )
     p.add_argument("--priority", default="0", help="user priority inside the allocation")
     p.add_argument("--not-resumable", action="store_true", help="do not requeue if preempted")
     p.add_argument("--client-id", help="idempotency key (default: a fresh one)")

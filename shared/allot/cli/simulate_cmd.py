@@ -143,12 +143,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """The engine's and the policy's knobs (``allot simulate``, ``allot whatif``)."""
-    parser.add_argument("--window", type=parse_duration, default="7d", help="usage window")
+    parser.add_argument(
+        "--window", type=parse_duration, default="7d", help="usage window (default %(default)s)"
+    )
     parser.add_argument(
         "--half-life", type=parse_duration, default=None, help="decay usage (Slurm-like)"
     )
     parser.add_argument(
-        "--grace", type=parse_duration, default=DEFAULT_GRACE_S, help="preemption grace"
+        "--grace",
+        type=parse_duration,
+        default=DEFAULT_GRACE_S,
+        help="preemption grace (default %(default)s s)",
     )
     parser.add_argument(
         "--unallocated-grace",
@@ -165,7 +170,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         f"(default {DEFAULT_UNALLOCATED_SETTLE_S:g}s)",
     )
     parser.add_argument(
-        "--rank-every", type=parse_duration, default=300, help="Fair Tree refresh interval"
+        "--rank-every",
+        type=parse_duration,
+        default=300,
+        help="Fair Tree refresh interval (default %(default)s s)",
     )
 
 

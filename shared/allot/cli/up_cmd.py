@@ -64,7 +64,12 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agents", type=int, default=2, help="fake agent processes (default 2)")
     p.add_argument("--hosts", type=int, default=4, help="hosts per fake agent (default 4)")
     p.add_argument("--gpus", type=int, default=8, help="GPUs per host (default 8)")
-    p.add_argument("--grace-s", type=int, default=300, help="preemption grace period")
+    p.add_argument(
+        "--grace-s",
+        type=int,
+        default=300,
+        help="preemption grace period, seconds (default %(default)s)",
+    )
     p.add_argument(
         "--unallocated-grace-s",
         type=int,
@@ -81,7 +86,12 @@ def add_stack_options(p: argparse.ArgumentParser) -> None:
     add_short_lane_argument(
         p, "comma-separated host ids forming placement's short lane (default none)"
     )
-    p.add_argument("--rank-every-s", type=float, default=300.0, help="Fair Tree refresh period")
+    p.add_argument(
+        "--rank-every-s",
+        type=float,
+        default=300.0,
+        help="Fair Tree refresh period, seconds (default %(default)s)",
+    )
     p.add_argument(
         "--secure",
         action="store_true",
