@@ -9,17 +9,19 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from allot import bus
-from allot.adapters.embedded import EmbeddedNats
-from allot.bus.open_server import OpenServerError, without_logins
+from allot.adapters.embedded import EmbeddedNats, free_ports
+from allot.auth.client import PASSWORD_ENV, USER_ENV, nats_url_from_env
+from allot.bus.open_server import OpenServerError, addresses, refuse_an_open_server
 from allot.core.budgets import parse_tree
 from allot.ops.auth_gen import GeneratedAuth, generate
+from allot.ops.stack import Stack, StackConfig
 
 pytestmark = pytest.mark.integration
 
@@ -40,63 +42,87 @@ def secured(tmp_path: Path) -> Iterator[tuple[EmbeddedNats, GeneratedAuth]]:
         yield server, auth
 
 
-def _with_login(url: str, user: str = "svc", password: str = "some-password") -> str:
+def _with_login(url: str, login: str = "svc:some-password") -> str:
     pieces = urlsplit(url)
-    return pieces._replace(netloc=f"{user}:{password}@{pieces.netloc}").geturl()
+    return pieces._replace(netloc=f"{login}@{pieces.netloc}").geturl()
+
+
+def _refused(url: str) -> str | None:
+    """The check's error text for ``url``, None when it lets the service run."""
+    try:
+        asyncio.run(refuse_an_open_server(url, "allot-intake"))
+    except OpenServerError as exc:
+        return str(exc)
+    return None
 
 
 def test_a_login_on_a_server_that_needs_none_is_refused_naming_the_cause(
     open_server: EmbeddedNats,
 ) -> None:
-    async def main() -> None:
-        with pytest.raises(OpenServerError) as err:
-            await bus.connect(_with_login(open_server.url), "allot-intake-log")
-        text = str(err.value)
-        assert "without a login" in text and "allot-intake-log" in text
-        assert "some-password" not in text, "the error must not print the password"
-
-    asyncio.run(main())
+    said = _refused(_with_login(open_server.url))
+    assert said is not None and "without a login" in said and "allot-intake" in said
+    assert "some-password" not in said, "the error must not print the password"
+    assert _refused(_with_login(open_server.url, "a-token")) is not None, "a token is a login"
 
 
-def test_no_login_on_an_open_server_connects(open_server: EmbeddedNats) -> None:
-    """The unsecured stack (`make run`, compose.yaml) gives no login: nothing to refuse."""
-
-    async def main() -> None:
-        nc, _ = await bus.connect(open_server.url, "allot-intake-log")
-        assert nc.is_connected
-        await nc.close()
-
-    asyncio.run(main())
+def test_each_written_form_of_the_url_is_checked(open_server: EmbeddedNats) -> None:
+    """A bare host:port (nats:// is implied) and a trailing comma, as the services take
+    them (``allot.bus.server_urls``), are checked too."""
+    bare = _with_login(open_server.url).removeprefix("nats://")
+    assert _refused(bare) is not None
+    assert _refused(_with_login(open_server.url) + ",") is not None
 
 
-def test_a_login_on_a_secured_server_connects(
-    secured: tuple[EmbeddedNats, GeneratedAuth],
+def test_one_open_server_among_secured_ones_is_refused_every_time(
+    open_server: EmbeddedNats, secured: tuple[EmbeddedNats, GeneratedAuth]
 ) -> None:
+    """The case the check is for in a cluster: one node's configuration lost its users.
+    Each address is asked on its own, so the order a client would try them does not
+    matter."""
     server, auth = secured
-
-    async def main() -> None:
-        nc, js = await bus.connect(auth.url("svc", server.url), "allot-intake-log")
-        assert nc.is_connected
-        await js.account_info()  # logged in as the service user, JetStream reachable
-        await nc.close()
-
-    asyncio.run(main())
+    login = auth.url("svc", server.url)
+    password = urlsplit(login).password
+    both = f"{login},{_with_login(open_server.url, f'svc:{password}')}"
+    for _ in range(5):
+        assert _refused(both) is not None
 
 
-def test_without_logins_strips_each_server_address() -> None:
-    url = "nats://a:pw@h1:4222, nats://tok@h2:4223,tls://h3:4224"
-    assert without_logins(url) == ["nats://h1:4222", "nats://h2:4223", "tls://h3:4224"]
-
-
-def test_a_service_given_a_login_stops_on_an_open_server_with_one_line(
-    open_server: EmbeddedNats,
+def test_no_login_and_a_login_on_a_secured_server_pass(
+    open_server: EmbeddedNats, secured: tuple[EmbeddedNats, GeneratedAuth]
 ) -> None:
-    """What an operator sees: the service exits 1 with the cause, not a traceback."""
+    """The unsecured stack (`make run`, compose.yaml) gives no login: nothing to refuse."""
+    server, auth = secured
+    assert _refused(open_server.url) is None
+    assert _refused(auth.url("svc", server.url)) is None
+
+
+def test_a_server_that_does_not_answer_is_not_judged_and_not_waited_for() -> None:
+    (port,) = free_ports(1)  # nothing listens there
+    started = time.monotonic()
+    assert _refused(f"nats://svc:pw@127.0.0.1:{port}") is None
+    assert time.monotonic() - started < 10
+
+
+def test_addresses_strip_each_login() -> None:
+    url = "nats://a:pw@h1:4222, tok@h2:4223,tls://h3:4224,"
+    assert addresses(url) == [
+        ("nats://a:pw@h1:4222", "nats://h1:4222"),
+        ("nats://tok@h2:4223", "nats://h2:4223"),
+        ("tls://h3:4224", "tls://h3:4224"),
+    ]
+
+
+@pytest.mark.parametrize("service", ["intake", "dispatch"])
+def test_every_service_given_a_login_stops_on_an_open_server_with_one_line(
+    open_server: EmbeddedNats, service: str
+) -> None:
+    """What an operator sees: the service exits 1 with the cause, not a traceback. Dispatch
+    reaches NATS through its broker alone (no connection of its own)."""
     env = dict(os.environ, ALLOT_NATS_URL=_with_login(open_server.url))
     env.pop("ALLOT_NATS_USER", None)
     env.pop("ALLOT_NATS_PASSWORD", None)
     run = subprocess.run(
-        [sys.executable, "-m", "allot.services.intake"],
+        [sys.executable, "-m", f"allot.services.{service}"],
         env=env,
         capture_output=True,
         text=True,
@@ -106,3 +132,28 @@ def test_a_service_given_a_login_stops_on_an_open_server_with_one_line(
     assert run.returncode == 1, run
     assert "lets clients in without a login" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
+
+
+def test_allot_up_gives_its_own_open_server_no_login_from_the_callers_shell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, open_server: EmbeddedNats
+) -> None:
+    """A team member's shell holds their login (`. auth/users/alice.env`); the services of
+    an `allot up` on its own unsecured server must not carry it there, where the check
+    above would stop them. A login for a server given with --nats-url is kept."""
+    monkeypatch.setenv(USER_ENV, "alice")
+    monkeypatch.setenv(PASSWORD_ENV, "secret")
+    for config, kept in (
+        (StackConfig(run_dir=tmp_path / "own"), False),
+        (StackConfig(run_dir=tmp_path / "given", nats_url=open_server.url), True),
+    ):
+        stack = Stack(config)
+        stack.servers.start()
+        try:
+            env = stack.env()
+            assert (env.get(USER_ENV), env.get(PASSWORD_ENV)) == (
+                ("alice", "secret") if kept else (None, None)
+            )
+            if not kept:
+                assert _refused(nats_url_from_env(env, "")) is None
+        finally:
+            stack.servers.stop()

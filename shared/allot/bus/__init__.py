@@ -54,7 +54,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from allot.auth.client import client_tls, inbox_prefix_for_url, masked_url
-from allot.bus.open_server import OpenServerError, refuse_an_open_server
 from allot.bus.tasks import stop_tasks
 from allot.core.errors import ValidationError
 from allot.proto import codec
@@ -312,8 +311,6 @@ def nats_error_logger(
 
 
 async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
-    """A service's connection; given a login, it refuses a server that needs none
-    (``allot.bus.open_server``)."""
     nc = await nats.connect(
         server_urls(url),
         name=name,
@@ -323,11 +320,6 @@ async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
         reconnect_time_wait=0.25,
         error_cb=nats_error_logger(name),
     )
-    try:
-        await refuse_an_open_server(url, name)
-    except OpenServerError:
-        await nc.close()
-        raise
     return nc, nc.jetstream()
 
 

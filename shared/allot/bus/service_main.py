@@ -21,7 +21,7 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from allot.auth.client import add_nats_url_argument
-from allot.bus.open_server import OpenServerError
+from allot.bus.open_server import OpenServerError, refuse_an_open_server
 from allot.core.errors import ValidationError
 from allot.long_lived import tune_gc
 from allot.proto.subjects import validate_token
@@ -99,8 +99,14 @@ async def stop(service: Service) -> None:
         await service.broker.stop()
 
 
-def app_of(service: Service) -> FastStream:
+def app_of(service: Service, nats_url: str | None = None, name: str = "") -> FastStream:
+    """The service's app; with ``nats_url``, once its broker has connected it refuses a
+    server that lets clients in without the login the URL carries (``OpenServerError``:
+    ``allot.bus.open_server``)."""
+
     async def started() -> None:
+        if nats_url is not None:
+            await refuse_an_open_server(nats_url, name)
         await service.on_started()
         tune_gc()
 
@@ -122,7 +128,7 @@ def run_main(
     except ValidationError as exc:  # a bad option value: its name and why, no traceback
         parser.error(str(exc))
     try:
-        asyncio.run(app_of(service).run())
+        asyncio.run(app_of(service, getattr(args, "nats_url", None), parser.prog).run())
     except OpenServerError as exc:  # a deployment that looks secured and is open: stop
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 1

@@ -65,7 +65,14 @@ from allot.adapters.batch_staging import DEFAULT_ACCOUNT
 from allot.adapters.embedded import EmbeddedServerError, Servers, StartStop, free_ports
 from allot.adapters.nats_cluster import EmbeddedNatsCluster
 from allot.adapters.usage_store import check_redis_url, redis_failure
-from allot.auth.client import CA_ENV, client_tls, inbox_prefix_for_url, masked_url
+from allot.auth.client import (
+    CA_ENV,
+    PASSWORD_ENV,
+    USER_ENV,
+    client_tls,
+    inbox_prefix_for_url,
+    masked_url,
+)
 from allot.bus import ATOMIC_STREAMS, REPLICAS_ENV, server_urls
 from allot.config.budget_file import load_tree_file
 from allot.config.yaml_io import load_yaml
@@ -584,6 +591,12 @@ class Stack(StartStop):
 
     def env(self, user: str | None = None) -> dict[str, str]:
         env = dict(os.environ)
+        if self.config.nats_url is None and self.auth is None:
+            # A login in the caller's shell (a team's credentials file, sourced) is for
+            # another server: on this stack's own open one it would only be refused
+            # (``allot.bus.open_server``).
+            env.pop(USER_ENV, None)
+            env.pop(PASSWORD_ENV, None)
         if self.ca_file is not None:
             env[CA_ENV] = str(self.ca_file)
         env.update(
