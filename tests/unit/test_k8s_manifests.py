@@ -45,6 +45,7 @@ import yaml
 from allot import bus
 from allot.adapters.embedded import find_nats_server, free_ports
 from allot.cli.main import main as allot_main
+from allot.ops.auth_gen import route_password
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -356,6 +357,26 @@ def test_nats_server_accepts_the_rendered_configuration(
         check=False,
     )
     assert proc.returncode == 0, f"nats-server -t rejects overlays/{overlay}'s nats.conf: {proc}"
+
+
+@pytest.mark.parametrize("token", ["-rn_s0X5", "7-n_s0X5", "12e5", "true", "0x1F", "a_b-c"])
+def test_nats_server_reads_every_route_password_auth_gen_makes(
+    rendered: dict[str, list[Obj]], tmp_path: Path, token: str
+) -> None:
+    """The password is a value of nats-server's configuration (`password:
+    $NATS_ROUTE_PASSWORD`, unquoted so that it is substituted): tokens that read as a
+    number, a date or a boolean would stop every server (about 2% of random ones did)."""
+    env = _nats_files(rendered["production"], tmp_path)
+    env["NATS_ROUTE_PASSWORD"] = route_password(token)
+    proc = subprocess.run(
+        [str(find_nats_server()), "-c", str(tmp_path / "nats.conf"), "-t"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0, f"nats-server -t refuses {env['NATS_ROUTE_PASSWORD']!r}: {proc}"
 
 
 @pytest.fixture
