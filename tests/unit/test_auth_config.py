@@ -329,6 +329,12 @@ def test_generate_writes_private_files_the_server_accepts(tree: BudgetTree, tmp_
     (route_password,) = re.findall(r"(?m)^NATS_ROUTE_PASSWORD=(\S+)$", auth.route_env.read_text())
     assert re.fullmatch(r"[A-Za-z0-9_-]{32,}", route_password)
     assert all(route_password != c.password for c in auth.users.values())
+    # kept across runs (a new one stalls a cluster's roll); a new one once the file is gone
+    again = generate(tree, data, tmp_path / "auth", cost=4)
+    assert again.route_env is not None and again.route_env.read_text() == auth.route_env.read_text()
+    again.route_env.unlink()
+    fresh = generate(tree, data, tmp_path / "auth", cost=4)
+    assert fresh.route_env is not None and route_password not in fresh.route_env.read_text()
     assert auth.first("service").user == "svc"
     # nats-server's own config check (-t) accepts it
     result = subprocess.run(

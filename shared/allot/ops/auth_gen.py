@@ -502,7 +502,8 @@ def generate(
 ) -> GeneratedAuth:
     """Write ``out_dir/nats.conf`` and ``out_dir/users/<user>.env`` (both 0600) with fresh
     random passwords; return every user's credentials (``.url(server)`` for clients).
-    Regenerating replaces every password."""
+    Regenerating replaces every user's password; the routes' (``nats-route.env``) is kept
+    until that file is deleted."""
     users = tuple(roles) if not isinstance(roles, Mapping) else parse_roles(roles, tree)
     out = Path(out_dir)
     (out / USERS_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -530,7 +531,11 @@ def generate(
         for u in users
     }
     _write_private(out / DASHBOARD_USERS, users_document(rows))
-    _write_private(out / ROUTE_ENV, _route_env_file(route_password(secrets.token_urlsafe(24))))
+    # The routes' password is kept across runs (a new one stalls a cluster's rolling
+    # update: docs/deploy-kubernetes.md); delete the file to change it.
+    kept = _kept_route_password(out / ROUTE_ENV)
+    route = kept if kept is not None else route_password(secrets.token_urlsafe(24))
+    _write_private(out / ROUTE_ENV, _route_env_file(route))
     return GeneratedAuth(
         config_path=config_path,
         config_text=text,
@@ -547,6 +552,16 @@ def route_password(token: str) -> str:
     configuration, and one that starts with ``-`` or digits then ``-`` fails to parse
     (as a number or a date), so the servers would not start (about 2% of tokens)."""
     return "r" + token
+
+
+def _kept_route_password(path: Path) -> str | None:
+    """The password of an earlier run's ``nats-route.env``, if it holds one of ours."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    found = re.search(r"(?m)^NATS_ROUTE_PASSWORD=(r[A-Za-z0-9_-]{32,})$", text)
+    return found[1] if found else None
 
 
 def _route_env_file(password: str) -> str:
