@@ -1,6 +1,7 @@
 """The host agent: runs what the placement leader put on its hosts and reports how it went.
 
-``python -m allot.services.agent --host h01 --gpus 8`` runs one real host;
+``python -P -m allot.services.agent --host h01 --gpus 8`` runs one real host (``-P``: its
+workloads write to its working directory, which must not be on its import path);
 ``--fake --hosts 1000 --gpus 8`` simulates hosts ``fake-0000``... in one process (demos and
 load tests): a fake part "runs" for the submission's ``duration_s`` with a timer.
 

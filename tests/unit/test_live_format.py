@@ -764,6 +764,9 @@ NOWHERE = "nats://127.0.0.1:1"
         (["--duration", "10", "minutes"], "allot submit: --duration: '10' has no unit"),
         (["--duration", "10m", "sleep", "5"], "allot submit: CMD: put the command after --"),
         (["--duration", "1m", "--min-runtime", "1"], "--min-runtime: '1' has no unit: write 1s"),
+        (["--duration", "60.0", "--", "true"], "--duration: '60.0' has no unit"),
+        (["--duration", "1m", "sleep", "5", "--"], "CMD: put the command after --"),
+        (["--duration", "1m", "sleep", "--", "5"], "CMD: put the command after --"),
         # a budget path, as `allot budgets set` takes it, names the allocation to give
         (
             ["--duration", "1m", "--alloc", "root/research/nlp"],
@@ -785,7 +788,7 @@ def test_a_command_after_double_dash_and_a_bare_zero_pass_the_checks() -> None:
     args = _parser().parse_args(
         ["submit", "--user", "u", "--gpus", "1", "--min-runtime", "0", "--", "sleep", "5"]
     )
-    args.argv = ["submit", "--user", "u", "--gpus", "1", "--min-runtime", "0", "--", "sleep"]
+    args.argv = ["submit", "--user", "u", "--gpus", "1", "--min-runtime", "0", "--", "sleep", "5"]
     live_cmds.check_command_after_dashes(args)
     assert live_cmds.parse_min_runtime("0") == 0 and live_cmds.parse_min_runtime("90s") == 90
 
@@ -971,6 +974,11 @@ def test_status_text_of_pending_work_says_why_it_waits_and_when_it_may_start() -
             ["budgets", "set", "root/nlp", "3", "--bye", "me"],
             "usage: allot budgets set ",
             "unrecognized arguments: --bye (did you mean --by?) me",
+        ),
+        (  # a right option in the wrong place: no "did you mean" the same word
+            ["--json", "queue"],
+            "usage: allot queue ",
+            "unrecognized arguments: --json (an option of allot queue: put it after allot queue)",
         ),
     ],
 )

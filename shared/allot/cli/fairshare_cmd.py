@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from allot.config.budget_file import load_tree_file
+from allot.config.budget_file import load_tree_file, where_in_file
 from allot.core.budgets import PARENT
 from allot.core.errors import ValidationError
 from allot.core.fairshare import NodeRank, Ranking, rank
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         tree = load_tree_file(path, "tree")
         ranking = rank(tree, tree.usage())
     except ValidationError as exc:
-        where = exc.field if exc.field == str(path) else f"{path}: {exc.field}"
+        where = where_in_file(path, exc)
         reason = " ".join(exc.reason.split())
         print(f"allot fairshare: {where}: {reason}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -41,6 +41,7 @@ from pathlib import Path
 import msgspec
 
 from allot.auth.client import login_for, masked_url
+from allot.cli.command_line import parse_command_line
 from allot.cli.durations import parse_duration
 from allot.cli.stack_url import add_nats_url_option, nats_url
 from allot.core.errors import ValidationError
@@ -125,7 +126,7 @@ def parse_run_time(option: str, text: str) -> int:
     is refused: ``1`` would be one second here and one minute to a Slurm user
     (``--time=1``); the unit says which."""
     bare = text.strip()
-    if bare.isdigit() and int(bare) != 0:
+    if re.fullmatch(r"\d+(\.0*)?", bare) and float(bare) != 0:  # 1.5 is refused as such
         raise ValidationError(option, f"{text!r} has no unit: write {bare}s, {bare}m or {bare}h")
     return parse_duration_option(option, text)
 
@@ -143,7 +144,8 @@ def check_command_after_dashes(args: argparse.Namespace) -> None:
     """The command must follow ``--``: a word that came without it is most likely part of
     an option's value (``--duration 10 minutes`` made ``minutes`` the command)."""
     argv = getattr(args, "argv", None)
-    if args.cmd and argv is not None and "--" not in argv:
+    after = argv[argv.index("--") + 1 :] if argv is not None and "--" in argv else None
+    if args.cmd and argv is not None and after != list(args.cmd):
         raise ValidationError(
             "CMD",
             f"put the command after --, as in `allot submit ... -- python train.py` "
@@ -972,7 +974,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad input is one line on stderr and exit status 2)."""
     parser = argparse.ArgumentParser(prog="allot")
     register(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     try:
         code: int = args.func(args)
     except ValidationError as exc:

@@ -7,7 +7,6 @@ exit status 2 (``ValidationError``); nothing prints a traceback for a user's mis
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import os
 import sys
@@ -29,6 +28,7 @@ from allot.cli import (
     twin_cmd,
     up_cmd,
 )
+from allot.cli.command_line import parse_command_line
 from allot.core.errors import ValidationError
 from allot.ops.run_dir import NoStackError
 
@@ -62,32 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _chosen_parser(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> argparse.ArgumentParser:
-    """The parser of the (sub)command ``args`` were parsed for: ``allot budgets set``'s,
-    not ``allot``'s."""
-    while True:
-        chosen = None
-        for action in parser._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                chosen = action.choices.get(getattr(args, action.dest, None) or "")
-        if chosen is None:
-            return parser
-        parser = chosen
-
-
-def refuse_unknown(parser: argparse.ArgumentParser, extra: Sequence[str]) -> None:
-    """Exit 2 with ``parser``'s usage, naming the unknown arguments and, for a misspelt
-    option, the one meant (``--min-runtme``: did you mean --min-runtime?)."""
-    options = [o for a in parser._actions for o in a.option_strings]
-    words = []
-    for word in extra:
-        close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1)
-        words.append(f"{word} (did you mean {close[0]}?)" if word[:2] == "--" and close else word)
-    parser.error(f"unrecognized arguments: {' '.join(words)}")
-
-
 class _QuietSslEof(logging.Filter):
     """asyncio warns "returning true from eof_received() has no effect when using ssl"
     each time nats-py's TLS connection closes (``allot up --secure``): noise on every
@@ -102,11 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not any(isinstance(f, _QuietSslEof) for f in asyncio_log.filters):
         asyncio_log.addFilter(_QuietSslEof())
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # refused by the command's own parser: its usage, and the option meant
-        refuse_unknown(_chosen_parser(parser, args), extra)
-    # The words as typed: `allot submit` checks that its command came after `--`.
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_command_line(parser, argv)
     try:
         code: int = args.func(args)
     except ValidationError as exc:

@@ -39,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="protected window (default %(default)s, the most there is)",
     )
     p.add_argument("--client-id", help="idempotency key (default: a fresh one)")
-    p.add_argument("--duration", help="fake agents only: how long to pretend to run")
+    p.add_argument(
+        "--duration", help="fake agents only: how long to pretend to run, with its unit: 30m, 2h"
+    )
     live.add_checkpoint_options(p)
     p.add_argument(
         "--command",

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from allot.cli.durations import parse_duration
-from allot.config.budget_file import load_tree_file
+from allot.config.budget_file import load_tree_file, where_in_file
 from allot.config.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree, parse_tree
 from allot.core.duration_text import format_duration
@@ -497,8 +497,7 @@ def _load_inputs(args: argparse.Namespace) -> tuple[ClusterSpec, BudgetTree, lis
     try:
         tree = load_tree_file(args.budgets)
     except ValidationError as exc:  # name the file, as allot fairshare does
-        where = exc.field if exc.field == str(args.budgets) else f"{args.budgets}: {exc.field}"
-        raise ValidationError(f"--budgets {where}", exc.reason) from None
+        raise ValidationError(f"--budgets {where_in_file(args.budgets, exc)}", exc.reason) from None
     jobs = read_trace(args.trace, defaults)
     if jobs and all(job.workload.allocation is None for job in jobs):
         print(

@@ -17,3 +17,9 @@ def load_tree_file(path: Path, field: str | None = None) -> BudgetTree:
     if not isinstance(data, dict):
         raise ValidationError(field or str(path), "the file must hold one mapping (the root node)")
     return parse_tree(data)
+
+
+def where_in_file(path: Path, exc: ValidationError) -> str:
+    """Where a bad tree file's error is: the file, or the node's field inside it
+    (``budgets.yaml: root/nlp.shares``)."""
+    return exc.field if exc.field == str(path) else f"{path}: {exc.field}"
