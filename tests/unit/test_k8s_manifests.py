@@ -348,15 +348,20 @@ def test_nats_server_accepts_the_rendered_configuration(
 ) -> None:
     env = _nats_files(rendered[overlay], tmp_path)
     assert env["SERVER_NAME"] == "nats-0", "POD_NAME must come before SERVER_NAME in env"
-    proc = subprocess.run(
-        [str(find_nats_server()), "-c", str(tmp_path / "nats.conf"), "-t"],
-        env=env,
+    proc = _nats_server_check(tmp_path / "nats.conf", env)
+    assert proc.returncode == 0, f"nats-server -t rejects overlays/{overlay}'s nats.conf: {proc}"
+
+
+def _nats_server_check(conf: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    """nats-server's own check of a configuration file (`-t`) in the pod's environment."""
+    return subprocess.run(
+        [str(find_nats_server()), "-c", str(conf), "-t"],
+        env=dict(env),
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
-    assert proc.returncode == 0, f"nats-server -t rejects overlays/{overlay}'s nats.conf: {proc}"
 
 
 @pytest.mark.parametrize("token", ["-rn_s0X5", "7-n_s0X5", "12e5", "true", "0x1F", "a_b-c"])
@@ -368,14 +373,7 @@ def test_nats_server_reads_every_route_password_auth_gen_makes(
     number, a date or a boolean would stop every server (about 2% of random ones did)."""
     env = _nats_files(rendered["production"], tmp_path)
     env["NATS_ROUTE_PASSWORD"] = route_password(token)
-    proc = subprocess.run(
-        [str(find_nats_server()), "-c", str(tmp_path / "nats.conf"), "-t"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    proc = _nats_server_check(tmp_path / "nats.conf", env)
     assert proc.returncode == 0, f"nats-server -t refuses {env['NATS_ROUTE_PASSWORD']!r}: {proc}"
 
 

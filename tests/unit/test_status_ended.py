@@ -35,11 +35,25 @@ def fold() -> LogFold:
     return f
 
 
-def run(f: LogFold, wid: str, gpus: tuple[int, ...], attempt: int = 1, host: str = "h1") -> None:
+def run(
+    f: LogFold,
+    wid: str,
+    gpus: tuple[int, ...],
+    attempt: int = 1,
+    host: str = "h1",
+    *,
+    min_runtime_s: int = 0,
+) -> None:
     if attempt == 1:
         f.apply(
             m.WorkloadSubmitted(
-                workload_id=wid, client_id=wid, user="ann", gpus=len(gpus), allocation="nlp", at=T
+                workload_id=wid,
+                client_id=wid,
+                user="ann",
+                gpus=len(gpus),
+                allocation="nlp",
+                min_runtime_s=min_runtime_s,
+                at=T,
             )
         )
     placed = m.WorkloadPlaced(
@@ -272,27 +286,7 @@ def test_a_running_workloads_protection_end_is_shown_only_when_it_is_protected(
     """Unallocated work is never protected: `allot status` showed its start as a
     'protected until' (a new user's walkthrough)."""
     f = fold()
-    f.apply(
-        m.WorkloadSubmitted(
-            workload_id="w",
-            client_id="w",
-            user="ann",
-            gpus=1,
-            allocation="nlp",
-            min_runtime_s=min_runtime_s,
-            at=T,
-        )
-    )
-    placed = m.WorkloadPlaced(
-        workload_id="w",
-        allocation="nlp",
-        at=T + 10,
-        gpus=1,
-        assignment=(m.HostGpus(host="h1", gpus=(0,)),),
-        attempt=1,
-        epoch=1,
-    )
-    assert f.apply(placed).changed
+    run(f, "w", (0,), min_runtime_s=min_runtime_s)
     status = workload_status(f, f.records["w"], None)
     assert status.protected_until == until
     assert ("protected until" in status_text(status)) is (until is not None)
