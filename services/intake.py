@@ -97,7 +97,7 @@ from allot.bus.runtime import (
     wall_clock,
 )
 from allot.bus.service_main import base_parser, run_main
-from allot.core.budgets import BudgetTree
+from allot.core.budgets import BudgetTree, subtree_allocations
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.reasons import fits_empty
@@ -548,8 +548,7 @@ def _not_an_allocation(tree: BudgetTree, name: str) -> str:
     """Why ``name`` takes no work, and which names do: an account of the tree (a budget
     manager's node) is charged through its leaves, the allocations."""
     if name in tree.index.position:
-        below = tree.path(name) + "/"
-        leaves = [a for a in tree.leaves() if tree.path(a).startswith(below)][:20]
+        leaves = subtree_allocations(tree, name)[:20]
         return (
             f"{name!r} is an account of the budget tree, not an allocation: submit to one "
             f"of its allocations ({', '.join(leaves)})"

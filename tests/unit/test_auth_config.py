@@ -24,7 +24,7 @@ from allot.auth.client import (
     nats_url_from_env,
 )
 from allot.cli import auth_cmd
-from allot.core.budgets import BudgetTree, parse_tree
+from allot.core.budgets import BudgetTree, parse_tree, subtree_allocations
 from allot.core.errors import ValidationError
 from allot.ops.auth_gen import (
     UserSpec,
@@ -33,7 +33,6 @@ from allot.ops.auth_gen import (
     parse_roles,
     permissions,
     render_config,
-    subtree_allocations,
 )
 
 TREE = {

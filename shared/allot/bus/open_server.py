@@ -17,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import nats
 
 from allot.auth.client import client_tls, masked_url
+from allot.bus import server_urls
 
 CHECK_TIMEOUT_S = 2.0
 """How long the check waits for one server; a server that does not answer in that time is
@@ -28,19 +29,14 @@ class OpenServerError(RuntimeError):
 
 
 def addresses(url: str) -> list[tuple[str, str]]:
-    """Each server address of ``url`` (a comma-separated list, as ``allot.bus.server_urls``
-    takes it; a bare ``host:port`` is ``nats://``) with, beside it, the same address
-    without any user, password or token."""
+    """Each server address of ``url`` as the services take it (``allot.bus.server_urls``; a
+    bare ``host:port`` is ``nats://``) with, beside it, the same address without any user,
+    password or token."""
     out = []
-    for part in url.split(","):
-        address = part.strip()
-        if not address:
-            continue
-        if "://" not in address:
-            address = "nats://" + address
-        pieces = urlsplit(address)
+    for address in server_urls(url):
+        pieces = urlsplit(address if "://" in address else "nats://" + address)
         anonymous = urlunsplit(pieces._replace(netloc=pieces.netloc.rpartition("@")[2]))
-        out.append((address, anonymous))
+        out.append((pieces.geturl(), anonymous))
     return out
 
 

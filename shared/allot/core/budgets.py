@@ -189,6 +189,12 @@ class BudgetTree:
 # -- parsing: nested form ----------------------------------------------------------------
 
 
+def subtree_allocations(tree: BudgetTree, node: str) -> tuple[str, ...]:
+    """The allocations (leaves) at or below ``node``, in the tree's order."""
+    below = tree.path(node) + "/"
+    return tuple(a for a in tree.leaves() if a == node or tree.path(a).startswith(below))
+
+
 def parse_tree(data: Mapping[str, object]) -> BudgetTree:
     """Build a tree from the nested mapping form (see the module docstring)."""
     if not isinstance(data, Mapping):

@@ -65,7 +65,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from allot.auth.client import CA_ENV, inbox_prefix
 from allot.auth.dashboard import DASHBOARD_USERS, users_document
-from allot.core.budgets import BudgetTree
+from allot.core.budgets import BudgetTree, subtree_allocations
 from allot.core.errors import ValidationError
 from allot.proto import subjects as s
 
@@ -289,12 +289,6 @@ def budget_path(tree: BudgetTree, node: str) -> tuple[str, ...]:
     (subjects always start at ``root``, whatever the tree's root is called)."""
     names = tree.path(node).split("/")
     return (s.BUDGET_ROOT, *names[1:])
-
-
-def subtree_allocations(tree: BudgetTree, node: str) -> tuple[str, ...]:
-    """The allocations (leaves) at or below ``node``, in the tree's order."""
-    below = tree.path(node) + "/"
-    return tuple(a for a in tree.leaves() if a == node or tree.path(a).startswith(below))
 
 
 def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
