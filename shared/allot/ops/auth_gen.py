@@ -544,7 +544,7 @@ def route_password(token: str) -> str:
     """The routes' password made of a URL-safe ``token``, led by a letter: nats-server reads
     the variable that holds it (``password: $NATS_ROUTE_PASSWORD``) as a value of its
     configuration, and one that starts with ``-`` or digits then ``-`` fails to parse
-    (as a number or a date), so the servers would not start (about 2% of tokens)."""
+    (as a number or a date), so the servers would not start (decision 0078)."""
     return "r" + token
 
 
