@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
+import msgspec
 import redis.asyncio as redis_asyncio
 import structlog
 from faststream.nats import NatsBroker
@@ -148,11 +149,19 @@ class RankingService:
     async def _load_tree(self, record_log: RecordLog) -> None:
         last = await record_log.read("USAGE", subjects.BUDGET_TREE)
         if last is not None and last.data is not None:
-            record = codec.decode(Kind.BUDGET_TREE, last.data)
-            assert isinstance(record, m.BudgetTreeSet)
-            self.tree = tree_from_spec(record.tree)
-            log.info("budget tree from the log", by=record.by, at=record.at, seq=last.seq)
-            return
+            try:
+                record = codec.decode_as(m.BudgetTreeSet, last.data, own=True)
+            except ValidationError as e:
+                # A message no service wrote (a JetStream answer steered there: docs/
+                # security.md); every follower skips it, and so does this start.
+                log.warning("last budget tree skipped", seq=last.seq, field=e.field)
+                found = await _last_tree_followed(record_log)
+            else:
+                found = record
+            if found is not None:
+                self.tree = tree_from_spec(found.tree)
+                log.info("budget tree from the log", by=found.by, at=found.at)
+                return
         if self.budgets_file is None:
             log.warning("no budget tree in the log and no --budgets file: nothing to rank")
             return
@@ -311,3 +320,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+async def _last_tree_followed(record_log: RecordLog) -> m.BudgetTreeSet | None:
+    """The last budget tree of the log that a follower hands over (followers skip what does
+    not decode); None without one."""
+    found: list[m.BudgetTreeSet] = []
+
+    def keep(_subject: str, record: msgspec.Struct) -> None:
+        if isinstance(record, m.BudgetTreeSet):
+            found[:] = [record]
+
+    follower = record_log.follower(
+        keep, streams=("USAGE",), subjects={"USAGE": subjects.BUDGET_TREE}
+    )
+    await follower.start()  # returns once the stream is replayed
+    await follower.stop()
+    return found[0] if found else None

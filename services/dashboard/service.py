@@ -135,7 +135,9 @@ class DashboardService:
     async def on_started(self) -> None:
         await self._serve_http()  # /healthz says 503 while the log replays
         self.nc, js = await bus.connect(self.nats_url, "allot-dashboard")
-        await bus.ensure_streams(js)
+        # The services make the streams; the dashboard's own login may not (``allot auth
+        # gen``'s dashboard role reads the log and nothing more).
+        await bus.await_streams(js)
         await self.client.open()
         self.follower = PolledLogFollower(
             js,

@@ -15,6 +15,7 @@ import msgspec
 import nats
 import pytest
 import redis.asyncio as redis_asyncio
+from live_harness import eventually
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -302,25 +303,44 @@ async def test_share_query_before_any_tree_is_rejected(
         assert reply.field == "path"
 
 
+@pytest.mark.parametrize("steered", [False, True], ids=["tree-last", "junk-last"])
 async def test_restart_takes_the_tree_from_the_log_not_the_file(
-    *, fresh_log: str, redis_url: str, prefix: str, budgets: Path, tmp_path: Path, nc: Client
+    *,
+    fresh_log: str,
+    redis_url: str,
+    prefix: str,
+    budgets: Path,
+    tmp_path: Path,
+    nc: Client,
+    steered: bool,
 ) -> None:
+    """``junk-last``: a JetStream answer steered onto the tree's subject (any login with the
+    API can name it as a reply subject: docs/security.md) is the subject's last message;
+    ranking starts from the last tree that decodes, as every follower does, and neither
+    fails nor takes the file's tree."""
     js = nc.jetstream()
     async with running(fresh_log, redis_url, prefix, budgets_file=budgets):
         cmd = m.SetBudget(path=("root", "vision"), shares=5, set_by="carol")
         reply = await request(nc, subjects.budget_set(cmd.path), codec.encode(cmd))
         assert isinstance(reply, m.CommandAccepted), reply
-
+    kept = 2  # bootstrap + the change
+    if steered:
+        await nc.publish("$JS.API.STREAM.INFO.USAGE", b"", reply=subjects.BUDGET_TREE)
+        kept += 1
+        await eventually(lambda: tree_records(js), lambda n: n == kept)
+        junk = await js.get_last_msg("USAGE", subjects.BUDGET_TREE)
+        assert b"stream_info_response" in (junk.data or b"")
     other = tmp_path / "other.yaml"
     other.write_text("name: root\nchildren:\n  - name: solo\n    shares: 1\n")
     async with running(fresh_log, redis_url, prefix, budgets_file=other) as service:
         assert service.tree is not None
         assert service.tree.leaves() == ("busy", "idle", "vision")
         assert service.tree.root.children[1].shares == 5
-        assert await tree_records(js) == 2  # bootstrap + the change; nothing new
-        record = await last_tree(js)
-        assert record is not None
-        assert record.by == "carol"
+        assert await tree_records(js) == kept  # nothing new
+        if not steered:
+            record = await last_tree(js)
+            assert record is not None
+            assert record.by == "carol"
 
 
 async def _value(x: Any) -> Any:

@@ -29,6 +29,7 @@ import nats.errors
 import pytest
 from live_harness import eventually, records, seed
 from nats.aio.client import Client as NatsClient
+from nats.js.api import ConsumerConfig
 from nats.nuid import NUID
 
 from allot import bus
@@ -41,6 +42,7 @@ from allot.ops.tls_certs import client_context, make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import Client, NoResponderError, PermissionDeniedError
+from allot.services.dashboard.service import DashboardService
 from allot.services.dispatch import DispatchService
 from allot.services.health import HealthService
 from allot.services.intake import Intake
@@ -68,6 +70,7 @@ ROLES = {
         {"name": "research-lead", "role": "manager", "node": "research"},
         {"name": "ops", "role": "operator"},
         {"name": "agent-h01", "role": "agent", "hosts": ["h01"]},
+        {"name": "dash", "role": "dashboard"},
         {"name": "svc", "role": "service"},
     ]
 }
@@ -583,6 +586,82 @@ async def test_an_operator_drains_and_cancels_but_submits_nothing(secure: Secure
         assert not any(spy.saw(x) for x in refused)
     finally:
         await ops.nc.close()
+
+
+async def test_the_dashboard_reads_the_log_and_answers_its_queries_and_writes_nothing(
+    secure: Secure, spy: Spy
+) -> None:
+    """The web-facing dashboard holds its own login: it replays the log and answers
+    ``allot owed`` with it (no violation logged), and the same login can write no record,
+    send no command, change no stream and touch no service durable, not even by naming it
+    in a consumer's body (the form that takes the name from the body is not granted)."""
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream()
+    await seed(js, {"h01": 8}, TREE)
+    durable = await js.add_consumer(
+        "WORKLOADS",
+        ConsumerConfig(durable_name=s.ACCOUNTING_DURABLE, filter_subject=s.ALL_EVENTS),
+    )
+    dashboard = DashboardService(secure.url("dash"), http_port=0, tracing=False)
+    await start(dashboard)
+    dash = await connect_as(secure, "dash")
+    try:
+        await eventually(lambda: _value([dashboard.caught_up]), lambda v: v[0])
+        async with Client(secure.url("nlp"), timeout=5.0) as c:  # answered in nlp's inbox
+            owed = await c.owed()
+        assert isinstance(owed, m.OwedSnapshot)
+        assert [v for v in secure.violations() if v[0] == "dash"] == []
+        before = await counts(js)
+        log_before = len(secure.violations())
+        spy.set_mark()
+        api = "$JS.API"
+        refused = [
+            s.events("nlp", "wforged", "placed"),  # a record
+            s.submit("nlp"),
+            s.drain("h01"),
+            s.host_work("h01"),  # an agent's work list
+            s.budget_set(["root", "research"]),
+            f"{api}.STREAM.PURGE.WORKLOADS",
+            f"{api}.STREAM.DELETE.WORKLOADS",
+            f"{api}.STREAM.CREATE.CAPTURE",
+            f"{api}.STREAM.UPDATE.WORKLOADS",
+            f"{api}.CONSUMER.CREATE.WORKLOADS",  # the body names the consumer
+            f"{api}.CONSUMER.CREATE.WORKLOADS.{s.ACCOUNTING_DURABLE}",
+            f"{api}.CONSUMER.DURABLE.CREATE.WORKLOADS.{s.ACCOUNTING_DURABLE}",
+            f"{api}.CONSUMER.MSG.NEXT.WORKLOADS.{s.ACCOUNTING_DURABLE}",
+            f"{api}.CONSUMER.DELETE.WORKLOADS.{s.ACCOUNTING_DURABLE}",
+            "$KV.ALLOT.x",
+        ]
+        repoint = json.dumps(
+            {
+                "stream_name": "WORKLOADS",
+                "config": {
+                    "name": s.ACCOUNTING_DURABLE,
+                    "filter_subject": s.events("x", "y", "placed"),
+                },
+            }
+        ).encode()
+        for subject in refused:
+            await _no_answer(dash, subject, repoint)
+        for subject in refused:
+            await dash.refused(subject)
+        logged = await secure.logged("dash", len(refused), since=log_before)
+        assert sorted(v[2] for v in logged) == sorted(refused)
+        assert not any(spy.saw(x) for x in refused)
+        # Granted, and harmless: the name in the subject wins over the body's (server-checked).
+        reply = await dash.nc.request(f"{api}.CONSUMER.CREATE.WORKLOADS.mine", repoint, timeout=5)
+        assert json.loads(reply.data).get("name") == "mine"
+        after = await js.consumer_info("WORKLOADS", s.ACCOUNTING_DURABLE)
+        assert after.config.filter_subject == durable.config.filter_subject == s.ALL_EVENTS
+        assert await counts(js) == before
+        for pattern in ("allot.v1.>", "_INBOX.>", s.ALL_PREEMPT):
+            await dash.nc.subscribe(pattern)
+            await dash.nc.flush()
+            await dash.refused(pattern)
+    finally:
+        await dash.nc.close()
+        await stop(dashboard)
+        await svc.nc.close()
 
 
 # -- names are logins -------------------------------------------------------------------------

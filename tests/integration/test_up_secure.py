@@ -47,10 +47,12 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
         assert stack.servers.nats.staged_in_memory == [f"{ACCOUNT}/WORKLOADS"]
         url = stack.url_for("nlp")
         assert url.startswith("tls://nlp:")
-        # The agent connects as its own user, granted only its hosts (docs/security.md);
-        # the services as the service user. Until 2026-12-03 the agent had the service's.
+        # The agent connects as its own user, granted only its hosts (docs/security.md),
+        # the dashboard as its own (the log to read, its queries to answer), the other
+        # services as the service user. Until 2026-12-03 the agent had the service's.
         users = {name: _nats_user(proc.pid) for name, proc in stack.procs.items()}
         assert users.pop("agent-fake-a") == "agent-fake-a"
+        assert users.pop("dashboard") == stack.auth.first("dashboard").user == "allot-dashboard"
         assert set(users.values()) == {stack.auth.first("service").user}
         monkeypatch.setenv("ALLOT_NATS_CA", str(stack.ca_file))
         async with Client(url, timeout=2.0, retries=0) as c:

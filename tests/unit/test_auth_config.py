@@ -237,7 +237,8 @@ def test_every_user_but_the_services_is_denied_jetstream_and_the_service_durable
     p = permissions(user, tree)
     assert {"$JS.>", "$KV.>", "$SYS.>"} <= set(p.deny_publish)
     assert "$JS.API.CONSUMER.*.*.accounting" in p.deny_publish
-    assert "$JS.API.CONSUMER.DURABLE.CREATE.*.accounting" in p.deny_publish
+    # DURABLE.CREATE and MSG.NEXT: two tokens before the stream
+    assert "$JS.API.CONSUMER.*.*.*.accounting" in p.deny_publish
     assert not any(x.startswith("$") for x in p.publish)
     assert permissions(UserSpec("svc", "service"), tree).deny_publish == ()
 
@@ -292,6 +293,45 @@ def test_agent_and_operator_grants(tree: BudgetTree) -> None:
         "allot.v1.query.>",
     }
     assert permissions(UserSpec("s", "service"), tree).publish == (">",)
+
+
+def test_the_dashboard_reads_the_log_by_named_consumers_and_answers_by_responses(
+    tree: BudgetTree,
+) -> None:
+    """The web-facing dashboard's login: queries, its own consumers (named in the create
+    subject: the unnamed form takes the name from the body, where a deny cannot see it),
+    replies by ``allow_responses``; no record, command, stream change or ack."""
+    p = permissions(UserSpec("dash", "dashboard"), tree)
+    assert (
+        p.allow_responses
+        and not permissions(UserSpec("nlp", "team", ("nlp",)), tree).allow_responses
+    )
+    assert p.subscribe == ("_INBOX_dash.>", "allot.v1.query.owed", "allot.v1.query.history")
+    js = {x for x in p.publish if x.startswith("$")}
+    assert js == {
+        "$JS.API.INFO",
+        "$JS.API.STREAM.INFO.*",
+        "$JS.API.CONSUMER.CREATE.*.*",
+        "$JS.API.CONSUMER.CREATE.*.*.>",
+        "$JS.API.CONSUMER.INFO.*.*",
+        "$JS.API.CONSUMER.DELETE.*.*",
+        "$JS.API.CONSUMER.MSG.NEXT.*.*",
+    }
+    assert set(p.publish) - js == {"allot.v1.query.>"}
+    assert {
+        "$JS.API.CONSUMER.*.*.accounting",
+        "$JS.API.CONSUMER.*.*.accounting.>",
+        "$JS.API.CONSUMER.*.*.*.accounting",  # MSG.NEXT and DURABLE.CREATE
+    } == set(p.deny_publish)
+    users = parse_roles(roles({"name": "dash", "role": "dashboard"}), tree)
+    text = render_config(
+        users, {u.name: permissions(u, tree) for u in users}, {"dash": "h", "svc": "h"}
+    )
+    dash_block = text[text.index('user: "dash"') : text.index('user: "svc"')]
+    assert (
+        "allow_responses: true" in dash_block
+        and "allow_responses" not in text[text.index('user: "svc"') :]
+    )
 
 
 # -- rendering and files ---------------------------------------------------------------------

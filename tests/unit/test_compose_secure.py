@@ -98,6 +98,9 @@ def test_every_container_connects_as_its_own_user(project: tuple[Path, Generated
             assert role == "agent", f"{name} connects as {user} ({role})"
             granted = {s.split(".")[3] for s in auth.grants[user].publish}
             assert granted == set(_fake_hosts(command)), f"{name}: hosts and grants differ"
+        elif "allot.services.dashboard" in command:
+            # The web-facing process: the log to read and its queries to answer, no more.
+            assert role == "dashboard", f"{name} connects as {user} ({role})"
         else:
             assert role == "service", f"{name} connects as {user} ({role})"
 

@@ -658,7 +658,12 @@ def test_services_reach_nats_and_redis_by_their_services_and_replicate_streams_l
                 f"{_name(obj)}: allot-env must come last in envFrom, so its ALLOT_NATS_URL "
                 "wins over the one in the credentials file"
             )
-            assert len(refs) == 2 and _base_name(refs[0]) in {"allot-services", "allot-agent"}
+            # Each its role's login: the dashboard its own, the agents theirs (never the
+            # services' `>`).
+            name = obj["metadata"]["name"]
+            login = "allot-agent" if "agent" in name else "allot-services"
+            login = "allot-dashboard" if name == "dashboard" else login
+            assert len(refs) == 2 and _base_name(refs[0]) == login, _name(obj)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -668,10 +673,15 @@ def test_credentials_are_the_users_allot_auth_gen_wrote(
     objs = rendered[overlay]
     services = _secret_env(_generated(objs, "Secret", "allot-services"))
     agent = _secret_env(_generated(objs, "Secret", "allot-agent"))
+    dashboard = _secret_env(_generated(objs, "Secret", "allot-dashboard"))
     assert services["ALLOT_NATS_USER"] == "allot-services" and services["ALLOT_NATS_PASSWORD"]
     assert agent["ALLOT_NATS_USER"] == "allot-agent" and agent["ALLOT_NATS_PASSWORD"]
+    assert dashboard["ALLOT_NATS_USER"] == "allot-dashboard" and dashboard["ALLOT_NATS_PASSWORD"]
     auth = _secret_text(_generated(objs, "Secret", "allot-nats-auth"), "nats.conf")
     assert 'user: "allot-services"' in auth and 'user: "allot-agent"' in auth
+    # role dashboard: no `>`, replies by allow_responses
+    block = auth[auth.index('user: "allot-dashboard"') :].split("}\n      }", 1)[0]
+    assert "allow_responses: true" in block and '">"' not in block
     users = _secret_text(
         _generated(objs, "Secret", "allot-dashboard-users"), "dashboard-users.json"
     )

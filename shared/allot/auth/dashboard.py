@@ -10,7 +10,7 @@ dashboard with their NATS user and password. The dashboard then applies the NATS
   names no other allocation. Fair share, owed vs delivered and ``/metrics`` are public to
   every user, as fair share is by design (``docs/security.md``).
 * **manager, operator, service**: everything.
-* **agent**: nothing (403): agents have no business with pages.
+* **agent, dashboard**: nothing (403): the logins of programs have no business with pages.
 
 Without a users file the dashboard serves everyone who reaches its port (it binds loopback
 by default); ``allot up --secure`` always passes one.
@@ -32,7 +32,8 @@ from allot.core.errors import ValidationError
 from allot.proto.subjects import UNALLOCATED
 
 DASHBOARD_USERS = "dashboard-users.json"
-ROLES = ("team", "manager", "operator", "agent", "service")
+ROLES = ("team", "manager", "operator", "agent", "dashboard", "service")
+NO_PAGES = frozenset({"agent", "dashboard"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class Viewer:
 
     @property
     def allowed(self) -> bool:
-        return self.role != "agent"
+        return self.role not in NO_PAGES
 
     def sees(self, allocation: str | None) -> bool:
         """Whether this user may see work of ``allocation`` (None: unallocated work)."""

@@ -168,7 +168,7 @@ _PERMANENT_503 = frozenset(
 
 
 class StreamsNotReadyError(RuntimeError):
-    """JetStream could not create or update the log's streams within the time given."""
+    """JetStream could not create, update or find the log's streams within the time given."""
 
 
 def _not_ready(e: BaseException) -> bool:
@@ -202,9 +202,46 @@ async def ensure_streams(
     error. Any other error (a configuration conflict) is raised at once."""
     if replicas is None and os.environ.get(REPLICAS_ENV, "").strip():
         replicas = stream_replicas()
+    await _each_stream(
+        stream_configs(replicas or 1),
+        lambda config: _ensure_stream(js, config, replicas),
+        "create or update",
+        ready_timeout_s,
+    )
+
+
+class _NotCreatedYetError(Exception):
+    """A stream a reader waits for does not exist yet (the services create it)."""
+
+
+async def await_streams(
+    js: JetStreamContext, *, ready_timeout_s: float = STREAMS_READY_TIMEOUT_S
+) -> None:
+    """Wait until every stream exists, retried as ``ensure_streams`` retries: for a reader
+    whose login may not create or change them (the dashboard's, ``allot auth gen``), so
+    the services' ``ensure_streams`` makes them."""
+
+    async def exists(config: StreamConfig) -> None:
+        assert config.name is not None
+        try:
+            await js.stream_info(config.name)
+        except NotFoundError as e:
+            raise _NotCreatedYetError("not created yet (the services create it)") from e
+
+    await _each_stream(stream_configs(), exists, "find", ready_timeout_s)
+
+
+async def _each_stream(
+    configs: list[StreamConfig],
+    step: Callable[[StreamConfig], Awaitable[None]],
+    what: str,
+    ready_timeout_s: float,
+) -> None:
+    """``step`` for each stream, each tried again while JetStream is not ready (see
+    ``ensure_streams``) until ``ready_timeout_s`` has passed in all."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ready_timeout_s
-    for config in stream_configs(replicas or 1):
+    for config in configs:
         assert config.name is not None
         delay, attempt = _RETRY_FIRST_S, 0
         while True:
@@ -213,17 +250,15 @@ async def ensure_streams(
             try:
                 # A try that would start past the deadline still runs once, bounded by the
                 # requests' own timeouts (``ready_timeout_s=0``: one try, no retry).
-                await asyncio.wait_for(
-                    _ensure_stream(js, config, replicas), left if left > 0 else None
-                )
+                await asyncio.wait_for(step(config), left if left > 0 else None)
                 break
             except Exception as e:
-                if not _not_ready(e):
+                if not (_not_ready(e) or isinstance(e, _NotCreatedYetError)):
                     raise
                 left = deadline - loop.time()
                 if left <= 0:
                     raise StreamsNotReadyError(
-                        f"JetStream could not create or update stream {config.name} "
+                        f"JetStream could not {what} stream {config.name} "
                         f"(replicas {config.num_replicas}) within {ready_timeout_s:g} s, "
                         f"{attempt} tries; last error: {_describe(e)}"
                     ) from e
@@ -255,6 +290,8 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, replicas: i
 
 
 def _describe(e: BaseException) -> str:
+    if isinstance(e, _NotCreatedYetError):
+        return str(e)
     no_responders = isinstance(e, ServiceUnavailableError) and e.code is None  # nats-py's form
     if no_responders or isinstance(e, TimeoutError | nats.errors.NoRespondersError):
         # A refused $JS.API request is not answered either: it ends the same way.

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -89,6 +90,9 @@ class _Poll:
         after = self.handed_over()
         one, several = consumer_filter(self.wanted)
         config = ConsumerConfig(
+            # Named in the create request's subject: a login granted only that form (the
+            # dashboard's) cannot name another's consumer in the body (``allot auth gen``).
+            name=f"poll-{uuid.uuid4().hex}",
             ack_policy=AckPolicy.NONE,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE if after else DeliverPolicy.ALL,
             opt_start_seq=after + 1 if after else None,

@@ -37,10 +37,15 @@ Roles (one per row, see ``deploy/roles.example.yaml``):
   read; nothing of JetStream. The dispatch service reads the log for agents and appends a
   report only when the subject's host is the primary host of that workload's current
   attempt.
+* ``dashboard``: what the dashboard service uses and nothing else (``DASHBOARD_READS``):
+  the queries it asks and answers (``query.owed``, ``query.history``, by
+  ``allow_responses``), and the log read through consumers it creates by name; no record,
+  command, stream or KV write. The web-facing service does not hold the services' ``>``.
 * ``service``: everything (``>``).
 
 No user but the services may publish anything of JetStream (``NOT_SERVICES``: the API,
-acks, flow control) nor touch a service durable by name.
+acks, flow control) nor touch a service durable by name; the dashboard only the reads of
+``DASHBOARD_READS``, never a service durable (``SERVICE_DURABLE_API``).
 
 Every non-service user receives replies only on its own inbox prefix ``_INBOX_<user>``
 (``inbox_prefix`` of ``nats.connect``): the default ``_INBOX.>`` is never granted, so one
@@ -69,8 +74,8 @@ from allot.core.budgets import BudgetTree, subtree_allocations
 from allot.core.errors import ValidationError
 from allot.proto import subjects as s
 
-Role = Literal["team", "manager", "operator", "agent", "service"]
-ROLES: tuple[Role, ...] = ("team", "manager", "operator", "agent", "service")
+Role = Literal["team", "manager", "operator", "agent", "dashboard", "service"]
+ROLES: tuple[Role, ...] = ("team", "manager", "operator", "agent", "dashboard", "service")
 
 ACCOUNT = "ALLOT"
 DEFAULT_BCRYPT_COST = 11
@@ -88,6 +93,7 @@ _USER_FIELDS: dict[Role, tuple[str, ...]] = {
     "manager": ("name", "role", "node"),
     "operator": ("name", "role"),
     "agent": ("name", "role", "hosts"),
+    "dashboard": ("name", "role"),
     "service": ("name", "role"),
 }
 _JS_API = "$JS.API"
@@ -255,26 +261,43 @@ def _kind(value: object) -> str:
 # -- grants ----------------------------------------------------------------------------------
 
 
-NOT_SERVICES: tuple[str, ...] = (
-    "$JS.>",
-    "$KV.>",
-    "$O.>",
-    "$SYS.>",
-    *(
-        pattern
-        for durable in s.SERVICE_DURABLES
-        for pattern in (
-            f"{_JS_API}.CONSUMER.*.*.{durable}",
-            f"{_JS_API}.CONSUMER.*.*.{durable}.>",
-            f"{_JS_API}.CONSUMER.DURABLE.CREATE.*.{durable}",
-        )
-    ),
+SERVICE_DURABLE_API: tuple[str, ...] = tuple(
+    pattern
+    for durable in s.SERVICE_DURABLES
+    for pattern in (
+        f"{_JS_API}.CONSUMER.*.*.{durable}",
+        f"{_JS_API}.CONSUMER.*.*.{durable}.>",
+        f"{_JS_API}.CONSUMER.*.*.*.{durable}",
+    )
 )
+"""Every JetStream API subject that names a service durable: create, info, delete, pause
+(``CONSUMER.<verb>.<stream>.<name>``, a create's filter after it), the legacy durable
+create and a pull (``CONSUMER.{DURABLE.CREATE,MSG.NEXT}.<stream>.<name>``): whoever pulls
+from accounting's durable takes records it would charge."""
+
+NOT_SERVICES: tuple[str, ...] = ("$JS.>", "$KV.>", "$O.>", "$SYS.>", *SERVICE_DURABLE_API)
 """Denied to every user but the services, whatever their allow list says: the JetStream
 API (a consumer's name, filter and delivery subject are the creator's choice: a team could
 re-point a service's durable or have the server publish anywhere), acks and flow control,
 KV, object store and system subjects. Each service durable is also named, so a grant
 widened by hand still cannot touch it."""
+
+DASHBOARD_READS: tuple[str, ...] = (
+    f"{_JS_API}.INFO",
+    f"{_JS_API}.STREAM.INFO.*",
+    # A consumer named in the subject only: the form without a name
+    # (``CONSUMER.CREATE.<stream>``) takes the name from the body, where no deny can see
+    # it (a body naming ``accounting`` there re-points accounting's durable; measured).
+    f"{_JS_API}.CONSUMER.CREATE.*.*",
+    f"{_JS_API}.CONSUMER.CREATE.*.*.>",
+    f"{_JS_API}.CONSUMER.INFO.*.*",
+    f"{_JS_API}.CONSUMER.DELETE.*.*",
+    f"{_JS_API}.CONSUMER.MSG.NEXT.*.*",
+)
+"""The dashboard's JetStream API: its followers' and history pages' consumers, each made
+under a name of its own (``allot.bus.polled_follower``, ``allot.bus.history_pages``),
+read with pull requests and removed; stream information. No stream is created, changed
+or purged, no record written, no ack sent (its consumers take none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +305,9 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     deny_publish: tuple[str, ...] = ()
+    allow_responses: bool = False
+    """nats-server's ``allow_responses``: one reply to each request received, on its reply
+    subject (a requester's inbox), beside the allow list."""
 
 
 def budget_path(tree: BudgetTree, node: str) -> tuple[str, ...]:
@@ -296,6 +322,15 @@ def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
     inbox = f"{inbox_prefix(user.name)}.>"
     if user.role == "service":
         return Permissions(publish=(">",), subscribe=(">",))
+    if user.role == "dashboard":
+        # Its pages ask the services (the SDK's queries); it answers ``query.owed`` and
+        # ``query.history`` to whoever asked (``allow_responses``, never ``_INBOX.>``).
+        return Permissions(
+            publish=(f"{s.PREFIX}.query.>", *DASHBOARD_READS),
+            subscribe=(inbox, s.QUERY_OWED, s.QUERY_HISTORY),
+            deny_publish=SERVICE_DURABLE_API,
+            allow_responses=True,
+        )
     if user.role == "team":
         tokens = [*user.allocations, *([s.UNALLOCATED] if user.unallocated else [])]
         pub: list[str] = []
@@ -409,6 +444,7 @@ def render_config(
             + (f", deny: [{', '.join(_q(x) for x in p.deny_publish)}]" if p.deny_publish else "")
             + " }",
             f"          subscribe: {{ allow: [{', '.join(_q(x) for x in p.subscribe)}] }}",
+            *(["          allow_responses: true"] if p.allow_responses else []),
             "        }",
             "      }",
         ]

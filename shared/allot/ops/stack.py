@@ -555,6 +555,7 @@ class Stack(StartStop):
             {"name": "batch", "role": "team", "allocations": [], "unallocated": True},
             {"name": "admin", "role": "manager", "node": tree.root.name},
             {"name": "ops", "role": "operator"},
+            {"name": "allot-dashboard", "role": "dashboard"},
             {"name": "allot-services", "role": "service"},
         ]
         for agent in self.config.agents:
@@ -573,9 +574,15 @@ class Stack(StartStop):
 
     def user_for(self, name: str) -> str | None:
         """The NATS user process ``name`` connects as under ``secure``: an agent as the
-        agent user granted its hosts (``agent-<prefix>`` by default), every service as the
-        service user (None). An agent that no user of the roles file covers is refused."""
-        if self.auth is None or not name.startswith("agent-"):
+        agent user granted its hosts (``agent-<prefix>`` by default), the dashboard as the
+        roles file's dashboard user (the service user when it has none), every other
+        service as the service user (None). An agent that no user of the roles file covers
+        is refused."""
+        if self.auth is None:
+            return None
+        if name == "dashboard":
+            return next((u for u, c in self.auth.users.items() if c.role == "dashboard"), None)
+        if not name.startswith("agent-"):
             return None
         spec = next(a for a in self.config.agents if f"agent-{a.prefix}" == name)
         if name in self.auth.users and self.auth.users[name].role == "agent":
