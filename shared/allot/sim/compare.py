@@ -121,14 +121,17 @@ def render_summary(reports: Mapping[str, Mapping[str, Any]]) -> str:
             lines.append(f"  {alloc:<20}{cells}")
     waited = sorted({a for s in summaries.values() for a in s["wait_by_allocation"]})
     if waited:
+        # Wider columns than the table's (three figures each): their own heading.
+        wide = max(width, 24)
         lines.append("")
-        lines.append("wait by allocation: mean / p90 / p99")
+        lines.append(f"{'wait by allocation':<22}" + "".join(f"{n:>{wide}}" for n in names))
+        lines.append(f"{'':<22}" + "".join(f"{'mean / p90 / p99':>{wide}}" for _ in names))
         for alloc in waited:
             cells = ""
             for n in names:
                 row = summaries[n]["wait_by_allocation"].get(alloc) or {}
                 text = " / ".join(cell(row.get(q), "dur") for q in ("mean", "p90", "p99"))
-                cells += f"{text:>{max(width, 24)}}"
+                cells += f"{text:>{wide}}"
             lines.append(f"  {alloc:<20}{cells}")
     return "\n".join(lines)
 
