@@ -298,6 +298,23 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+async def _last_tree_followed(record_log: RecordLog) -> m.BudgetTreeSet | None:
+    """The last budget tree of the log that a follower hands over (followers skip what does
+    not decode); None without one."""
+    found: list[m.BudgetTreeSet] = []
+
+    def keep(_subject: str, record: msgspec.Struct) -> None:
+        if isinstance(record, m.BudgetTreeSet):
+            found[:] = [record]
+
+    follower = record_log.follower(
+        keep, streams=("USAGE",), subjects={"USAGE": subjects.BUDGET_TREE}
+    )
+    await follower.start()  # returns once the stream is replayed
+    await follower.stop()
+    return found[0] if found else None
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -320,20 +337,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-async def _last_tree_followed(record_log: RecordLog) -> m.BudgetTreeSet | None:
-    """The last budget tree of the log that a follower hands over (followers skip what does
-    not decode); None without one."""
-    found: list[m.BudgetTreeSet] = []
-
-    def keep(_subject: str, record: msgspec.Struct) -> None:
-        if isinstance(record, m.BudgetTreeSet):
-            found[:] = [record]
-
-    follower = record_log.follower(
-        keep, streams=("USAGE",), subjects={"USAGE": subjects.BUDGET_TREE}
-    )
-    await follower.start()  # returns once the stream is replayed
-    await follower.stop()
-    return found[0] if found else None

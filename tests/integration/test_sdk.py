@@ -723,10 +723,23 @@ async def test_on_preemption_calls_back_sync_and_async(
     await wait_for(lambda: len(everyone) == 3 and len(team) == 2 and len(mine) == 1)
     assert mine == [a] and team == [a, b] and everyone == [a, b, c]
 
+    # Another workload's notice replayed onto wl-a's subject (an old record steered there:
+    # docs/security.md) reaches no callback, nor does one whose allocation differs.
+    await _publish(
+        js,
+        [
+            (subjects.preempt("nlp", "wl-a"), b),
+            (subjects.preempt("nlp", "wl-a"), notice("vision", "wl-a")),
+            (subjects.preempt("nlp", "wl-b"), b),
+        ],
+    )
+    await wait_for(lambda: len(everyone) == 4)
+    assert mine == [a] and team == [a, b, b] and everyone == [a, b, c, b]
+
     await h_mine.unsubscribe()
     await confirm_subscriptions(client.nc)
     await _publish(js, [(subjects.preempt("nlp", "wl-a"), a)])
-    await wait_for(lambda: len(everyone) == 4)
+    await wait_for(lambda: len(everyone) == 5)
     assert mine == [a]
 
 

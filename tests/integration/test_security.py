@@ -658,6 +658,21 @@ async def test_the_dashboard_reads_the_log_and_answers_its_queries_and_writes_no
             await dash.nc.subscribe(pattern)
             await dash.nc.flush()
             await dash.refused(pattern)
+        # A request to itself names no reply subject it may then publish on (nats-server's
+        # ``allow_responses`` would allow one publish there: forged records, commands).
+        asked = asyncio.Event()
+
+        async def on_own(msg: nats.aio.msg.Msg) -> None:
+            asked.set()
+
+        forged = s.events("nlp", "wforged", "completed")
+        await dash.nc.subscribe(s.QUERY_HISTORY, cb=on_own)
+        await dash.nc.publish(s.QUERY_HISTORY, b"{}", reply=forged)
+        await asyncio.wait_for(asked.wait(), 5)
+        await dash.nc.publish(forged, b"{}")
+        await dash.nc.flush()
+        await dash.refused(forged)
+        assert not spy.saw(forged) and await counts(js) == before
     finally:
         await dash.nc.close()
         await stop(dashboard)

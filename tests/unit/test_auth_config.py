@@ -27,6 +27,7 @@ from allot.cli import auth_cmd
 from allot.core.budgets import BudgetTree, parse_tree, subtree_allocations
 from allot.core.errors import ValidationError
 from allot.ops.auth_gen import (
+    ASKERS,
     UserSpec,
     budget_path,
     generate,
@@ -295,17 +296,23 @@ def test_agent_and_operator_grants(tree: BudgetTree) -> None:
     assert permissions(UserSpec("s", "service"), tree).publish == (">",)
 
 
-def test_the_dashboard_reads_the_log_by_named_consumers_and_answers_by_responses(
+def test_the_dashboard_reads_the_log_by_named_consumers_and_answers_in_the_askers_inboxes(
     tree: BudgetTree,
 ) -> None:
     """The web-facing dashboard's login: queries, its own consumers (named in the create
     subject: the unnamed form takes the name from the body, where a deny cannot see it),
-    replies by ``allow_responses``; no record, command, stream change or ack."""
-    p = permissions(UserSpec("dash", "dashboard"), tree)
-    assert (
-        p.allow_responses
-        and not permissions(UserSpec("nlp", "team", ("nlp",)), tree).allow_responses
+    its answers in the inboxes of the logins that may ask; no record, command, stream
+    change or ack, and not ``allow_responses`` (it may ask its own subjects)."""
+    data = roles(
+        {"name": "dash", "role": "dashboard"},
+        {"name": "nlp", "role": "team", "allocations": ["nlp"], "users": ["alice"]},
+        {"name": "ops", "role": "operator"},
+        {"name": "agent-1", "role": "agent", "hosts": ["h01"]},
     )
+    users = parse_roles(data, tree)
+    askers = [u.name for u in users if u.role in ASKERS]
+    assert askers == ["alice", "ops", "svc"]
+    p = permissions(users[0], tree, askers)
     assert p.subscribe == ("_INBOX_dash.>", "allot.v1.query.owed", "allot.v1.query.history")
     js = {x for x in p.publish if x.startswith("$")}
     assert js == {
@@ -317,21 +324,18 @@ def test_the_dashboard_reads_the_log_by_named_consumers_and_answers_by_responses
         "$JS.API.CONSUMER.DELETE.*.*",
         "$JS.API.CONSUMER.MSG.NEXT.*.*",
     }
-    assert set(p.publish) - js == {"allot.v1.query.>"}
+    inboxes = {"_INBOX_alice.>", "_INBOX_ops.>", "_INBOX_svc.>"}
+    assert set(p.publish) - js == {"allot.v1.query.>", *inboxes}
     assert {
         "$JS.API.CONSUMER.*.*.accounting",
         "$JS.API.CONSUMER.*.*.accounting.>",
         "$JS.API.CONSUMER.*.*.*.accounting",  # MSG.NEXT and DURABLE.CREATE
     } == set(p.deny_publish)
-    users = parse_roles(roles({"name": "dash", "role": "dashboard"}), tree)
-    text = render_config(
-        users, {u.name: permissions(u, tree) for u in users}, {"dash": "h", "svc": "h"}
-    )
-    dash_block = text[text.index('user: "dash"') : text.index('user: "svc"')]
-    assert (
-        "allow_responses: true" in dash_block
-        and "allow_responses" not in text[text.index('user: "svc"') :]
-    )
+    grants = {u.name: permissions(u, tree, askers) for u in users}
+    text = render_config(users, grants, {u.name: "h" for u in users})
+    assert "allow_responses" not in text
+    # The askers' own grants do not change with them.
+    assert grants["alice"] == permissions(users[1], tree)
 
 
 # -- rendering and files ---------------------------------------------------------------------

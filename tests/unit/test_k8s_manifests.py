@@ -679,9 +679,9 @@ def test_credentials_are_the_users_allot_auth_gen_wrote(
     assert dashboard["ALLOT_NATS_USER"] == "allot-dashboard" and dashboard["ALLOT_NATS_PASSWORD"]
     auth = _secret_text(_generated(objs, "Secret", "allot-nats-auth"), "nats.conf")
     assert 'user: "allot-services"' in auth and 'user: "allot-agent"' in auth
-    # role dashboard: no `>`, replies by allow_responses
+    # role dashboard: no `>`; its answers in the askers' inboxes (the teams', ops'...)
     block = auth[auth.index('user: "allot-dashboard"') :].split("}\n      }", 1)[0]
-    assert "allow_responses: true" in block and '">"' not in block
+    assert '"_INBOX_alice.>"' in block and '">"' not in block
     users = _secret_text(
         _generated(objs, "Secret", "allot-dashboard-users"), "dashboard-users.json"
     )

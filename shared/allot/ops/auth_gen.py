@@ -38,9 +38,9 @@ Roles (one per row, see ``deploy/roles.example.yaml``):
   report only when the subject's host is the primary host of that workload's current
   attempt.
 * ``dashboard``: what the dashboard service uses and nothing else (``DASHBOARD_READS``):
-  the queries it asks and answers (``query.owed``, ``query.history``, by
-  ``allow_responses``), and the log read through consumers it creates by name; no record,
-  command, stream or KV write. The web-facing service does not hold the services' ``>``.
+  the queries it asks and answers (``query.owed``, ``query.history``, in the askers' own
+  inboxes), and the log read through consumers it creates by name; no record, command,
+  stream or KV write. The web-facing service does not hold the services' ``>``.
 * ``service``: everything (``>``).
 
 No user but the services may publish anything of JetStream (``NOT_SERVICES``: the API,
@@ -305,9 +305,6 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     deny_publish: tuple[str, ...] = ()
-    allow_responses: bool = False
-    """nats-server's ``allow_responses``: one reply to each request received, on its reply
-    subject (a requester's inbox), beside the allow list."""
 
 
 def budget_path(tree: BudgetTree, node: str) -> tuple[str, ...]:
@@ -317,19 +314,30 @@ def budget_path(tree: BudgetTree, node: str) -> tuple[str, ...]:
     return (s.BUDGET_ROOT, *names[1:])
 
 
-def permissions(user: UserSpec, tree: BudgetTree) -> Permissions:
-    """What ``user`` may publish and subscribe to (allow lists; everything else is denied)."""
+ASKERS: frozenset[Role] = frozenset({"team", "manager", "operator", "service"})
+"""The roles that may ask what the dashboard answers (``query.owed``: every team;
+``query.history``: ``allot.v1.query.>``)."""
+
+
+def permissions(user: UserSpec, tree: BudgetTree, askers: Sequence[str] = ()) -> Permissions:
+    """What ``user`` may publish and subscribe to (allow lists; everything else is denied).
+    ``askers``: the logins whose inboxes a dashboard user may answer (``ASKERS``' logins)."""
     inbox = f"{inbox_prefix(user.name)}.>"
     if user.role == "service":
         return Permissions(publish=(">",), subscribe=(">",))
     if user.role == "dashboard":
         # Its pages ask the services (the SDK's queries); it answers ``query.owed`` and
-        # ``query.history`` to whoever asked (``allow_responses``, never ``_INBOX.>``).
+        # ``query.history`` in the askers' own inboxes. Not nats-server's
+        # ``allow_responses``: the dashboard may ask its own subjects, and would then be
+        # let to publish once on any reply subject it named (found by a review).
         return Permissions(
-            publish=(f"{s.PREFIX}.query.>", *DASHBOARD_READS),
+            publish=(
+                f"{s.PREFIX}.query.>",
+                *DASHBOARD_READS,
+                *(f"{inbox_prefix(a)}.>" for a in askers),
+            ),
             subscribe=(inbox, s.QUERY_OWED, s.QUERY_HISTORY),
             deny_publish=SERVICE_DURABLE_API,
-            allow_responses=True,
         )
     if user.role == "team":
         tokens = [*user.allocations, *([s.UNALLOCATED] if user.unallocated else [])]
@@ -444,7 +452,6 @@ def render_config(
             + (f", deny: [{', '.join(_q(x) for x in p.deny_publish)}]" if p.deny_publish else "")
             + " }",
             f"          subscribe: {{ allow: [{', '.join(_q(x) for x in p.subscribe)}] }}",
-            *(["          allow_responses: true"] if p.allow_responses else []),
             "        }",
             "      }",
         ]
@@ -538,7 +545,8 @@ def generate(
     out = Path(out_dir)
     (out / USERS_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
     passwords = {u.name: secrets.token_urlsafe(24) for u in users}
-    grants = {u.name: permissions(u, tree) for u in users}
+    askers = tuple(u.name for u in users if u.role in ASKERS)
+    grants = {u.name: permissions(u, tree, askers) for u in users}
     hashes = {u.name: hash_password(passwords[u.name], cost) for u in users}
     text = render_config(users, grants, hashes, tls=tls)
     config_path = out / CONFIG_NAME

@@ -178,6 +178,28 @@ def _argv(command: object) -> tuple[str, ...]:
 _NAME = re.compile(m.NAME_PATTERN)
 
 
+def check_notice(notice: m.PreemptionNotice, subject: str, environ: Mapping[str, str]) -> None:
+    """A notice names the workload and allocation of the subject it came on, and, inside
+    that workload (the agent's ``ALLOT_WORKLOAD_ID``, ``ALLOT_ATTEMPT``), its attempt; raises
+    ``ValidationError`` otherwise. The placement leader writes each notice so; one that is
+    not is an old record replayed onto another subject (docs/security.md), not a notice for
+    this run."""
+    _, _, _, allocation, workload = subject.split(".", 4)
+    if notice.workload_id != workload:
+        raise ValidationError(
+            "workload_id", f"{notice.workload_id!r} is not the subject's {workload!r}"
+        )
+    if subjects.allocation_token(notice.allocation) != allocation:
+        raise ValidationError(
+            "allocation", f"{notice.allocation!r} is not the subject's {allocation!r}"
+        )
+    mine = environ.get("ALLOT_WORKLOAD_ID") == workload
+    if mine and str(notice.attempt) != environ.get("ALLOT_ATTEMPT", str(notice.attempt)):
+        raise ValidationError(
+            "attempt", f"{notice.attempt} is not this run's ({environ.get('ALLOT_ATTEMPT')})"
+        )
+
+
 def _require_name(name: str, field: str) -> str:
     """``name`` if the wire takes it as a name or id (``messages.Name``). ``validate_token``
     alone lets through what a service then refuses (``'ünï'`` is a NATS token, not a
@@ -1026,6 +1048,8 @@ class Client:
         async def handle(msg: Msg) -> None:
             try:
                 record = codec.decode(kind, msg.data)
+                if isinstance(record, m.PreemptionNotice):
+                    check_notice(record, msg.subject, os.environ)
             except ValidationError as exc:
                 log.warning("%s skipped on %s: %s", what, msg.subject, exc)
                 return
