@@ -136,7 +136,7 @@ class DashboardService:
         await self._serve_http()  # /healthz says 503 while the log replays
         self.nc, js = await bus.connect(self.nats_url, "allot-dashboard")
         # The services make the streams; the dashboard's own login may not (``allot auth
-        # gen``'s dashboard role reads the log and nothing more).
+        # gen``'s dashboard role reads them and changes none).
         await bus.await_streams(js)
         await self.client.open()
         self.follower = PolledLogFollower(
