@@ -15,6 +15,10 @@
   window (``--window-s``, default 7 days) from the accounting service's Redis buckets,
   ``allot.core.fairshare.rank``, and one ``RankingUpdated`` on ``allot.v1.ranking`` (USAGE
   stream). The latest answers ``allot.v1.query.share`` requests.
+* **History pages.** ``allot.v1.query.history`` (``HistoryQuery`` -> one bounded page of a
+  log stream, ``allot.bus.history_pages``; at most ``history_pages.IN_FLIGHT`` at once),
+  read with this service's credentials for the logins that may not read the log (the
+  dashboard, operators, managers; decision 0080).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from allot import bus
 from allot.adapters.usage_store import RedisUsageStore, UsageStore
-from allot.bus import runtime
+from allot.bus import history_pages, runtime
 from allot.bus.record_log import JetStreamLog, RecordLog
+from allot.bus.request_server import RequestServer
 from allot.bus.runtime import Delivery
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.bus.tasks import stop_tasks
@@ -120,6 +125,7 @@ class RankingService:
         self._kick = asyncio.Event()
         self._closing = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
+        self._history: RequestServer | None = None
 
         self.broker: NatsBroker = runtime.given_broker(broker, nats_url, SERVICE, provider)
         self.broker.subscriber(subjects.ALL_BUDGET_SET)(self._set_handler)
@@ -132,6 +138,10 @@ class RankingService:
             js = self.broker.connection.jetstream()
             await bus.ensure_streams(js)
             self.record_log = JetStreamLog(js)
+            self._history = history_pages.request_server(
+                self.broker.connection, js, f"{SERVICE}-history"
+            )
+            await self._history.start()
         await self._load_tree(self.record_log)
         self._loop = asyncio.create_task(self._rank_loop())
 
@@ -140,6 +150,9 @@ class RankingService:
         # CancelledError), so the loop also checks a flag; the kick ends its wait.
         self._closing.set()
         self._kick.set()
+        if self._history is not None:
+            await self._history.stop()
+            self._history = None
         if self._loop is not None:
             await stop_tasks([self._loop])
             self._loop = None

@@ -71,6 +71,24 @@ async def fresh_log(nats_url: str) -> AsyncIterator[str]:
     yield nats_url
 
 
+@pytest.fixture
+async def paged_log(fresh_log: str) -> AsyncIterator[str]:
+    """``fresh_log`` with ``allot.v1.query.history`` answered as the ranking service answers
+    it (the dashboard reads the log only through it) and nothing else: for a dashboard test
+    whose other queries must go unanswered."""
+    from allot import bus
+    from allot.bus import history_pages
+
+    nc, js = await bus.connect(fresh_log, "test-history")
+    server = history_pages.request_server(nc, js, "test-history")
+    await server.start()
+    try:
+        yield fresh_log
+    finally:
+        await server.stop()
+        await nc.close()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``source_core`` observe the core's internals (they subclass or patch its
     private functions), which compiled modules do not allow: with the compiled core in use

@@ -1,15 +1,13 @@
 """Dashboard: the live web pages of the stack, ``allot owed`` and ``/metrics``.
 
-Follows the log like a placement standby (HOSTS, then the budget tree, then WORKLOADS, then
-all three live, taken in batches every ``READ_EVERY_S``) into a ``LogTimeline``: the fold
-plus the history the pages need (GPU segments, waits, notices with their reasons,
-capacity changes, per-workload events), and the idle records of USAGE
-(``allot.v1.usage.idle.*.*``, written by the health service) into an ``IdleBook``. Once
-replayed it answers ``allot.v1.query.owed`` (``OwedQuery`` -> ``OwedSnapshot``, or
-``CommandRejected`` naming the field) and ``allot.v1.query.history`` (``HistoryQuery`` ->
-one bounded page of a log stream, read with the dashboard's own credentials:
-``allot.bus.history_pages``; at most ``HISTORY_IN_FLIGHT`` pages at once), and reports
-healthy.
+Follows the log through the history pages the ranking service answers
+(``allot.v1.query.history``; ``allot.services.dashboard.log_pages``: HOSTS and the budget
+trees before the WORKLOADS records stored after them, read every ``READ_EVERY_S``), never
+the JetStream API, into a ``LogTimeline``: the fold plus the history the pages need (GPU
+segments, waits, notices with their reasons, capacity changes, per-workload events), and
+the idle records of USAGE (``allot.v1.usage.idle.*.*``, written by the health service) into
+an ``IdleBook``. Once replayed it answers ``allot.v1.query.owed`` (``OwedQuery`` ->
+``OwedSnapshot``, or ``CommandRejected`` naming the field) and reports healthy.
 
 HTTP (aiohttp) on ``--http-host`` (default 127.0.0.1: loopback only) ``--http-port``
 (default 8265):
@@ -54,9 +52,6 @@ from nats.aio.subscription import Subscription
 
 from allot import bus
 from allot.auth.dashboard import EVERYONE, Access, Viewer
-from allot.bus.history_pages import answer as history_answer
-from allot.bus.polled_follower import PolledLogFollower
-from allot.bus.request_server import RequestServer
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.core.errors import ValidationError
@@ -74,6 +69,7 @@ from allot.services.dashboard.api import (
     parse_window,
 )
 from allot.services.dashboard.frame import CSP, PageView, document
+from allot.services.dashboard.log_pages import PagedLogFollower
 from allot.services.dashboard.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 OPEN_PATHS = frozenset({"/healthz", "/favicon.ico"})
@@ -81,12 +77,9 @@ VIEWER = web.RequestKey("viewer", Viewer)
 """Request key of the logged-in ``Viewer``."""
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8265
-HISTORY_IN_FLIGHT = 2
-READ_EVERY_S = 0.25
-"""The log is taken in batches this often: pages poll every 2 s, and records handed over
-one at a time cost several times more (decision 0057)."""
-"""History pages read at once (``allot.v1.query.history``); more wait their turn: a login
-asking many pages at once cannot make the dashboard read much of the log at a time."""
+READ_EVERY_S = 0.5
+"""The log is read this often once replayed (a round of four history pages; pages poll
+every 2 s)."""
 
 _ENC = msgspec.json.Encoder()
 
@@ -121,12 +114,10 @@ class DashboardService:
         self.client = Client(nats_url, name="allot-dashboard", timeout=query_timeout_s, retries=0)
         self.views = DashboardViews(self.client, self.timeline, query_timeout_s, self.idle)
         self.nc: NatsClient | None = None
-        self.follower: bus.LogFollower | None = None
-        self.idle_follower: bus.LogFollower | None = None
+        self.follower: PagedLogFollower | None = None
         self.caught_up = False
         self.records = 0
         self._owed_sub: Subscription | None = None
-        self._history: RequestServer | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
         """``http://host:port`` once serving (the bound port when ``http_port`` is 0)."""
@@ -134,40 +125,20 @@ class DashboardService:
     # ------------------------------------------------------------------ lifecycle
     async def on_started(self) -> None:
         await self._serve_http()  # /healthz says 503 while the log replays
-        self.nc, js = await bus.connect(self.nats_url, "allot-dashboard")
-        # The services make the streams; the dashboard's own login may not (``allot auth
-        # gen``'s dashboard role reads them and changes none).
-        await bus.await_streams(js)
+        self.nc, _js = await bus.connect(self.nats_url, "allot-dashboard")
         await self.client.open()
-        self.follower = PolledLogFollower(
-            js,
-            self._on_record,
-            streams=("HOSTS", "USAGE", "WORKLOADS"),
-            subjects={"USAGE": s.BUDGET_TREE},
-            every_s=READ_EVERY_S,
+        # The log through the ranking service's pages only: the dashboard's login has no
+        # JetStream API (``allot auth gen``; decision 0080).
+        self.follower = PagedLogFollower(
+            self.client, self._on_record, self._on_idle_record, every_s=READ_EVERY_S
         )
         await self.follower.start()
-        self.idle_follower = PolledLogFollower(
-            js,
-            self._on_idle_record,
-            streams=("USAGE",),
-            subjects={"USAGE": s.ALL_IDLE},
-            every_s=READ_EVERY_S,
-        )
-        await self.idle_follower.start()
         self._owed_sub = await self.nc.subscribe(
             s.QUERY_OWED, cb=bus.inbox_replies_only(self._on_owed)
         )
-        self._history = RequestServer(
-            self.nc,
-            s.QUERY_HISTORY,
-            "dashboard-history",
-            lambda _subject, body: history_answer(js, body),
-            max_in_flight=HISTORY_IN_FLIGHT,
-        )
-        await self._history.start()  # inbox replies only, as every request server
-        # Healthy (/healthz) once both queries are served too: their subscriptions are
-        # on the server (the history server's start confirms this connection's).
+        # Healthy (/healthz) once the owed query is served too: its subscription is on
+        # the server.
+        await bus.confirm_subscriptions(self.nc)
         self.caught_up = True
         log.info("log replayed", records=self.records, url=self.url)
 
@@ -175,12 +146,8 @@ class DashboardService:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._history is not None:
-            await self._history.stop()
-            self._history = None
-        for follower in (self.follower, self.idle_follower):
-            if follower is not None:
-                await follower.stop()
+        if self.follower is not None:
+            await self.follower.stop()
         await self.client.close()
         if self.nc is not None:
             with contextlib.suppress(Exception):

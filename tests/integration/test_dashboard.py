@@ -60,8 +60,8 @@ def _attrs(html: str, selector_attr: str) -> list[str]:
     return re.findall(rf'{selector_attr}="([^"]*)"', html[html.find("<body") :])
 
 
-async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSession) -> None:
-    nc, js = await bus.connect(fresh_log, "test-dashboard")
+async def test_pages_from_the_log_alone(paged_log: str, http: aiohttp.ClientSession) -> None:
+    nc, js = await bus.connect(paged_log, "test-dashboard")
     await seed(js, {})
     t = time.time() - 7200
     await bus.publish(js, s.host_state("h1"), m.HostRegistered(host="h1", gpus=8, at=t - 100))
@@ -129,7 +129,7 @@ async def test_pages_from_the_log_alone(fresh_log: str, http: aiohttp.ClientSess
     )
     await event("nlp", m.WorkloadCompleted(workload_id="req", allocation="nlp", at=t + 4190))
 
-    service = DashboardService(fresh_log, http_port=0, query_timeout_s=0.3, tracing=False)
+    service = DashboardService(paged_log, http_port=0, query_timeout_s=0.3, tracing=False)
     await service_main.start(service)
     try:
         base = service.url
@@ -238,12 +238,12 @@ async def _submit(js: JetStreamContext, wid: str, alloc: str | None, gpus: int, 
 
 
 async def test_queue_and_hosts_pages_agree_with_the_placement_leader(
-    fresh_log: str, http: aiohttp.ClientSession
+    paged_log: str, http: aiohttp.ClientSession
 ) -> None:
-    nc, js = await bus.connect(fresh_log, "test-dashboard")
+    nc, js = await bus.connect(paged_log, "test-dashboard")
     await seed(js, {"h1": 8, "h2": 8})
-    placement = PlacementService(fresh_log, lease_ttl_s=1.0, name="p1", tracing=False)
-    dashboard = DashboardService(fresh_log, http_port=0, query_timeout_s=2.0, tracing=False)
+    placement = PlacementService(paged_log, lease_ttl_s=1.0, name="p1", tracing=False)
+    dashboard = DashboardService(paged_log, http_port=0, query_timeout_s=2.0, tracing=False)
     await service_main.start(placement)
     await service_main.start(dashboard)
     base = dashboard.url
@@ -256,7 +256,7 @@ async def test_queue_and_hosts_pages_agree_with_the_placement_leader(
             ("wait-vis", "vision", 2),
             ("wait-free", None, 1),
         ]
-        async with Client(fresh_log) as c:
+        async with Client(paged_log) as c:
 
             async def hosts() -> m.HostsSnapshot | None:  # None until a leader answers
                 try:

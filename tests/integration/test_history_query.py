@@ -1,12 +1,13 @@
 """The log's history for operators and managers under logins (``allot up --secure``):
-``allot.v1.query.history``, answered by the dashboard service with its own credentials
-(docs/decisions/0054-history-pages-from-the-dashboard.md).
+``allot.v1.query.history``, answered by the ranking service with the services' credentials
+(decisions 0054 and 0080).
 
 The operator's and the manager's own logins (no JetStream API) run ``allot budgets
 history`` and ``allot export --since``; a team's login is refused by NATS; a bad page size
-is refused naming ``limit``; pages are bounded and chain to the end; a submission's
-``command`` and ``env`` never leave the service; a request whose reply subject is no inbox
-(here a HOSTS stream subject the operator may read) is never answered.
+is refused naming ``limit`` (idle records of a stream but USAGE: ``idle``); pages are
+bounded and chain to the end; a submission's ``command`` and ``env`` never leave the
+service; a request whose reply subject is no inbox (here a HOSTS stream subject the
+operator may read) is never answered.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ SECRET = "hunter2-token-in-env"
 _REPLY = msgspec.json.Decoder(m.HistoryPage | m.CommandRejected)
 
 
-async def test_operators_and_managers_read_the_history_through_the_dashboard(
+async def test_operators_and_managers_read_the_history_through_the_ranking_service(
     redis_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -112,6 +113,7 @@ async def test_operators_and_managers_read_the_history_through_the_dashboard(
                     {"type": "HistoryQuery", "stream": "HOSTS", "start_seq": 1, "start_time": 1},
                     "start_time",
                 ),
+                ({"type": "HistoryQuery", "stream": "HOSTS", "idle": True}, "idle"),
             )
             for body, field in bad:
                 refused = await ask(body)

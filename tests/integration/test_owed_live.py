@@ -56,9 +56,9 @@ def _rows(
 
 
 async def test_allot_owed_from_the_live_log(
-    fresh_log: str, capsys: pytest.CaptureFixture[str]
+    paged_log: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    nc, js = await bus.connect(fresh_log, "test-owed")
+    nc, js = await bus.connect(paged_log, "test-owed")
     await seed(js, {})
     t = time.time() - 3000  # everything happened in the last hour
     await bus.publish(js, s.host_state("h1"), m.HostRegistered(host="h1", gpus=8, at=t - 100))
@@ -87,10 +87,10 @@ async def test_allot_owed_from_the_live_log(
     await event(None, placed("free", None, (4, 5, 6, 7), t + 100))
     await event(None, m.WorkloadCompleted(workload_id="free", at=t + 2000))
 
-    service = DashboardService(fresh_log, http_port=0, tracing=False)
+    service = DashboardService(paged_log, http_port=0, tracing=False)
     await service.on_started()
     try:
-        async with Client(fresh_log) as c:
+        async with Client(paged_log) as c:
             # Followed live, after the replay:
             await event(
                 "vision", m.WorkloadCompleted(workload_id="b", allocation="vision", at=t + 1000)
@@ -123,7 +123,7 @@ async def test_allot_owed_from_the_live_log(
         # The CLI, default windows (the last day and the last week), JSON lines. The
         # in-process service logs to stdout too: keep only what the command printed.
         capsys.readouterr()
-        code = await asyncio.to_thread(cli_main.main, ["owed", "--json", "--nats-url", fresh_log])
+        code = await asyncio.to_thread(cli_main.main, ["owed", "--json", "--nats-url", paged_log])
         out = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
         assert code == 0
         envelopes = [json.loads(line) for line in out]
@@ -135,7 +135,7 @@ async def test_allot_owed_from_the_live_log(
 
         capsys.readouterr()
         code = await asyncio.to_thread(
-            cli_main.main, ["owed", "--window", "1d", "--nats-url", fresh_log]
+            cli_main.main, ["owed", "--window", "1d", "--nats-url", paged_log]
         )
         printed = capsys.readouterr().out.splitlines()
         assert code == 0
@@ -144,7 +144,7 @@ async def test_allot_owed_from_the_live_log(
         assert text[5].split() == ["overall", "100.0", "0.62", "0.50", "81.1%", "0.00", "0.00"]
 
         code = await asyncio.to_thread(
-            cli_main.main, ["owed", "--window", "30d", "--nats-url", fresh_log]
+            cli_main.main, ["owed", "--window", "30d", "--nats-url", paged_log]
         )
         assert code == 2
         assert "allot owed: --window: " in capsys.readouterr().err

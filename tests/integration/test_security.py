@@ -588,13 +588,14 @@ async def test_an_operator_drains_and_cancels_but_submits_nothing(secure: Secure
         await ops.nc.close()
 
 
-async def test_the_dashboard_reads_the_log_and_answers_its_queries_and_writes_nothing(
-    secure: Secure, spy: Spy
+async def test_the_dashboard_reads_the_log_through_pages_and_has_no_jetstream(
+    secure: Secure, spy: Spy, redis_url: str
 ) -> None:
-    """The web-facing dashboard holds its own login: it replays the log and answers
-    ``allot owed`` with it (no violation logged), and the same login can write no record,
-    send no command, change no stream and touch no service durable, not even by naming it
-    in a consumer's body (the form that takes the name from the body is not granted)."""
+    """The web-facing dashboard holds its own login: it replays the log through the
+    ranking service's history pages and answers ``allot owed`` with it (no violation
+    logged), and the same login can write no record, send no command and use nothing of
+    JetStream: no stream change, no service durable, and no consumer or stream read of its
+    own (any API grant lets the asker steer the server's answers onto any subject)."""
     svc = await connect_as(secure, "svc")
     js = svc.nc.jetstream()
     await seed(js, {"h01": 8}, TREE)
@@ -602,11 +603,17 @@ async def test_the_dashboard_reads_the_log_and_answers_its_queries_and_writes_no
         "WORKLOADS",
         ConsumerConfig(durable_name=s.ACCOUNTING_DURABLE, filter_subject=s.ALL_EVENTS),
     )
+    ranking = RankingService(
+        secure.url("svc"), redis_url, redis_prefix=f"security-{NUID().next().decode()}"
+    )
+    await start(ranking)
     dashboard = DashboardService(secure.url("dash"), http_port=0, tracing=False)
     await start(dashboard)
     dash = await connect_as(secure, "dash")
     try:
         await eventually(lambda: _value([dashboard.caught_up]), lambda v: v[0])
+        assert "h01" in dashboard.timeline.fold.state  # read through the pages
+        assert dashboard.timeline.fold.tree is not None
         async with Client(secure.url("nlp"), timeout=5.0) as c:  # answered in nlp's inbox
             owed = await c.owed()
         assert isinstance(owed, m.OwedSnapshot)
@@ -630,6 +637,12 @@ async def test_the_dashboard_reads_the_log_and_answers_its_queries_and_writes_no
             f"{api}.CONSUMER.DURABLE.CREATE.WORKLOADS.{s.ACCOUNTING_DURABLE}",
             f"{api}.CONSUMER.MSG.NEXT.WORKLOADS.{s.ACCOUNTING_DURABLE}",
             f"{api}.CONSUMER.DELETE.WORKLOADS.{s.ACCOUNTING_DURABLE}",
+            # Reads are refused too: a consumer's deliveries and the answers go where the
+            # asker says (a genuine record replayed onto its own kind's subject).
+            f"{api}.INFO",
+            f"{api}.STREAM.INFO.WORKLOADS",
+            f"{api}.CONSUMER.CREATE.WORKLOADS.mine",
+            f"{api}.CONSUMER.MSG.NEXT.WORKLOADS.mine",
             "$KV.ALLOT.x",
         ]
         repoint = json.dumps(
@@ -648,9 +661,6 @@ async def test_the_dashboard_reads_the_log_and_answers_its_queries_and_writes_no
         logged = await secure.logged("dash", len(refused), since=log_before)
         assert sorted(v[2] for v in logged) == sorted(refused)
         assert not any(spy.saw(x) for x in refused)
-        # Granted, and harmless: the name in the subject wins over the body's (server-checked).
-        reply = await dash.nc.request(f"{api}.CONSUMER.CREATE.WORKLOADS.mine", repoint, timeout=5)
-        assert json.loads(reply.data).get("name") == "mine"
         after = await js.consumer_info("WORKLOADS", s.ACCOUNTING_DURABLE)
         assert after.config.filter_subject == durable.config.filter_subject == s.ALL_EVENTS
         assert await counts(js) == before
@@ -666,8 +676,8 @@ async def test_the_dashboard_reads_the_log_and_answers_its_queries_and_writes_no
             asked.set()
 
         forged = s.events("nlp", "wforged", "completed")
-        await dash.nc.subscribe(s.QUERY_HISTORY, cb=on_own)
-        await dash.nc.publish(s.QUERY_HISTORY, b"{}", reply=forged)
+        await dash.nc.subscribe(s.QUERY_OWED, cb=on_own)
+        await dash.nc.publish(s.QUERY_OWED, b"{}", reply=forged)
         await asyncio.wait_for(asked.wait(), 5)
         await dash.nc.publish(forged, b"{}")
         await dash.nc.flush()
@@ -676,6 +686,7 @@ async def test_the_dashboard_reads_the_log_and_answers_its_queries_and_writes_no
     finally:
         await dash.nc.close()
         await stop(dashboard)
+        await stop(ranking)
         await svc.nc.close()
 
 

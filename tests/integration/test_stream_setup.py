@@ -159,30 +159,6 @@ async def test_a_configuration_error_is_raised_at_once_not_retried(
     assert not _retries(logs)
 
 
-async def test_a_reader_waits_for_the_streams_the_services_make_and_names_one_never_made(
-    server: str, logs: list[MutableMapping[str, Any]]
-) -> None:
-    """``await_streams`` (the dashboard's: its login may not create them) creates nothing:
-    it returns once ``ensure_streams`` has made every stream, and names the first stream
-    still missing at its bound."""
-    nc = await nats.connect(server)
-    js = nc.jetstream()
-    try:
-        with pytest.raises(bus.StreamsNotReadyError) as caught:
-            await bus.await_streams(js, ready_timeout_s=0.6)
-        assert f"find stream {next(iter(STREAMS))}" in str(caught.value)
-        assert "not created yet" in str(caught.value)
-        assert [n async for n in _stream_names(js)] == []  # it made none
-        waiting = asyncio.create_task(bus.await_streams(js, ready_timeout_s=10.0))
-        await asyncio.sleep(0.5)
-        assert not waiting.done()
-        await bus.ensure_streams(js)
-        await asyncio.wait_for(waiting, 5.0)
-    finally:
-        await nc.close()
-    assert _retries(logs)
-
-
 async def _stream_names(js: Any) -> AsyncIterator[str]:
     for info in await js.streams_info():
         yield info.config.name

@@ -154,8 +154,22 @@ def test_read_pages_reads_each_stream_to_its_end_in_order() -> None:
 def test_read_pages_falls_back_only_when_no_one_answers_the_first_page() -> None:
     class Nobody:
         async def history_page(self, *_a: object, **_k: object) -> m.HistoryPage:
-            raise NoResponderError(s.QUERY_HISTORY, "dashboard service")
+            raise NoResponderError(s.QUERY_HISTORY, "ranking service")
 
     assert not asyncio.run(log_reader.read_pages(Nobody(), print, ("HOSTS",), probe=True))  # type: ignore[arg-type]
     with pytest.raises(log_reader.LogUnreadableError):
         asyncio.run(log_reader.read_pages(Nobody(), print, ("HOSTS",)))  # type: ignore[arg-type]
+
+
+def test_idle_records_are_read_of_usage_only() -> None:
+    idle = m.HistoryQuery(stream="USAGE", idle=True)
+    hp.check_query(idle)
+    assert hp.filter_of(idle) == s.ALL_IDLE
+    assert hp.filter_of(m.HistoryQuery(stream="USAGE")) == s.BUDGET_TREE
+    assert hp.filter_of(m.HistoryQuery(stream="HOSTS")) == ">"
+    wrong = m.HistoryQuery(stream="WORKLOADS", idle=True)
+    with pytest.raises(ValidationError) as caught:
+        hp.check_query(wrong)
+    assert caught.value.field == "idle"
+    reply = asyncio.run(hp.answer(None, codec.encode(wrong)))  # type: ignore[arg-type]
+    assert msgspec.json.decode(reply, type=m.CommandRejected).field == "idle"

@@ -210,27 +210,6 @@ async def ensure_streams(
     )
 
 
-class _NotCreatedYetError(Exception):
-    """A stream a reader waits for does not exist yet (the services create it)."""
-
-
-async def await_streams(
-    js: JetStreamContext, *, ready_timeout_s: float = STREAMS_READY_TIMEOUT_S
-) -> None:
-    """Wait until every stream exists, retried as ``ensure_streams`` retries: for a reader
-    whose login may not create or change them (the dashboard's, ``allot auth gen``), so
-    the services' ``ensure_streams`` makes them."""
-
-    async def exists(config: StreamConfig) -> None:
-        assert config.name is not None
-        try:
-            await js.stream_info(config.name)
-        except NotFoundError as e:
-            raise _NotCreatedYetError("not created yet (the services create it)") from e
-
-    await _each_stream(stream_configs(), exists, "find", ready_timeout_s)
-
-
 async def _each_stream(
     configs: list[StreamConfig],
     step: Callable[[StreamConfig], Awaitable[None]],
@@ -253,7 +232,7 @@ async def _each_stream(
                 await asyncio.wait_for(step(config), left if left > 0 else None)
                 break
             except Exception as e:
-                if not (_not_ready(e) or isinstance(e, _NotCreatedYetError)):
+                if not _not_ready(e):
                     raise
                 left = deadline - loop.time()
                 if left <= 0:
@@ -290,8 +269,6 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, replicas: i
 
 
 def _describe(e: BaseException) -> str:
-    if isinstance(e, _NotCreatedYetError):
-        return str(e)
     no_responders = isinstance(e, ServiceUnavailableError) and e.code is None  # nats-py's form
     if no_responders or isinstance(e, TimeoutError | nats.errors.NoRespondersError):
         # A refused $JS.API request is not answered either: it ends the same way.

@@ -1,13 +1,14 @@
 """One page of a log stream for someone who may not read the log: ``allot.v1.query.history``
-(``HistoryQuery`` -> ``HistoryPage`` or ``CommandRejected``), answered by the dashboard
-service with its own credentials (``docs/decisions/0054-history-pages-from-the-dashboard.md``).
+(``HistoryQuery`` -> ``HistoryPage`` or ``CommandRejected``), answered by the ranking service
+with the services' credentials (decisions 0054, 0080): the CLI's history readers under
+logins and the dashboard, which follows the log through these pages only.
 
 A page is read by an ephemeral pull consumer (no acks, in memory, deleted after the page,
 dropped by the server ``CONSUMER_INACTIVE_S`` after its last use in any case) from
 ``start_seq`` or ``start_time``: at most the query's ``limit`` (``HISTORY_PAGE_MAX`` at
 most) records and ``max_bytes`` bytes of them, so one request never reads much of the log.
-USAGE is read on its budget-tree subject only (the rankings and idle records are not
-history a what-if replays).
+USAGE is read on its budget-tree subject (what a what-if replays), or on its idle records
+(``idle``: the dashboard's owed page); never its rankings.
 
 Every record is decoded (``allot.bus.decode_record``, as every reader does); one that does
 not decode is left out and counted (``omitted``), so nothing unchecked reaches the asker. A
@@ -23,16 +24,18 @@ import contextlib
 import datetime
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import msgspec
 import nats.errors
 import structlog
+from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from allot.bus import decode_record, encode, stream_position
+from allot.bus.request_server import RequestServer
 from allot.core.errors import ValidationError
 from allot.proto import codec
 from allot.proto import messages as m
@@ -42,10 +45,15 @@ log = structlog.get_logger("allot.history")
 
 FILTERS: dict[str, str] = {"WORKLOADS": ">", "HOSTS": ">", "USAGE": s.BUDGET_TREE}
 """Each stream's filter: all of WORKLOADS and HOSTS, the budget trees of USAGE."""
+IDLE_FILTER = s.ALL_IDLE
+"""USAGE's filter for a query with ``idle``."""
 MAX_PAGE_BYTES = 512 * 1024
 """The records' bytes one page carries at most (NATS's own limit is 1 MiB a message); a
 first record larger than this goes alone, if it fits ``MAX_REPLY_BYTES``."""
 MAX_REPLY_BYTES = 1000 * 1024
+IN_FLIGHT = 2
+"""Pages read at once by one answering service; more wait their turn: a login asking many
+pages at once cannot make it read much of the log at a time."""
 CONSUMER_INACTIVE_S = 10.0
 FETCH_TIMEOUT_S = 2.0
 _ENC = msgspec.json.Encoder()
@@ -55,9 +63,27 @@ keys, counted generously."""
 
 
 def check_query(query: m.HistoryQuery) -> None:
-    """What the schema cannot say: not both starts (raises ``ValidationError``)."""
+    """What the schema cannot say: not both starts, ``idle`` of USAGE only (raises
+    ``ValidationError``)."""
     if query.start_seq is not None and query.start_time is not None:
         raise ValidationError("start_time", "give start_seq or start_time, not both")
+    if query.idle and query.stream != "USAGE":
+        raise ValidationError("idle", f"only USAGE holds idle records, not {query.stream}")
+
+
+def filter_of(query: m.HistoryQuery) -> str:
+    """The subject filter the query reads its stream on."""
+    return IDLE_FILTER if query.idle else FILTERS[query.stream]
+
+
+def page_records(page: m.HistoryPage) -> Iterator[tuple[int, str, msgspec.Struct]]:
+    """A page's records decoded by their subjects, with their sequences; one that does not
+    decode is skipped, as every follower skips it."""
+    for rec in page.records:
+        try:
+            yield rec.seq, rec.subject, decode_record(rec.subject, bytes(rec.record))
+        except ValidationError:
+            continue
 
 
 def shown(subject: str, data: bytes) -> bytes | None:
@@ -154,8 +180,8 @@ async def read_page(
     else:
         config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
         config.opt_start_seq = start
-    if FILTERS[stream] != ">":
-        config.filter_subject = FILTERS[stream]
+    if filter_of(query) != ">":
+        config.filter_subject = filter_of(query)
     config.name = name = f"history-{uuid.uuid4().hex}"
     await js.add_consumer(stream, config)
     sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
@@ -200,3 +226,11 @@ async def answer(js: JetStreamContext, body: bytes) -> bytes:
 
 def _utc(at: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(at, tz=datetime.UTC)
+
+
+def request_server(nc: NatsClient, js: JetStreamContext, queue: str) -> RequestServer:
+    """The server of ``allot.v1.query.history`` on ``nc`` (queue group ``queue``), reading
+    with ``js``'s credentials; at most ``IN_FLIGHT`` pages at once, inbox replies only."""
+    return RequestServer(
+        nc, s.QUERY_HISTORY, queue, lambda _subject, body: answer(js, body), IN_FLIGHT
+    )

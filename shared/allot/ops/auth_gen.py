@@ -37,15 +37,14 @@ Roles (one per row, see ``deploy/roles.example.yaml``):
   read; nothing of JetStream. The dispatch service reads the log for agents and appends a
   report only when the subject's host is the primary host of that workload's current
   attempt.
-* ``dashboard``: what the dashboard service uses and nothing else (``DASHBOARD_READS``):
-  the queries it asks and answers (``query.owed``, ``query.history``, in the askers' own
-  inboxes), and the log read through consumers it creates by name; no record, command,
-  stream or KV write. The web-facing service does not hold the services' ``>``.
+* ``dashboard``: what the dashboard service uses and nothing else: the queries it asks
+  (the log itself through ``query.history``, answered by the ranking service) and the one
+  it answers (``query.owed``, in the askers' own inboxes); nothing of JetStream, no record,
+  command, stream or KV write. The web-facing service does not hold the services' ``>``.
 * ``service``: everything (``>``).
 
 No user but the services may publish anything of JetStream (``NOT_SERVICES``: the API,
-acks, flow control) nor touch a service durable by name; the dashboard only the reads of
-``DASHBOARD_READS``, never a service durable (``SERVICE_DURABLE_API``).
+acks, flow control) nor touch a service durable by name.
 
 Every non-service user receives replies only on its own inbox prefix ``_INBOX_<user>``
 (``inbox_prefix`` of ``nats.connect``): the default ``_INBOX.>`` is never granted, so one
@@ -282,23 +281,6 @@ re-point a service's durable or have the server publish anywhere), acks and flow
 KV, object store and system subjects. Each service durable is also named, so a grant
 widened by hand still cannot touch it."""
 
-DASHBOARD_READS: tuple[str, ...] = (
-    f"{_JS_API}.INFO",
-    f"{_JS_API}.STREAM.INFO.*",
-    # A consumer named in the subject only: the form without a name
-    # (``CONSUMER.CREATE.<stream>``) takes the name from the body, where no deny can see
-    # it (a body naming ``accounting`` there re-points accounting's durable; measured).
-    f"{_JS_API}.CONSUMER.CREATE.*.*",
-    f"{_JS_API}.CONSUMER.CREATE.*.*.>",
-    f"{_JS_API}.CONSUMER.INFO.*.*",
-    f"{_JS_API}.CONSUMER.DELETE.*.*",
-    f"{_JS_API}.CONSUMER.MSG.NEXT.*.*",
-)
-"""The dashboard's JetStream API: its followers' and history pages' consumers, each made
-under a name of its own (``allot.bus.polled_follower``, ``allot.bus.history_pages``),
-read with pull requests and removed; stream information. No stream is created, changed
-or purged, no record written, no ack sent (its consumers take none)."""
-
 
 @dataclass(frozen=True, slots=True)
 class Permissions:
@@ -315,8 +297,7 @@ def budget_path(tree: BudgetTree, node: str) -> tuple[str, ...]:
 
 
 ASKERS: frozenset[Role] = frozenset({"team", "manager", "operator", "service"})
-"""The roles that may ask what the dashboard answers (``query.owed``: every team;
-``query.history``: ``allot.v1.query.>``)."""
+"""The roles that may ask what the dashboard answers (``query.owed``: every team)."""
 
 
 def permissions(user: UserSpec, tree: BudgetTree, askers: Sequence[str] = ()) -> Permissions:
@@ -326,18 +307,16 @@ def permissions(user: UserSpec, tree: BudgetTree, askers: Sequence[str] = ()) ->
     if user.role == "service":
         return Permissions(publish=(">",), subscribe=(">",))
     if user.role == "dashboard":
-        # Its pages ask the services (the SDK's queries); it answers ``query.owed`` and
-        # ``query.history`` in the askers' own inboxes. Not nats-server's
+        # Its pages ask the services (the SDK's queries; the log: ``query.history``); it
+        # answers ``query.owed`` in the askers' own inboxes. Not nats-server's
         # ``allow_responses``: the dashboard may ask its own subjects, and would then be
-        # let to publish once on any reply subject it named (found by a review).
+        # let to publish once on any reply subject it named (found by a review). No
+        # JetStream API: any grant of it steers the server's answers and consumer
+        # deliveries onto any subject (decision 0080).
         return Permissions(
-            publish=(
-                f"{s.PREFIX}.query.>",
-                *DASHBOARD_READS,
-                *(f"{inbox_prefix(a)}.>" for a in askers),
-            ),
-            subscribe=(inbox, s.QUERY_OWED, s.QUERY_HISTORY),
-            deny_publish=SERVICE_DURABLE_API,
+            publish=(f"{s.PREFIX}.query.>", *(f"{inbox_prefix(a)}.>" for a in askers)),
+            subscribe=(inbox, s.QUERY_OWED),
+            deny_publish=NOT_SERVICES,
         )
     if user.role == "team":
         tokens = [*user.allocations, *([s.UNALLOCATED] if user.unallocated else [])]

@@ -3,17 +3,17 @@ whatif``, ``allot budgets history``): the streams are replayed as the services r
 (``allot.bus.LogFollower``: HOSTS, the budget tree, WORKLOADS; each to the end it had when
 read), handed to a callback one record at a time, and the connection closed.
 
-Two ways, the first that answers (``docs/decisions/0054-history-pages-from-the-dashboard.md``):
+Two ways, the first that answers (decisions 0054 and 0080, ``docs/decisions/``):
 
-1. *Pages from the dashboard service* (``allot.v1.query.history``: ``Client.history_page``),
-   which reads the log with its own credentials. This is how operators and managers read
+1. *Pages from the ranking service* (``allot.v1.query.history``: ``Client.history_page``),
+   which reads the log with the services' credentials. This is how operators and managers read
    it under ``allot auth gen``'s logins, which have no JetStream API (``docs/security.md``:
    whoever may create a consumer may make the server publish the log onto any subject).
    A submission's record comes without its ``command`` and ``env``; nothing here needs them.
-2. *Ordered consumers* (the JetStream API), when no dashboard answers (no responders: a
-   stack run without one): the services' credentials, or no logins at all. Under logins
-   NATS refuses anyone else's JetStream request, which arrives as no answer and is raised
-   as ``LogUnreadableError`` saying so.
+2. *Ordered consumers* (the JetStream API), when no ranking service answers (no
+   responders: a stack run without one): the services' credentials, or no logins at all.
+   Under logins NATS refuses anyone else's JetStream request, which arrives as no answer
+   and is raised as ``LogUnreadableError`` saying so.
 
 ``via`` forces one (``"query"``, ``"jetstream"``); a login the server refuses the query
 (a team) gets ``allot.sdk.PermissionDeniedError``, with no fallback.
@@ -29,7 +29,7 @@ import nats.errors
 from nats.js.errors import NotFoundError
 
 from allot import bus
-from allot.core.errors import ValidationError
+from allot.bus.history_pages import page_records
 from allot.proto import subjects as s
 from allot.sdk import Client, CommandRejectedError, NoResponderError
 
@@ -95,13 +95,9 @@ async def read_pages(
             first = False
             if end_seq is None:
                 end_seq = page.last_seq
-            for rec in page.records:
-                if rec.seq > end_seq:
+            for seq, _subject, record in page_records(page):
+                if seq > end_seq:
                     break
-                try:
-                    record = bus.decode_record(rec.subject, bytes(rec.record))
-                except ValidationError:
-                    continue
                 on_record(record)
             if page.end or page.next_seq > end_seq:
                 break
@@ -134,9 +130,9 @@ async def _read_consumers(
         ) from e
     except (TimeoutError, nats.errors.NoRespondersError) as e:
         raise LogUnreadableError(
-            f"no dashboard service answers {s.QUERY_HISTORY}, and JetStream did not answer "
+            f"no ranking service answers {s.QUERY_HISTORY}, and JetStream did not answer "
             f"within {timeout:g} s. Under allot auth gen's logins only the services may "
-            "read the log directly (docs/security.md): start the stack's dashboard, use the "
+            "read the log directly (docs/security.md): start the stack's ranking service, use the "
             "services' credentials, or a folder allot export wrote"
         ) from e
     finally:

@@ -1178,7 +1178,7 @@ class IdleSnapshot(_Message, frozen=True, kw_only=True):
     total: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
-# == the log's history (allot.v1.query.history, answered by the dashboard service) =========
+# == the log's history (allot.v1.query.history, answered by the ranking service) ===============
 
 HISTORY_STREAMS = ("WORKLOADS", "HOSTS", "USAGE")
 """What ``HistoryQuery`` may read: USAGE is read on its budget-tree subject only."""
@@ -1192,12 +1192,14 @@ class HistoryQuery(_Message, frozen=True, kw_only=True):
     history`` under logins): one page of a log stream, from ``start_seq`` or from the first
     record stored at or after ``start_time`` (neither: from the stream's first record; not
     both). The answering service reads at most ``limit`` records and a bounded number of
-    bytes; a submission's record comes without its ``command`` and ``env``."""
+    bytes; a submission's record comes without its ``command`` and ``env``. USAGE is read on
+    its budget trees, or with ``idle`` on its idle records (health's flags) instead."""
 
     stream: Literal["WORKLOADS", "HOSTS", "USAGE"]
     start_seq: HistorySeq | None = None
     start_time: Timestamp | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=HISTORY_PAGE_MAX)] = 500
+    idle: bool = False
 
 
 class HistoryRecord(_Wire, frozen=True, kw_only=True):

@@ -526,7 +526,8 @@ QUERY_USAGE = f"{PREFIX}.query.usage"
 to each allocation, answered by the accounting service."""
 QUERY_HISTORY = f"{PREFIX}.query.history"
 """HistoryQuery -> HistoryPage or CommandRejected: one page of a log stream, answered by the
-dashboard service (operators and managers: ``allot export``, ``whatif``, ``budgets history``)."""
+ranking service (operators and managers: ``allot export``, ``whatif``, ``budgets history``;
+the dashboard, which reads the log only this way)."""
 
 # -- wildcards (subscriptions and grants) -----------------------------------------------------
 

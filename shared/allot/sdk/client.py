@@ -824,19 +824,22 @@ class Client:
         start_seq: int | None = None,
         start_time: float | None = None,
         limit: int = 500,
+        idle: bool = False,
         timeout: float | None = None,
     ) -> m.HistoryPage:
         """One page of a log stream (``WORKLOADS``, ``HOSTS``, or ``USAGE``: its budget
-        trees), read by the dashboard service for a login that may not read the log itself
-        (operators, managers); ask again from ``next_seq`` until ``end``."""
+        trees, with ``idle`` its idle records), read by the ranking service for a login
+        that may not read the log itself (operators, managers, the dashboard); ask again
+        from ``next_seq`` until ``end``."""
         query = m.HistoryQuery(
             stream=stream,  # type: ignore[arg-type]  # checked by _checked
             start_seq=start_seq,
             start_time=start_time,
             limit=limit,
+            idle=idle,
         )
         body = _checked(query)
-        return await self._ask(subjects.QUERY_HISTORY, body, _HISTORY_REPLY, DASHBOARD, timeout)
+        return await self._ask(subjects.QUERY_HISTORY, body, _HISTORY_REPLY, RANKING, timeout)
 
     async def idle(
         self, *, scope: str | None = None, timeout: float | None = None
