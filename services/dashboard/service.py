@@ -212,7 +212,10 @@ class DashboardService:
         viewer = self.access.check(request.headers.get("Authorization"))
         if viewer is None:
             return web.json_response(
-                {"error": "log in with your Allot (NATS) user and password"},
+                {
+                    "error": "log in with your Allot user and your dashboard password "
+                    "(ALLOT_DASHBOARD_PASSWORD in your credentials file)"
+                },
                 status=401,
                 headers={"WWW-Authenticate": 'Basic realm="allot", charset="UTF-8"'},
             )
@@ -322,7 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--users",
         help="dashboard-users.json from `allot auth gen`: require a login (HTTP Basic, the "
-        "users' NATS passwords) and show each team only its own work",
+        "users' dashboard passwords, not their NATS ones) and show each team only its own "
+        "work",
     )
     ap.add_argument(
         "--query-timeout-s",

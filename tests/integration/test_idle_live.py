@@ -80,7 +80,7 @@ async def test_an_idle_fake_workload_is_flagged_its_owner_told_and_its_idle_hour
         assert stack.auth is not None and stack.ca_file is not None
         assert stack.dashboard_url is not None
         monkeypatch.setenv("ALLOT_NATS_CA", str(stack.ca_file))
-        password = {u: c.password for u, c in stack.auth.users.items()}
+        password = {u: c.dashboard_password for u, c in stack.auth.users.items()}
         heard: list[msgspec.Struct] = []
         heard_at: dict[str, float] = {}
 

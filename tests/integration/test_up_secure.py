@@ -110,11 +110,11 @@ def _get(url: str, user: str | None = None, password: str = "") -> tuple[int, An
 
 
 async def _dashboard_confines_each_team(stack: Stack, theirs: str, mine: str) -> None:
-    """The dashboard of a secure stack asks for a login (the users' NATS passwords) and
-    shows a team only its own work."""
+    """The dashboard of a secure stack asks for a login (the users' dashboard passwords, not
+    their NATS ones) and shows a team only its own work."""
     assert stack.auth is not None and stack.dashboard_url is not None
     base = stack.dashboard_url
-    password = {u: c.password for u, c in stack.auth.users.items()}
+    password = {u: c.dashboard_password for u, c in stack.auth.users.items()}
 
     def get(path: str, user: str | None = None, pw: str | None = None) -> tuple[int, Any]:
         return _get(base + path, user, password.get(user or "", "") if pw is None else pw)
@@ -123,6 +123,8 @@ async def _dashboard_confines_each_team(stack: Stack, theirs: str, mine: str) ->
     for path in ("/", "/queue", "/api/queue", f"/workload/{mine}", "/metrics"):
         assert (await asyncio.to_thread(get, path))[0] == 401, path
     assert (await asyncio.to_thread(get, "/api/queue", "nlp", "wrong"))[0] == 401
+    nats_password = stack.auth.users["nlp"].password  # never typed at the pages
+    assert (await asyncio.to_thread(get, "/api/queue", "nlp", nats_password))[0] == 401
     agent = next(u for u, c in stack.auth.users.items() if c.role == "agent")
     assert (await asyncio.to_thread(get, "/api/queue", agent))[0] == 403
 

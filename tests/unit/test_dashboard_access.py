@@ -66,16 +66,22 @@ def test_auth_gen_writes_logins_with_each_users_scope(tmp_path: Path) -> None:
     for name, creds in auth.users.items():
         assert rows[name]["password"].startswith("$2a$04$")
         assert creds.password not in auth.dashboard_users.read_text()
+        assert creds.dashboard_password not in auth.dashboard_users.read_text()
+        env = creds.path.read_text()
+        assert f"ALLOT_DASHBOARD_PASSWORD={creds.dashboard_password}\n" in env
     access = Access.load(auth.dashboard_users)
 
-    nlp = access.check(basic("nlp", auth.users["nlp"].password))
+    nlp = access.check(basic("nlp", auth.users["nlp"].dashboard_password))
     assert nlp is not None and nlp.scopes == ("nlp",) and nlp.allowed
-    batch = access.check(basic("batch", auth.users["batch"].password))
+    batch = access.check(basic("batch", auth.users["batch"].dashboard_password))
     assert batch is not None and batch.scopes == ("~",)
-    boss = access.check(basic("boss", auth.users["boss"].password))
+    boss = access.check(basic("boss", auth.users["boss"].dashboard_password))
     assert boss is not None and boss.scopes is None
-    agent = access.check(basic("agent-a", auth.users["agent-a"].password))
+    agent = access.check(basic("agent-a", auth.users["agent-a"].dashboard_password))
     assert agent is not None and not agent.allowed
+    # The NATS password is not the pages' (the dashboard must never see it typed).
+    assert access.check(basic("nlp", auth.users["nlp"].password)) is None
+    assert auth.users["nlp"].password != auth.users["nlp"].dashboard_password
 
 
 @pytest.mark.parametrize(

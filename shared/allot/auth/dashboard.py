@@ -1,8 +1,11 @@
 """Who may see which dashboard pages: HTTP Basic users from ``allot auth gen``.
 
 ``allot auth gen`` writes ``dashboard-users.json`` (0600) beside ``nats.conf``: each user's
-role, allocations and the same bcrypt hash NATS checks, so a person logs in to the
-dashboard with their NATS user and password. The dashboard then applies the NATS roles:
+role, allocations and the bcrypt hash of a password for the pages alone
+(``ALLOT_DASHBOARD_PASSWORD`` in the user's credentials file), so a person logs in to the
+dashboard with their NATS user name and that password, never the NATS one: the dashboard
+sees what is typed at its pages, and a NATS password would let a compromised dashboard act
+as that person on the bus. The dashboard then applies the NATS roles:
 
 * **team**: the queue shows only its allocations' rows (asked on the per-allocation query
   subjects, as ``allot queue --alloc`` does); a workload page of another allocation is the

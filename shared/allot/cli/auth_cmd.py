@@ -86,7 +86,10 @@ def summary(auth: GeneratedAuth, tls: TlsFiles | None) -> str:
     """What was written and, per user, what it may publish and subscribe to."""
     lines = [f"wrote {auth.config_path} ({len(auth.users)} users, account {ACCOUNT})"]
     if auth.dashboard_users is not None:
-        lines.append(f"dashboard logins (the same users and passwords): {auth.dashboard_users}")
+        lines.append(
+            f"dashboard logins (the same users, each with the password of its file's "
+            f"ALLOT_DASHBOARD_PASSWORD): {auth.dashboard_users}"
+        )
     if auth.route_env is not None:
         lines.append(f"a NATS cluster's route password (deploy/k8s): {auth.route_env}")
     if tls is not None:

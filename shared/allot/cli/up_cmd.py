@@ -261,7 +261,7 @@ def _banner(stack: Stack) -> None:
         print(f"  users:  {', '.join(stack.auth.users)}")
         print(f"  credentials: {c.run_dir / 'auth' / 'users'}/<user>.env (0600)")
         print(
-            "  dashboard login: any of these users with ALLOT_NATS_PASSWORD from its "
+            "  dashboard login: any of these users with ALLOT_DASHBOARD_PASSWORD from its "
             "credentials file (a team sees only its own work)"
         )
         print(f"  export ALLOT_NATS_CA={stack.ca_file}")

@@ -81,6 +81,7 @@ DEFAULT_BCRYPT_COST = 11
 """nats-server's own ``passwd`` tool default: ~0.1 s per connection check."""
 CONFIG_NAME = "nats.conf"
 USERS_DIR = "users"
+DASHBOARD_PASSWORD_ENV = "ALLOT_DASHBOARD_PASSWORD"
 ROUTE_ENV = "nats-route.env"
 """The cluster routes' password (``NATS_ROUTE_PASSWORD``): a NATS cluster's servers log in
 to each other with it (deploy/k8s's nats.conf), so a process that reaches the route port
@@ -461,6 +462,9 @@ class Credentials:
     inbox_prefix: str
     """``_INBOX_<user>`` (a service user may also read the default ``_INBOX``)."""
     path: Path
+    dashboard_password: str = ""
+    """The password of the dashboard's pages (HTTP Basic), not the NATS one: the dashboard
+    sees what people type there, and a NATS password would let it act as them."""
 
     def url(self, server_url: str) -> str:
         """``server_url`` with this user's name and password in it (nats-py reads them)."""
@@ -524,6 +528,7 @@ def generate(
     out = Path(out_dir)
     (out / USERS_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
     passwords = {u.name: secrets.token_urlsafe(24) for u in users}
+    page_passwords = {u.name: secrets.token_urlsafe(18) for u in users}
     askers = tuple(u.name for u in users if u.role in ASKERS)
     grants = {u.name: permissions(u, tree, askers) for u in users}
     hashes = {u.name: hash_password(passwords[u.name], cost) for u in users}
@@ -534,16 +539,22 @@ def generate(
     for u in users:
         prefix = inbox_prefix(u.name)
         c = Credentials(
-            u.name, u.role, passwords[u.name], prefix, out / USERS_DIR / f"{u.name}.env"
+            u.name,
+            u.role,
+            passwords[u.name],
+            prefix,
+            out / USERS_DIR / f"{u.name}.env",
+            page_passwords[u.name],
         )
         _write_private(c.path, _env_file(c, server_url, None if tls is None else tls.ca_file))
         creds[u.name] = c
-    # The dashboard's logins: the same users and bcrypt hashes, with what each may see.
+    # The dashboard's logins: the same users, a password of their own (the dashboard sees
+    # what is typed at its pages: never a NATS password), with what each may see.
     rows = {
         u.name: {
             "role": u.role,
             "allocations": [*u.allocations, *([s.UNALLOCATED] if u.unallocated else [])],
-            "password": hashes[u.name],
+            "password": hash_password(page_passwords[u.name], cost),
         }
         for u in users
     }
@@ -601,6 +612,9 @@ def _env_file(c: Credentials, server_url: str, ca_file: Path | None) -> str:
         f"ALLOT_NATS_URL={c.url(server_url)}",
     ]
     lines.append(f"ALLOT_NATS_INBOX_PREFIX={c.inbox_prefix}")
+    if c.dashboard_password:
+        lines.append("# The dashboard's pages: this user and this password (not the NATS one).")
+        lines.append(f"{DASHBOARD_PASSWORD_ENV}={c.dashboard_password}")
     if ca_file is not None:
         lines.append(f"{CA_ENV}={Path(ca_file).resolve()}")
     return "\n".join(lines) + "\n"
