@@ -17,8 +17,9 @@
   stream). The latest answers ``allot.v1.query.share`` requests.
 * **History pages.** ``allot.v1.query.history`` (``HistoryQuery`` -> one bounded page of a
   log stream, ``allot.bus.history_pages``; at most ``history_pages.IN_FLIGHT`` at once),
-  read with this service's credentials for the logins that may not read the log (the
-  dashboard, operators, managers; decision 0080).
+  read with this service's credentials for the logins that may not read the log
+  (operators, managers), and the same on ``allot.v1.dashboard.log`` for the dashboard
+  alone, in slots of its own (decision 0080).
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class RankingService:
         self._kick = asyncio.Event()
         self._closing = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
-        self._history: RequestServer | None = None
+        self._history: tuple[RequestServer, ...] = ()
 
         self.broker: NatsBroker = runtime.given_broker(broker, nats_url, SERVICE, provider)
         self.broker.subscriber(subjects.ALL_BUDGET_SET)(self._set_handler)
@@ -138,10 +139,17 @@ class RankingService:
             js = self.broker.connection.jetstream()
             await bus.ensure_streams(js)
             self.record_log = JetStreamLog(js)
-            self._history = history_pages.request_server(
-                self.broker.connection, js, f"{SERVICE}-history"
+            # Two servers, two sets of slots: the dashboard's reads are not held back by
+            # the pages other logins ask.
+            nc = self.broker.connection
+            self._history = (
+                history_pages.request_server(nc, js, f"{SERVICE}-history"),
+                history_pages.request_server(
+                    nc, js, f"{SERVICE}-dashboard-log", subjects.DASHBOARD_LOG
+                ),
             )
-            await self._history.start()
+            for server in self._history:
+                await server.start()
         await self._load_tree(self.record_log)
         self._loop = asyncio.create_task(self._rank_loop())
 
@@ -150,9 +158,9 @@ class RankingService:
         # CancelledError), so the loop also checks a flag; the kick ends its wait.
         self._closing.set()
         self._kick.set()
-        if self._history is not None:
-            await self._history.stop()
-            self._history = None
+        for server in self._history:
+            await server.stop()
+        self._history = ()
         if self._loop is not None:
             await stop_tasks([self._loop])
             self._loop = None

@@ -73,14 +73,15 @@ async def fresh_log(nats_url: str) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def paged_log(fresh_log: str) -> AsyncIterator[str]:
-    """``fresh_log`` with ``allot.v1.query.history`` answered as the ranking service answers
+    """``fresh_log`` with ``allot.v1.dashboard.log`` answered as the ranking service answers
     it (the dashboard reads the log only through it) and nothing else: for a dashboard test
     whose other queries must go unanswered."""
     from allot import bus
     from allot.bus import history_pages
+    from allot.proto import subjects as s
 
     nc, js = await bus.connect(fresh_log, "test-history")
-    server = history_pages.request_server(nc, js, "test-history")
+    server = history_pages.request_server(nc, js, "test-history", s.DASHBOARD_LOG)
     await server.start()
     try:
         yield fresh_log

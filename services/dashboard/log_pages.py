@@ -1,6 +1,7 @@
-"""The dashboard's view of the log: pages of ``allot.v1.query.history``, answered by the
-ranking service, never the JetStream API (decision 0080: whoever may create a consumer may
-steer the server's answers and deliveries onto any subject).
+"""The dashboard's view of the log: pages of ``allot.v1.dashboard.log`` (``HistoryQuery`` ->
+``HistoryPage``), answered by the ranking service in slots of their own, never the
+JetStream API (decision 0080: whoever may create a consumer may steer the server's answers
+and deliveries onto any subject).
 
 Each round reads one page of WORKLOADS first, then HOSTS, USAGE's budget trees and USAGE's
 idle records each to its end, and hands over those before the WORKLOADS page: every record
@@ -8,8 +9,10 @@ of HOSTS or USAGE stored before a record of the page is handed over before it (a
 before its placement), which ``LogFollower`` gets from its HOSTS waits; what was stored
 meanwhile comes early, as in a ``PolledLogFollower`` round. A round that did not reach
 WORKLOADS' end is followed by the next at once; otherwise the next comes ``every_s`` later.
-Nothing of a round is handed over unless all of it was read, so a page that fails is read
-again from the same place.
+Nothing of a round is handed over unless all of it was read (a stream read short of its
+end, or a page that does not fit what was asked, fails the round), so a failed round is
+read again from the same place, after a wait. A record the fold raises on is logged and
+skipped, as ``LogFollower`` skips it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import structlog
 from allot.bus.history_pages import page_records
 from allot.bus.tasks import stop_tasks
 from allot.proto import messages as m
+from allot.proto import subjects as s
 from allot.sdk import Client, CommandRejectedError, SdkError
 
 log = structlog.get_logger("allot.dashboard")
@@ -32,10 +36,14 @@ PAGE_RECORDS = m.HISTORY_PAGE_MAX
 PAGE_TIMEOUT_S = 10.0
 """How long one page may take: the answering service reads up to ``PAGE_RECORDS``."""
 RETRY_S = (0.25, 0.5, 1.0, 2.0, 5.0)
-"""Waits between failed rounds at start (no service answers yet, it timed out or refused
-a page), then the last, until one is read."""
+"""Waits between failed rounds (no service answers yet, it timed out or refused a page, a
+stream was read short of its end), then the last, until one is read."""
 
 OnRecord = Callable[[str, msgspec.Struct], None]
+
+
+class RoundFailedError(Exception):
+    """A round that cannot be handed over: read again, from the same place."""
 
 
 @dataclass
@@ -73,22 +81,16 @@ class PagedLogFollower:
         self.before = (_Cursor("HOSTS"), _Cursor("USAGE"), _Cursor("USAGE", idle=True))
         """Read to their ends after each WORKLOADS page and handed over before it."""
         self.rounds = 0
+        self.skipped = 0
+        """Records the fold raised on (logged, not applied)."""
+        self._failures = 0
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Returns once the log has been read to its end (waiting, as long as it takes,
         for a service to answer the pages)."""
-        failures = 0
-        while True:
-            try:
-                if await self._round():
-                    break
-                failures = 0
-            except (SdkError, CommandRejectedError) as e:
-                wait = RETRY_S[min(failures, len(RETRY_S) - 1)]
-                failures += 1
-                log.warning("log pages not read yet", error=str(e), retry_s=wait)
-                await asyncio.sleep(wait)
+        while not await self._try_round():
+            pass
         self._task = asyncio.create_task(self._run(), name="dashboard-log-pages")
 
     async def stop(self) -> None:
@@ -96,54 +98,93 @@ class PagedLogFollower:
         self._task = None
 
     @property
-    def task(self) -> asyncio.Task[None] | None:
-        return self._task
+    def following(self) -> bool:
+        """Whether the log is still followed (the task reading it has not ended)."""
+        return self._task is not None and not self._task.done()
 
     async def _run(self) -> None:
-        failures = 0
         while True:
-            try:
-                ended = await self._round()
-                failures = 0
-            except (SdkError, CommandRejectedError) as e:
-                failures += 1
-                if failures == 1 or failures % 20 == 0:
-                    log.warning("log pages not read", error=str(e), failures=failures)
-                ended = True
-            if ended:
+            if await self._try_round():
                 await asyncio.sleep(self.every_s)
+
+    async def _try_round(self) -> bool:
+        """One round; True when WORKLOADS' end was reached. A failed round waits (longer
+        each time in a row) and says False: read again."""
+        try:
+            ended = await self._round()
+        except (SdkError, CommandRejectedError, RoundFailedError) as e:
+            wait = RETRY_S[min(self._failures, len(RETRY_S) - 1)]
+            self._failures += 1
+            if self._failures <= len(RETRY_S) or self._failures % 20 == 0:
+                log.warning("log pages not read", error=str(e), failures=self._failures)
+            await asyncio.sleep(wait)
+            return False
+        self._failures = 0
+        return ended
 
     async def _round(self) -> bool:
         """One round (see the module docstring); True when WORKLOADS' page was its end."""
-        head = await self._page(self.workloads)
+        head = await self._page(self.workloads, self.workloads.next_seq)
+        if not head.end and head.next_seq <= self.workloads.next_seq:
+            raise RoundFailedError(f"WORKLOADS did not move past {self.workloads.next_seq}")
         taken = [await self._drain(cursor) for cursor in self.before]
         for each in taken:
             hand = self.on_idle if each.cursor.idle else self.on_record
             for subject, record in each.records:
-                hand(subject, record)
+                self._hand(hand, subject, record)
             each.cursor.next_seq = each.next_seq
         for _seq, subject, record in page_records(head):
-            self.on_record(subject, record)
-        self.workloads.next_seq = head.next_seq
+            self._hand(self.on_record, subject, record)
+        self.workloads.next_seq = max(self.workloads.next_seq, head.next_seq)
         self.rounds += 1
         return head.end
 
+    def _hand(self, hand: OnRecord, subject: str, record: msgspec.Struct) -> None:
+        try:
+            hand(subject, record)
+        except Exception:
+            # Folds never raise on a record (they ignore what does not fit); a bug that
+            # does is logged with the record, and the follower goes on.
+            self.skipped += 1
+            log.exception("log record not applied", subject=subject)
+
     async def _drain(self, cursor: _Cursor) -> _Taken:
-        """Every record of ``cursor``'s stream from its place to the end, not handed over."""
+        """Every record of ``cursor``'s stream from its place to the end, not handed over;
+        a stream read short of its end fails the round."""
         taken = _Taken(cursor, [], cursor.next_seq)
         while True:
             page = await self._page(cursor, taken.next_seq)
             taken.records += [(subject, rec) for _seq, subject, rec in page_records(page)]
             moved = page.next_seq > taken.next_seq
             taken.next_seq = max(taken.next_seq, page.next_seq)
-            if page.end or not moved:  # not moved: the rest comes next round
+            if page.end:
                 return taken
+            if not moved:
+                raise RoundFailedError(f"{cursor.stream} did not move past {taken.next_seq}")
 
-    async def _page(self, cursor: _Cursor, start: int | None = None) -> m.HistoryPage:
-        return await self.client.history_page(
+    async def _page(self, cursor: _Cursor, start: int) -> m.HistoryPage:
+        page = await self.client.history_page(
             cursor.stream,
-            start_seq=start or cursor.next_seq,
+            start_seq=start,
             limit=PAGE_RECORDS,
             idle=cursor.idle,
+            subject=s.DASHBOARD_LOG,
             timeout=self.page_timeout_s,
         )
+        check_page(page, cursor.stream, start)
+        return page
+
+
+def check_page(page: m.HistoryPage, stream: str, start: int) -> None:
+    """A page must be of the stream asked, from ``start`` on, in order, and point past what
+    it holds (raises ``RoundFailedError``). A first record past ``start`` is a gap: the
+    stream dropped what came before (its limits), said in a warning."""
+    seqs = [r.seq for r in page.records]
+    if page.stream != stream:
+        raise RoundFailedError(f"asked for {stream}, got a page of {page.stream}")
+    if seqs and (seqs[0] < start or seqs != sorted(set(seqs)) or page.next_seq <= seqs[-1]):
+        raise RoundFailedError(f"a page of {stream} from {start} holds {seqs[0]}..{seqs[-1]}")
+    if page.next_seq < start:
+        raise RoundFailedError(f"a page of {stream} from {start} goes back to {page.next_seq}")
+    if stream != "USAGE" and seqs and seqs[0] > start and page.omitted == 0:  # unfiltered
+        log.warning("log records gone before read", stream=stream, start=start, first=seqs[0])

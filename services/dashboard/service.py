@@ -1,7 +1,7 @@
 """Dashboard: the live web pages of the stack, ``allot owed`` and ``/metrics``.
 
-Follows the log through the history pages the ranking service answers
-(``allot.v1.query.history``; ``allot.services.dashboard.log_pages``: HOSTS and the budget
+Follows the log through the history pages the ranking service answers it alone
+(``allot.v1.dashboard.log``; ``allot.services.dashboard.log_pages``: HOSTS and the budget
 trees before the WORKLOADS records stored after them, read every ``READ_EVERY_S``), never
 the JetStream API, into a ``LogTimeline``: the fold plus the history the pages need (GPU
 segments, waits, notices with their reasons, capacity changes, per-workload events), and
@@ -24,7 +24,7 @@ HTTP (aiohttp) on ``--http-host`` (default 127.0.0.1: loopback only) ``--http-po
 ``/api/<page>``        the same as JSON (``allot.services.dashboard.api.api_document``); each
                        page polls its own every 2 s
 ``/metrics``           Prometheus text (``allot.services.dashboard.metrics``)
-``/healthz``           200 once the log is replayed, 503 before
+``/healthz``           200 once the log is replayed and while it is followed, 503 else
 =====================  =====================================================================
 
 With ``--users dashboard-users.json`` (from ``allot auth gen``) every page but ``/healthz``
@@ -266,8 +266,10 @@ class DashboardService:
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _healthz(self, _request: web.Request) -> web.StreamResponse:
-        body = {"caught_up": self.caught_up, "records": self.records}
-        return web.json_response(body, status=200 if self.caught_up else 503)
+        # Unhealthy too once the log is no longer followed (the pages would freeze).
+        following = self.follower is not None and self.follower.following
+        body = {"caught_up": self.caught_up, "following": following, "records": self.records}
+        return web.json_response(body, status=200 if self.caught_up and following else 503)
 
     def stats(self) -> dict[str, Any]:
         return {"caught_up": self.caught_up, "records": self.records, "url": self.url}

@@ -683,6 +683,15 @@ async def test_the_dashboard_reads_the_log_through_pages_and_has_no_jetstream(
         await dash.nc.flush()
         await dash.refused(forged)
         assert not spy.saw(forged) and await counts(js) == before
+        # The dashboard's pages have a subject of their own: an operator or a manager (who
+        # may ask ``query.history``) cannot crowd them out.
+        for login in ("ops", "research-lead"):
+            other = await connect_as(secure, login)
+            try:
+                await _no_answer(other, s.DASHBOARD_LOG, b"{}")
+                await other.refused(s.DASHBOARD_LOG)
+            finally:
+                await other.nc.close()
     finally:
         await dash.nc.close()
         await stop(dashboard)

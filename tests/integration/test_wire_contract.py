@@ -294,6 +294,7 @@ async def test_every_message_on_the_wire_is_in_the_contract_and_every_channel_is
             await ask("allot.v1.query.hosts", {"type": "HostsQuery", "after": "fk-0000"})
             await ask("allot.v1.query.owed", {"type": "OwedQuery"})
             await ask("allot.v1.query.history", {"type": "HistoryQuery", "stream": "HOSTS"})
+            await ask("allot.v1.dashboard.log", {"type": "HistoryQuery", "stream": "HOSTS"})
             await ask("allot.v1.query.usage", {"type": "UsageQuery", "window_s": 3600})
             await asyncio.sleep(1.0)  # the last answers and records reach the recorder
     finally:

@@ -315,7 +315,7 @@ def test_the_dashboard_asks_queries_answers_in_the_askers_inboxes_and_has_no_jet
     p = permissions(users[0], tree, askers)
     assert p.subscribe == ("_INBOX_dash.>", "allot.v1.query.owed")
     inboxes = {"_INBOX_alice.>", "_INBOX_ops.>", "_INBOX_svc.>"}
-    assert set(p.publish) == {"allot.v1.query.>", *inboxes}
+    assert set(p.publish) == {"allot.v1.query.>", "allot.v1.dashboard.log", *inboxes}
     assert {"$JS.>", "$KV.>", "$JS.API.CONSUMER.*.*.accounting"} <= set(p.deny_publish)
     grants = {u.name: permissions(u, tree, askers) for u in users}
     text = render_config(users, grants, {u.name: "h" for u in users})

@@ -112,12 +112,20 @@ def test_a_verified_password_is_remembered_and_a_changed_one_checked_again() -> 
     ("document", "field"),
     [
         ("not json", "--users"),
-        ('{"users": {}}', "users"),
-        ('{"users": {"a": 1}}', "users.a"),
-        ('{"users": {"a": {"role": "king", "password": "$2a$x"}}}', "users.a.role"),
-        ('{"users": {"a": {"role": "service", "password": "plain"}}}', "users.a.password"),
+        ('{"users": {"a": {"role": "service", "password": "$2a$x"}}}', "passwords"),
+        ('{"passwords": "dashboard", "users": {}}', "users"),
+        ('{"passwords": "dashboard", "users": {"a": 1}}', "users.a"),
         (
-            '{"users": {"a": {"role": "team", "password": "$2a$x", "allocations": "nlp"}}}',
+            '{"passwords": "dashboard", "users": {"a": {"role": "king", "password": "$2a$x"}}}',
+            "users.a.role",
+        ),
+        (
+            '{"passwords": "dashboard", "users": {"a": {"role": "service", "password": "plain"}}}',
+            "users.a.password",
+        ),
+        (
+            '{"passwords": "dashboard", "users": '
+            '{"a": {"role": "team", "password": "$2a$x", "allocations": "nlp"}}}',
             "users.a.allocations",
         ),
     ],

@@ -1,5 +1,6 @@
 """``allot.services.dashboard.log_pages``: the dashboard's rounds of history pages against
-a fake client (the order records are handed over in, a page that fails, paging)."""
+a fake client (the order records are handed over in, a page that fails or is cut short,
+paging, a fold that raises)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import NoResponderError
 from allot.services.dashboard import log_pages
-from allot.services.dashboard.log_pages import PagedLogFollower
+from allot.services.dashboard.log_pages import PagedLogFollower, RoundFailedError
 
 Key = tuple[str, bool]
 
@@ -37,15 +38,36 @@ class Log:
         self.asked: list[tuple[str, bool, int]] = []
         self.after_page: list[tuple[Key, tuple[str, bytes]]] = []
         self.fail: Key | None = None
+        self.short: Key | None = None
+        """Answered once as a service whose fetch timed out: nothing, not the end."""
 
     async def history_page(
-        self, stream: str, *, start_seq: int, limit: int, idle: bool, timeout: float
+        self,
+        stream: str,
+        *,
+        start_seq: int,
+        limit: int,
+        idle: bool,
+        subject: str,
+        timeout: float,
     ) -> m.HistoryPage:
+        assert subject == s.DASHBOARD_LOG  # the dashboard's own slots, not query.history
         key = (stream, idle)
         self.asked.append((stream, idle, start_seq))
         if self.fail == key:
             self.fail = None
-            raise NoResponderError(s.QUERY_HISTORY, "ranking service")
+            raise NoResponderError(s.DASHBOARD_LOG, "ranking service")
+        if self.short == key:
+            self.short = None
+            last = len(self.rows[key])
+            return m.HistoryPage(
+                stream=stream,  # type: ignore[arg-type]
+                records=(),
+                next_seq=start_seq,
+                last_seq=last,
+                end=False,
+                at=1.0,
+            )
         stored = self.rows[key]
         first = start_seq - 1
         taken = stored[first : first + min(limit, self.page)]
@@ -68,12 +90,14 @@ class Log:
         return page
 
 
-def follower(log: Log) -> tuple[PagedLogFollower, list[tuple[str, int]]]:
+def follower(log: Log, raise_on: int = -1) -> tuple[PagedLogFollower, list[tuple[str, int]]]:
     got: list[tuple[str, int]] = []
 
     def on(kind: str) -> log_pages.OnRecord:
         def take(_subject: str, record: msgspec.Struct) -> None:
             assert isinstance(record, m.LeaderElected)
+            if record.epoch == raise_on:
+                raise RuntimeError("a fold's bug")
             got.append((kind, record.epoch))
 
         return take
@@ -149,3 +173,71 @@ def test_an_undecodable_record_is_skipped(stream: str) -> None:
     f, got = follower(log)
     assert asyncio.run(f._round())
     assert got == [("log", 1), ("log", 3)]
+
+
+def test_a_stream_read_short_of_its_end_holds_the_workloads_page_back() -> None:
+    """A service whose fetch timed out answers a page that is not the end and did not move:
+    the WORKLOADS page may not go before the HOSTS records it may need."""
+    log = Log(page=10)
+    log.rows["WORKLOADS", False] = [leader(1)]
+    log.rows["HOSTS", False] = [leader(10)]
+    log.short = ("HOSTS", False)
+    f, got = follower(log)
+    with pytest.raises(RoundFailedError):
+        asyncio.run(f._round())
+    assert got == [] and f.workloads.next_seq == 1
+    assert asyncio.run(f._round())
+    assert got == [("log", 10), ("log", 1)]
+
+
+def test_a_record_the_fold_raises_on_is_skipped_and_the_rest_follows() -> None:
+    log = Log(page=10)
+    log.rows["WORKLOADS", False] = [leader(1), leader(2), leader(3)]
+    f, got = follower(log, raise_on=2)
+
+    async def run() -> None:
+        await f.start()
+        log.rows["WORKLOADS", False].append(leader(4))
+        for _ in range(200):
+            if len(got) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert f.following
+        await f.stop()
+
+    asyncio.run(run())
+    assert got == [("log", 1), ("log", 3), ("log", 4)] and f.skipped == 1
+
+
+def page(stream: str, seqs: list[int], next_seq: int) -> m.HistoryPage:
+    data = encode(m.LeaderElected(epoch=1, leader="p", at=1.0))
+    return m.HistoryPage(
+        stream=stream,  # type: ignore[arg-type]
+        records=tuple(
+            m.HistoryRecord(seq=q, subject=s.LEADER, record=msgspec.Raw(data)) for q in seqs
+        ),
+        next_seq=next_seq,
+        last_seq=max([*seqs, next_seq - 1]),
+        end=True,
+        at=1.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("got", "why"),
+    [
+        (page("HOSTS", [5, 6], 7), "got a page of HOSTS"),
+        (page("WORKLOADS", [4, 5], 6), "holds 4..5"),
+        (page("WORKLOADS", [6, 5], 7), "holds 6..5"),
+        (page("WORKLOADS", [5, 5], 6), "holds 5..5"),
+        (page("WORKLOADS", [5, 6], 6), "holds 5..6"),
+        (page("WORKLOADS", [], 3), "goes back to 3"),
+    ],
+)
+def test_a_page_that_does_not_fit_the_question_fails_the_round(
+    got: m.HistoryPage, why: str
+) -> None:
+    with pytest.raises(RoundFailedError) as caught:
+        log_pages.check_page(got, "WORKLOADS", 5)
+    assert why in str(caught.value)
+    log_pages.check_page(page("WORKLOADS", [5, 6], 7), "WORKLOADS", 5)

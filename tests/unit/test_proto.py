@@ -180,6 +180,7 @@ def test_schema_lists_every_message_and_asyncapi_every_subject_kind() -> None:
         s.QUERY_IDLE,
         s.QUERY_HISTORY,
         s.QUERY_INTAKE,
+        s.DASHBOARD_LOG,
     }
     # the per-allocation forms too: the only query subjects a team may use under auth
     scoped = {

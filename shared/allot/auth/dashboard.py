@@ -67,10 +67,16 @@ EVERYONE = Viewer("", "service")
 """The viewer of a dashboard run without a users file."""
 
 
+PASSWORDS = "dashboard"
+"""The file's ``passwords`` marker: its hashes are of the pages' own passwords. A file
+without it was written when the pages took the NATS password (decision 0081): refused, so
+that an upgrade without ``allot auth gen`` again does not keep asking for NATS passwords."""
+
+
 def users_document(rows: Mapping[str, Mapping[str, object]]) -> str:
-    """The file ``allot auth gen`` writes: ``{"users": {name: {role, allocations,
-    password}}}`` with bcrypt hashes, never passwords."""
-    return json.dumps({"users": rows}, indent=2, sort_keys=True) + "\n"
+    """The file ``allot auth gen`` writes: ``{"passwords": "dashboard", "users": {name:
+    {role, allocations, password}}}`` with bcrypt hashes, never passwords."""
+    return json.dumps({"passwords": PASSWORDS, "users": rows}, indent=2, sort_keys=True) + "\n"
 
 
 class Access:
@@ -92,6 +98,12 @@ class Access:
         except json.JSONDecodeError as e:
             raise ValidationError("--users", f"{path} is not JSON: {e}") from None
         rows = data.get("users") if isinstance(data, dict) else None
+        if isinstance(data, dict) and data.get("passwords") != PASSWORDS:
+            raise ValidationError(
+                "passwords",
+                f"{path} holds the NATS passwords' hashes (written before the pages had "
+                "passwords of their own): run allot auth gen again",
+            )
         if not isinstance(rows, dict) or not rows:
             raise ValidationError("users", f"{path} must hold a non-empty 'users' mapping")
         users: dict[str, tuple[str, Viewer]] = {}

@@ -167,6 +167,14 @@ async def read_page(
     start = max(query.start_seq or 1, first, 1)
     if query.start_time is None and start > last:
         return builder.page(stream, start, last, True, clock())
+    wanted = filter_of(query)
+    if query.start_time is None and wanted != ">":
+        # A filtered read (USAGE, whose rankings and utilization keep coming) starts at
+        # its first match, found by one lookup; none: the page is empty and ends there.
+        try:
+            start = (await js.get_msg(stream, seq=start, subject=wanted, next=True)).seq or start
+        except NotFoundError:
+            return builder.page(stream, last + 1, last, True, clock())
     config = ConsumerConfig(
         ack_policy=AckPolicy.NONE,
         inactive_threshold=CONSUMER_INACTIVE_S,
@@ -180,8 +188,8 @@ async def read_page(
     else:
         config.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
         config.opt_start_seq = start
-    if filter_of(query) != ">":
-        config.filter_subject = filter_of(query)
+    if wanted != ">":
+        config.filter_subject = wanted
     config.name = name = f"history-{uuid.uuid4().hex}"
     await js.add_consumer(stream, config)
     sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
@@ -228,9 +236,10 @@ def _utc(at: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(at, tz=datetime.UTC)
 
 
-def request_server(nc: NatsClient, js: JetStreamContext, queue: str) -> RequestServer:
-    """The server of ``allot.v1.query.history`` on ``nc`` (queue group ``queue``), reading
-    with ``js``'s credentials; at most ``IN_FLIGHT`` pages at once, inbox replies only."""
-    return RequestServer(
-        nc, s.QUERY_HISTORY, queue, lambda _subject, body: answer(js, body), IN_FLIGHT
-    )
+def request_server(
+    nc: NatsClient, js: JetStreamContext, queue: str, subject: str = s.QUERY_HISTORY
+) -> RequestServer:
+    """The server of ``subject`` (``QUERY_HISTORY`` or ``DASHBOARD_LOG``) on ``nc`` (queue
+    group ``queue``), reading with ``js``'s credentials; at most ``IN_FLIGHT`` pages at
+    once, inbox replies only."""
+    return RequestServer(nc, subject, queue, lambda _subject, body: answer(js, body), IN_FLIGHT)

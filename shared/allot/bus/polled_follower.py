@@ -90,8 +90,8 @@ class _Poll:
         after = self.handed_over()
         one, several = consumer_filter(self.wanted)
         config = ConsumerConfig(
-            # Named in the create request's subject: a login granted only that form (the
-            # dashboard's) cannot name another's consumer in the body (``allot auth gen``).
+            # Named in the create request's subject: a grant of only that form could not
+            # name another's consumer in the body (decision 0079).
             name=f"poll-{uuid.uuid4().hex}",
             ack_policy=AckPolicy.NONE,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE if after else DeliverPolicy.ALL,

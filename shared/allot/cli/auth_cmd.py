@@ -1,9 +1,10 @@
 """``allot auth gen``: the NATS authorization of a deployment from its budget tree and roles.
 
 Writes ``OUT/nats.conf`` (accounts, users with bcrypt password hashes, per-user allow
-lists; see ``allot.ops.auth_gen``) and ``OUT/users/<user>.env`` (the user's password
-and a ready ``ALLOT_NATS_URL``) and ``OUT/dashboard-users.json`` (the dashboard's logins:
-the same users and hashes, ``python -m allot.services.dashboard --users``) and
+lists; see ``allot.ops.auth_gen``) and ``OUT/users/<user>.env`` (the user's password,
+a ready ``ALLOT_NATS_URL`` and the dashboard password ``ALLOT_DASHBOARD_PASSWORD``) and
+``OUT/dashboard-users.json`` (the dashboard's logins: the same users, the hashes of their
+dashboard passwords, ``python -m allot.services.dashboard --users``) and
 ``OUT/nats-route.env`` (the password a NATS cluster's servers log in to each other's
 routes with: deploy/k8s), all 0600, and prints one line per user with what it may do.
 ``--tls`` also writes a loopback CA and server certificate into ``OUT/tls`` and adds the

@@ -38,7 +38,7 @@ Roles (one per row, see ``deploy/roles.example.yaml``):
   report only when the subject's host is the primary host of that workload's current
   attempt.
 * ``dashboard``: what the dashboard service uses and nothing else: the queries it asks
-  (the log itself through ``query.history``, answered by the ranking service) and the one
+  (the log itself through ``dashboard.log``, answered by the ranking service) and the one
   it answers (``query.owed``, in the askers' own inboxes); nothing of JetStream, no record,
   command, stream or KV write. The web-facing service does not hold the services' ``>``.
 * ``service``: everything (``>``).
@@ -308,14 +308,18 @@ def permissions(user: UserSpec, tree: BudgetTree, askers: Sequence[str] = ()) ->
     if user.role == "service":
         return Permissions(publish=(">",), subscribe=(">",))
     if user.role == "dashboard":
-        # Its pages ask the services (the SDK's queries; the log: ``query.history``); it
+        # Its pages ask the services (the SDK's queries; the log: ``dashboard.log``); it
         # answers ``query.owed`` in the askers' own inboxes. Not nats-server's
         # ``allow_responses``: the dashboard may ask its own subjects, and would then be
         # let to publish once on any reply subject it named (found by a review). No
         # JetStream API: any grant of it steers the server's answers and consumer
         # deliveries onto any subject (decision 0080).
         return Permissions(
-            publish=(f"{s.PREFIX}.query.>", *(f"{inbox_prefix(a)}.>" for a in askers)),
+            publish=(
+                f"{s.PREFIX}.query.>",
+                s.DASHBOARD_LOG,
+                *(f"{inbox_prefix(a)}.>" for a in askers),
+            ),
             subscribe=(inbox, s.QUERY_OWED),
             deny_publish=NOT_SERVICES,
         )

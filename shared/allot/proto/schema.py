@@ -23,6 +23,7 @@ from allot.proto import messages as m
 from allot.proto.codec import MAX_PAYLOAD, TYPES
 from allot.proto.subjects import (
     CHANNELS,
+    DASHBOARD_LOG,
     EVENT_NAMES,
     IDENTITY_FORMS,
     PREFIX,
@@ -123,6 +124,7 @@ _QUERIES: dict[
     "query_owed": (QUERY_OWED, (m.OwedQuery,), (m.OwedSnapshot, m.CommandRejected)),
     "query_usage": (QUERY_USAGE, (m.UsageQuery,), (m.UsageSnapshot, m.CommandRejected)),
     "query_history": (QUERY_HISTORY, (m.HistoryQuery,), (m.HistoryPage, m.CommandRejected)),
+    "dashboard_log": (DASHBOARD_LOG, (m.HistoryQuery,), (m.HistoryPage, m.CommandRejected)),
     "query_idle": (QUERY_IDLE, (), (m.IdleSnapshot, m.CommandRejected)),
     "query_idle_allocation": (
         f"{QUERY_IDLE}.{{allocation}}",
@@ -133,6 +135,7 @@ _QUERIES: dict[
 """Query channels: address, request message (none: an empty body), reply messages."""
 
 _TEAM, _MANAGER, _OPERATOR, _AGENT = "team", "manager", "operator", "agent"
+_DASHBOARD = "dashboard"
 _GRANTED: dict[str, tuple[str, ...]] = {
     Kind.SUBMIT_AS.value: (_TEAM,),
     Kind.CANCEL_AS.value: (_TEAM,),
@@ -170,6 +173,7 @@ _GRANTED: dict[str, tuple[str, ...]] = {
     "query_placement_stats": (_TEAM, _MANAGER, _OPERATOR),
     "query_idle": (_MANAGER, _OPERATOR),
     "query_history": (_MANAGER, _OPERATOR),
+    "dashboard_log": (_DASHBOARD,),
     "query_idle_allocation": (_TEAM, _MANAGER, _OPERATOR),
     "query_intake": (_MANAGER, _OPERATOR),
 }

@@ -526,8 +526,12 @@ QUERY_USAGE = f"{PREFIX}.query.usage"
 to each allocation, answered by the accounting service."""
 QUERY_HISTORY = f"{PREFIX}.query.history"
 """HistoryQuery -> HistoryPage or CommandRejected: one page of a log stream, answered by the
-ranking service (operators and managers: ``allot export``, ``whatif``, ``budgets history``;
-the dashboard, which reads the log only this way)."""
+ranking service (operators and managers: ``allot export``, ``whatif``, ``budgets history``)."""
+DASHBOARD_LOG = f"{PREFIX}.dashboard.log"
+"""HistoryQuery -> HistoryPage or CommandRejected as ``QUERY_HISTORY``: the dashboard's own
+reads of the log (it reads it only this way), answered by the ranking service in slots of
+their own, so that no login asking ``QUERY_HISTORY`` can hold the dashboard's view back;
+granted to the dashboard's login and the services only."""
 
 # -- wildcards (subscriptions and grants) -----------------------------------------------------
 

@@ -825,12 +825,14 @@ class Client:
         start_time: float | None = None,
         limit: int = 500,
         idle: bool = False,
+        subject: str = subjects.QUERY_HISTORY,
         timeout: float | None = None,
     ) -> m.HistoryPage:
         """One page of a log stream (``WORKLOADS``, ``HOSTS``, or ``USAGE``: its budget
         trees, with ``idle`` its idle records), read by the ranking service for a login
         that may not read the log itself (operators, managers, the dashboard); ask again
-        from ``next_seq`` until ``end``."""
+        from ``next_seq`` until ``end``. ``subject``: ``subjects.DASHBOARD_LOG`` for the
+        dashboard's own reads."""
         query = m.HistoryQuery(
             stream=stream,  # type: ignore[arg-type]  # checked by _checked
             start_seq=start_seq,
@@ -839,7 +841,7 @@ class Client:
             idle=idle,
         )
         body = _checked(query)
-        return await self._ask(subjects.QUERY_HISTORY, body, _HISTORY_REPLY, RANKING, timeout)
+        return await self._ask(subject, body, _HISTORY_REPLY, RANKING, timeout)
 
     async def idle(
         self, *, scope: str | None = None, timeout: float | None = None
