@@ -47,11 +47,10 @@ import msgspec
 import structlog
 from aiohttp import web
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from allot import bus
 from allot.auth.dashboard import EVERYONE, Access, Viewer
+from allot.bus.request_server import RequestServer
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.bus.service_main import base_parser, positive_seconds, run_main
 from allot.core.errors import ValidationError
@@ -77,6 +76,13 @@ VIEWER = web.RequestKey("viewer", Viewer)
 """Request key of the logged-in ``Viewer``."""
 DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8265
+OWED_PENDING = 16
+"""``allot owed`` requests that may wait (one is answered at a time: its fold is CPU work on
+the pages' own event loop); more are dropped and their askers time out. A team flooding
+the query froze every page for a minute before (a review's finding)."""
+OWED_FRESH_S = 1.0
+"""An answer is reused this long for the same question: a flood of one question costs one
+answer a second."""
 READ_EVERY_S = 0.5
 """The log is read this often once replayed (a round of four history pages; pages poll
 every 2 s)."""
@@ -117,7 +123,8 @@ class DashboardService:
         self.follower: PagedLogFollower | None = None
         self.caught_up = False
         self.records = 0
-        self._owed_sub: Subscription | None = None
+        self._owed: RequestServer | None = None
+        self._owed_answers: dict[bytes, tuple[float, bytes]] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
         """``http://host:port`` once serving (the bound port when ``http_port`` is 0)."""
@@ -133,12 +140,17 @@ class DashboardService:
             self.client, self._on_record, self._on_idle_record, every_s=READ_EVERY_S
         )
         await self.follower.start()
-        self._owed_sub = await self.nc.subscribe(
-            s.QUERY_OWED, cb=bus.inbox_replies_only(self._on_owed)
+        self._owed = RequestServer(
+            self.nc,
+            s.QUERY_OWED,
+            "dashboard-owed",
+            self._answer_owed,
+            max_in_flight=1,
+            max_pending=OWED_PENDING,
         )
-        # Healthy (/healthz) once the owed query is served too: its subscription is on
-        # the server.
-        await bus.confirm_subscriptions(self.nc)
+        # Healthy (/healthz) once the owed query is served too: its start confirms the
+        # subscription is on the server. Inbox replies only, as every request server.
+        await self._owed.start()
         self.caught_up = True
         log.info("log replayed", records=self.records, url=self.url)
 
@@ -146,6 +158,9 @@ class DashboardService:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._owed is not None:
+            await self._owed.stop()
+            self._owed = None
         if self.follower is not None:
             await self.follower.stop()
         await self.client.close()
@@ -161,14 +176,21 @@ class DashboardService:
         self.records += 1
 
     # ------------------------------------------------------------------ allot owed
-    async def _on_owed(self, msg: Msg) -> None:
+    async def _answer_owed(self, _subject: str, body: bytes) -> bytes:
         now = wall_clock()
+        reused = self._owed_answers.get(body)
+        if reused is not None and 0 <= now - reused[0] < OWED_FRESH_S:
+            return reused[1]
         try:
-            query = codec.decode_as(m.OwedQuery, msg.data)
+            query = codec.decode_as(m.OwedQuery, body)
             reply: msgspec.Struct = owed_snapshot(self.timeline, query, now, self.idle)
         except ValidationError as e:
             reply = m.CommandRejected(at=now, field=e.field, reason=e.reason)
-        await msg.respond(_ENC.encode(reply))
+        answer = _ENC.encode(reply)
+        if len(self._owed_answers) >= OWED_PENDING:  # distinct questions: keep a few
+            self._owed_answers.clear()
+        self._owed_answers[body] = (now, answer)
+        return answer
 
     # ------------------------------------------------------------------ HTTP
     async def _serve_http(self) -> None:

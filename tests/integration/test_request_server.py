@@ -1,5 +1,6 @@
 """``allot.bus.request_server.RequestServer`` on a real NATS: replies, the in-flight bound,
-a failing handler left unanswered, a queue group shared by two servers, a draining stop."""
+a failing handler left unanswered, a queue group shared by two servers, a draining stop,
+a burst beyond the waiting bound dropped."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import nats
+import nats.aio.msg
 import nats.errors
 import pytest
 
@@ -58,6 +60,38 @@ async def test_at_most_max_in_flight_run_at_once(nc: nats.NATS) -> None:
     finally:
         await server.stop()
     assert peak == 4
+
+
+async def test_a_burst_beyond_max_pending_is_dropped_and_the_server_goes_on(
+    nc: nats.NATS, nats_url: str
+) -> None:
+    """A flood of costly requests does not queue up: past the one in flight and the four
+    waiting, nats-py drops them (their askers time out), and the next request is served."""
+
+    async def slow(_: str, body: bytes) -> bytes:
+        await asyncio.sleep(0.05)
+        return body
+
+    server = RequestServer(nc, SUBJECT, "q", slow, max_in_flight=1, max_pending=4)
+    await server.start()
+    asker = await nats.connect(nats_url)
+    answered: list[bytes] = []
+
+    async def keep(msg: nats.aio.msg.Msg) -> None:
+        answered.append(msg.data)
+
+    try:
+        inbox = asker.new_inbox()
+        await asker.subscribe(inbox, cb=keep)
+        for i in range(300):
+            await asker.publish("allot.test.rs.x", str(i).encode(), reply=inbox)
+        await asker.flush()
+        await asyncio.sleep(1.5)  # whatever was kept is answered by now (50 ms each)
+        assert 1 <= len(answered) <= 12, len(answered)
+        assert (await asker.request("allot.test.rs.x", b"after", timeout=5)).data == b"after"
+    finally:
+        await asker.close()
+        await server.stop()
 
 
 async def test_a_failing_handler_is_not_answered_and_the_server_goes_on(nc: nats.NATS) -> None:

@@ -90,6 +90,13 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
         # The user's env file carries the CA: sourcing it alone is enough.
         env = (stack.auth.users["nlp"].path).read_text().splitlines()
         assert f"ALLOT_NATS_CA={stack.ca_file.resolve()}" in env
+    # The server's own log stays in the run directory after stop, each refusal in it (here
+    # nlp's submission to vision, above) naming the subject.
+    server_log = (tmp_path / "logs" / "nats-server.log").read_text(errors="replace")
+    assert any(
+        "Violation" in line and "allot.v1.submit.vision.nlp" in line
+        for line in server_log.splitlines()
+    )
 
 
 def _get(url: str, user: str | None = None, password: str = "") -> tuple[int, Any]:

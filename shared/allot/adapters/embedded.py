@@ -216,6 +216,7 @@ class EmbeddedNats(_Server):
         startup_timeout: float = 10.0,
         stop_timeout: float = 5.0,
         memory_staging: Sequence[str] = (),
+        log_file: Path | str | None = None,
     ) -> None:
         if config_file is not None and sync_always:
             raise ValueError(
@@ -227,6 +228,7 @@ class EmbeddedNats(_Server):
         self._want_http_port = http_port
         self._store_dir = Path(store_dir) if store_dir is not None else None
         self._config_file = Path(config_file) if config_file is not None else None
+        self._log_file = Path(log_file) if log_file is not None else None
         self._sync_always = sync_always
         self._memory_staging = tuple(memory_staging)
         self._staging_root: Path | None = None
@@ -278,6 +280,10 @@ class EmbeddedNats(_Server):
 
     @property
     def log_path(self) -> Path:
+        """Where the server's output goes (appended): ``log_file``, or a file of its
+        runtime folder, removed at stop."""
+        if self._log_file is not None:
+            return self._log_file
         return self._require_runtime() / "nats-server.log"
 
     def running(self) -> bool:
@@ -542,8 +548,10 @@ class Servers(StartStop):
         sync_always: bool = False,
         nats_port: int | None = None,
         memory_staging: Sequence[str] = (),
+        nats_log_file: Path | str | None = None,
     ) -> None:
         self._given_nats = nats_url
+        self._nats_log_file = nats_log_file
         self._memory_staging = tuple(memory_staging)
         self._nats_port = nats_port
         self._given_redis = redis_url
@@ -589,6 +597,7 @@ class Servers(StartStop):
                     port=self._nats_port,
                     sync_always=self._sync_always,
                     memory_staging=self._memory_staging,
+                    log_file=self._nats_log_file,
                 ).start()
             if self._given_redis is None:
                 self.redis = EmbeddedRedis().start()

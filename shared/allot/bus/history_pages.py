@@ -54,6 +54,10 @@ MAX_REPLY_BYTES = 1000 * 1024
 IN_FLIGHT = 2
 """Pages read at once by one answering service; more wait their turn: a login asking many
 pages at once cannot make it read much of the log at a time."""
+PENDING = 8
+"""Requests that may wait their turn; more are dropped (their askers time out): a burst
+of thousands, its asker gone or not, does not hold everyone else's pages back for minutes
+(a review's finding)."""
 CONSUMER_INACTIVE_S = 10.0
 FETCH_TIMEOUT_S = 2.0
 _ENC = msgspec.json.Encoder()
@@ -193,9 +197,12 @@ async def read_page(
     config.name = name = f"history-{uuid.uuid4().hex}"
     await js.add_consumer(stream, config)
     sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
-    after = start if query.start_time is None else last + 1
+    after = start
     try:
-        pending = (await sub.consumer_info()).num_pending or 0
+        made = await sub.consumer_info()
+        pending = made.num_pending or 0
+        if query.start_time is not None:  # the first record at or after it (none: last + 1)
+            after = (made.delivered.stream_seq if made.delivered else 0) + 1
         while pending > 0 and not builder.full():
             try:
                 msgs = await sub.fetch(min(pending, query.limit + 1), timeout=timeout)
@@ -242,4 +249,11 @@ def request_server(
     """The server of ``subject`` (``QUERY_HISTORY`` or ``DASHBOARD_LOG``) on ``nc`` (queue
     group ``queue``), reading with ``js``'s credentials; at most ``IN_FLIGHT`` pages at
     once, inbox replies only."""
-    return RequestServer(nc, subject, queue, lambda _subject, body: answer(js, body), IN_FLIGHT)
+    return RequestServer(
+        nc,
+        subject,
+        queue,
+        lambda _subject, body: answer(js, body),
+        IN_FLIGHT,
+        max_pending=PENDING,
+    )

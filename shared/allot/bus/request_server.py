@@ -26,6 +26,7 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import DEFAULT_SUB_PENDING_MSGS_LIMIT
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Tracer
 
@@ -72,6 +73,11 @@ class RequestServer:
     handler: Handler
     max_in_flight: int = 64
     provider: TracerProvider | None = None
+    max_pending: int | None = None
+    """Requests waiting beyond those in flight; more are dropped by nats-py (a slow
+    consumer, logged by the connection's error callback) and their askers time out, as they
+    would have waiting. None: nats-py's own bound (512 Ki messages). For costly answers a
+    flood must not queue up for minutes (history pages, ``allot owed``)."""
     handled: int = 0
     _sub: Any = None
     _gate: asyncio.Semaphore | None = None
@@ -86,7 +92,10 @@ class RequestServer:
             self._span_name = f"{self.subject} process"
         # Never publish where the sender points: only inbox replies are handled.
         self._sub = await self.nc.subscribe(
-            self.subject, queue=self.queue, cb=inbox_replies_only(self._on_msg)
+            self.subject,
+            queue=self.queue,
+            cb=inbox_replies_only(self._on_msg),
+            pending_msgs_limit=self.max_pending or DEFAULT_SUB_PENDING_MSGS_LIMIT,
         )
         await confirm_subscriptions(self.nc)  # a request right after start finds us
 

@@ -400,6 +400,9 @@ class Stack(StartStop):
             memory_staging=[
                 f"{ACCOUNT if config.secure else DEFAULT_ACCOUNT}/{name}" for name in ATOMIC_STREAMS
             ],
+            # Beside the services' logs, kept after stop: the server logs each refused
+            # publish or subscription with the user's name (docs/security.md).
+            nats_log_file=config.run_dir / "logs" / "nats-server.log",
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._lock_fd: int | None = None
