@@ -19,8 +19,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from live_harness import allot, eventually, quick_stack
+from live_harness import allot, eventually, quick_stack, seed
 
+from allot import bus
+from allot.bus import history_pages
 from allot.cli.live_cmds import EXIT_REFUSED
 from allot.ops.stack import AgentSpec, Stack
 from allot.proto import messages as m
@@ -162,3 +164,28 @@ async def test_operators_and_managers_read_the_history_through_the_ranking_servi
             await asyncio.sleep(1.0)
             await sub.unsubscribe()
             assert caught == []
+
+
+async def test_a_page_by_start_time_that_read_nothing_points_at_its_first_record(
+    fresh_log: str,
+) -> None:
+    """A page asked from ``start_time`` whose read ended before any record came (its wait
+    ran out) must not point past the records it skipped: its ``next_seq`` is the first
+    record stored at or after that time, so the next page reads them."""
+    nc, js = await bus.connect(fresh_log, "test-history")
+    try:
+        await seed(js, {"h1": 8, "h2": 8})
+        await asyncio.sleep(0.2)  # the earlier records stored well before ``since``
+        since = time.time()
+        for host in ("h3", "h4"):
+            await bus.publish(
+                js, s.host_state(host), m.HostRegistered(host=host, gpus=8, at=time.time())
+            )
+        query = m.HistoryQuery(stream="HOSTS", start_time=since)
+        empty = await history_pages.read_page(js, query, timeout=1e-6)
+        assert empty.records == () and not empty.end
+        assert empty.next_seq == 3  # h3's record, not past h4's
+        page = await history_pages.read_page(js, query)
+        assert [r.seq for r in page.records] == [3, 4] and page.end
+    finally:
+        await nc.close()

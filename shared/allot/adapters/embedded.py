@@ -331,6 +331,7 @@ class EmbeddedNats(_Server):
         if config is not None:
             cmd += ["-c", str(config)]
         try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with self.log_path.open("ab") as log:
                 # Own session: Ctrl-C in a terminal reaches `allot up`, which
                 # then stops the services before the broker they drain into.

@@ -206,7 +206,7 @@ async def read_page(
         while pending > 0 and not builder.full():
             try:
                 msgs = await sub.fetch(min(pending, query.limit + 1), timeout=timeout)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py's, or asyncio's from a batch's fetch
                 break  # nothing more within the wait: the page ends here, not the stream
             for msg in msgs:
                 seq, pending = stream_position(msg)
