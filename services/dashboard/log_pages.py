@@ -125,8 +125,6 @@ class PagedLogFollower:
     async def _round(self) -> bool:
         """One round (see the module docstring); True when WORKLOADS' page was its end."""
         head = await self._page(self.workloads, self.workloads.next_seq)
-        if not head.end and head.next_seq <= self.workloads.next_seq:
-            raise RoundFailedError(f"WORKLOADS did not move past {self.workloads.next_seq}")
         taken = [await self._drain(cursor) for cursor in self.before]
         for each in taken:
             hand = self.on_idle if each.cursor.idle else self.on_record
@@ -135,7 +133,7 @@ class PagedLogFollower:
             each.cursor.next_seq = each.next_seq
         for _seq, subject, record in page_records(head):
             self._hand(self.on_record, subject, record)
-        self.workloads.next_seq = max(self.workloads.next_seq, head.next_seq)
+        self.workloads.next_seq = head.next_seq  # past its start (``check_page``)
         self.rounds += 1
         return head.end
 
@@ -149,18 +147,15 @@ class PagedLogFollower:
             log.exception("log record not applied", subject=subject)
 
     async def _drain(self, cursor: _Cursor) -> _Taken:
-        """Every record of ``cursor``'s stream from its place to the end, not handed over;
-        a stream read short of its end fails the round."""
+        """Every record of ``cursor``'s stream from its place to the end, not handed over
+        (a page short of the end that does not move on fails the round: ``check_page``)."""
         taken = _Taken(cursor, [], cursor.next_seq)
         while True:
             page = await self._page(cursor, taken.next_seq)
             taken.records += [(subject, rec) for _seq, subject, rec in page_records(page)]
-            moved = page.next_seq > taken.next_seq
-            taken.next_seq = max(taken.next_seq, page.next_seq)
+            taken.next_seq = page.next_seq
             if page.end:
                 return taken
-            if not moved:
-                raise RoundFailedError(f"{cursor.stream} did not move past {taken.next_seq}")
 
     async def _page(self, cursor: _Cursor, start: int) -> m.HistoryPage:
         page = await self.client.history_page(
@@ -177,8 +172,10 @@ class PagedLogFollower:
 
 def check_page(page: m.HistoryPage, stream: str, start: int) -> None:
     """A page must be of the stream asked, from ``start`` on, in order, and point past what
-    it holds (raises ``RoundFailedError``). A first record past ``start`` is a gap: the
-    stream dropped what came before (its limits), said in a warning."""
+    it holds, and past ``start`` unless it is the stream's end (a read short of the end that
+    did not move, as a service's timed-out fetch answers; raises ``RoundFailedError``). A
+    first record past ``start`` is a gap: the stream dropped what came before (its limits),
+    said in a warning."""
     seqs = [r.seq for r in page.records]
     if page.stream != stream:
         raise RoundFailedError(f"asked for {stream}, got a page of {page.stream}")
@@ -186,5 +183,7 @@ def check_page(page: m.HistoryPage, stream: str, start: int) -> None:
         raise RoundFailedError(f"a page of {stream} from {start} holds {seqs[0]}..{seqs[-1]}")
     if page.next_seq < start:
         raise RoundFailedError(f"a page of {stream} from {start} goes back to {page.next_seq}")
+    if not page.end and page.next_seq == start:
+        raise RoundFailedError(f"{stream} did not move past {start}")
     if stream != "USAGE" and seqs and seqs[0] > start and page.omitted == 0:  # unfiltered
         log.warning("log records gone before read", stream=stream, start=start, first=seqs[0])

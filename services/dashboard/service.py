@@ -83,6 +83,9 @@ the query froze every page for a minute before (a review's finding)."""
 OWED_FRESH_S = 1.0
 """An answer is reused this long for the same question: a flood of one question costs one
 answer a second."""
+OWED_KEPT = 16
+"""Answers kept for reuse, one per question; past that all are dropped (many distinct
+questions at once are bounded by ``OWED_PENDING`` instead)."""
 READ_EVERY_S = 0.5
 """The log is read this often once replayed (a round of four history pages; pages poll
 every 2 s)."""
@@ -187,7 +190,7 @@ class DashboardService:
         except ValidationError as e:
             reply = m.CommandRejected(at=now, field=e.field, reason=e.reason)
         answer = _ENC.encode(reply)
-        if len(self._owed_answers) >= OWED_PENDING:  # distinct questions: keep a few
+        if len(self._owed_answers) >= OWED_KEPT:
             self._owed_answers.clear()
         self._owed_answers[body] = (now, answer)
         return answer

@@ -1181,7 +1181,8 @@ class IdleSnapshot(_Message, frozen=True, kw_only=True):
 # == the log's history (allot.v1.query.history, answered by the ranking service) ===============
 
 HISTORY_STREAMS = ("WORKLOADS", "HOSTS", "USAGE")
-"""What ``HistoryQuery`` may read: USAGE is read on its budget-tree subject only."""
+"""What ``HistoryQuery`` may read: USAGE is read on its budget trees, or (``idle``) on its
+idle records."""
 HISTORY_PAGE_MAX = 1000
 """The most records one ``HistoryPage`` holds (the service may hold fewer: its byte bound)."""
 HistorySeq = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
