@@ -78,8 +78,8 @@ DEFAULT_HTTP_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8265
 OWED_PENDING = 16
 """``allot owed`` requests that may wait (one is answered at a time: its fold is CPU work on
-the pages' own event loop); more are dropped and their askers time out. A team flooding
-the query froze every page for a minute before (a review's finding)."""
+the pages' own event loop); more are dropped and their askers time out, so a team's flood
+cannot hold the pages back (decision 0080)."""
 OWED_FRESH_S = 1.0
 """An answer is reused this long for the same question: a flood of one question costs one
 answer a second."""

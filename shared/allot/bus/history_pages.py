@@ -55,9 +55,8 @@ IN_FLIGHT = 2
 """Pages read at once by one answering service; more wait their turn: a login asking many
 pages at once cannot make it read much of the log at a time."""
 PENDING = 8
-"""Requests that may wait their turn; more are dropped (their askers time out): a burst
-of thousands, its asker gone or not, does not hold everyone else's pages back for minutes
-(a review's finding)."""
+"""Requests that may wait their turn; more are dropped (their askers time out): a burst,
+its asker gone or not, does not hold everyone else's pages back (decision 0080)."""
 CONSUMER_INACTIVE_S = 10.0
 FETCH_TIMEOUT_S = 2.0
 _ENC = msgspec.json.Encoder()
