@@ -26,7 +26,7 @@ from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects as s
 
-LEADER_BUCKET = "allot_leader"
+LEADER_BUCKET = bus.LEADER_BUCKET
 LEASE_KEY = "placement"
 
 log = structlog.get_logger("allot.placement")
@@ -55,11 +55,9 @@ async def hold_lease(js: JetStreamContext, candidate: Candidate, name: str, ttl_
     kv = None
     while kv is None and not candidate.stopping:
         try:
-            kv = await js.create_key_value(
-                bucket=LEADER_BUCKET, ttl=ttl_s, history=1, replicas=bus.stream_replicas()
-            )
-        except Exception as e:  # NATS unavailable: retry
-            log.warning("lease bucket not ready", error=str(e))
+            kv = await bus.lease_bucket(js, ttl_s)
+        except Exception as e:  # NATS unavailable, or the bucket not made yet: retry
+            log.warning("lease bucket not ready", error=str(e) or repr(e))
             await asyncio.sleep(ttl_s / 4)
     if kv is None:
         return

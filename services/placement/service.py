@@ -84,7 +84,7 @@ class PlacementService:
         unallocated_grace_s: int = DEFAULT_UNALLOCATED_GRACE_S,
         unallocated_settle_s: float = DEFAULT_UNALLOCATED_SETTLE_S,
         short_lane: Sequence[str] = (),
-        lease_ttl_s: float = 3.0,
+        lease_ttl_s: float = bus.LEASE_TTL_S,
         name: str | None = None,
         tracing: bool = True,
     ) -> None:
@@ -450,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
         "comma-separated host ids forming the short lane: there only unallocated work and "
         "allocated work of at most 2 GPUs protected for at most 15 min start (Fair Tree)",
     )
-    ap.add_argument("--lease-ttl-s", type=float, default=3.0, help="leader lease TTL")
+    ap.add_argument("--lease-ttl-s", type=float, default=bus.LEASE_TTL_S, help="leader lease TTL")
     ap.add_argument("--name", default=None, help="instance name (default host-pid)")
     return ap
 

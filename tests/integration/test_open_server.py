@@ -26,7 +26,7 @@ from allot.ops.stack import Stack, StackConfig
 pytestmark = pytest.mark.integration
 
 TREE = {"name": "root", "children": [{"name": "nlp", "shares": 1}]}
-ROLES = {"users": [{"name": "svc", "role": "service"}]}
+ROLES = {"users": [{"name": "svc", "role": "service"}, {"name": "keeper", "role": "streams"}]}
 
 
 @pytest.fixture

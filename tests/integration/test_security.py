@@ -38,6 +38,7 @@ from allot.bus.service_main import start, stop
 from allot.cli import live_cmds
 from allot.core.budgets import parse_tree
 from allot.ops.auth_gen import GeneratedAuth, TlsFiles, generate
+from allot.ops.log_streams import make_streams
 from allot.ops.tls_certs import client_context, make_loopback_certs
 from allot.proto import messages as m
 from allot.proto import subjects as s
@@ -72,6 +73,7 @@ ROLES = {
         {"name": "agent-h01", "role": "agent", "hosts": ["h01"]},
         {"name": "dash", "role": "dashboard"},
         {"name": "svc", "role": "service"},
+        {"name": "keeper", "role": "streams"},
     ]
 }
 REFUSED_WAIT_S = 0.3
@@ -135,6 +137,8 @@ def parse_violations(log_text: str) -> list[tuple[str, str, str]]:
 def secure(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Secure]:
     auth = generate(parse_tree(TREE), ROLES, tmp_path / "auth", cost=4)
     with EmbeddedNats(config_file=auth.config_path, binary=request.param) as server:
+        # As a deployment does: the streams login makes them, the services find them.
+        asyncio.run(make_streams(auth.url("keeper", server.url)))
         yield Secure(server, auth)
 
 
@@ -328,6 +332,65 @@ async def test_the_sdk_reports_a_refused_request_at_once_not_as_a_timeout(
         # Granted, with nobody answering: still "no responder", not a refusal.
         with pytest.raises(NoResponderError):
             await c.queue(scope="nlp")
+
+
+async def test_the_services_may_not_unmake_the_log_and_the_streams_login_only_makes_it(
+    secure: Secure,
+) -> None:
+    """Decision 0082: the services' login reads the streams and appends, but the server
+    refuses it a stream's deletion, purge, update (a limit that drops records, a
+    ``republish`` onto any subject), creation (a stream capturing an agent's work subject
+    and republishing it) and a record's deletion; the streams login makes streams and
+    nothing else (no record, no consumer, no subscription to the log's subjects)."""
+    svc = await connect_as(secure, "svc")
+    js = svc.nc.jetstream(timeout=REFUSED_WAIT_S)
+    try:
+        assert await bus.ensure_streams(js) == dict.fromkeys(s.STREAMS, "as wanted")
+        await bus.publish(
+            svc.nc.jetstream(), s.LEADER, m.LeaderElected(epoch=1, leader="x", at=1.0)
+        )
+        before = await counts(svc.nc.jetstream())
+        shrunk = (await js.stream_info("WORKLOADS")).config
+        shrunk.max_msgs = 0
+        attempts: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("$JS.API.STREAM.DELETE.WORKLOADS", lambda: js.delete_stream("WORKLOADS")),
+            ("$JS.API.STREAM.PURGE.HOSTS", lambda: js.purge_stream("HOSTS")),
+            ("$JS.API.STREAM.MSG.DELETE.WORKLOADS", lambda: js.delete_msg("WORKLOADS", 1)),
+            ("$JS.API.STREAM.UPDATE.WORKLOADS", lambda: js.update_stream(shrunk)),
+            (
+                "$JS.API.STREAM.CREATE.EVIL",
+                lambda: js.add_stream(name="EVIL", subjects=["evil.>"]),
+            ),
+        ]
+        for subject, attempt in attempts:
+            with pytest.raises(nats.errors.TimeoutError):  # refused: never answered
+                await attempt()
+            await svc.refused(subject)
+        assert await counts(svc.nc.jetstream()) == before
+        with pytest.raises(nats.js.errors.NotFoundError):
+            await svc.nc.jetstream().stream_info("EVIL")
+        refused = {v[2] for v in await secure.logged("svc", len(attempts))}
+        assert {subject for subject, _ in attempts} <= refused
+
+        keeper = await connect_as(secure, "keeper")
+        try:
+            kjs = keeper.nc.jetstream(timeout=REFUSED_WAIT_S)
+            assert (await kjs.stream_info("USAGE")).config.name == "USAGE"
+            await keeper.nc.publish(s.LEADER, b"{}")
+            await keeper.refused(s.LEADER)
+            await keeper.nc.subscribe(s.ALL_HOST_STATE)
+            with pytest.raises(nats.errors.TimeoutError):
+                await kjs.add_consumer("WORKLOADS", ConsumerConfig(name="peek"))
+            with pytest.raises(nats.errors.TimeoutError):
+                await kjs.delete_stream("USAGE")
+            logged = {(v[1], v[2]) for v in await secure.logged("keeper", 4)}
+            assert ("Publish", s.LEADER) in logged and ("Subscription", s.ALL_HOST_STATE) in logged
+            assert ("Publish", "$JS.API.STREAM.DELETE.USAGE") in logged
+        finally:
+            await keeper.nc.close()
+        assert await counts(svc.nc.jetstream()) == before
+    finally:
+        await svc.nc.close()
 
 
 async def test_a_watch_by_a_user_who_may_not_read_the_log_is_refused_at_once(

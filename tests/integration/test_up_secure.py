@@ -97,6 +97,10 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
         "Violation" in line and "allot.v1.submit.vision.nlp" in line
         for line in server_log.splitlines()
     )
+    # The streams login made the streams before the services started, so the services asked
+    # nothing of JetStream that their login may not (decision 0082).
+    refused = [line for line in server_log.splitlines() if "Violation" in line]
+    assert refused and not [line for line in refused if "user:allot-services" in line]
 
 
 def _get(url: str, user: str | None = None, password: str = "") -> tuple[int, Any]:

@@ -48,6 +48,7 @@ TREE = {
     ],
 }
 SERVICE = {"name": "svc", "role": "service"}
+STREAMS = {"name": "keeper", "role": "streams"}
 
 
 @pytest.fixture
@@ -56,7 +57,7 @@ def tree() -> BudgetTree:
 
 
 def roles(*users: dict[str, object]) -> dict[str, object]:
-    return {"users": [*users, SERVICE]}
+    return {"users": [*users, SERVICE, STREAMS]}
 
 
 # -- roles file ------------------------------------------------------------------------------
@@ -177,6 +178,7 @@ def test_team_members_are_logins_of_their_own_with_the_teams_grants(tree: Budget
         ("nlp", "team", ("nlp",), "nlp"),  # a member may bear the team's name
         ("vision", "team", ("vision",), None),  # a row without users is one login
         ("svc", "service", (), None),
+        ("keeper", "streams", (), None),
     ]
     alice = permissions(users[0], tree)
     assert "allot.v1.submit.nlp.alice" in alice.publish
@@ -241,7 +243,38 @@ def test_every_user_but_the_services_is_denied_jetstream_and_the_service_durable
     # DURABLE.CREATE and MSG.NEXT: two tokens before the stream
     assert "$JS.API.CONSUMER.*.*.*.accounting" in p.deny_publish
     assert not any(x.startswith("$") for x in p.publish)
-    assert permissions(UserSpec("svc", "service"), tree).deny_publish == ()
+
+
+def test_the_services_may_not_unmake_the_log_and_the_streams_login_only_makes_it(
+    tree: BudgetTree,
+) -> None:
+    """Decision 0082: the services' ``>`` without what deletes, purges, updates or creates
+    a stream (a stream's limits and ``republish`` are its update); the streams login only
+    reads, creates and updates streams, with its answers in its own inbox."""
+    svc = permissions(UserSpec("svc", "service"), tree)
+    assert svc.publish == (">",) and svc.subscribe == (">",)
+    for verb in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "RESTORE", "SNAPSHOT"):
+        assert f"$JS.API.STREAM.{verb}.>" in svc.deny_publish, verb
+    assert {"$JS.API.ACCOUNT.>", "$JS.API.META.>", "$JS.API.SERVER.>"} <= set(svc.deny_publish)
+    # What the services use stays theirs: stream information, consumers, direct reads.
+    used = ("STREAM.INFO", "STREAM.MSG.GET", "DIRECT.GET", "CONSUMER.CREATE", "CONSUMER.MSG.NEXT")
+    assert not any(d.startswith(f"$JS.API.{u}") for d in svc.deny_publish for u in used)
+    keeper = permissions(UserSpec("keeper", "streams"), tree)
+    assert keeper.publish == (
+        "$JS.API.STREAM.INFO.*",
+        "$JS.API.STREAM.CREATE.*",
+        "$JS.API.STREAM.UPDATE.*",
+    )
+    assert keeper.subscribe == ("_INBOX_keeper.>",)
+
+
+def test_a_roles_file_without_a_streams_login_is_refused(tree: BudgetTree) -> None:
+    with pytest.raises(ValidationError) as exc:
+        parse_roles({"users": [SERVICE]}, tree)
+    assert exc.value.field == "users" and "'streams'" in exc.value.reason
+    with pytest.raises(ValidationError) as exc:
+        parse_roles({"users": [STREAMS]}, tree)
+    assert exc.value.field == "users" and "'service'" in exc.value.reason
 
 
 def test_unallocated_team_uses_the_tilde_token(tree: BudgetTree) -> None:
@@ -330,7 +363,7 @@ def test_the_dashboard_asks_queries_answers_in_the_askers_inboxes_and_has_no_jet
 def test_render_quotes_dollar_subjects_and_hashes(tree: BudgetTree) -> None:
     users = parse_roles(roles({"name": "nlp", "role": "team", "allocations": ["nlp"]}), tree)
     grants = {u.name: permissions(u, tree) for u in users}
-    text = render_config(users, grants, {"nlp": "$2a$04$x", "svc": "$2a$04$y"})
+    text = render_config(users, grants, {"nlp": "$2a$04$x", "svc": "$2a$04$y", "keeper": "$"})
     assert 'password: "$2a$04$x"' in text
     assert 'deny: ["$JS.>", "$KV.>"' in text
     assert "jetstream: enabled" in text and "tls {" not in text
@@ -385,7 +418,7 @@ def test_each_team_member_gets_its_own_password_file_inbox_and_dashboard_login(
         {"name": "nlp", "role": "team", "allocations": ["nlp"], "users": ["alice", "bob"]},
     )
     auth = generate(tree, data, tmp_path / "auth", cost=4)
-    assert set(auth.users) == {"alice", "bob", "svc"}  # no login named for the team
+    assert set(auth.users) == {"alice", "bob", "svc", "keeper"}  # none named for the team
     alice, bob = auth.users["alice"], auth.users["bob"]
     assert alice.password != bob.password
     assert (alice.path.name, alice.inbox_prefix) == ("alice.env", "_INBOX_alice")

@@ -3,9 +3,11 @@
 Checked against a real ``allot auth gen`` output (``deploy/roles.compose.yaml``) in a copy of
 the project: every Allot container gets its own user's credentials (agents exactly the
 hosts their command simulates), every mounted file exists, the URL a container computes
-names its user, nats-server starts from the secure configuration and takes those
-credentials (and refuses a wrong one), and ``docker compose config`` merges the two files
-when a Compose v2 CLI is here.
+names its user, the one-shot ``streams`` (``allot streams`` as the streams login) runs
+before every service of the services' login, nats-server starts from the secure
+configuration and takes those credentials (and refuses a wrong one; the streams login
+makes the streams, the services' login finds them and may not delete one), and
+``docker compose config`` merges the two files when a Compose v2 CLI is here.
 """
 
 from __future__ import annotations
@@ -28,26 +30,37 @@ import pytest
 import yaml
 from test_compose import (
     COMPOSE_FILE,
+    DEPENDS_ON_CONDITIONS,
     ENGINES,
     NATS_CONF,
+    RESTART_POLICIES,
     ROOT,
+    SERVICE_KEYS,
     _command,
     _compose_cli,
+    _load,
     _services,
     conf_store_dir,
+    merge_compose,
     tmpfs_targets,
 )
 
+from allot import bus
 from allot.adapters.batch_staging import DEFAULT_ACCOUNT, staging_dir
 from allot.adapters.embedded import find_nats_server, free_ports
 from allot.auth.client import nats_url_from_env
 from allot.bus import ATOMIC_STREAMS
+from allot.cli.main import build_parser as allot_parser
+from allot.cli.streams_cmd import run_streams
 from allot.config.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
 from allot.ops.auth_gen import ACCOUNT, GeneratedAuth, generate
+from allot.ops.log_streams import make_streams
 from allot.services.dashboard.service import build_parser as dashboard_parser
 
 OVERRIDE = ROOT / "deploy" / "compose.secure.yaml"
+STREAMS = "streams"
+"""The override's one-shot service that makes the log's streams (``allot streams``)."""
 
 
 def _env_file(path: Path) -> dict[str, str]:
@@ -77,10 +90,17 @@ def _fake_hosts(command: list[str]) -> list[str]:
     return [f"{args['--host-prefix']}-{i:04d}" for i in range(int(args["--hosts"]))]
 
 
+def _merged() -> dict[str, dict[str, object]]:
+    """compose.yaml's services with the override merged over them as Compose merges."""
+    services = merge_compose(_load(COMPOSE_FILE), _load(OVERRIDE))["services"]
+    assert isinstance(services, dict)
+    return services
+
+
 def test_every_container_connects_as_its_own_user(project: tuple[Path, GeneratedAuth]) -> None:
     root, auth = project
     override = _override()["services"]
-    allot = {name for name in _services() if name not in ENGINES}
+    allot = {name for name in _services() if name not in ENGINES} | {STREAMS}
     assert allot <= set(override), f"no credentials for {sorted(allot - set(override))}"
     for name in sorted(allot):
         [env_path] = override[name]["env_file"]  # type: ignore[misc]
@@ -93,8 +113,11 @@ def test_every_container_connects_as_its_own_user(project: tuple[Path, Generated
         parts = urlsplit(url)
         assert (parts.hostname, unquote(parts.username or "")) == ("nats", user), name
         assert unquote(parts.password or "") == auth.users[user].password
-        command = _command(_services()[name])
-        if "allot.services.agent" in command:
+        command = _command(_merged()[name])
+        if command == ["allot", "streams"]:
+            # The only login that may create or update a stream (and nothing else).
+            assert role == "streams", f"{name} connects as {user} ({role})"
+        elif "allot.services.agent" in command:
             assert role == "agent", f"{name} connects as {user} ({role})"
             granted = {s.split(".")[3] for s in auth.grants[user].publish}
             assert granted == set(_fake_hosts(command)), f"{name}: hosts and grants differ"
@@ -121,6 +144,46 @@ def test_mounted_files_exist_and_the_dashboard_asks_for_logins(
     args = dashboard[dashboard.index("allot.services.dashboard") + 1 :]
     assert dashboard_parser().parse_args(args).users == users_file
     assert auth.dashboard_users is not None and auth.dashboard_users.is_file()
+
+
+def test_the_streams_are_made_once_before_the_services_start() -> None:
+    """The services' login may not create or update a stream: ``streams`` makes them as
+    the streams login, once NATS is healthy, and every service of the services' login
+    waits for it to exit 0 (its depends_on merged with compose.yaml's nats and redis)."""
+    merged = _merged()
+    streams = merged[STREAMS]
+    assert set(streams) <= SERVICE_KEYS, sorted(set(streams) - SERVICE_KEYS)
+    command = _command(streams)
+    assert command == ["allot", "streams"], command
+    args = allot_parser().parse_args(command[1:])
+    # No --nats-url or --replicas: the URL from the environment, the replicas from
+    # ALLOT_STREAM_REPLICAS when set (one server here: a new stream gets 1).
+    assert args.func is run_streams and args.nats_url is None and args.replicas is None
+    assert streams["environment"]["ALLOT_NATS_URL"] == "nats://nats:4222"  # type: ignore[index]
+    intake = merged["intake"]
+    assert (streams["image"], streams["build"]) == (intake["image"], intake["build"])
+    assert streams["depends_on"] == {"nats": {"condition": "service_healthy"}}
+    # Once: with a restart policy Compose could miss the exit it waits for.
+    assert streams["restart"] == "no" and RESTART_POLICIES.fullmatch(str(streams["restart"]))
+    assert "healthcheck" not in streams and "ports" not in streams
+    waiting = set()
+    for name, service in merged.items():
+        deps = service.get("depends_on", {})
+        assert isinstance(deps, dict), name
+        for target, spec in deps.items():
+            assert target in merged and target != name, (name, target)
+            assert spec.get("condition", "service_started") in DEPENDS_ON_CONDITIONS
+        if STREAMS in deps:
+            assert deps[STREAMS] == {"condition": "service_completed_successfully"}, name
+            assert {"nats", "redis"} <= set(deps), f"{name}: compose.yaml's depends_on lost"
+            waiting.add(name)
+    services_login = {
+        name
+        for name, service in _override()["services"].items()
+        if service.get("env_file") == ["./auth/users/allot-services.env"]
+    }
+    assert services_login == {"intake", "accounting", "ranking", "placement", "health", "dispatch"}
+    assert waiting == services_login, sorted(waiting ^ services_login)
 
 
 @pytest.fixture
@@ -194,6 +257,45 @@ def test_the_secure_server_takes_the_generated_credentials(
     asyncio.run(check())
 
 
+@pytest.mark.integration
+def test_the_streams_login_makes_the_streams_and_the_services_login_only_reads_them(
+    secure_nats: tuple[str, GeneratedAuth],
+) -> None:
+    """What the override runs, against the secure configuration: ``allot streams``'s core as
+    allot-streams, then a service's start (``ensure_streams``) as allot-services finds the
+    streams as they should be; that login's stream delete is refused (not answered)."""
+    server, auth = secure_nats
+
+    def url(user: str) -> str:
+        creds = auth.users[user]
+        env = {"ALLOT_NATS_USER": creds.user, "ALLOT_NATS_PASSWORD": creds.password}
+        return nats_url_from_env({**env, "ALLOT_NATS_URL": server}, "")
+
+    async def check() -> None:
+        made = await make_streams(url("allot-streams"), timeout_s=10)
+        assert made == {
+            **dict.fromkeys(("WORKLOADS", "HOSTS", "USAGE"), "created"),
+            f"KV_{bus.LEADER_BUCKET}": f"created (leases last {bus.LEASE_TTL_S:g} s)",
+        }
+        again = await make_streams(url("allot-streams"), timeout_s=10)
+        assert set(again.values()) == {
+            "as wanted",
+            f"as wanted (leases last {bus.LEASE_TTL_S:g} s)",
+        }
+        nc, js = await bus.connect(url("allot-services"), "test-services")
+        try:
+            found = await bus.ensure_streams(js, ready_timeout_s=0)
+            assert found == dict.fromkeys(("WORKLOADS", "HOSTS", "USAGE"), "as wanted")
+            await bus.lease_bucket(js, bus.LEASE_TTL_S)  # placement's start: found, not made
+            with pytest.raises(nats.errors.TimeoutError):
+                await nc.jetstream(timeout=1).delete_stream("HOSTS")
+            assert (await js.stream_info("HOSTS")).config.name == "HOSTS"
+        finally:
+            await nc.close()
+
+    asyncio.run(check())
+
+
 def test_nats_stages_the_allot_accounts_batches_on_tmpfs() -> None:
     """Under the override the streams live in the ALLOT account (deploy/nats.secure.conf
     includes nats.conf, so the same store_dir): its atomic streams stage on tmpfs too."""
@@ -227,5 +329,18 @@ def test_docker_compose_config_merges_the_override(
     assert staging_dir(conf_store_dir(NATS_CONF), ACCOUNT, "WORKLOADS") in staged
     assert resolved["intake"]["environment"]["ALLOT_NATS_USER"] == "allot-services"
     assert resolved["intake"]["environment"]["ALLOT_NATS_URL"] == "nats://nats:4222"
+    # Compose merges depends_on key by key: compose.yaml's engines and the override's streams.
+    for name in ("intake", "accounting", "ranking", "placement", "health", "dispatch"):
+        deps = {k: v["condition"] for k, v in resolved[name]["depends_on"].items()}
+        assert deps == {
+            "nats": "service_healthy",
+            "redis": "service_healthy",
+            "streams": "service_completed_successfully",
+        }, name
+    streams = resolved["streams"]
+    assert streams["command"] == ["allot", "streams"] and streams["restart"] == "no"
+    assert streams["environment"]["ALLOT_NATS_USER"] == "allot-streams"
+    assert streams["environment"]["ALLOT_NATS_URL"] == "nats://nats:4222"
+    assert streams["image"] == resolved["intake"]["image"]
     assert resolved["agent-a"]["environment"]["ALLOT_NATS_USER"] == "agent-a"
     assert "--users" in resolved["dashboard"]["command"]

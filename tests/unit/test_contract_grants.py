@@ -27,7 +27,10 @@ USERS = {
     "manager": {"name": "lead", "role": "manager", "node": "research"},
     "operator": {"name": "ops", "role": "operator"},
     "agent": {"name": "agent1", "role": "agent", "hosts": ["h01"]},
+    "streams": {"name": "keeper", "role": "streams"},
 }
+BACKSTAGE = ({"name": "svc", "role": "service"}, {"name": "keeper2", "role": "streams"})
+"""The logins every roles file needs."""
 # Each parameter filled with what the role's own grant is about: its allocation (nlp, below
 # the manager's node), its host, its own login.
 FILLED = {
@@ -90,7 +93,7 @@ def test_the_contract_names_exactly_the_roles_granted(
 ) -> None:
     spec: UserSpec = next(
         u
-        for u in parse_roles({"users": [USERS[role], {"name": "svc", "role": "service"}]}, tree)
+        for u in parse_roles({"users": [USERS[role], *BACKSTAGE]}, tree)
         if u.name == USERS[role]["name"]
     )
     subject = address.format(**FILLED, login=spec.name)

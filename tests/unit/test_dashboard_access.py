@@ -25,6 +25,7 @@ ROLES = {
         {"name": "boss", "role": "manager", "node": "root"},
         {"name": "agent-a", "role": "agent", "hosts": ["h1"]},
         {"name": "svc", "role": "service"},
+        {"name": "keeper", "role": "streams"},
     ]
 }
 
@@ -62,6 +63,7 @@ def test_auth_gen_writes_logins_with_each_users_scope(tmp_path: Path) -> None:
         "boss": ("manager", []),
         "agent-a": ("agent", []),
         "svc": ("service", []),
+        "keeper": ("streams", []),
     }
     for name, creds in auth.users.items():
         assert rows[name]["password"].startswith("$2a$04$")
@@ -79,6 +81,8 @@ def test_auth_gen_writes_logins_with_each_users_scope(tmp_path: Path) -> None:
     assert boss is not None and boss.scopes is None
     agent = access.check(basic("agent-a", auth.users["agent-a"].dashboard_password))
     assert agent is not None and not agent.allowed
+    keeper = access.check(basic("keeper", auth.users["keeper"].dashboard_password))
+    assert keeper is not None and not keeper.allowed  # a deploy step's login, no pages
     # The NATS password is not the pages' (the dashboard must never see it typed).
     assert access.check(basic("nlp", auth.users["nlp"].password)) is None
     assert auth.users["nlp"].password != auth.users["nlp"].dashboard_password

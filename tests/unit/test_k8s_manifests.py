@@ -9,13 +9,17 @@ failure, not a skip: the manifests would go unchecked. Then:
    strict: an unknown field fails), for the oldest and the newest version we claim;
 2. NATS: three servers of a StatefulSet with a claim each, routes naming every pod through
    the headless Service, everything deploy/nats.conf sets, a configuration nats-server
-   accepts, and (integration) three servers started from it that serve the log's streams
-   at R3 to the services' user of the Secret;
+   accepts, and (integration) three servers started from it where the streams login of the
+   Secret ``allot-streams`` makes the log's streams at R3 (as the Job does) and the
+   services' login of ``allot-services`` finds them as wanted and may not delete one;
 3. the services: compose.yaml's commands (compose.secure.yaml's for the dashboard), each a
    real ``allot.services`` module whose parser takes its flags, the streams' replicas equal
    to the NATS servers, placement's replicas and disruption budget, the agent DaemonSet;
+   the Job ``allot-streams`` runs ``allot streams`` with its own login, the only pod that
+   has it;
 4. wiring: every ConfigMap and Secret a pod names is rendered, every selector selects pods,
-   every pod meets the `restricted` Pod Security Standard but the agent's hostPID;
+   every pod (the Job's too) meets the `restricted` Pod Security Standard but the agent's
+   hostPID;
 5. production: Redis replicated with Sentinel behind HAProxy, spread and budgeted.
 """
 
@@ -36,16 +40,18 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import nats
 import nats.errors
-import nats.js.errors
 import pytest
 import yaml
 
 from allot import bus
 from allot.adapters.embedded import find_nats_server, free_ports
+from allot.auth.client import nats_url_from_env
+from allot.cli.main import build_parser as allot_parser
 from allot.cli.main import main as allot_main
+from allot.cli.streams_cmd import run_streams
 from allot.ops.auth_gen import route_password
+from allot.ops.log_streams import make_streams
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -55,7 +61,9 @@ SCHEMA_VERSIONS = ("1.30.0", "1.37.0")
 """The oldest Kubernetes we claim (docs/deploy-kubernetes.md) and the newest bundled schema."""
 COMPOSE_SERVICES = ("intake", "accounting", "ranking", "placement", "health", "dispatch")
 COMPOSE_SERVICES += ("dashboard",)
-WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet"}
+WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+STREAMS_JOB = "allot-streams"
+"""The Job that makes the log's streams (``allot streams``), and its Secret's name."""
 
 Obj = dict[str, Any]
 
@@ -428,35 +436,52 @@ def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
     nats_cluster: tuple[list[int], list[int], list[int]],
     tmp_path: Path,
 ) -> None:
+    """As the Job and the services do it: the streams login of the Secret allot-streams
+    makes the streams and the lease bucket at allot-env's replicas (``allot streams``'s
+    core), then the services' login of allot-services starts as a service does
+    (``ensure_streams``): it finds them as wanted, R3 on the cluster, and its stream
+    delete is refused (the server drops the request: no answer)."""
     objs = rendered["production"]
     client, monitor, _ = nats_cluster
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     _wait_healthy(monitor, deadline, tmp_path)
-    creds = _secret_env(_generated(objs, "Secret", "allot-services"))
-    replicas = int(_generated(objs, "ConfigMap", "allot-env")["data"]["ALLOT_STREAM_REPLICAS"])
-    url = f"nats://{creds['ALLOT_NATS_USER']}:{creds['ALLOT_NATS_PASSWORD']}@127.0.0.1:{client[0]}"
+    env = _allot_env(objs)
+    replicas = int(env["ALLOT_STREAM_REPLICAS"])
+    here = f"nats://127.0.0.1:{client[0]}"  # allot-env's nats://nats:4222, on loopback
 
-    async def streams() -> dict[str, tuple[int, str]]:
-        nc = await nats.connect(url)
+    def url(secret: str) -> str:
+        """The URL a pod with this Secret and allot-env (its envFrom) computes."""
+        creds = _secret_env(_generated(objs, "Secret", secret))
+        return nats_url_from_env({**creds, "ALLOT_NATS_URL": here}, "")
+
+    # A fresh cluster may take a few seconds to place R3 streams: make_streams tries again.
+    made = asyncio.run(
+        make_streams(url(STREAMS_JOB), replicas, timeout_s=max(deadline - time.monotonic(), 5))
+    )
+    names = ("WORKLOADS", "HOSTS", "USAGE")
+    assert {k: made[k] for k in names} == dict.fromkeys(names, "created"), made
+    assert made[f"KV_{bus.LEADER_BUCKET}"].startswith("created"), made
+
+    async def as_services() -> dict[str, tuple[int, str]]:
+        nc, js = await bus.connect(url("allot-services"), "test-services")
         try:
-            js = nc.jetstream()
-            while True:  # a fresh cluster may take a few seconds to place R3 streams
-                try:
-                    await bus.ensure_streams(js, replicas)
-                    break
-                except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
-                    assert time.monotonic() < deadline, "no R3 streams in 30 s"
-                    await asyncio.sleep(0.5)
+            found = await bus.ensure_streams(js, replicas, ready_timeout_s=10)
+            assert found == dict.fromkeys(names, "as wanted"), found
+            await bus.lease_bucket(js, bus.LEASE_TTL_S)  # placement's start: found, not made
+            with pytest.raises(nats.errors.TimeoutError):
+                await nc.jetstream(timeout=2).delete_stream("HOSTS")
             out = {}
-            for name in ("WORKLOADS", "HOSTS", "USAGE"):
-                info = await js.stream_info(name)
+            for name in (*names, f"KV_{bus.LEADER_BUCKET}"):
+                info = await js.stream_info(name)  # HOSTS is still there
                 assert info.cluster is not None
                 out[name] = (info.config.num_replicas or 0, info.cluster.name or "")
             return out
         finally:
             await nc.close()
 
-    assert asyncio.run(streams()) == dict.fromkeys(("WORKLOADS", "HOSTS", "USAGE"), (3, "allot"))
+    assert asyncio.run(as_services()) == dict.fromkeys(
+        (*names, f"KV_{bus.LEADER_BUCKET}"), (3, "allot")
+    )
 
 
 def _wait_healthy(monitor: list[int], deadline: float, logs: Path) -> None:
@@ -589,13 +614,20 @@ def test_every_allot_command_is_a_real_module_whose_parser_takes_its_flags(
     env = _allot_env(rendered[overlay])
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    checked = agents = 0
+    checked = agents = jobs = 0
     for obj in _workloads(rendered[overlay]):
         for c in _pod_spec(obj)["containers"]:
             if "allot" not in c["image"].rsplit("/", 1)[-1]:
                 continue
             where = f"{_name(obj)} container {c['name']}"
             command = [_expand(a, {"NODE_NAME": "gpu-node-01"}) for a in c["command"]]
+            if obj["kind"] == "Job":
+                # The `allot` CLI's console script (deploy/Dockerfile installs the package).
+                assert command[:1] == ["allot"], f"{where}: {command}"
+                parsed = allot_parser().parse_args(command[1:])
+                assert parsed.func is run_streams, f"{where}: not `allot streams`"
+                jobs += 1
+                continue
             assert command[:1] == ["python"] and "-m" in command, f"{where}: `python -m ...`"
             flags = command[1 : command.index("-m")]
             module_name, args = command[len(flags) + 2], command[len(flags) + 3 :]
@@ -618,7 +650,7 @@ def test_every_allot_command_is_a_real_module_whose_parser_takes_its_flags(
                 pytest.fail(f"{where}: {module_name} rejects {args}: {capsys.readouterr().err}")
             assert parsed.nats_url == env["ALLOT_NATS_URL"], f"{where}: env URL not read"
             checked += 1
-    assert checked >= len(COMPOSE_SERVICES) + 1 and agents == 1
+    assert checked >= len(COMPOSE_SERVICES) + 1 and agents == 1 and jobs == 1
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -627,8 +659,10 @@ def test_services_wait_for_nats_health_on_the_nats_service(
 ) -> None:
     objs = rendered[overlay]
     nats_ports = {p["port"] for p in _one(objs, "Service", "nats")["spec"]["ports"]}
-    for name in COMPOSE_SERVICES:
-        (init,) = _pod_spec(_one(objs, "Deployment", name))["initContainers"]
+    waiting = [_one(objs, "Deployment", name) for name in COMPOSE_SERVICES]
+    for obj in [*waiting, _one(objs, "Job", STREAMS_JOB)]:
+        name = _name(obj)
+        (init,) = _pod_spec(obj)["initContainers"]
         assert init["command"][:2] == ["python", "-c"], f"{name}: {init['command']}"
         code = init["command"][2]
         compile(code, f"{name}/wait-for-nats", "exec")  # a syntax error fails here
@@ -663,6 +697,7 @@ def test_services_reach_nats_and_redis_by_their_services_and_replicate_streams_l
             name = obj["metadata"]["name"]
             login = "allot-agent" if "agent" in name else "allot-services"
             login = "allot-dashboard" if name == "dashboard" else login
+            login = STREAMS_JOB if obj["kind"] == "Job" else login
             assert len(refs) == 2 and _base_name(refs[0]) == login, _name(obj)
 
 
@@ -674,7 +709,10 @@ def test_credentials_are_the_users_allot_auth_gen_wrote(
     services = _secret_env(_generated(objs, "Secret", "allot-services"))
     agent = _secret_env(_generated(objs, "Secret", "allot-agent"))
     dashboard = _secret_env(_generated(objs, "Secret", "allot-dashboard"))
+    streams = _secret_env(_generated(objs, "Secret", STREAMS_JOB))
     assert services["ALLOT_NATS_USER"] == "allot-services" and services["ALLOT_NATS_PASSWORD"]
+    assert streams["ALLOT_NATS_USER"] == STREAMS_JOB and streams["ALLOT_NATS_PASSWORD"]
+    assert streams["ALLOT_NATS_PASSWORD"] != services["ALLOT_NATS_PASSWORD"]
     assert agent["ALLOT_NATS_USER"] == "allot-agent" and agent["ALLOT_NATS_PASSWORD"]
     assert dashboard["ALLOT_NATS_USER"] == "allot-dashboard" and dashboard["ALLOT_NATS_PASSWORD"]
     auth = _secret_text(_generated(objs, "Secret", "allot-nats-auth"), "nats.conf")
@@ -682,10 +720,102 @@ def test_credentials_are_the_users_allot_auth_gen_wrote(
     # role dashboard: no `>`; its answers in the askers' inboxes (the teams', ops'...)
     block = auth[auth.index('user: "allot-dashboard"') :].split("}\n      }", 1)[0]
     assert '"_INBOX_alice.>"' in block and '">"' not in block
+    # role service: everything but making, changing or deleting a stream
+    block = auth[auth.index('user: "allot-services"') :].split("}\n      }", 1)[0]
+    assert '"$JS.API.STREAM.CREATE.>"' in block and '"$JS.API.STREAM.DELETE.>"' in block
+    # role streams: stream information, creation and update, answers in its own inbox
+    block = auth[auth.index(f'user: "{STREAMS_JOB}"') :].split("}\n      }", 1)[0]
+    assert '"$JS.API.STREAM.CREATE.*"' in block and '"_INBOX_allot-streams.>"' in block
+    assert '">"' not in block and "DELETE" not in block
     users = _secret_text(
         _generated(objs, "Secret", "allot-dashboard-users"), "dashboard-users.json"
     )
     assert '"allot-services"' in users
+
+
+HARDENED = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""Every container of the services' Deployments and of the Job: nothing more."""
+
+
+def _reachable_ports(policy: Mapping[str, Any], labels: Mapping[str, str]) -> set[int]:
+    """The ports of ``policy``'s pods a pod with ``labels`` may reach (a rule without
+    ``from`` lets every pod in)."""
+    return {
+        p["port"]
+        for rule in policy["spec"]["ingress"]
+        if not rule.get("from") or any(_selects(f["podSelector"], labels) for f in rule["from"])
+        for p in rule["ports"]
+    }
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_job_allot_streams_makes_the_streams_with_its_own_login(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    """The services' login may not create or update a stream: the Job runs `allot streams`
+    as the streams login, with the shared settings (the URL, ALLOT_STREAM_REPLICAS=3),
+    hardened as the services are, tried again while NATS comes up, and kept once done."""
+    objs = rendered[overlay]
+    (job,) = [o for o in objs if o["kind"] == "Job"]
+    assert job["metadata"]["name"] == STREAMS_JOB
+    spec = _pod_spec(job)
+    (c,) = spec["containers"]
+    assert c["command"] == ["allot", "streams"] and "args" not in c and "env" not in c
+    refs = [(kind, ref["name"]) for r in c["envFrom"] for kind, ref in r.items()]
+    assert [(kind, _base_name(name)) for kind, name in refs] == [
+        ("secretRef", STREAMS_JOB),
+        ("configMapRef", "allot-env"),
+    ], "the streams login, then allot-env (last: its ALLOT_NATS_URL wins)"
+    assert refs[0][1] == _generated(objs, "Secret", STREAMS_JOB)["metadata"]["name"]
+    assert refs[1][1] == _generated(objs, "ConfigMap", "allot-env")["metadata"]["name"]
+    assert _allot_env(objs)["ALLOT_STREAM_REPLICAS"] == "3"
+    intake = _one(objs, "Deployment", "intake")
+    (service,) = _pod_spec(intake)["containers"]
+    assert {x["image"] for x in _containers(job)} == {service["image"]}, "the services' image"
+    # Hardened as the services' pods are.
+    assert spec["securityContext"] == _pod_spec(intake)["securityContext"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+    for x in _containers(job):
+        assert x["securityContext"] == HARDENED, x["name"]
+    # Tries again while NATS comes up; kept once done (no TTL: a later apply does not
+    # silently make and run another one).
+    assert spec["restartPolicy"] in {"Never", "OnFailure"}
+    assert job["spec"]["backoffLimit"] >= 10
+    assert "ttlSecondsAfterFinished" not in job["spec"]
+    # Its pods reach NATS's clients port and monitoring (its init container waits for
+    # /healthz there), not Redis.
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert {4222, 8222} <= _reachable_ports(_one(objs, "NetworkPolicy", "nats"), labels)
+    assert not _reachable_ports(_one(objs, "NetworkPolicy", "redis"), labels)
+    assert labels.get("app.kubernetes.io/component") != "service", "no service's patches"
+
+
+def _secrets_named(spec: Mapping[str, Any]) -> set[str]:
+    """Every Secret a pod spec names: volumes, envFrom and single variables."""
+    names = {name for kind, name in _referenced(spec) if kind == "Secret"}
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        for var in c.get("env", []):
+            if ref := var.get("valueFrom", {}).get("secretKeyRef"):
+                names.add(ref["name"])
+    return names
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_the_job_has_the_streams_login(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    objs = rendered[overlay]
+    streams = _generated(objs, "Secret", STREAMS_JOB)["metadata"]["name"]
+    services = _generated(objs, "Secret", "allot-services")["metadata"]["name"]
+    having = {_name(o) for o in _workloads(objs) if streams in _secrets_named(_pod_spec(o))}
+    assert having == {f"Job/{STREAMS_JOB}"}, having
+    deployments = [o for o in objs if o["kind"] == "Deployment"]
+    assert deployments and not [d for d in deployments if streams in _secrets_named(_pod_spec(d))]
+    assert services not in _secrets_named(_pod_spec(_one(objs, "Job", STREAMS_JOB)))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -832,6 +962,10 @@ def test_every_selector_selects_pods_and_every_target_port_exists(
                     assert any(_selects(peer["podSelector"], lbl) for lbl, _ in pods), (
                         f"overlays/{overlay} {_name(obj)}: `from` selects no pod"
                     )
+        elif obj["kind"] == "Job":
+            # The Job controller makes the selector (its own uid): none may be written.
+            assert "selector" not in obj["spec"] and not obj["spec"].get("manualSelector")
+            continue
         elif obj["kind"] in WORKLOADS:
             selector = obj["spec"]["selector"]
             assert _selects(selector, obj["spec"]["template"]["metadata"]["labels"]), _name(obj)

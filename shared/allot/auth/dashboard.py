@@ -35,8 +35,8 @@ from allot.core.errors import ValidationError
 from allot.proto.subjects import UNALLOCATED
 
 DASHBOARD_USERS = "dashboard-users.json"
-ROLES = ("team", "manager", "operator", "agent", "dashboard", "service")
-NO_PAGES = frozenset({"agent", "dashboard"})
+ROLES = ("team", "manager", "operator", "agent", "dashboard", "service", "streams")
+NO_PAGES = frozenset({"agent", "dashboard", "streams"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,8 @@ from nats.js.api import (
     StreamConfig,
     StreamInfo,
 )
-from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import APIError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
+from nats.js.kv import KeyValue
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
@@ -189,8 +190,9 @@ async def ensure_streams(
     replicas: int | None = None,
     *,
     ready_timeout_s: float = STREAMS_READY_TIMEOUT_S,
-) -> None:
-    """Create the streams, or bring an existing one's subjects up to date. ``replicas``:
+) -> dict[str, str]:
+    """Create the streams, or bring an existing one up to date where it differs
+    (``stream_differs``; an unchanged stream is only read). ``replicas``:
     default ``$ALLOT_STREAM_REPLICAS``; when neither says, a new stream gets 1 and an
     existing one keeps its own (a tool run without the variable must not scale a
     cluster's replicated log down to one copy).
@@ -199,10 +201,11 @@ async def ensure_streams(
     leader, or whose peers are not all up), each stream is tried again after a short
     backoff (0.25 s doubling to 2 s), each retry logged, for at most ``ready_timeout_s``
     in all (0: one try each); then ``StreamsNotReadyError`` names the stream and the last
-    error. Any other error (a configuration conflict) is raised at once."""
+    error. Any other error (a configuration conflict) is raised at once. Returns what was
+    done to each stream: ``created``, ``updated (<fields>)`` or ``as wanted``."""
     if replicas is None and os.environ.get(REPLICAS_ENV, "").strip():
         replicas = stream_replicas()
-    await _each_stream(
+    return await _each_stream(
         stream_configs(replicas or 1),
         lambda config: _ensure_stream(js, config, replicas),
         "create or update",
@@ -212,14 +215,15 @@ async def ensure_streams(
 
 async def _each_stream(
     configs: list[StreamConfig],
-    step: Callable[[StreamConfig], Awaitable[None]],
+    step: Callable[[StreamConfig], Awaitable[str]],
     what: str,
     ready_timeout_s: float,
-) -> None:
+) -> dict[str, str]:
     """``step`` for each stream, each tried again while JetStream is not ready (see
     ``ensure_streams``) until ``ready_timeout_s`` has passed in all."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ready_timeout_s
+    done: dict[str, str] = {}
     for config in configs:
         assert config.name is not None
         delay, attempt = _RETRY_FIRST_S, 0
@@ -229,7 +233,7 @@ async def _each_stream(
             try:
                 # A try that would start past the deadline still runs once, bounded by the
                 # requests' own timeouts (``ready_timeout_s=0``: one try, no retry).
-                await asyncio.wait_for(step(config), left if left > 0 else None)
+                done[config.name] = await asyncio.wait_for(step(config), left if left > 0 else None)
                 break
             except Exception as e:
                 if not _not_ready(e):
@@ -252,20 +256,81 @@ async def _each_stream(
                 )
                 await asyncio.sleep(wait)
                 delay = min(delay * 2, _RETRY_MAX_S)
+    return done
 
 
-async def _ensure_stream(js: JetStreamContext, config: StreamConfig, replicas: int | None) -> None:
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig, replicas: int | None) -> str:
     """One stream, created or updated; idempotent, so a try cut short is simply repeated."""
     assert config.name is not None
     try:
         info = await js.stream_info(config.name)
     except NotFoundError:
         await js.add_stream(config)
+        return "created"
     else:
         _refuse_unnamed_events(config.name, info)
         if replicas is None:
             config.num_replicas = info.config.num_replicas
+        # Updated only when it differs: a service's own login may not update a stream
+        # (decision 0082), and finds the streams the streams login made as they should be.
+        differs = stream_differs(config, info.config, _takes_atomic(js))
+        if not differs:
+            return "as wanted"
         await js.update_stream(config)
+        return f"updated ({', '.join(differs)})"
+
+
+def stream_differs(wanted: StreamConfig, has: StreamConfig, takes_atomic: bool) -> list[str]:
+    """The fields ``stream_configs`` sets in which an existing stream's ``has`` differs
+    from ``wanted`` (empty: nothing to update). ``allow_atomic`` counts only where the
+    server takes it (2.12 and later; an older one drops the field)."""
+    fields = ["storage", "num_replicas", "max_msgs_per_subject"]
+    out = [f for f in fields if getattr(wanted, f) != getattr(has, f)]
+    if sorted(wanted.subjects or []) != sorted(has.subjects or []):
+        out.append("subjects")
+    for f in ("duplicate_window", "max_age"):  # seconds, sent and read back as nanoseconds
+        if abs((getattr(wanted, f) or 0.0) - (getattr(has, f) or 0.0)) > 1e-6:
+            out.append(f)
+    if takes_atomic and bool(wanted.allow_atomic) != bool(has.allow_atomic):
+        out.append("allow_atomic")
+    return out
+
+
+def _takes_atomic(js: JetStreamContext) -> bool:
+    version = js._nc.connected_server_version
+    return (version.major, version.minor) >= (2, 12)
+
+
+LEADER_BUCKET = "allot_leader"
+"""The placement leader's lease (a KV bucket: ``services/placement/lease.py``)."""
+LEASE_TTL_S = 3.0
+"""How long a lease lasts unless renewed: the bucket's TTL, placement's ``--lease-ttl-s``."""
+
+
+class LeaseBucketError(RuntimeError):
+    """The lease bucket exists with another TTL than this placement's."""
+
+
+async def lease_bucket(js: JetStreamContext, ttl_s: float, replicas: int | None = None) -> KeyValue:
+    """The lease bucket, looked up first and created (at ``replicas``, default
+    ``$ALLOT_STREAM_REPLICAS``) only when missing: the services' own login may not create a
+    stream, so under a roles file the streams login makes it (``allot streams``). A bucket
+    whose TTL is not ``ttl_s`` is refused: leases renewed at a third of one TTL in a bucket
+    that keeps them for another either lapse between renewals or outlive a dead leader."""
+    try:
+        kv = await js.key_value(LEADER_BUCKET)
+    except BucketNotFoundError:
+        return await js.create_key_value(
+            bucket=LEADER_BUCKET, ttl=ttl_s, history=1, replicas=replicas or stream_replicas()
+        )
+    kept = (await kv.status()).ttl or 0.0
+    if abs(kept - ttl_s) > 1e-6:
+        raise LeaseBucketError(
+            f"the lease bucket {LEADER_BUCKET} keeps a lease {kept:g} s, this placement's "
+            f"--lease-ttl-s is {ttl_s:g}: give every placement the bucket's TTL, or make the "
+            f"bucket again with `allot streams --lease-ttl-s {ttl_s:g}` after deleting it"
+        )
+    return kv
 
 
 def _describe(e: BaseException) -> str:
@@ -274,7 +339,9 @@ def _describe(e: BaseException) -> str:
         # A refused $JS.API request is not answered either: it ends the same way.
         return (
             f"no answer ({type(e).__name__}): no JetStream leader yet, JetStream not "
-            "enabled, or this user may not use $JS.API"
+            "enabled, or this login may not make this request (the services' own login may "
+            "not create or update a stream: make the streams first with `allot streams` as "
+            "the streams login of the roles file)"
         )
     return f"{type(e).__name__}: {e}"
 

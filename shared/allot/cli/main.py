@@ -25,6 +25,7 @@ from allot.cli import (
     scenario_cmd,
     session_cmd,
     simulate_cmd,
+    streams_cmd,
     twin_cmd,
     up_cmd,
 )
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     twin_cmd.register(subparsers)
     accounting_cmd.add_parser(subparsers)
     auth_cmd.register(subparsers)
+    streams_cmd.register(subparsers)
     return parser
 
 

@@ -41,9 +41,14 @@ Roles (one per row, see ``deploy/roles.example.yaml``):
   (the log itself through ``dashboard.log``, answered by the ranking service) and the one
   it answers (``query.owed``, in the askers' own inboxes); nothing of JetStream, no record,
   command, stream or KV write. The web-facing service does not hold the services' ``>``.
-* ``service``: everything (``>``).
+* ``service``: everything (``>``) but ``SERVICES_MAY_NOT``: no stream created, updated,
+  purged or deleted, no record deleted, no snapshot restored (decision 0082).
+* ``streams``: stream information, creation and update, nothing else: it makes the log's
+  streams and the lease bucket before the services start (``allot streams``; an operator's
+  step at deploy time and at each upgrade).
 
-No user but the services may publish anything of JetStream (``NOT_SERVICES``: the API,
+No user but the services and the streams login may publish anything of JetStream
+(``NOT_SERVICES``: the API,
 acks, flow control) nor touch a service durable by name.
 
 Every non-service user receives replies only on its own inbox prefix ``_INBOX_<user>``
@@ -73,8 +78,16 @@ from allot.core.budgets import BudgetTree, subtree_allocations
 from allot.core.errors import ValidationError
 from allot.proto import subjects as s
 
-Role = Literal["team", "manager", "operator", "agent", "dashboard", "service"]
-ROLES: tuple[Role, ...] = ("team", "manager", "operator", "agent", "dashboard", "service")
+Role = Literal["team", "manager", "operator", "agent", "dashboard", "service", "streams"]
+ROLES: tuple[Role, ...] = (
+    "team",
+    "manager",
+    "operator",
+    "agent",
+    "dashboard",
+    "service",
+    "streams",
+)
 
 ACCOUNT = "ALLOT"
 DEFAULT_BCRYPT_COST = 11
@@ -95,6 +108,7 @@ _USER_FIELDS: dict[Role, tuple[str, ...]] = {
     "agent": ("name", "role", "hosts"),
     "dashboard": ("name", "role"),
     "service": ("name", "role"),
+    "streams": ("name", "role"),
 }
 _JS_API = "$JS.API"
 TEAM_QUERIES: tuple[str, ...] = (
@@ -167,6 +181,12 @@ def parse_roles(data: object, tree: BudgetTree) -> tuple[UserSpec, ...]:
     if not any(u.role == "service" for u in logins):
         raise ValidationError(
             "users", "needs at least one user with role 'service' (the services connect as it)"
+        )
+    if not any(u.role == "streams" for u in logins):
+        raise ValidationError(
+            "users",
+            "needs at least one user with role 'streams' (it makes the log's streams before "
+            "the services start: `allot streams`; the services' login may not)",
         )
     return tuple(logins)
 
@@ -283,6 +303,30 @@ KV, object store and system subjects. Each service durable is also named, so a g
 widened by hand still cannot touch it."""
 
 
+SERVICES_MAY_NOT: tuple[str, ...] = tuple(
+    f"{_JS_API}.{api}.>"
+    for api in (
+        "STREAM.CREATE",
+        "STREAM.UPDATE",
+        "STREAM.DELETE",
+        "STREAM.PURGE",
+        "STREAM.MSG.DELETE",
+        "STREAM.SNAPSHOT",
+        "STREAM.RESTORE",
+        "STREAM.PEER.REMOVE",
+        "STREAM.LEADER.STEPDOWN",
+        "STREAM.TEMPLATE",
+        "META",
+        "SERVER",
+        "ACCOUNT",
+    )
+)
+"""Denied to the services' login, whose allow list is everything: whatever unmakes or
+rewrites the log (a delete, a purge, a limit or ``republish`` set by an update, a restore)
+and the cluster's administration. The streams are the ``streams`` login's to make
+(decision 0082); the services read them, append and make consumers."""
+
+
 @dataclass(frozen=True, slots=True)
 class Permissions:
     publish: tuple[str, ...]
@@ -306,7 +350,14 @@ def permissions(user: UserSpec, tree: BudgetTree, askers: Sequence[str] = ()) ->
     ``askers``: the logins whose inboxes a dashboard user may answer (``ASKERS``' logins)."""
     inbox = f"{inbox_prefix(user.name)}.>"
     if user.role == "service":
-        return Permissions(publish=(">",), subscribe=(">",))
+        return Permissions(publish=(">",), subscribe=(">",), deny_publish=SERVICES_MAY_NOT)
+    if user.role == "streams":
+        # Stream information, creation and update (the lease bucket is a stream too), the
+        # answers in its own inbox; no record, no consumer, no delete or purge.
+        return Permissions(
+            publish=tuple(f"{_JS_API}.STREAM.{verb}.*" for verb in ("INFO", "CREATE", "UPDATE")),
+            subscribe=(inbox,),
+        )
     if user.role == "dashboard":
         # Its pages ask the services (the SDK's queries; the log: ``dashboard.log``); it
         # answers ``query.owed`` in the askers' own inboxes. Not nats-server's

@@ -9,7 +9,8 @@ survives losing any minority of them (one of three, two of five).
 * N is 1 (one server, no cluster: the default), 3 or 5. An even count tolerates no more
   lost nodes than the odd one below it (a majority of 4 is 3) and JetStream keeps at most
   5 replicas of a stream.
-* The streams are created at N replicas before the services start (``create_streams``):
+* The streams are created at N replicas before the services start
+  (``allot.ops.log_streams``):
   six services creating replicated streams at once on a fresh cluster outlasted nats-py's
   5 s API timeout (seen in ``bench/chaos_cluster.py``), and a service that dies while the
   stack starts stops the start.
@@ -23,9 +24,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nats
-
-from allot import bus
 from allot.core.errors import ValidationError
 
 OPTION = "--nats-cluster"
@@ -85,23 +83,3 @@ def other_store_note(run_dir: Path, nodes: int) -> str | None:
             f"(run with {OPTION} to use it)"
         )
     return None
-
-
-async def create_streams(
-    url: str, replicas: int, timeout_s: float = bus.STREAMS_READY_TIMEOUT_S
-) -> None:
-    """The log's streams at ``replicas`` replicas (``allot.bus.ensure_streams``, which
-    tries again until ``timeout_s`` while the cluster cannot answer yet). The placement's
-    lease bucket is the placement's to create (with ``ALLOT_STREAM_REPLICAS``); its lease
-    loop retries until it can."""
-    nc = await nats.connect(
-        bus.server_urls(url),
-        name="allot-up-streams",
-        connect_timeout=2,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,
-    )
-    try:
-        await bus.ensure_streams(nc.jetstream(), replicas, ready_timeout_s=timeout_s)
-    finally:
-        await nc.close()

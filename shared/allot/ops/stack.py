@@ -73,14 +73,14 @@ from allot.auth.client import (
     inbox_prefix_for_url,
     masked_url,
 )
-from allot.bus import ATOMIC_STREAMS, REPLICAS_ENV, server_urls
+from allot.bus import ATOMIC_STREAMS, LEASE_TTL_S, REPLICAS_ENV, server_urls
 from allot.config.budget_file import load_tree_file
 from allot.config.yaml_io import load_yaml
 from allot.core.budgets import BudgetTree
 from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, check_unallocated_knobs
-from allot.ops import nats_nodes
+from allot.ops import log_streams, nats_nodes
 from allot.ops.auth_gen import ACCOUNT, GeneratedAuth, generate
 from allot.ops.run_dir import LOCK_FILE, PORTS_FILE
 from allot.ops.tls_certs import make_loopback_certs
@@ -162,7 +162,7 @@ class StackConfig:
     unallocated_settle_s: float = DEFAULT_UNALLOCATED_SETTLE_S
     short_lane: tuple[str, ...] = ()
     """Placement's ``--short-lane`` hosts (Fair Tree's short lane); none by default."""
-    lease_ttl_s: float = 3.0
+    lease_ttl_s: float = LEASE_TTL_S
     rank_every_s: float = 300.0
     accrue_s: float = 30.0
     slot_s: float = 60.0
@@ -188,7 +188,8 @@ class StackConfig:
     measured by ``make bench-live``."""
     secure: bool = False
     """Users, per-role permissions and TLS on loopback (``allot auth gen``); embedded NATS
-    only. The services connect as the service user, each agent as its own user."""
+    only. The streams are made first as the streams user; the services connect as the
+    service user, each agent as its own user."""
     roles: Path | None = None
     """Roles file for ``secure`` (default: one team user per allocation, a batch user for
     unallocated work, a manager of the root, an operator, one agent user per agent)."""
@@ -560,6 +561,7 @@ class Stack(StartStop):
             {"name": "ops", "role": "operator"},
             {"name": "allot-dashboard", "role": "dashboard"},
             {"name": "allot-services", "role": "service"},
+            {"name": "allot-streams", "role": "streams"},
         ]
         for agent in self.config.agents:
             users.append(
@@ -649,6 +651,8 @@ class Stack(StartStop):
                 # Read by the CLI only (allot accounting finds the stack's Redis).
                 redis=self.servers.redis.port if self.servers.redis else None,
             )
+            if self.auth is not None:
+                self._make_streams(self.auth)
             for name in self.commands():
                 self.spawn(name)
             self.wait_ready(ready_timeout)
@@ -656,6 +660,18 @@ class Stack(StartStop):
             self.stop()
             raise
         return self
+
+    def _make_streams(self, auth: GeneratedAuth) -> None:
+        """The streams and the lease bucket, made as the roles file's streams login: the
+        services' own login may not (``allot.ops.log_streams``, decision 0082)."""
+        assert self._server_url is not None
+        if self.ca_file is not None:
+            os.environ[CA_ENV] = str(self.ca_file)
+        url = auth.url(auth.first("streams").user, self._server_url)
+        try:
+            _blocking(lambda: log_streams.make_streams(url, lease_ttl_s=self.config.lease_ttl_s))
+        except Exception as exc:  # StreamsNotReadyError past its bound, or refused
+            raise StackError(f"the streams could not be made: {exc!r}") from None
 
     def _start_cluster(self, cluster: EmbeddedNatsCluster) -> None:
         """The NATS nodes, until each is current with a meta leader, then the streams at
@@ -667,7 +683,11 @@ class Stack(StartStop):
         except EmbeddedServerError as exc:
             raise StackError(f"the NATS cluster did not start: {exc}") from None
         try:
-            _blocking(lambda: nats_nodes.create_streams(cluster.url, cluster.n))
+            _blocking(
+                lambda: log_streams.make_streams(
+                    cluster.url, cluster.n, lease_ttl_s=self.config.lease_ttl_s
+                )
+            )
         except Exception as exc:  # StreamsNotReadyError past its bound, or refused
             raise StackError(
                 f"the streams could not be created at {cluster.n} replicas: {exc!r}"
@@ -825,7 +845,7 @@ class Stack(StartStop):
             self.exit_codes[name] = proc.returncode
 
 
-def _blocking(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+def _blocking(work: Callable[[], Coroutine[Any, Any, object]]) -> None:
     """Run the coroutine ``work()`` makes to its end on a loop of its own; from async code
     (tests), in a thread, blocking the caller's loop meanwhile."""
     try:
