@@ -361,6 +361,17 @@ async def test_the_services_may_not_unmake_the_log_and_the_streams_login_only_ma
                 "$JS.API.STREAM.CREATE.EVIL",
                 lambda: js.add_stream(name="EVIL", subjects=["evil.>"]),
             ),
+            # Not on any list of the services' (an allow list): a durable moved past records
+            # it has not charged, or paused; a stream's move cancelled; a server's newer API.
+            *(
+                (subject, lambda subject=subject: svc.nc.request(subject, b"{}", REFUSED_WAIT_S))
+                for subject in (
+                    "$JS.API.CONSUMER.RESET.WORKLOADS.accounting",
+                    "$JS.API.CONSUMER.PAUSE.WORKLOADS.accounting",
+                    "$JS.API.STREAM.CANCEL_MOVE.WORKLOADS",
+                    "$JS.API.STREAM.PEER.EVACUATE.WORKLOADS",
+                )
+            ),
         ]
         for subject, attempt in attempts:
             with pytest.raises(nats.errors.TimeoutError):  # refused: never answered
@@ -371,6 +382,15 @@ async def test_the_services_may_not_unmake_the_log_and_the_streams_login_only_ma
             await svc.nc.jetstream().stream_info("EVIL")
         refused = {v[2] for v in await secure.logged("svc", len(attempts))}
         assert {subject for subject, _ in attempts} <= refused
+        # A consumer of its own delivering onto the API's purge subject: the API reads the
+        # record's stored subject, not the delivery's, so nothing is purged.
+        steered = await svc.nc.subscribe("$JS.API.STREAM.PURGE.WORKLOADS")
+        await svc.nc.jetstream().add_consumer(
+            "WORKLOADS", ConsumerConfig(deliver_subject="$JS.API.STREAM.PURGE.WORKLOADS")
+        )
+        await steered.next_msg(timeout=5)
+        await asyncio.sleep(0.5)
+        assert await counts(svc.nc.jetstream()) == before
 
         keeper = await connect_as(secure, "keeper")
         try:

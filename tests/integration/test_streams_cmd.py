@@ -59,6 +59,40 @@ def test_the_streams_login_makes_the_streams_once_and_the_services_find_them(
 
     found, ttl = asyncio.run(as_the_services())
     assert found == dict.fromkeys(s.STREAMS, "as wanted") and ttl == 4.0
+    # Placement's TTL changed: the streams login sets it, the services' login may not.
+    assert main(["streams", "--nats-url", keeper, "--lease-ttl-s", "5"]) == 0
+    assert _lines(capsys.readouterr().out)[BUCKET] == "updated (max_age; leases last 5 s)"
+
+
+def test_what_the_services_find_missing_or_lacking_is_said_not_waited_on(
+    secured: tuple[EmbeddedNats, GeneratedAuth],
+) -> None:
+    """A missing lease bucket: placement's lease loop is told to run ``allot streams``; a
+    stream without ``allow_atomic`` (made before the server took it: NATS upgraded alone)
+    is used as it is, appends one by one, rather than the service stopping."""
+    server, auth = secured
+
+    async def check() -> tuple[str, dict[str, str], tuple[int, int]]:
+        knc, kjs = await bus.connect(auth.url("keeper", server.url), "test-keeper")
+        nc, _ = await bus.connect(auth.url("svc", server.url), "test-services")
+        try:
+            for config in bus.stream_configs(1):
+                config.allow_atomic = None
+                await kjs.add_stream(config)
+            js = nc.jetstream(timeout=0.5)
+            with pytest.raises(bus.LeaseBucketError) as missing:
+                await bus.lease_bucket(js, 3.0)
+            found = await bus.ensure_streams(js, ready_timeout_s=0)
+            version = nc.connected_server_version
+            return str(missing.value), found, (version.major, version.minor)
+        finally:
+            await nc.close()
+            await knc.close()
+
+    missing, found, version = asyncio.run(check())
+    assert "missing and could not be made" in missing and "`allot streams`" in missing
+    lacking = "as found, without allow_atomic" if version >= (2, 12) else "as wanted"
+    assert found == {"WORKLOADS": lacking, "HOSTS": "as wanted", "USAGE": "as wanted"}
 
 
 def test_a_login_that_may_not_make_streams_gets_a_message_naming_the_command(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_contract_grants import allowed
 
 from allot import bus
 from allot.adapters.embedded import find_nats_server
@@ -22,7 +23,9 @@ from allot.auth.client import (
     login_for,
     masked_url,
     nats_url_from_env,
+    redis_url_from_env,
 )
+from allot.bus.service_main import base_parser
 from allot.cli import auth_cmd
 from allot.core.budgets import BudgetTree, parse_tree, subtree_allocations
 from allot.core.errors import ValidationError
@@ -248,17 +251,43 @@ def test_every_user_but_the_services_is_denied_jetstream_and_the_service_durable
 def test_the_services_may_not_unmake_the_log_and_the_streams_login_only_makes_it(
     tree: BudgetTree,
 ) -> None:
-    """Decision 0082: the services' ``>`` without what deletes, purges, updates or creates
-    a stream (a stream's limits and ``republish`` are its update); the streams login only
-    reads, creates and updates streams, with its answers in its own inbox."""
-    svc = permissions(UserSpec("svc", "service"), tree)
-    assert svc.publish == (">",) and svc.subscribe == (">",)
-    for verb in ("CREATE", "UPDATE", "DELETE", "PURGE", "MSG.DELETE", "RESTORE", "SNAPSHOT"):
-        assert f"$JS.API.STREAM.{verb}.>" in svc.deny_publish, verb
-    assert {"$JS.API.ACCOUNT.>", "$JS.API.META.>", "$JS.API.SERVER.>"} <= set(svc.deny_publish)
-    # What the services use stays theirs: stream information, consumers, direct reads.
-    used = ("STREAM.INFO", "STREAM.MSG.GET", "DIRECT.GET", "CONSUMER.CREATE", "CONSUMER.MSG.NEXT")
-    assert not any(d.startswith(f"$JS.API.{u}") for d in svc.deny_publish for u in used)
+    """Decision 0082: the services publish records, answers and the JetStream they use, not
+    what deletes, purges, updates or creates a stream (a stream's limits and ``republish``
+    are its update), nor a consumer's reset or pause, nor an API a later server adds; the
+    streams login only reads, creates and updates streams, its answers in its own inbox."""
+    svc = permissions(UserSpec("svc", "service"), tree, logins=("svc", "alice"))
+    assert svc.subscribe == (">",)
+    may = [
+        "allot.v1.events.nlp.w1.placed",
+        "_INBOX.x.1",
+        "_INBOX_alice.x.1",  # answers in any login's inbox
+        "$JS.API.STREAM.INFO.WORKLOADS",
+        "$JS.API.STREAM.MSG.GET.USAGE",
+        "$JS.API.DIRECT.GET.HOSTS",
+        "$JS.API.CONSUMER.CREATE.WORKLOADS.w.allot.v1.events.nlp.*.*",
+        "$JS.API.CONSUMER.DURABLE.CREATE.WORKLOADS.accounting",
+        "$JS.API.CONSUMER.MSG.NEXT.WORKLOADS.accounting",
+        "$JS.API.CONSUMER.DELETE.WORKLOADS.w",
+        "$JS.ACK.WORKLOADS.accounting.1.2.3.4.5",
+        "$JS.FC.WORKLOADS.x.y",
+        "$KV.allot_leader.placement",
+    ]
+    may_not = [
+        *(f"$JS.API.STREAM.{v}.WORKLOADS" for v in ("CREATE", "UPDATE", "DELETE", "PURGE")),
+        "$JS.API.STREAM.MSG.DELETE.WORKLOADS",
+        "$JS.API.STREAM.RESTORE.WORKLOADS",
+        "$JS.API.STREAM.PEER.EVACUATE.WORKLOADS",
+        "$JS.API.STREAM.CANCEL_MOVE.WORKLOADS",
+        "$JS.API.CONSUMER.RESET.WORKLOADS.accounting",
+        "$JS.API.CONSUMER.PAUSE.WORKLOADS.accounting",
+        "$JS.API.ACCOUNT.PURGE.ALLOT",
+        "$JS.API.META.LEADER.STEPDOWN",
+        "$KV.other.key",
+        "_INBOX_bob.x.1",  # no such login
+        "evil.subject",
+    ]
+    assert [x for x in may if not allowed(svc, x, "send")] == []
+    assert [x for x in may_not if allowed(svc, x, "send")] == []
     keeper = permissions(UserSpec("keeper", "streams"), tree)
     assert keeper.publish == (
         "$JS.API.STREAM.INFO.*",
@@ -326,7 +355,9 @@ def test_agent_and_operator_grants(tree: BudgetTree) -> None:
         "allot.v1.cancel.*.*.operator.o",
         "allot.v1.query.>",
     }
-    assert permissions(UserSpec("s", "service"), tree).publish == (">",)
+    # the services: the record subjects, not everything (decision 0082)
+    assert "allot.v1.>" in permissions(UserSpec("s", "service"), tree).publish
+    assert ">" not in permissions(UserSpec("s", "service"), tree).publish
 
 
 def test_the_dashboard_asks_queries_answers_in_the_askers_inboxes_and_has_no_jetstream(
@@ -397,6 +428,13 @@ def test_generate_writes_private_files_the_server_accepts(tree: BudgetTree, tmp_
     again.route_env.unlink()
     fresh = generate(tree, data, tmp_path / "auth", cost=4)
     assert fresh.route_env is not None and route_password not in fresh.route_env.read_text()
+    # Redis's password (decision 0083): private, kept across runs too, no NATS password
+    assert fresh.redis_env is not None and stat.S_IMODE(fresh.redis_env.stat().st_mode) == 0o600
+    (redis_password,) = re.findall(r"(?m)^ALLOT_REDIS_PASSWORD=(\S+)$", fresh.redis_env.read_text())
+    assert re.fullmatch(r"[A-Za-z0-9_-]{32,}", redis_password)
+    assert redis_password not in {route_password, *(c.password for c in fresh.users.values())}
+    kept = generate(tree, data, tmp_path / "auth", cost=4)
+    assert kept.redis_env is not None and redis_password in kept.redis_env.read_text()
     assert auth.first("service").user == "svc"
     # nats-server's own config check (-t) accepts it
     result = subprocess.run(
@@ -549,6 +587,44 @@ def test_cli_bad_roles_write_nothing(tmp_path: Path) -> None:
 )
 def test_nats_url_from_env_adds_the_credentials_files_user(env: dict[str, str], url: str) -> None:
     assert nats_url_from_env(env, "nats://127.0.0.1:4222") == url
+
+
+@pytest.mark.parametrize(
+    ("env", "url"),
+    [
+        ({}, "redis://127.0.0.1:6379"),
+        ({"ALLOT_REDIS_URL": "redis://redis:6379/0"}, "redis://redis:6379/0"),
+        (
+            {"ALLOT_REDIS_URL": "redis://redis:6379/0", "ALLOT_REDIS_PASSWORD": "p@ss:/"},
+            "redis://:p%40ss%3A%2F@redis:6379/0",
+        ),
+        (  # a user (Redis 6 ACL) keeps its name
+            {"ALLOT_REDIS_URL": "rediss://allot@redis:6380", "ALLOT_REDIS_PASSWORD": "p"},
+            "rediss://allot:p@redis:6380",
+        ),
+        (  # a URL with its own password wins
+            {"ALLOT_REDIS_URL": "redis://:q@redis:6379", "ALLOT_REDIS_PASSWORD": "p"},
+            "redis://:q@redis:6379",
+        ),
+        (  # a socket has no place for it in the URL's authority
+            {"ALLOT_REDIS_URL": "unix:///run/redis.sock", "ALLOT_REDIS_PASSWORD": "p"},
+            "unix:///run/redis.sock",
+        ),
+    ],
+)
+def test_redis_url_from_env_adds_the_password(env: dict[str, str], url: str) -> None:
+    assert redis_url_from_env(env, "redis://127.0.0.1:6379") == url
+
+
+def test_the_services_redis_url_help_never_shows_the_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ALLOT_REDIS_URL", "redis://redis:6379")
+    monkeypatch.setenv("ALLOT_REDIS_PASSWORD", "s3cr%et")
+    parser = base_parser("x", None)
+    assert parser.parse_args([]).redis_url == "redis://:s3cr%25et@redis:6379"
+    text = parser.format_help()
+    assert "s3cr" not in text and "redis://:***@redis:6379" in text
 
 
 def test_nats_url_help_never_shows_the_password(monkeypatch: pytest.MonkeyPatch) -> None:

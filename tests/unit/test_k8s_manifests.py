@@ -20,7 +20,11 @@ failure, not a skip: the manifests would go unchecked. Then:
 4. wiring: every ConfigMap and Secret a pod names is rendered, every selector selects pods,
    every pod (the Job's too) meets the `restricted` Pod Security Standard but the agent's
    hostPID;
-5. production: Redis replicated with Sentinel behind HAProxy, spread and budgeted.
+5. production: Redis replicated with Sentinel behind HAProxy, spread and budgeted;
+6. Redis's password (decision 0083): the Secret ``allot-redis`` made from ``auth/redis.env``,
+   given to Redis (the server, or the data nodes, Sentinels and HAProxy's check, whose
+   scripts are run here with stand-ins for redis-server and redis-cli) and of the Allot
+   pods only to accounting and ranking, whose parsers put it into their Redis URL.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import base64
 import copy
 import importlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -64,6 +69,19 @@ COMPOSE_SERVICES += ("dashboard",)
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 STREAMS_JOB = "allot-streams"
 """The Job that makes the log's streams (``allot streams``), and its Secret's name."""
+REDIS_SECRET = "allot-redis"
+"""Redis's password (``ALLOT_REDIS_PASSWORD``), from ``auth/redis.env``."""
+REDIS_CLIENTS = ("accounting", "ranking")
+"""The services that use Redis: the only Allot pods given its password."""
+REDIS_SERVERS = {
+    "dev": {"Deployment/redis"},
+    "production": {
+        "StatefulSet/redis-node",
+        "StatefulSet/redis-sentinel",
+        "Deployment/redis-haproxy",
+    },
+}
+"""The workloads of each overlay's Redis component: each takes the password."""
 
 Obj = dict[str, Any]
 
@@ -83,13 +101,11 @@ def _kubectl() -> str:
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Obj]]:
-    """overlay -> its objects, rendered from a copy of deploy/k8s with fresh credentials
-    (a user's own overlays/*/auth is left out of the copy)."""
-    kubectl = _kubectl()
+def k8s_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of deploy/k8s with fresh credentials: `allot auth gen` into each overlay's
+    ``auth`` folder, as a user runs it (a user's own overlays/*/auth is left out)."""
     copy_dir = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S, copy_dir, ignore=shutil.ignore_patterns("auth"))
-    out: dict[str, list[Obj]] = {}
     for overlay in OVERLAYS:
         where = copy_dir / "overlays" / overlay
         budgets, roles = copy_dir / "base" / "budgets.yaml", where / "roles.yaml"
@@ -97,6 +113,16 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Obj]]:
         argv += ["--out", str(where / "auth"), "--server", "nats://nats:4222", "--cost", "4"]
         code = allot_main(argv)
         assert code == 0, f"allot auth gen refuses overlays/{overlay}/roles.yaml"
+    return copy_dir
+
+
+@pytest.fixture(scope="module")
+def rendered(k8s_copy: Path) -> dict[str, list[Obj]]:
+    """overlay -> its objects, rendered from ``k8s_copy`` by `kubectl kustomize`."""
+    kubectl = _kubectl()
+    out: dict[str, list[Obj]] = {}
+    for overlay in OVERLAYS:
+        where = k8s_copy / "overlays" / overlay
         proc = subprocess.run(
             [kubectl, "kustomize", str(where)],
             capture_output=True,
@@ -698,7 +724,10 @@ def test_services_reach_nats_and_redis_by_their_services_and_replicate_streams_l
             login = "allot-agent" if "agent" in name else "allot-services"
             login = "allot-dashboard" if name == "dashboard" else login
             login = STREAMS_JOB if obj["kind"] == "Job" else login
-            assert len(refs) == 2 and _base_name(refs[0]) == login, _name(obj)
+            # Redis's password only where Redis is used (it is in no other Secret or
+            # ConfigMap: its place in the list does not matter).
+            redis = [REDIS_SECRET] if name in REDIS_CLIENTS and obj["kind"] == "Deployment" else []
+            assert [_base_name(r) for r in refs] == [login, *redis, "allot-env"], _name(obj)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -720,9 +749,14 @@ def test_credentials_are_the_users_allot_auth_gen_wrote(
     # role dashboard: no `>`; its answers in the askers' inboxes (the teams', ops'...)
     block = auth[auth.index('user: "allot-dashboard"') :].split("}\n      }", 1)[0]
     assert '"_INBOX_alice.>"' in block and '">"' not in block
-    # role service: everything but making, changing or deleting a stream
+    # role service: records and the JetStream it uses, not making, changing or deleting a
+    # stream (an allow list: publish has no `>`; subscribe does)
     block = auth[auth.index('user: "allot-services"') :].split("}\n      }", 1)[0]
-    assert '"$JS.API.STREAM.CREATE.>"' in block and '"$JS.API.STREAM.DELETE.>"' in block
+    publish = block[block.index("publish:") : block.index("subscribe:")]
+    assert '"allot.v1.>"' in publish and '"$JS.API.CONSUMER.CREATE.>"' in publish
+    assert (
+        '">"' not in publish and "STREAM.CREATE" not in publish and "STREAM.DELETE" not in publish
+    )
     # role streams: stream information, creation and update, answers in its own inbox
     block = auth[auth.index(f'user: "{STREAMS_JOB}"') :].split("}\n      }", 1)[0]
     assert '"$JS.API.STREAM.CREATE.*"' in block and '"_INBOX_allot-streams.>"' in block
@@ -847,6 +881,7 @@ def test_secrets_never_enter_the_repository() -> None:
         if path.is_file() and "auth" not in path.relative_to(K8S).parts:
             text = path.read_text(errors="replace")
             assert "ALLOT_NATS_PASSWORD=" not in text and "$2a$" not in text, path
+            assert not re.search(r"ALLOT_REDIS_PASSWORD=r[A-Za-z0-9_-]{32}", text), path
 
 
 @pytest.mark.parametrize(("overlay", "replicas"), [("dev", 1), ("production", 2)])
@@ -989,8 +1024,8 @@ def test_every_selector_selects_pods_and_every_target_port_exists(
 def test_agent_pods_where_workloads_run_reach_only_the_nats_client_port(
     rendered: dict[str, list[Obj]], overlay: str
 ) -> None:
-    """Workloads run inside the agents' pods: no NetworkPolicy lets those reach Redis (no
-    password), a NATS route (trusted without a login) or NATS monitoring."""
+    """Workloads run inside the agents' pods: no NetworkPolicy lets those reach Redis (whose
+    password they do not have either), a NATS route or NATS monitoring."""
     objs = rendered[overlay]
     agents = [
         o["spec"]["template"]["metadata"]["labels"]
@@ -1078,3 +1113,243 @@ def test_production_spreads_and_budgets_every_stateful_piece(
     expected = {"nats", "placement", "accounting", "redis-node", "redis-sentinel", "redis-haproxy"}
     assert budgets == expected
     assert _one(objs, "Deployment", "accounting")["spec"]["replicas"] == 2
+
+
+# == 6. Redis's password ======================================================================
+
+
+def _redis_password(objs: list[Obj]) -> str:
+    return _secret_env(_generated(objs, "Secret", REDIS_SECRET))["ALLOT_REDIS_PASSWORD"]
+
+
+def _container_env(objs: list[Obj], container: Mapping[str, Any]) -> dict[str, str]:
+    """The variables a container gets from rendered objects: ``envFrom`` in order (a later
+    source wins), then ``env`` over them (values with `$(VAR)` expanded, Secret and
+    ConfigMap keys); the downward API's (fieldRef) are left out."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if ref := source.get("secretRef"):
+            env.update(_secret_env(_one(objs, "Secret", ref["name"])))
+        elif ref := source.get("configMapRef"):
+            env.update(_one(objs, "ConfigMap", ref["name"])["data"])
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = _expand(var["value"], env)
+        elif ref := var["valueFrom"].get("secretKeyRef"):
+            env[var["name"]] = _secret_text(_one(objs, "Secret", ref["name"]), ref["key"])
+        elif ref := var["valueFrom"].get("configMapKeyRef"):
+            env[var["name"]] = _one(objs, "ConfigMap", ref["name"])["data"][ref["key"]]
+    return env
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_redis_password_is_auth_gens_given_only_to_redis_accounting_and_ranking(
+    rendered: dict[str, list[Obj]], k8s_copy: Path, overlay: str
+) -> None:
+    """`allot auth gen` wrote auth/redis.env (0600) next to the overlay; its one variable is
+    the Secret allot-redis, and no other Secret carries it. Of the workloads only Redis's
+    own and the two services that use Redis name that Secret (a workload in an agent pod
+    must not get it from the pod's environment)."""
+    objs = rendered[overlay]
+    env_file = k8s_copy / "overlays" / overlay / "auth" / "redis.env"
+    assert env_file.is_file(), f"allot auth gen wrote no overlays/{overlay}/auth/redis.env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    (line,) = [x for x in env_file.read_text().splitlines() if x and not x.startswith("#")]
+    key, _, password = line.partition("=")
+    assert key == "ALLOT_REDIS_PASSWORD" and re.fullmatch(r"r[A-Za-z0-9_-]{32,}", password)
+    secret = _generated(objs, "Secret", REDIS_SECRET)
+    assert _secret_env(secret) == {"ALLOT_REDIS_PASSWORD": password}
+    carrying = [
+        _name(o)
+        for o in objs
+        if o["kind"] == "Secret" and "ALLOT_REDIS_PASSWORD" in o.get("data", {})
+    ]
+    assert carrying == [_name(secret)]
+    name = secret["metadata"]["name"]
+    having = {_name(o) for o in _workloads(objs) if name in _secrets_named(_pod_spec(o))}
+    clients = {f"Deployment/{service}" for service in REDIS_CLIENTS}
+    assert having == clients | REDIS_SERVERS[overlay], having
+    # The two services take it whole (envFrom), so that it reaches their Redis URL.
+    for service in REDIS_CLIENTS:
+        (c,) = _pod_spec(_one(objs, "Deployment", service))["containers"]
+        assert {"secretRef": {"name": name}} in c["envFrom"], service
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_accounting_and_ranking_put_the_password_into_their_redis_url(
+    rendered: dict[str, list[Obj]], overlay: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each service's parser in its pod's environment (Secrets and allot-env, as envFrom
+    lists them): accounting's and ranking's `--redis-url` default logs in to
+    redis://redis:6379 (allot.auth.client.redis_url_from_env); no other service has the
+    password anywhere in its environment or its options."""
+    objs = rendered[overlay]
+    password = _redis_password(objs)
+    for key in [k for k in os.environ if k.startswith(("ALLOT_", "REDISCLI_"))]:
+        monkeypatch.delenv(key)
+    for service in COMPOSE_SERVICES:
+        (c,) = _pod_spec(_one(objs, "Deployment", service))["containers"]
+        env = _container_env(objs, c)
+        command = c["command"]
+        module_name, args = command[command.index("-m") + 1], command[command.index("-m") + 2 :]
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            parsed = _parser_of(module_name).parse_args(args)
+        if service in REDIS_CLIENTS:
+            assert parsed.redis_url == f"redis://:{password}@redis:6379", service
+        else:
+            assert "ALLOT_REDIS_PASSWORD" not in env, service
+            assert password not in repr(vars(parsed)), service
+
+
+_PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_redis_piece_takes_the_password_and_its_redis_cli_logs_in(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    """Every container of the Redis component gets ALLOT_REDIS_PASSWORD from the Secret;
+    every one that runs redis-cli (its probes, its start script) gets REDISCLI_AUTH, the
+    variable redis-cli logs in with. redis-cli exits 0 on an error answer (NOAUTH too), so
+    a readiness probe must look for the PONG. The pod specs name the variable, never the
+    value."""
+    objs = rendered[overlay]
+    password = _redis_password(objs)
+    for obj in _workloads(objs):
+        for c in _containers(obj):
+            where = f"overlays/{overlay} {_name(obj)} {c['name']}"
+            env = _container_env(objs, c)
+            probes = [" ".join(c[p]["exec"]["command"]) for p in _PROBES if "exec" in c.get(p, {})]
+            runs_cli = [p for p in probes if "redis-cli" in p]
+            if _name(obj) in REDIS_SERVERS[overlay]:
+                assert env.get("ALLOT_REDIS_PASSWORD") == password, where
+                if c["image"].startswith("redis:"):
+                    assert runs_cli and "grep -qx PONG" in " ".join(
+                        c["readinessProbe"]["exec"]["command"]
+                    ), where
+            if runs_cli or c["image"].startswith("redis:"):
+                assert env.get("REDISCLI_AUTH") == password, where
+        assert password not in json.dumps(obj), f"{_name(obj)} spells the password out"
+
+
+def test_dev_redis_starts_with_requirepass(rendered: dict[str, list[Obj]]) -> None:
+    objs = rendered["dev"]
+    (c,) = _pod_spec(_one(objs, "Deployment", "redis"))["containers"]
+    env = _container_env(objs, c)
+    args = [_expand(a, env) for a in c["args"]]
+    assert args[args.index("--requirepass") + 1] == _redis_password(objs)
+    assert args[:5] == ["redis-server", "--save", "", "--appendonly", "no"], "nothing on disk"
+
+
+def test_production_haproxy_checks_log_in_before_ping_and_info(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    """HAProxy puts environment variables in only inside double quotes; the data nodes
+    answer +OK to the right password (a wrong one: -WRONGPASS, and the node is down)."""
+    cfg = _generated(rendered["production"], "ConfigMap", "redis-haproxy")["data"]["haproxy.cfg"]
+    checks = re.findall(r"(?m)^\s*tcp-check (.+?)\s*$", cfg)
+    assert checks[:5] == [
+        "connect",
+        r'send "AUTH ${ALLOT_REDIS_PASSWORD}\r\n"',
+        "expect string +OK",
+        r"send PING\r\n",
+        "expect string +PONG",
+    ], checks
+
+
+_STAND_INS = {
+    # Records its REDISCLI_AUTH and arguments; answers PONG to a ping, nothing otherwise
+    # (no Sentinel knows a primary, no node says it is one: the first start).
+    "redis-cli": '#!/bin/sh\necho "$REDISCLI_AUTH|$*" >>"$CALLS"\n'
+    'case " $* " in *" ping "*) echo PONG ;; esac\n',
+    "redis-server": '#!/bin/sh\nprintf "%s\\n" "$@" >"$ARGS"\n',  # its arguments only
+    "timeout": '#!/bin/sh\nshift\nexec "$@"\n',
+}
+
+
+def _run_redis_script(
+    objs: list[Obj], script: str, pod: str, tmp_path: Path, password: str | None
+) -> tuple[subprocess.CompletedProcess[str], list[str], list[str]]:
+    """Run the component's start script ``script`` (from its rendered ConfigMap) as pod
+    ``pod`` with stand-ins for redis-cli, redis-server and timeout, its /data in tmp_path.
+    Returns the run, redis-server's arguments and redis-cli's calls (`AUTH|args`)."""
+    text = _generated(objs, "ConfigMap", "redis-scripts")["data"][script]
+    data, stand_ins = tmp_path / "data", tmp_path / "bin"
+    data.mkdir()
+    stand_ins.mkdir()
+    for name, body in _STAND_INS.items():
+        (stand_ins / name).write_text(body)
+        (stand_ins / name).chmod(0o755)
+    (tmp_path / script).write_text(text.replace("/data/", f"{data}/"))
+    env = {"PATH": f"{stand_ins}:/usr/bin:/bin", "POD_NAME": pod}
+    env |= {"CALLS": str(tmp_path / "calls"), "ARGS": str(tmp_path / "args")}
+    if password is not None:
+        env["ALLOT_REDIS_PASSWORD"] = password
+    proc = subprocess.run(
+        ["sh", str(tmp_path / script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    args = (tmp_path / "args").read_text().splitlines() if (tmp_path / "args").exists() else []
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    return proc, args, calls
+
+
+def _option(args: list[str], flag: str) -> str:
+    assert args.count(flag) == 1, f"{flag} given {args.count(flag)} times: {args}"
+    return args[args.index(flag) + 1]
+
+
+def test_production_data_nodes_take_the_password_and_give_it_to_their_primary(
+    rendered: dict[str, list[Obj]], tmp_path: Path
+) -> None:
+    """redis-node.sh as pod redis-node-1 on a first start: a replica of redis-node-0 that
+    takes the password (requirepass) and logs in to its primary with it (masterauth:
+    either node may be the primary after a failover); every question it asks with
+    redis-cli logs in. Without the password it does not start a Redis at all."""
+    objs = rendered["production"]
+    password = _redis_password(objs)
+    proc, args, calls = _run_redis_script(objs, "redis-node.sh", "redis-node-1", tmp_path, password)
+    assert proc.returncode == 0, proc.stderr
+    assert _option(args, "--requirepass") == password
+    assert _option(args, "--masterauth") == password
+    assert _option(args, "--replicaof") == "redis-node-0.redis-node"
+    assert calls and all(call.startswith(f"{password}|") for call in calls), calls
+    (tmp_path / "bare").mkdir()
+    proc, args, _ = _run_redis_script(
+        objs, "redis-node.sh", "redis-node-1", tmp_path / "bare", None
+    )
+    assert proc.returncode != 0 and not args and "ALLOT_REDIS_PASSWORD" in proc.stderr
+
+
+def test_production_sentinels_take_the_password_and_monitor_with_it(
+    rendered: dict[str, list[Obj]], tmp_path: Path
+) -> None:
+    """sentinel.sh as pod redis-sentinel-0 on a first start: its configuration (0600)
+    takes the password (requirepass: no pod without it may ask or command a Sentinel;
+    Sentinels log in to each other with it) and logs in to the primary and its replica
+    with it (auth-pass, after the monitor line that declares the primary)."""
+    objs = rendered["production"]
+    password = _redis_password(objs)
+    proc, args, calls = _run_redis_script(
+        objs, "sentinel.sh", "redis-sentinel-0", tmp_path, password
+    )
+    assert proc.returncode == 0, proc.stderr
+    conf = tmp_path / "data" / "sentinel.conf"
+    assert args == [str(conf), "--sentinel"]
+    assert conf.stat().st_mode & 0o777 == 0o600
+    lines = conf.read_text().splitlines()
+    assert f"requirepass {password}" in lines
+    monitor = lines.index("sentinel monitor allot redis-node-0.redis-node 6379 2")
+    assert lines.index(f"sentinel auth-pass allot {password}") > monitor
+    assert calls and all(call.startswith(f"{password}|") for call in calls), calls
+    (tmp_path / "bare").mkdir()
+    proc, args, _ = _run_redis_script(
+        objs, "sentinel.sh", "redis-sentinel-0", tmp_path / "bare", None
+    )
+    assert proc.returncode != 0 and not args

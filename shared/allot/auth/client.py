@@ -1,6 +1,7 @@
 """How a client reaches NATS: its server URL (with credentials from the environment), TLS,
-its login and its own inbox prefix. Used by every client (services, SDK, CLI); the server
-side (users, permissions, the generated config) is ``allot.ops.auth_gen``."""
+its login and its own inbox prefix; and Redis, with its password. Used by every client
+(services, SDK, CLI); the server side (users, permissions, the generated config) is
+``allot.ops.auth_gen``."""
 
 from __future__ import annotations
 
@@ -64,6 +65,25 @@ def nats_url_from_env(environ: Mapping[str, str], default: str) -> str:
     return ",".join(out)
 
 
+REDIS_URL_ENV = "ALLOT_REDIS_URL"
+REDIS_PASSWORD_ENV = "ALLOT_REDIS_PASSWORD"
+"""The Redis password (``requirepass``), kept apart from the URL: on Kubernetes the URL is
+a shared setting (a ConfigMap), the password a Secret only accounting and ranking read."""
+
+
+def redis_url_from_env(environ: Mapping[str, str], default: str) -> str:
+    """``$ALLOT_REDIS_URL`` (else ``default``) with ``$ALLOT_REDIS_PASSWORD`` put into it
+    when it names no password itself, as ``nats_url_from_env`` does for NATS logins."""
+    url = environ.get(REDIS_URL_ENV) or default
+    password = environ.get(REDIS_PASSWORD_ENV)
+    pieces = urlsplit(url)
+    if not password or pieces.password is not None or not pieces.netloc:
+        return url
+    user, _, host = pieces.netloc.rpartition("@")
+    netloc = f"{user}:{quote(password, safe='')}@{host}"
+    return urlunsplit(pieces._replace(netloc=netloc))
+
+
 def add_nats_url_argument(parser: argparse.ArgumentParser, default: str) -> None:
     """``--nats-url``, defaulting to ``nats_url_from_env(os.environ, default)``. Its help
     shows the default with any password masked: ``--help`` must not print a secret."""
@@ -88,7 +108,7 @@ def _masked(url: str) -> str:
     if pieces.password is None:
         return url.strip()
     host = pieces.netloc.rpartition("@")[2]
-    return urlunsplit(pieces._replace(netloc=f"{pieces.username}:***@{host}"))
+    return urlunsplit(pieces._replace(netloc=f"{pieces.username or ''}:***@{host}"))
 
 
 def login_for(url: str, environ: Mapping[str, str]) -> str | None:

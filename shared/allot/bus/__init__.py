@@ -276,8 +276,34 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig, replicas: i
         differs = stream_differs(config, info.config, _takes_atomic(js))
         if not differs:
             return "as wanted"
+        if set(differs) <= OPTIONAL_FIELDS:
+            return await _update_if_allowed(js, config, differs)
         await js.update_stream(config)
         return f"updated ({', '.join(differs)})"
+
+
+OPTIONAL_FIELDS = frozenset({"allow_atomic"})
+"""Fields a service can do without (``group_commit`` appends one by one without atomic
+batches): a stream made before the server took them (an upgrade of NATS alone) is updated
+when the login may, else used as it is until ``allot streams`` updates it."""
+OPTIONAL_UPDATE_S = 2.0
+
+
+async def _update_if_allowed(js: JetStreamContext, config: StreamConfig, differs: list[str]) -> str:
+    """Update a stream that lacks only ``OPTIONAL_FIELDS``; one try, briefly: a login that
+    may not update a stream is not answered."""
+    lacks = ", ".join(differs)
+    try:
+        await asyncio.wait_for(js.update_stream(config), OPTIONAL_UPDATE_S)
+    except (TimeoutError, nats.errors.Error) as e:
+        log.warning(
+            "stream used without what it lacks; `allot streams` (the streams login) adds it",
+            stream=config.name,
+            lacks=lacks,
+            error=_describe(e),
+        )
+        return f"as found, without {lacks}"
+    return f"updated ({lacks})"
 
 
 def stream_differs(wanted: StreamConfig, has: StreamConfig, takes_atomic: bool) -> list[str]:
@@ -308,27 +334,33 @@ LEASE_TTL_S = 3.0
 
 
 class LeaseBucketError(RuntimeError):
-    """The lease bucket exists with another TTL than this placement's."""
+    """The lease bucket is missing and could not be made, or keeps leases for another TTL."""
 
 
-async def lease_bucket(js: JetStreamContext, ttl_s: float, replicas: int | None = None) -> KeyValue:
-    """The lease bucket, looked up first and created (at ``replicas``, default
-    ``$ALLOT_STREAM_REPLICAS``) only when missing: the services' own login may not create a
-    stream, so under a roles file the streams login makes it (``allot streams``). A bucket
-    whose TTL is not ``ttl_s`` is refused: leases renewed at a third of one TTL in a bucket
-    that keeps them for another either lapse between renewals or outlive a dead leader."""
+async def lease_bucket(js: JetStreamContext, ttl_s: float) -> KeyValue:
+    """The lease bucket, looked up first and created (at ``$ALLOT_STREAM_REPLICAS``) only
+    when missing: under a roles file the services' own login may not create a stream, and
+    the streams login makes it (``allot streams``). A bucket whose TTL is not ``ttl_s`` is
+    refused: leases renewed at a third of one TTL in a bucket that keeps them for another
+    either lapse between renewals or outlive a dead leader."""
     try:
         kv = await js.key_value(LEADER_BUCKET)
     except BucketNotFoundError:
-        return await js.create_key_value(
-            bucket=LEADER_BUCKET, ttl=ttl_s, history=1, replicas=replicas or stream_replicas()
-        )
+        try:
+            return await js.create_key_value(
+                bucket=LEADER_BUCKET, ttl=ttl_s, history=1, replicas=stream_replicas()
+            )
+        except Exception as e:  # refused (not answered), or JetStream not ready
+            raise LeaseBucketError(
+                f"the lease bucket {LEADER_BUCKET} is missing and could not be made "
+                f"({_describe(e)})"
+            ) from e
     kept = (await kv.status()).ttl or 0.0
     if abs(kept - ttl_s) > 1e-6:
         raise LeaseBucketError(
             f"the lease bucket {LEADER_BUCKET} keeps a lease {kept:g} s, this placement's "
-            f"--lease-ttl-s is {ttl_s:g}: give every placement the bucket's TTL, or make the "
-            f"bucket again with `allot streams --lease-ttl-s {ttl_s:g}` after deleting it"
+            f"--lease-ttl-s is {ttl_s:g}: give every placement the bucket's TTL, or have the "
+            f"streams login set this one: allot streams --lease-ttl-s {ttl_s:g}"
         )
     return kv
 

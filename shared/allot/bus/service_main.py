@@ -20,7 +20,7 @@ from typing import Protocol
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
-from allot.auth.client import add_nats_url_argument
+from allot.auth.client import add_nats_url_argument, masked_url, redis_url_from_env
 from allot.bus.open_server import OpenServerError, refuse_an_open_server
 from allot.core.errors import ValidationError
 from allot.long_lived import tune_gc
@@ -79,10 +79,13 @@ def lane_hosts_of(args: argparse.Namespace) -> tuple[str, ...]:
 def base_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=description)
     add_nats_url_argument(ap, DEFAULT_NATS_URL)
+    redis_url = redis_url_from_env(os.environ, DEFAULT_REDIS_URL)
+    shown = masked_url(redis_url).replace("%", "%%")
     ap.add_argument(
         "--redis-url",
-        default=os.environ.get("ALLOT_REDIS_URL", DEFAULT_REDIS_URL),
-        help="Redis server (env ALLOT_REDIS_URL; default %(default)s)",
+        default=redis_url,
+        help=f"Redis server (env ALLOT_REDIS_URL, with ALLOT_REDIS_PASSWORD when set; "
+        f"default {shown})",
     )
     return ap
 

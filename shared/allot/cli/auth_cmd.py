@@ -6,10 +6,11 @@ a ready ``ALLOT_NATS_URL`` and the dashboard password ``ALLOT_DASHBOARD_PASSWORD
 ``OUT/dashboard-users.json`` (the dashboard's logins: the same users, the hashes of their
 dashboard passwords, ``python -m allot.services.dashboard --users``) and
 ``OUT/nats-route.env`` (the password a NATS cluster's servers log in to each other's
-routes with: deploy/k8s), all 0600, and prints one line per user with what it may do.
+routes with: deploy/k8s), ``OUT/redis.env`` (Redis's password, ``ALLOT_REDIS_PASSWORD``:
+deploy/k8s), all 0600, and prints one line per user with what it may do.
 ``--tls`` also writes a loopback CA and server certificate into ``OUT/tls`` and adds the
-``tls`` block. Every user's password is new on each run; the routes' is kept while
-``OUT/nats-route.env`` exists.
+``tls`` block. Every user's password is new on each run; the routes' and Redis's are kept while
+``OUT/nats-route.env`` and ``OUT/redis.env`` exist.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def summary(auth: GeneratedAuth, tls: TlsFiles | None) -> str:
         )
     if auth.route_env is not None:
         lines.append(f"a NATS cluster's route password (deploy/k8s): {auth.route_env}")
+    if auth.redis_env is not None:
+        lines.append(f"Redis's password (deploy/k8s: requirepass): {auth.redis_env}")
     if tls is not None:
         lines.append(f"TLS: server certificate {tls.cert_file}; clients trust {tls.ca_file}")
     for name, creds in auth.users.items():

@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
-from allot.auth.client import nats_url_from_env
+from allot.auth.client import REDIS_URL_ENV, nats_url_from_env, redis_url_from_env
 from allot.ops.run_dir import RUN_DIR_ENV, find_stack, stack_nats_url, stack_redis_url
 
 NATS_URL_HELP = (
@@ -49,6 +49,6 @@ def redis_url(given: str | None, environ: Mapping[str, str], folder: Path) -> st
     """The Redis URL ``allot accounting`` uses; ``NoStackError``."""
     if given:
         return given
-    if environ.get("ALLOT_REDIS_URL"):
-        return environ["ALLOT_REDIS_URL"]
+    if environ.get(REDIS_URL_ENV):
+        return redis_url_from_env(environ, "")
     return stack_redis_url(find_stack(environ, folder))

@@ -41,8 +41,10 @@ Roles (one per row, see ``deploy/roles.example.yaml``):
   (the log itself through ``dashboard.log``, answered by the ranking service) and the one
   it answers (``query.owed``, in the askers' own inboxes); nothing of JetStream, no record,
   command, stream or KV write. The web-facing service does not hold the services' ``>``.
-* ``service``: everything (``>``) but ``SERVICES_MAY_NOT``: no stream created, updated,
-  purged or deleted, no record deleted, no snapshot restored (decision 0082).
+* ``service``: every record, command and query subject (``allot.v1.>``), answers in every
+  login's inbox, and of JetStream only what the services use (``SERVICES_JETSTREAM``): no
+  stream created, updated, purged or deleted, no record deleted (decision 0082); reads
+  everything (``>``).
 * ``streams``: stream information, creation and update, nothing else: it makes the log's
   streams and the lease bucket before the services start (``allot streams``; an operator's
   step at deploy time and at each upgrade).
@@ -72,8 +74,9 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from allot.auth.client import CA_ENV, inbox_prefix
+from allot.auth.client import CA_ENV, REDIS_PASSWORD_ENV, inbox_prefix
 from allot.auth.dashboard import DASHBOARD_USERS, users_document
+from allot.bus import LEADER_BUCKET
 from allot.core.budgets import BudgetTree, subtree_allocations
 from allot.core.errors import ValidationError
 from allot.proto import subjects as s
@@ -95,6 +98,12 @@ DEFAULT_BCRYPT_COST = 11
 CONFIG_NAME = "nats.conf"
 USERS_DIR = "users"
 DASHBOARD_PASSWORD_ENV = "ALLOT_DASHBOARD_PASSWORD"
+ROUTE_PASSWORD_ENV = "NATS_ROUTE_PASSWORD"
+REDIS_ENV = "redis.env"
+"""Redis's password (``ALLOT_REDIS_PASSWORD``): the Redis of deploy/k8s takes it
+(``requirepass``; with Sentinel, its replica and sentinels too), and only accounting and
+ranking, which use Redis, are given it. Kept across runs, as the routes' is: Redis holds
+the one it started with; delete the file to change it (decision 0083)."""
 ROUTE_ENV = "nats-route.env"
 """The cluster routes' password (``NATS_ROUTE_PASSWORD``): a NATS cluster's servers log in
 to each other with it (deploy/k8s's nats.conf), so a process that reaches the route port
@@ -303,28 +312,33 @@ KV, object store and system subjects. Each service durable is also named, so a g
 widened by hand still cannot touch it."""
 
 
-SERVICES_MAY_NOT: tuple[str, ...] = tuple(
-    f"{_JS_API}.{api}.>"
-    for api in (
-        "STREAM.CREATE",
-        "STREAM.UPDATE",
-        "STREAM.DELETE",
-        "STREAM.PURGE",
-        "STREAM.MSG.DELETE",
-        "STREAM.SNAPSHOT",
-        "STREAM.RESTORE",
-        "STREAM.PEER.REMOVE",
-        "STREAM.LEADER.STEPDOWN",
-        "STREAM.TEMPLATE",
-        "META",
-        "SERVER",
-        "ACCOUNT",
-    )
+SERVICES_JETSTREAM: tuple[str, ...] = (
+    *(
+        f"{_JS_API}.{api}"
+        for api in (
+            "INFO",
+            "STREAM.INFO.*",
+            "STREAM.NAMES",
+            "STREAM.LIST",
+            "STREAM.MSG.GET.*",
+            "DIRECT.GET.>",
+            "CONSUMER.CREATE.>",
+            "CONSUMER.DURABLE.CREATE.>",
+            "CONSUMER.INFO.>",
+            "CONSUMER.NAMES.>",
+            "CONSUMER.LIST.>",
+            "CONSUMER.DELETE.>",
+            "CONSUMER.MSG.NEXT.>",
+        )
+    ),
+    "$JS.ACK.>",
+    "$JS.FC.>",
+    f"$KV.{LEADER_BUCKET}.>",
 )
-"""Denied to the services' login, whose allow list is everything: whatever unmakes or
-rewrites the log (a delete, a purge, a limit or ``republish`` set by an update, a restore)
-and the cluster's administration. The streams are the ``streams`` login's to make
-(decision 0082); the services read them, append and make consumers."""
+"""The JetStream the services use, and all of it they may publish (decision 0082): stream
+information and reads, their consumers, acks and flow control, the placement lease's key.
+Not a stream's create, update, delete or purge, a record's delete, a restore, a consumer's
+reset or pause, nor any API a later server adds: whatever is not listed is refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,12 +359,20 @@ ASKERS: frozenset[Role] = frozenset({"team", "manager", "operator", "service"})
 """The roles that may ask what the dashboard answers (``query.owed``: every team)."""
 
 
-def permissions(user: UserSpec, tree: BudgetTree, askers: Sequence[str] = ()) -> Permissions:
+def permissions(
+    user: UserSpec, tree: BudgetTree, askers: Sequence[str] = (), logins: Sequence[str] = ()
+) -> Permissions:
     """What ``user`` may publish and subscribe to (allow lists; everything else is denied).
-    ``askers``: the logins whose inboxes a dashboard user may answer (``ASKERS``' logins)."""
+    ``askers``: the logins whose inboxes a dashboard user may answer (``ASKERS``' logins);
+    ``logins``: every login, whose inboxes the services answer in."""
     inbox = f"{inbox_prefix(user.name)}.>"
     if user.role == "service":
-        return Permissions(publish=(">",), subscribe=(">",), deny_publish=SERVICES_MAY_NOT)
+        # Records, commands and queries (``allot.v1.>``), answers in any login's inbox, the
+        # JetStream they use; everything to read.
+        inboxes = ("_INBOX.>", *(f"{inbox_prefix(login)}.>" for login in logins))
+        return Permissions(
+            publish=(f"{s.PREFIX}.>", *inboxes, *SERVICES_JETSTREAM), subscribe=(">",)
+        )
     if user.role == "streams":
         # Stream information, creation and update (the lease bucket is a stream too), the
         # answers in its own inbox; no record, no consumer, no delete or purge.
@@ -542,6 +564,8 @@ class GeneratedAuth:
     """``dashboard-users.json``: the dashboard's logins (``allot.auth.dashboard``)."""
     route_env: Path | None = None
     """``nats-route.env``: the password of a NATS cluster's routes (``ROUTE_ENV``)."""
+    redis_env: Path | None = None
+    """``redis.env``: the password Redis takes and accounting and ranking give (``REDIS_ENV``)."""
 
     def url(self, user: str, server_url: str) -> str:
         return self.users[user].url(server_url)
@@ -585,7 +609,8 @@ def generate(
     passwords = {u.name: secrets.token_urlsafe(24) for u in users}
     page_passwords = {u.name: secrets.token_urlsafe(18) for u in users}
     askers = tuple(u.name for u in users if u.role in ASKERS)
-    grants = {u.name: permissions(u, tree, askers) for u in users}
+    names = tuple(u.name for u in users)
+    grants = {u.name: permissions(u, tree, askers, names) for u in users}
     hashes = {u.name: hash_password(passwords[u.name], cost) for u in users}
     text = render_config(users, grants, hashes, tls=tls)
     config_path = out / CONFIG_NAME
@@ -616,9 +641,13 @@ def generate(
     _write_private(out / DASHBOARD_USERS, users_document(rows))
     # The routes' password is kept across runs (a new one stalls a cluster's rolling
     # update: docs/deploy-kubernetes.md); delete the file to change it.
-    kept = _kept_route_password(out / ROUTE_ENV)
+    kept = _kept(out / ROUTE_ENV, ROUTE_PASSWORD_ENV)
     route = kept if kept is not None else route_password(secrets.token_urlsafe(24))
     _write_private(out / ROUTE_ENV, _route_env_file(route))
+    # Redis's too: the server holds it until restarted (decision 0083).
+    kept = _kept(out / REDIS_ENV, REDIS_PASSWORD_ENV)
+    redis_password = kept if kept is not None else route_password(secrets.token_urlsafe(24))
+    _write_private(out / REDIS_ENV, _redis_env_file(redis_password))
     return GeneratedAuth(
         config_path=config_path,
         config_text=text,
@@ -626,6 +655,7 @@ def generate(
         grants=grants,
         dashboard_users=out / DASHBOARD_USERS,
         route_env=out / ROUTE_ENV,
+        redis_env=out / REDIS_ENV,
     )
 
 
@@ -637,13 +667,13 @@ def route_password(token: str) -> str:
     return "r" + token
 
 
-def _kept_route_password(path: Path) -> str | None:
-    """The password of an earlier run's ``nats-route.env``, if it holds one of ours."""
+def _kept(path: Path, variable: str) -> str | None:
+    """The password ``variable`` of an earlier run's file, if it holds one of ours."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
         return None
-    found = re.search(r"(?m)^NATS_ROUTE_PASSWORD=(r[A-Za-z0-9_-]{32,})$", text)
+    found = re.search(rf"(?m)^{variable}=(r[A-Za-z0-9_-]{{32,}})$", text)
     return found[1] if found else None
 
 
@@ -652,7 +682,16 @@ def _route_env_file(password: str) -> str:
     return (
         "# The password NATS cluster servers log in to each other's routes with. Secret: keep"
         " it 0600.\n"
-        f"NATS_ROUTE_PASSWORD={password}\n"
+        f"{ROUTE_PASSWORD_ENV}={password}\n"
+    )
+
+
+def _redis_env_file(password: str) -> str:
+    """Redis's password: the server's ``requirepass`` and the clients' login (deploy/k8s)."""
+    return (
+        "# The password Redis takes (requirepass) and accounting and ranking log in with\n"
+        "# (ALLOT_REDIS_PASSWORD: allot.auth.client.redis_url_from_env). Secret: keep it 0600.\n"
+        f"{REDIS_PASSWORD_ENV}={password}\n"
     )
 
 

@@ -12,10 +12,14 @@ services make them themselves at start, as before (``allot.bus.ensure_streams``)
 
 from __future__ import annotations
 
+import os
+
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from allot import bus
+
+BUCKET_STREAM = f"KV_{bus.LEADER_BUCKET}"
 
 
 async def make_streams(
@@ -31,19 +35,31 @@ async def make_streams(
     nc, js = await bus.connect(url, "allot-streams")
     try:
         done = await bus.ensure_streams(js, replicas, ready_timeout_s=timeout_s)
-        existed = await _bucket_exists(js)
-        await bus.lease_bucket(js, lease_ttl_s, replicas)
-        done[f"KV_{bus.LEADER_BUCKET}"] = (
-            "as wanted" if existed else "created"
-        ) + f" (leases last {lease_ttl_s:g} s)"
+        if replicas is None and os.environ.get(bus.REPLICAS_ENV, "").strip():
+            replicas = bus.stream_replicas()  # as ensure_streams reads it
+        done[BUCKET_STREAM] = await _lease_bucket(js, lease_ttl_s, replicas)
         return done
     finally:
         await nc.close()
 
 
-async def _bucket_exists(js: JetStreamContext) -> bool:
+async def _lease_bucket(js: JetStreamContext, ttl_s: float, replicas: int | None) -> str:
+    """The lease bucket made, or its TTL (and, when given, replicas) brought to these."""
     try:
-        await js.stream_info(f"KV_{bus.LEADER_BUCKET}")
+        info = await js.stream_info(BUCKET_STREAM)
     except NotFoundError:
-        return False
-    return True
+        await js.create_key_value(
+            bucket=bus.LEADER_BUCKET, ttl=ttl_s, history=1, replicas=replicas or 1
+        )
+        return f"created (leases last {ttl_s:g} s)"
+    config, differs = info.config, list[str]()
+    if abs((config.max_age or 0.0) - ttl_s) > 1e-6:
+        config.max_age = ttl_s
+        differs.append("max_age")
+    if replicas is not None and config.num_replicas != replicas:
+        config.num_replicas = replicas
+        differs.append("num_replicas")
+    if not differs:
+        return f"as wanted (leases last {ttl_s:g} s)"
+    await js.update_stream(config)
+    return f"updated ({', '.join(differs)}; leases last {ttl_s:g} s)"

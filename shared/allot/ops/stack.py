@@ -68,6 +68,7 @@ from allot.adapters.usage_store import check_redis_url, redis_failure
 from allot.auth.client import (
     CA_ENV,
     PASSWORD_ENV,
+    REDIS_PASSWORD_ENV,
     USER_ENV,
     client_tls,
     inbox_prefix_for_url,
@@ -609,6 +610,8 @@ class Stack(StartStop):
             # (``allot.bus.open_server``).
             env.pop(USER_ENV, None)
             env.pop(PASSWORD_ENV, None)
+        if self.config.redis_url is None:  # the same for the stack's own Redis, which has none
+            env.pop(REDIS_PASSWORD_ENV, None)
         if self.ca_file is not None:
             env[CA_ENV] = str(self.ca_file)
         env.update(

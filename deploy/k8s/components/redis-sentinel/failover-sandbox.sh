@@ -8,13 +8,18 @@
 # Each "pod" is a process with its own loopback address; the pods' DNS names are in a
 # private /etc/hosts, in a network and mount namespace of their own (nothing binds on the
 # machine's own ports). HAProxy resolves those names when it starts, instead of through its
-# DNS resolver as in the cluster. Not part of the test suite.
+# DNS resolver as in the cluster. Every piece takes a throwaway password, as the pods take
+# the Secret allot-redis's. Not part of the test suite.
 set -euo pipefail
 if [ "${IN_SANDBOX:-}" != 1 ]; then
   IN_SANDBOX=1 exec unshare --net --mount --fork "$0" "$@"
 fi
 SRC=$(cd "$(dirname "$0")" && pwd)
 W=$(mktemp -d)
+# What the pods get from the Secret allot-redis: the scripts and HAProxy's check read
+# ALLOT_REDIS_PASSWORD, redis-cli (the scripts' and the checks below) REDISCLI_AUTH.
+ALLOT_REDIS_PASSWORD="r$(head -c 24 /dev/urandom | base64 | tr '+/' '-_')"
+export ALLOT_REDIS_PASSWORD REDISCLI_AUTH="$ALLOT_REDIS_PASSWORD"
 ip link set lo up
 cat >"$W/hosts" <<HOSTS
 127.0.0.1 localhost
@@ -71,6 +76,9 @@ for i in 1 2 3; do
   echo "sentinel $i says: $(redis-cli -h 127.0.1.1$i -p 26379 sentinel get-master-addr-by-name allot | head -1)"
 done
 redis-cli -h 127.0.2.1 set k written-before >/dev/null
+echo "without the password, through HAProxy: $(env -u REDISCLI_AUTH redis-cli -h 127.0.2.1 get k)"
+echo "without the password, a Sentinel: $(env -u REDISCLI_AUTH redis-cli -h 127.0.1.11 -p 26379 \
+  sentinel get-master-addr-by-name allot)"
 echo "== the primary redis-node-0 is killed"
 stop redis-node-0
 through_haproxy_again
