@@ -87,6 +87,7 @@ from redis.asyncio.client import Pipeline
 
 from allot import bus
 from allot.adapters.usage_store import KEY_TTL_S, RedisUsageStore, charged_until_key
+from allot.auth.client import client_tls, inbox_prefix_for_url
 from allot.bus.batch_pull import BatchPull
 from allot.bus.runtime import (
     Delivery,
@@ -873,6 +874,10 @@ async def _connect_once(url: str) -> NatsClient:
     return await nats.connect(
         bus.server_urls(url),  # a cluster's comma-separated list too
         name="allot-accounting-rebuild",
+        # The login's own inbox and the CA of a tls:// server (``allot up --secure``), as
+        # every client of ``bus.connect``.
+        inbox_prefix=inbox_prefix_for_url(url),
+        tls=client_tls(url),
         connect_timeout=CONNECT_TIMEOUT_S,
         max_reconnect_attempts=2,
         reconnect_time_wait=0.5,

@@ -9,19 +9,23 @@ import os
 import sys
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 import pytest
+import redis.asyncio as redis_asyncio
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 from allot import bus
+from allot.adapters.usage_store import RedisUsageStore
 from allot.bus import service_main
 from allot.cli import main as cli_main
 from allot.core.budgets import parse_tree
+from allot.core.usage import window_usage
 from allot.eventlog.budget_wire import spec_from_tree
 from allot.ops.stack import StackConfig
 from allot.proto import messages as m
@@ -184,3 +188,30 @@ def quick_stack(run_dir: Path, redis_url: str, name: str, **knobs: Any) -> Stack
             **knobs,
         }
     )
+
+
+async def charged_as_ran(log: list[Any], redis_url: str, prefix: str) -> None:
+    """The GPU-seconds charged in Redis (under ``prefix``) per allocation equal those the
+    log's terminal records say ran: nothing lost, nothing charged twice. The nlp and ads
+    runs of the end-to-end scenarios each ran past their minimum."""
+    ran: dict[str, float] = defaultdict(float)
+    for rec in log:
+        ended = isinstance(rec, m.WorkloadPreempted | m.WorkloadCompleted | m.WorkloadFailed)
+        if ended and rec.allocated and rec.allocation is not None:
+            ran[rec.allocation] += rec.gpu_seconds
+    assert ran["nlp"] > 8 * 3 and ran["ads"] > 2 * 1.5, ran
+    r = redis_asyncio.Redis.from_url(redis_url)
+    try:
+        store = RedisUsageStore(r, prefix=prefix)
+
+        async def charged() -> dict[str, float]:
+            now = time.time()
+            return window_usage(await store.buckets(tuple(ran), now, 86400), now, 86400)
+
+        await eventually(
+            charged,
+            lambda u: all(abs(u.get(a, 0.0) - v) < 1e-6 for a, v in ran.items()),
+            timeout=15,
+        )
+    finally:
+        await r.aclose()

@@ -12,17 +12,18 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
 import uuid
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
-import redis.asyncio as redis_asyncio
-from live_harness import assert_preempted_and_requeued, eventually, of_type, records
+from live_harness import (
+    assert_preempted_and_requeued,
+    charged_as_ran,
+    eventually,
+    of_type,
+    records,
+)
 
-from allot.adapters.usage_store import RedisUsageStore
-from allot.core.usage import window_usage
 from allot.ops.stack import AgentSpec, Stack, StackConfig
 from allot.proto import messages as m
 from allot.sdk import Client
@@ -133,30 +134,7 @@ async def test_preempted_subprocess_is_requeued_completes_and_is_charged_exactly
             log = await records(_js(c))
             # Charged == run: the agents' terminal records say how long each attempt held
             # its GPUs; accounting's Redis buckets must hold exactly that.
-            ran: dict[str, float] = defaultdict(float)
-            for rec in log:
-                ended = isinstance(
-                    rec, m.WorkloadPreempted | m.WorkloadCompleted | m.WorkloadFailed
-                )
-                if ended and rec.allocated and rec.allocation is not None:  # type: ignore[union-attr]
-                    ran[rec.allocation] += rec.gpu_seconds  # type: ignore[union-attr]
-            assert ran["nlp"] > 8 * 3 and ran["ads"] > 2 * 1.5
-            r = redis_asyncio.Redis.from_url(redis_url)
-            try:
-                store = RedisUsageStore(r, prefix=config.redis_prefix)
-
-                async def charged() -> dict[str, float]:
-                    now = time.time()
-                    buckets = await store.buckets(("nlp", "ads"), now, 86400)
-                    return window_usage(buckets, now, 86400)
-
-                await eventually(
-                    charged,
-                    lambda u: all(abs(u.get(a, 0.0) - v) < 1e-6 for a, v in ran.items()),
-                    timeout=15,
-                )
-            finally:
-                await r.aclose()
+            await charged_as_ran(log, redis_url, config.redis_prefix)
         assert_preempted_and_requeued(log, wid)
 
 

@@ -20,15 +20,14 @@ import os
 import re
 import signal
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-import redis.asyncio as redis_asyncio
 from live_harness import (
     assert_preempted_and_requeued,
+    charged_as_ran,
     eventually,
     of_type,
     records,
@@ -38,10 +37,8 @@ from nats.js import JetStreamContext
 from test_end_to_end import _js
 from test_up_supervision import Up
 
-from allot.adapters.usage_store import RedisUsageStore
 from allot.bus import server_urls
 from allot.cli.main import main
-from allot.core.usage import window_usage
 from allot.ops.stack import Stack, StackConfig
 from allot.proto import messages as m
 from allot.sdk import Client
@@ -182,7 +179,7 @@ async def test_each_node_killed_in_turn_loses_nothing_and_charges_once(tmp_path:
             await eventually(states, lambda ss: set(ss) == {"completed"}, timeout=60)
             await eventually(lambda: _current(js), bool, timeout=30)
             log = await records(js)
-            await _charged_as_ran(log, redis_url)
+            await charged_as_ran(log, redis_url, "allot")  # allot up's prefix
         assert up.proc.returncode is None, up.seen  # the stack kept running all along
     # Nothing lost, nothing twice: every accepted submission is in the log once.
     submitted = [r.workload_id for r in of_type(log, m.WorkloadSubmitted)]
@@ -268,31 +265,6 @@ async def _stream_leader(js: JetStreamContext, stream: str = "WORKLOADS") -> str
     except Exception:  # no leader to answer for a moment
         return None
     return _node(info.cluster.leader) if info.cluster and info.cluster.leader else None
-
-
-async def _charged_as_ran(log: list[object], redis_url: str) -> None:
-    """The GPU-seconds charged in Redis per allocation equal those the log's terminal
-    records say ran (as ``test_end_to_end``): nothing lost, nothing charged twice."""
-    ran: dict[str, float] = defaultdict(float)
-    for rec in log:
-        if isinstance(rec, TERMINAL) and rec.allocated and rec.allocation is not None:
-            ran[rec.allocation] += rec.gpu_seconds
-    assert ran["nlp"] > 8 * 3 and ran["ads"] > 2 * 1.5, ran
-    r = redis_asyncio.Redis.from_url(redis_url)
-    try:
-        store = RedisUsageStore(r, prefix="allot")  # allot up's prefix
-
-        async def charged() -> dict[str, float]:
-            now = time.time()
-            return window_usage(await store.buckets(tuple(ran), now, 86400), now, 86400)
-
-        await eventually(
-            charged,
-            lambda u: all(abs(u.get(a, 0.0) - v) < 1e-6 for a, v in ran.items()),
-            timeout=15,
-        )
-    finally:
-        await r.aclose()
 
 
 @pytest.mark.parametrize(

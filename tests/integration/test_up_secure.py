@@ -53,7 +53,8 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
         users = {name: _nats_user(proc.pid) for name, proc in stack.procs.items()}
         assert users.pop("agent-fake-a") == "agent-fake-a"
         assert users.pop("dashboard") == stack.auth.first("dashboard").user == "allot-dashboard"
-        assert set(users.values()) == {stack.auth.first("service").user}
+        # Each service as its own login (decision 0084): placement-1 is placement's.
+        assert users == {name: f"allot-{name.split('-')[0]}" for name in users}
         monkeypatch.setenv("ALLOT_NATS_CA", str(stack.ca_file))
         async with Client(url, timeout=2.0, retries=0) as c:
             ok = await c.submit(  # as the login, nlp: the only name its grants allow
@@ -98,9 +99,10 @@ async def test_secure_stack_serves_a_team_only_its_own_allocation(
         for line in server_log.splitlines()
     )
     # The streams login made the streams before the services started, so the services asked
-    # nothing of JetStream that their login may not (decision 0082).
+    # nothing of JetStream that their logins may not (decision 0082).
+    # Nor anything of what each service's own login is granted (decision 0084).
     refused = [line for line in server_log.splitlines() if "Violation" in line]
-    assert refused and not [line for line in refused if "user:allot-services" in line]
+    assert refused and not [line for line in refused if "user:allot-" in line]
 
 
 def _get(url: str, user: str | None = None, password: str = "") -> tuple[int, Any]:

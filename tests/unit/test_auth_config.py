@@ -31,6 +31,7 @@ from allot.core.budgets import BudgetTree, parse_tree, subtree_allocations
 from allot.core.errors import ValidationError
 from allot.ops.auth_gen import (
     ASKERS,
+    SERVICE_NAMES,
     UserSpec,
     budget_path,
     generate,
@@ -706,3 +707,72 @@ def test_cli_an_out_folder_that_cannot_be_made_names_out() -> None:
     with pytest.raises(ValidationError) as exc:
         args.func(args)
     assert exc.value.field == "--out" and "cannot write" in exc.value.reason
+
+
+def test_a_service_of_its_own_sends_only_its_kinds_and_hears_only_its_subjects(
+    tree: BudgetTree,
+) -> None:
+    """Decision 0084: each service's own login; the shared login stays for the tools."""
+    users = parse_roles(
+        roles(*({"name": f"allot-{n}", "role": "service", "service": n} for n in SERVICE_NAMES)),
+        tree,
+    )
+    names = tuple(u.name for u in users)
+    grants = {u.name: permissions(u, tree, logins=names) for u in users}
+    sends = {
+        "allot-intake": "allot.v1.events.nlp.w1.submitted",
+        "allot-placement": "allot.v1.events.nlp.w1.placed",
+        "allot-dispatch": "allot.v1.host.h01.work",
+        "allot-health": "allot.v1.host.h01.state",
+        "allot-ranking": "allot.v1.budget.tree",
+    }
+    for login, subject in sends.items():
+        may = {
+            u for u, g in grants.items() if u.startswith("allot-") and allowed(g, subject, "send")
+        }
+        # the one service that writes it (host states: placement's drains too)
+        expected = {login} | ({"allot-placement"} if subject.endswith(".state") else set())
+        assert may == expected, subject
+    hears = {
+        "allot-intake": "allot.v1.submit.nlp.alice",
+        "allot-accounting": "allot.v1.query.usage",
+        "allot-health": "allot.v1.host.h01.heartbeat",
+        "allot-dispatch": "allot.v1.host.h01.report",
+        "allot-placement": "allot.v1.query.queue.nlp",
+        "allot-ranking": "allot.v1.budget.set.by.lead.root.research.nlp",
+    }
+    for login, subject in hears.items():
+        may = {
+            u
+            for u, g in grants.items()
+            if u.startswith("allot-") and allowed(g, subject, "receive")
+        }
+        assert may == {login}, subject
+    for login, g in grants.items():
+        if not login.startswith("allot-"):
+            continue
+        assert allowed(g, f"_INBOX_{login}.x", "receive") and not allowed(
+            g, "_INBOX_svc.x", "receive"
+        )
+        assert allowed(g, "_INBOX_svc.x", "send")  # answers in every login's inbox
+        assert not allowed(g, "$JS.API.STREAM.DELETE.WORKLOADS", "send")
+        assert allowed(g, "$JS.API.CONSUMER.CREATE.WORKLOADS", "send")
+    assert allowed(grants["allot-accounting"], "$JS.ACK.WORKLOADS.accounting.1.2.3.4.5", "send")
+    assert not allowed(grants["allot-dispatch"], "$JS.ACK.WORKLOADS.accounting.1.2.3.4.5", "send")
+    assert allowed(grants["allot-placement"], "$KV.allot_leader.placement", "send")
+    assert not allowed(grants["allot-intake"], "$KV.allot_leader.placement", "send")
+    auth_users = {u.name: u for u in users}
+    assert auth_users["svc"].service is None and auth_users["allot-health"].service == "health"
+
+
+def test_a_service_login_names_a_known_service_and_the_shared_login_stays(
+    tree: BudgetTree,
+) -> None:
+    with pytest.raises(ValidationError) as exc:
+        parse_roles(roles({"name": "x", "role": "service", "service": "scheduler"}), tree)
+    assert exc.value.field == "users[0].service" and "placement" in exc.value.reason
+    with pytest.raises(ValidationError) as exc:  # only services of their own: no shared one
+        parse_roles(
+            {"users": [{"name": "x", "role": "service", "service": "intake"}, STREAMS]}, tree
+        )
+    assert exc.value.field == "users" and "no 'service' field" in exc.value.reason

@@ -1,13 +1,14 @@
 """``deploy/compose.secure.yaml``: compose mounts what ``allot auth gen`` writes.
 
 Checked against a real ``allot auth gen`` output (``deploy/roles.compose.yaml``) in a copy of
-the project: every Allot container gets its own user's credentials (agents exactly the
-hosts their command simulates), every mounted file exists, the URL a container computes
-names its user, the one-shot ``streams`` (``allot streams`` as the streams login) runs
-before every service of the services' login, nats-server starts from the secure
-configuration and takes those credentials (and refuses a wrong one; the streams login
-makes the streams, the services' login finds them and may not delete one), and
-``docker compose config`` merges the two files when a Compose v2 CLI is here.
+the project: every Allot container gets its own user's credentials (each service its own
+login, decision 0084; agents exactly the hosts their command simulates; no container the
+shared services' login), every mounted file exists, the URL a container computes names its
+user, the one-shot ``streams`` (``allot streams`` as the streams login) runs before every
+service, nats-server starts from the secure configuration and takes those credentials (and
+refuses a wrong one; the streams login makes the streams, the shared services' login and
+each service's own find them and may not delete one), and ``docker compose config`` merges
+the two files when a Compose v2 CLI is here.
 """
 
 from __future__ import annotations
@@ -54,13 +55,15 @@ from allot.cli.main import build_parser as allot_parser
 from allot.cli.streams_cmd import run_streams
 from allot.config.yaml_io import load_yaml
 from allot.core.budgets import parse_tree
-from allot.ops.auth_gen import ACCOUNT, GeneratedAuth, generate
+from allot.ops.auth_gen import ACCOUNT, SERVICE_NAMES, GeneratedAuth, generate
 from allot.ops.log_streams import make_streams
 from allot.services.dashboard.service import build_parser as dashboard_parser
 
 OVERRIDE = ROOT / "deploy" / "compose.secure.yaml"
 STREAMS = "streams"
 """The override's one-shot service that makes the log's streams (``allot streams``)."""
+SHARED_LOGIN = "allot-services"
+"""The shared services' login: the operators' tools', no container's."""
 
 
 def _env_file(path: Path) -> dict[str, str]:
@@ -125,7 +128,12 @@ def test_every_container_connects_as_its_own_user(project: tuple[Path, Generated
             # The web-facing process: the log to read and its queries to answer, no more.
             assert role == "dashboard", f"{name} connects as {user} ({role})"
         else:
+            # Each service as its own login, granted what that service sends and hears
+            # (decision 0084); placement's two replicas share placement's.
+            assert name in SERVICE_NAMES, f"{name}: no Allot service"
             assert role == "service", f"{name} connects as {user} ({role})"
+            assert (user, auth.users[user].service) == (f"allot-{name}", name), name
+        assert user != SHARED_LOGIN, f"{name} connects as the shared services' login"
 
 
 def test_mounted_files_exist_and_the_dashboard_asks_for_logins(
@@ -177,13 +185,13 @@ def test_the_streams_are_made_once_before_the_services_start() -> None:
             assert deps[STREAMS] == {"condition": "service_completed_successfully"}, name
             assert {"nats", "redis"} <= set(deps), f"{name}: compose.yaml's depends_on lost"
             waiting.add(name)
-    services_login = {
+    own_login = {
         name
         for name, service in _override()["services"].items()
-        if service.get("env_file") == ["./auth/users/allot-services.env"]
+        if name in SERVICE_NAMES and service.get("env_file") == [f"./auth/users/allot-{name}.env"]
     }
-    assert services_login == {"intake", "accounting", "ranking", "placement", "health", "dispatch"}
-    assert waiting == services_login, sorted(waiting ^ services_login)
+    assert own_login == set(SERVICE_NAMES)
+    assert waiting == own_login, sorted(waiting ^ own_login)
 
 
 @pytest.fixture
@@ -262,8 +270,9 @@ def test_the_streams_login_makes_the_streams_and_the_services_login_only_reads_t
     secure_nats: tuple[str, GeneratedAuth],
 ) -> None:
     """What the override runs, against the secure configuration: ``allot streams``'s core as
-    allot-streams, then a service's start (``ensure_streams``) as allot-services finds the
-    streams as they should be; that login's stream delete is refused (not answered)."""
+    allot-streams, then a service's start (``ensure_streams``) as allot-services and as each
+    service's own login finds the streams as they should be; their stream delete is
+    refused (not answered)."""
     server, auth = secure_nats
 
     def url(user: str) -> str:
@@ -282,16 +291,18 @@ def test_the_streams_login_makes_the_streams_and_the_services_login_only_reads_t
             "as wanted",
             f"as wanted (leases last {bus.LEASE_TTL_S:g} s)",
         }
-        nc, js = await bus.connect(url("allot-services"), "test-services")
-        try:
-            found = await bus.ensure_streams(js, ready_timeout_s=0)
-            assert found == dict.fromkeys(("WORKLOADS", "HOSTS", "USAGE"), "as wanted")
-            await bus.lease_bucket(js, bus.LEASE_TTL_S)  # placement's start: found, not made
-            with pytest.raises(nats.errors.TimeoutError):
-                await nc.jetstream(timeout=1).delete_stream("HOSTS")
-            assert (await js.stream_info("HOSTS")).config.name == "HOSTS"
-        finally:
-            await nc.close()
+        for user in (SHARED_LOGIN, *(f"allot-{name}" for name in SERVICE_NAMES)):
+            nc, js = await bus.connect(url(user), f"test-{user}")
+            try:
+                found = await bus.ensure_streams(js, ready_timeout_s=0)
+                assert found == dict.fromkeys(("WORKLOADS", "HOSTS", "USAGE"), "as wanted")
+                if user in (SHARED_LOGIN, "allot-placement"):  # placement's start: found
+                    await bus.lease_bucket(js, bus.LEASE_TTL_S)
+                with pytest.raises(nats.errors.TimeoutError):
+                    await nc.jetstream(timeout=1).delete_stream("HOSTS")
+                assert (await js.stream_info("HOSTS")).config.name == "HOSTS", user
+            finally:
+                await nc.close()
 
     asyncio.run(check())
 
@@ -327,10 +338,10 @@ def test_docker_compose_config_merges_the_override(
     ), staged
     assert staging_dir(conf_store_dir(NATS_CONF), DEFAULT_ACCOUNT, "WORKLOADS") in staged
     assert staging_dir(conf_store_dir(NATS_CONF), ACCOUNT, "WORKLOADS") in staged
-    assert resolved["intake"]["environment"]["ALLOT_NATS_USER"] == "allot-services"
     assert resolved["intake"]["environment"]["ALLOT_NATS_URL"] == "nats://nats:4222"
     # Compose merges depends_on key by key: compose.yaml's engines and the override's streams.
-    for name in ("intake", "accounting", "ranking", "placement", "health", "dispatch"):
+    for name in SERVICE_NAMES:
+        assert resolved[name]["environment"]["ALLOT_NATS_USER"] == f"allot-{name}", name
         deps = {k: v["condition"] for k, v in resolved[name]["depends_on"].items()}
         assert deps == {
             "nats": "service_healthy",

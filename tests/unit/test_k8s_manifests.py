@@ -11,12 +11,14 @@ failure, not a skip: the manifests would go unchecked. Then:
    the headless Service, everything deploy/nats.conf sets, a configuration nats-server
    accepts, and (integration) three servers started from it where the streams login of the
    Secret ``allot-streams`` makes the log's streams at R3 (as the Job does) and the
-   services' login of ``allot-services`` finds them as wanted and may not delete one;
+   shared services' login ``allot-services`` and each service's own login (its
+   Deployment's Secret) find them as wanted and may not delete one;
 3. the services: compose.yaml's commands (compose.secure.yaml's for the dashboard), each a
    real ``allot.services`` module whose parser takes its flags, the streams' replicas equal
    to the NATS servers, placement's replicas and disruption budget, the agent DaemonSet;
    the Job ``allot-streams`` runs ``allot streams`` with its own login, the only pod that
-   has it;
+   has it; each service's Deployment reads its own login's Secret (decision 0084), and no
+   pod the shared ``allot-services``;
 4. wiring: every ConfigMap and Secret a pod names is rendered, every selector selects pods,
    every pod (the Job's too) meets the `restricted` Pod Security Standard but the agent's
    hostPID;
@@ -55,7 +57,7 @@ from allot.auth.client import nats_url_from_env
 from allot.cli.main import build_parser as allot_parser
 from allot.cli.main import main as allot_main
 from allot.cli.streams_cmd import run_streams
-from allot.ops.auth_gen import route_password
+from allot.ops.auth_gen import SERVICE_NAMES, route_password
 from allot.ops.log_streams import make_streams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +71,11 @@ COMPOSE_SERVICES += ("dashboard",)
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 STREAMS_JOB = "allot-streams"
 """The Job that makes the log's streams (``allot streams``), and its Secret's name."""
+SHARED_LOGIN = "allot-services"
+"""The shared services' login: its Secret has a fixed name and no pod reads it (the
+operators' tools' login)."""
+SERVICE_LOGINS = {name: f"allot-{name}" for name in SERVICE_NAMES}
+"""Each service's own login (decision 0084), and the name of the Secret its Deployment reads."""
 REDIS_SECRET = "allot-redis"
 """Redis's password (``ALLOT_REDIS_PASSWORD``), from ``auth/redis.env``."""
 REDIS_CLIENTS = ("accounting", "ranking")
@@ -464,9 +471,10 @@ def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
 ) -> None:
     """As the Job and the services do it: the streams login of the Secret allot-streams
     makes the streams and the lease bucket at allot-env's replicas (``allot streams``'s
-    core), then the services' login of allot-services starts as a service does
-    (``ensure_streams``): it finds them as wanted, R3 on the cluster, and its stream
-    delete is refused (the server drops the request: no answer)."""
+    core), then the shared services' login of allot-services and each service's own login
+    (its Deployment's Secret) start as a service does (``ensure_streams``; placement's
+    lease bucket): each finds them as wanted, R3 on the cluster, and its stream delete is
+    refused (the server drops the request: no answer)."""
     objs = rendered["production"]
     client, monitor, _ = nats_cluster
     deadline = time.monotonic() + 60
@@ -488,8 +496,24 @@ def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
     assert {k: made[k] for k in names} == dict.fromkeys(names, "created"), made
     assert made[f"KV_{bus.LEADER_BUCKET}"].startswith("created"), made
 
+    async def as_service(secret: str) -> None:
+        """A service's start with the login of ``secret``: the streams found, not made."""
+        nc, js = await bus.connect(url(secret), f"test-{secret}")
+        try:
+            found = await bus.ensure_streams(js, replicas, ready_timeout_s=10)
+            assert found == dict.fromkeys(names, "as wanted"), (secret, found)
+            if secret in (SHARED_LOGIN, SERVICE_LOGINS["placement"]):
+                await bus.lease_bucket(js, bus.LEASE_TTL_S)  # placement's start: found
+            with pytest.raises(nats.errors.TimeoutError):
+                await nc.jetstream(timeout=1).delete_stream("HOSTS")
+        finally:
+            await nc.close()
+
+    for secret in SERVICE_LOGINS.values():
+        asyncio.run(as_service(secret))
+
     async def as_services() -> dict[str, tuple[int, str]]:
-        nc, js = await bus.connect(url("allot-services"), "test-services")
+        nc, js = await bus.connect(url(SHARED_LOGIN), "test-services")
         try:
             found = await bus.ensure_streams(js, replicas, ready_timeout_s=10)
             assert found == dict.fromkeys(names, "as wanted"), found
@@ -718,10 +742,10 @@ def test_services_reach_nats_and_redis_by_their_services_and_replicate_streams_l
                 f"{_name(obj)}: allot-env must come last in envFrom, so its ALLOT_NATS_URL "
                 "wins over the one in the credentials file"
             )
-            # Each its role's login: the dashboard its own, the agents theirs (never the
-            # services' `>`).
+            # Each its own login: every service its own (decision 0084), the dashboard its
+            # own, the agents theirs (never the shared services' `>`).
             name = obj["metadata"]["name"]
-            login = "allot-agent" if "agent" in name else "allot-services"
+            login = "allot-agent" if "agent" in name else SERVICE_LOGINS.get(name, "?")
             login = "allot-dashboard" if name == "dashboard" else login
             login = STREAMS_JOB if obj["kind"] == "Job" else login
             # Redis's password only where Redis is used (it is in no other Secret or
@@ -735,7 +759,7 @@ def test_credentials_are_the_users_allot_auth_gen_wrote(
     rendered: dict[str, list[Obj]], overlay: str
 ) -> None:
     objs = rendered[overlay]
-    services = _secret_env(_generated(objs, "Secret", "allot-services"))
+    services = _secret_env(_one(objs, "Secret", SHARED_LOGIN))  # a fixed name: no pod reads it
     agent = _secret_env(_generated(objs, "Secret", "allot-agent"))
     dashboard = _secret_env(_generated(objs, "Secret", "allot-dashboard"))
     streams = _secret_env(_generated(objs, "Secret", STREAMS_JOB))
@@ -746,6 +770,17 @@ def test_credentials_are_the_users_allot_auth_gen_wrote(
     assert dashboard["ALLOT_NATS_USER"] == "allot-dashboard" and dashboard["ALLOT_NATS_PASSWORD"]
     auth = _secret_text(_generated(objs, "Secret", "allot-nats-auth"), "nats.conf")
     assert 'user: "allot-services"' in auth and 'user: "allot-agent"' in auth
+    # Each service's own login (decision 0084): what it sends and hears, no more. No
+    # `allot.v1.>` or `>` to publish, nothing of a stream's making, no `>` to read; its
+    # answers in the logins' inboxes, and its own inbox to read.
+    for service, login in SERVICE_LOGINS.items():
+        block = auth[auth.index(f'user: "{login}"') :].split("}\n      }", 1)[0]
+        publish = block[block.index("publish:") : block.index("subscribe:")]
+        subscribe = block[block.index("subscribe:") :]
+        assert '"allot.v1.>"' not in publish and '">"' not in publish, service
+        assert "STREAM.CREATE" not in publish and "STREAM.DELETE" not in publish, service
+        assert '"_INBOX_alice.>"' in publish, service
+        assert '">"' not in subscribe and f'"_INBOX_{login}.>"' in subscribe, service
     # role dashboard: no `>`; its answers in the askers' inboxes (the teams', ops'...)
     block = auth[auth.index('user: "allot-dashboard"') :].split("}\n      }", 1)[0]
     assert '"_INBOX_alice.>"' in block and '">"' not in block
@@ -844,12 +879,50 @@ def _secrets_named(spec: Mapping[str, Any]) -> set[str]:
 def test_only_the_job_has_the_streams_login(rendered: dict[str, list[Obj]], overlay: str) -> None:
     objs = rendered[overlay]
     streams = _generated(objs, "Secret", STREAMS_JOB)["metadata"]["name"]
-    services = _generated(objs, "Secret", "allot-services")["metadata"]["name"]
+    services = _one(objs, "Secret", SHARED_LOGIN)["metadata"]["name"]
     having = {_name(o) for o in _workloads(objs) if streams in _secrets_named(_pod_spec(o))}
     assert having == {f"Job/{STREAMS_JOB}"}, having
     deployments = [o for o in objs if o["kind"] == "Deployment"]
     assert deployments and not [d for d in deployments if streams in _secrets_named(_pod_spec(d))]
     assert services not in _secrets_named(_pod_spec(_one(objs, "Job", STREAMS_JOB)))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_service_reads_only_its_own_login_and_no_pod_the_shared_one(
+    rendered: dict[str, list[Obj]], k8s_copy: Path, overlay: str
+) -> None:
+    """Decision 0084: each service's Deployment reads exactly the Secret of its own login
+    (``allot-<service>``, a ``service`` row naming that service), which no other workload
+    reads; the shared services' login is rendered under its fixed name for the operators'
+    tools and read by no workload."""
+    objs = rendered[overlay]
+    rows = yaml.safe_load((k8s_copy / "overlays" / overlay / "roles.yaml").read_text())
+    row_of = {row["name"]: row for row in rows["users"]}
+    assert row_of[SHARED_LOGIN] == {"name": SHARED_LOGIN, "role": "service"}
+    shared = _one(objs, "Secret", SHARED_LOGIN)
+    assert _secret_env(shared)["ALLOT_NATS_USER"] == SHARED_LOGIN
+    named = {_name(o): _secrets_named(_pod_spec(o)) for o in _workloads(objs)}
+    assert not [w for w, secrets in named.items() if SHARED_LOGIN in secrets], named
+    for service, login in SERVICE_LOGINS.items():
+        assert row_of[login] == {"name": login, "role": "service", "service": service}
+        secret = _generated(objs, "Secret", login)
+        creds = _secret_env(secret)
+        assert creds["ALLOT_NATS_USER"] == login and creds["ALLOT_NATS_PASSWORD"], service
+        assert creds["ALLOT_NATS_PASSWORD"] != _secret_env(shared)["ALLOT_NATS_PASSWORD"]
+        (c,) = _pod_spec(_one(objs, "Deployment", service))["containers"]
+        logins = [
+            _base_name(r["secretRef"]["name"])
+            for r in c["envFrom"]
+            if "secretRef" in r and r["secretRef"]["name"] != _name_of(objs, REDIS_SECRET)
+        ]
+        assert logins == [login], f"{service} reads {logins}"
+        having = {w for w, secrets in named.items() if secret["metadata"]["name"] in secrets}
+        assert having == {f"Deployment/{service}"}, having
+
+
+def _name_of(objs: list[Obj], secret: str) -> str:
+    """The rendered (hashed) name of a generated Secret."""
+    return str(_generated(objs, "Secret", secret)["metadata"]["name"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

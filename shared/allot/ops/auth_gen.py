@@ -41,7 +41,12 @@ Roles (one per row, see ``deploy/roles.example.yaml``):
   (the log itself through ``dashboard.log``, answered by the ranking service) and the one
   it answers (``query.owed``, in the askers' own inboxes); nothing of JetStream, no record,
   command, stream or KV write. The web-facing service does not hold the services' ``>``.
-* ``service``: every record, command and query subject (``allot.v1.>``), answers in every
+* ``service`` with ``service: <name>`` (intake, accounting, ranking, placement, health,
+  dispatch): that service's own login, granted what it sends and hears
+  (``SERVICE_GRANTS``: its records and messages, answers in the logins' inboxes, stream
+  reads and consumers) and its own inbox to read (decision 0084).
+* ``service`` without it: the shared login (the operators' tools, a service without a
+  login of its own): every record, command and query subject (``allot.v1.>``), answers in every
   login's inbox, and of JetStream only what the services use (``SERVICES_JETSTREAM``): no
   stream created, updated, purged or deleted, no record deleted (decision 0082); reads
   everything (``>``).
@@ -116,7 +121,7 @@ _USER_FIELDS: dict[Role, tuple[str, ...]] = {
     "operator": ("name", "role"),
     "agent": ("name", "role", "hosts"),
     "dashboard": ("name", "role"),
-    "service": ("name", "role"),
+    "service": ("name", "role", "service"),
     "streams": ("name", "role"),
 }
 _JS_API = "$JS.API"
@@ -148,6 +153,8 @@ class UserSpec:
     hosts: tuple[str, ...] = ()
     team: str | None = None
     """The team row that listed this login under ``users`` (None: the row is the login)."""
+    service: str | None = None
+    """A ``service`` login's one service (``SERVICE_NAMES``), or None: the shared login."""
 
 
 def parse_roles(data: object, tree: BudgetTree) -> tuple[UserSpec, ...]:
@@ -187,9 +194,11 @@ def parse_roles(data: object, tree: BudgetTree) -> tuple[UserSpec, ...]:
                 raise ValidationError(where, f"{member!r} is {what} {first}: one login, one role")
             seen[member] = where
             logins.append(dataclasses.replace(user, name=member, team=user.name))
-    if not any(u.role == "service" for u in logins):
+    if not any(u.role == "service" and u.service is None for u in logins):
         raise ValidationError(
-            "users", "needs at least one user with role 'service' (the services connect as it)"
+            "users",
+            "needs at least one user with role 'service' and no 'service' field (the shared "
+            "login: services without a login of their own, and the operators' tools)",
         )
     if not any(u.role == "streams" for u in logins):
         raise ValidationError(
@@ -254,6 +263,13 @@ def _parse_user(
         if not hosts:
             raise ValidationError(f"{where}.hosts", "an agent needs at least one host")
         return UserSpec(name, role, hosts=hosts), None
+    if role == "service" and row.get("service") is not None:
+        service = row["service"]
+        if service not in SERVICE_NAMES:
+            raise ValidationError(
+                f"{where}.service", f"must be one of {', '.join(SERVICE_NAMES)}, got {service!r}"
+            )
+        return UserSpec(name, role, service=service), None
     return UserSpec(name, role), None
 
 
@@ -341,6 +357,97 @@ Not a stream's create, update, delete or purge, a record's delete, a restore, a 
 reset or pause, nor any API a later server adds: whatever is not listed is refused."""
 
 
+SERVICE_JETSTREAM_READS: tuple[str, ...] = (
+    f"{_JS_API}.STREAM.INFO.*",
+    f"{_JS_API}.STREAM.MSG.GET.*",
+    f"{_JS_API}.DIRECT.GET.>",
+    f"{_JS_API}.CONSUMER.CREATE.>",
+    f"{_JS_API}.CONSUMER.INFO.>",
+    f"{_JS_API}.CONSUMER.DELETE.>",
+    f"{_JS_API}.CONSUMER.MSG.NEXT.>",
+    "$JS.FC.>",
+)
+"""What every service's own login may ask of JetStream: stream information and records,
+its consumers (ordered, polled, history pages, intake's watches), their flow control."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceGrant:
+    """One service's own subjects: what it publishes (records, core messages; answers go
+    to every login's inbox), what it subscribes to (commands, queries, reports; its own
+    inbox is added), and JetStream beyond ``SERVICE_JETSTREAM_READS``."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    jetstream: tuple[str, ...] = ()
+
+
+def _events(*names: str) -> tuple[str, ...]:
+    return tuple(f"{s.PREFIX}.events.*.*.{name}" for name in names)
+
+
+def _queries(*queries: str) -> tuple[str, ...]:
+    """A query subject and its scoped form (``query.queue`` and ``query.queue.<a>``)."""
+    return tuple(x for q in queries for x in (q, f"{q}.*"))
+
+
+SERVICE_GRANTS: dict[str, ServiceGrant] = {
+    "intake": ServiceGrant(
+        publish=_events("submitted", "cancel_requested"),
+        subscribe=(
+            f"{s.PREFIX}.submit.>",
+            f"{s.PREFIX}.cancel.>",
+            s.QUERY_INTAKE,
+            f"{s.PREFIX}.watch.*",
+        ),
+    ),
+    "accounting": ServiceGrant(
+        publish=(),
+        subscribe=(s.QUERY_USAGE,),
+        jetstream=(f"{_JS_API}.CONSUMER.DURABLE.CREATE.>", "$JS.ACK.WORKLOADS.accounting.>"),
+    ),
+    "ranking": ServiceGrant(
+        publish=(s.BUDGET_TREE, s.RANKING),
+        subscribe=(s.ALL_BUDGET_SET, s.QUERY_SHARE, s.QUERY_HISTORY, s.DASHBOARD_LOG),
+    ),
+    "placement": ServiceGrant(
+        publish=(
+            s.LEADER,
+            *_events("placed", "requeued", "cancelled"),
+            f"{s.PREFIX}.preempt.*.*",
+            s.ALL_HOST_STATE,
+            f"{s.PREFIX}.queued.*.*",
+        ),
+        subscribe=(
+            s.RANKING,
+            *_queries(s.QUERY_QUEUE, s.QUERY_PRIO, s.QUERY_STATUS, s.QUERY_HOSTS),
+            *_queries(s.QUERY_ALLOCATIONS, s.QUERY_PLACEMENT_STATS),
+        ),
+        jetstream=(f"$KV.{LEADER_BUCKET}.>",),
+    ),
+    "health": ServiceGrant(
+        publish=(s.ALL_HOST_STATE, f"{s.PREFIX}.usage.gpu.*", f"{s.PREFIX}.usage.idle.*.*"),
+        subscribe=(
+            s.ALL_HEARTBEATS,
+            s.ALL_HEALTH,
+            *_queries(s.ALL_DRAIN, s.ALL_UNDRAIN),
+            s.ALL_HOST_UTIL,
+            *_queries(s.QUERY_IDLE),
+        ),
+    ),
+    "dispatch": ServiceGrant(
+        publish=(
+            *_events("started", "completed", "failed", "preempted", "cancelled"),
+            f"{s.PREFIX}.host.*.work",
+        ),
+        subscribe=(f"{s.PREFIX}.host.*.report", s.HOSTS_REPORT, f"{s.PREFIX}.host.*.sync"),
+    ),
+}
+"""Each service's own login (a ``service`` row with ``service: <name>``): a compromised
+one sends only its own kinds of records and messages (decision 0084)."""
+SERVICE_NAMES: tuple[str, ...] = tuple(SERVICE_GRANTS)
+
+
 @dataclass(frozen=True, slots=True)
 class Permissions:
     publish: tuple[str, ...]
@@ -367,9 +474,15 @@ def permissions(
     ``logins``: every login, whose inboxes the services answer in."""
     inbox = f"{inbox_prefix(user.name)}.>"
     if user.role == "service":
+        inboxes = ("_INBOX.>", *(f"{inbox_prefix(login)}.>" for login in logins))
+        if user.service is not None:  # what that service sends and hears, nothing more
+            own = SERVICE_GRANTS[user.service]
+            return Permissions(
+                publish=(*own.publish, *inboxes, *SERVICE_JETSTREAM_READS, *own.jetstream),
+                subscribe=(*own.subscribe, inbox),
+            )
         # Records, commands and queries (``allot.v1.>``), answers in any login's inbox, the
         # JetStream they use; everything to read.
-        inboxes = ("_INBOX.>", *(f"{inbox_prefix(login)}.>" for login in logins))
         return Permissions(
             publish=(f"{s.PREFIX}.>", *inboxes, *SERVICES_JETSTREAM), subscribe=(">",)
         )
@@ -525,6 +638,8 @@ def _detail(user: UserSpec) -> str:
         return f": subtree below {user.node}"
     if user.role == "agent":
         return ": " + ", ".join(user.hosts)
+    if user.service is not None:
+        return f": {user.service} only"
     return ""
 
 
@@ -542,6 +657,8 @@ class Credentials:
     dashboard_password: str = ""
     """The password of the dashboard's pages (HTTP Basic), not the NATS one: the dashboard
     sees what people type there, and a NATS password would let it act as them."""
+    service: str | None = None
+    """A service login's one service (None: the shared services' login, or another role)."""
 
     def url(self, server_url: str) -> str:
         """``server_url`` with this user's name and password in it (nats-py reads them)."""
@@ -571,11 +688,16 @@ class GeneratedAuth:
         return self.users[user].url(server_url)
 
     def first(self, role: Role) -> Credentials:
-        """The first user with ``role`` (e.g. the service user the stack connects as)."""
+        """The first user with ``role`` (e.g. the service user the stack connects as); of
+        the services' logins, the shared one (no ``service`` of its own)."""
         for creds in self.users.values():
-            if creds.role == role:
+            if creds.role == role and creds.service is None:
                 return creds
         raise ValidationError("roles", f"no user with role {role!r}")
+
+    def of_service(self, service: str) -> Credentials | None:
+        """The login of ``service`` alone (a ``service`` row naming it), or None."""
+        return next((c for c in self.users.values() if c.service == service), None)
 
 
 def hash_password(password: str, cost: int = DEFAULT_BCRYPT_COST) -> str:
@@ -625,6 +747,7 @@ def generate(
             prefix,
             out / USERS_DIR / f"{u.name}.env",
             page_passwords[u.name],
+            u.service,
         )
         _write_private(c.path, _env_file(c, server_url, None if tls is None else tls.ca_file))
         creds[u.name] = c

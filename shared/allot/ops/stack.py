@@ -40,6 +40,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -82,7 +83,7 @@ from allot.core.errors import ValidationError
 from allot.core.model import DEFAULT_UNALLOCATED_GRACE_S
 from allot.core.policy import DEFAULT_UNALLOCATED_SETTLE_S, check_unallocated_knobs
 from allot.ops import log_streams, nats_nodes
-from allot.ops.auth_gen import ACCOUNT, GeneratedAuth, generate
+from allot.ops.auth_gen import ACCOUNT, SERVICE_NAMES, GeneratedAuth, generate
 from allot.ops.run_dir import LOCK_FILE, PORTS_FILE
 from allot.ops.tls_certs import make_loopback_certs
 from allot.proto import messages as m
@@ -564,6 +565,9 @@ class Stack(StartStop):
             {"name": "allot-services", "role": "service"},
             {"name": "allot-streams", "role": "streams"},
         ]
+        users += [
+            {"name": f"allot-{name}", "role": "service", "service": name} for name in SERVICE_NAMES
+        ]
         for agent in self.config.agents:
             users.append(
                 {"name": f"agent-{agent.prefix}", "role": "agent", "hosts": _host_names(agent)}
@@ -582,14 +586,16 @@ class Stack(StartStop):
         """The NATS user process ``name`` connects as under ``secure``: an agent as the
         agent user granted its hosts (``agent-<prefix>`` by default), the dashboard as the
         roles file's dashboard user (the service user when it has none), every other
-        service as the service user (None). An agent that no user of the roles file covers
-        is refused."""
+        service as its own login (a ``service`` row naming it), else the shared service user
+        (None). An agent that no user of the roles file covers is refused."""
         if self.auth is None:
             return None
         if name == "dashboard":
             return next((u for u, c in self.auth.users.items() if c.role == "dashboard"), None)
         if not name.startswith("agent-"):
-            return None
+            # placement-2, accounting-1: an instance of the service its name begins with
+            own = self.auth.of_service(re.sub(r"-\d+$", "", name))
+            return None if own is None else own.user
         spec = next(a for a in self.config.agents if f"agent-{a.prefix}" == name)
         if name in self.auth.users and self.auth.users[name].role == "agent":
             return name
