@@ -11,14 +11,15 @@ failure, not a skip: the manifests would go unchecked. Then:
    the headless Service, everything deploy/nats.conf sets, a configuration nats-server
    accepts, and (integration) three servers started from it where the streams login of the
    Secret ``allot-streams`` makes the log's streams at R3 (as the Job does) and the
-   shared services' login ``allot-services`` and each service's own login (its
-   Deployment's Secret) find them as wanted and may not delete one;
+   shared services' login ``allot-services`` (from ``auth/users/allot-services.env``: no
+   Secret has it) and each service's own login (its Deployment's Secret) find them as
+   wanted and may not delete one;
 3. the services: compose.yaml's commands (compose.secure.yaml's for the dashboard), each a
    real ``allot.services`` module whose parser takes its flags, the streams' replicas equal
    to the NATS servers, placement's replicas and disruption budget, the agent DaemonSet;
    the Job ``allot-streams`` runs ``allot streams`` with its own login, the only pod that
    has it; each service's Deployment reads its own login's Secret (decision 0084), and no
-   pod the shared ``allot-services``;
+   Secret is rendered of the shared ``allot-services`` (the strongest login, no pod's);
 4. wiring: every ConfigMap and Secret a pod names is rendered, every selector selects pods,
    every pod (the Job's too) meets the `restricted` Pod Security Standard but the agent's
    hostPID;
@@ -72,8 +73,8 @@ WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 STREAMS_JOB = "allot-streams"
 """The Job that makes the log's streams (``allot streams``), and its Secret's name."""
 SHARED_LOGIN = "allot-services"
-"""The shared services' login: its Secret has a fixed name and no pod reads it (the
-operators' tools' login)."""
+"""The shared services' login (the operators' tools'): no pod reads it, so no Secret is made
+of it; its credentials stay in ``auth/users/allot-services.env``."""
 SERVICE_LOGINS = {name: f"allot-{name}" for name in SERVICE_NAMES}
 """Each service's own login (decision 0084), and the name of the Secret its Deployment reads."""
 REDIS_SECRET = "allot-redis"
@@ -186,6 +187,23 @@ def _secret_text(secret: Mapping[str, Any], key: str) -> str:
 def _secret_env(secret: Mapping[str, Any]) -> dict[str, str]:
     """A Secret made from an env file (`secretGenerator: envs:`): one key per variable."""
     return {key: _secret_text(secret, key) for key in secret["data"]}
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """An env file as `secretGenerator: envs:` reads it: `KEY=VALUE` lines, comments and
+    blank lines left out."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key] = value
+    return out
+
+
+def _shared_login(k8s_copy: Path, overlay: str) -> dict[str, str]:
+    """The shared services' login as `allot auth gen` wrote it into the overlay's ``auth``
+    folder (what the operators source for their tools): in no rendered Secret."""
+    return _env_file(k8s_copy / "overlays" / overlay / "auth" / "users" / f"{SHARED_LOGIN}.env")
 
 
 def _expand(value: str, env: Mapping[str, str]) -> str:
@@ -466,13 +484,15 @@ def nats_cluster(
 @pytest.mark.integration
 def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
     rendered: dict[str, list[Obj]],
+    k8s_copy: Path,
     nats_cluster: tuple[list[int], list[int], list[int]],
     tmp_path: Path,
 ) -> None:
     """As the Job and the services do it: the streams login of the Secret allot-streams
     makes the streams and the lease bucket at allot-env's replicas (``allot streams``'s
-    core), then the shared services' login of allot-services and each service's own login
-    (its Deployment's Secret) start as a service does (``ensure_streams``; placement's
+    core), then the shared services' login (``auth/users/allot-services.env``, as the
+    operators' tools take it: no Secret has it) and each service's own login (its
+    Deployment's Secret) start as a service does (``ensure_streams``; placement's
     lease bucket): each finds them as wanted, R3 on the cluster, and its stream delete is
     refused (the server drops the request: no answer)."""
     objs = rendered["production"]
@@ -484,8 +504,12 @@ def test_three_servers_from_the_rendered_configuration_serve_the_log_at_r3(
     here = f"nats://127.0.0.1:{client[0]}"  # allot-env's nats://nats:4222, on loopback
 
     def url(secret: str) -> str:
-        """The URL a pod with this Secret and allot-env (its envFrom) computes."""
-        creds = _secret_env(_generated(objs, "Secret", secret))
+        """The URL a pod with this Secret and allot-env (its envFrom) computes; for the
+        shared login, a tool with its env file sourced and the port-forward's URL."""
+        if secret == SHARED_LOGIN:
+            creds = _shared_login(k8s_copy, "production")
+        else:
+            creds = _secret_env(_generated(objs, "Secret", secret))
         return nats_url_from_env({**creds, "ALLOT_NATS_URL": here}, "")
 
     # A fresh cluster may take a few seconds to place R3 streams: make_streams tries again.
@@ -756,10 +780,10 @@ def test_services_reach_nats_and_redis_by_their_services_and_replicate_streams_l
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_credentials_are_the_users_allot_auth_gen_wrote(
-    rendered: dict[str, list[Obj]], overlay: str
+    rendered: dict[str, list[Obj]], k8s_copy: Path, overlay: str
 ) -> None:
     objs = rendered[overlay]
-    services = _secret_env(_one(objs, "Secret", SHARED_LOGIN))  # a fixed name: no pod reads it
+    services = _shared_login(k8s_copy, overlay)  # in no Secret: the operators' file
     agent = _secret_env(_generated(objs, "Secret", "allot-agent"))
     dashboard = _secret_env(_generated(objs, "Secret", "allot-dashboard"))
     streams = _secret_env(_generated(objs, "Secret", STREAMS_JOB))
@@ -879,12 +903,12 @@ def _secrets_named(spec: Mapping[str, Any]) -> set[str]:
 def test_only_the_job_has_the_streams_login(rendered: dict[str, list[Obj]], overlay: str) -> None:
     objs = rendered[overlay]
     streams = _generated(objs, "Secret", STREAMS_JOB)["metadata"]["name"]
-    services = _one(objs, "Secret", SHARED_LOGIN)["metadata"]["name"]
     having = {_name(o) for o in _workloads(objs) if streams in _secrets_named(_pod_spec(o))}
     assert having == {f"Job/{STREAMS_JOB}"}, having
     deployments = [o for o in objs if o["kind"] == "Deployment"]
     assert deployments and not [d for d in deployments if streams in _secrets_named(_pod_spec(d))]
-    assert services not in _secrets_named(_pod_spec(_one(objs, "Job", STREAMS_JOB)))
+    job_secrets = _secrets_named(_pod_spec(_one(objs, "Job", STREAMS_JOB)))
+    assert SHARED_LOGIN not in {_base_name(name) for name in job_secrets}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -893,22 +917,24 @@ def test_each_service_reads_only_its_own_login_and_no_pod_the_shared_one(
 ) -> None:
     """Decision 0084: each service's Deployment reads exactly the Secret of its own login
     (``allot-<service>``, a ``service`` row naming that service), which no other workload
-    reads; the shared services' login is rendered under its fixed name for the operators'
-    tools and read by no workload."""
+    reads; the shared services' login (a row of its own, which `allot auth gen` requires)
+    is in no Secret and read by no workload: its env file stays with the operators."""
     objs = rendered[overlay]
     rows = yaml.safe_load((k8s_copy / "overlays" / overlay / "roles.yaml").read_text())
     row_of = {row["name"]: row for row in rows["users"]}
     assert row_of[SHARED_LOGIN] == {"name": SHARED_LOGIN, "role": "service"}
-    shared = _one(objs, "Secret", SHARED_LOGIN)
-    assert _secret_env(shared)["ALLOT_NATS_USER"] == SHARED_LOGIN
+    shared = _shared_login(k8s_copy, overlay)
+    assert shared["ALLOT_NATS_USER"] == SHARED_LOGIN and shared["ALLOT_NATS_PASSWORD"]
     named = {_name(o): _secrets_named(_pod_spec(o)) for o in _workloads(objs)}
-    assert not [w for w, secrets in named.items() if SHARED_LOGIN in secrets], named
+    assert not [
+        w for w, secrets in named.items() if SHARED_LOGIN in {_base_name(s) for s in secrets}
+    ], named
     for service, login in SERVICE_LOGINS.items():
         assert row_of[login] == {"name": login, "role": "service", "service": service}
         secret = _generated(objs, "Secret", login)
         creds = _secret_env(secret)
         assert creds["ALLOT_NATS_USER"] == login and creds["ALLOT_NATS_PASSWORD"], service
-        assert creds["ALLOT_NATS_PASSWORD"] != _secret_env(shared)["ALLOT_NATS_PASSWORD"]
+        assert creds["ALLOT_NATS_PASSWORD"] != shared["ALLOT_NATS_PASSWORD"]
         (c,) = _pod_spec(_one(objs, "Deployment", service))["containers"]
         logins = [
             _base_name(r["secretRef"]["name"])
@@ -918,6 +944,30 @@ def test_each_service_reads_only_its_own_login_and_no_pod_the_shared_one(
         assert logins == [login], f"{service} reads {logins}"
         having = {w for w, secrets in named.items() if secret["metadata"]["name"] in secrets}
         assert having == {f"Deployment/{service}"}, having
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_secret_holds_the_shared_services_login(
+    rendered: dict[str, list[Obj]], k8s_copy: Path, overlay: str
+) -> None:
+    """The shared services' login is the strongest (every record, command and query,
+    everything to read) and no pod mounts it: a Secret of it would only hand it to whoever
+    may read the namespace's Secrets. None is rendered, under its name or another, and its
+    password is in no rendered object."""
+    objs = rendered[overlay]
+    secrets = [o for o in objs if o["kind"] == "Secret"]
+    assert secrets, "no Secret rendered at all"
+    named = [_name(o) for o in secrets if _base_name(o["metadata"]["name"]) == SHARED_LOGIN]
+    assert not named, f"overlays/{overlay} renders {named}"
+    password = _shared_login(k8s_copy, overlay)["ALLOT_NATS_PASSWORD"]
+    assert password
+    for secret in secrets:
+        values = [_secret_text(secret, key) for key in secret.get("data", {})]
+        values += [str(v) for v in secret.get("stringData", {}).values()]
+        assert not [v for v in values if password in v], _name(secret)
+        env = _secret_env(secret) if "data" in secret else {}
+        assert env.get("ALLOT_NATS_USER") != SHARED_LOGIN, _name(secret)
+    assert not [_name(o) for o in objs if password in json.dumps(o)]
 
 
 def _name_of(objs: list[Obj], secret: str) -> str:
