@@ -423,7 +423,18 @@ def nats_error_logger(
     return on_error
 
 
-async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
+async def connect(
+    url: str, name: str, on_error: Callable[[Exception], None] | None = None
+) -> tuple[NatsClient, JetStreamContext]:
+    """A long-lived connection (reconnects forever); ``on_error`` also hears each error
+    the server reports (a refused publish, for one)."""
+    log_error = nats_error_logger(name)
+
+    async def error_cb(e: Exception) -> None:
+        if on_error is not None:
+            on_error(e)
+        await log_error(e)
+
     nc = await nats.connect(
         server_urls(url),
         name=name,
@@ -431,7 +442,7 @@ async def connect(url: str, name: str) -> tuple[NatsClient, JetStreamContext]:
         tls=client_tls(url),
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.25,
-        error_cb=nats_error_logger(name),
+        error_cb=error_cb,
     )
     return nc, nc.jetstream()
 

@@ -21,7 +21,7 @@ from allot import bus
 from allot.auth.client import masked_url
 from allot.cli.stack_url import add_nats_url_option, nats_url
 from allot.core.errors import ValidationError
-from allot.ops.log_streams import make_streams
+from allot.ops.log_streams import StreamsRefusedError, make_streams
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -66,7 +66,13 @@ def run_streams(args: argparse.Namespace) -> int:
         done = asyncio.run(
             make_streams(url, args.replicas, lease_ttl_s=args.lease_ttl_s, timeout_s=args.timeout_s)
         )
-    except (bus.StreamsNotReadyError, bus.LeaseBucketError, nats.errors.Error, OSError) as e:
+    except (
+        bus.StreamsNotReadyError,
+        bus.LeaseBucketError,
+        StreamsRefusedError,
+        nats.errors.Error,
+        OSError,
+    ) as e:
         print(f"allot streams: {masked_url(url)}: {e}")
         return 1
     for name, what in done.items():

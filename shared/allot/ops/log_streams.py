@@ -12,7 +12,10 @@ services make them themselves at start, as before (``allot.bus.ensure_streams``)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -32,15 +35,43 @@ async def make_streams(
     """Create or update the streams (``allot.bus.ensure_streams``: each tried again until
     ``timeout_s`` while JetStream cannot answer yet) and the lease bucket; returns what was
     done to each, the bucket under its stream's name (``KV_allot_leader``)."""
-    nc, js = await bus.connect(url, "allot-streams")
+    loop = asyncio.get_running_loop()
+    refused: asyncio.Future[str] = loop.create_future()
+
+    def on_error(e: Exception) -> None:  # a refused request is never answered: say it now
+        if "permissions violation" in str(e).lower() and not refused.done():
+            refused.set_result(str(e))
+
+    nc, js = await bus.connect(url, "allot-streams", on_error)
     try:
-        done = await bus.ensure_streams(js, replicas, ready_timeout_s=timeout_s)
-        if replicas is None and os.environ.get(bus.REPLICAS_ENV, "").strip():
-            replicas = bus.stream_replicas()  # as ensure_streams reads it
-        done[BUCKET_STREAM] = await _lease_bucket(js, lease_ttl_s, replicas)
-        return done
+        work = asyncio.ensure_future(_make(js, replicas, lease_ttl_s, timeout_s))
+        either: set[asyncio.Future[Any]] = {work, refused}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        raise StreamsRefusedError(
+            f"{refused.result()}: this login may not make the log's streams; run `allot "
+            "streams` as the roles file's streams login (auth/users/allot-streams.env)"
+        )
     finally:
         await nc.close()
+
+
+class StreamsRefusedError(RuntimeError):
+    """The server refused the login a stream request (it is not the streams login)."""
+
+
+async def _make(
+    js: JetStreamContext, replicas: int | None, lease_ttl_s: float, timeout_s: float
+) -> dict[str, str]:
+    done = await bus.ensure_streams(js, replicas, ready_timeout_s=timeout_s)
+    if replicas is None and os.environ.get(bus.REPLICAS_ENV, "").strip():
+        replicas = bus.stream_replicas()  # as ensure_streams reads it
+    done[BUCKET_STREAM] = await _lease_bucket(js, lease_ttl_s, replicas)
+    return done
 
 
 async def _lease_bucket(js: JetStreamContext, ttl_s: float, replicas: int | None) -> str:

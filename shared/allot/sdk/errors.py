@@ -47,8 +47,9 @@ class PermissionDeniedError(SdkError):
             f"NATS refused {subject} for this user (permissions violation): its role does "
             "not allow it (teams: their own allocations, with --alloc, and work without "
             "one with --alloc '~'; managers: budgets and cancel --manager in their subtree; "
-            "operators: drain, undrain and cancel --operator; only teams read the log, "
-            "as allot watch does)"
+            "operators: drain, undrain and cancel --operator; a team follows its own "
+            "workloads' records with allot watch, managers and operators read the whole "
+            "log's pages: allot export, whatif, budgets history)"
         )
         self.subject = subject
 
