@@ -48,7 +48,6 @@ from allot.adapters.nats_cluster import EmbeddedNatsCluster
 from allot.ops.stack import Stack
 from allot.proto.subjects import STREAMS
 from allot.sdk import Client
-from allot.services.placement.lease import LEADER_BUCKET
 from checker import check
 from history import Op
 
@@ -57,7 +56,7 @@ import chaos  # bench is not a package: the driver this one extends, by path
 
 RESULTS = chaos.RESULTS
 DEFAULT_PLAN = ["node-kill:follower", "node-kill:leader", "node-stop:leader"]
-KV_STREAMS = (f"KV_{LEADER_BUCKET}",)
+KV_STREAMS = (f"KV_{bus.LEADER_BUCKET}",)
 
 
 @dataclass
@@ -194,9 +193,7 @@ async def create_log(url: str, replicas: int, lease_ttl_s: float) -> None:
         while True:
             try:
                 await bus.ensure_streams(js, replicas)
-                await js.create_key_value(
-                    bucket=LEADER_BUCKET, ttl=lease_ttl_s, history=1, replicas=replicas
-                )
+                await bus.new_lease_bucket(js, lease_ttl_s, replicas)
                 return
             except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
                 if time.monotonic() > deadline:

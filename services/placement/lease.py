@@ -26,7 +26,6 @@ from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
 from allot.proto import subjects as s
 
-LEADER_BUCKET = bus.LEADER_BUCKET
 LEASE_KEY = "placement"
 
 log = structlog.get_logger("allot.placement")

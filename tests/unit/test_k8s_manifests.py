@@ -58,7 +58,7 @@ from allot.auth.client import nats_url_from_env
 from allot.cli.main import build_parser as allot_parser
 from allot.cli.main import main as allot_main
 from allot.cli.streams_cmd import run_streams
-from allot.ops.auth_gen import SERVICE_NAMES, route_password
+from allot.ops.auth_gen import SERVICE_NAMES, lettered_password
 from allot.ops.log_streams import make_streams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -431,7 +431,7 @@ def test_nats_server_reads_every_route_password_auth_gen_makes(
     $NATS_ROUTE_PASSWORD`, unquoted so that it is substituted): tokens that read as a
     number, a date or a boolean would stop every server (about 2% of random ones did)."""
     env = _nats_files(rendered["production"], tmp_path)
-    env["NATS_ROUTE_PASSWORD"] = route_password(token)
+    env["NATS_ROUTE_PASSWORD"] = lettered_password(token)
     proc = _nats_server_check(tmp_path / "nats.conf", env)
     assert proc.returncode == 0, f"nats-server -t refuses {env['NATS_ROUTE_PASSWORD']!r}: {proc}"
 

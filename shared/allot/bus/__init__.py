@@ -97,6 +97,14 @@ def stream_replicas(default: int = 1) -> int:
     return n
 
 
+def replicas_asked(replicas: int | None = None) -> int | None:
+    """``replicas``, else ``$ALLOT_STREAM_REPLICAS`` when set, else None: an existing stream
+    or bucket keeps its own."""
+    if replicas is None and os.environ.get(REPLICAS_ENV, "").strip():
+        return stream_replicas()
+    return replicas
+
+
 def server_urls(url: str) -> list[str]:
     """A comma-separated server list (a cluster: ``nats://a:4222,nats://b:4222``) as the
     list nats-py and FastStream take; nats-py refuses the comma string itself."""
@@ -203,8 +211,7 @@ async def ensure_streams(
     in all (0: one try each); then ``StreamsNotReadyError`` names the stream and the last
     error. Any other error (a configuration conflict) is raised at once. Returns what was
     done to each stream: ``created``, ``updated (<fields>)`` or ``as wanted``."""
-    if replicas is None and os.environ.get(REPLICAS_ENV, "").strip():
-        replicas = stream_replicas()
+    replicas = replicas_asked(replicas)
     return await _each_stream(
         stream_configs(replicas or 1),
         lambda config: _ensure_stream(js, config, replicas),
@@ -333,6 +340,11 @@ LEASE_TTL_S = 3.0
 """How long a lease lasts unless renewed: the bucket's TTL, placement's ``--lease-ttl-s``."""
 
 
+async def new_lease_bucket(js: JetStreamContext, ttl_s: float, replicas: int) -> KeyValue:
+    """Create the lease bucket: one value per key (the lease), kept ``ttl_s``."""
+    return await js.create_key_value(bucket=LEADER_BUCKET, ttl=ttl_s, history=1, replicas=replicas)
+
+
 class LeaseBucketError(RuntimeError):
     """The lease bucket is missing and could not be made, or keeps leases for another TTL."""
 
@@ -347,9 +359,7 @@ async def lease_bucket(js: JetStreamContext, ttl_s: float) -> KeyValue:
         kv = await js.key_value(LEADER_BUCKET)
     except BucketNotFoundError:
         try:
-            return await js.create_key_value(
-                bucket=LEADER_BUCKET, ttl=ttl_s, history=1, replicas=stream_replicas()
-            )
+            return await new_lease_bucket(js, ttl_s, stream_replicas())
         except Exception as e:  # refused (not answered), or JetStream not ready
             raise LeaseBucketError(
                 f"the lease bucket {LEADER_BUCKET} is missing and could not be made "

@@ -328,35 +328,6 @@ KV, object store and system subjects. Each service durable is also named, so a g
 widened by hand still cannot touch it."""
 
 
-SERVICES_JETSTREAM: tuple[str, ...] = (
-    *(
-        f"{_JS_API}.{api}"
-        for api in (
-            "INFO",
-            "STREAM.INFO.*",
-            "STREAM.NAMES",
-            "STREAM.LIST",
-            "STREAM.MSG.GET.*",
-            "DIRECT.GET.>",
-            "CONSUMER.CREATE.>",
-            "CONSUMER.DURABLE.CREATE.>",
-            "CONSUMER.INFO.>",
-            "CONSUMER.NAMES.>",
-            "CONSUMER.LIST.>",
-            "CONSUMER.DELETE.>",
-            "CONSUMER.MSG.NEXT.>",
-        )
-    ),
-    "$JS.ACK.>",
-    "$JS.FC.>",
-    f"$KV.{LEADER_BUCKET}.>",
-)
-"""The JetStream the services use, and all of it they may publish (decision 0082): stream
-information and reads, their consumers, acks and flow control, the placement lease's key.
-Not a stream's create, update, delete or purge, a record's delete, a restore, a consumer's
-reset or pause, nor any API a later server adds: whatever is not listed is refused."""
-
-
 SERVICE_JETSTREAM_READS: tuple[str, ...] = (
     f"{_JS_API}.STREAM.INFO.*",
     f"{_JS_API}.STREAM.MSG.GET.*",
@@ -369,6 +340,27 @@ SERVICE_JETSTREAM_READS: tuple[str, ...] = (
 )
 """What every service's own login may ask of JetStream: stream information and records,
 its consumers (ordered, polled, history pages, intake's watches), their flow control."""
+
+SERVICES_JETSTREAM: tuple[str, ...] = (
+    *SERVICE_JETSTREAM_READS,
+    *(
+        f"{_JS_API}.{api}"
+        for api in (
+            "INFO",
+            "STREAM.NAMES",
+            "STREAM.LIST",
+            "CONSUMER.DURABLE.CREATE.>",
+            "CONSUMER.NAMES.>",
+            "CONSUMER.LIST.>",
+        )
+    ),
+    "$JS.ACK.>",
+    f"$KV.{LEADER_BUCKET}.>",
+)
+"""The JetStream the services use, and all of it the shared services' login may publish
+(decision 0082): the reads above, listings, acks, the placement lease's key. Not a
+stream's create, update, delete or purge, a record's delete, a restore, a consumer's reset
+or pause, nor any API a later server adds: whatever is not listed is refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -765,11 +757,11 @@ def generate(
     # The routes' password is kept across runs (a new one stalls a cluster's rolling
     # update: docs/deploy-kubernetes.md); delete the file to change it.
     kept = _kept(out / ROUTE_ENV, ROUTE_PASSWORD_ENV)
-    route = kept if kept is not None else route_password(secrets.token_urlsafe(24))
+    route = kept if kept is not None else lettered_password(secrets.token_urlsafe(24))
     _write_private(out / ROUTE_ENV, _route_env_file(route))
     # Redis's too: the server holds it until restarted (decision 0083).
     kept = _kept(out / REDIS_ENV, REDIS_PASSWORD_ENV)
-    redis_password = kept if kept is not None else route_password(secrets.token_urlsafe(24))
+    redis_password = kept if kept is not None else lettered_password(secrets.token_urlsafe(24))
     _write_private(out / REDIS_ENV, _redis_env_file(redis_password))
     return GeneratedAuth(
         config_path=config_path,
@@ -782,11 +774,12 @@ def generate(
     )
 
 
-def route_password(token: str) -> str:
-    """The routes' password made of a URL-safe ``token``, led by a letter: nats-server reads
-    the variable that holds it (``password: $NATS_ROUTE_PASSWORD``) as a value of its
+def lettered_password(token: str) -> str:
+    """A password made of a URL-safe ``token``, led by a letter: nats-server reads the
+    variable that holds the routes' (``password: $NATS_ROUTE_PASSWORD``) as a value of its
     configuration, and one that starts with ``-`` or digits then ``-`` fails to parse
-    (as a number or a date), so the servers would not start (decision 0078)."""
+    (as a number or a date), so the servers would not start (decision 0078). Redis's is
+    made alike (``_kept`` reads both back by that shape)."""
     return "r" + token
 
 

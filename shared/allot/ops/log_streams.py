@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -67,9 +66,8 @@ class StreamsRefusedError(RuntimeError):
 async def _make(
     js: JetStreamContext, replicas: int | None, lease_ttl_s: float, timeout_s: float
 ) -> dict[str, str]:
+    replicas = bus.replicas_asked(replicas)
     done = await bus.ensure_streams(js, replicas, ready_timeout_s=timeout_s)
-    if replicas is None and os.environ.get(bus.REPLICAS_ENV, "").strip():
-        replicas = bus.stream_replicas()  # as ensure_streams reads it
     done[BUCKET_STREAM] = await _lease_bucket(js, lease_ttl_s, replicas)
     return done
 
@@ -79,9 +77,7 @@ async def _lease_bucket(js: JetStreamContext, ttl_s: float, replicas: int | None
     try:
         info = await js.stream_info(BUCKET_STREAM)
     except NotFoundError:
-        await js.create_key_value(
-            bucket=bus.LEADER_BUCKET, ttl=ttl_s, history=1, replicas=replicas or 1
-        )
+        await bus.new_lease_bucket(js, ttl_s, replicas or 1)
         return f"created (leases last {ttl_s:g} s)"
     config, differs = info.config, list[str]()
     if abs((config.max_age or 0.0) - ttl_s) > 1e-6:
