@@ -121,3 +121,14 @@ def test_bad_options_are_refused_naming_them(
 ) -> None:
     assert main(["streams", "--nats-url", "nats://127.0.0.1:1", *argv]) == 2
     assert option in capsys.readouterr().err
+
+
+def test_a_server_not_reached_is_said_within_the_timeout_and_the_password_is_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A wrong address (a careless `--nats-url`) ends the command after about --timeout-s,
+    as a one-shot command should, instead of retrying forever as a service does."""
+    url = "nats://keeper:s3cret@127.0.0.1:1"
+    assert main(["streams", "--nats-url", url, "--timeout-s", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "no servers available" in out and "127.0.0.1:1" in out and "s3cret" not in out

@@ -434,10 +434,16 @@ def nats_error_logger(
 
 
 async def connect(
-    url: str, name: str, on_error: Callable[[Exception], None] | None = None
+    url: str,
+    name: str,
+    on_error: Callable[[Exception], None] | None = None,
+    *,
+    for_s: float | None = None,
 ) -> tuple[NatsClient, JetStreamContext]:
     """A long-lived connection (reconnects forever); ``on_error`` also hears each error
-    the server reports (a refused publish, for one)."""
+    the server reports (a refused publish, for one). ``for_s``: a one-shot command's, which
+    tries about that long (a try every ``RECONNECT_WAIT_S``), then raises nats-py's
+    ``NoServersError`` instead of waiting forever for a wrong address."""
     log_error = nats_error_logger(name)
 
     async def error_cb(e: Exception) -> None:
@@ -450,11 +456,14 @@ async def connect(
         name=name,
         inbox_prefix=inbox_prefix_for_url(url),
         tls=client_tls(url),
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,
+        max_reconnect_attempts=-1 if for_s is None else max(1, int(for_s / RECONNECT_WAIT_S)),
+        reconnect_time_wait=RECONNECT_WAIT_S,
         error_cb=error_cb,
     )
     return nc, nc.jetstream()
+
+
+RECONNECT_WAIT_S = 0.25
 
 
 async def confirm_subscriptions(nc: NatsClient) -> None:

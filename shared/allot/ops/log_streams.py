@@ -33,7 +33,8 @@ async def make_streams(
 ) -> dict[str, str]:
     """Create or update the streams (``allot.bus.ensure_streams``: each tried again until
     ``timeout_s`` while JetStream cannot answer yet) and the lease bucket; returns what was
-    done to each, the bucket under its stream's name (``KV_allot_leader``)."""
+    done to each, the bucket under its stream's name (``KV_allot_leader``). A server not
+    reached within about ``timeout_s`` raises nats-py's ``NoServersError``."""
     loop = asyncio.get_running_loop()
     refused: asyncio.Future[str] = loop.create_future()
 
@@ -41,7 +42,7 @@ async def make_streams(
         if "permissions violation" in str(e).lower() and not refused.done():
             refused.set_result(str(e))
 
-    nc, js = await bus.connect(url, "allot-streams", on_error)
+    nc, js = await bus.connect(url, "allot-streams", on_error, for_s=max(timeout_s, 1.0))
     try:
         work = asyncio.ensure_future(_make(js, replicas, lease_ttl_s, timeout_s))
         either: set[asyncio.Future[Any]] = {work, refused}
