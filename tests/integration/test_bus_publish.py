@@ -14,6 +14,7 @@ import nats.errors
 import pytest
 
 from allot import bus
+from allot.bus import streams as bus_streams
 from allot.bus.polled_follower import PolledLogFollower
 from allot.eventlog.logfold import LogFold
 from allot.proto import messages as m
@@ -264,7 +265,7 @@ async def test_usage_keeps_the_budget_tree_however_many_rankings_follow(
     """Nothing in USAGE ages out (a tree set once must outlive a quiet month, or every
     allocation becomes unknown): each subject keeps its last messages, so rankings cannot
     push the tree out either. Here each keeps 3."""
-    monkeypatch.setattr(bus, "USAGE_KEPT_PER_SUBJECT", 3)
+    monkeypatch.setattr(bus_streams, "USAGE_KEPT_PER_SUBJECT", 3)
     nc, js = await bus.connect(fresh_log, "test-usage-kept")
     try:
         await bus.ensure_streams(js)

@@ -23,6 +23,7 @@ from structlog.testing import capture_logs
 from allot import bus
 from allot.adapters.embedded import EmbeddedNats, find_nats_server, free_ports
 from allot.adapters.nats_cluster import EmbeddedNatsCluster
+from allot.bus import streams as bus_streams
 from allot.proto.subjects import STREAMS
 
 pytestmark = pytest.mark.integration
@@ -32,10 +33,10 @@ RETRY = "jetstream not ready; retrying"
 
 @pytest.fixture
 def logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[MutableMapping[str, Any]]]:
-    """What ``allot.bus`` logs during the test (a logger made inside the capture: one
-    cached by an earlier test's configuration would bypass it)."""
+    """What ``allot.bus.streams`` logs during the test (a logger made inside the capture:
+    one cached by an earlier test's configuration would bypass it)."""
     with capture_logs() as captured:
-        monkeypatch.setattr(bus, "log", structlog.get_logger("allot.bus"))
+        monkeypatch.setattr(bus_streams, "log", structlog.get_logger("allot.bus"))
         yield captured
 
 
