@@ -474,6 +474,7 @@ class HealthService:
             await self.idle_ready.wait()
             async with self._idle_lock:
                 await self._read_own_flags()
+                await self._read_registration(host)
                 judged = self.idle.judge(host, report, self.clock())
                 if judged.recorded is not None:
                     await self._append(
@@ -531,6 +532,16 @@ class HealthService:
         follower = self._idle_follower
         if follower is not None and follower.last_seq.get("USAGE", 0) < self._flagged_seq:
             await follower.wait_for("USAGE", self._flagged_seq, ECHO_TIMEOUT_S)
+
+    async def _read_registration(self, host: str) -> None:
+        """A host registered on its first heartbeat may report before the idle watch, which
+        takes the log every ``IDLE_READ_EVERY_S``, has read the registration: let it read
+        HOSTS as far as this instance has (not a refusal of a genuine new host)."""
+        idle, main = self._idle_follower, self._follower
+        if idle is None or main is None or host in self.idle.fold.state:
+            return
+        if host in self.book.hosts:
+            await idle.wait_for("HOSTS", main.last_seq.get("HOSTS", 0), ECHO_TIMEOUT_S)
 
     async def _idle_query_handler(self, msg: Delivery) -> bytes:
         subject = msg.raw_message.subject

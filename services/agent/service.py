@@ -794,15 +794,19 @@ class Agent:
 
     # ------------------------------------------------------------------ periodic work
     async def _every(
-        self, period: float, action: Callable[[Sequence[str]], Awaitable[None]]
+        self,
+        period: float,
+        action: Callable[[Sequence[str]], Awaitable[None]],
+        *,
+        first_after_period: bool = False,
     ) -> None:
         """Run ``action`` over every host once per ``period``, in at most ``SLOTS`` batches
-        spread over it."""
+        spread over it; ``first_after_period``: the first round one period from now."""
         hosts = self.config.hosts
         slots = min(len(hosts), SLOTS)
         groups = [hosts[i::slots] for i in range(slots)]
         loop = asyncio.get_running_loop()
-        start, n = loop.time(), 0
+        start, n = loop.time(), 1 if first_after_period else 0
         while True:
             for i, group in enumerate(groups):
                 delay = start + (n + i / slots) * period - loop.time()
@@ -846,7 +850,11 @@ class Agent:
         else:
             now = self._clock()
             self._means = {h: UtilMeans(self.config.gpus, now) for h in self.config.hosts}
-        self._loops.append(asyncio.create_task(self._every(every, self._report_util)))
+        # A report covers the interval since the last: the first after one whole interval
+        # (one at start measured nothing, and beat health's registration of a new host
+        # from its first heartbeat: refused as "not a registered host").
+        report = self._every(every, self._report_util, first_after_period=True)
+        self._loops.append(asyncio.create_task(report))
 
     async def _read_gpus(self, hosts: Sequence[str]) -> None:
         assert self._gpus is not None

@@ -4,6 +4,7 @@ reports, missed heartbeats; the HOSTS stream is a ``MemoryLog``."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import msgspec
@@ -16,7 +17,7 @@ from allot.core.idle import IdlePolicy
 from allot.proto import messages as m
 from allot.proto import subjects
 from allot.services.health import HealthService
-from memory_log import MemoryLog
+from memory_log import MemoryFollower, MemoryLog
 
 Reply = m.CommandAccepted | m.CommandRejected
 REGISTERED = m.HostRegistered(host="h1", gpus=8, at=NOW - 60)
@@ -282,6 +283,35 @@ def idle_service(log: MemoryLog, clock: Clock, *, preempt: bool = False) -> Heal
         check_s=3600.0,
         idle_policy=policy,
     )
+
+
+async def test_a_new_hosts_first_report_waits_for_the_idle_watch_to_read_its_registration() -> None:
+    """A host is registered on its first heartbeat; its first utilization report may come
+    before the idle watch (which takes the log every ``IDLE_READ_EVERY_S``) has read that:
+    the report waits for it instead of being refused as "not a registered host"."""
+    log, clock = await _placed_log(), Clock()
+    svc = idle_service(log, clock)
+    async with running(svc):
+        await svc.idle_ready.wait()
+        follower = svc._idle_follower
+        assert isinstance(follower, MemoryFollower)
+        apply = follower.on_record
+
+        async def lagging(subject: str, record: msgspec.Struct) -> None:
+            await asyncio.sleep(0.2)
+            apply(subject, record)
+
+        follower.on_record = lagging
+        await svc._on_heartbeat(raw_msg(subjects.heartbeat("h2"), beat("h2")))
+        assert "h2" in svc.book.hosts and "h2" not in svc.idle.fold.state
+        body = m.HostUtilization(host="h2", since=clock.now - 1, sent_at=clock.now, util=(0.0,))
+        answer = await svc.utilization(subjects.host_util("h2"), msgspec.json.encode(body))
+        # A host nobody registered is still refused at once.
+        body = m.HostUtilization(host="h9", since=clock.now - 1, sent_at=clock.now, util=(0.0,))
+        unknown = await svc.utilization(subjects.host_util("h9"), msgspec.json.encode(body))
+    assert isinstance(answer, m.CommandAccepted), answer
+    assert isinstance(unknown, m.CommandRejected) and unknown.field == "host"
+    assert svc.util_rejected == {"host": 1}
 
 
 async def test_idle_gpus_are_recorded_flagged_once_and_the_flag_outlives_a_restart() -> None:
