@@ -8,25 +8,32 @@ IDLE SINCE, FLAGGED, HIGHEST % (the highest utilization seen in the stretch), RE
 a line naming the policy. ``--alloc``: that allocation's only, on the per-allocation subject
 a team user is granted (a team's login needs it). ``--follow`` (with ``--alloc``): then
 every flag and clear of that allocation's work as it happens (``allot.v1.usage.idle.<a>.*``),
-one line each (``--json``: one envelope a line), until Ctrl-C. Idle GPU-hours per
-allocation: ``allot owed``.
+one line each (``--json``: one envelope a line), until Ctrl-C. A lost connection to NATS
+is said on stderr and retried; once back, the flagged runs are printed again as they are
+then (what came meanwhile was not heard). Idle GPU-hours per allocation: ``allot owed``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 
 import msgspec
 
-from allot.cli.live_cmds import _common, _run, parse_scope
+from allot.cli.live_cmds import _common, _run, parse_scope, tell_connection
 from allot.core.duration_text import format_duration
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
 from allot.proto.subjects import UNALLOCATED
 from allot.render import live_format as fmt
-from allot.sdk import Client
+from allot.sdk import Client, NoResponderError, SdkError
+
+RESYNC_TRIES = 10
+RESYNC_PAUSE_S = 1.0
+"""Once reconnected, ``--follow`` asks for the flagged runs up to this many times, this far
+apart, while no health service answers (a stack restarted with its NATS)."""
 
 IDLE_COLUMNS = (
     fmt.Column("WORKLOAD"),
@@ -98,15 +105,19 @@ def run_idle(args: argparse.Namespace) -> int:
     if args.follow and scope is None:
         raise ValidationError("--follow", "needs --alloc (a team hears its own work only)")
 
-    async def work(c: Client) -> int:
-        snapshot = await c.idle(scope=scope)
+    def print_snapshot(snapshot: m.IdleSnapshot) -> None:
         if args.json:
             print(fmt.envelope_json(snapshot, snapshot.at, indent=None), flush=True)
         else:
             print(idle_text(snapshot), flush=True)
+
+    async def work(c: Client) -> int:
+        print_snapshot(await c.idle(scope=scope))
         if not args.follow:
             return 0
         assert scope is not None
+        back: asyncio.Queue[None] = asyncio.Queue()
+        tell_connection(args, c, lambda: back.put_nowait(None))
 
         def show(record: msgspec.Struct) -> None:
             if args.json:
@@ -115,8 +126,25 @@ def run_idle(args: argparse.Namespace) -> int:
                 print(idle_line(record), flush=True)
 
         await c.on_idle(show, allocation=scope)
-        await asyncio.Event().wait()  # until Ctrl-C
-        return 0
+        while True:  # until Ctrl-C
+            await back.get()
+            # What was flagged or cleared while the connection was lost was not heard: the
+            # flagged runs as they are now, as at the start.
+            await resync(c)
+
+    async def resync(c: Client) -> None:
+        for attempt in range(1, RESYNC_TRIES + 1):
+            try:
+                print_snapshot(await c.idle(scope=scope))
+                return
+            except NoResponderError as exc:  # health not back yet (a restarted stack)
+                if attempt == RESYNC_TRIES:
+                    print(f"allot {args.command}: {exc}", file=sys.stderr)
+                    return
+                await asyncio.sleep(RESYNC_PAUSE_S)
+            except SdkError as exc:
+                print(f"allot {args.command}: {exc}", file=sys.stderr)
+                return
 
     return _run(args, work)
 

@@ -537,6 +537,28 @@ def _run(args: argparse.Namespace, work: Callable[[Client], Awaitable[int]]) -> 
         return EXIT_REFUSED if refused else EXIT_UNAVAILABLE
 
 
+def tell_connection(
+    args: argparse.Namespace, c: Client, on_back: Callable[[], None] | None = None
+) -> None:
+    """A following command says on stderr when its connection to NATS is lost (it keeps
+    trying, until Ctrl-C) and when it is back; ``on_back`` then runs too."""
+    where = masked_url(c.nats_url)
+
+    def changed(up: bool) -> None:
+        if up:
+            print(f"allot {args.command}: reconnected to NATS at {where}", file=sys.stderr)
+            if on_back is not None:
+                on_back()
+        else:
+            print(
+                f"allot {args.command}: lost NATS at {where}; reconnecting (Ctrl-C to stop)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    c.on_connection(changed)
+
+
 def _too_many_gpus(args: argparse.Namespace, gpus: int) -> str | None:
     """Why the stack would refuse ``gpus`` (more than its registered hosts hold), asked
     quietly: None when it would not, or when no stack answers within a second."""
@@ -812,6 +834,7 @@ def run_watch(args: argparse.Namespace) -> int:
             print(fmt.event_line(record), flush=True)
 
     async def work(c: Client) -> int:
+        tell_connection(args, c)  # the log's records resume where they were
         try:
             scope = given or await _allocation_of(c, args.workload) or s.UNALLOCATED
             with contextlib.suppress(NoResponderError, RequestTimeoutError):  # no leader

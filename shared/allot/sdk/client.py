@@ -297,6 +297,7 @@ class Client:
         self._nc: NatsClient | None = None
         self._refusals: dict[str, list[asyncio.Future[None]]] = {}
         """Requests in flight by lowercased subject, woken when the server refuses it."""
+        self._on_connection: list[Callable[[bool], None]] = []
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -337,6 +338,13 @@ class Client:
         # allow_reconnect says: bound the first connection ourselves. Once connected,
         # reconnect forever: a training loop must keep receiving preemption notices.
         nc = NatsClient()
+
+        async def disconnected() -> None:
+            self._connection_changed(nc, False)
+
+        async def reconnected() -> None:
+            self._connection_changed(nc, True)
+
         connecting = asyncio.ensure_future(
             nc.connect(
                 server_urls(self.nats_url),
@@ -345,6 +353,8 @@ class Client:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=1,
                 error_cb=on_error,
+                disconnected_cb=disconnected,
+                reconnected_cb=reconnected,
                 # A user reads replies only under its own inbox prefix (allot auth gen).
                 inbox_prefix=inbox_prefix_for_url(self.nats_url),
                 tls=client_tls(self.nats_url),
@@ -389,6 +399,22 @@ class Client:
         raise NotConnectedError(
             f"cannot reach NATS at {where}: is the stack running? (allot up) [{detail}]"
         )
+
+    def on_connection(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(False)`` each time the connection to NATS is lost (the client
+        reconnects on its own, forever) and ``callback(True)`` once it is back; not when
+        this client is closed. While it is lost, nothing is heard: a subscription of core
+        NATS (``on_idle``, ``on_preemption``) misses what was sent meanwhile."""
+        self._on_connection.append(callback)
+
+    def _connection_changed(self, nc: NatsClient, up: bool) -> None:
+        if self._nc is not nc:  # closing, or a first connection that was given up
+            return
+        for callback in list(self._on_connection):
+            try:
+                callback(up)
+            except Exception:  # a caller's callback must not end nats-py's reconnect loop
+                log.exception("connection callback failed")
 
     async def close(self) -> None:
         if self._nc is not None:
