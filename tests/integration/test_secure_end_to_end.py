@@ -7,6 +7,7 @@ server refuses nothing any service asked."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import uuid
@@ -100,6 +101,12 @@ async def test_each_service_on_its_own_login_runs_the_whole_contract(
             log = [bus.decode_record(r.subject, bytes(r.record)) for r in page.records]
             owed = await nlp.owed(3600.0, 60)
             assert {row.allocation for row in owed.rows} >= {"nlp", "ads"}
+            # An operator replays the live cycles (allot twin): the budget trees, rankings
+            # and idle flags of USAGE come through ranking's history pages too (the
+            # operators' login may not read the log itself).
+            out = await _cli("twin", "--since", "10m", "--json", "--nats-url", stack.url_for("ops"))
+            twin = json.loads(out)["data"]
+            assert twin["placements"]["live"] >= 3, twin
         # Charged == run, by accounting's own login.
         await charged_as_ran(log, redis_url, config.redis_prefix)
         # The operators' rebuild, as the shared login over TLS (it once hung there, without
@@ -134,6 +141,21 @@ async def test_each_service_on_its_own_login_runs_the_whole_contract(
     server_log = (tmp_path / "logs" / "nats-server.log").read_text(errors="replace")
     refused = [line for line in server_log.splitlines() if "Violation" in line]
     assert not [line for line in refused if "user:allot-" in line], refused
+
+
+async def _cli(*argv: str) -> bytes:
+    """``allot`` in a subprocess (its own event loop), within a minute; its stdout."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "allot.cli.main", *argv, stdout=PIPE, stderr=PIPE
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err
+    return out
 
 
 async def _until_running(c: Client, wid: str):  # type: ignore[no-untyped-def]

@@ -13,15 +13,41 @@ import math
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from live_harness import eventually, quick_stack
 from test_whatif_live import BUDGETS, allot
 
 from allot.eventlog.twin import KINDS, UNEXPLAINED
+from allot.ops.log_reader import WHOLE_LOG, read_log
 from allot.ops.stack import AgentSpec, Stack
+from allot.proto import messages as m
+from allot.proto import subjects as s
 from allot.sdk import Client
 
 pytestmark = pytest.mark.integration
+
+TWIN_READS: dict[str, str | tuple[str, ...]] = {"USAGE": (s.BUDGET_TREE, s.RANKING, s.ALL_IDLE)}
+"""What ``allot twin`` reads of USAGE."""
+
+
+def _of(stream: str, records: list[msgspec.Struct]) -> list[msgspec.Struct]:
+    usage = m.BudgetTreeSet | m.RankingUpdated | m.IdleEvent
+
+    def stream_of(r: msgspec.Struct) -> str:
+        if isinstance(r, m.HostEvent):
+            return "HOSTS"
+        return "USAGE" if isinstance(r, usage) else "WORKLOADS"
+
+    return [r for r in records if stream_of(r) == stream]
+
+
+def _shown(record: msgspec.Struct) -> msgspec.Struct:
+    """As the history pages show it: a submission without its command and env."""
+    if isinstance(record, m.WorkloadSubmitted):
+        return msgspec.structs.replace(record, command=(), env={})
+    return record
+
 
 # The stack's knobs, given to the replay too (the log does not record them).
 KNOBS = ["--grace-s", "2", "--unallocated-grace-s", "1", "--unallocated-settle-s", "1"]
@@ -77,6 +103,17 @@ async def test_a_contended_live_history_is_replayed_placement_for_placement(
         code, out, err = await allot(
             capsys, "twin", "--since", since, "--json", "--save", str(saved), *KNOBS, *url
         )
+        # What twin reads through ranking's history pages (one filter of USAGE a page,
+        # merged back) is what the log itself holds, stream by stream (the log grows
+        # between the two reads: the first is a prefix of the second).
+        paged: list[msgspec.Struct] = []
+        direct: list[msgspec.Struct] = []
+        await read_log(fresh_log, paged.append, subjects=TWIN_READS, via="query")
+        await read_log(fresh_log, direct.append, subjects=TWIN_READS, via="jetstream")
+        for stream in WHOLE_LOG:
+            ours, theirs = _of(stream, paged), [_shown(r) for r in _of(stream, direct)]
+            assert ours and ours == theirs[: len(ours)], stream
+        assert any(isinstance(r, m.RankingUpdated) for r in paged)
     assert code == 0, err
     data = json.loads(out)["data"]
     placements, notices = data["placements"], data["notices"]

@@ -17,6 +17,7 @@ from allot.proto import codec
 from allot.proto import messages as m
 from allot.proto import subjects as s
 from allot.sdk import NoResponderError
+from memory_log import subject_matches
 
 SUBMITTED = m.WorkloadSubmitted(
     workload_id="w-1",
@@ -118,11 +119,27 @@ class FakeClient:
         self.records, self.page = records, page
         self.asked: list[tuple[str, int]] = []
 
-    async def history_page(self, stream: str, *, start_seq: int, limit: int) -> m.HistoryPage:
+    async def history_page(
+        self,
+        stream: str,
+        *,
+        start_seq: int,
+        limit: int,
+        idle: bool = False,
+        rankings: bool = False,
+    ) -> m.HistoryPage:
+        """As the ranking service answers: the query's filter, from ``start_seq``."""
         self.asked.append((stream, start_seq))
-        rows = [r for r in self.records[stream] if r[0] >= start_seq][: self.page]
+        query = m.HistoryQuery(stream=stream, idle=idle, rankings=rankings)  # type: ignore[arg-type]
+        hp.check_query(query)
+        wanted = hp.filter_of(query)
+        matching = [r for r in self.records[stream] if subject_matches(wanted, r[1])]
+        left = [r for r in matching if r[0] >= start_seq]
+        rows = left[: self.page]
         last = self.records[stream][-1][0] if self.records[stream] else 0
         nxt = rows[-1][0] + 1 if rows else start_seq
+        if len(rows) == len(left):  # nothing after them matches: the page ends the stream
+            nxt = max(nxt, last + 1)
         recs = tuple(m.HistoryRecord(seq=q, subject=j, record=msgspec.Raw(d)) for q, j, d in rows)
         return m.HistoryPage(
             stream=stream,  # type: ignore[arg-type]
@@ -149,6 +166,62 @@ def test_read_pages_reads_each_stream_to_its_end_in_order() -> None:
         ("WORKLOADS", 3),
         ("WORKLOADS", 6),
     ]
+
+
+def test_several_filters_of_usage_are_read_one_by_one_and_handed_over_in_its_order() -> None:
+    """``allot twin`` reads USAGE's budget trees, rankings and idle flags: the query reads
+    one filter a page, the reader merges them back into the stream's order; what no filter
+    asks (the hosts' utilization) is not read."""
+    tree = m.BudgetTreeSet(at=1.0, by="ops", tree=m.BudgetNodeSpec(name="root"))
+    ranking = m.RankingUpdated(at=2.0, window_s=60.0, nodes=())
+    flag = m.WorkloadFlaggedIdle(
+        workload_id="w",
+        allocation="nlp",
+        gpus=1,
+        at=3.0,
+        idle_since=1.0,
+        threshold_pct=5.0,
+        window_s=60.0,
+    )
+    util = m.HostUtilizationRecorded(host="h", since=1.0, until=2.0, at=2.0, parts=())
+    rows = [
+        (1, s.BUDGET_TREE, encode(tree)),
+        (2, s.RANKING, encode(ranking)),
+        (3, s.usage_gpu("h"), encode(util)),
+        (4, s.idle("nlp", "w"), encode(flag)),
+        (5, s.RANKING, encode(msgspec.structs.replace(ranking, at=5.0))),
+        (6, s.BUDGET_TREE, encode(msgspec.structs.replace(tree, at=6.0))),
+    ]
+    client = FakeClient({"USAGE": rows}, page=1)
+    twin = {"USAGE": (s.BUDGET_TREE, s.RANKING, s.ALL_IDLE)}
+    got: list[Any] = []
+    assert asyncio.run(log_reader.read_pages(client, got.append, ("USAGE",), subjects=twin))  # type: ignore[arg-type]
+    assert [(type(r).__name__, r.at) for r in got] == [
+        ("BudgetTreeSet", 1.0),
+        ("RankingUpdated", 2.0),
+        ("WorkloadFlaggedIdle", 3.0),
+        ("RankingUpdated", 5.0),
+        ("BudgetTreeSet", 6.0),
+    ]
+    assert log_reader.history_queries(("USAGE",), twin) == {
+        "USAGE": [{}, {"rankings": True}, {"idle": True}]
+    }
+    # What the query cannot serve is read from the log itself (or refused under logins).
+    assert log_reader.history_queries(("USAGE",), {"USAGE": ">"}) is None
+    assert log_reader.history_queries(("WORKLOADS",), {"WORKLOADS": s.LEADER}) is None
+
+
+def test_rankings_are_read_of_usage_only_and_not_with_idle() -> None:
+    rankings = m.HistoryQuery(stream="USAGE", rankings=True)
+    hp.check_query(rankings)
+    assert hp.filter_of(rankings) == s.RANKING
+    for wrong in (
+        m.HistoryQuery(stream="HOSTS", rankings=True),
+        m.HistoryQuery(stream="USAGE", rankings=True, idle=True),
+    ):
+        with pytest.raises(ValidationError) as caught:
+            hp.check_query(wrong)
+        assert caught.value.field == "rankings"
 
 
 def test_read_pages_falls_back_only_when_no_one_answers_the_first_page() -> None:

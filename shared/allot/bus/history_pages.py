@@ -7,8 +7,9 @@ A page is read by an ephemeral pull consumer (no acks, in memory, deleted after 
 dropped by the server ``CONSUMER_INACTIVE_S`` after its last use in any case) from
 ``start_seq`` or ``start_time``: at most the query's ``limit`` (``HISTORY_PAGE_MAX`` at
 most) records and ``max_bytes`` bytes of them, so one request never reads much of the log.
-USAGE is read on its budget-tree subject (what a what-if replays), or on its idle records
-(``idle``: the dashboard's owed page); never its rankings.
+USAGE is read on its budget-tree subject (what a what-if replays), on its idle records
+(``idle``: the dashboard's owed page) or on its rankings (``rankings``: what ``allot twin``
+replays beside the trees and flags); never its hosts' utilization.
 
 Every record is decoded (``allot.bus.decode_record``, as every reader does); one that does
 not decode is left out and counted (``omitted``), so nothing unchecked reaches the asker. A
@@ -47,6 +48,8 @@ FILTERS: dict[str, str] = {"WORKLOADS": ">", "HOSTS": ">", "USAGE": s.BUDGET_TRE
 """Each stream's filter: all of WORKLOADS and HOSTS, the budget trees of USAGE."""
 IDLE_FILTER = s.ALL_IDLE
 """USAGE's filter for a query with ``idle``."""
+RANKINGS_FILTER = s.RANKING
+"""USAGE's filter for a query with ``rankings``."""
 MAX_PAGE_BYTES = 512 * 1024
 """The records' bytes one page carries at most (NATS's own limit is 1 MiB a message); a
 first record larger than this goes alone, if it fits ``MAX_REPLY_BYTES``."""
@@ -66,17 +69,23 @@ keys, counted generously."""
 
 
 def check_query(query: m.HistoryQuery) -> None:
-    """What the schema cannot say: not both starts, ``idle`` of USAGE only (raises
-    ``ValidationError``)."""
+    """What the schema cannot say: not both starts, ``idle`` and ``rankings`` of USAGE only
+    and not both (raises ``ValidationError``)."""
     if query.start_seq is not None and query.start_time is not None:
         raise ValidationError("start_time", "give start_seq or start_time, not both")
     if query.idle and query.stream != "USAGE":
         raise ValidationError("idle", f"only USAGE holds idle records, not {query.stream}")
+    if query.rankings and query.stream != "USAGE":
+        raise ValidationError("rankings", f"only USAGE holds rankings, not {query.stream}")
+    if query.idle and query.rankings:
+        raise ValidationError("rankings", "give idle or rankings, not both (one filter a page)")
 
 
 def filter_of(query: m.HistoryQuery) -> str:
     """The subject filter the query reads its stream on."""
-    return IDLE_FILTER if query.idle else FILTERS[query.stream]
+    if query.idle:
+        return IDLE_FILTER
+    return RANKINGS_FILTER if query.rankings else FILTERS[query.stream]
 
 
 def page_records(page: m.HistoryPage) -> Iterator[tuple[int, str, msgspec.Struct]]:

@@ -1194,13 +1194,15 @@ class HistoryQuery(_Message, frozen=True, kw_only=True):
     record stored at or after ``start_time`` (neither: from the stream's first record; not
     both). The answering service reads at most ``limit`` records and a bounded number of
     bytes; a submission's record comes without its ``command`` and ``env``. USAGE is read on
-    its budget trees, or with ``idle`` on its idle records (health's flags) instead."""
+    its budget trees, or instead with ``idle`` on its idle records (health's flags), with
+    ``rankings`` on the ranking service's snapshots (``allot twin``); not both."""
 
     stream: Literal["WORKLOADS", "HOSTS", "USAGE"]
     start_seq: HistorySeq | None = None
     start_time: Timestamp | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=HISTORY_PAGE_MAX)] = 500
     idle: bool = False
+    rankings: bool = False
 
 
 class HistoryRecord(_Wire, frozen=True, kw_only=True):

@@ -851,11 +851,13 @@ class Client:
         start_time: float | None = None,
         limit: int = 500,
         idle: bool = False,
+        rankings: bool = False,
         subject: str = subjects.QUERY_HISTORY,
         timeout: float | None = None,
     ) -> m.HistoryPage:
         """One page of a log stream (``WORKLOADS``, ``HOSTS``, or ``USAGE``: its budget
-        trees, with ``idle`` its idle records), read by the ranking service for a login
+        trees, with ``idle`` its idle records, with ``rankings`` its rankings), read by the
+        ranking service for a login
         that may not read the log itself (operators, managers, the dashboard); ask again
         from ``next_seq`` until ``end``. ``subject``: ``subjects.DASHBOARD_LOG`` for the
         dashboard's own reads."""
@@ -865,6 +867,7 @@ class Client:
             start_time=start_time,
             limit=limit,
             idle=idle,
+            rankings=rankings,
         )
         body = _checked(query)
         return await self._ask(subject, body, _HISTORY_REPLY, RANKING, timeout)
