@@ -75,6 +75,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from allot import bus
 from allot.bus import runtime
 from allot.bus.record_log import Follower, JetStreamLog, RecordLog
+from allot.bus.replays import replayed
 from allot.bus.request_server import raw_connection
 from allot.bus.runtime import Delivery
 from allot.bus.service_main import base_parser, positive_seconds, run_main
@@ -441,6 +442,10 @@ class HealthService:
                 last = bus.decode_record(raw.subject, raw.data)
             except ValidationError as e:
                 log.warning("utilization record skipped", host=host, field=e.field)
+                continue
+            copy = replayed(last, raw.time)
+            if copy is not None:  # decision 0085: the host's next report seeds it
+                log.warning("utilization record skipped", host=host, reason=copy)
                 continue
             if isinstance(last, m.HostUtilizationRecorded):
                 self.idle.seed(last)

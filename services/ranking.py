@@ -42,6 +42,7 @@ from allot import bus
 from allot.adapters.usage_store import RedisUsageStore, UsageStore
 from allot.bus import history_pages, runtime
 from allot.bus.record_log import JetStreamLog, RecordLog
+from allot.bus.replays import replayed
 from allot.bus.request_server import RequestServer
 from allot.bus.runtime import Delivery
 from allot.bus.service_main import base_parser, positive_seconds, run_main
@@ -178,7 +179,12 @@ class RankingService:
                 log.warning("last budget tree skipped", seq=last.seq, field=e.field)
                 found = await _last_tree_followed(record_log)
             else:
-                found = record
+                copy = replayed(record, last.time)
+                if copy is not None:  # an earlier tree stored again (decision 0085)
+                    log.warning("last budget tree skipped", seq=last.seq, reason=copy)
+                    found = await _last_tree_followed(record_log)
+                else:
+                    found = record
             if found is not None:
                 self.tree = tree_from_spec(found.tree)
                 log.info("budget tree from the log", by=found.by, at=found.at)

@@ -41,6 +41,7 @@ from opentelemetry import trace
 
 from allot import bus
 from allot.bus import group_commit
+from allot.bus.replays import jetstream_delivery, replayed
 from allot.bus.runtime import configure_logging, make_broker, tracer_provider, wall_clock
 from allot.bus.service_main import add_short_lane_argument, base_parser, lane_hosts_of, run_main
 from allot.bus.tasks import stop_tasks
@@ -253,10 +254,16 @@ class PlacementService:
             return
         with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
             ranking = _RANKING.decode(last.data or b"")
-            if self.ranking.version == 0:  # none delivered meanwhile (that one is newer)
+            copy = replayed(ranking, last.time)
+            if copy is not None:  # the next one ranking publishes is used
+                log.warning("last ranking skipped", seq=last.seq, reason=copy)
+            elif self.ranking.version == 0:  # none delivered meanwhile (that one is newer)
                 self._use_ranking(ranking)
 
     async def _on_ranking(self, msg: Msg) -> None:
+        if jetstream_delivery(msg):  # a copy the log delivered here (decision 0085)
+            log.warning("ranking skipped: a copy delivered from the log")
+            return
         try:
             self._use_ranking(_RANKING.decode(msg.data))
         except (msgspec.ValidationError, msgspec.DecodeError) as e:

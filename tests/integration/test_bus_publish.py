@@ -7,6 +7,7 @@ consumer again when it is lost."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import nats
@@ -131,7 +132,7 @@ async def test_a_placement_waits_for_the_registration_of_its_host(
     h2 is unknown"; dispatch then never listed the run to its agent)."""
     nc, js = await bus.connect(fresh_log, "test-hosts-order")
     await bus.ensure_streams(js)
-    await bus.publish(js, s.host_state("h1"), m.HostRegistered(host="h1", gpus=8, at=1.0))
+    await bus.publish(js, s.host_state("h1"), m.HostRegistered(host="h1", gpus=8, at=time.time()))
     await bus.publish(js, s.LEADER, m.LeaderElected(epoch=1, leader="p", at=1.0))
     submitted = m.WorkloadSubmitted(
         workload_id="w1", client_id="c1", user="ana", gpus=2, allocation="nlp", at=2.0
@@ -161,7 +162,9 @@ async def test_a_placement_waits_for_the_registration_of_its_host(
         )
         await asyncio.sleep(0.3)
         assert follower.last_seq.get("WORKLOADS", 0) < seq.seq  # held back, not ignored
-        await bus.publish(js, s.host_state("h2"), m.HostRegistered(host="h2", gpus=4, at=3.0))
+        await bus.publish(
+            js, s.host_state("h2"), m.HostRegistered(host="h2", gpus=4, at=time.time())
+        )
         assert await follower.wait_for("WORKLOADS", seq.seq, timeout=5.0)
         assert fold.records["w1"].status == "running"
         assert fold.workload_on("h2") == {"w1"}
@@ -178,7 +181,7 @@ async def test_a_reader_does_not_stop_on_hosts_that_never_come(
     monkeypatch.setattr(bus, "HOSTS_WAIT_S", 0.3)
     nc, js = await bus.connect(fresh_log, "test-hosts-gone")
     await bus.ensure_streams(js)
-    await bus.publish(js, s.host_state("h1"), m.HostRegistered(host="h1", gpus=8, at=1.0))
+    await bus.publish(js, s.host_state("h1"), m.HostRegistered(host="h1", gpus=8, at=time.time()))
     subject = s.events("nlp", "w1", "requeued")
     for i in range(1, 4):
         await js.publish(
@@ -243,7 +246,9 @@ async def test_a_filter_that_matches_nothing_yet_is_caught_up_at_once(
         )
         await asyncio.wait_for(several.start(), 10.0)
         spec = m.BudgetNodeSpec(name="root", children=(m.BudgetNodeSpec(name="nlp"),))
-        tree = await bus.publish(js, s.BUDGET_TREE, m.BudgetTreeSet(at=2.0, by="t", tree=spec))
+        tree = await bus.publish(
+            js, s.BUDGET_TREE, m.BudgetTreeSet(at=time.time(), by="t", tree=spec)
+        )
         leader = await bus.publish(js, s.LEADER, m.LeaderElected(epoch=1, leader="p", at=3.0))
         assert await one.wait_for("USAGE", tree, timeout=5.0)
         assert one.last_seq["USAGE"] == tree
@@ -272,7 +277,9 @@ async def test_usage_keeps_the_budget_tree_however_many_rankings_follow(
         info = await js.stream_info("USAGE")
         assert info.config.max_age in (0, None) and info.config.max_msgs_per_subject == 3
         spec = m.BudgetNodeSpec(name="root", children=(m.BudgetNodeSpec(name="nlp"),))
-        tree = await bus.publish(js, s.BUDGET_TREE, m.BudgetTreeSet(at=1.0, by="t", tree=spec))
+        tree = await bus.publish(
+            js, s.BUDGET_TREE, m.BudgetTreeSet(at=time.time(), by="t", tree=spec)
+        )
         for i in range(5):
             await js.publish(s.RANKING, f'{{"n":{i}}}'.encode())
         info = await js.stream_info("USAGE")

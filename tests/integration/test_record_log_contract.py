@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -24,7 +25,7 @@ from memory_log import MemoryLog
 
 
 def host(name: str) -> m.HostRegistered:
-    return m.HostRegistered(host=name, gpus=8, at=1.0)
+    return m.HostRegistered(host=name, gpus=8, at=time.time())
 
 
 def submitted(wid: str, gpus: int = 1) -> m.WorkloadSubmitted:
@@ -105,8 +106,8 @@ async def test_read_gives_the_first_or_last_record_on_a_wildcard_subject(
 async def test_a_follower_replays_then_follows_only_what_it_filters(
     record_log: RecordLog, every_s: float | None
 ) -> None:
-    tree = m.BudgetTreeSet(at=1.0, by="t", tree=m.BudgetNodeSpec(name="root"))
-    ranking = m.RankingUpdated(at=1.0, window_s=60.0, nodes=())
+    tree = m.BudgetTreeSet(at=time.time(), by="t", tree=m.BudgetNodeSpec(name="root"))
+    ranking = m.RankingUpdated(at=time.time(), window_s=60.0, nodes=())
     await record_log.append(s.host_state("h1"), host("h1"), "a")
     await record_log.append(s.RANKING, ranking, "b")
     await record_log.append(s.BUDGET_TREE, tree, "c")

@@ -9,6 +9,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import msgspec
@@ -338,7 +339,9 @@ async def test_placement_group_commits_a_cycle_that_places_many(
                 batching_nats_url, "nlp", [_item(f"p{i}", allocation="nlp") for i in range(n)]
             )
         assert isinstance(answer, m.SubmitBatchAnswered)
-        await bus.publish(js, s.host_state("big"), m.HostRegistered(host="big", gpus=100, at=1.0))
+        await bus.publish(
+            js, s.host_state("big"), m.HostRegistered(host="big", gpus=100, at=time.time())
+        )
         placement = PlacementService(batching_nats_url, lease_ttl_s=1.0, name="pg", tracing=False)
         await service_main.start(placement)
         try:

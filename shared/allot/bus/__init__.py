@@ -41,6 +41,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from allot.auth.client import client_tls, inbox_prefix_for_url, masked_url
+from allot.bus.replays import replayed, stored_at
 from allot.bus.streams import (
     ATOMIC_STREAMS as ATOMIC_STREAMS,
 )
@@ -491,6 +492,11 @@ class LogFollower:
         except ValidationError as e:
             self.skipped += 1
             log.warning("log record skipped", subject=msg.subject, field=e.field, reason=e.reason)
+            return
+        copy = replayed(record, stored_at(msg))
+        if copy is not None:  # decision 0085
+            self.skipped += 1
+            log.warning("log record skipped", subject=msg.subject, reason=copy)
             return
         token = attach_trace(msg.headers)  # the writer's trace continues here
         try:

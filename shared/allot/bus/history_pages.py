@@ -12,7 +12,8 @@ USAGE is read on its budget-tree subject (what a what-if replays), on its idle r
 replays beside the trees and flags); never its hosts' utilization.
 
 Every record is decoded (``allot.bus.decode_record``, as every reader does); one that does
-not decode is left out and counted (``omitted``), so nothing unchecked reaches the asker. A
+not decode, or is a copy of an earlier record stored again (``allot.bus.replays``), is left
+out and counted (``omitted``), so nothing unchecked reaches the asker. A
 submission's record (``WorkloadSubmitted``) is re-encoded without ``command`` and ``env``:
 a command line or an environment variable may hold a token, and nothing that reads the
 history (export, whatif, budgets history) needs them. Every other record goes as the log
@@ -36,6 +37,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from allot.bus import decode_record, encode, stream_position
+from allot.bus.replays import replayed, stored_at
 from allot.bus.request_server import RequestServer
 from allot.core.errors import ValidationError
 from allot.proto import codec
@@ -98,12 +100,15 @@ def page_records(page: m.HistoryPage) -> Iterator[tuple[int, str, msgspec.Struct
             continue
 
 
-def shown(subject: str, data: bytes) -> bytes | None:
+def shown(subject: str, data: bytes, stored: float | None = None) -> bytes | None:
     """The record as the asker gets it: as stored, a submission without ``command`` and
-    ``env``; None when it does not decode (left out)."""
+    ``env``; None when it does not decode, or is a copy stored again long after its own
+    time (``allot.bus.replays``; ``stored``: when the stream stored it): left out."""
     try:
         record = decode_record(subject, data)
     except ValidationError:
+        return None
+    if replayed(record, stored) is not None:
         return None
     if isinstance(record, m.WorkloadSubmitted) and (record.command or record.env):
         return encode(msgspec.structs.replace(record, command=(), env={}))
@@ -125,16 +130,20 @@ class PageBuilder:
     def full(self) -> bool:
         return self.next_seq is not None
 
-    def add(self, seq: int, subject: str, data: bytes) -> None:
+    def add(self, seq: int, subject: str, data: bytes, stored: float | None = None) -> None:
         if self.full():
             return
         if len(self.records) + self.omitted >= self.limit:  # read, taken or not
             self.next_seq = seq
             return
-        body = shown(subject, data)
+        body = shown(subject, data, stored)
         if body is None:
             self.omitted += 1
-            log.warning("history record left out: it does not decode", subject=subject, seq=seq)
+            log.warning(
+                "history record left out: it does not decode, or is a copy stored again",
+                subject=subject,
+                seq=seq,
+            )
             return
         cost = len(body) + len(subject) + 40
         room = self.max_bytes if self.records else MAX_REPLY_BYTES - _EMPTY_PAGE_BYTES
@@ -218,7 +227,7 @@ async def read_page(
                 break  # nothing more within the wait: the page ends here, not the stream
             for msg in msgs:
                 seq, pending = stream_position(msg)
-                builder.add(seq, msg.subject, msg.data)
+                builder.add(seq, msg.subject, msg.data, stored_at(msg))
                 if builder.full():
                     break
                 after = seq + 1

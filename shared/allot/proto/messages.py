@@ -1217,7 +1217,8 @@ class HistoryRecord(_Wire, frozen=True, kw_only=True):
 class HistoryPage(_Message, frozen=True, kw_only=True):
     """One page of ``stream``: ``records`` in sequence order; ask again from ``next_seq``
     until ``end`` (the stream's end when read; ``last_seq`` was its last sequence then).
-    ``omitted``: records of the page the service could not decode, left out."""
+    ``omitted``: records of the page the service could not decode, or copies of earlier
+    records stored again (docs/decisions/0085), left out."""
 
     stream: Literal["WORKLOADS", "HOSTS", "USAGE"]
     records: Annotated[tuple[HistoryRecord, ...], msgspec.Meta(max_length=HISTORY_PAGE_MAX)]

@@ -51,6 +51,7 @@ from nats.aio.subscription import Subscription
 
 from allot.auth.client import CA_ENV, client_tls, inbox_prefix_for_url, login_for, masked_url
 from allot.bus import confirm_subscriptions, decode_record, server_urls
+from allot.bus.replays import jetstream_delivery
 from allot.core.errors import ValidationError
 from allot.proto import codec, subjects
 from allot.proto import messages as m
@@ -1076,10 +1077,14 @@ class Client:
         self, subject: str, kind: Kind, callback: Callable[[Any], Any], what: str
     ) -> PreemptionSubscription:
         """Subscribe ``subject``: each message decoded as ``kind`` goes to ``callback``
-        (sync or async); one that does not decode is skipped, a callback's exception
-        logged, and later messages still arrive."""
+        (sync or async); one that does not decode, or a copy the log delivered there
+        (``allot.bus.replays``), is skipped, a callback's exception logged, and later
+        messages still arrive."""
 
         async def handle(msg: Msg) -> None:
+            if jetstream_delivery(msg):
+                log.warning("%s skipped on %s: a copy delivered from the log", what, msg.subject)
+                return
             try:
                 record = codec.decode(kind, msg.data)
                 if isinstance(record, m.PreemptionNotice):
