@@ -72,6 +72,18 @@ async def fresh_log(nats_url: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
+def past_history(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test that writes a history hours old into a fresh log in one go: every record
+    of HOSTS and USAGE stored long after its own time would otherwise be refused as a copy
+    stored again (``allot.bus.replays``, decision 0085) by the readers in this process."""
+    import math
+
+    from allot.bus import replays
+
+    monkeypatch.setattr(replays, "REPLAY_AFTER_S", math.inf)
+
+
+@pytest.fixture
 async def paged_log(fresh_log: str) -> AsyncIterator[str]:
     """``fresh_log`` with ``allot.v1.dashboard.log`` answered as the ranking service answers
     it (the dashboard reads the log only through it) and nothing else: for a dashboard test

@@ -60,6 +60,7 @@ def _attrs(html: str, selector_attr: str) -> list[str]:
     return re.findall(rf'{selector_attr}="([^"]*)"', html[html.find("<body") :])
 
 
+@pytest.mark.usefixtures("past_history")
 async def test_pages_from_the_log_alone(paged_log: str, http: aiohttp.ClientSession) -> None:
     nc, js = await bus.connect(paged_log, "test-dashboard")
     await seed(js, {})

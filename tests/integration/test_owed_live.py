@@ -55,6 +55,7 @@ def _rows(
     return out
 
 
+@pytest.mark.usefixtures("past_history")
 async def test_allot_owed_from_the_live_log(
     paged_log: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -108,7 +108,8 @@ async def test_a_follower_replays_then_follows_only_what_it_filters(
 ) -> None:
     tree = m.BudgetTreeSet(at=time.time(), by="t", tree=m.BudgetNodeSpec(name="root"))
     ranking = m.RankingUpdated(at=time.time(), window_s=60.0, nodes=())
-    await record_log.append(s.host_state("h1"), host("h1"), "a")
+    h1, h2 = host("h1"), host("h2")
+    await record_log.append(s.host_state("h1"), h1, "a")
     await record_log.append(s.RANKING, ranking, "b")
     await record_log.append(s.BUDGET_TREE, tree, "c")
     got: list[tuple[str, msgspec.Struct]] = []
@@ -120,14 +121,14 @@ async def test_a_follower_replays_then_follows_only_what_it_filters(
     )
     await follower.start()
     try:
-        assert got == [(s.host_state("h1"), host("h1")), (s.BUDGET_TREE, tree)]  # replayed
-        await record_log.append(s.host_state("h2"), host("h2"), "d")
+        assert got == [(s.host_state("h1"), h1), (s.BUDGET_TREE, tree)]  # replayed
+        await record_log.append(s.host_state("h2"), h2, "d")
         await record_log.append(s.RANKING, ranking, "e")  # filtered out
         for _ in range(200):
             if len(got) == 3:
                 break
             await asyncio.sleep(0.01)
-        assert got[2:] == [(s.host_state("h2"), host("h2"))]
+        assert got[2:] == [(s.host_state("h2"), h2)]
         assert await follower.catch_up("HOSTS", timeout=5.0)
         assert follower.last_seq["HOSTS"] == 2
     finally:
