@@ -149,3 +149,47 @@ async def _until_stored(js: object, seq: int) -> object:
             return last
         assert time.monotonic() < deadline, "the copy was not stored"
         await asyncio.sleep(0.02)
+
+
+async def test_a_record_delivered_into_another_stream_is_refused_whatever_its_time(
+    nc: NatsClient,
+) -> None:
+    """A tree requested onto a host's state subject is stored in HOSTS under the tree's
+    own subject, at once (HOSTS dedupes only its own records): every reader of HOSTS,
+    which reads all of it, skips it (placement adopted it as its budget tree)."""
+    js = nc.jetstream()
+    first = tree("old")
+    await bus.publish(js, s.BUDGET_TREE, first, "tree:first")
+    registered = m.HostRegistered(host="h1", gpus=8, at=time.time())
+    await bus.publish(js, s.host_state("h1"), registered, "registered:h1")
+    await js.add_consumer(
+        "USAGE",
+        ConsumerConfig(
+            name="across",
+            filter_subject=s.BUDGET_TREE,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+        ),
+    )
+    request = json.dumps({"batch": 1, "no_wait": True}).encode()
+    await nc.publish("$JS.API.CONSUMER.MSG.NEXT.USAGE.across", request, reply=s.host_state("zz"))
+    await nc.flush()
+    deadline = time.monotonic() + 10.0
+    while (await js.stream_info("HOSTS")).state.messages < 2:
+        assert time.monotonic() < deadline, "the copy was not stored"
+        await asyncio.sleep(0.02)
+    copy = await js.get_msg("HOSTS", 2)
+    assert copy.subject == s.BUDGET_TREE  # stored in HOSTS under the tree's own subject
+
+    for every_s in (None, 0.05):
+        got: list[msgspec.Struct] = []
+        follower = JetStreamLog(js).follower(
+            lambda _subject, record, got=got: got.append(record),
+            streams=("HOSTS",),
+            every_s=every_s,
+        )
+        await follower.start()
+        await follower.stop()
+        assert got == [registered] and follower.skipped == 1
+    page = await history_pages.read_page(js, m.HistoryQuery(stream="HOSTS"))
+    assert [r.seq for r in page.records] == [1] and page.omitted == 1

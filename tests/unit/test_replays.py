@@ -24,7 +24,7 @@ PLACED = m.WorkloadPlaced(
     assignment=(m.HostGpus(host="h1", gpus=(0,)),),
     epoch=1,
 )
-FLAG = m.WorkloadFlaggedIdle(
+OLD_FLAG = m.WorkloadFlaggedIdle(
     workload_id="w",
     allocation="nlp",
     gpus=1,
@@ -33,6 +33,9 @@ FLAG = m.WorkloadFlaggedIdle(
     threshold_pct=5.0,
     window_s=600.0,
 )
+"""A flag written before flags said when they were written: ``at`` is its report's time."""
+FLAG = msgspec.structs.replace(OLD_FLAG, at=AT - 300, recorded_at=AT)
+"""Raised by a report 300 s old, written at ``AT``."""
 WINDOW = replays.REPLAY_AFTER_S
 
 
@@ -50,8 +53,10 @@ def test_an_idle_flags_allowance_is_the_age_of_a_report_health_takes() -> None:
         pytest.param(HEALTHY, AT - 30, False, id="a writer's clock ahead of the server's"),
         pytest.param(PLACED, AT + 3600, False, id="WORKLOADS is not judged so"),
         pytest.param(TREE, None, False, id="nothing says when it was stored"),
-        pytest.param(FLAG, AT + 300 + WINDOW, False, id="a flag raised by a report 5 min old"),
-        pytest.param(FLAG, AT + 300 + WINDOW + 1, True, id="a flag stored past both"),
+        pytest.param(OLD_FLAG, AT + 300 + WINDOW, False, id="an older flag: a report's time"),
+        pytest.param(OLD_FLAG, AT + 300 + WINDOW + 1, True, id="an older flag past both"),
+        pytest.param(FLAG, AT + WINDOW, False, id="a flag stored within its writing's window"),
+        pytest.param(FLAG, AT + WINDOW + 1, True, id="no allowance once it says when written"),
         pytest.param(
             TREE, datetime.fromtimestamp(AT + 600, UTC), True, id="a stored time as a datetime"
         ),
@@ -83,3 +88,22 @@ def test_a_copy_the_log_delivered_onto_a_subject_is_told_from_a_writers_publicat
     assert replays.jetstream_delivery(_msg(headers={"Nats-Stream": "USAGE"}))  # a direct get
     assert not replays.jetstream_delivery(_msg("_INBOX.abc", {"Nats-Msg-Id": "x"}))
     assert not replays.jetstream_delivery(_msg())
+
+
+@pytest.mark.parametrize(
+    ("stream", "subject", "copy"),
+    [
+        ("USAGE", "allot.v1.budget.tree", False),
+        ("HOSTS", "allot.v1.host.h1.state", False),
+        ("HOSTS", "allot.v1.budget.tree", True),  # a tree delivered into HOSTS
+        ("USAGE", "allot.v1.events.nlp.w.started", True),
+        ("WORKLOADS", "allot.v1.host.h1.state", True),
+    ],
+)
+def test_a_record_read_from_a_stream_that_does_not_capture_its_subject_is_a_copy(
+    stream: str, subject: str, copy: bool
+) -> None:
+    """Each stream dedupes only its own records: a copy delivered into another one is
+    refused whatever its time."""
+    why = replays.replayed(TREE, AT, stream, subject)
+    assert (why is not None) is copy

@@ -96,6 +96,9 @@ from allot.bus.streams import (
 from allot.bus.streams import (
     stream_replicas as stream_replicas,
 )
+from allot.bus.streams import (
+    until_ready as until_ready,
+)
 from allot.bus.tasks import stop_tasks
 from allot.core.errors import ValidationError
 from allot.proto import codec
@@ -426,7 +429,7 @@ class LogFollower:
             if stream != "HOSTS" and msg.headers and HOSTS_SEQ_HEADER in msg.headers:
                 await self._read_hosts_to(msg.headers[HOSTS_SEQ_HEADER], msg.subject)
             try:
-                await self._deliver(msg)
+                await self._deliver(msg, stream)
             except Exception:
                 # Folds never raise on a record (they ignore what does not fit); a bug
                 # that does is logged with the record, and the follower goes on.
@@ -486,14 +489,14 @@ class LogFollower:
                 read=self._hosts_waited_in_vain,
             )
 
-    async def _deliver(self, msg: Msg) -> None:
+    async def _deliver(self, msg: Msg, stream: str) -> None:
         try:
             record = decode_record(msg.subject, msg.data)
         except ValidationError as e:
             self.skipped += 1
             log.warning("log record skipped", subject=msg.subject, field=e.field, reason=e.reason)
             return
-        copy = replayed(record, stored_at(msg))
+        copy = replayed(record, stored_at(msg), stream, msg.subject)
         if copy is not None:  # decision 0085
             self.skipped += 1
             log.warning("log record skipped", subject=msg.subject, reason=copy)

@@ -100,7 +100,9 @@ def page_records(page: m.HistoryPage) -> Iterator[tuple[int, str, msgspec.Struct
             continue
 
 
-def shown(subject: str, data: bytes, stored: float | None = None) -> bytes | None:
+def shown(
+    subject: str, data: bytes, stored: float | None = None, stream: str | None = None
+) -> bytes | None:
     """The record as the asker gets it: as stored, a submission without ``command`` and
     ``env``; None when it does not decode, or is a copy stored again long after its own
     time (``allot.bus.replays``; ``stored``: when the stream stored it): left out."""
@@ -108,7 +110,7 @@ def shown(subject: str, data: bytes, stored: float | None = None) -> bytes | Non
         record = decode_record(subject, data)
     except ValidationError:
         return None
-    if replayed(record, stored) is not None:
+    if replayed(record, stored, stream, subject) is not None:
         return None
     if isinstance(record, m.WorkloadSubmitted) and (record.command or record.env):
         return encode(msgspec.structs.replace(record, command=(), env={}))
@@ -118,7 +120,11 @@ def shown(subject: str, data: bytes, stored: float | None = None) -> bytes | Non
 class PageBuilder:
     """Records in, a bounded page out (the pure half of ``read_page``)."""
 
-    def __init__(self, limit: int, max_bytes: int = MAX_PAGE_BYTES) -> None:
+    def __init__(
+        self, limit: int, max_bytes: int = MAX_PAGE_BYTES, stream: str | None = None
+    ) -> None:
+        self.stream = stream
+        """The stream read: a record on a subject it does not capture is left out."""
         self.limit = limit
         self.max_bytes = max_bytes
         self.records: list[m.HistoryRecord] = []
@@ -136,7 +142,7 @@ class PageBuilder:
         if len(self.records) + self.omitted >= self.limit:  # read, taken or not
             self.next_seq = seq
             return
-        body = shown(subject, data, stored)
+        body = shown(subject, data, stored, self.stream)
         if body is None:
             self.omitted += 1
             log.warning(
@@ -184,7 +190,7 @@ async def read_page(
     stream = query.stream
     info = await js.stream_info(stream)
     last, first = info.state.last_seq, info.state.first_seq
-    builder = PageBuilder(query.limit, max_bytes)
+    builder = PageBuilder(query.limit, max_bytes, stream)
     start = max(query.start_seq or 1, first, 1)
     if query.start_time is None and start > last:
         return builder.page(stream, start, last, True, clock())

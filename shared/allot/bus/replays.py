@@ -6,10 +6,14 @@ that is a stream's own subject stores the copy anew (decision 0079). A compromis
 (every service may read the log) could so make an earlier budget tree current again, mark
 a drained host healthy with its earlier ``HostHealthy``, or raise an earlier idle flag.
 
-A copy keeps its original's headers: within the streams' duplicate window the stream drops
-it by its ``Nats-Msg-Id``. Past the window it is stored, later than its original by more
-than that window, and the records of HOSTS and USAGE carry the time they were written at
-(``at``): such a record stored more than ``REPLAY_AFTER_S`` after its own time is a copy,
+A copy keeps its original's subject, whatever stream holds the reply subject it was
+delivered onto: a record read from a stream that does not capture its subject
+(``subjects.stream_holds``) is a copy from another stream, refused at once (each stream
+dedupes only its own records). Into its own stream, a copy keeps its original's headers:
+within the streams' duplicate window the stream drops it by its ``Nats-Msg-Id``. Past the
+window it is stored, later than its original by more than that window, and the records of
+HOSTS and USAGE carry the time they were written at (``at``; an idle flag its
+``recorded_at``): such a record stored more than ``REPLAY_AFTER_S`` after it is a copy,
 and is skipped wherever the log is read (the followers, the history pages, a service's
 look at the last record of a subject). Live, a copy also reaches the core subscribers of
 its subject as a JetStream delivery (``$JS.ACK.`` reply, ``Nats-Stream`` header), which
@@ -28,6 +32,7 @@ from nats.aio.msg import Msg
 
 from allot.bus.streams import DUPLICATE_WINDOW_S
 from allot.proto import messages as m
+from allot.proto.subjects import stream_holds
 
 REPLAY_AFTER_S = DUPLICATE_WINDOW_S
 """A stamped record stored later than this after its own ``at`` is a copy: a copy stored
@@ -52,7 +57,8 @@ EARLIER_AT_S: dict[type[msgspec.Struct], float] = {m.WorkloadFlaggedIdle: 300.0}
 """Records whose ``at`` may be earlier than their writing by this much more: an idle flag's
 is the time of the agent's report that raised it, which health takes up to
 ``idle_watch.MAX_REPORT_AGE_S`` old (a test holds the two equal: the bus may not import
-the event log). A copy of a flag is refused once stored past both."""
+the event log). Only for flags written before they carried ``recorded_at`` (the time health
+wrote them, which the rule then reads instead, with no allowance)."""
 
 _ACK_V1_TOKENS = 9
 _NS = 1e-9
@@ -70,14 +76,28 @@ def stored_at(msg: Msg) -> float | None:
     return msg.metadata.timestamp.timestamp()
 
 
-def replayed(record: msgspec.Struct, stored: float | datetime | None) -> str | None:
-    """Why ``record``, stored at ``stored``, is a copy of an earlier record (None: it is
-    not, or nothing says when it was stored)."""
+def replayed(
+    record: msgspec.Struct,
+    stored: float | datetime | None,
+    stream: str | None = None,
+    subject: str | None = None,
+) -> str | None:
+    """Why ``record``, stored at ``stored`` (in ``stream`` on ``subject``, when known), is
+    a copy of a record stored elsewhere or earlier (None: it is not, or nothing says)."""
+    if stream is not None and subject is not None and not stream_holds(stream, subject):
+        return (
+            f"{stream} does not capture {subject}: a record of another stream delivered "
+            "into it (a copy)"
+        )
     if stored is None or not isinstance(record, STAMPED):
         return None
     when = stored.timestamp() if isinstance(stored, datetime) else stored
-    late = when - record.at
-    if late <= REPLAY_AFTER_S + EARLIER_AT_S.get(type(record), 0.0):
+    written = getattr(record, "recorded_at", None)
+    if written is not None:  # an idle flag of this version: when health wrote it
+        late = when - written
+    else:
+        late = when - record.at - EARLIER_AT_S.get(type(record), 0.0)
+    if late <= REPLAY_AFTER_S:
         return None
     return (
         f"stored {late:.0f} s after its own time (more than the {REPLAY_AFTER_S:g} s "

@@ -16,8 +16,10 @@ Streams (``allot.proto.subjects.STREAMS``), file storage, one replica unless
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import nats
 import nats.errors
@@ -32,6 +34,7 @@ from allot.proto import subjects as s
 from allot.proto.subjects import STREAMS
 
 log = structlog.get_logger("allot.bus")
+T = TypeVar("T")
 
 DUPLICATE_WINDOW_S = 120.0
 USAGE_KEPT_PER_SUBJECT = 10_000
@@ -163,42 +166,66 @@ async def _each_stream(
 ) -> dict[str, str]:
     """``step`` for each stream, each tried again while JetStream is not ready (see
     ``ensure_streams``) until ``ready_timeout_s`` has passed in all."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + ready_timeout_s
+    deadline = asyncio.get_running_loop().time() + ready_timeout_s
     done: dict[str, str] = {}
     for config in configs:
         assert config.name is not None
-        delay, attempt = _RETRY_FIRST_S, 0
-        while True:
-            attempt += 1
-            left = deadline - loop.time()
-            try:
-                # A try that would start past the deadline still runs once, bounded by the
-                # requests' own timeouts (``ready_timeout_s=0``: one try, no retry).
-                done[config.name] = await asyncio.wait_for(step(config), left if left > 0 else None)
-                break
-            except Exception as e:
-                if not _not_ready(e):
-                    raise
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise StreamsNotReadyError(
-                        f"JetStream could not {what} stream {config.name} "
-                        f"(replicas {config.num_replicas}) within {ready_timeout_s:g} s, "
-                        f"{attempt} tries; last error: {_describe(e)}"
-                    ) from e
-                wait = min(delay, left)
-                log.warning(
-                    "jetstream not ready; retrying",
-                    stream=config.name,
-                    attempt=attempt,
-                    error=_describe(e),
-                    retry_in_s=round(wait, 2),
-                    gives_up_in_s=round(left, 1),
-                )
-                await asyncio.sleep(wait)
-                delay = min(delay * 2, _RETRY_MAX_S)
+        done[config.name] = await _until_ready(
+            functools.partial(step, config),
+            f"{what} stream {config.name} (replicas {config.num_replicas})",
+            deadline,
+            ready_timeout_s,
+            config.name,
+        )
     return done
+
+
+async def until_ready(
+    step: Callable[[], Awaitable[T]], what: str, ready_timeout_s: float, stream: str
+) -> T:
+    """``step`` on ``stream`` tried again while JetStream is not ready (``_not_ready``: a
+    fresh cluster still electing or placing its replicas), for at most ``ready_timeout_s``;
+    then ``StreamsNotReadyError`` saying that JetStream could not ``what``."""
+    deadline = asyncio.get_running_loop().time() + ready_timeout_s
+    return await _until_ready(step, what, deadline, ready_timeout_s, stream)
+
+
+async def _until_ready(
+    step: Callable[[], Awaitable[T]],
+    what: str,
+    deadline: float,
+    ready_timeout_s: float,
+    stream: str,
+) -> T:
+    loop = asyncio.get_running_loop()
+    delay, attempt = _RETRY_FIRST_S, 0
+    while True:
+        attempt += 1
+        left = deadline - loop.time()
+        try:
+            # A try that would start past the deadline still runs once, bounded by the
+            # requests' own timeouts (``ready_timeout_s=0``: one try, no retry).
+            return await asyncio.wait_for(step(), left if left > 0 else None)
+        except Exception as e:
+            if not _not_ready(e):
+                raise
+            left = deadline - loop.time()
+            if left <= 0:
+                raise StreamsNotReadyError(
+                    f"JetStream could not {what} within {ready_timeout_s:g} s, "
+                    f"{attempt} tries; last error: {_describe(e)}"
+                ) from e
+            wait = min(delay, left)
+            log.warning(
+                "jetstream not ready; retrying",
+                stream=stream,
+                attempt=attempt,
+                error=_describe(e),
+                retry_in_s=round(wait, 2),
+                gives_up_in_s=round(left, 1),
+            )
+            await asyncio.sleep(wait)
+            delay = min(delay * 2, _RETRY_MAX_S)
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig, replicas: int | None) -> str:

@@ -261,6 +261,7 @@ class IdleWatch:
                 peak_pct=verdict.peak_pct,
                 reason=verdict.reason[: m.MAX_TEXT_LEN],
                 preempt=verdict.preempt,
+                recorded_at=now,
             )
         return m.WorkloadIdleCleared(
             workload_id=w.id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -68,8 +69,16 @@ async def _make(
     js: JetStreamContext, replicas: int | None, lease_ttl_s: float, timeout_s: float
 ) -> dict[str, str]:
     replicas = bus.replicas_asked(replicas)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
     done = await bus.ensure_streams(js, replicas, ready_timeout_s=timeout_s)
-    done[BUCKET_STREAM] = await _lease_bucket(js, lease_ttl_s, replicas)
+    # A fresh cluster places the bucket's replicas as it does a stream's: tried again too.
+    done[BUCKET_STREAM] = await bus.until_ready(
+        functools.partial(_lease_bucket, js, lease_ttl_s, replicas),
+        f"create or update the lease bucket {bus.LEADER_BUCKET}",
+        max(deadline - loop.time(), 0.0),
+        BUCKET_STREAM,
+    )
     return done
 
 

@@ -780,6 +780,10 @@ class WorkloadFlaggedIdle(_Message, frozen=True, kw_only=True):
     peak_pct: UtilPct = 0.0
     reason: Text = ""
     preempt: bool = False
+    recorded_at: Timestamp | None = None
+    """When health wrote the flag (``at`` is the time of the report that raised it, up to
+    minutes earlier): what readers tell a copy stored again by (decision 0085); None in
+    flags written before it was recorded."""
 
 
 class WorkloadIdleCleared(_Message, frozen=True, kw_only=True):

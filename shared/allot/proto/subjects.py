@@ -648,6 +648,24 @@ STREAMS: dict[str, tuple[str, ...]] = {
 heartbeats are not captured: services answer them and append what they decide."""
 
 
+def matches(pattern: str, subject: str) -> bool:
+    """NATS wildcards: ``*`` is one token, a final ``>`` one or more."""
+    want, got = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(got) > i
+        if i >= len(got) or (token != "*" and token != got[i]):
+            return False
+    return len(want) == len(got)
+
+
+def stream_holds(stream: str, subject: str) -> bool:
+    """Whether ``subject`` is one ``stream`` captures (``STREAMS``). A record read from a
+    stream on a subject it does not capture was delivered into it from elsewhere (a reply
+    subject steered onto the stream keeps the record's own subject: decision 0085)."""
+    return any(matches(p, subject) for p in STREAMS.get(stream, ()))
+
+
 ACCOUNTING_DURABLE = "accounting"
 """The accounting service's durable consumer on WORKLOADS."""
 SERVICE_DURABLES: tuple[str, ...] = (ACCOUNTING_DURABLE,)
