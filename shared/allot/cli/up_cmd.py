@@ -272,6 +272,10 @@ def _banner(stack: Stack) -> None:
         print(f"  {found_line(c.run_dir)}")
         print(f"  export ALLOT_NATS_URL={stack.servers.nats_url}   # or this, from anywhere")
     print(f"  {redis_export(stack.servers.redis_url)}")
+    if stack.redis_password is not None and stack.auth is not None and stack.auth.redis_env:
+        print(
+            f"  set -a; . {stack.auth.redis_env}; set +a   # Redis's password, for allot accounting"
+        )
     print(f"  try:   {try_line(stack)}", flush=True)
 
 

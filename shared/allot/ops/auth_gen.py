@@ -675,6 +675,8 @@ class GeneratedAuth:
     """``nats-route.env``: the password of a NATS cluster's routes (``ROUTE_ENV``)."""
     redis_env: Path | None = None
     """``redis.env``: the password Redis takes and accounting and ranking give (``REDIS_ENV``)."""
+    redis_password: str | None = field(default=None, repr=False)
+    """What ``redis_env`` holds (``allot up --secure`` gives it to its own Redis)."""
 
     def url(self, user: str, server_url: str) -> str:
         return self.users[user].url(server_url)
@@ -771,6 +773,7 @@ def generate(
         dashboard_users=out / DASHBOARD_USERS,
         route_env=out / ROUTE_ENV,
         redis_env=out / REDIS_ENV,
+        redis_password=redis_password,
     )
 
 

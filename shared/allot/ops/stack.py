@@ -337,6 +337,10 @@ def check_config(config: StackConfig) -> None:
     make_out_dir(config.run_dir, "--run-dir")
 
 
+REDIS_CLIENTS = frozenset({"accounting", "ranking"})
+"""The services that speak to Redis (decision 0083): the only processes given its password."""
+
+
 def check_reachable(nats_url: str, redis_url: str) -> None:
     """Each given server answers within ``REACH_TIMEOUT_S``, or a ``StackError`` says
     which does not (the URL's password masked)."""
@@ -406,6 +410,9 @@ class Stack(StartStop):
             # Beside the services' logs, kept after stop: the server logs each refused
             # publish or subscription with the user's name (docs/security.md).
             nats_log_file=config.run_dir / "logs" / "nats-server.log",
+            # Its own Redis takes the password of auth/redis.env under --secure: a workload
+            # a real agent runs on this machine would otherwise reach the usage counters.
+            redis_password=self.auth.redis_password if self.auth is not None else None,
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._lock_fd: int | None = None
@@ -608,6 +615,14 @@ class Stack(StartStop):
             "--roles", f"no agent user is granted the hosts of {name} ({', '.join(hosts)})"
         )
 
+    @property
+    def redis_password(self) -> str | None:
+        """The password of this stack's own Redis (``--secure``), given to ``REDIS_CLIENTS``
+        only; None for a Redis it was given or one without."""
+        if self.config.redis_url is not None or self.auth is None:
+            return None
+        return self.auth.redis_password
+
     def env(self, user: str | None = None) -> dict[str, str]:
         env = dict(os.environ)
         if self.config.nats_url is None and self.auth is None:
@@ -616,8 +631,8 @@ class Stack(StartStop):
             # (``allot.bus.open_server``).
             env.pop(USER_ENV, None)
             env.pop(PASSWORD_ENV, None)
-        if self.config.redis_url is None:  # the same for the stack's own Redis, which has none
-            env.pop(REDIS_PASSWORD_ENV, None)
+        if self.config.redis_url is None:  # the same for the stack's own Redis (spawn gives
+            env.pop(REDIS_PASSWORD_ENV, None)  # its password, if any, to its clients only)
         if self.ca_file is not None:
             env[CA_ENV] = str(self.ca_file)
         env.update(
@@ -648,7 +663,7 @@ class Stack(StartStop):
         try:
             if self.cluster is not None:
                 self._start_cluster(self.cluster)
-            check_reachable(self.servers.nats_url, self.servers.redis_url)
+            check_reachable(self.servers.nats_url, self.servers.redis_login_url)
             nodes = [p.client for p in self.cluster.ports] if self.cluster else None
             nats_port = self.servers.nats.port if self.servers.nats else None
             remember_ports(
@@ -711,6 +726,8 @@ class Stack(StartStop):
                 self.config.run_dir / "logs" / f"{name}.log", "ab"
             )
         env = self.env(self.user_for(name))
+        if self.redis_password is not None and re.sub(r"-\d+$", "", name) in REDIS_CLIENTS:
+            env[REDIS_PASSWORD_ENV] = self.redis_password
         # Its own process group, as the embedded NATS has its own session: Ctrl-C in a
         # terminal signals the whole foreground group at once, which stopped the agents
         # together with dispatch, and their runs' ends were lost. Only ``stop`` ends them,
