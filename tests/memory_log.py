@@ -35,6 +35,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from allot import bus
 from allot.bus.record_log import FOLLOWED
 from allot.core.errors import ValidationError
+from allot.proto import subjects
 from allot.proto.subjects import STREAMS
 
 EXPECT_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -42,15 +43,8 @@ WRONG_LAST_SEQUENCE = 10071
 _MSG_IDS = itertools.count(1)
 
 
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS wildcards: ``*`` is one token, a final ``>`` one or more."""
-    want, got = pattern.split("."), subject.split(".")
-    for i, token in enumerate(want):
-        if token == ">":
-            return len(got) > i
-        if i >= len(got) or (token != "*" and token != got[i]):
-            return False
-    return len(want) == len(got)
+subject_matches = subjects.matches
+"""NATS wildcards: ``*`` is one token, a final ``>`` one or more."""
 
 
 def stream_of(subject: str) -> str:

@@ -67,18 +67,7 @@ async def test_an_earlier_budget_tree_stored_again_is_refused_by_every_reader(
     watcher = await nc.subscribe(s.BUDGET_TREE, cb=functools.partial(_keep, heard))
     # The replay: a pull consumer of the trees, its first record asked for onto the trees'
     # own subject; the stream stores it anew, its msg id past the window.
-    await js.add_consumer(
-        "USAGE",
-        ConsumerConfig(
-            name="replay",
-            filter_subject=s.BUDGET_TREE,
-            deliver_policy=DeliverPolicy.ALL,
-            ack_policy=AckPolicy.NONE,
-        ),
-    )
-    request = json.dumps({"batch": 1, "no_wait": True}).encode()
-    await nc.publish("$JS.API.CONSUMER.MSG.NEXT.USAGE.replay", request, reply=s.BUDGET_TREE)
-    await nc.flush()
+    await _first_tree_onto(nc, s.BUDGET_TREE)
     last = await _until_stored(js, 3)
     assert msgspec.json.decode(last.data or b"", type=m.BudgetTreeSet) == first  # it worked
     await _until(lambda: len(heard) == 1)
@@ -130,6 +119,24 @@ async def test_a_genuine_record_stored_at_its_time_is_taken(nc: NatsClient) -> N
     assert got == [healthy, written] and follower.skipped == 0
 
 
+async def _first_tree_onto(nc: NatsClient, subject: str) -> None:
+    """The replay, as any login with the consumer API may: a pull consumer of USAGE's trees,
+    its first record asked for onto ``subject``."""
+    name = f"replay-{abs(hash(subject))}"
+    await nc.jetstream().add_consumer(
+        "USAGE",
+        ConsumerConfig(
+            name=name,
+            filter_subject=s.BUDGET_TREE,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+        ),
+    )
+    request = json.dumps({"batch": 1, "no_wait": True}).encode()
+    await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.USAGE.{name}", request, reply=subject)
+    await nc.flush()
+
+
 async def _keep(into: list[Msg], msg: Msg) -> None:
     into.append(msg)
 
@@ -162,18 +169,7 @@ async def test_a_record_delivered_into_another_stream_is_refused_whatever_its_ti
     await bus.publish(js, s.BUDGET_TREE, first, "tree:first")
     registered = m.HostRegistered(host="h1", gpus=8, at=time.time())
     await bus.publish(js, s.host_state("h1"), registered, "registered:h1")
-    await js.add_consumer(
-        "USAGE",
-        ConsumerConfig(
-            name="across",
-            filter_subject=s.BUDGET_TREE,
-            deliver_policy=DeliverPolicy.ALL,
-            ack_policy=AckPolicy.NONE,
-        ),
-    )
-    request = json.dumps({"batch": 1, "no_wait": True}).encode()
-    await nc.publish("$JS.API.CONSUMER.MSG.NEXT.USAGE.across", request, reply=s.host_state("zz"))
-    await nc.flush()
+    await _first_tree_onto(nc, s.host_state("zz"))
     deadline = time.monotonic() + 10.0
     while (await js.stream_info("HOSTS")).state.messages < 2:
         assert time.monotonic() < deadline, "the copy was not stored"
