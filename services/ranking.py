@@ -59,6 +59,8 @@ from allot.proto.subjects import Kind
 
 SERVICE = "ranking"
 DEFAULT_RANK_EVERY_S = 300.0
+REDIS_TIMEOUT_S = 10.0
+"""Longest wait for Redis's answer to one request (a ranking's read of the usage counters)."""
 BOOTSTRAP = "bootstrap"
 FIRST_RETRY_S = 1.0
 """How soon a first ranking that failed is tried again, doubling up to ``--rank-every-s``."""
@@ -118,7 +120,11 @@ class RankingService:
         if store is None:
             if redis_url is None:
                 raise ValueError("ranking: a Redis URL or a usage store is needed")
-            self._redis = redis_asyncio.from_url(redis_url)
+            # Bounded: a ranking is stamped before its read, and one stored past the
+            # duplicate window after its stamp is refused as a copy (decision 0085).
+            self._redis = redis_asyncio.from_url(
+                redis_url, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S
+            )
             store = RedisUsageStore(self._redis, prefix=redis_prefix)
         self.store: UsageStore = store
         self.record_log = record_log

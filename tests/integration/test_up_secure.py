@@ -174,7 +174,7 @@ async def test_a_secure_stacks_own_redis_takes_a_password_only_its_clients_hold(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Under ``--secure`` the stack's own Redis takes the password of ``auth/redis.env``
-    (a workload a real agent runs on this machine would otherwise reach the usage counters);
+    (any user of the machine could otherwise rewrite the usage counters: decision 0086);
     accounting and ranking alone are given it, and ``allot accounting`` finds the stack's
     Redis and logs in with the file sourced."""
     config = StackConfig(

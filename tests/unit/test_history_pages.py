@@ -246,3 +246,31 @@ def test_idle_records_are_read_of_usage_only() -> None:
     assert caught.value.field == "idle"
     reply = asyncio.run(hp.answer(None, codec.encode(wrong)))  # type: ignore[arg-type]
     assert msgspec.json.decode(reply, type=m.CommandRejected).field == "idle"
+
+
+def test_the_filters_of_one_stream_are_read_to_one_cut() -> None:
+    """A record stored while the first filter was read is not read by the next one: the
+    merged stream is one cut of the log, as one consumer with several filters reads it."""
+    tree = m.BudgetTreeSet(at=1.0, by="ops", tree=m.BudgetNodeSpec(name="root"))
+    ranking = m.RankingUpdated(at=2.0, window_s=60.0, nodes=())
+    rows = [(1, s.BUDGET_TREE, encode(tree)), (2, s.RANKING, encode(ranking))]
+
+    class Growing(FakeClient):
+        async def history_page(self, stream: str, **kw: Any) -> m.HistoryPage:
+            page = await super().history_page(stream, **kw)
+            if not kw.get("rankings") and len(self.records[stream]) == 2:  # stored meanwhile
+                later = msgspec.structs.replace(ranking, at=3.0)
+                self.records[stream].append((3, s.RANKING, encode(later)))
+            return page
+
+    client = Growing({"USAGE": rows}, page=10)
+    got: list[Any] = []
+    reads = {"USAGE": (s.BUDGET_TREE, s.RANKING)}
+    assert asyncio.run(log_reader.read_pages(client, got.append, ("USAGE",), subjects=reads))  # type: ignore[arg-type]
+    assert [r.at for r in got] == [1.0, 2.0]
+
+
+def test_a_query_sends_only_what_it_sets() -> None:
+    """A ranking service older than a field answers the queries that leave it out."""
+    body = msgspec.json.decode(codec.encode(m.HistoryQuery(stream="USAGE", start_seq=5)))
+    assert body == {"type": "HistoryQuery", "stream": "USAGE", "start_seq": 5}

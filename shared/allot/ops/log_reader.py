@@ -126,8 +126,12 @@ async def read_pages(
         flavours = queries[stream]
         merged: list[tuple[int, msgspec.Struct]] = []
         take = partial(_hand_over, on_record) if len(flavours) == 1 else partial(_keep, merged)
+        end_seq: int | None = None  # one cut: every filter read to the first one's end
         for flags in flavours:
-            if not await _read_stream(client, stream, flags, take, probe=probe and first):
+            end_seq = await _read_stream(
+                client, stream, flags, take, probe=probe and first, end_seq=end_seq
+            )
+            if end_seq is None:
                 return False
             first = False
         merged.sort(key=lambda sr: sr[0])  # sequences are unique within a stream
@@ -153,11 +157,12 @@ async def _read_stream(
     take: Callable[[int, msgspec.Struct], None],
     *,
     probe: bool,
-) -> bool:
-    """One stream on one filter, page by page, to the end its first page reported; False
-    when ``probe`` and no service answers that page."""
+    end_seq: int | None = None,
+) -> int | None:
+    """One stream on one filter, page by page, to ``end_seq`` (None: the end its first page
+    reported); that end, or None when ``probe`` and no service answers the first page."""
     start = 1
-    end_seq: int | None = None
+    asked = False
     while True:
         try:
             page = await client.history_page(
@@ -168,11 +173,12 @@ async def _read_stream(
                 rankings=flags.get("rankings", False),
             )
         except NoResponderError as e:
-            if probe and end_seq is None:
-                return False
+            if probe and not asked:
+                return None
             raise LogUnreadableError(str(e)) from e
         except CommandRejectedError as e:
             raise LogUnreadableError(f"the history query was refused: {e}") from e
+        asked = True
         if end_seq is None:
             end_seq = page.last_seq
         for seq, _subject, record in page_records(page):
@@ -180,7 +186,7 @@ async def _read_stream(
                 break
             take(seq, record)
         if page.end or page.next_seq > end_seq:
-            return True
+            return end_seq
         if page.next_seq <= start:
             raise LogUnreadableError(
                 f"the history of {stream} did not move past sequence {start}: try again"

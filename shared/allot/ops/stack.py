@@ -410,8 +410,8 @@ class Stack(StartStop):
             # Beside the services' logs, kept after stop: the server logs each refused
             # publish or subscription with the user's name (docs/security.md).
             nats_log_file=config.run_dir / "logs" / "nats-server.log",
-            # Its own Redis takes the password of auth/redis.env under --secure: a workload
-            # a real agent runs on this machine would otherwise reach the usage counters.
+            # Its own Redis takes the password of auth/redis.env under --secure: any user
+            # of the machine could otherwise rewrite the usage counters (decision 0086).
             redis_password=self.auth.redis_password if self.auth is not None else None,
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -1192,14 +1192,16 @@ HISTORY_PAGE_MAX = 1000
 HistorySeq = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 
 
-class HistoryQuery(_Message, frozen=True, kw_only=True):
+class HistoryQuery(_Message, frozen=True, kw_only=True, omit_defaults=True):
     """``allot.v1.query.history`` (``allot export``, ``allot whatif``, ``allot budgets
     history`` under logins): one page of a log stream, from ``start_seq`` or from the first
     record stored at or after ``start_time`` (neither: from the stream's first record; not
     both). The answering service reads at most ``limit`` records and a bounded number of
     bytes; a submission's record comes without its ``command`` and ``env``. USAGE is read on
     its budget trees, or instead with ``idle`` on its idle records (health's flags), with
-    ``rankings`` on the ranking service's snapshots (``allot twin``); not both."""
+    ``rankings`` on the ranking service's snapshots (``allot twin``); not both. Fields left
+    at their defaults are not sent: a ranking service older than a field still answers the
+    queries that do not use it."""
 
     stream: Literal["WORKLOADS", "HOSTS", "USAGE"]
     start_seq: HistorySeq | None = None
