@@ -88,7 +88,7 @@ from allot.core.idle import (
     IdlePolicy,
 )
 from allot.eventlog.host_work import AGENT_STOPPING, MISSED_HEARTBEATS
-from allot.eventlog.idle_watch import IdleWatch, msg_id
+from allot.eventlog.idle_watch import NOT_REGISTERED, IdleWatch, msg_id
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.proto.subjects import Kind
@@ -491,7 +491,10 @@ class HealthService:
                     await self._append_idle(flag)
         except ValidationError as e:
             self.util_rejected[e.field] = self.util_rejected.get(e.field, 0) + 1
-            log.warning("utilization refused", subject=subject, field=e.field, reason=e.reason)
+            # A host not registered yet: an agent starting before its first heartbeat was
+            # heard (nothing runs there yet), not a fault.
+            say = log.info if e.reason.endswith(NOT_REGISTERED) else log.warning
+            say("utilization refused", subject=subject, field=e.field, reason=e.reason)
             return m.CommandRejected(at=self.clock(), field=e.field, reason=e.reason)
         runs = 0 if judged.recorded is None else len(judged.recorded.parts)
         return m.CommandAccepted(at=self.clock(), detail=f"{runs} allocated runs judged")

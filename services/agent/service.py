@@ -98,6 +98,7 @@ from allot.bus.service_main import DEFAULT_NATS_URL, base_parser, run_main
 from allot.bus.tasks import stop_tasks
 from allot.core.errors import ValidationError
 from allot.eventlog.host_work import AGENT_STOPPING, RESTART_LOST, STOPPED_BEFORE_START
+from allot.eventlog.idle_watch import NOT_REGISTERED
 from allot.proto import codec, subjects
 from allot.proto import messages as m
 from allot.services.agent import checkpoint
@@ -890,6 +891,12 @@ class Agent:
             log.debug("utilization not answered", host=host, error=repr(e))
             return
         if isinstance(answer, m.CommandRejected):
+            if answer.field == "host" and answer.reason.endswith(NOT_REGISTERED):
+                # Health registers a host on its first heartbeat it hears (a stack starting:
+                # health may come up after the agent's first ones); nothing can run on a
+                # host before, so this interval had nothing to judge.
+                log.info("utilization not taken: host not registered yet", host=host)
+                return
             self.util_rejected += 1
             log.error("utilization refused", host=host, field=answer.field, reason=answer.reason)
 

@@ -50,6 +50,9 @@ from allot.eventlog.logfold import LogFold, WorkloadRecord
 from allot.proto import messages as m
 from allot.proto.messages import LIVE_STATES
 
+NOT_REGISTERED = "is not a registered host"
+"""How a refused report of a host health has not registered (yet) ends: an agent starting
+beside health meets it once (``allot.services.agent``)."""
 MAX_REPORT_AGE_S = 300.0
 """A report sent longer ago than this is refused (``sent_at``): a replayed or stuck one."""
 MAX_INTERVAL_S = 3600.0
@@ -140,7 +143,7 @@ class IdleWatch:
 
     def _check(self, host: str, report: m.HostUtilization, now: float) -> None:
         if host not in self.fold.state:
-            raise ValidationError("host", f"{host!r} is not a registered host")
+            raise ValidationError("host", f"{host!r} {NOT_REGISTERED}")
         if report.sent_at > now + CLOCK_SKEW_S:
             raise ValidationError(
                 "sent_at",
