@@ -67,7 +67,7 @@ def test_a_stack_in_a_locked_run_dir_starts_nothing(tmp_path: Path) -> None:
 
 def test_a_restarted_stack_takes_its_last_ports_again_when_free(tmp_path: Path) -> None:
     """Agents, SDK clients and exported URLs of the last stack find the next one."""
-    port = free_ports(1)[0]
+    port = stack.listen_port()
     stack.remember_ports(tmp_path, nats=port, dashboard=None)
     assert stack.remembered_port(tmp_path, "nats") == port
     with socket.socket() as taken:  # someone else holds it now: another free port
@@ -77,6 +77,18 @@ def test_a_restarted_stack_takes_its_last_ports_again_when_free(tmp_path: Path) 
     assert stack.remembered_port(tmp_path, "dashboard") > 0  # never seen: a free one
     (tmp_path / PORTS_FILE).write_text("not json", encoding="utf-8")
     assert stack.remembered_port(tmp_path, "nats") > 0
+
+
+def test_the_stacks_ports_are_outside_the_range_of_outgoing_connections(tmp_path: Path) -> None:
+    """A port chosen now is bound seconds later (the dashboard, after the services have
+    connected): one from the kernel's range for outgoing connections could be taken
+    meanwhile as a connection's local end. An earlier run's port from that range is
+    replaced."""
+    low, high = stack._ephemeral_range()
+    assert all(not low <= stack.listen_port() <= high for _ in range(20))
+    (ephemeral,) = free_ports(1)  # the kernel's choice: inside the range
+    stack.remember_ports(tmp_path, dashboard=ephemeral)
+    assert not low <= stack.remembered_port(tmp_path, "dashboard") <= high
 
 
 def _dead_pid() -> int:

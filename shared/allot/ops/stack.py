@@ -40,6 +40,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -237,9 +238,40 @@ def remembered_port(run_dir: Path, name: str) -> int:
         port = json.loads((run_dir / PORTS_FILE).read_text(encoding="utf-8")).get(name)
     except (OSError, ValueError, AttributeError):
         port = None
-    if isinstance(port, int) and 0 < port < 65536 and _bindable(port):
+    if isinstance(port, int) and 0 < port < 65536 and _bindable(port) and not _ephemeral(port):
         return port
+    return listen_port()
+
+
+LISTEN_PORTS_FROM = 20000
+"""Where ``listen_port`` starts looking (below: well-known and registered services)."""
+
+
+def listen_port(attempts: int = 64) -> int:
+    """A port free now and outside the kernel's range for outgoing connections: a port the
+    stack chooses is bound seconds later (the dashboard, after the services connect), and
+    one from that range could meanwhile be taken as the local end of a connection (the
+    demo's second run found its dashboard's port in use). Falls back to any free port."""
+    low = _ephemeral_range()[0]
+    for _ in range(attempts if low > LISTEN_PORTS_FROM else 0):
+        port = random.randrange(LISTEN_PORTS_FROM, low)
+        if _bindable(port):
+            return port
     return free_ports(1)[0]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of local ports for outgoing connections (Linux; else its default)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _ephemeral(port: int) -> bool:
+    low, high = _ephemeral_range()
+    return low <= port <= high
 
 
 def remembered_ports(run_dir: Path, name: str, count: int) -> list[int]:
