@@ -54,7 +54,9 @@ async def test_cluster_keeps_a_replicated_stream_through_a_node_restart(tmp_path
         nc = await nats.connect(bus.server_urls(cluster.url))
         try:
             js = nc.jetstream()
-            await js.add_stream(StreamConfig(name="T", subjects=["t.>"], num_replicas=3))
+            # A fresh cluster may still be placing replicas: tried again, as the services do.
+            config = StreamConfig(name="T", subjects=["t.>"], num_replicas=3)
+            await bus.until_ready(lambda: js.add_stream(config), "create stream T", 30.0, "T")
             assert (await _publish_once(js, "t.a", b"1", msg_id="t-a-1")).seq == 1
             leader = (await js.stream_info("T")).cluster.leader  # type: ignore[union-attr]
             # A node that does not lead T: losing it costs one replica, nothing else.
