@@ -36,6 +36,7 @@ import msgspec
 import redis.asyncio as redis_asyncio
 import structlog
 from faststream.nats import NatsBroker
+from nats.js.api import RawStreamMsg
 from opentelemetry.sdk.trace import TracerProvider
 
 from allot import bus
@@ -177,20 +178,8 @@ class RankingService:
     async def _load_tree(self, record_log: RecordLog) -> None:
         last = await record_log.read("USAGE", subjects.BUDGET_TREE)
         if last is not None and last.data is not None:
-            try:
-                record = codec.decode_as(m.BudgetTreeSet, last.data, own=True)
-            except ValidationError as e:
-                # A message no service wrote (a JetStream answer steered there: docs/
-                # security.md); every follower skips it, and so does this start.
-                log.warning("last budget tree skipped", seq=last.seq, field=e.field)
-                found = await _last_tree_followed(record_log)
-            else:
-                copy = replayed(record, last.time)
-                if copy is not None:  # an earlier tree stored again (decision 0085)
-                    log.warning("last budget tree skipped", seq=last.seq, reason=copy)
-                    found = await _last_tree_followed(record_log)
-                else:
-                    found = record
+            # Every follower skips what no reader takes, and so does this start.
+            found = _taken_tree(last) or await _last_tree_followed(record_log)
             if found is not None:
                 self.tree = tree_from_spec(found.tree)
                 log.info("budget tree from the log", by=found.by, at=found.at)
@@ -329,6 +318,22 @@ def parser() -> argparse.ArgumentParser:
         help="key prefix of the usage buckets (default %(default)s)",
     )
     return ap
+
+
+def _taken_tree(last: RawStreamMsg) -> m.BudgetTreeSet | None:
+    """The last stored tree, or None (logged) where no reader takes it: a message no
+    service wrote (a JetStream answer steered there: docs/security.md) or an earlier tree
+    stored again (decision 0085)."""
+    try:
+        record = codec.decode_as(m.BudgetTreeSet, last.data or b"", own=True)
+    except ValidationError as e:
+        log.warning("last budget tree skipped", seq=last.seq, field=e.field)
+        return None
+    copy = replayed(record, last.time)
+    if copy is not None:
+        log.warning("last budget tree skipped", seq=last.seq, reason=copy)
+        return None
+    return record
 
 
 async def _last_tree_followed(record_log: RecordLog) -> m.BudgetTreeSet | None:

@@ -33,7 +33,7 @@ import nats.errors
 from nats.js.errors import NotFoundError
 
 from allot import bus
-from allot.bus.history_pages import page_records
+from allot.bus.history_pages import FILTERS, IDLE_FILTER, RANKINGS_FILTER, page_records
 from allot.proto import subjects as s
 from allot.sdk import Client, CommandRejectedError, NoResponderError
 
@@ -42,11 +42,12 @@ WHOLE_LOG: tuple[str, ...] = ("HOSTS", "USAGE", "WORKLOADS")
 BUDGET_TREES: dict[str, str | tuple[str, ...]] = {"USAGE": s.BUDGET_TREE}
 """USAGE's filter: the budget trees, not the rankings."""
 PAGED_USAGE: dict[str, dict[str, bool]] = {
-    s.BUDGET_TREE: {},
-    s.ALL_IDLE: {"idle": True},
-    s.RANKING: {"rankings": True},
+    FILTERS["USAGE"]: {},
+    IDLE_FILTER: {"idle": True},
+    RANKINGS_FILTER: {"rankings": True},
 }
-"""USAGE's filters the history query serves, each with its query's flag."""
+"""USAGE's filters the history query serves (as the answering service reads them), each
+with its query's flag."""
 PAGE_RECORDS = 1000
 """Records asked for per history page (the service may send fewer: its byte bound)."""
 
