@@ -250,8 +250,8 @@ LISTEN_PORTS_FROM = 20000
 def listen_port(attempts: int = 64) -> int:
     """A port free now and outside the kernel's range for outgoing connections: a port the
     stack chooses is bound seconds later (the dashboard, after the services connect), and
-    one from that range could meanwhile be taken as the local end of a connection (the
-    demo's second run found its dashboard's port in use). Falls back to any free port."""
+    one from that range could meanwhile be taken as the local end of a connection. Falls
+    back to any free port."""
     low = _ephemeral_range()[0]
     for _ in range(attempts if low > LISTEN_PORTS_FROM else 0):
         port = random.randrange(LISTEN_PORTS_FROM, low)
