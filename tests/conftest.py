@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from nats.js.errors import BucketNotFoundError, NotFoundError
@@ -69,6 +72,16 @@ async def fresh_log(nats_url: str) -> AsyncIterator[str]:
             await js.delete_key_value(bucket)
     await nc.close()
     yield nats_url
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A fresh directory every OS account may enter (pytest's ``tmp_path`` is root's
+    alone): for workloads run as another user (``--run-as-user``)."""
+    path = Path(tempfile.mkdtemp(prefix="allot-open-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

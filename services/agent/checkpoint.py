@@ -18,6 +18,12 @@ A session (``kind`` ``session``) also gets ``ALLOT_SESSION_DIR``, a host-local d
 its state is copied there from ``<checkpoint dir>/session-state`` at start (restored) and
 back after a notice ends the part (saved: the copy replaces the previous one only once
 whole), so an interactive process that cannot checkpoint itself survives a preemption.
+
+Under ``--run-as-user`` the part's account (``accounts``) owns these files: a directory the
+workload names is created, and the notice and a session's state are written, by shell
+commands run as that account; the agent (root) creates only what lies under its own roots
+(the managed directory, a session's live directory), through a descriptor that follows no
+link, and hands it to the account. As root it would follow links the workload planted.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +40,7 @@ from allot.core.errors import ValidationError
 from allot.proto import messages as m
 from allot.proto.checkpoint_rules import CHECKPOINTED_FILE, NOTICE_FILE
 from allot.proto.subjects import UNALLOCATED
+from allot.services.agent.accounts import Account, as_account
 
 SESSION_STATE = "session-state"
 """Inside the checkpoint directory: a session's saved state directory."""
@@ -40,9 +48,11 @@ SESSION_SCRATCH = Path(tempfile.gettempdir()) / "allot-sessions"
 """Host-local root of the sessions' live state directories."""
 
 
-def checkpoint_dir(task: m.HostTask, root: Path | None, allowed: tuple[Path, ...]) -> Path:
-    """The part's ``ALLOT_CHECKPOINT_DIR``, created; ``ValidationError`` naming
-    ``checkpoint_dir`` when the agent cannot give it (see the module)."""
+async def checkpoint_dir(
+    task: m.HostTask, root: Path | None, allowed: tuple[Path, ...], account: Account | None
+) -> Path:
+    """The part's ``ALLOT_CHECKPOINT_DIR``, created (for ``account``: its own, see the
+    module); ``ValidationError`` naming ``checkpoint_dir`` when the agent cannot give it."""
     if task.checkpoint_dir is not None:
         # Resolved, so a link inside an allowed root cannot lead out of it.
         named = Path(os.path.realpath(task.checkpoint_dir))
@@ -62,7 +72,15 @@ def checkpoint_dir(task: m.HostTask, root: Path | None, allowed: tuple[Path, ...
     else:
         path = root / (task.allocation or UNALLOCATED) / task.workload_id
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if account is None:
+            path.mkdir(parents=True, exist_ok=True)
+        elif task.checkpoint_dir is not None:
+            await as_account(account, MAKE_OWN_DIR, str(path))
+        else:
+            assert root is not None
+            own_dir(root)
+            own_dir(path.parent)
+            hand_over(path, account)
     except OSError as e:
         raise ValidationError(
             "checkpoint_dir", f"cannot create {path}: {e.strerror or e}"
@@ -70,19 +88,47 @@ def checkpoint_dir(task: m.HostTask, root: Path | None, allowed: tuple[Path, ...
     return path
 
 
+MAKE_OWN_DIR = 'mkdir -p -- "$1" && test -w "$1" -a -x "$1" || { echo "not writable" >&2; exit 1; }'
+"""As the account: its directory ``$1``, which it must be able to write."""
+
+
+def hand_over(path: Path, account: Account) -> None:
+    """Create the directory ``path`` if missing (its parent is the agent's) and give it to
+    ``account`` alone (0700). ``OSError`` when ``path`` is a link, not a directory, or
+    another account's."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner not in (os.geteuid(), account.uid):
+            raise OSError(f"{path} belongs to uid {owner}, not to {account.name}")
+        os.fchown(fd, account.uid, account.gid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
 def confirmed_at(directory: Path | None) -> float | None:
     """The time of the workload's last confirmed checkpoint (``CHECKPOINTED_FILE``'s mtime)."""
     if directory is None:
         return None
     try:
-        return (directory / CHECKPOINTED_FILE).stat().st_mtime
+        # The file itself, not what a link there leads to (the agent may be root).
+        return (directory / CHECKPOINTED_FILE).lstat().st_mtime
     except OSError:
         return None
 
 
-def write_notice(directory: Path, kill_at: float) -> None:
+async def write_notice(directory: Path, kill_at: float, account: Account | None) -> None:
     with contextlib.suppress(OSError):  # a full disk must not stop the stop
-        (directory / NOTICE_FILE).write_text(f"{kill_at:.3f}\n")
+        if account is None:
+            (directory / NOTICE_FILE).write_text(f"{kill_at:.3f}\n")
+        else:
+            await as_account(account, WRITE_NOTICE, str(directory / NOTICE_FILE), f"{kill_at:.3f}")
+
+
+WRITE_NOTICE = 'printf "%s\\n" "$2" > "$1"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,20 +167,45 @@ def session_dir(task: m.HostTask, host: str) -> Path:
     return SESSION_SCRATCH / f"{task.workload_id}.{task.attempt}.{host}"
 
 
-def restore_session(checkpoints: Path, live: Path) -> bool:
+async def restore_session(checkpoints: Path, live: Path, account: Account | None) -> bool:
     """Copy the saved state (if any) into a fresh ``live`` directory; True when restored."""
-    shutil.rmtree(live, ignore_errors=True)
     saved = checkpoints / SESSION_STATE
-    if saved.is_dir():
-        shutil.copytree(saved, live, symlinks=True)
-        return True
-    live.mkdir(parents=True)
-    return False
+    if account is None:
+        shutil.rmtree(live, ignore_errors=True)
+        if saved.is_dir():
+            shutil.copytree(saved, live, symlinks=True)
+            return True
+        live.mkdir(parents=True)
+        return False
+    own_dir(live.parent)
+    shutil.rmtree(live, ignore_errors=True)  # in the agent's own directory: no link followed
+    hand_over(live, account)
+    return (await as_account(account, RESTORE, str(saved), str(live))).strip() == "restored"
 
 
-def save_session(live: Path, checkpoints: Path) -> None:
+RESTORE = 'if [ -d "$1" ]; then cp -a -- "$1/." "$2/" && echo restored; fi'
+"""As the account: the saved state ``$1`` (if any) copied into its live directory ``$2``."""
+
+
+def own_dir(path: Path) -> None:
+    """Create the directory ``path`` (and its parents), or check it is the agent's alone,
+    before the agent creates anything in it for an account: in a directory others may
+    write (a shared ``/tmp``, a checkpoint root open to users) an account could have made
+    it first, or put a link there that would lead the agent's ``mkdir`` and ``chown``
+    elsewhere."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o755, parents=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise OSError(f"{path} is not this agent's own directory (a link, or others may write it)")
+
+
+async def save_session(live: Path, checkpoints: Path, account: Account | None) -> None:
     """Copy ``live`` over the saved state: to a new directory first, renamed into place
     once whole (an interrupted copy leaves the previous state)."""
+    if account is not None:
+        await as_account(account, SAVE, str(live), str(checkpoints))
+        return
     new = checkpoints / f"{SESSION_STATE}.new"
     old = checkpoints / f"{SESSION_STATE}.old"
     shutil.rmtree(new, ignore_errors=True)
@@ -147,10 +218,24 @@ def save_session(live: Path, checkpoints: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+SAVE = f"""set -e
+state="$2/{SESSION_STATE}"
+rm -rf -- "$state.new"
+cp -a -- "$1" "$state.new"
+rm -rf -- "$state.old"
+if [ -e "$state" ] || [ -L "$state" ]; then mv -- "$state" "$state.old"; fi
+mv -- "$state.new" "$state"
+rm -rf -- "$state.old"
+"""
+"""As the account: ``save_session``'s steps, with its live directory ``$1`` and its
+checkpoint directory ``$2``."""
+
+
 __all__ = [
     "Outcome",
     "checkpoint_dir",
     "confirmed_at",
+    "hand_over",
     "outcome",
     "restore_session",
     "save_session",

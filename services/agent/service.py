@@ -12,6 +12,8 @@ see ``allot.ops.auth_gen``); it never reads the log. What it does, and why that 
   agent's environment (its NATS password) and memory through ``/proc``: the process makes
   itself non-dumpable first thing (``process_guard``), and a part's environment holds
   none of the agent's credentials (``gpu_exec.workload_env``). Limits: docs/security.md.
+  Started as root with ``--run-as-user``, it runs each part as its submission's user's
+  OS account instead (``accounts``), and does its file work for the part as that account.
 * **Heartbeats** on core NATS every ``--heartbeat-s`` for each host (the health service
   registers a host from its first one). Many fake hosts are spread over the interval in at
   most ``SLOTS`` batches, so 1,000 hosts cost ~50 wake-ups a second, not 1,000.
@@ -101,7 +103,7 @@ from allot.eventlog.host_work import AGENT_STOPPING, RESTART_LOST, STOPPED_BEFOR
 from allot.eventlog.idle_watch import NOT_REGISTERED
 from allot.proto import codec, subjects
 from allot.proto import messages as m
-from allot.services.agent import checkpoint
+from allot.services.agent import accounts, checkpoint
 from allot.services.agent.gpu_exec import (
     Clock,
     FakePart,
@@ -110,6 +112,7 @@ from allot.services.agent.gpu_exec import (
     ProcessPart,
     agent_marker,
     describe_exit,
+    open_output,
     without_userinfo,
     workload_env,
 )
@@ -174,6 +177,10 @@ class AgentConfig:
     shared storage in a real cluster: the next attempt may land on any host)."""
     checkpoint_allow: tuple[Path, ...] = ()
     """Real mode: roots inside which a workload may name its own ``checkpoint_dir``."""
+    run_as_user: bool = False
+    """Real mode, as root: each part runs as its submission's user (``accounts``)."""
+    run_as_min_uid: int = accounts.DEFAULT_MIN_UID
+    """The lowest uid ``run_as_user`` runs a part as (root and system accounts: never)."""
 
     def __post_init__(self) -> None:
         if self.batch_reports and not self.fake:
@@ -195,6 +202,19 @@ class AgentConfig:
                     raise ValidationError(name, "is for real mode: fake parts write nothing")
                 if not root.is_absolute():
                     raise ValidationError(name, f"{root} is not an absolute path")
+        if self.run_as_user:
+            if self.fake:
+                raise ValidationError("run_as_user", "is for real mode: fake parts run nothing")
+            if not accounts.can_switch():
+                raise ValidationError(
+                    "run_as_user",
+                    f"needs the agent to run as root (it switches to each part's user); it "
+                    f"runs as uid {os.geteuid()}",
+                )
+        if isinstance(self.run_as_min_uid, bool) or not 1 <= self.run_as_min_uid <= 2**31 - 2:
+            raise ValidationError(
+                "run_as_min_uid", f"must be 1..{2**31 - 2}, got {self.run_as_min_uid!r}"
+            )
         if not self.hosts:
             raise ValidationError("hosts", "name at least one host")
         for i, host in enumerate(self.hosts):
@@ -237,6 +257,8 @@ class Run:
     """When the notice was delivered to the part (checkpoint protocol)."""
     confirm_by: float | None = None
     terminated_at: float | None = None
+    account: accounts.Account | None = None
+    """The OS account the part runs as (``--run-as-user``; None: the agent's)."""
 
     @property
     def workload_id(self) -> str:
@@ -558,7 +580,7 @@ class Agent:
 
     def _notice(self, run: Run) -> None:
         """The checkpoint protocol's notice (``checkpoint``): the notice file and signal
-        now, SIGTERM at the confirmation or the timeout."""
+        at once, SIGTERM at the confirmation or the timeout (``_await_checkpoint``)."""
         assert run.part is not None and run.stop_at is not None
         task, now = run.task, self._clock()
         run.noticed_at = now
@@ -568,16 +590,19 @@ class Agent:
             # after it ends); otherwise the checkpoint may take the whole grace period.
             timeout = 0.0 if task.session and task.checkpoint_signal is None else run.stop_at - now
         run.confirm_by = min(now + timeout, run.stop_at)
-        if run.checkpoints is not None:
-            checkpoint.write_notice(run.checkpoints, run.stop_at)
-        if task.checkpoint_signal is not None:
-            run.part.send_signal(signal.Signals[f"SIG{task.checkpoint_signal}"])
-        run.log.info("checkpoint asked", signal=task.checkpoint_signal, confirm_by=run.confirm_by)
         self._spawn(self._await_checkpoint(run))
 
     async def _await_checkpoint(self, run: Run) -> None:
-        """SIGTERM once the part confirms its checkpoint, or at ``confirm_by``."""
+        """The notice file, then the signal; SIGTERM once the part confirms its checkpoint,
+        or at ``confirm_by``."""
+        assert run.part is not None and run.stop_at is not None
         assert run.noticed_at is not None and run.confirm_by is not None
+        task = run.task
+        if run.checkpoints is not None:
+            await checkpoint.write_notice(run.checkpoints, run.stop_at, run.account)
+        if task.checkpoint_signal is not None and run.terminated_at is None:
+            run.part.send_signal(signal.Signals[f"SIG{task.checkpoint_signal}"])
+        run.log.info("checkpoint asked", signal=task.checkpoint_signal, confirm_by=run.confirm_by)
         while run.terminated_at is None and run.key in self._runs:
             now = self._clock()
             confirmed = checkpoint.confirmed_at(run.checkpoints)
@@ -603,7 +628,7 @@ class Agent:
                 await self._report(run.host, run.task, "started", pid=part.pid, run=run)
             code = await part.wait()
             self._detail(run.log, "part ended", exit=describe_exit(code))
-            ended = self._checkpoint_outcome(run, code)
+            ended = await self._checkpoint_outcome(run, code)
             stopping = run.shutdown and part.stopped
             # A gang's other part reports only an end that ends the attempt (see the
             # module): a clean exit is the primary's to report.
@@ -624,7 +649,7 @@ class Agent:
             if run.session is not None:
                 shutil.rmtree(run.session, ignore_errors=True)
 
-    def _checkpoint_outcome(self, run: Run, code: int) -> checkpoint.Outcome | None:
+    async def _checkpoint_outcome(self, run: Run, code: int) -> checkpoint.Outcome | None:
         """What the ended part's report says of its checkpoint (None: no protocol). A
         session's state is saved here, after its process ended and before the report that
         lets the next attempt start."""
@@ -639,7 +664,7 @@ class Agent:
             if run.noticed_at is None:
                 return checkpoint.Outcome(None, None)
             try:
-                checkpoint.save_session(run.session, run.checkpoints)
+                await checkpoint.save_session(run.session, run.checkpoints, run.account)
             except OSError as e:
                 run.log.error("session state not saved", error=repr(e))
                 return checkpoint.Outcome("missed", None)
@@ -671,14 +696,21 @@ class Agent:
             # here would come after placement, which may have preempted others for it.
             return FakePart(task.duration_s)
         reason: str | None = None
-        if task.checkpoint:
+        if self.config.run_as_user:
             try:
-                run.checkpoints = checkpoint.checkpoint_dir(
-                    task, self.config.checkpoint_root, self.config.checkpoint_allow
+                run.account = accounts.account_of(task.user, self.config.run_as_min_uid)
+            except ValidationError as e:
+                reason = f"{e.field}: {e.reason}"
+        if task.checkpoint and reason is None:
+            try:
+                run.checkpoints = await checkpoint.checkpoint_dir(
+                    task, self.config.checkpoint_root, self.config.checkpoint_allow, run.account
                 )
                 if task.session:
                     run.session = checkpoint.session_dir(task, run.host)
-                    restored = checkpoint.restore_session(run.checkpoints, run.session)
+                    restored = await checkpoint.restore_session(
+                        run.checkpoints, run.session, run.account
+                    )
                     run.log.info("session state", restored=restored, at=str(run.session))
             except ValidationError as e:
                 reason = f"{e.field}: {e.reason}"
@@ -690,7 +722,7 @@ class Agent:
             reason = NO_COMMAND
         else:
             env = workload_env(
-                os.environ,
+                os.environ if run.account is None else {**os.environ, **run.account.env()},
                 gpus=task.gpus,
                 workload_id=task.workload_id,
                 allocation=task.allocation,
@@ -705,12 +737,14 @@ class Agent:
             )
             output = self.output_path(task.workload_id, task.attempt, run.host)
             try:
-                sink = None if output is None else output.open("ab")
+                sink = None if output is None else open_output(output, run.account)
             except OSError as e:
                 reason = f"cannot open its output file {output}: {e.strerror or e}"
             else:
                 try:
-                    return await ProcessPart.spawn(task.command, env, self._clock, sink)
+                    return await ProcessPart.spawn(
+                        task.command, env, self._clock, sink, run.account
+                    )
                 except OSError as e:
                     reason = f"cannot start {task.command[0]!r}: {e.strerror or e}"
                 finally:
@@ -969,6 +1003,18 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeatable; none by default)",
     )
     ap.add_argument(
+        "--run-as-user",
+        action="store_true",
+        help="real mode, as root: run each workload as the OS account of its submission's "
+        "user (refused when the host has none, or below --run-as-min-uid)",
+    )
+    ap.add_argument(
+        "--run-as-min-uid",
+        type=int,
+        default=accounts.DEFAULT_MIN_UID,
+        help="with --run-as-user: the lowest uid a workload runs as (default %(default)s)",
+    )
+    ap.add_argument(
         "--batch-reports",
         action="store_true",
         help="fake mode: send every host's reports in batches on allot.v1.hosts.report "
@@ -1005,6 +1051,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             output_dir=args.output_dir,
             checkpoint_root=args.checkpoint_root,
             checkpoint_allow=tuple(args.checkpoint_allow),
+            run_as_user=args.run_as_user,
+            run_as_min_uid=args.run_as_min_uid,
         )
     except ValidationError as e:
         if e.field.startswith("hosts"):

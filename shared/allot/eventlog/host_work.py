@@ -318,6 +318,7 @@ class DispatchBook:
                 hosts=() if bare else assignment_hosts(rec),
                 command=() if bare else rec.command,
                 env={} if bare else rec.env,
+                user=None if bare else rec.workload.user,
                 duration_s=rec.duration_s,
                 started=has_started,
                 stop=stop,

@@ -380,6 +380,10 @@ class HostTask(_Wire, frozen=True, kw_only=True):
     checkpoint_timeout_s: CheckpointTimeout | None = None
     checkpoint_dir: CheckpointDir | None = None
     session: bool = False
+    user: Name | None = None
+    """The submission's user, sent with the command (an agent started with
+    ``--run-as-user`` runs the part as that OS account; None: not sent, as for a started
+    part or by a dispatch service older than this field)."""
 
 
 class HostWork(_Message, frozen=True, kw_only=True):

@@ -1,0 +1,103 @@
+"""The OS account a part runs as under ``--run-as-user`` (Slurm's model: a job runs as the
+user who submitted it, whose account every host shares through LDAP or the like).
+
+The submission's ``user`` is its sender's login under ``allot auth gen``'s credentials
+(intake checks it), so the account is the login's name on the host. The agent (root)
+switches to it for the part: uid, primary gid and the account's own groups (never the
+agent's: root's group would come along), home directory and ``HOME``/``USER``/``LOGNAME``.
+A part whose user has no account here, or an account below ``--run-as-min-uid`` (root and
+the system accounts: a login named ``root`` or ``daemon`` must not run as them), or one in
+group 0, is refused before it starts, the reason naming ``user``.
+
+The agent's own file work for such a part (the checkpoint directory it names, the notice,
+a session's state) runs as the account too (``as_account``): as root it would follow links
+the workload planted to files only root may write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+from dataclasses import dataclass
+
+from allot.core.errors import ValidationError
+
+DEFAULT_MIN_UID = 1000
+"""The lowest uid a part may run as (Debian's and Red Hat's first user account)."""
+HELPER_PATH = "/usr/bin:/bin"
+"""``PATH`` of the shell commands run as an account (``as_account``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+    """The account's home directory, or ``/`` when it has none here (the part's cwd)."""
+
+    def env(self) -> dict[str, str]:
+        """What ``login`` sets of the environment for this account."""
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name}
+
+
+def can_switch() -> bool:
+    """Whether this process may become another user (root)."""
+    return os.geteuid() == 0
+
+
+def account_of(user: str | None, min_uid: int) -> Account:
+    """The account ``user`` runs as here; ``ValidationError`` naming ``user`` when none may."""
+    if not user:
+        raise ValidationError(
+            "user",
+            "the part names no user, and this agent runs each part as its user "
+            "(--run-as-user): upgrade the dispatch service",
+        )
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ValidationError(
+            "user", f"{user!r} has no account on this host (--run-as-user runs parts as it)"
+        ) from None
+    if entry.pw_uid < min_uid:
+        raise ValidationError(
+            "user",
+            f"{user!r} is uid {entry.pw_uid}, below this agent's --run-as-min-uid {min_uid}: "
+            "root and system accounts run no workloads",
+        )
+    groups = tuple(sorted(set(os.getgrouplist(user, entry.pw_gid))))
+    if 0 in groups:
+        raise ValidationError("user", f"{user!r} is in group 0 (root's): it runs no workloads")
+    home = entry.pw_dir if os.path.isdir(entry.pw_dir) else "/"
+    return Account(user, entry.pw_uid, entry.pw_gid, groups, home)
+
+
+async def as_account(account: Account, script: str, *args: str) -> str:
+    """Run the shell ``script`` (arguments ``$1``...) as ``account``, in ``/`` with only
+    ``PATH`` and the account's own variables; its standard output. ``OSError`` with what it
+    printed on standard error when it fails."""
+    proc = await asyncio.create_subprocess_exec(
+        "/bin/sh",
+        "-c",
+        script,
+        "sh",
+        *args,
+        env={"PATH": HELPER_PATH, **account.env()},
+        cwd="/",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        user=account.uid,
+        group=account.gid,
+        extra_groups=list(account.groups),
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise OSError(err.decode(errors="replace").strip() or f"exit {proc.returncode}")
+    return out.decode(errors="replace")
+
+
+__all__ = ["DEFAULT_MIN_UID", "Account", "account_of", "as_account", "can_switch"]

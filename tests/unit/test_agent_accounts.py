@@ -1,0 +1,287 @@
+"""``--run-as-user``: which OS account a part runs as (``allot.services.agent.accounts``),
+a real part started as it (uid, groups, directory, what it cannot read), and the agent's
+file work for it done as that account, not as root (``checkpoint``): a link the workload
+planted where the agent writes leads nowhere it could not write itself.
+
+The cases that switch users need root (the agent's own requirement for the option); they
+run as ``nobody`` (uid 65534), which every Linux has."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from allot.core.errors import ValidationError
+from allot.proto import messages as m
+from allot.proto.checkpoint_rules import NOTICE_FILE
+from allot.services.agent import accounts, checkpoint
+from allot.services.agent.accounts import Account, account_of, as_account
+from allot.services.agent.gpu_exec import ProcessPart, open_output
+from allot.services.agent.service import AgentConfig
+
+as_root = pytest.mark.skipif(
+    sys.platform != "linux" or os.geteuid() != 0, reason="switching users needs root on Linux"
+)
+NOBODY = "nobody"
+
+
+@pytest.fixture
+def nobody() -> Account:
+    return account_of(NOBODY, accounts.DEFAULT_MIN_UID)
+
+
+# ---------------------------------------------------------------------- which account
+@pytest.mark.parametrize(
+    ("user", "min_uid", "reason"),
+    [
+        (None, 1000, "names no user"),
+        ("", 1000, "names no user"),
+        ("no-such-account-here", 1000, "has no account on this host"),
+        ("root", 1000, "is uid 0, below this agent's --run-as-min-uid 1000"),
+        ("daemon", 1000, "below this agent's --run-as-min-uid 1000"),
+        (NOBODY, 65535, "is uid 65534, below this agent's --run-as-min-uid 65535"),
+    ],
+)
+def test_an_account_that_may_not_run_work_is_refused_naming_user(
+    user: str | None, min_uid: int, reason: str
+) -> None:
+    with pytest.raises(ValidationError) as e:
+        account_of(user, min_uid)
+    assert e.value.field == "user"
+    assert reason in e.value.reason
+
+
+def test_an_account_in_roots_group_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = pwd.getpwnam(NOBODY)
+    monkeypatch.setattr(accounts.os, "getgrouplist", lambda name, gid: [entry.pw_gid, 0])
+    with pytest.raises(ValidationError) as e:
+        account_of(NOBODY, 1000)
+    assert (e.value.field, e.value.reason) == (
+        "user",
+        "'nobody' is in group 0 (root's): it runs no workloads",
+    )
+
+
+def test_an_account_is_its_uid_its_own_groups_and_its_home_or_root_dir(nobody: Account) -> None:
+    entry = pwd.getpwnam(NOBODY)
+    assert (nobody.uid, nobody.gid) == (entry.pw_uid, entry.pw_gid)
+    assert nobody.groups == tuple(sorted(set(os.getgrouplist(NOBODY, entry.pw_gid))))
+    assert 0 not in nobody.groups
+    assert nobody.home == (entry.pw_dir if os.path.isdir(entry.pw_dir) else "/")
+    assert nobody.env() == {"HOME": nobody.home, "USER": NOBODY, "LOGNAME": NOBODY}
+
+
+# ---------------------------------------------------------------------- the option
+def test_run_as_user_is_for_a_real_agent_running_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError) as e:
+        AgentConfig(nats_url="nats://x", hosts=("h",), fake=True, run_as_user=True)
+    assert (e.value.field, e.value.reason) == (
+        "run_as_user",
+        "is for real mode: fake parts run nothing",
+    )
+    monkeypatch.setattr(accounts, "can_switch", lambda: False)
+    with pytest.raises(ValidationError) as e:
+        AgentConfig(nats_url="nats://x", hosts=("h",), run_as_user=True)
+    assert e.value.field == "run_as_user"
+    assert e.value.reason.startswith("needs the agent to run as root")
+    with pytest.raises(ValidationError) as e:
+        AgentConfig(nats_url="nats://x", hosts=("h",), run_as_min_uid=0)
+    assert e.value.field == "run_as_min_uid"
+
+
+# ---------------------------------------------------------------------- a part as it
+@as_root
+async def test_a_part_runs_as_its_account_in_its_home_and_reads_none_of_roots_files(
+    nobody: Account, open_dir: Path
+) -> None:
+    secret = open_dir / "secret"
+    secret.write_text("the agent's password")
+    secret.chmod(0o600)
+    script = 'id -u; id -g; id -G; pwd; echo "$HOME $USER"; cat "$1" || echo refused'
+    out = open_dir / "out"
+    with out.open("wb") as sink:
+        part = await ProcessPart.spawn(
+            ["/bin/sh", "-c", script, "sh", str(secret)],
+            {"PATH": "/usr/bin:/bin", **nobody.env()},
+            time.time,
+            sink,
+            nobody,
+        )
+    assert await part.wait() == 0
+    lines = out.read_text().splitlines()
+    assert lines[:5] == [
+        str(nobody.uid),
+        str(nobody.gid),
+        " ".join(str(g) for g in nobody.groups),
+        nobody.home,
+        f"{nobody.home} {NOBODY}",
+    ]
+    assert "the agent's password" not in out.read_text()
+    assert lines[-1] == "refused"
+
+
+@as_root
+async def test_the_shell_work_for_an_account_runs_as_it(nobody: Account) -> None:
+    assert (await as_account(nobody, "id -u")).strip() == str(nobody.uid)
+    with pytest.raises(OSError, match="boom"):
+        await as_account(nobody, 'echo "$1" >&2; exit 3', "boom")
+
+
+# ---------------------------------------------------------------------- files as it
+def _task(**kw: object) -> m.HostTask:
+    return m.HostTask(
+        workload_id="w1",
+        allocation="nlp",
+        attempt=1,
+        gpus=(0,),
+        primary=True,
+        checkpoint=True,
+        **kw,
+    )
+
+
+@as_root
+async def test_the_notice_is_written_as_the_account_not_through_its_link_as_root(
+    nobody: Account, open_dir: Path
+) -> None:
+    root = open_dir / "root"
+    directory = await checkpoint.checkpoint_dir(_task(), root, (), nobody)
+    assert directory == root / "nlp" / "w1"
+    st = directory.lstat()
+    assert (st.st_uid, st.st_mode & 0o777) == (nobody.uid, 0o700)
+    precious = open_dir / "precious"
+    precious.write_text("root's")
+    precious.chmod(0o644)
+    # The workload planted a link where the notice goes, to a file only root may write.
+    await as_account(nobody, 'ln -s "$1" "$2"', str(precious), str(directory / NOTICE_FILE))
+    await checkpoint.write_notice(directory, 123.0, nobody)
+    assert precious.read_text() == "root's"
+    # Without the link, the notice is written, and it is the account's.
+    (directory / NOTICE_FILE).unlink()
+    await checkpoint.write_notice(directory, 123.0, nobody)
+    assert (directory / NOTICE_FILE).read_text() == "123.000\n"
+    assert (directory / NOTICE_FILE).stat().st_uid == nobody.uid
+
+
+@as_root
+async def test_a_checkpoint_dir_it_names_is_made_as_the_account_or_refused(
+    nobody: Account, open_dir: Path
+) -> None:
+    allowed = open_dir / "team"
+    allowed.mkdir(mode=0o1777)
+    allowed.chmod(0o1777)
+    named = allowed / "alice" / "run1"
+    got = await checkpoint.checkpoint_dir(
+        _task(checkpoint_dir=str(named)), None, (allowed,), nobody
+    )
+    assert got == named
+    assert named.stat().st_uid == nobody.uid
+    closed = open_dir / "closed"
+    closed.mkdir(mode=0o755)  # root's: the account cannot create inside it
+    with pytest.raises(ValidationError) as e:
+        await checkpoint.checkpoint_dir(
+            _task(checkpoint_dir=str(closed / "run")), None, (closed,), nobody
+        )
+    assert e.value.field == "checkpoint_dir"
+    assert not (closed / "run").exists()
+
+
+@as_root
+async def test_a_managed_dir_that_is_a_link_or_anothers_is_refused(
+    nobody: Account, open_dir: Path
+) -> None:
+    root = open_dir / "root"
+    (root / "nlp").mkdir(parents=True)
+    (root / "nlp" / "w1").symlink_to(open_dir)
+    with pytest.raises(ValidationError) as e:
+        await checkpoint.checkpoint_dir(_task(), root, (), nobody)
+    assert e.value.field == "checkpoint_dir"
+    assert open_dir.stat().st_uid == 0  # not handed over through the link
+    (root / "nlp" / "w1").unlink()
+    (root / "nlp" / "w1").mkdir()
+    os.chown(root / "nlp" / "w1", 4242, 4242)
+    with pytest.raises(ValidationError, match="belongs to uid 4242"):
+        await checkpoint.checkpoint_dir(_task(), root, (), nobody)
+
+
+@as_root
+async def test_a_sessions_state_is_restored_and_saved_as_the_account(
+    nobody: Account, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = await checkpoint.checkpoint_dir(_task(), open_dir / "root", (), nobody)
+    live = open_dir / "scratch" / "w1.1.h01"
+    assert await checkpoint.restore_session(directory, live, nobody) is False
+    assert live.stat().st_uid == nobody.uid
+    await as_account(nobody, 'echo one > "$1/state"', str(live))
+    await checkpoint.save_session(live, directory, nobody)
+    saved = directory / checkpoint.SESSION_STATE
+    assert (saved / "state").read_text() == "one\n"
+    assert (saved / "state").stat().st_uid == nobody.uid
+    again = open_dir / "scratch" / "w1.2.h02"
+    assert await checkpoint.restore_session(directory, again, nobody) is True
+    assert (again / "state").read_text() == "one\n"
+    await as_account(nobody, 'echo two > "$1/state"', str(again))
+    await checkpoint.save_session(again, directory, nobody)
+    assert (saved / "state").read_text() == "two\n"
+    assert sorted(p.name for p in directory.iterdir()) == [checkpoint.SESSION_STATE]
+
+
+@as_root
+async def test_a_scratch_root_another_account_made_first_is_refused(
+    nobody: Account, open_dir: Path
+) -> None:
+    scratch = open_dir / "scratch"
+    scratch.mkdir(mode=0o777)
+    scratch.chmod(0o777)
+    directory = await checkpoint.checkpoint_dir(_task(), open_dir / "root", (), nobody)
+    with pytest.raises(OSError, match="not this agent's own directory"):
+        await checkpoint.restore_session(directory, scratch / "w1.1.h01", nobody)
+    scratch.chmod(0o755)
+    os.chown(scratch, nobody.uid, nobody.gid)
+    with pytest.raises(OSError, match="not this agent's own directory"):
+        await checkpoint.restore_session(directory, scratch / "w1.1.h01", nobody)
+
+
+@as_root
+def test_an_output_file_planted_as_a_link_or_a_second_name_is_refused(
+    nobody: Account, open_dir: Path
+) -> None:
+    out_dir = open_dir / "out"
+    out_dir.mkdir(mode=0o1777)
+    out_dir.chmod(0o1777)  # an output directory left open to everyone
+    precious = open_dir / "precious"
+    precious.write_text("root's")
+    (out_dir / "w1.1.h01.out").symlink_to(precious)
+    with pytest.raises(OSError):
+        open_output(out_dir / "w1.1.h01.out", nobody)
+    os.link(precious, out_dir / "w2.1.h01.out")
+    with pytest.raises(OSError, match="not a file of this agent's or of nobody's alone"):
+        open_output(out_dir / "w2.1.h01.out", nobody)
+    assert precious.stat().st_uid == 0 and precious.read_text() == "root's"
+    with open_output(out_dir / "w3.1.h01.out", nobody) as sink:
+        sink.write(b"ok\n")
+    assert (out_dir / "w3.1.h01.out").stat().st_uid == nobody.uid
+
+
+@as_root
+async def test_a_managed_roots_allocation_dir_that_is_a_link_is_refused(
+    nobody: Account, open_dir: Path
+) -> None:
+    root = open_dir / "root"
+    root.mkdir()
+    elsewhere = open_dir / "elsewhere"
+    elsewhere.mkdir()
+    (root / "nlp").symlink_to(elsewhere)
+    with pytest.raises(ValidationError, match="not this agent's own directory"):
+        await checkpoint.checkpoint_dir(_task(), root, (), nobody)
+    assert list(elsewhere.iterdir()) == []
+    open_root = open_dir / "open-root"
+    open_root.mkdir(mode=0o777)
+    open_root.chmod(0o777)  # others may write it: a link could appear there at any time
+    with pytest.raises(ValidationError, match="not this agent's own directory"):
+        await checkpoint.checkpoint_dir(_task(), open_root, (), nobody)
