@@ -75,7 +75,7 @@ async def checkpoint_dir(
         if account is None:
             path.mkdir(parents=True, exist_ok=True)
         elif task.checkpoint_dir is not None:
-            await as_account(account, MAKE_OWN_DIR, str(path))
+            await as_account(account, MAKE_OWN_DIR, str(path), timeout_s=SETUP_TIMEOUT_S)
         else:
             assert root is not None
             own_dir(root)
@@ -88,6 +88,10 @@ async def checkpoint_dir(
     return path
 
 
+SETUP_TIMEOUT_S = 30.0
+"""How long creating a part's checkpoint directory as its account may take."""
+COPY_TIMEOUT_S = 300.0
+"""How long copying a session's state as its account may take (restore or save)."""
 MAKE_OWN_DIR = 'mkdir -p -- "$1" && test -w "$1" -a -x "$1" || { echo "not writable" >&2; exit 1; }'
 """As the account: its directory ``$1``, which it must be able to write."""
 
@@ -120,15 +124,33 @@ def confirmed_at(directory: Path | None) -> float | None:
         return None
 
 
-async def write_notice(directory: Path, kill_at: float, account: Account | None) -> None:
+async def write_notice(
+    directory: Path, kill_at: float, account: Account | None, timeout_s: float
+) -> None:
+    """The notice file, if it can be written within ``timeout_s``: never through a link, nor
+    into a FIFO, which would hold the agent (opened without blocking, refused unless a
+    regular file)."""
     with contextlib.suppress(OSError):  # a full disk must not stop the stop
-        if account is None:
-            (directory / NOTICE_FILE).write_text(f"{kill_at:.3f}\n")
-        else:
-            await as_account(account, WRITE_NOTICE, str(directory / NOTICE_FILE), f"{kill_at:.3f}")
+        if account is not None:
+            path, text = str(directory / NOTICE_FILE), f"{kill_at:.3f}"
+            await as_account(account, WRITE_NOTICE, path, text, timeout_s=timeout_s)
+            return
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(directory / NOTICE_FILE, flags, 0o644)
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{kill_at:.3f}\n".encode())
+        finally:
+            os.close(fd)
 
 
-WRITE_NOTICE = 'printf "%s\\n" "$2" > "$1"'
+WRITE_NOTICE = (
+    'if [ -L "$1" ] || { [ -e "$1" ] && [ ! -f "$1" ]; }; then echo "not a file" >&2; exit 1; fi; '
+    'printf "%s\\n" "$2" > "$1"'
+)
+"""As the account: the notice ``$2`` into ``$1``, a regular file (not a FIFO that would
+hold the helper until its timeout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,31 +202,80 @@ async def restore_session(checkpoints: Path, live: Path, account: Account | None
     own_dir(live.parent)
     shutil.rmtree(live, ignore_errors=True)  # in the agent's own directory: no link followed
     hand_over(live, account)
-    return (await as_account(account, RESTORE, str(saved), str(live))).strip() == "restored"
+    out = await as_account(account, RESTORE, str(saved), str(live), timeout_s=COPY_TIMEOUT_S)
+    return out.strip() == "restored"
 
 
 RESTORE = 'if [ -d "$1" ]; then cp -a -- "$1/." "$2/" && echo restored; fi'
 """As the account: the saved state ``$1`` (if any) copied into its live directory ``$2``."""
 
 
+def untrusted_ancestor(path: Path) -> str | None:
+    """Why an account could swap a directory on the way to ``path`` (None: none can). The
+    agent creates directories there as root and hands the last to an account; were a
+    directory on the way writable by others (and not sticky, like ``/tmp``), an account
+    could rename it and put a link in its place between the agent's steps. Every part that
+    exists must be a directory, not a link, of root's (or the agent's), closed to others
+    or sticky."""
+    if not path.is_absolute():
+        return f"{path} is not an absolute path"
+    for part in (*reversed(path.parents), path):
+        try:
+            why = _untrusted(part)
+        except FileNotFoundError:
+            return None  # the agent creates the rest, closed to others (``own_dir``)
+        if why is not None:
+            return why
+    return None
+
+
+def _untrusted(part: Path) -> str | None:
+    """Why the existing ``part`` is no safe directory to pass through (see above)."""
+    try:
+        st = os.lstat(part)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        return f"{part}: {e.strerror or e}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{part} is a link: name the directory it leads to"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{part} is not a directory"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{part} belongs to uid {st.st_uid}, not to root"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"{part} may be written by others (and is not sticky)"
+    return None
+
+
 def own_dir(path: Path) -> None:
-    """Create the directory ``path`` (and its parents), or check it is the agent's alone,
-    before the agent creates anything in it for an account: in a directory others may
-    write (a shared ``/tmp``, a checkpoint root open to users) an account could have made
-    it first, or put a link there that would lead the agent's ``mkdir`` and ``chown``
-    elsewhere."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o755, parents=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise OSError(f"{path} is not this agent's own directory (a link, or others may write it)")
+    """Create the directory ``path`` and what is missing above it (0755, one at a time, each
+    checked before the next is made in it), or check it is the agent's alone, before the
+    agent creates anything in it for an account: in a directory others may write (a shared
+    ``/tmp``, a checkpoint root open to users) an account could have made it first, or put
+    a link there that would lead the agent's ``mkdir`` and ``chown`` elsewhere. Checked
+    whole each time: a directory missing at the agent's start may have been made by an
+    account since."""
+    for part in (*reversed(path.parents), path):
+        try:
+            part.mkdir()
+            os.chmod(part, 0o755)  # whatever the umask: the accounts pass through it
+        except FileExistsError:
+            pass
+        why = _untrusted(part)
+        if why is None and part == path:
+            st = os.lstat(path)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                why = f"{path} may be written by others"
+        if why is not None:
+            raise OSError(f"{path} is not this agent's own directory: {why}")
 
 
 async def save_session(live: Path, checkpoints: Path, account: Account | None) -> None:
     """Copy ``live`` over the saved state: to a new directory first, renamed into place
     once whole (an interrupted copy leaves the previous state)."""
     if account is not None:
-        await as_account(account, SAVE, str(live), str(checkpoints))
+        await as_account(account, SAVE, str(live), str(checkpoints), timeout_s=COPY_TIMEOUT_S)
         return
     new = checkpoints / f"{SESSION_STATE}.new"
     old = checkpoints / f"{SESSION_STATE}.old"

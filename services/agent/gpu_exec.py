@@ -56,6 +56,11 @@ class Part(Protocol):
 
     def terminate(self, kill_at: float) -> None: ...
 
+    def kill_by(self, kill_at: float) -> None:
+        """SIGKILL at ``kill_at`` at the latest, sending nothing now (a notice's deadline,
+        held whatever the notice's own steps meet)."""
+        ...
+
     def kill(self) -> None: ...
 
     def send_signal(self, sig: signal.Signals) -> None:
@@ -220,6 +225,7 @@ class ProcessPart:
         self._kill_at: float | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
         self._stopped = False
+        self._terminated = False
 
     @classmethod
     async def spawn(
@@ -269,13 +275,19 @@ class ProcessPart:
         if self._proc.returncode is not None:
             return
         self._note_stop()
-        if self._kill_at is not None and self._kill_at <= kill_at:
-            return  # a repeated request (each work list re-applied): the earlier deadline stands
-        if self._kill_at is None:
+        if not self._terminated:
             # Once per stop, as the contract says and Slurm does: a training loop may take a
             # second SIGTERM as "quit now" and abort the checkpoint it is writing. A later,
             # earlier deadline (a cancel during a notice) moves the SIGKILL only.
+            self._terminated = True
             self._signal(signal.SIGTERM)
+        self.kill_by(kill_at)
+
+    def kill_by(self, kill_at: float) -> None:
+        if self._proc.returncode is not None:
+            return
+        if self._kill_at is not None and self._kill_at <= kill_at:
+            return  # a repeated request (each work list re-applied): the earlier deadline stands
         if self._kill_timer is not None:
             self._kill_timer.cancel()
         self._kill_at = kill_at
@@ -339,6 +351,9 @@ class FakePart:
 
     def terminate(self, kill_at: float) -> None:
         self._stop.set()
+
+    def kill_by(self, kill_at: float) -> None:
+        """A fake part stops at once when asked (``terminate``): no deadline to hold."""
 
     def send_signal(self, sig: signal.Signals) -> None:
         """A fake part has no process to signal."""

@@ -211,6 +211,16 @@ class AgentConfig:
                     f"needs the agent to run as root (it switches to each part's user); it "
                     f"runs as uid {os.geteuid()}",
                 )
+            if self.output_dir is None:
+                raise ValidationError(
+                    "output_dir",
+                    "is required with run_as_user: a part run as its user must not write "
+                    "into the agent's own output (it could truncate the agent's log)",
+                )
+            if self.checkpoint_root is not None:
+                why = checkpoint.untrusted_ancestor(self.checkpoint_root)
+                if why is not None:
+                    raise ValidationError("checkpoint_root", f"with run_as_user: {why}")
         if isinstance(self.run_as_min_uid, bool) or not 1 <= self.run_as_min_uid <= 2**31 - 2:
             raise ValidationError(
                 "run_as_min_uid", f"must be 1..{2**31 - 2}, got {self.run_as_min_uid!r}"
@@ -590,6 +600,7 @@ class Agent:
             # after it ends); otherwise the checkpoint may take the whole grace period.
             timeout = 0.0 if task.session and task.checkpoint_signal is None else run.stop_at - now
         run.confirm_by = min(now + timeout, run.stop_at)
+        run.part.kill_by(run.stop_at)  # whatever the notice's steps below meet
         self._spawn(self._await_checkpoint(run))
 
     async def _await_checkpoint(self, run: Run) -> None:
@@ -599,7 +610,11 @@ class Agent:
         assert run.noticed_at is not None and run.confirm_by is not None
         task = run.task
         if run.checkpoints is not None:
-            await checkpoint.write_notice(run.checkpoints, run.stop_at, run.account)
+            # Bounded by the kill deadline: a workload may hold its account's writer (a FIFO,
+            # SIGSTOP), never its own SIGKILL.
+            await checkpoint.write_notice(
+                run.checkpoints, run.stop_at, run.account, max(0.0, run.stop_at - self._clock())
+            )
         if task.checkpoint_signal is not None and run.terminated_at is None:
             run.part.send_signal(signal.Signals[f"SIG{task.checkpoint_signal}"])
         run.log.info("checkpoint asked", signal=task.checkpoint_signal, confirm_by=run.confirm_by)
@@ -1005,8 +1020,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--run-as-user",
         action="store_true",
-        help="real mode, as root: run each workload as the OS account of its submission's "
-        "user (refused when the host has none, or below --run-as-min-uid)",
+        help="real mode, as root, with --output-dir: run each workload as the OS account of "
+        "its submission's user (refused when the host has none, or below --run-as-min-uid)",
     )
     ap.add_argument(
         "--run-as-min-uid",

@@ -149,3 +149,26 @@ async def test_a_user_without_an_account_or_root_is_refused_naming_user(
     failed = await events.wait(m.WorkloadFailed, "as-root")
     assert failed.reason.startswith("user: 'root' is uid 0, below"), failed.reason
     assert not touched.exists()
+
+
+async def test_a_fifo_at_the_notice_path_does_not_save_a_part_from_its_deadline(
+    js: JetStreamContext, events: Events, agent: Agent, open_dir: Path
+) -> None:
+    ready = open_dir / "ready"
+    ready.write_text("")
+    ready.chmod(0o666)
+    # Holds the agent's notice writer on a FIFO and ignores the signals it may ignore.
+    script = (
+        'mkfifo "$ALLOT_CHECKPOINT_DIR/.allot-checkpoint-requested"; '
+        "trap '' USR1 TERM; echo up > \"$1\"; while :; do sleep 0.05; done"
+    )
+    log = await _submitted(
+        js, "fifo", "nobody", _sh(script, ready), checkpoint_signal="USR1", checkpoint_timeout_s=1.0
+    )
+    await log.place("fifo", {"h01": (2,)})
+    await events.wait(m.WorkloadStarted, "fifo")
+    await wait_file(ready)
+    notice = await log.notice("fifo", grace_s=2.0)
+    preempted = await events.wait(m.WorkloadPreempted, "fifo", timeout=15)
+    assert preempted.checkpoint == "missed"
+    assert preempted.at < notice.grace_deadline + 5.0  # killed at its deadline, not later

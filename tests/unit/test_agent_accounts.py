@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
 import sys
 import time
 from pathlib import Path
@@ -56,6 +57,18 @@ def test_an_account_that_may_not_run_work_is_refused_naming_user(
     assert reason in e.value.reason
 
 
+def test_an_account_whose_uid_would_switch_nothing_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (uid_t)-1 tells setreuid "leave unchanged": the part would run as root.
+    entry = pwd.struct_passwd(("evil", "x", 2**32 - 1, 1000, "", "/", "/bin/sh"))
+    monkeypatch.setattr(accounts.pwd, "getpwnam", lambda name: entry)
+    with pytest.raises(ValidationError) as e:
+        account_of("evil", 1000)
+    assert e.value.field == "user"
+    assert "switches nothing" in e.value.reason
+
+
 def test_an_account_in_roots_group_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     entry = pwd.getpwnam(NOBODY)
     monkeypatch.setattr(accounts.os, "getgrouplist", lambda name, gid: [entry.pw_gid, 0])
@@ -84,6 +97,10 @@ def test_run_as_user_is_for_a_real_agent_running_as_root(monkeypatch: pytest.Mon
         "run_as_user",
         "is for real mode: fake parts run nothing",
     )
+    with pytest.raises(ValidationError) as e:
+        AgentConfig(nats_url="nats://x", hosts=("h",), run_as_user=True)
+    assert e.value.field == "output_dir"
+    assert e.value.reason.startswith("is required with run_as_user")
     monkeypatch.setattr(accounts, "can_switch", lambda: False)
     with pytest.raises(ValidationError) as e:
         AgentConfig(nats_url="nats://x", hosts=("h",), run_as_user=True)
@@ -127,9 +144,22 @@ async def test_a_part_runs_as_its_account_in_its_home_and_reads_none_of_roots_fi
 
 @as_root
 async def test_the_shell_work_for_an_account_runs_as_it(nobody: Account) -> None:
-    assert (await as_account(nobody, "id -u")).strip() == str(nobody.uid)
+    assert (await as_account(nobody, "id -u", timeout_s=30)).strip() == str(nobody.uid)
     with pytest.raises(OSError, match="boom"):
-        await as_account(nobody, 'echo "$1" >&2; exit 3', "boom")
+        await as_account(nobody, 'echo "$1" >&2; exit 3', "boom", timeout_s=30)
+    # In a session of its own (no terminal of the agent's): it leads it.
+    fields = (await as_account(nobody, "cat /proc/$$/stat", timeout_s=30)).split()
+    assert fields[5] == fields[0]
+
+
+@as_root
+async def test_a_helper_the_workload_stops_or_floods_is_bounded(nobody: Account) -> None:
+    started = time.monotonic()
+    with pytest.raises(OSError, match="not done within 1 s as nobody"):
+        await as_account(nobody, "kill -STOP $$", timeout_s=1.0)  # what its uid may do
+    assert time.monotonic() - started < 10
+    flood = await as_account(nobody, "head -c 5000000 /dev/zero | tr '\\0' x; echo", timeout_s=30)
+    assert len(flood) == accounts.OUTPUT_KEPT
 
 
 # ---------------------------------------------------------------------- files as it
@@ -158,12 +188,14 @@ async def test_the_notice_is_written_as_the_account_not_through_its_link_as_root
     precious.write_text("root's")
     precious.chmod(0o644)
     # The workload planted a link where the notice goes, to a file only root may write.
-    await as_account(nobody, 'ln -s "$1" "$2"', str(precious), str(directory / NOTICE_FILE))
-    await checkpoint.write_notice(directory, 123.0, nobody)
+    await as_account(
+        nobody, 'ln -s "$1" "$2"', str(precious), str(directory / NOTICE_FILE), timeout_s=30
+    )
+    await checkpoint.write_notice(directory, 123.0, nobody, 30)
     assert precious.read_text() == "root's"
     # Without the link, the notice is written, and it is the account's.
     (directory / NOTICE_FILE).unlink()
-    await checkpoint.write_notice(directory, 123.0, nobody)
+    await checkpoint.write_notice(directory, 123.0, nobody, 30)
     assert (directory / NOTICE_FILE).read_text() == "123.000\n"
     assert (directory / NOTICE_FILE).stat().st_uid == nobody.uid
 
@@ -217,7 +249,7 @@ async def test_a_sessions_state_is_restored_and_saved_as_the_account(
     live = open_dir / "scratch" / "w1.1.h01"
     assert await checkpoint.restore_session(directory, live, nobody) is False
     assert live.stat().st_uid == nobody.uid
-    await as_account(nobody, 'echo one > "$1/state"', str(live))
+    await as_account(nobody, 'echo one > "$1/state"', str(live), timeout_s=30)
     await checkpoint.save_session(live, directory, nobody)
     saved = directory / checkpoint.SESSION_STATE
     assert (saved / "state").read_text() == "one\n"
@@ -225,7 +257,7 @@ async def test_a_sessions_state_is_restored_and_saved_as_the_account(
     again = open_dir / "scratch" / "w1.2.h02"
     assert await checkpoint.restore_session(directory, again, nobody) is True
     assert (again / "state").read_text() == "one\n"
-    await as_account(nobody, 'echo two > "$1/state"', str(again))
+    await as_account(nobody, 'echo two > "$1/state"', str(again), timeout_s=30)
     await checkpoint.save_session(again, directory, nobody)
     assert (saved / "state").read_text() == "two\n"
     assert sorted(p.name for p in directory.iterdir()) == [checkpoint.SESSION_STATE]
@@ -285,3 +317,88 @@ async def test_a_managed_roots_allocation_dir_that_is_a_link_is_refused(
     open_root.chmod(0o777)  # others may write it: a link could appear there at any time
     with pytest.raises(ValidationError, match="not this agent's own directory"):
         await checkpoint.checkpoint_dir(_task(), open_root, (), nobody)
+
+
+@as_root
+async def test_a_fifo_at_the_notice_path_holds_the_agent_no_longer_than_the_deadline(
+    nobody: Account, open_dir: Path
+) -> None:
+    directory = await checkpoint.checkpoint_dir(_task(), open_dir / "root", (), nobody)
+    await as_account(nobody, 'mkfifo "$1"', str(directory / NOTICE_FILE), timeout_s=30)
+    started = time.monotonic()
+    await checkpoint.write_notice(directory, 123.0, nobody, 1.0)  # as the account
+    await checkpoint.write_notice(directory, 123.0, None, 1.0)  # as the agent itself
+    assert time.monotonic() - started < 10
+    assert stat.S_ISFIFO((directory / NOTICE_FILE).lstat().st_mode)
+
+
+@as_root
+def test_with_run_as_user_a_checkpoint_root_others_could_swap_is_refused(open_dir: Path) -> None:
+    def refused(root: Path) -> str:
+        with pytest.raises(ValidationError) as e:
+            AgentConfig(
+                nats_url="nats://x",
+                hosts=("h",),
+                output_dir=open_dir / "out",
+                checkpoint_root=root,
+                run_as_user=True,
+            )
+        assert e.value.field == "checkpoint_root"
+        return e.value.reason
+
+    team = open_dir / "team"
+    team.mkdir()
+    team.chmod(0o777)  # writable by all, not sticky: a directory under it could be swapped
+    assert (
+        refused(team / "ckpt")
+        == f"with run_as_user: {team} may be written by others (and is not sticky)"
+    )
+    os.chown(team, nobody_uid := pwd.getpwnam(NOBODY).pw_uid, nobody_uid)
+    team.chmod(0o755)
+    assert (
+        refused(team / "ckpt")
+        == f"with run_as_user: {team} belongs to uid {nobody_uid}, not to root"
+    )
+    (open_dir / "link").symlink_to(open_dir)
+    assert "is a link" in refused(open_dir / "link" / "ckpt")
+    # Under a sticky /tmp, in root's own directory: taken.
+    AgentConfig(
+        nats_url="nats://x",
+        hosts=("h",),
+        output_dir=open_dir / "out",
+        checkpoint_root=open_dir / "ckpt",
+        run_as_user=True,
+    )
+
+
+@as_root
+async def test_a_helper_returns_when_it_ends_though_a_process_still_holds_its_output(
+    nobody: Account,
+) -> None:
+    # A process of the account keeping the helper's output open (here one it started in a
+    # session of its own; a workload may take a copy of its descriptors) holds no one.
+    started = time.monotonic()
+    out = await as_account(nobody, "setsid sleep 20 & echo done", timeout_s=30)
+    assert out.strip() == "done"
+    assert time.monotonic() - started < 10
+
+
+@as_root
+async def test_a_directory_above_the_root_made_by_an_account_since_the_start_is_refused(
+    nobody: Account, open_dir: Path
+) -> None:
+    sticky = open_dir / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    root = sticky / "late" / "managed"
+    config = AgentConfig(
+        nats_url="nats://x",
+        hosts=("h",),
+        output_dir=open_dir / "out",
+        checkpoint_root=root,
+        run_as_user=True,
+    )  # "late" does not exist yet: nothing to refuse
+    await as_account(nobody, 'mkdir -m 777 "$1"', str(sticky / "late"), timeout_s=30)
+    with pytest.raises(ValidationError, match=f"{sticky / 'late'} belongs to uid"):
+        await checkpoint.checkpoint_dir(_task(), config.checkpoint_root, (), nobody)
+    assert not root.exists()

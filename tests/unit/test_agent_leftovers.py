@@ -184,3 +184,20 @@ async def test_a_stop_asked_again_sends_no_second_sigterm(tmp_path: Path) -> Non
     part.terminate(time.time() + 0.5)  # an earlier deadline (a cancel): SIGKILL sooner only
     assert await asyncio.wait_for(part.wait(), 5) == -signal.SIGKILL
     assert seen.read_text().splitlines() == ["term"]
+
+
+async def test_a_notices_deadline_holds_without_a_sigterm_and_a_later_stop_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """``kill_by``: the SIGKILL of a notice's deadline, armed before the notice's own steps
+    (which a workload may hold up); the SIGTERM that follows is sent once, the deadline kept."""
+    seen = tmp_path / "terms"
+    script = f"trap 'echo term >> {seen}' TERM; while :; do sleep 0.05; done"
+    part = await ProcessPart.spawn(["sh", "-c", script], dict(os.environ), time.time)
+    await asyncio.sleep(0.3)  # the trap is set
+    part.kill_by(time.time() + 1.0)
+    await asyncio.sleep(0.3)
+    assert not seen.exists()  # nothing sent yet
+    part.terminate(time.time() + 30)  # a later deadline moves nothing
+    assert await asyncio.wait_for(part.wait(), 10) == -signal.SIGKILL
+    assert seen.read_text().splitlines() == ["term"]
