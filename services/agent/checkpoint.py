@@ -21,9 +21,9 @@ whole), so an interactive process that cannot checkpoint itself survives a preem
 
 Under ``--run-as-user`` the part's account (``accounts``) owns these files: a directory the
 workload names is created, and the notice and a session's state are written, by shell
-commands run as that account; the agent (root) creates only what lies under its own roots
-(the managed directory, a session's live directory), through a descriptor that follows no
-link, and hands it to the account. As root it would follow links the workload planted.
+commands run as that account (``account_shell``); the agent (root) creates only what lies
+under its own roots (the managed directory, a session's live directory) and hands it to
+the account (``safe_paths``). As root it would follow links the workload planted.
 """
 
 from __future__ import annotations
@@ -40,12 +40,40 @@ from allot.core.errors import ValidationError
 from allot.proto import messages as m
 from allot.proto.checkpoint_rules import CHECKPOINTED_FILE, NOTICE_FILE
 from allot.proto.subjects import UNALLOCATED
-from allot.services.agent.accounts import Account, as_account
+from allot.services.agent.account_shell import as_account
+from allot.services.agent.accounts import Account
+from allot.services.agent.safe_paths import hand_over, own_dir
 
 SESSION_STATE = "session-state"
 """Inside the checkpoint directory: a session's saved state directory."""
 SESSION_SCRATCH = Path(tempfile.gettempdir()) / "allot-sessions"
 """Host-local root of the sessions' live state directories."""
+
+SETUP_TIMEOUT_S = 30.0
+"""How long creating a part's checkpoint directory as its account may take."""
+COPY_TIMEOUT_S = 300.0
+"""How long copying a session's state as its account may take (restore or save)."""
+MAKE_OWN_DIR = 'mkdir -p -- "$1" && test -w "$1" -a -x "$1" || { echo "not writable" >&2; exit 1; }'
+"""As the account: its directory ``$1``, which it must be able to write."""
+WRITE_NOTICE = (
+    'if [ -L "$1" ] || { [ -e "$1" ] && [ ! -f "$1" ]; }; then echo "not a file" >&2; exit 1; fi; '
+    'printf "%s\\n" "$2" > "$1"'
+)
+"""As the account: the notice ``$2`` into ``$1``, a regular file (not a FIFO that would
+hold the helper until its timeout)."""
+RESTORE = 'if [ -d "$1" ]; then cp -a -- "$1/." "$2/" && echo restored; fi'
+"""As the account: the saved state ``$1`` (if any) copied into its live directory ``$2``."""
+SAVE = f"""set -e
+state="$2/{SESSION_STATE}"
+rm -rf -- "$state.new"
+cp -a -- "$1" "$state.new"
+rm -rf -- "$state.old"
+if [ -e "$state" ] || [ -L "$state" ]; then mv -- "$state" "$state.old"; fi
+mv -- "$state.new" "$state"
+rm -rf -- "$state.old"
+"""
+"""As the account: ``save_session``'s steps, with its live directory ``$1`` and its
+checkpoint directory ``$2``."""
 
 
 async def checkpoint_dir(
@@ -88,31 +116,6 @@ async def checkpoint_dir(
     return path
 
 
-SETUP_TIMEOUT_S = 30.0
-"""How long creating a part's checkpoint directory as its account may take."""
-COPY_TIMEOUT_S = 300.0
-"""How long copying a session's state as its account may take (restore or save)."""
-MAKE_OWN_DIR = 'mkdir -p -- "$1" && test -w "$1" -a -x "$1" || { echo "not writable" >&2; exit 1; }'
-"""As the account: its directory ``$1``, which it must be able to write."""
-
-
-def hand_over(path: Path, account: Account) -> None:
-    """Create the directory ``path`` if missing (its parent is the agent's) and give it to
-    ``account`` alone (0700). ``OSError`` when ``path`` is a link, not a directory, or
-    another account's."""
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        owner = os.fstat(fd).st_uid
-        if owner not in (os.geteuid(), account.uid):
-            raise OSError(f"{path} belongs to uid {owner}, not to {account.name}")
-        os.fchown(fd, account.uid, account.gid)
-        os.fchmod(fd, 0o700)
-    finally:
-        os.close(fd)
-
-
 def confirmed_at(directory: Path | None) -> float | None:
     """The time of the workload's last confirmed checkpoint (``CHECKPOINTED_FILE``'s mtime)."""
     if directory is None:
@@ -132,6 +135,8 @@ async def write_notice(
     regular file)."""
     with contextlib.suppress(OSError):  # a full disk must not stop the stop
         if account is not None:
+            if timeout_s <= 0:
+                return  # the deadline has passed: the part is being killed
             path, text = str(directory / NOTICE_FILE), f"{kill_at:.3f}"
             await as_account(account, WRITE_NOTICE, path, text, timeout_s=timeout_s)
             return
@@ -143,14 +148,6 @@ async def write_notice(
                 os.write(fd, f"{kill_at:.3f}\n".encode())
         finally:
             os.close(fd)
-
-
-WRITE_NOTICE = (
-    'if [ -L "$1" ] || { [ -e "$1" ] && [ ! -f "$1" ]; }; then echo "not a file" >&2; exit 1; fi; '
-    'printf "%s\\n" "$2" > "$1"'
-)
-"""As the account: the notice ``$2`` into ``$1``, a regular file (not a FIFO that would
-hold the helper until its timeout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,71 +203,6 @@ async def restore_session(checkpoints: Path, live: Path, account: Account | None
     return out.strip() == "restored"
 
 
-RESTORE = 'if [ -d "$1" ]; then cp -a -- "$1/." "$2/" && echo restored; fi'
-"""As the account: the saved state ``$1`` (if any) copied into its live directory ``$2``."""
-
-
-def untrusted_ancestor(path: Path) -> str | None:
-    """Why an account could swap a directory on the way to ``path`` (None: none can). The
-    agent creates directories there as root and hands the last to an account; were a
-    directory on the way writable by others (and not sticky, like ``/tmp``), an account
-    could rename it and put a link in its place between the agent's steps. Every part that
-    exists must be a directory, not a link, of root's (or the agent's), closed to others
-    or sticky."""
-    if not path.is_absolute():
-        return f"{path} is not an absolute path"
-    for part in (*reversed(path.parents), path):
-        try:
-            why = _untrusted(part)
-        except FileNotFoundError:
-            return None  # the agent creates the rest, closed to others (``own_dir``)
-        if why is not None:
-            return why
-    return None
-
-
-def _untrusted(part: Path) -> str | None:
-    """Why the existing ``part`` is no safe directory to pass through (see above)."""
-    try:
-        st = os.lstat(part)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        return f"{part}: {e.strerror or e}"
-    if stat.S_ISLNK(st.st_mode):
-        return f"{part} is a link: name the directory it leads to"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{part} is not a directory"
-    if st.st_uid not in (0, os.geteuid()):
-        return f"{part} belongs to uid {st.st_uid}, not to root"
-    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        return f"{part} may be written by others (and is not sticky)"
-    return None
-
-
-def own_dir(path: Path) -> None:
-    """Create the directory ``path`` and what is missing above it (0755, one at a time, each
-    checked before the next is made in it), or check it is the agent's alone, before the
-    agent creates anything in it for an account: in a directory others may write (a shared
-    ``/tmp``, a checkpoint root open to users) an account could have made it first, or put
-    a link there that would lead the agent's ``mkdir`` and ``chown`` elsewhere. Checked
-    whole each time: a directory missing at the agent's start may have been made by an
-    account since."""
-    for part in (*reversed(path.parents), path):
-        try:
-            part.mkdir()
-            os.chmod(part, 0o755)  # whatever the umask: the accounts pass through it
-        except FileExistsError:
-            pass
-        why = _untrusted(part)
-        if why is None and part == path:
-            st = os.lstat(path)
-            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                why = f"{path} may be written by others"
-        if why is not None:
-            raise OSError(f"{path} is not this agent's own directory: {why}")
-
-
 async def save_session(live: Path, checkpoints: Path, account: Account | None) -> None:
     """Copy ``live`` over the saved state: to a new directory first, renamed into place
     once whole (an interrupted copy leaves the previous state)."""
@@ -289,24 +221,10 @@ async def save_session(live: Path, checkpoints: Path, account: Account | None) -
     shutil.rmtree(old, ignore_errors=True)
 
 
-SAVE = f"""set -e
-state="$2/{SESSION_STATE}"
-rm -rf -- "$state.new"
-cp -a -- "$1" "$state.new"
-rm -rf -- "$state.old"
-if [ -e "$state" ] || [ -L "$state" ]; then mv -- "$state" "$state.old"; fi
-mv -- "$state.new" "$state"
-rm -rf -- "$state.old"
-"""
-"""As the account: ``save_session``'s steps, with its live directory ``$1`` and its
-checkpoint directory ``$2``."""
-
-
 __all__ = [
     "Outcome",
     "checkpoint_dir",
     "confirmed_at",
-    "hand_over",
     "outcome",
     "restore_session",
     "save_session",

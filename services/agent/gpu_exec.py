@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,33 +188,6 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def open_output(path: Path, account: Account | None) -> IO[bytes]:
-    """A part's output file (``--output-dir``), opened to append. For ``account`` it is
-    given to the account, so it is opened as a file the agent or the account made: never
-    through a link, never a second name of another file (a hard link), which would hand
-    that file to the account."""
-    if account is None:
-        return path.open("ab")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        st = os.fstat(fd)
-        if (
-            not stat.S_ISREG(st.st_mode)
-            or st.st_nlink != 1
-            or st.st_uid
-            not in (
-                os.geteuid(),
-                account.uid,
-            )
-        ):
-            raise OSError(f"{path} is not a file of this agent's or of {account.name}'s alone")
-        os.fchown(fd, account.uid, account.gid)
-    except BaseException:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "ab")
-
-
 class ProcessPart:
     """A subprocess in its own session (process group id = its pid)."""
 
@@ -238,7 +210,7 @@ class ProcessPart:
     ) -> ProcessPart:
         """Raises ``OSError`` (e.g. ``FileNotFoundError``) when the program cannot start.
         ``output``: where its stdout and stderr go (None: the agent's own). ``account``: the
-        user it runs as, from its home directory (None: the agent's own, in its directory);
+        user it runs as, in ``/`` (None: the agent's own, in its directory);
         ``env`` is the whole environment either way."""
         proc = await asyncio.create_subprocess_exec(
             *command,
@@ -247,7 +219,9 @@ class ProcessPart:
             stdout=output,
             stderr=None if output is None else asyncio.subprocess.STDOUT,
             start_new_session=True,
-            cwd=None if account is None else account.home,
+            # In /: the child changes directory while still root, and would enter (or fail
+            # to enter, under NFS root squash) a home its account could not.
+            cwd=None if account is None else "/",
             user=None if account is None else account.uid,
             group=None if account is None else account.gid,
             # Its own groups, never the agent's: without them the child keeps root's.

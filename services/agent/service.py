@@ -112,13 +112,13 @@ from allot.services.agent.gpu_exec import (
     ProcessPart,
     agent_marker,
     describe_exit,
-    open_output,
     without_userinfo,
     workload_env,
 )
 from allot.services.agent.gpu_util import SAMPLE_S, NvmlGpus, UtilMeans, fake_util
 from allot.services.agent.process_guard import forbid_inspection
 from allot.services.agent.report_batch import ReportBatcher
+from allot.services.agent.safe_paths import open_output, untrusted_root
 from allot.sim.output_files import make_out_dir
 
 log = structlog.get_logger("allot.agent", service="agent")
@@ -218,7 +218,7 @@ class AgentConfig:
                     "into the agent's own output (it could truncate the agent's log)",
                 )
             if self.checkpoint_root is not None:
-                why = checkpoint.untrusted_ancestor(self.checkpoint_root)
+                why = untrusted_root(self.checkpoint_root)
                 if why is not None:
                     raise ValidationError("checkpoint_root", f"with run_as_user: {why}")
         if isinstance(self.run_as_min_uid, bool) or not 1 <= self.run_as_min_uid <= 2**31 - 2:
@@ -589,8 +589,9 @@ class Agent:
         run.part.terminate(run.stop_at)
 
     def _notice(self, run: Run) -> None:
-        """The checkpoint protocol's notice (``checkpoint``): the notice file and signal
-        at once, SIGTERM at the confirmation or the timeout (``_await_checkpoint``)."""
+        """The checkpoint protocol's notice (``checkpoint``): the SIGKILL deadline now, then
+        the notice file and signal, SIGTERM at the confirmation or the timeout
+        (``_await_checkpoint``)."""
         assert run.part is not None and run.stop_at is not None
         task, now = run.task, self._clock()
         run.noticed_at = now
@@ -662,7 +663,8 @@ class Agent:
         finally:
             self._forget(run)
             if run.session is not None:
-                shutil.rmtree(run.session, ignore_errors=True)
+                # Off the loop: the workload chose how large a tree it left there.
+                await asyncio.to_thread(shutil.rmtree, run.session, ignore_errors=True)
 
     async def _checkpoint_outcome(self, run: Run, code: int) -> checkpoint.Outcome | None:
         """What the ended part's report says of its checkpoint (None: no protocol). A
@@ -713,7 +715,10 @@ class Agent:
         reason: str | None = None
         if self.config.run_as_user:
             try:
-                run.account = accounts.account_of(task.user, self.config.run_as_min_uid)
+                # Off the loop: the lookup may ask a directory service (LDAP, SSSD).
+                run.account = await asyncio.to_thread(
+                    accounts.account_of, task.user, self.config.run_as_min_uid
+                )
             except ValidationError as e:
                 reason = f"{e.field}: {e.reason}"
         if task.checkpoint and reason is None:

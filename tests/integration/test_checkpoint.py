@@ -298,14 +298,16 @@ async def agent(fresh_log: str, tmp_path: Path) -> AsyncIterator[Agent]:
     await service_main.stop(dispatch)
 
 
-async def _submitted(js: JetStreamContext, wid: str, command: tuple[str, ...], **kw: Any) -> Log:
+async def submitted(
+    js: JetStreamContext, wid: str, command: tuple[str, ...], user: str = "alice", **kw: Any
+) -> Log:
     log = Log(js)
     await log.host("h01", 4)
     await log.leader(1)
     rec = m.WorkloadSubmitted(
         workload_id=wid,
         client_id=wid,
-        user="alice",
+        user=user,
         gpus=1,
         allocation="nlp",
         min_runtime_s=60,
@@ -321,7 +323,7 @@ async def test_a_workload_ignoring_the_signal_is_killed_at_the_deadline_and_repo
     js: JetStreamContext, events: Events, agent: Agent, tmp_path: Path
 ) -> None:
     ready = tmp_path / "ready"
-    log = await _submitted(
+    log = await submitted(
         js, "deaf", py(DEAF, ready), checkpoint_signal="USR1", checkpoint_timeout_s=0.5
     )
     await log.place("deaf", {"h01": (0,)})
@@ -340,7 +342,7 @@ async def test_a_checkpoint_confirmed_after_its_timeout_but_before_the_kill_is_l
     js: JetStreamContext, events: Events, agent: Agent, tmp_path: Path
 ) -> None:
     ready = tmp_path / "ready"
-    log = await _submitted(
+    log = await submitted(
         js, "slow", py(SLOW, ready), checkpoint_signal="USR1", checkpoint_timeout_s=1.0
     )
     await log.place("slow", {"h01": (1,)})
@@ -357,7 +359,7 @@ async def test_a_checkpoint_dir_outside_the_agents_roots_is_refused_naming_the_f
     js: JetStreamContext, events: Events, agent: Agent, tmp_path: Path
 ) -> None:
     outside = tmp_path / "elsewhere"
-    log = await _submitted(js, "stray", py("pass"), checkpoint_dir=str(outside))
+    log = await submitted(js, "stray", py("pass"), checkpoint_dir=str(outside))
     await log.place("stray", {"h01": (2,)})
     failed = await events.wait(m.WorkloadFailed, "stray")
     assert failed.reason.startswith("checkpoint_dir: "), failed.reason
@@ -366,7 +368,7 @@ async def test_a_checkpoint_dir_outside_the_agents_roots_is_refused_naming_the_f
     # Inside an allowed root it runs, and gets that directory.
     inside = tmp_path / "shared" / "team" / "run1"
     out = tmp_path / "env.txt"
-    await _submitted(
+    await submitted(
         js,
         "kept",
         py("import os,sys; open(sys.argv[1],'w').write(os.environ['ALLOT_CHECKPOINT_DIR'])", out),

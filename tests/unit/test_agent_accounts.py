@@ -8,6 +8,7 @@ run as ``nobody`` (uid 65534), which every Linux has."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import stat
@@ -20,9 +21,11 @@ import pytest
 from allot.core.errors import ValidationError
 from allot.proto import messages as m
 from allot.proto.checkpoint_rules import NOTICE_FILE
-from allot.services.agent import accounts, checkpoint
-from allot.services.agent.accounts import Account, account_of, as_account
-from allot.services.agent.gpu_exec import ProcessPart, open_output
+from allot.services.agent import account_shell, accounts, checkpoint
+from allot.services.agent.account_shell import as_account
+from allot.services.agent.accounts import Account, account_of
+from allot.services.agent.gpu_exec import ProcessPart
+from allot.services.agent.safe_paths import open_output
 from allot.services.agent.service import AgentConfig
 
 as_root = pytest.mark.skipif(
@@ -80,12 +83,12 @@ def test_an_account_in_roots_group_is_refused(monkeypatch: pytest.MonkeyPatch) -
     )
 
 
-def test_an_account_is_its_uid_its_own_groups_and_its_home_or_root_dir(nobody: Account) -> None:
+def test_an_account_is_its_uid_its_own_groups_and_its_home(nobody: Account) -> None:
     entry = pwd.getpwnam(NOBODY)
     assert (nobody.uid, nobody.gid) == (entry.pw_uid, entry.pw_gid)
     assert nobody.groups == tuple(sorted(set(os.getgrouplist(NOBODY, entry.pw_gid))))
     assert 0 not in nobody.groups
-    assert nobody.home == (entry.pw_dir if os.path.isdir(entry.pw_dir) else "/")
+    assert nobody.home == entry.pw_dir
     assert nobody.env() == {"HOME": nobody.home, "USER": NOBODY, "LOGNAME": NOBODY}
 
 
@@ -97,6 +100,7 @@ def test_run_as_user_is_for_a_real_agent_running_as_root(monkeypatch: pytest.Mon
         "run_as_user",
         "is for real mode: fake parts run nothing",
     )
+    monkeypatch.setattr(accounts, "can_switch", lambda: True)
     with pytest.raises(ValidationError) as e:
         AgentConfig(nats_url="nats://x", hosts=("h",), run_as_user=True)
     assert e.value.field == "output_dir"
@@ -113,7 +117,7 @@ def test_run_as_user_is_for_a_real_agent_running_as_root(monkeypatch: pytest.Mon
 
 # ---------------------------------------------------------------------- a part as it
 @as_root
-async def test_a_part_runs_as_its_account_in_its_home_and_reads_none_of_roots_files(
+async def test_a_part_runs_as_its_account_in_the_root_dir_and_reads_none_of_roots_files(
     nobody: Account, open_dir: Path
 ) -> None:
     secret = open_dir / "secret"
@@ -135,7 +139,7 @@ async def test_a_part_runs_as_its_account_in_its_home_and_reads_none_of_roots_fi
         str(nobody.uid),
         str(nobody.gid),
         " ".join(str(g) for g in nobody.groups),
-        nobody.home,
+        "/",  # not its home: the agent, still root, would change into it
         f"{nobody.home} {NOBODY}",
     ]
     assert "the agent's password" not in out.read_text()
@@ -159,7 +163,7 @@ async def test_a_helper_the_workload_stops_or_floods_is_bounded(nobody: Account)
         await as_account(nobody, "kill -STOP $$", timeout_s=1.0)  # what its uid may do
     assert time.monotonic() - started < 10
     flood = await as_account(nobody, "head -c 5000000 /dev/zero | tr '\\0' x; echo", timeout_s=30)
-    assert len(flood) == accounts.OUTPUT_KEPT
+    assert len(flood) == account_shell.OUTPUT_KEPT
 
 
 # ---------------------------------------------------------------------- files as it
@@ -292,8 +296,20 @@ def test_an_output_file_planted_as_a_link_or_a_second_name_is_refused(
     with pytest.raises(OSError):
         open_output(out_dir / "w1.1.h01.out", nobody)
     os.link(precious, out_dir / "w2.1.h01.out")
-    with pytest.raises(OSError, match="not a file of this agent's or of nobody's alone"):
+    with pytest.raises(OSError, match="not a file of its own"):
         open_output(out_dir / "w2.1.h01.out", nobody)
+    # A FIFO: opened without blocking, refused either way (ENXIO with no reader).
+    fifo = out_dir / "w4.1.h01.out"
+    os.mkfifo(fifo)
+    for account in (nobody, None):
+        with pytest.raises(OSError, match="No such device"):
+            open_output(fifo, account)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            with pytest.raises(OSError, match="not a file of its own"):
+                open_output(fifo, account)
+        finally:
+            os.close(reader)
     assert precious.stat().st_uid == 0 and precious.read_text() == "root's"
     with open_output(out_dir / "w3.1.h01.out", nobody) as sink:
         sink.write(b"ok\n")
@@ -320,7 +336,7 @@ async def test_a_managed_roots_allocation_dir_that_is_a_link_is_refused(
 
 
 @as_root
-async def test_a_fifo_at_the_notice_path_holds_the_agent_no_longer_than_the_deadline(
+async def test_a_fifo_at_the_notice_path_is_refused_at_once_by_the_account_and_the_agent(
     nobody: Account, open_dir: Path
 ) -> None:
     directory = await checkpoint.checkpoint_dir(_task(), open_dir / "root", (), nobody)
@@ -361,6 +377,10 @@ def test_with_run_as_user_a_checkpoint_root_others_could_swap_is_refused(open_di
     )
     (open_dir / "link").symlink_to(open_dir)
     assert "is a link" in refused(open_dir / "link" / "ckpt")
+    sticky = open_dir / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # fine on the way, not as the root itself (others write in it)
+    assert refused(sticky) == f"with run_as_user: {sticky} may be written by others"
     # Under a sticky /tmp, in root's own directory: taken.
     AgentConfig(
         nats_url="nats://x",
@@ -402,3 +422,21 @@ async def test_a_directory_above_the_root_made_by_an_account_since_the_start_is_
     with pytest.raises(ValidationError, match=f"{sticky / 'late'} belongs to uid"):
         await checkpoint.checkpoint_dir(_task(), config.checkpoint_root, (), nobody)
     assert not root.exists()
+
+
+@as_root
+async def test_a_helper_whose_caller_is_cancelled_is_killed(
+    nobody: Account, open_dir: Path
+) -> None:
+    pid_file = open_dir / "pid"
+    pid_file.write_text("")
+    pid_file.chmod(0o666)
+    task = asyncio.create_task(
+        as_account(nobody, 'echo $$ > "$1"; exec sleep 30', str(pid_file), timeout_s=60)
+    )
+    while not pid_file.read_text().strip():
+        await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not Path(f"/proc/{pid_file.read_text().strip()}").exists()  # killed and reaped

@@ -449,7 +449,7 @@ def _started(wid: str, host: str = "h01") -> m.WorkloadStarted:
     return m.WorkloadStarted(workload_id=wid, allocation="nlp", at=T0 + 2, host=host, gpus=1)
 
 
-def test_only_parts_still_to_start_carry_their_command_env_and_hosts() -> None:
+def test_only_parts_still_to_start_carry_their_command_env_hosts_and_user() -> None:
     """The agent reads them only to start a part: a started or stopping one goes bare."""
     book = _book("h01", "h02")
     for wid in ("a", "b", "c"):
@@ -461,9 +461,12 @@ def test_only_parts_still_to_start_carry_their_command_env_and_hosts() -> None:
     book.apply(_started("a"))
     book.apply(m.CancelRequested(workload_id="c", allocation="nlp", by="u", at=T0 + 3))
     a, b, c = book.tasks("h01")
-    assert (a.started, a.command, a.env, a.hosts) == (True, (), {}, ())
-    assert (c.stop, c.command, c.env, c.hosts) == ("cancel", (), {}, ())
+    assert (a.started, a.command, a.env, a.hosts, a.user) == (True, (), {}, (), None)
+    assert (c.stop, c.command, c.env, c.hosts, c.user) == ("cancel", (), {}, (), None)
     assert (b.command, b.env, b.hosts) == (("python", "train.py"), {"SEED": "1"}, ("h01", "h02"))
+    assert b.user == "u"  # the submission's: an agent with --run-as-user runs it as that account
+    (b2,) = book.tasks("h02")
+    assert b2.user == "u" and not b2.primary  # a gang's other part runs as the same account
 
 
 def test_a_list_too_large_for_one_message_holds_back_parts_still_to_start() -> None:
