@@ -24,8 +24,9 @@ OWN_DIR_MODE = 0o755
 """Directories the agent makes on the way: the accounts pass through them, none writes."""
 
 
-def _untrusted(part: Path) -> str | None:
-    """Why the existing directory ``part`` is no safe one to pass through (None: it is);
+def _untrusted(part: Path, *, alone: bool = False) -> str | None:
+    """Why the existing directory ``part`` is no safe one to pass through (None: it is), or
+    with ``alone`` no directory of the agent's alone (sticky or not, closed to others);
     ``FileNotFoundError`` when it does not exist."""
     try:
         st = os.lstat(part)
@@ -37,18 +38,12 @@ def _untrusted(part: Path) -> str | None:
         return f"{part} is a link: name the directory it leads to"
     if not stat.S_ISDIR(st.st_mode):
         return f"{part} is not a directory"
-    if st.st_uid not in (0, os.geteuid()):
+    if st.st_uid not in ((os.geteuid(),) if alone else (0, os.geteuid())):
         return f"{part} belongs to uid {st.st_uid}, not to root"
+    if st.st_mode & 0o022 and alone:
+        return f"{part} may be written by others"
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
         return f"{part} may be written by others (and is not sticky)"
-    return None
-
-
-def _open_to_others(path: Path) -> str | None:
-    """Why the agent's own directory ``path`` is not its alone (None: it is)."""
-    st = os.lstat(path)
-    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        return f"{path} may be written by others"
     return None
 
 
@@ -61,12 +56,12 @@ def untrusted_root(path: Path) -> str | None:
         return f"{path} is not an absolute path"
     for part in (*reversed(path.parents), path):
         try:
-            why = _untrusted(part)
+            why = _untrusted(part, alone=part == path)
         except FileNotFoundError:
             return None
         if why is not None:
             return why
-    return _open_to_others(path)
+    return None
 
 
 def own_dir(path: Path) -> None:
@@ -80,9 +75,7 @@ def own_dir(path: Path) -> None:
             os.chmod(part, OWN_DIR_MODE)  # whatever the umask
         except FileExistsError:
             pass
-        why = _untrusted(part)
-        if why is None and part == path:
-            why = _open_to_others(path)
+        why = _untrusted(part, alone=part == path)
         if why is not None:
             raise OSError(f"{path} is not this agent's own directory: {why}")
 

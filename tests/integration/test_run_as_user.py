@@ -36,6 +36,14 @@ run_agent = test_agent.run_agent
 NOBODY = pwd.getpwnam("nobody")
 
 
+def _file(path: Path, text: str, mode: int) -> Path:
+    """``path`` holding ``text``, with exactly ``mode`` (the part, as ``nobody``, may need
+    to write it; the umask applies to ``write_text``)."""
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
 @pytest.fixture
 async def agent(run_agent: AgentFactory, open_dir: Path) -> Agent:
     agent: Agent = await run_agent(
@@ -54,9 +62,7 @@ def _sh(script: str, *args: str | Path) -> tuple[str, ...]:
 async def test_a_part_runs_as_its_users_account_and_reads_none_of_the_agents_files(
     js: JetStreamContext, events: Events, agent: Agent, open_dir: Path
 ) -> None:
-    secret = open_dir / "agent.env"
-    secret.write_text("ALLOT_NATS_PASSWORD=s3cret-of-the-agent")
-    secret.chmod(0o600)
+    secret = _file(open_dir / "agent.env", "ALLOT_NATS_PASSWORD=s3cret-of-the-agent", 0o600)
     script = 'id -u; id -G; echo "home=$HOME user=$USER"; cat "$1" 2>/dev/null || echo refused'
     log = await submitted(js, "as-nobody", user="nobody", command=_sh(script, secret))
     await log.place("as-nobody", {"h01": (0,)})
@@ -74,12 +80,8 @@ async def test_a_part_runs_as_its_users_account_and_reads_none_of_the_agents_fil
 async def test_the_checkpoint_dir_is_the_accounts_and_a_planted_link_is_not_followed(
     js: JetStreamContext, events: Events, agent: Agent, open_dir: Path
 ) -> None:
-    precious = open_dir / "precious"
-    precious.write_text("root's file")
-    precious.chmod(0o644)
-    ready = open_dir / "ready"
-    ready.write_text("")
-    ready.chmod(0o666)
+    precious = _file(open_dir / "precious", "root's file", 0o644)
+    ready = _file(open_dir / "ready", "", 0o666)
     # Plants a link where the notice goes, then on USR1 confirms its checkpoint and exits.
     script = (
         'd="$ALLOT_CHECKPOINT_DIR"; ln -s "$1" "$d/.allot-checkpoint-requested"; '
@@ -137,9 +139,7 @@ async def test_a_part_whose_notice_writer_never_returns_is_still_killed_at_its_d
         await asyncio.Event().wait()
 
     monkeypatch.setattr(checkpoint, "write_notice", held)
-    ready = open_dir / "ready"
-    ready.write_text("")
-    ready.chmod(0o666)
+    ready = _file(open_dir / "ready", "", 0o666)
     script = "trap '' USR1 TERM; echo up > \"$1\"; while :; do sleep 0.05; done"
     log = await submitted(
         js,

@@ -34,6 +34,19 @@ as_root = pytest.mark.skipif(
 NOBODY = "nobody"
 
 
+def _dir(path: Path, mode: int) -> Path:
+    """The directory ``path`` made with exactly ``mode`` (``mkdir`` applies the umask)."""
+    path.mkdir()
+    path.chmod(mode)
+    return path
+
+
+def _file(path: Path, text: str, mode: int) -> Path:
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
 @pytest.fixture
 def nobody() -> Account:
     return account_of(NOBODY, accounts.DEFAULT_MIN_UID)
@@ -120,9 +133,7 @@ def test_run_as_user_is_for_a_real_agent_running_as_root(monkeypatch: pytest.Mon
 async def test_a_part_runs_as_its_account_in_the_root_dir_and_reads_none_of_roots_files(
     nobody: Account, open_dir: Path
 ) -> None:
-    secret = open_dir / "secret"
-    secret.write_text("the agent's password")
-    secret.chmod(0o600)
+    secret = _file(open_dir / "secret", "the agent's password", 0o600)
     script = 'id -u; id -g; id -G; pwd; echo "$HOME $USER"; cat "$1" || echo refused'
     out = open_dir / "out"
     with out.open("wb") as sink:
@@ -188,9 +199,7 @@ async def test_the_notice_is_written_as_the_account_not_through_its_link_as_root
     assert directory == root / "nlp" / "w1"
     st = directory.lstat()
     assert (st.st_uid, st.st_mode & 0o777) == (nobody.uid, 0o700)
-    precious = open_dir / "precious"
-    precious.write_text("root's")
-    precious.chmod(0o644)
+    precious = _file(open_dir / "precious", "root's", 0o644)
     # The workload planted a link where the notice goes, to a file only root may write.
     await as_account(
         nobody, 'ln -s "$1" "$2"', str(precious), str(directory / NOTICE_FILE), timeout_s=30
@@ -208,9 +217,7 @@ async def test_the_notice_is_written_as_the_account_not_through_its_link_as_root
 async def test_a_checkpoint_dir_it_names_is_made_as_the_account_or_refused(
     nobody: Account, open_dir: Path
 ) -> None:
-    allowed = open_dir / "team"
-    allowed.mkdir(mode=0o1777)
-    allowed.chmod(0o1777)
+    allowed = _dir(open_dir / "team", 0o1777)
     named = allowed / "alice" / "run1"
     got = await checkpoint.checkpoint_dir(
         _task(checkpoint_dir=str(named)), None, (allowed,), nobody
@@ -271,9 +278,7 @@ async def test_a_sessions_state_is_restored_and_saved_as_the_account(
 async def test_a_scratch_root_another_account_made_first_is_refused(
     nobody: Account, open_dir: Path
 ) -> None:
-    scratch = open_dir / "scratch"
-    scratch.mkdir(mode=0o777)
-    scratch.chmod(0o777)
+    scratch = _dir(open_dir / "scratch", 0o777)
     directory = await checkpoint.checkpoint_dir(_task(), open_dir / "root", (), nobody)
     with pytest.raises(OSError, match="not this agent's own directory"):
         await checkpoint.restore_session(directory, scratch / "w1.1.h01", nobody)
@@ -287,9 +292,7 @@ async def test_a_scratch_root_another_account_made_first_is_refused(
 def test_an_output_file_planted_as_a_link_or_a_second_name_is_refused(
     nobody: Account, open_dir: Path
 ) -> None:
-    out_dir = open_dir / "out"
-    out_dir.mkdir(mode=0o1777)
-    out_dir.chmod(0o1777)  # an output directory left open to everyone
+    out_dir = _dir(open_dir / "out", 0o1777)  # an output directory left open to everyone
     precious = open_dir / "precious"
     precious.write_text("root's")
     (out_dir / "w1.1.h01.out").symlink_to(precious)
@@ -328,9 +331,8 @@ async def test_a_managed_roots_allocation_dir_that_is_a_link_is_refused(
     with pytest.raises(ValidationError, match="not this agent's own directory"):
         await checkpoint.checkpoint_dir(_task(), root, (), nobody)
     assert list(elsewhere.iterdir()) == []
-    open_root = open_dir / "open-root"
-    open_root.mkdir(mode=0o777)
-    open_root.chmod(0o777)  # others may write it: a link could appear there at any time
+    # Others may write it: a link could appear there at any time.
+    open_root = _dir(open_dir / "open-root", 0o777)
     with pytest.raises(ValidationError, match="not this agent's own directory"):
         await checkpoint.checkpoint_dir(_task(), open_root, (), nobody)
 
@@ -362,9 +364,8 @@ def test_with_run_as_user_a_checkpoint_root_others_could_swap_is_refused(open_di
         assert e.value.field == "checkpoint_root"
         return e.value.reason
 
-    team = open_dir / "team"
-    team.mkdir()
-    team.chmod(0o777)  # writable by all, not sticky: a directory under it could be swapped
+    # Writable by all, not sticky: a directory under it could be swapped.
+    team = _dir(open_dir / "team", 0o777)
     assert (
         refused(team / "ckpt")
         == f"with run_as_user: {team} may be written by others (and is not sticky)"
@@ -377,9 +378,8 @@ def test_with_run_as_user_a_checkpoint_root_others_could_swap_is_refused(open_di
     )
     (open_dir / "link").symlink_to(open_dir)
     assert "is a link" in refused(open_dir / "link" / "ckpt")
-    sticky = open_dir / "sticky"
-    sticky.mkdir()
-    sticky.chmod(0o1777)  # fine on the way, not as the root itself (others write in it)
+    # Fine on the way, not as the root itself (others write in it).
+    sticky = _dir(open_dir / "sticky", 0o1777)
     assert refused(sticky) == f"with run_as_user: {sticky} may be written by others"
     # Under a sticky /tmp, in root's own directory: taken.
     AgentConfig(
@@ -407,9 +407,7 @@ async def test_a_helper_returns_when_it_ends_though_a_process_still_holds_its_ou
 async def test_a_directory_above_the_root_made_by_an_account_since_the_start_is_refused(
     nobody: Account, open_dir: Path
 ) -> None:
-    sticky = open_dir / "sticky"
-    sticky.mkdir()
-    sticky.chmod(0o1777)
+    sticky = _dir(open_dir / "sticky", 0o1777)
     root = sticky / "late" / "managed"
     config = AgentConfig(
         nats_url="nats://x",
@@ -428,9 +426,7 @@ async def test_a_directory_above_the_root_made_by_an_account_since_the_start_is_
 async def test_a_helper_whose_caller_is_cancelled_is_killed(
     nobody: Account, open_dir: Path
 ) -> None:
-    pid_file = open_dir / "pid"
-    pid_file.write_text("")
-    pid_file.chmod(0o666)
+    pid_file = _file(open_dir / "pid", "", 0o666)
     task = asyncio.create_task(
         as_account(nobody, 'echo $$ > "$1"; exec sleep 30', str(pid_file), timeout_s=60)
     )
