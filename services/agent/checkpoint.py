@@ -182,8 +182,9 @@ def outcome(
 
 
 # ---------------------------------------------------------------------- sessions
-def session_dir(task: m.HostTask, host: str) -> Path:
-    return SESSION_SCRATCH / f"{task.workload_id}.{task.attempt}.{host}"
+def session_dir(task: m.HostTask, host: str, root: Path | None = None) -> Path:
+    """A session's live directory under ``root`` (None: ``SESSION_SCRATCH``)."""
+    return (root or SESSION_SCRATCH) / f"{task.workload_id}.{task.attempt}.{host}"
 
 
 async def restore_session(checkpoints: Path, live: Path, account: Account | None) -> bool:

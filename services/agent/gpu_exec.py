@@ -10,8 +10,9 @@ Both kinds answer the same three calls, so the agent's supervision code is one p
 
 Real parts are started with ``start_new_session=True``: the workload's launcher and every
 process it forks share one process group, and signals go to the whole group, so a training
-script's data-loader workers do not outlive it. No shell is involved: ``command`` is the
-argument vector itself.
+script's data-loader workers do not outlive it. A process that leaves the group
+(``setsid``) is held only by a cgroup of the part's own (``part_cgroup``, with the agent's
+``--cgroup-root``). No shell is involved: ``command`` is the argument vector itself.
 
 The environment of a part (``workload_env``) is the agent's own *minus every ``ALLOT_*``
 variable* (the agent's NATS user and password, its Redis URL, its inbox prefix: a workload
@@ -43,6 +44,7 @@ from typing import IO, Protocol
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from allot.services.agent.accounts import Account
+from allot.services.agent.part_cgroup import PartCgroup
 
 Clock = Callable[[], float]
 
@@ -191,9 +193,12 @@ def describe_exit(code: int) -> str:
 class ProcessPart:
     """A subprocess in its own session (process group id = its pid)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, clock: Clock) -> None:
+    def __init__(
+        self, proc: asyncio.subprocess.Process, clock: Clock, cgroup: PartCgroup | None = None
+    ) -> None:
         self._proc = proc
         self._clock = clock
+        self._cgroup = cgroup
         self._kill_at: float | None = None
         self._kill_timer: asyncio.TimerHandle | None = None
         self._stopped = False
@@ -205,13 +210,17 @@ class ProcessPart:
         command: Sequence[str],
         env: Mapping[str, str],
         clock: Clock,
+        *,
         output: IO[bytes] | None = None,
         account: Account | None = None,
+        cgroup: PartCgroup | None = None,
     ) -> ProcessPart:
-        """Raises ``OSError`` (e.g. ``FileNotFoundError``) when the program cannot start.
-        ``output``: where its stdout and stderr go (None: the agent's own). ``account``: the
-        user it runs as, in ``/`` (None: the agent's own, in its directory);
-        ``env`` is the whole environment either way."""
+        """Raises ``OSError`` (e.g. ``FileNotFoundError``) when the program cannot start, or
+        ``subprocess.SubprocessError`` when it could not enter ``cgroup`` (which tracks it
+        and all it forks, ``part_cgroup``). ``output``: where its stdout and stderr go
+        (None: the agent's own). ``account``: the user it runs as, in ``/`` (None: the
+        agent's own, in its directory); ``env`` is the whole environment either way."""
+        switch = account if cgroup is None else None  # with a cgroup, ``entering`` switches
         proc = await asyncio.create_subprocess_exec(
             *command,
             env=dict(env),
@@ -222,12 +231,13 @@ class ProcessPart:
             # In /: the child changes directory while still root, and would enter (or fail
             # to enter, under NFS root squash) a home its account could not.
             cwd=None if account is None else "/",
-            user=None if account is None else account.uid,
-            group=None if account is None else account.gid,
+            user=None if switch is None else switch.uid,
+            group=None if switch is None else switch.gid,
             # Its own groups, never the agent's: without them the child keeps root's.
-            extra_groups=None if account is None else list(account.groups),
+            extra_groups=None if switch is None else list(switch.groups),
+            preexec_fn=None if cgroup is None else cgroup.entering(account),
         )
-        return cls(proc, clock)
+        return cls(proc, clock, cgroup)
 
     @property
     def pid(self) -> int | None:
@@ -237,8 +247,14 @@ class ProcessPart:
         code = await self._proc.wait()
         if self._kill_timer is not None:
             self._kill_timer.cancel()
-        # The launcher is gone; whatever it forked into its group goes with it.
-        self._signal(signal.SIGKILL)
+        # The launcher is gone; whatever it forked goes with it: its group, or with a
+        # cgroup all it holds, which has left the group too (and the end waits until
+        # nothing of it runs). The cgroup's kill, not the group's: once reaped, the
+        # launcher's pid may name another process's group.
+        if self._cgroup is None:
+            self._signal(signal.SIGKILL)
+        else:
+            await self._cgroup.end_for_good()
         return code
 
     @property
@@ -272,6 +288,10 @@ class ProcessPart:
         if self._proc.returncode is None:
             self._note_stop()
             self._signal(signal.SIGKILL)
+            if self._cgroup is not None:
+                # Now, not once the launcher is reaped: it may never be (a hung file
+                # system), and what left its group must not run on meanwhile.
+                self._cgroup.kill()
 
     def send_signal(self, sig: signal.Signals) -> None:
         if self._proc.returncode is None:

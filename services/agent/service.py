@@ -52,7 +52,8 @@ see ``allot.ops.auth_gen``); it never reads the log. What it does, and why that 
   live in sessions of their own, so a ``kill -9`` of the agent leaves them behind. As
   slurmd does on restart, a real agent first SIGKILLs every process an earlier agent
   started on its hosts (``gpu_exec.LeftoverSweep``: found by the part named in their
-  environment, never by a pid that may have been reused), and reports such a part ``lost``
+  environment, never by a pid that may have been reused; with ``--cgroup-root``, then by
+  the part's cgroup, ``part_cgroup``), and reports such a part ``lost``
   only once none of its processes is left, so its GPUs are never handed out while it still
   holds them. Dispatch records a lost part as preempted (``host-drain``: a node failure,
   which Slurm requeues), so resumable work is requeued. One placed but never started
@@ -76,15 +77,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
+import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 import nats.errors
@@ -103,7 +107,7 @@ from allot.eventlog.host_work import AGENT_STOPPING, RESTART_LOST, STOPPED_BEFOR
 from allot.eventlog.idle_watch import NOT_REGISTERED
 from allot.proto import codec, subjects
 from allot.proto import messages as m
-from allot.services.agent import accounts, checkpoint
+from allot.services.agent import accounts, checkpoint, part_cgroup
 from allot.services.agent.gpu_exec import (
     Clock,
     FakePart,
@@ -116,6 +120,7 @@ from allot.services.agent.gpu_exec import (
     workload_env,
 )
 from allot.services.agent.gpu_util import SAMPLE_S, NvmlGpus, UtilMeans, fake_util
+from allot.services.agent.part_cgroup import PartCgroup
 from allot.services.agent.process_guard import forbid_inspection
 from allot.services.agent.report_batch import ReportBatcher
 from allot.services.agent.safe_paths import open_output, untrusted_root
@@ -181,6 +186,15 @@ class AgentConfig:
     """Real mode, as root: each part runs as its submission's user (``accounts``)."""
     run_as_min_uid: int = accounts.DEFAULT_MIN_UID
     """The lowest uid ``run_as_user`` runs a part as (root and system accounts: never)."""
+    session_root: Path | None = None
+    """Real mode: where sessions' live state directories are kept (None:
+    ``checkpoint.SESSION_SCRATCH``, in the shared temporary directory)."""
+    pass_env: tuple[str, ...] = ()
+    """With ``run_as_user``: variables of the agent's environment a part inherits beyond
+    ``accounts.PASSED_ENV`` (without the option a part inherits all but ``ALLOT_*``)."""
+    cgroup_root: Path | None = None
+    """Real mode: a cgroup v2 directory under which each part gets a cgroup of its own
+    (``part_cgroup``): what leaves the part's session still ends with it."""
 
     def __post_init__(self) -> None:
         if self.batch_reports and not self.fake:
@@ -195,6 +209,7 @@ class AgentConfig:
             make_out_dir(self.output_dir, "output_dir")
         for name, roots in (
             ("checkpoint_root", () if self.checkpoint_root is None else (self.checkpoint_root,)),
+            ("session_root", () if self.session_root is None else (self.session_root,)),
             ("checkpoint_allow", self.checkpoint_allow),
         ):
             for root in roots:
@@ -217,10 +232,32 @@ class AgentConfig:
                     "is required with run_as_user: a part run as its user must not write "
                     "into the agent's own output (it could truncate the agent's log)",
                 )
-            if self.checkpoint_root is not None:
-                why = untrusted_root(self.checkpoint_root)
+            for name, top in (
+                ("checkpoint_root", self.checkpoint_root),
+                ("session_root", self.session_root),
+            ):
+                why = None if top is None else untrusted_root(top)
                 if why is not None:
-                    raise ValidationError("checkpoint_root", f"with run_as_user: {why}")
+                    raise ValidationError(name, f"with run_as_user: {why}")
+        for i, name in enumerate(self.pass_env):
+            if not self.run_as_user:
+                raise ValidationError(
+                    "pass_env",
+                    "is for run_as_user: without it a part inherits the agent's whole "
+                    "environment but ALLOT_*",
+                )
+            if not name or "=" in name or "\0" in name:
+                raise ValidationError(f"pass_env[{i}]", f"{name!r} is no variable name")
+            if name.startswith("ALLOT_"):
+                raise ValidationError(
+                    f"pass_env[{i}]", f"{name}: the agent's ALLOT_* variables are never passed on"
+                )
+        if self.cgroup_root is not None:
+            if self.fake:
+                raise ValidationError("cgroup_root", "is for real mode: fake parts run nothing")
+            why = part_cgroup.check_root(self.cgroup_root)
+            if why is not None:
+                raise ValidationError("cgroup_root", why)
         if isinstance(self.run_as_min_uid, bool) or not 1 <= self.run_as_min_uid <= 2**31 - 2:
             raise ValidationError(
                 "run_as_min_uid", f"must be 1..{2**31 - 2}, got {self.run_as_min_uid!r}"
@@ -331,6 +368,7 @@ class Agent:
             await self._end_leftovers(
                 LeftoverSweep(lambda _w, _a, host: host in self._hosts), LEFTOVER_WAIT_S
             )
+            await self._end_leftover_cgroups(lambda _w, _a, host: host in self._hosts)
         url = self.config.nats_url
         self._nc, _ = await bus.connect(url, f"allot-agent-{self.config.hosts[0]}")
         if self.config.batch_reports:
@@ -519,6 +557,7 @@ class Agent:
         if not self.config.fake:
             key = (task.workload_id, task.attempt, host)
             await self._end_leftovers(LeftoverSweep(lambda *part: part == key), None, bound)
+            await self._end_leftover_cgroups(lambda *part: part == key, bound, for_good=True)
         await self._report(host, task, "lost")
 
     async def _end_leftovers(
@@ -545,6 +584,31 @@ class Agent:
                 logger.error("processes of an earlier agent process still alive", count=killed)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    async def _end_leftover_cgroups(
+        self,
+        is_leftover: Callable[[str, int, str], bool],
+        bound: Any = None,
+        *,
+        for_good: bool = False,
+    ) -> None:
+        """End the parts' cgroups (``cgroup_root``) an earlier agent process left: whatever
+        escaped both its part's session and its markers (``env -i`` after ``setsid``).
+        ``for_good``: wait until they are gone however long (a part reported lost only
+        then); else one bounded try each (at start: what survives holds only its own
+        part, which is reported lost once gone)."""
+        if self.config.cgroup_root is None:
+            return
+        logger = bound or self.log
+        for cgroup in part_cgroup.leftovers(self.config.cgroup_root, is_leftover):
+            if cgroup.populated():
+                logger.warning(
+                    "killing a part's cgroup an earlier agent process left", cgroup=str(cgroup.path)
+                )
+            if for_good:
+                await cgroup.end_for_good(logger)
+            elif not await cgroup.end():
+                logger.error("a leftover part's cgroup does not empty", cgroup=str(cgroup.path))
 
     def _forget_done(self) -> None:
         """Drop parts finished over ``DONE_TTL_S`` ago (insertion order is end order, so
@@ -727,7 +791,7 @@ class Agent:
                     task, self.config.checkpoint_root, self.config.checkpoint_allow, run.account
                 )
                 if task.session:
-                    run.session = checkpoint.session_dir(task, run.host)
+                    run.session = checkpoint.session_dir(task, run.host, self.config.session_root)
                     restored = await checkpoint.restore_session(
                         run.checkpoints, run.session, run.account
                     )
@@ -742,7 +806,9 @@ class Agent:
             reason = NO_COMMAND
         else:
             env = workload_env(
-                os.environ if run.account is None else {**os.environ, **run.account.env()},
+                os.environ
+                if run.account is None
+                else run.account.base_env(os.environ, self.config.pass_env),
                 gpus=task.gpus,
                 workload_id=task.workload_id,
                 allocation=task.allocation,
@@ -762,18 +828,39 @@ class Agent:
                 reason = f"cannot open its output file {output}: {e.strerror or e}"
             else:
                 try:
-                    return await ProcessPart.spawn(
-                        task.command, env, self._clock, sink, run.account
-                    )
-                except OSError as e:
-                    reason = f"cannot start {task.command[0]!r}: {e.strerror or e}"
+                    started = await self._start_process(run, env, sink)
                 finally:
                     if sink is not None:
                         sink.close()  # the child holds its own descriptor
+                if not isinstance(started, str):
+                    return started
+                reason = started
         run.log.error("part not started", reason=reason)
         # A gang's other part too: the attempt cannot run without it.
         await self._report(run.host, task, "not-started", detail=reason or "")
         return None
+
+    async def _start_process(
+        self, run: Run, env: dict[str, str], sink: IO[bytes] | None
+    ) -> ProcessPart | str:
+        """The part's process, started (in a cgroup of its own with ``cgroup_root``), or
+        why it could not start."""
+        task, root = run.task, self.config.cgroup_root
+        try:
+            cgroup = None if root is None else PartCgroup.make(root, *run.key)
+        except OSError as e:
+            return f"cannot make its cgroup under {root}: {e.strerror or e}"
+        try:
+            return await ProcessPart.spawn(
+                task.command, env, self._clock, output=sink, account=run.account, cgroup=cgroup
+            )
+        except OSError as e:
+            reason = f"cannot start {task.command[0]!r}: {e.strerror or e}"
+        except subprocess.SubprocessError:
+            reason = f"cannot start {task.command[0]!r}: it could not enter its cgroup"
+        if cgroup is not None:
+            await cgroup.end()
+        return reason
 
     # ------------------------------------------------------------------ reports
     async def _report(
@@ -1035,6 +1122,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --run-as-user: the lowest uid a workload runs as (default %(default)s)",
     )
     ap.add_argument(
+        "--session-root",
+        type=Path,
+        help="real mode: keep sessions' live state in DIR/<workload>.<attempt>.<host> "
+        "(default: $TMPDIR/allot-sessions; with --run-as-user, give a directory of root's: "
+        "in a shared /tmp any account could make the default first)",
+    )
+    ap.add_argument(
+        "--pass-env",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="with --run-as-user: a variable of the agent's environment workloads inherit "
+        "besides PATH, LANG and TZ (repeatable; e.g. LD_LIBRARY_PATH)",
+    )
+    ap.add_argument(
+        "--cgroup-root",
+        type=Path,
+        help="real mode: a cgroup v2 directory of the agent's own (e.g. one systemd delegates) "
+        "under which each workload gets a cgroup, so that what leaves its session still ends "
+        "with it (default: none; the process group alone)",
+    )
+    ap.add_argument(
         "--batch-reports",
         action="store_true",
         help="fake mode: send every host's reports in batches on allot.v1.hosts.report "
@@ -1073,13 +1182,27 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
             checkpoint_allow=tuple(args.checkpoint_allow),
             run_as_user=args.run_as_user,
             run_as_min_uid=args.run_as_min_uid,
+            session_root=args.session_root,
+            pass_env=tuple(args.pass_env),
+            cgroup_root=args.cgroup_root,
         )
     except ValidationError as e:
         if e.field.startswith("hosts"):
             option = "--host-prefix" if args.fake else "--host"
         else:
-            option = "--" + e.field.replace("_", "-")
-        raise ValidationError(option, e.reason) from None
+            option = _option(e.field.partition("[")[0])
+        # The reason may name other settings too (``run_as_user``): as options, here.
+        reason = _SETTING.sub(lambda found: _option(found.group()), e.reason)
+        raise ValidationError(option, reason) from None
+
+
+_SETTING = re.compile(
+    r"\b(?:" + "|".join(f.name for f in dataclasses.fields(AgentConfig) if "_" in f.name) + r")\b"
+)
+
+
+def _option(setting: str) -> str:
+    return "--" + setting.replace("_", "-")
 
 
 def password_on_command_line(url: str, environ: Mapping[str, str]) -> bool:

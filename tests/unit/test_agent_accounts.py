@@ -102,7 +102,46 @@ def test_an_account_is_its_uid_its_own_groups_and_its_home(nobody: Account) -> N
     assert nobody.groups == tuple(sorted(set(os.getgrouplist(NOBODY, entry.pw_gid))))
     assert 0 not in nobody.groups
     assert nobody.home == entry.pw_dir
-    assert nobody.env() == {"HOME": nobody.home, "USER": NOBODY, "LOGNAME": NOBODY}
+    assert nobody.env() == {
+        "HOME": nobody.home,
+        "USER": NOBODY,
+        "LOGNAME": NOBODY,
+        "SHELL": entry.pw_shell,
+    }
+
+
+def test_a_part_run_as_its_account_inherits_a_logins_environment_not_the_agents(
+    nobody: Account,
+) -> None:
+    agent = {
+        "PATH": "/opt/cuda/bin:/usr/bin",
+        "LANG": "C.UTF-8",
+        "HOME": "/root",
+        "USER": "root",
+        "DEPLOY_TOKEN": "the operator's",
+        "LD_LIBRARY_PATH": "/opt/cuda/lib",
+    }
+    assert nobody.base_env(agent) == {
+        "PATH": "/opt/cuda/bin:/usr/bin",
+        "LANG": "C.UTF-8",
+        **nobody.env(),
+    }
+    assert nobody.base_env(agent, ("LD_LIBRARY_PATH", "NOT_SET"))["LD_LIBRARY_PATH"] == (
+        "/opt/cuda/lib"
+    )
+    assert nobody.base_env({})["PATH"] == accounts.DEFAULT_PATH
+
+
+def test_pass_env_is_for_run_as_user_and_never_passes_allot_variables(open_dir: Path) -> None:
+    real = {"nats_url": "nats://127.0.0.1:4222", "hosts": ("h01",), "output_dir": open_dir}
+    with pytest.raises(ValidationError, match="is for run_as_user") as e:
+        AgentConfig(**real, pass_env=("LD_LIBRARY_PATH",))
+    assert e.value.field == "pass_env"
+    for name, why in (("ALLOT_NATS_PASSWORD", "never passed on"), ("A=B", "no variable name")):
+        with pytest.raises(ValidationError, match=why) as e:
+            AgentConfig(**real, run_as_user=True, pass_env=("LANG", name))
+        assert e.value.field == "pass_env[1]"
+    assert AgentConfig(**real, run_as_user=True, pass_env=("CUDA_HOME",)).pass_env == ("CUDA_HOME",)
 
 
 # ---------------------------------------------------------------------- the option
@@ -141,8 +180,8 @@ async def test_a_part_runs_as_its_account_in_the_root_dir_and_reads_none_of_root
             ["/bin/sh", "-c", script, "sh", str(secret)],
             {"PATH": "/usr/bin:/bin", **nobody.env()},
             time.time,
-            sink,
-            nobody,
+            output=sink,
+            account=nobody,
         )
     assert await part.wait() == 0
     lines = out.read_text().splitlines()
@@ -351,17 +390,18 @@ async def test_a_fifo_at_the_notice_path_is_refused_at_once_by_the_account_and_t
 
 
 @as_root
-def test_with_run_as_user_a_checkpoint_root_others_could_swap_is_refused(open_dir: Path) -> None:
+@pytest.mark.parametrize("field", ["checkpoint_root", "session_root"])
+def test_with_run_as_user_a_root_others_could_swap_is_refused(open_dir: Path, field: str) -> None:
     def refused(root: Path) -> str:
         with pytest.raises(ValidationError) as e:
             AgentConfig(
                 nats_url="nats://x",
                 hosts=("h",),
                 output_dir=open_dir / "out",
-                checkpoint_root=root,
                 run_as_user=True,
+                **{field: root},
             )
-        assert e.value.field == "checkpoint_root"
+        assert e.value.field == field
         return e.value.reason
 
     # Writable by all, not sticky: a directory under it could be swapped.
@@ -382,13 +422,20 @@ def test_with_run_as_user_a_checkpoint_root_others_could_swap_is_refused(open_di
     sticky = _dir(open_dir / "sticky", 0o1777)
     assert refused(sticky) == f"with run_as_user: {sticky} may be written by others"
     # Under a sticky /tmp, in root's own directory: taken.
-    AgentConfig(
+    config = AgentConfig(
         nats_url="nats://x",
         hosts=("h",),
         output_dir=open_dir / "out",
-        checkpoint_root=open_dir / "ckpt",
         run_as_user=True,
+        **{field: open_dir / "ckpt"},
     )
+    assert getattr(config, field) == open_dir / "ckpt"
+    if field == "session_root":  # where sessions' live directories go
+        task = _task(session=True)
+        assert checkpoint.session_dir(task, "h01", config.session_root) == (
+            open_dir / "ckpt" / "w1.1.h01"
+        )
+        assert checkpoint.session_dir(task, "h01").parent == checkpoint.SESSION_SCRATCH
 
 
 @as_root
