@@ -858,6 +858,10 @@ class Agent:
             reason = f"cannot start {task.command[0]!r}: {e.strerror or e}"
         except subprocess.SubprocessError:
             reason = f"cannot start {task.command[0]!r}: it could not enter its cgroup"
+        except asyncio.CancelledError:
+            if cgroup is not None:
+                cgroup.kill()  # a child forked before the cancel: asyncio ends it alone
+            raise
         if cgroup is not None:
             await cgroup.end()
         return reason
@@ -1197,7 +1201,10 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
 
 
 _SETTING = re.compile(
-    r"\b(?:" + "|".join(f.name for f in dataclasses.fields(AgentConfig) if "_" in f.name) + r")\b"
+    # A setting's name as a word of the sentence, not inside a path or a value.
+    r"(?<![\w/.~-])(?:"
+    + "|".join(f.name for f in dataclasses.fields(AgentConfig) if "_" in f.name)
+    + r")(?![\w/.-])"
 )
 
 

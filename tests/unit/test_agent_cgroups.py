@@ -12,6 +12,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from allot.proto import messages as m
 from allot.services.agent.accounts import account_of
 from allot.services.agent.gpu_exec import ProcessPart
 from allot.services.agent.part_cgroup import PartCgroup, check_root, leftovers, part_of
-from allot.services.agent.service import Agent, AgentConfig, Run
+from allot.services.agent.service import Agent, AgentConfig, Run, build_parser, config_from_args
 from process_probe import running
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
@@ -234,3 +235,52 @@ async def test_a_parts_end_waits_for_every_process_of_it_however_long(
     await cgroup.end_for_good()
     assert len(tries) == 3
     assert not cgroup.path.exists()
+
+
+async def test_a_start_cancelled_after_the_fork_leaves_nothing_of_the_part_running(
+    cgroup_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, escaped: list[int]
+) -> None:
+    pidfile = tmp_path / "escaped"
+    real_exec = asyncio.create_subprocess_exec
+
+    async def forked_then_cancelled(*args: Any, **kw: Any) -> Any:
+        await real_exec("/bin/sh", "-c", ESCAPE, "sh", str(pidfile), preexec_fn=kw["preexec_fn"])
+        escaped.append(await _pid_in(pidfile))
+        raise asyncio.CancelledError  # the agent stopping while the part starts
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", forked_then_cancelled)
+    agent = Agent(AgentConfig("nats://127.0.0.1:4222", ("h01",), cgroup_root=cgroup_root))
+    task = m.HostTask(
+        workload_id="w1", allocation="nlp", attempt=1, gpus=(0,), primary=True, command=("x",)
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await agent._start_process(Run(task=task, host="h01", log=None), {}, None)
+    for _ in range(200):
+        if not running(escaped[0]):
+            break
+        await asyncio.sleep(0.01)
+    assert not running(escaped[0])
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "reason"),
+    [
+        (["--fake", "--cgroup-root", "/tmp"], "--cgroup-root", "is for real mode"),
+        (["--host", "h1", "--cgroup-root", "/tmp"], "--cgroup-root", "no cgroup v2 directory"),
+        (["--host", "h1", "--pass-env", "X"], "--pass-env", "is for --run-as-user:"),
+        pytest.param(
+            ["--host", "h1", "--run-as-user"],
+            "--output-dir",
+            "is required with --run-as-user:",
+            marks=pytest.mark.skipif(os.geteuid() != 0, reason="--run-as-user needs root first"),
+        ),
+    ],
+)
+def test_the_agents_options_are_refused_naming_options(
+    args: list[str], option: str, reason: str
+) -> None:
+    with pytest.raises(ValidationError) as e:
+        config_from_args(build_parser().parse_args(args))
+    assert e.value.field == option
+    assert reason in e.value.reason
+    assert "run_as_user" not in e.value.reason
