@@ -7,7 +7,9 @@ it, the child enters the part's cgroup between fork and exec, while still root (
 moves only where it may write ``cgroup.procs``; an account cannot write root's), and only
 then becomes its account; everything it forks is born inside and stays there. The part's
 end kills the whole cgroup at once (``cgroup.kill``: no fork outruns it) and waits until
-it is empty, so the end reported is the end of every process.
+it is empty, so the end reported is the end of every process. Signals before the end
+(the notice, SIGTERM) still go to the part's process group: what left it gets only the
+final SIGKILL.
 
 cgroup v2 with ``cgroup.kill`` (Linux 5.14) only; the root must be a v2 cgroup directory
 the agent may make children in and no other user may write (``check_root``, at start).
