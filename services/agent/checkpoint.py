@@ -42,6 +42,7 @@ from allot.proto.checkpoint_rules import CHECKPOINTED_FILE, NOTICE_FILE
 from allot.proto.subjects import UNALLOCATED
 from allot.services.agent.account_shell import as_account
 from allot.services.agent.accounts import Account
+from allot.services.agent.part_names import part_name
 from allot.services.agent.safe_paths import hand_over, own_dir
 
 SESSION_STATE = "session-state"
@@ -184,7 +185,7 @@ def outcome(
 # ---------------------------------------------------------------------- sessions
 def session_dir(task: m.HostTask, host: str, root: Path | None = None) -> Path:
     """A session's live directory under ``root`` (None: ``SESSION_SCRATCH``)."""
-    return (root or SESSION_SCRATCH) / f"{task.workload_id}.{task.attempt}.{host}"
+    return (root or SESSION_SCRATCH) / part_name(task.workload_id, task.attempt, host)
 
 
 async def restore_session(checkpoints: Path, live: Path, account: Account | None) -> bool:

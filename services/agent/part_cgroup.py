@@ -13,8 +13,8 @@ final SIGKILL.
 
 cgroup v2 with ``cgroup.kill`` (Linux 5.14) only; the root must be a v2 cgroup directory
 the agent may make children in and no other user may write (``check_root``, at start).
-A part's cgroup is named ``<workload>.<attempt>.<host>`` (tokens hold no dot), so a
-restarted agent knows whose a leftover one is (``leftovers``).
+A part's cgroup is named by ``part_names``, so a restarted agent knows whose a leftover
+one is (``leftovers``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 import structlog
 
 from allot.services.agent.accounts import Account
+from allot.services.agent.part_names import part_name, part_of
 
 log = structlog.get_logger("allot.agent", service="agent")
 
@@ -48,7 +49,7 @@ class PartCgroup:
     def make(cls, root: Path, workload_id: str, attempt: int, host: str) -> PartCgroup:
         """The part's cgroup under ``root`` (an existing one of the same name is reused: the
         start of an agent already ended whatever ran in it). Raises ``OSError``."""
-        cgroup = cls(root / f"{workload_id}.{attempt}.{host}")
+        cgroup = cls(root / part_name(workload_id, attempt, host))
         cgroup.path.mkdir(exist_ok=True)
         return cgroup
 
@@ -127,15 +128,6 @@ class PartCgroup:
             )
 
 
-def part_of(name: str) -> tuple[str, int, str] | None:
-    """The part a cgroup's name names (``PartCgroup.make``), or None."""
-    wid, dot, rest = name.partition(".")
-    attempt, dot2, host = rest.partition(".")
-    if not (dot and dot2 and wid and host and attempt.isdigit()) or "." in host:
-        return None
-    return wid, int(attempt), host
-
-
 def leftovers(root: Path, is_leftover: Callable[[str, int, str], bool]) -> list[PartCgroup]:
     """The parts' cgroups under ``root`` that ``is_leftover`` accepts."""
     found = []
@@ -207,4 +199,4 @@ def check_root(root: Path) -> str | None:
     return None
 
 
-__all__ = ["END_WAIT_S", "PartCgroup", "check_root", "leftovers", "part_of"]
+__all__ = ["END_WAIT_S", "PartCgroup", "check_root", "leftovers"]

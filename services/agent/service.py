@@ -121,6 +121,7 @@ from allot.services.agent.gpu_exec import (
 )
 from allot.services.agent.gpu_util import SAMPLE_S, NvmlGpus, UtilMeans, fake_util
 from allot.services.agent.part_cgroup import PartCgroup
+from allot.services.agent.part_names import part_name
 from allot.services.agent.process_guard import forbid_inspection
 from allot.services.agent.report_batch import ReportBatcher
 from allot.services.agent.safe_paths import open_output, untrusted_root
@@ -765,7 +766,7 @@ class Agent:
         """Where a part's output goes (``AgentConfig.output_dir``); None: inherited."""
         if self.config.output_dir is None:
             return None
-        return self.config.output_dir / f"{workload_id}.{attempt}.{host}.out"
+        return self.config.output_dir / f"{part_name(workload_id, attempt, host)}.out"
 
     async def _make_part(self, run: Run) -> Part | None:
         task = run.task

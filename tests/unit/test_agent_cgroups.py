@@ -20,7 +20,8 @@ from allot.core.errors import ValidationError
 from allot.proto import messages as m
 from allot.services.agent.accounts import account_of
 from allot.services.agent.gpu_exec import ProcessPart
-from allot.services.agent.part_cgroup import PartCgroup, check_root, leftovers, part_of
+from allot.services.agent.part_cgroup import PartCgroup, check_root, leftovers
+from allot.services.agent.part_names import part_of
 from allot.services.agent.service import Agent, AgentConfig, Run, build_parser, config_from_args
 from process_probe import running
 
